@@ -1,0 +1,396 @@
+"""SURVEY-style discovery over UDP multicast: ask "who is there?", collect candidates.
+
+Theory of operation. Each node holds two UDP sockets:
+
+* a *listener* bound to ``(group, port)``, joined to the group on the configured interface only.
+  ``SO_REUSEADDR`` + ``SO_REUSEPORT`` let several processes on one host share the group and port,
+  and the kernel gives each of them its own copy of every multicast datagram.
+* a *unicast* socket bound to ``(interface, 0)``, which sends QUESTIONs to the group (pinned with
+  ``IP_MULTICAST_IF``, TTL 1, loop on so nodes on one host hear each other) and receives ANSWERs.
+  Questions leave from it so that their source address is where answers should go: a reply to
+  the shared listener port would reach only one of the processes that share it.
+
+A node asks every ``fast_interval`` while younger than ``fast_period`` (a new node wants peers
+quickly), then every ``slow_interval`` (to find nodes whose questions were lost), each interval
+jittered by the injected rng so nodes started together do not ask in lockstep. `poll_now` asks
+at once, e.g. after the mesh lost peers. A listener that hears another node's QUESTION answers
+with one unicast ANSWER to the question's source address. Both kinds carry the sender's node id
+and mesh endpoint, so a question also announces the asker to every listener.
+
+Discovery yields candidates only: anything heard may be forged, the mesh's handshake decides who
+is a peer and its heartbeats who is alive. Bad datagrams are counted and dropped, never raised.
+The codec at the top is pure (bytes in, messages out); the engine below owns sockets and clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import hmac
+import ipaddress
+import logging
+import random
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from irismesh.errors import Closed, ConfigurationError, ProtocolError
+
+__all__ = [
+    "MAX_DATAGRAM",
+    "SurveyConfig",
+    "SurveyDiscovery",
+    "SurveyKind",
+    "SurveyMessage",
+    "decode",
+    "encode_answer",
+    "encode_question",
+]
+
+_log = logging.getLogger(__name__)
+
+MAGIC = b"IMSV"
+VERSION = 1
+MAX_DATAGRAM = 1024
+NODE_ID_LEN = 16
+MAX_ENDPOINT_LEN = 256
+MAX_REALM_LEN = 32
+_HEADER_LEN = len(MAGIC) + 2
+
+
+class SurveyKind(enum.IntEnum):
+    QUESTION = 1
+    ANSWER = 2
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SurveyMessage:
+    """One decoded datagram: who sent it and where its mesh endpoint listens."""
+
+    kind: SurveyKind
+    node_id: bytes
+    endpoint: str
+    realm: bytes
+
+
+def _field_problem(node_id: object, endpoint: object, realm: object) -> str | None:
+    if not isinstance(node_id, bytes) or len(node_id) != NODE_ID_LEN:
+        return f"node id is not {NODE_ID_LEN} bytes"
+    if not isinstance(realm, bytes) or len(realm) > MAX_REALM_LEN:
+        return f"realm is not bytes of at most {MAX_REALM_LEN}"
+    if not isinstance(endpoint, str) or len(endpoint) > MAX_ENDPOINT_LEN:
+        return f"endpoint is not a string of at most {MAX_ENDPOINT_LEN} characters"
+    if not endpoint.startswith("tcp://"):
+        return "endpoint does not start with 'tcp://'"
+    # Endpoints from the network end up in logs and connect calls: no control characters,
+    # no whitespace, nothing that renders differently from what it is.
+    if not (endpoint.isascii() and endpoint.isprintable()) or " " in endpoint:
+        return "endpoint is not printable ASCII without spaces"
+    return None
+
+
+def _encode(kind: SurveyKind, node_id: bytes, endpoint: str, realm: bytes) -> bytes:
+    problem = _field_problem(node_id, endpoint, realm)
+    if problem is not None:
+        raise ConfigurationError(f"cannot encode a survey {kind.name.lower()}: {problem}")
+    body: bytes = msgpack.packb([node_id, endpoint, realm], use_bin_type=True)
+    return MAGIC + bytes((VERSION, kind)) + body
+
+
+def encode_question(*, node_id: bytes, endpoint: str, realm: bytes = b"") -> bytes:
+    """Encode "who is there?", announcing the asker's own node id and endpoint."""
+    return _encode(SurveyKind.QUESTION, node_id, endpoint, realm)
+
+
+def encode_answer(*, node_id: bytes, endpoint: str, realm: bytes = b"") -> bytes:
+    """Encode the reply to a question: the answering node's id and endpoint."""
+    return _encode(SurveyKind.ANSWER, node_id, endpoint, realm)
+
+
+def decode(data: bytes) -> SurveyMessage:
+    """Decode one datagram; raise `ProtocolError` (and nothing else) if it is not valid."""
+    if len(data) > MAX_DATAGRAM:
+        raise ProtocolError("oversize", f"{len(data)} bytes")
+    if len(data) < _HEADER_LEN:
+        raise ProtocolError("short", f"{len(data)} bytes")
+    if data[: len(MAGIC)] != MAGIC:
+        raise ProtocolError("bad_magic")
+    if data[4] != VERSION:
+        raise ProtocolError("bad_version", str(data[4]))
+    if data[5] not in (SurveyKind.QUESTION, SurveyKind.ANSWER):
+        raise ProtocolError("bad_kind", str(data[5]))
+    try:
+        body = msgpack.unpackb(
+            data[_HEADER_LEN:],
+            raw=False,
+            max_bin_len=max(NODE_ID_LEN, MAX_REALM_LEN),
+            max_str_len=MAX_ENDPOINT_LEN,
+            max_array_len=3,
+            max_map_len=0,
+            max_ext_len=0,
+        )
+    # msgpack raises a zoo of types on hostile input (ValueError, TypeError, its own
+    # FormatError/StackError/ExtraData, UnicodeDecodeError): translate them all here, once.
+    except Exception as exc:
+        raise ProtocolError("bad_body", type(exc).__name__) from None
+    if not isinstance(body, list) or len(body) != 3:
+        raise ProtocolError("bad_body", "not a 3-element array")
+    node_id, endpoint, realm = body
+    problem = _field_problem(node_id, endpoint, realm)
+    if problem is not None:
+        raise ProtocolError("bad_body", problem)
+    return SurveyMessage(kind=SurveyKind(data[5]), node_id=node_id, endpoint=endpoint, realm=realm)
+
+
+# ---------------------------------------------------------------------------------------------
+# asyncio engine
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SurveyConfig:
+    """Where to ask and how often; the defaults stay on loopback."""
+
+    group: str = "239.255.73.1"
+    port: int = 47473
+    interface: str = "127.0.0.1"
+    fast_interval: float = 0.1
+    fast_period: float = 2.0
+    slow_interval: float = 5.0
+    jitter: float = 0.25
+    realm: bytes = b""
+
+    def __post_init__(self) -> None:
+        try:
+            group = ipaddress.IPv4Address(self.group)
+            interface = ipaddress.IPv4Address(self.interface)
+        except ValueError as exc:
+            raise ConfigurationError(f"survey group and interface must be IPv4: {exc}") from None
+        if not group.is_multicast:
+            raise ConfigurationError(f"survey group {self.group} is not a multicast address")
+        # 0.0.0.0 lets the routing table pick the interface and 255.255.255.255 (reserved) is
+        # broadcast: either can leak out of an interface nobody chose.
+        if interface.is_unspecified or interface.is_multicast or interface.is_reserved:
+            raise ConfigurationError(
+                f"survey interface {self.interface} must be the address of one interface, "
+                "e.g. 127.0.0.1 (the default) or this host's LAN address"
+            )
+        if not 1 <= self.port <= 65535:
+            raise ConfigurationError(f"survey port {self.port} is not in 1..65535")
+        if not (self.fast_interval > 0 and self.slow_interval > 0 and self.fast_period >= 0):
+            raise ConfigurationError("survey intervals must be positive")
+        if not 0 <= self.jitter < 1:
+            raise ConfigurationError(f"survey jitter {self.jitter} is not in [0, 1)")
+        if len(self.realm) > MAX_REALM_LEN:
+            raise ConfigurationError(f"survey realm is longer than {MAX_REALM_LEN} bytes")
+
+
+_STAT_NAMES = (
+    "questions_sent",
+    "answers_sent",
+    "received",
+    "candidates",
+    "dropped_malformed",
+    "dropped_self",
+    "dropped_realm",
+    "send_errors",
+    "callback_errors",
+)
+
+
+class _SurveyProtocol(asyncio.DatagramProtocol):
+    def __init__(self, owner: SurveyDiscovery, *, via_group: bool) -> None:
+        self._owner = owner
+        self._via_group = via_group
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def datagram_received(self, data: bytes, addr: tuple[str | Any, int]) -> None:
+        self._owner._on_datagram(data, addr, via_group=self._via_group)
+
+    def error_received(self, exc: Exception) -> None:
+        # ICMP errors (e.g. an asker that has gone) surface here, long after the send.
+        self._owner._count("send_errors")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.lost.done():
+            self.lost.set_result(None)
+
+
+class SurveyDiscovery:
+    """Ask a multicast group who is there; report every other node heard as a candidate."""
+
+    def __init__(
+        self,
+        *,
+        node_id: bytes,
+        endpoint: str,
+        config: SurveyConfig,
+        on_candidate: Callable[[bytes, str], None],
+        rng: random.Random | None = None,
+    ) -> None:
+        self._node_id = node_id
+        self._config = config
+        self._on_candidate = on_candidate
+        self._rng = rng if rng is not None else random.Random()
+        # Fixed for the engine's life, so encode (and validate) them once, here.
+        self._question = encode_question(node_id=node_id, endpoint=endpoint, realm=config.realm)
+        self._answer = encode_answer(node_id=node_id, endpoint=endpoint, realm=config.realm)
+        self._stats = dict.fromkeys(_STAT_NAMES, 0)
+        self._group_transport: asyncio.DatagramTransport | None = None
+        self._unicast_transport: asyncio.DatagramTransport | None = None
+        self._protocols: list[_SurveyProtocol] = []
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._started = False
+        self._closed = False
+
+    @property
+    def stats(self) -> Mapping[str, int]:
+        """A snapshot of the counters."""
+        return dict(self._stats)
+
+    @property
+    def local_addresses(self) -> tuple[tuple[str, int], ...]:
+        """The (host, port) each open socket is bound to: the listener's first."""
+        return tuple(
+            t.get_extra_info("sockname")
+            for t in (self._group_transport, self._unicast_transport)
+            if t is not None
+        )
+
+    async def start(self) -> None:
+        """Open both sockets and start asking; raise `ConfigurationError` if they cannot open."""
+        if self._closed:
+            raise Closed("this SurveyDiscovery is closed; create a new one")
+        if self._started:
+            raise ConfigurationError("SurveyDiscovery.start() was already called")
+        self._started = True
+        loop = asyncio.get_running_loop()
+        try:
+            self._group_transport = await self._open(loop, via_group=True)
+            self._unicast_transport = await self._open(loop, via_group=False)
+        except BaseException:
+            await self.close()
+            raise
+        self._task = loop.create_task(self._poll(), name="irismesh-survey-poll")
+
+    def poll_now(self) -> None:
+        """Ask at once (at most once per fast_interval); a no-op before start and after close."""
+        self._wake.set()
+
+    async def close(self) -> None:
+        """Stop asking and close both sockets; safe to call more than once."""
+        self._closed = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            # wait(), not await: the task's CancelledError is expected, a caller's must propagate.
+            await asyncio.wait([task])
+        for transport in (self._group_transport, self._unicast_transport):
+            if transport is not None:
+                transport.close()
+        self._group_transport = self._unicast_transport = None
+        # The socket is released only in connection_lost, a loop iteration after close():
+        # wait for it so a caller may rebind the port as soon as close() returns.
+        protocols, self._protocols = self._protocols, []
+        await asyncio.gather(*(p.lost for p in protocols))
+
+    async def _open(
+        self, loop: asyncio.AbstractEventLoop, *, via_group: bool
+    ) -> asyncio.DatagramTransport:
+        sock = _open_socket(self._config, listener=via_group)
+        protocol = _SurveyProtocol(self, via_group=via_group)
+        try:
+            transport, _ = await loop.create_datagram_endpoint(lambda: protocol, sock=sock)
+        except BaseException:
+            sock.close()
+            raise
+        self._protocols.append(protocol)
+        return transport
+
+    async def _poll(self) -> None:
+        loop = asyncio.get_running_loop()
+        born = loop.time()
+        cfg = self._config
+        while True:
+            self._wake.clear()
+            self._send(self._question, (cfg.group, cfg.port), "questions_sent")
+            asked = loop.time()
+            base = cfg.fast_interval if asked - born < cfg.fast_period else cfg.slow_interval
+            delay = base * (1.0 + self._rng.uniform(-cfg.jitter, cfg.jitter))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()
+                # Woken by poll_now: a caller calling it in a loop must not flood the group.
+                await asyncio.sleep(max(0.0, asked + cfg.fast_interval - loop.time()))
+
+    def _send(self, data: bytes, addr: tuple[str, int], counter: str) -> None:
+        if self._unicast_transport is None:
+            return
+        try:
+            self._unicast_transport.sendto(data, addr)
+        except OSError:
+            self._count("send_errors")
+            return
+        self._count(counter)
+
+    def _count(self, name: str) -> None:
+        self._stats[name] += 1
+
+    def _on_datagram(self, data: bytes, addr: tuple[str | Any, int], *, via_group: bool) -> None:
+        self._count("received")
+        try:
+            message = decode(data)
+        except ProtocolError:
+            self._count("dropped_malformed")
+            return
+        if message.node_id == self._node_id:
+            self._count("dropped_self")
+            return
+        # Constant time because the realm becomes a keyed tag later.
+        if not hmac.compare_digest(message.realm, self._config.realm):
+            self._count("dropped_realm")
+            return
+        # Questions go to the group and answers to a unicast socket; anything else is not
+        # this protocol, and answering a unicast question would make us a reflector.
+        if via_group != (message.kind is SurveyKind.QUESTION):
+            self._count("dropped_malformed")
+            return
+        if via_group:
+            self._send(self._answer, (str(addr[0]), int(addr[1])), "answers_sent")
+        self._count("candidates")
+        try:
+            self._on_candidate(message.node_id, message.endpoint)
+        except Exception:
+            self._count("callback_errors")
+            level = logging.WARNING if self._stats["callback_errors"] == 1 else logging.DEBUG
+            _log.log(level, "survey candidate callback raised; discovery goes on", exc_info=True)
+
+
+def _open_socket(cfg: SurveyConfig, *, listener: bool) -> socket.socket:
+    ip, iface = socket.IPPROTO_IP, socket.inet_aton(cfg.interface)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        if listener:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            # Bound to the group, not a wildcard: only this group's datagrams reach the socket.
+            sock.bind((cfg.group, cfg.port))
+            sock.setsockopt(ip, socket.IP_ADD_MEMBERSHIP, socket.inet_aton(cfg.group) + iface)
+        else:
+            sock.bind((cfg.interface, 0))
+            sock.setsockopt(ip, socket.IP_MULTICAST_IF, iface)
+            sock.setsockopt(ip, socket.IP_MULTICAST_TTL, 1)
+            sock.setsockopt(ip, socket.IP_MULTICAST_LOOP, 1)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        what = f"listen on group {cfg.group}:{cfg.port}" if listener else "send questions"
+        raise ConfigurationError(
+            f"survey discovery cannot {what} via interface {cfg.interface}: {exc}; check that "
+            "the interface address exists here and no other program holds the port exclusively"
+        ) from exc
+    return sock

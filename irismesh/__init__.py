@@ -1,0 +1,49 @@
+"""irismesh: a decentralised, brokerless service mesh.
+
+Every service embeds a `Node`; nodes find each other, join clusters addressed by name, and
+talk request/reply load-balanced over a cluster's members. `irismesh.sync.Node` is the same
+API for code that does not run asyncio. See the README for a tour.
+"""
+
+from irismesh._core.config import CoreConfig
+from irismesh.discovery.survey import SurveyConfig
+from irismesh.errors import (
+    AuthenticationError,
+    Closed,
+    ConfigurationError,
+    MembershipTimeout,
+    MeshError,
+    NoKey,
+    NoResponders,
+    PayloadTooLarge,
+    ProtocolError,
+    RemoteError,
+    RequestError,
+    RequestTimeout,
+)
+from irismesh.node import Node, PeerInfo
+from irismesh.security.keyring import Keyring, ScopeKey
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AuthenticationError",
+    "Closed",
+    "ConfigurationError",
+    "CoreConfig",
+    "Keyring",
+    "MembershipTimeout",
+    "MeshError",
+    "NoKey",
+    "NoResponders",
+    "Node",
+    "PayloadTooLarge",
+    "PeerInfo",
+    "ProtocolError",
+    "RemoteError",
+    "RequestError",
+    "RequestTimeout",
+    "ScopeKey",
+    "SurveyConfig",
+    "__version__",
+]

@@ -1,0 +1,5 @@
+import sys
+
+from irismesh.cli import main
+
+sys.exit(main())

@@ -1,0 +1,39 @@
+"""Limits and timings of the core, in one frozen record."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from irismesh.errors import ConfigurationError
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CoreConfig:
+    """Timings are seconds. Defaults aim at failure detection in about a second."""
+
+    max_payload: int = 1 << 20
+    heartbeat_interval: float = 0.2
+    dead_after: float = 1.0  # no frame from a peer for this long: it is dead
+    handshake_timeout: float = 2.0
+    redial_min: float = 0.1
+    redial_max: float = 2.0
+    forget_after_failures: int = 3  # non-seed endpoints are dropped after this many failed dials
+    gossip_interval: float = 3.0
+    reply_cache_entries: int = 50_000
+    reply_cache_bytes: int = 64 << 20
+    max_pending: int = 100_000
+
+    def __post_init__(self) -> None:
+        if self.max_payload < 1 or self.max_payload > 256 << 20:
+            raise ConfigurationError("max_payload must be between 1 byte and 256 MiB")
+        if self.heartbeat_interval <= 0 or self.dead_after < 2 * self.heartbeat_interval:
+            raise ConfigurationError(
+                "heartbeat_interval must be positive and dead_after at least twice it"
+            )
+        if self.max_pending < 1:
+            raise ConfigurationError("max_pending must be at least 1")
+
+    @property
+    def max_frame(self) -> int:
+        """Largest frame accepted: a full payload plus envelope and sealing overhead."""
+        return self.max_payload + 1024

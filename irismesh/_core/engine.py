@@ -1,0 +1,575 @@
+"""The sans-I/O node: frames in, events and frames out.
+
+Theory of operation
+-------------------
+A node listens on one endpoint and dials every peer it learns of (seeds, discovery, the peer
+lists its peers send, the endpoint in a peer's HELLO), so two nodes that know each other hold
+two links, one dialled by each (see `links`). A node sends its requests on the links it
+dialled and serves requests on the links dialled to it.
+
+Handshake: the dialler sends HELLO (its id, a fresh nonce, its endpoint); the listener answers
+WELCOME (its id, its nonce, its endpoint, and one *offer tag* per cluster it serves). A tag is
+`LinkSecurity.offer_tag(cluster, listener nonce, dialler nonce)`: a MAC under the cluster's key
+over both nonces. The dialler learns that a peer serves cluster X only by computing X's tag
+itself, which needs X's name and key: a node without the key learns nothing, and old tags are
+useless on a new link. The n-th offered cluster becomes scope slot n of the link; requests
+name the slot, never the cluster, and each slot has its own sealers.
+
+Liveness: the dialler pings every `heartbeat_interval`, the listener answers; any frame counts
+as a sign of life. A dialled link silent for `dead_after` is dead: its in-flight requests are
+resent on other members' links within their deadlines, with the same request id. A member
+remembers recent request ids with their replies (`ReplyCache`), so a resend of a request that
+already ran gets the remembered reply and a resend of one still running waits for it.
+If this node's own loop stalls (its tick arrives late), the stall is not held against peers.
+
+Every frame from a peer is checked (header, sequence, seal, envelope shape) before it changes
+any state; a bad frame is dropped and counted under its reason in `stats`, never raised.
+The driver calls `receive_*`, `tick`, `request`, `reply`, then takes `events` and `outbox`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+from random import Random
+from typing import Any
+
+from irismesh._core import balancer
+from irismesh._core.config import CoreConfig
+from irismesh._core.events import (
+    CloseLink,
+    Event,
+    OpenLink,
+    PeerDown,
+    PeerUp,
+    ReplyArrived,
+    RequestArrived,
+    RequestFailed,
+)
+from irismesh._core.frames import (
+    HEADER_SIZE,
+    MAX_PEERS_PER_FRAME,
+    NONCE_SIZE,
+    STATUS_ERROR,
+    STATUS_OK,
+    BodyCodec,
+    Kind,
+    decode_header,
+    encode_header,
+    pack_error,
+)
+from irismesh._core.links import DialRecord, InLink, LinkState, OutLink
+from irismesh._core.pending import PendingRequest, PendingRequests
+from irismesh._core.replycache import ReplyCache
+from irismesh._core.sealing import LinkSecurity, Sealer
+from irismesh.errors import (
+    Closed,
+    NoKey,
+    NoResponders,
+    PayloadTooLarge,
+    ProtocolError,
+    RequestTimeout,
+)
+
+_PING, _PONG, _REQUEST, _REPLY = Kind.PING, Kind.PONG, Kind.REQUEST, Kind.REPLY
+
+
+class MeshCore:
+    """One node's protocol state. Not thread-safe; the driver owns it."""
+
+    def __init__(
+        self,
+        *,
+        node_id: bytes,
+        endpoint: str,
+        clusters: Iterable[str],
+        security: LinkSecurity,
+        rng: Random,
+        randbytes: Callable[[int], bytes],
+        config: CoreConfig | None = None,
+    ) -> None:
+        self.node_id = node_id
+        self.endpoint = endpoint
+        self.clusters = tuple(dict.fromkeys(clusters))
+        self.config = config or CoreConfig()
+        self.stats: Counter[str] = Counter()
+        self.events: list[Event] = []
+        # Frames to send: (link_id, frame) on dialled links, (routing_id, frame) on the others.
+        self.out_frames: list[tuple[int, bytes]] = []
+        self.in_frames: list[tuple[bytes, bytes]] = []
+        self._security = security
+        self._rng = rng  # balancing, jitter and gossip: need not be unpredictable
+        self._randbytes = randbytes  # handshake nonces: must be (os.urandom in a node)
+        self._codec = BodyCodec(self.config.max_payload)
+        self._max_frame = self.config.max_frame
+        self._out: dict[int, OutLink] = {}
+        self._in: dict[bytes, InLink] = {}
+        self._in_by_peer: dict[bytes, InLink] = {}
+        self._peers: dict[bytes, OutLink] = {}  # node id -> its UP dialled link
+        self._dials: dict[str, DialRecord] = {}
+        self._members: dict[str, list[OutLink]] = {}  # cluster -> UP links serving it (cache)
+        self._pending = PendingRequests()
+        self._replies = ReplyCache(self.config.reply_cache_entries, self.config.reply_cache_bytes)
+        self._next_link = 1
+        self._next_req = 1
+        self._last_tick: float | None = None
+        self._next_gossip = 0.0
+        self._closed = False
+        self._dials[endpoint] = DialRecord(endpoint, seed=False)  # never dial ourselves
+
+    # ----------------------------------------------------------------- introspection
+
+    @property
+    def pending_count(self) -> int:
+        return len(self._pending)
+
+    def next_deadline(self) -> float | None:
+        return self._pending.next_deadline()
+
+    def peers(self) -> list[OutLink]:
+        return list(self._peers.values())
+
+    def links(self) -> list[OutLink]:
+        return list(self._out.values())
+
+    def inbound(self) -> list[InLink]:
+        return list(self._in.values())
+
+    def members(self, cluster: str) -> list[OutLink]:
+        """UP links to members of `cluster`; raises NoKey without a key for it."""
+        members = self._members.get(cluster)
+        if members is None:
+            members = [link for link in self._peers.values() if self._slot(link, cluster)]
+            self._members[cluster] = members
+        return members
+
+    @property
+    def reply_cache(self) -> ReplyCache:
+        return self._replies
+
+    # ----------------------------------------------------------------- discovery input
+
+    def add_candidate(self, endpoint: str, now: float, *, seed: bool = False) -> None:
+        """An endpoint worth dialling (from seeds, discovery or a peer)."""
+        if self._closed:
+            return
+        record = self._dials.get(endpoint)
+        if record is None:
+            if len(self._dials) >= 4096 and not seed:
+                self.stats["candidates_dropped"] += 1
+                return
+            record = self._dials[endpoint] = DialRecord(endpoint, seed=seed)
+        elif seed:
+            record.seed = True
+        if endpoint == self.endpoint or record.link_id or now < record.next_at:
+            return
+        self._dial(record, now)
+
+    def _dial(self, record: DialRecord, now: float) -> None:
+        link_id = self._next_link
+        self._next_link += 1
+        nonce = self._randbytes(NONCE_SIZE)
+        link = OutLink(link_id, record.endpoint, nonce, opened=now, last_heard=now)
+        self._out[link_id] = link
+        record.link_id = link_id
+        self.events.append(OpenLink(link_id=link_id, endpoint=record.endpoint))
+        body = self._codec.pack([self.node_id, nonce, self.endpoint, {}])
+        self.out_frames.append((link_id, encode_header(Kind.HELLO, 0, 0) + body))
+        self.stats["dials"] += 1
+
+    # ----------------------------------------------------------------- requests (caller)
+
+    def request(self, cluster: str, payload: bytes, timeout: float, now: float) -> int:
+        """Send a request to one member of `cluster`; returns its id for the events."""
+        if self._closed:
+            raise Closed("node is closed")
+        if len(payload) > self.config.max_payload:
+            raise PayloadTooLarge(len(payload), self.config.max_payload)
+        members = self._members.get(cluster)
+        if members is None:
+            members = self.members(cluster)
+        if not members:
+            raise NoResponders(cluster)
+        link = balancer.choose(members, self._rng)
+        req_id = self._next_req
+        self._next_req += 1
+        self._pending.add(
+            PendingRequest(req_id, cluster, payload, now + timeout, timeout, now, link)
+        )
+        self._send_request(link, req_id, cluster, payload, timeout)
+        return req_id
+
+    def cancel(self, req_id: int) -> None:
+        """Forget a request whose caller gave up; a late reply is then dropped and counted."""
+        request = self._pending.pop(req_id)
+        if request is not None and request.link is not None:
+            request.link.outstanding -= 1
+
+    def _send_request(
+        self, link: OutLink, req_id: int, cluster: str, payload: bytes, timeout: float
+    ) -> None:
+        link.outstanding += 1
+        slot = link.clusters[cluster]
+        link.send_seq += 1
+        seq = link.send_seq
+        header = encode_header(_REQUEST, slot, seq)
+        body = self._codec.pack([req_id, min(int(timeout * 1000) + 1, 2**32 - 1), payload])
+        self.out_frames.append(
+            (link.link_id, header + link.send_sealers[slot].seal(header, seq, body))
+        )
+
+    def _resend(self, request: PendingRequest, now: float, failed: OutLink | None) -> None:
+        remaining = request.deadline - now
+        members = self.members(request.cluster)
+        if remaining <= 0 or not members:
+            request.link = None  # parked: a new member or the deadline decides
+            return
+        link = balancer.choose(members, self._rng, avoid=failed)
+        request.link = link
+        request.attempts += 1
+        request.sent_at = now
+        self.stats["requests_resent"] += 1
+        self._send_request(link, request.req_id, request.cluster, request.payload, remaining)
+
+    # ----------------------------------------------------------------- requests (member)
+
+    def reply(self, token: tuple[bytes, int], payload: bytes, *, error: bool = False) -> None:
+        """Answer the request `token` (from RequestArrived); errors carry pack_error bytes."""
+        status = STATUS_ERROR if error else STATUS_OK
+        if not error and len(payload) > self.config.max_payload:
+            status = STATUS_ERROR
+            payload = pack_error(
+                "PayloadTooLarge",
+                f"reply of {len(payload)} bytes exceeds the limit of {self.config.max_payload}",
+            )
+        self._replies.finish(token, status, payload)
+        link = self._in_by_peer.get(token[0])
+        if link is None:  # the caller is gone; it will resend and hit the cache if it returns
+            self.stats["replies_unroutable"] += 1
+            return
+        self._send_reply(link, token[1], status, payload)
+
+    def reply_error(self, token: tuple[bytes, int], exc: BaseException) -> None:
+        self.reply(token, pack_error(type(exc).__name__, str(exc)), error=True)
+
+    def _send_reply(self, link: InLink, req_id: int, status: int, payload: bytes) -> None:
+        link.send_seq += 1
+        seq = link.send_seq
+        header = encode_header(_REPLY, 0, seq)
+        body = self._codec.pack([req_id, status, payload])
+        self.in_frames.append(
+            (link.routing_id, header + link.send_sealers[0].seal(header, seq, body))
+        )
+
+    # ----------------------------------------------------------------- frames in
+
+    def receive_out(self, link_id: int, frame: bytes, now: float) -> None:
+        """A frame arrived on a link this node dialled."""
+        link = self._out.get(link_id)
+        if link is None or link.state is LinkState.CLOSED:
+            self.stats["dropped_closed_link"] += 1
+            return
+        try:
+            kind, scope, seq = decode_header(frame, self._max_frame)
+            if link.state is LinkState.HANDSHAKING:
+                if kind == Kind.WELCOME:
+                    self._on_welcome(link, self._codec.unpack(frame[HEADER_SIZE:], kind), now)
+                elif kind == Kind.REFUSE:
+                    env = self._codec.unpack(frame[HEADER_SIZE:], kind)
+                    self._close_out(link, now, f"refused: {env[0][:100]}")
+                else:
+                    raise ProtocolError("unexpected", Kind(kind).name)
+                return
+            env = self._open(link, kind, scope, seq, frame)
+            link.last_heard = now
+            if kind == _REPLY:
+                self._on_reply(link, env, now)
+            elif kind == _PONG:
+                link.rtt = max(0.0, now - env[0] / 1e6)
+                link.peer_load = env[1]
+            elif kind == Kind.PEERS:
+                self._on_peers(env, now)
+            elif kind == Kind.BYE:
+                self._close_out(link, now, "left")
+            else:
+                raise ProtocolError("unexpected", Kind(kind).name)
+        except ProtocolError as exc:
+            self.stats["dropped_" + exc.reason] += 1
+
+    def receive_in(self, routing_id: bytes, frame: bytes, now: float) -> None:
+        """A frame arrived on a link a peer dialled (from our listening socket)."""
+        try:
+            kind, scope, seq = decode_header(frame, self._max_frame)
+            link = self._in.get(routing_id)
+            if link is None:
+                if kind != Kind.HELLO:
+                    raise ProtocolError("unknown_link", Kind(kind).name)
+                self._on_hello(routing_id, self._codec.unpack(frame[HEADER_SIZE:], kind), now)
+                return
+            env = self._open(link, kind, scope, seq, frame)
+            link.last_heard = now
+            if kind == _REQUEST:
+                self._on_request(link, scope, env, now)
+            elif kind == _PING:
+                self._send_in(link, _PONG, [env[0], len(self._replies)])
+            elif kind == Kind.PEERS:
+                self._on_peers(env, now)
+            elif kind == Kind.BYE:
+                self._forget_in(link)
+            else:
+                raise ProtocolError("unexpected", Kind(kind).name)
+        except ProtocolError as exc:
+            self.stats["dropped_" + exc.reason] += 1
+
+    def _open(
+        self, link: OutLink | InLink, kind: int, scope: int, seq: int, frame: bytes
+    ) -> list[Any]:
+        """Check sequence and seal of a frame on an established link; return its envelope."""
+        if seq <= link.recv_seq:
+            raise ProtocolError("replay", f"seq {seq} after {link.recv_seq}")
+        sealer = link.recv_sealers.get(scope)
+        if sealer is None:
+            raise ProtocolError("bad_scope", str(scope))
+        body = sealer.open(frame[:HEADER_SIZE], seq, frame[HEADER_SIZE:])
+        link.recv_seq = seq  # only an authentic frame may advance the window
+        return self._codec.unpack(body, kind)
+
+    def _on_hello(self, routing_id: bytes, env: list[Any], now: float) -> None:
+        peer_id, peer_nonce, peer_endpoint = env[0], env[1], env[2]
+        if len(self._in) >= 4096:
+            raise ProtocolError("too_many_links")
+        if self._closed:
+            self.in_frames.append(
+                (routing_id, encode_header(Kind.REFUSE, 0, 0) + self._codec.pack(["closing"]))
+            )
+            return
+        nonce = self._randbytes(NONCE_SIZE)
+        scopes: list[str | None] = [None]
+        tags: list[bytes] = []
+        for cluster in self.clusters:
+            tag = self._security.offer_tag(cluster, nonce, peer_nonce)
+            if tag is not None:
+                scopes.append(cluster)
+                tags.append(tag)
+        old = self._in_by_peer.get(peer_id)
+        if old is not None:  # the peer redialled; its old connection is dead to it
+            self._forget_in(old)
+        link = InLink(routing_id, peer_id, peer_endpoint, nonce, peer_nonce, now, scopes)
+        for slot, scope in enumerate(scopes):
+            link.send_sealers[slot] = self._security.sealer(scope, nonce, peer_nonce, True)
+            link.recv_sealers[slot] = self._security.sealer(scope, nonce, peer_nonce, False)
+        self._in[routing_id] = link
+        self._in_by_peer[peer_id] = link
+        body = self._codec.pack([self.node_id, nonce, self.endpoint, tags, {}])
+        self.in_frames.append((routing_id, encode_header(Kind.WELCOME, 0, 0) + body))
+        self._send_in(link, Kind.PEERS, self._peer_list())
+        self.add_candidate(peer_endpoint, now)  # dial back: requests flow on dialled links
+
+    def _on_welcome(self, link: OutLink, env: list[Any], now: float) -> None:
+        peer_id, peer_nonce, tags = env[0], env[1], env[3]
+        if peer_id == self.node_id:
+            self._close_out(link, now, "self")
+            return
+        if peer_id in self._peers:  # another endpoint of a peer already linked
+            self._close_out(link, now, "duplicate")
+            return
+        link.peer_id = peer_id
+        link.peer_nonce = peer_nonce
+        link.offers = {tag: slot for slot, tag in enumerate(tags, start=1)}
+        link.send_sealers[0] = self._security.sealer(None, peer_nonce, link.nonce, True)
+        link.recv_sealers[0] = self._security.sealer(None, peer_nonce, link.nonce, False)
+        link.state = LinkState.UP
+        link.last_heard = now
+        link.last_ping = now
+        link.latency = self._typical_latency()
+        self._peers[peer_id] = link
+        record = self._dials.get(link.endpoint)
+        if record is not None:
+            record.failures = 0
+        self._members.clear()
+        self.stats["peers_up"] += 1
+        self.events.append(PeerUp(node_id=peer_id, endpoint=link.endpoint))
+        self._send_out(link, Kind.PEERS, self._peer_list())
+        self._unpark(now)
+
+    def _on_reply(self, link: OutLink, env: list[Any], now: float) -> None:
+        req_id = env[0]
+        request = self._pending.get(req_id)
+        if request is None or request.link is not link:
+            self.stats["replies_late"] += 1  # timed out, cancelled, or answered elsewhere
+            return
+        self._pending.pop(req_id)
+        link.outstanding -= 1
+        link.latency += balancer.EWMA_WEIGHT * ((now - request.sent_at) - link.latency)
+        link.last_sample = now
+        status, payload = env[1], env[2]
+        self.events.append(ReplyArrived(req_id, status, payload))
+
+    def _on_request(self, link: InLink, slot: int, env: list[Any], now: float) -> None:
+        if slot == 0 or slot >= len(link.scopes):
+            raise ProtocolError("bad_scope", str(slot))
+        req_id, timeout_ms, payload = env[0], env[1], env[2]
+        token = (link.peer_id, req_id)
+        cached = self._replies.get(token)
+        if cached is not None:
+            self.stats["requests_duplicate"] += 1
+            if cached.status >= 0:
+                self._send_reply(link, req_id, cached.status, cached.payload)
+            return  # still running: its reply goes to the caller's current link
+        self._replies.start(token, now + timeout_ms / 1000 + 1.0)
+        cluster = link.scopes[slot]
+        assert cluster is not None
+        self.events.append(RequestArrived(token, cluster, payload))
+
+    def _on_peers(self, env: list[Any], now: float) -> None:
+        for entry in env:
+            peer_id, endpoint = entry
+            if peer_id != self.node_id and peer_id not in self._peers:
+                self.add_candidate(endpoint, now)
+
+    # ----------------------------------------------------------------- time
+
+    def tick(self, now: float) -> None:
+        """Heartbeats, failure detection, redials, gossip and request deadlines."""
+        cfg = self.config
+        if self._last_tick is not None:
+            stall = now - self._last_tick - cfg.heartbeat_interval
+            if stall > cfg.heartbeat_interval:
+                # Our own loop was late: what we did not hear meanwhile is not the peers' fault.
+                self.stats["loop_stalls"] += 1
+                for link in self._out.values():
+                    link.last_heard += stall
+                for inlink in self._in.values():
+                    inlink.last_heard += stall
+        self._last_tick = now
+        for link in list(self._out.values()):
+            if link.state is LinkState.UP:
+                if now - link.last_heard > cfg.dead_after:
+                    self._close_out(link, now, "silent")
+                elif now - link.last_ping >= cfg.heartbeat_interval:
+                    link.last_ping = now
+                    self._send_out(link, _PING, [int(now * 1e6)])
+                    if link.outstanding == 0 and now - link.last_sample > 1.0:
+                        link.latency *= 0.5  # let an idle member that was slow be probed again
+                        link.last_sample = now
+            elif now - link.opened > cfg.handshake_timeout:
+                self._close_out(link, now, "handshake_timeout")
+        for inlink in list(self._in.values()):
+            if now - inlink.last_heard > 3 * cfg.dead_after:
+                self._forget_in(inlink)
+        for record in list(self._dials.values()):
+            if record.seed and not record.link_id and now >= record.next_at:
+                self._dial(record, now)
+        if now >= self._next_gossip and self._peers:
+            self._next_gossip = now + cfg.gossip_interval * (0.5 + self._rng.random())
+            target = self._rng.choice(list(self._peers.values()))
+            self._send_out(target, Kind.PEERS, self._peer_list())
+        for request in self._pending.pop_expired(now):
+            if request.link is not None:
+                request.link.outstanding -= 1
+            self.stats["requests_timed_out"] += 1
+            error = RequestTimeout(request.cluster, request.timeout, request.attempts)
+            self.events.append(RequestFailed(req_id=request.req_id, error=error))
+        self._replies.expire(now)
+
+    def link_failed(self, link_id: int, now: float, reason: str = "transport") -> None:
+        """The driver saw the transport fail (disconnect, unroutable, refused)."""
+        link = self._out.get(link_id)
+        if link is not None and link.state is not LinkState.CLOSED:
+            self._close_out(link, now, reason)
+
+    def close(self) -> None:
+        """Say goodbye on every link and fail what is pending; the driver then flushes."""
+        if self._closed:
+            return
+        self._closed = True
+        for link in list(self._out.values()):
+            if link.state is LinkState.UP:
+                self._send_out(link, Kind.BYE, ["closing"])
+        for inlink in list(self._in.values()):
+            self._send_in(inlink, Kind.BYE, ["closing"])
+        for request in self._pending:
+            self._pending.pop(request.req_id)
+            self.events.append(RequestFailed(req_id=request.req_id, error=Closed("node closed")))
+
+    # ----------------------------------------------------------------- internals
+
+    def _slot(self, link: OutLink, cluster: str) -> int:
+        slot = link.clusters.get(cluster)
+        if slot is None:
+            tag = self._security.offer_tag(cluster, link.peer_nonce, link.nonce)
+            if tag is None:
+                raise NoKey(cluster)
+            slot = link.offers.get(tag, 0)
+            link.clusters[cluster] = slot
+            if slot and slot not in link.send_sealers:
+                link.send_sealers[slot] = self._security.sealer(
+                    cluster, link.peer_nonce, link.nonce, True
+                )
+        return slot
+
+    def _close_out(self, link: OutLink, now: float, reason: str) -> None:
+        was_up = link.state is LinkState.UP
+        link.state = LinkState.CLOSED
+        del self._out[link.link_id]
+        self.events.append(CloseLink(link_id=link.link_id))
+        record = self._dials.get(link.endpoint)
+        if record is not None and record.link_id == link.link_id:
+            record.link_id = 0
+            if reason in ("self", "duplicate"):
+                record.next_at = float("inf")  # never useful to dial again
+            elif not was_up or reason != "left":
+                record.failures += not was_up
+                cfg = self.config
+                backoff = min(cfg.redial_max, cfg.redial_min * 2 ** min(record.failures, 10))
+                record.next_at = now + backoff * (0.5 + self._rng.random())
+                if not record.seed and record.failures >= self.config.forget_after_failures:
+                    del self._dials[link.endpoint]
+            elif not record.seed:
+                del self._dials[link.endpoint]
+        if not was_up:
+            self.stats["dials_failed"] += 1
+            return
+        self.stats["peers_down_" + reason] += 1
+        if self._peers.get(link.peer_id) is link:
+            del self._peers[link.peer_id]
+        self._members.clear()
+        self.events.append(PeerDown(node_id=link.peer_id, endpoint=link.endpoint, reason=reason))
+        link.outstanding = 0
+        for request in self._pending:
+            if request.link is link:
+                self._resend(request, now, link)
+
+    def _unpark(self, now: float) -> None:
+        for request in self._pending:
+            if request.link is None:
+                self._resend(request, now, None)
+
+    def _forget_in(self, link: InLink) -> None:
+        self._in.pop(link.routing_id, None)
+        if self._in_by_peer.get(link.peer_id) is link:
+            del self._in_by_peer[link.peer_id]
+
+    def _typical_latency(self) -> float:
+        samples = sorted(p.latency for p in self._peers.values() if p.latency > 0)
+        return samples[len(samples) // 2] if samples else 0.001
+
+    def _peer_list(self) -> list[list[Any]]:
+        peers = [[p.peer_id, p.endpoint] for p in self._peers.values()]
+        if len(peers) > MAX_PEERS_PER_FRAME:
+            peers = self._rng.sample(peers, MAX_PEERS_PER_FRAME)
+        return peers
+
+    def _send_out(self, link: OutLink, kind: int, env: list[Any]) -> None:
+        link.send_seq += 1
+        frame = self._seal(link.send_sealers[0], kind, link.send_seq, env)
+        self.out_frames.append((link.link_id, frame))
+
+    def _send_in(self, link: InLink, kind: int, env: list[Any]) -> None:
+        link.send_seq += 1
+        frame = self._seal(link.send_sealers[0], kind, link.send_seq, env)
+        self.in_frames.append((link.routing_id, frame))
+
+    def _seal(self, sealer: Sealer, kind: int, seq: int, env: list[Any]) -> bytes:
+        header = encode_header(kind, 0, seq)
+        return header + sealer.seal(header, seq, self._codec.pack(env))

@@ -1,0 +1,65 @@
+"""What the core tells its driver: events to act on and link actions to carry out.
+
+Events of the message hot path (`RequestArrived`, `ReplyArrived`) are mutable slotted
+dataclasses: a frozen dataclass's `__init__` costs about 1.5 us more per message, measured.
+The rest are frozen and keyword-only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from irismesh.errors import MeshError
+
+
+@dataclass(slots=True)
+class RequestArrived:
+    """A request for one of this node's clusters; answer it with `MeshCore.reply(token, ...)`."""
+
+    token: tuple[bytes, int]  # (caller node id, request id)
+    cluster: str
+    payload: bytes
+
+
+@dataclass(slots=True)
+class ReplyArrived:
+    """The reply to this node's request `req_id`; `status` is frames.STATUS_OK or _ERROR."""
+
+    req_id: int
+    status: int
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestFailed:
+    req_id: int
+    error: MeshError
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PeerUp:
+    node_id: bytes
+    endpoint: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PeerDown:
+    node_id: bytes
+    endpoint: str
+    reason: str  # "silent" (missed heartbeats), "left" (said goodbye), "transport", ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpenLink:
+    """Dial `endpoint`; frames for `link_id` follow in the outbox."""
+
+    link_id: int
+    endpoint: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CloseLink:
+    link_id: int
+
+
+Event = RequestArrived | ReplyArrived | RequestFailed | PeerUp | PeerDown | OpenLink | CloseLink

@@ -1,0 +1,194 @@
+"""The wire format: one zmq frame per message, a fixed header and a sealed msgpack body.
+
+    offset  size  field
+    0       1     magic    0x49 ('I')
+    1       1     version  1
+    2       1     kind     Kind below
+    3       1     flags    reserved, 0
+    4       2     scope    link-local key slot: 0 is the link itself, n > 0 the peer's n-th cluster
+    6       8     seq      per link, per direction, strictly increasing: the AEAD nonce counter
+    14      ...   body     sealer.seal(header, msgpack(envelope)); the header is associated data
+
+One frame, never several: a multipart send costs about three times a single frame in pyzmq.
+Every length is checked before anything is allocated for it: the transport caps whole frames
+(zmq MAXMSGSIZE), `decode_header` rejects short, foreign and oversize frames, and msgpack is
+unpacked with explicit limits. Everything wrong raises `ProtocolError(reason)`, whose reason is
+the name of the counter the node increments; nothing else escapes.
+
+Envelopes are msgpack arrays, one shape per kind (positional, for speed; the shapes are listed
+with each encoder below). The body layout belongs to this module alone.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from typing import Any, Final
+
+import msgpack
+
+from irismesh.errors import ProtocolError
+
+MAGIC: Final = 0x49
+VERSION: Final = 1
+HEADER: Final = struct.Struct("!BBBBHQ")
+HEADER_SIZE: Final = HEADER.size
+
+
+class Kind(enum.IntEnum):
+    """What a frame carries."""
+
+    HELLO = 1  # dialler -> listener: [node_id, nonce, endpoint, caps]
+    WELCOME = 2  # listener -> dialler: [node_id, nonce, endpoint, offers, caps]
+    PING = 3  # dialler -> listener: [token]
+    PONG = 4  # listener -> dialler: [token, load]
+    REQUEST = 5  # dialler -> listener: [req_id, timeout_ms, payload]
+    REPLY = 6  # listener -> dialler: [req_id, status, payload]
+    PEERS = 7  # either way: [[node_id, endpoint], ...]
+    BYE = 8  # either way: [reason]
+    REFUSE = 9  # listener -> dialler: [reason]  (handshake refused; the dialler stops retrying)
+
+
+KINDS: Final = frozenset(int(k) for k in Kind)
+
+# REPLY status values.
+STATUS_OK: Final = 0
+STATUS_ERROR: Final = 1  # payload is msgpack [type name, message]
+
+NODE_ID_SIZE: Final = 16
+NONCE_SIZE: Final = 16
+MAX_ENDPOINT: Final = 256
+MAX_PEERS_PER_FRAME: Final = 256
+MAX_OFFERS: Final = 64
+
+
+def encode_header(kind: int, scope: int, seq: int) -> bytes:
+    return HEADER.pack(MAGIC, VERSION, kind, 0, scope, seq)
+
+
+def decode_header(frame: bytes, max_frame: int) -> tuple[int, int, int]:
+    """Return (kind, scope, seq) of a frame, or raise ProtocolError."""
+    size = len(frame)
+    if size < HEADER_SIZE:
+        raise ProtocolError("short_frame", f"{size} bytes")
+    if size > max_frame:
+        raise ProtocolError("oversize", f"{size} > {max_frame} bytes")
+    magic, version, kind, _flags, scope, seq = HEADER.unpack_from(frame)
+    if magic != MAGIC:
+        raise ProtocolError("bad_magic")
+    if version != VERSION:
+        raise ProtocolError("bad_version", f"version {version}, expected {VERSION}")
+    if kind not in KINDS:
+        raise ProtocolError("bad_kind", str(kind))
+    return kind, scope, seq
+
+
+class BodyCodec:
+    """msgpack with limits sized from the configured maximum payload."""
+
+    __slots__ = ("_limits", "_packb")
+
+    def __init__(self, max_payload: int) -> None:
+        self._limits = {
+            "max_bin_len": max_payload,
+            "max_str_len": 4096,
+            "max_array_len": max(MAX_PEERS_PER_FRAME, MAX_OFFERS, 16),
+            "max_map_len": 64,
+            "max_ext_len": 0,
+        }
+        self._packb = msgpack.Packer(use_bin_type=True).pack
+
+    def pack(self, envelope: list[Any]) -> bytes:
+        return self._packb(envelope)  # type: ignore[no-any-return]
+
+    def unpack(self, body: bytes, kind: int) -> list[Any]:
+        try:
+            value = msgpack.unpackb(body, raw=False, strict_map_key=True, **self._limits)
+        except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError) as exc:
+            raise ProtocolError("bad_body", type(exc).__name__) from None
+        except msgpack.StackError:
+            raise ProtocolError("bad_body", "nesting") from None
+        if type(value) is not list:
+            raise ProtocolError("bad_body", "not an array")
+        return _check_shape(kind, value)
+
+
+def _check_shape(kind: int, env: list[Any]) -> list[Any]:
+    """Validate an envelope's shape for its kind; the core may then index it blindly."""
+    ok: bool
+    if kind == Kind.REQUEST:
+        ok = (
+            len(env) == 3
+            and type(env[0]) is int
+            and 0 <= env[0] < 2**64
+            and type(env[1]) is int
+            and 0 <= env[1] < 2**32
+            and type(env[2]) is bytes
+        )
+    elif kind == Kind.REPLY:
+        ok = (
+            len(env) == 3
+            and type(env[0]) is int
+            and 0 <= env[0] < 2**64
+            and env[1] in (STATUS_OK, STATUS_ERROR)
+            and type(env[2]) is bytes
+        )
+    elif kind == Kind.PING:
+        ok = len(env) == 1 and type(env[0]) is int
+    elif kind == Kind.PONG:
+        ok = len(env) == 2 and type(env[0]) is int and type(env[1]) is int
+    elif kind == Kind.HELLO:
+        ok = (
+            len(env) == 4
+            and _is_id(env[0])
+            and type(env[1]) is bytes
+            and len(env[1]) == NONCE_SIZE
+            and _is_endpoint(env[2])
+            and type(env[3]) is dict
+        )
+    elif kind == Kind.WELCOME:
+        ok = (
+            len(env) == 5
+            and _is_id(env[0])
+            and type(env[1]) is bytes
+            and len(env[1]) == NONCE_SIZE
+            and _is_endpoint(env[2])
+            and type(env[3]) is list
+            and len(env[3]) <= MAX_OFFERS
+            and all(type(t) is bytes and len(t) == 16 for t in env[3])
+            and type(env[4]) is dict
+        )
+    elif kind == Kind.PEERS:
+        ok = len(env) <= MAX_PEERS_PER_FRAME and all(
+            type(p) is list and len(p) == 2 and _is_id(p[0]) and _is_endpoint(p[1]) for p in env
+        )
+    elif kind in (Kind.BYE, Kind.REFUSE):
+        ok = len(env) == 1 and type(env[0]) is str
+    else:  # pragma: no cover - decode_header has filtered unknown kinds
+        ok = False
+    if not ok:
+        raise ProtocolError("bad_envelope", Kind(kind).name)
+    return env
+
+
+def _is_id(value: object) -> bool:
+    return type(value) is bytes and len(value) == NODE_ID_SIZE
+
+
+def _is_endpoint(value: object) -> bool:
+    return type(value) is str and 0 < len(value) <= MAX_ENDPOINT and value.startswith("tcp://")
+
+
+def pack_error(type_name: str, message: str) -> bytes:
+    """The payload of a STATUS_ERROR reply."""
+    return msgpack.packb([type_name[:200], message[:2000]], use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def unpack_error(payload: bytes) -> tuple[str, str]:
+    try:
+        value = msgpack.unpackb(payload, raw=False, max_str_len=4096, max_array_len=2)
+    except Exception:
+        return ("UnknownError", "malformed error payload")
+    if type(value) is list and len(value) == 2 and all(type(v) is str for v in value):
+        return (value[0], value[1])
+    return ("UnknownError", "malformed error payload")

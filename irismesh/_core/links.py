@@ -1,0 +1,79 @@
+"""The state of one link, seen from either end.
+
+A link is one transport connection that this node dialled (`OutLink`: its requests go out
+and replies come back on it) or that a peer dialled (`InLink`: its requests come in). Every
+pair of nodes that know each other holds one of each, so each side measures the other's
+liveness and latency on the link it sends on.
+
+Link lifecycle, dialler side:
+
+    HANDSHAKING --WELCOME--> UP --(silent for dead_after | BYE | transport error)--> CLOSED
+         |                                                                         ^
+         +------------(handshake_timeout | REFUSE | self or duplicate)-------------+
+
+The listener side has no handshake state of its own: an InLink exists once a valid HELLO has
+arrived and is forgotten when its peer says BYE or stays silent for long.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from irismesh._core.sealing import Sealer
+
+
+class LinkState(enum.Enum):
+    HANDSHAKING = "handshaking"
+    UP = "up"
+    CLOSED = "closed"
+
+
+@dataclass(slots=True, eq=False)
+class OutLink:
+    link_id: int
+    endpoint: str
+    nonce: bytes
+    opened: float
+    state: LinkState = LinkState.HANDSHAKING
+    peer_id: bytes = b""
+    peer_nonce: bytes = b""
+    offers: dict[bytes, int] = field(default_factory=dict)  # tag -> scope slot
+    clusters: dict[str, int] = field(default_factory=dict)  # resolved: name -> slot (0: no)
+    last_heard: float = 0.0
+    last_ping: float = 0.0
+    rtt: float = 0.0
+    send_seq: int = 0
+    recv_seq: int = 0
+    outstanding: int = 0  # requests in flight on this link (read by the balancer)
+    latency: float = 0.0  # EWMA of request round trips (read by the balancer)
+    last_sample: float = 0.0
+    peer_load: int = 0
+    send_sealers: dict[int, Sealer] = field(default_factory=dict)
+    recv_sealers: dict[int, Sealer] = field(default_factory=dict)
+
+
+@dataclass(slots=True, eq=False)
+class InLink:
+    routing_id: bytes
+    peer_id: bytes
+    peer_endpoint: str
+    nonce: bytes
+    peer_nonce: bytes
+    last_heard: float
+    scopes: list[str | None]  # slot -> cluster served (slot 0: the link itself)
+    send_seq: int = 0
+    recv_seq: int = 0
+    send_sealers: dict[int, Sealer] = field(default_factory=dict)
+    recv_sealers: dict[int, Sealer] = field(default_factory=dict)
+
+
+@dataclass(slots=True, eq=False)
+class DialRecord:
+    """What the node knows of an endpoint it may dial."""
+
+    endpoint: str
+    seed: bool
+    failures: int = 0
+    next_at: float = 0.0
+    link_id: int = 0  # the live OutLink dialled to it, 0 if none

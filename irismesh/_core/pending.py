@@ -1,0 +1,73 @@
+"""The caller's table of requests in flight, with their deadlines.
+
+A request stays here from `add` until its reply, its failure, or its deadline. Its `link` is
+the link it was last sent on; when that link dies the engine resends it elsewhere with the
+same id (so the member's reply cache can spot a duplicate), or parks it (`link is None`)
+until a member appears or the deadline passes. Deadlines sit in a heap with lazy deletion:
+finished requests leave their heap entry behind, popped when it surfaces or compacted away
+once stale entries outnumber live ones.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from irismesh._core.links import OutLink
+
+
+@dataclass(slots=True, eq=False)
+class PendingRequest:
+    req_id: int
+    cluster: str
+    payload: bytes
+    deadline: float
+    timeout: float
+    sent_at: float
+    link: OutLink | None
+    attempts: int = 1
+
+
+class PendingRequests:
+    __slots__ = ("_heap", "_requests")
+
+    def __init__(self) -> None:
+        self._requests: dict[int, PendingRequest] = {}
+        self._heap: list[tuple[float, int]] = []
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def __iter__(self) -> Iterator[PendingRequest]:
+        return iter(list(self._requests.values()))
+
+    def add(self, request: PendingRequest) -> None:
+        self._requests[request.req_id] = request
+        heap = self._heap
+        heapq.heappush(heap, (request.deadline, request.req_id))
+        if len(heap) > 1024 and len(heap) > 4 * len(self._requests):
+            self._heap = [(r.deadline, r.req_id) for r in self._requests.values()]
+            heapq.heapify(self._heap)
+
+    def pop(self, req_id: int) -> PendingRequest | None:
+        return self._requests.pop(req_id, None)
+
+    def get(self, req_id: int) -> PendingRequest | None:
+        return self._requests.get(req_id)
+
+    def next_deadline(self) -> float | None:
+        heap = self._heap
+        while heap and heap[0][1] not in self._requests:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    def pop_expired(self, now: float) -> list[PendingRequest]:
+        expired = []
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            _deadline, req_id = heapq.heappop(heap)
+            request = self._requests.pop(req_id, None)
+            if request is not None:
+                expired.append(request)
+        return expired

@@ -1,0 +1,77 @@
+"""The members' idempotency window: recent request ids and their replies.
+
+A caller that loses a link resends its in-flight requests with the same id. If the first
+attempt reached this member, the resend must not run the handler twice: while the handler is
+running the resend just waits for it, and once done it gets the remembered reply. Entries live
+as long as the caller could still resend (its timeout), and the window is bounded by count and
+by bytes, oldest evicted first: a resend older than the window runs again, which is the
+at-least-once fallback every caller must tolerate past the window.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+RequestKey = tuple[bytes, int]  # (caller node id, request id)
+
+
+@dataclass(slots=True)
+class CachedReply:
+    expires: float
+    status: int = -1  # -1 while the handler runs
+    payload: bytes = b""
+
+
+class ReplyCache:
+    __slots__ = ("_bytes", "_entries", "evicted", "max_bytes", "max_entries")
+
+    def __init__(self, max_entries: int, max_bytes: int) -> None:
+        self._entries: OrderedDict[RequestKey, CachedReply] = OrderedDict()
+        self._bytes = 0
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.evicted = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def size_bytes(self) -> int:
+        return self._bytes
+
+    def get(self, key: RequestKey) -> CachedReply | None:
+        return self._entries.get(key)
+
+    def start(self, key: RequestKey, expires: float) -> CachedReply:
+        entry = CachedReply(expires)
+        self._entries[key] = entry
+        if len(self._entries) > self.max_entries:
+            self._evict_one()
+        return entry
+
+    def finish(self, key: RequestKey, status: int, payload: bytes) -> None:
+        entry = self._entries.get(key)
+        if entry is None:  # evicted while running: nothing to remember it in
+            return
+        entry.status = status
+        entry.payload = payload
+        self._bytes += len(payload)
+        while self._bytes > self.max_bytes and self._entries:
+            self._evict_one()
+
+    def expire(self, now: float) -> None:
+        # Entries are close to expiry order (timeouts are usually alike), so stopping at the
+        # first live entry is cheap; a longer-lived entry ahead only delays others' expiry.
+        entries = self._entries
+        while entries:
+            key, entry = next(iter(entries.items()))
+            if entry.expires > now or entry.status < 0:
+                return
+            del entries[key]
+            self._bytes -= len(entry.payload)
+
+    def _evict_one(self) -> None:
+        _key, entry = self._entries.popitem(last=False)
+        self._bytes -= len(entry.payload)
+        self.evicted += 1

@@ -1,0 +1,255 @@
+"""The asyncio driver: owns the zmq sockets, feeds frames to the core, flushes what it sends.
+
+Hot path, and why it looks like this (DESIGN.md section 2): `zmq.asyncio` creates a Future per
+received message, which costs more than all the rest of a request. Here each socket is a plain
+non-blocking pyzmq socket whose file descriptor is registered with `loop.add_reader`; when it
+fires, the driver drains up to `BATCH` messages with NOBLOCK, hands each to the core, then
+dispatches the core's events and sends its frames once for the whole batch.
+
+A zmq FD is edge-triggered and also signals after *sends* change the socket's state, so a
+wake-up can be consumed by a send: after sending on a socket, and after a batch cut short, the
+driver checks `EVENTS` and drains again soon if input is waiting. That is the "no lost
+wake-up" rule. One timer (`call_at`) serves heartbeats and the earliest request deadline; before
+the core's tick, all sockets are drained so that frames that arrived during a stall of this
+loop count as heard, not as silence.
+
+Sockets: one ROUTER bound at the node's endpoint (links peers dialled) and one DEALER per link
+this node dialled. Replies go out with ROUTER_MANDATORY so an unroutable reply is an error we
+count, not a silent drop. Send queues are unbounded in zmq; the core bounds them by its limits
+on requests in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import cast
+
+import zmq
+
+from irismesh._core.engine import MeshCore
+from irismesh._core.events import CloseLink, Event, OpenLink
+
+BATCH = 256
+_NOBLOCK = zmq.NOBLOCK
+_POLLIN = zmq.POLLIN
+_EVENTS = zmq.EVENTS
+
+
+def _readable(sock: zmq.Socket[bytes]) -> bool:
+    return bool(cast(int, sock.get(_EVENTS)) & _POLLIN)
+
+
+def _configure(sock: zmq.Socket[bytes], max_frame: int) -> None:
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, max_frame + 64)  # refuse oversize before allocating it
+    sock.setsockopt(zmq.RECONNECT_IVL, 100)
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+
+
+class Driver:
+    """Connects one MeshCore to the network and the event loop."""
+
+    def __init__(
+        self,
+        core: MeshCore,
+        context: zmq.Context[zmq.Socket[bytes]],
+        router: zmq.Socket[bytes],
+        loop: asyncio.AbstractEventLoop,
+        on_events: Callable[[list[Event]], None],
+    ) -> None:
+        self.core = core
+        self._ctx = context
+        self._router = router
+        self._loop = loop
+        self._on_events = on_events
+        self._dealers: dict[int, zmq.Socket[bytes]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = float("inf")
+        self._flush_scheduled = False
+        self._recheck: set[int] = set()  # link ids (0: the router) to re-check for input
+        self._closed = False
+        self._max_frame = core.config.max_frame
+        loop.add_reader(router.FD, self._drain_router)
+
+    # ----------------------------------------------------------------- input
+
+    def _drain_router(self) -> None:
+        router = self._router
+        receive = self.core.receive_in
+        now = self._loop.time()
+        for _ in range(BATCH):
+            try:
+                parts = router.recv_multipart(_NOBLOCK)
+            except zmq.Again:
+                break
+            except zmq.ZMQError:
+                if self._closed:
+                    return
+                raise
+            if len(parts) == 2:
+                receive(parts[0], parts[1], now)
+            else:
+                self.core.stats["dropped_multipart"] += 1
+        else:
+            self._recheck.add(0)  # batch cut short: come back after others had a turn
+        self.process()
+
+    def _drain_dealer(self, link_id: int) -> None:
+        sock = self._dealers.get(link_id)
+        if sock is None:
+            return
+        receive = self.core.receive_out
+        now = self._loop.time()
+        for _ in range(BATCH):
+            try:
+                frame = sock.recv(_NOBLOCK)
+            except zmq.Again:
+                break
+            if sock.getsockopt(zmq.RCVMORE):  # pragma: no cover - peers send single frames
+                self.core.stats["dropped_multipart"] += 1
+                while sock.getsockopt(zmq.RCVMORE):
+                    sock.recv(_NOBLOCK)
+                continue
+            receive(link_id, frame, now)
+        else:
+            self._recheck.add(link_id)
+        self.process()
+
+    def drain_all(self) -> None:
+        self._drain_router()
+        for link_id in list(self._dealers):
+            self._drain_dealer(link_id)
+
+    # ----------------------------------------------------------------- output
+
+    def process(self) -> None:
+        """Dispatch the core's events, then send its frames."""
+        core = self.core
+        while core.events:
+            events = core.events
+            core.events = []
+            for event in events:
+                if isinstance(event, OpenLink):
+                    self._open(event)
+                elif isinstance(event, CloseLink):
+                    self._close_link(event.link_id)
+            self._on_events(events)
+        self.flush()
+
+    def flush(self) -> None:
+        core = self.core
+        recheck = self._recheck
+        if core.out_frames:
+            frames = core.out_frames
+            core.out_frames = []
+            dealers = self._dealers
+            for link_id, frame in frames:
+                sock = dealers.get(link_id)
+                if sock is None:
+                    continue  # the link closed meanwhile; the core has already moved on
+                try:
+                    sock.send(frame, _NOBLOCK)
+                except zmq.Again:
+                    core.link_failed(link_id, self._loop.time(), "unsendable")
+                recheck.add(link_id)
+        if core.in_frames:
+            frames2 = core.in_frames
+            core.in_frames = []
+            router = self._router
+            for routing_id, frame in frames2:
+                try:
+                    router.send_multipart((routing_id, frame), _NOBLOCK)
+                except zmq.ZMQError:  # EHOSTUNREACH: the caller left; it resends if it returns
+                    core.stats["replies_unroutable"] += 1
+            recheck.add(0)
+        if recheck and not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._recheck_input)
+        if core.events:  # link failures found while sending
+            self.process()
+
+    def flush_soon(self) -> None:
+        """Send what the core queued, once, at the end of this loop iteration."""
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._recheck_input)
+
+    def _recheck_input(self) -> None:
+        self._flush_scheduled = False
+        if self._closed:
+            return
+        ids = self._recheck
+        self._recheck = set()
+        self.process()
+        for link_id in ids:
+            if link_id == 0:
+                if _readable(self._router):
+                    self._drain_router()
+            else:
+                sock = self._dealers.get(link_id)
+                if sock is not None and _readable(sock):
+                    self._drain_dealer(link_id)
+
+    # ----------------------------------------------------------------- links
+
+    def _open(self, event: OpenLink) -> None:
+        sock: zmq.Socket[bytes] = self._ctx.socket(zmq.DEALER)
+        _configure(sock, self._max_frame)
+        try:
+            sock.connect(event.endpoint)
+        except zmq.ZMQError:
+            sock.close(0)
+            self.core.link_failed(event.link_id, self._loop.time(), "bad_endpoint")
+            return
+        self._dealers[event.link_id] = sock
+        self._loop.add_reader(sock.FD, self._drain_dealer, event.link_id)
+
+    def _close_link(self, link_id: int) -> None:
+        sock = self._dealers.pop(link_id, None)
+        if sock is not None:
+            self._loop.remove_reader(sock.FD)
+            sock.close(0)
+
+    # ----------------------------------------------------------------- time
+
+    def arm(self, when: float) -> None:
+        """Make sure the timer fires no later than `when`."""
+        if when < self._timer_at and not self._closed:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer_at = when
+            self._timer = self._loop.call_at(when, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = float("inf")
+        if self._closed:
+            return
+        self.drain_all()
+        now = self._loop.time()
+        self.core.tick(now)
+        self.process()
+        wake = now + self.core.config.heartbeat_interval / 2
+        deadline = self.core.next_deadline()
+        self.arm(min(wake, deadline) if deadline is not None else wake)
+
+    def start(self) -> None:
+        self.arm(self._loop.time())
+
+    def close(self, linger_ms: int = 200) -> None:
+        """Flush goodbyes (given `linger_ms` to leave) and close every socket."""
+        if self._closed:
+            return
+        self.process()
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+        self._loop.remove_reader(self._router.FD)
+        for sock in self._dealers.values():
+            self._loop.remove_reader(sock.FD)
+            sock.close(linger_ms)
+        self._dealers.clear()
+        self._router.close(linger_ms)

@@ -1,0 +1,130 @@
+"""The exceptions irismesh raises, all under one base.
+
+    MeshError
+    ├── ConfigurationError      the caller's misuse: a bad argument, option or file, raised at once
+    │   └── NoKey               no key in the keyring for a cluster or topic this node must use
+    ├── Closed                  the node (or tunnel, subscription) is closed
+    ├── MembershipTimeout       a cluster did not reach the awaited number of members in time
+    ├── PayloadTooLarge         a payload above the configured limit, refused before sending
+    ├── RequestError            a request did not produce a reply
+    │   ├── NoResponders        the cluster has no live member (known at once, no waiting)
+    │   ├── RequestTimeout      no reply within the caller's deadline
+    │   └── RemoteError         the member's handler raised; carries its message
+    ├── AuthenticationError     a peer failed to prove it holds a key
+    └── ProtocolError           a peer sent bytes that are not a valid frame (dropped and counted;
+                                raised only by the pure codec, never out of a node)
+
+Errors carry data as attributes so callers need not parse messages.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AuthenticationError",
+    "Closed",
+    "ConfigurationError",
+    "MembershipTimeout",
+    "MeshError",
+    "NoKey",
+    "NoResponders",
+    "PayloadTooLarge",
+    "ProtocolError",
+    "RemoteError",
+    "RequestError",
+    "RequestTimeout",
+]
+
+
+class MeshError(Exception):
+    """Base of every error irismesh raises."""
+
+
+class ConfigurationError(MeshError, ValueError):
+    """A caller's misuse: bad argument, option, or file."""
+
+
+class NoKey(ConfigurationError):
+    """The keyring holds no key for a scope (cluster or topic) that this node must use."""
+
+    def __init__(self, scope: str) -> None:
+        super().__init__(
+            f"no key for {scope!r} in the keyring: add one with `mesh keygen --scope {scope}` "
+            "or a default key named '*'"
+        )
+        self.scope = scope
+
+
+class Closed(MeshError):
+    """The node, or the object used, is closed."""
+
+
+class MembershipTimeout(MeshError, TimeoutError):
+    """A cluster did not reach the awaited number of live members in time."""
+
+    def __init__(self, cluster: str, wanted: int, found: int, timeout: float) -> None:
+        super().__init__(
+            f"cluster {cluster!r} has {found} live member(s) after {timeout:g} s, wanted {wanted}"
+        )
+        self.cluster = cluster
+        self.wanted = wanted
+        self.found = found
+        self.timeout = timeout
+
+
+class PayloadTooLarge(MeshError, ValueError):
+    """A payload exceeds the configured size limit."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"payload of {size} bytes exceeds the limit of {limit} bytes")
+        self.size = size
+        self.limit = limit
+
+
+class RequestError(MeshError):
+    """A request did not produce a reply."""
+
+    def __init__(self, message: str, cluster: str) -> None:
+        super().__init__(message)
+        self.cluster = cluster
+
+
+class NoResponders(RequestError):
+    """The cluster has no live member to take the request."""
+
+    def __init__(self, cluster: str) -> None:
+        super().__init__(f"cluster {cluster!r} has no live member", cluster)
+
+
+class RequestTimeout(RequestError, TimeoutError):
+    """No reply arrived within the caller's deadline."""
+
+    def __init__(self, cluster: str, timeout: float, attempts: int = 1) -> None:
+        super().__init__(
+            f"no reply from cluster {cluster!r} within {timeout:g} s ({attempts} attempt(s))",
+            cluster,
+        )
+        self.timeout = timeout
+        self.attempts = attempts
+
+
+class RemoteError(RequestError):
+    """The member's handler raised; the member keeps serving."""
+
+    def __init__(self, cluster: str, remote_type: str, remote_message: str) -> None:
+        super().__init__(
+            f"handler in cluster {cluster!r} raised {remote_type}: {remote_message}", cluster
+        )
+        self.remote_type = remote_type
+        self.remote_message = remote_message
+
+
+class AuthenticationError(MeshError):
+    """A peer failed to prove possession of a key."""
+
+
+class ProtocolError(MeshError):
+    """Bytes from a peer are not a valid frame; `reason` is a short counter name."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason

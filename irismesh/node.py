@@ -1,0 +1,361 @@
+"""`Node`: one service's place in the mesh (asyncio API).
+
+async with irismesh.Node(cluster="db", keyring=keys) as node:
+    @node.on_request
+    async def handle(payload: bytes) -> bytes: ...
+
+async with irismesh.Node(keyring=keys, seeds=["tcp://127.0.0.1:7400"]) as client:
+    reply = await client.request("db", b"GET k", timeout=1.0)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, TypeVar
+
+import zmq
+
+from irismesh._core.config import CoreConfig
+from irismesh._core.engine import MeshCore
+from irismesh._core.events import (
+    Event,
+    PeerDown,
+    PeerUp,
+    ReplyArrived,
+    RequestArrived,
+    RequestFailed,
+)
+from irismesh._core.frames import STATUS_OK, unpack_error
+from irismesh._driver import Driver
+from irismesh.discovery.survey import SurveyConfig, SurveyDiscovery
+from irismesh.errors import (
+    Closed,
+    ConfigurationError,
+    MembershipTimeout,
+    RemoteError,
+)
+from irismesh.patterns.reqrep import HandlerRunner, RequestHandler
+from irismesh.security.keyring import Keyring
+from irismesh.security.linksecurity import KeyedLinkSecurity
+
+H = TypeVar("H", bound=RequestHandler)
+
+DEFAULT_BIND = "tcp://127.0.0.1:0"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PeerInfo:
+    """What `Node.peers()` reports of one peer."""
+
+    node_id: str
+    endpoint: str
+    rtt_ms: float
+    latency_ms: float
+    outstanding: int
+
+
+class Node:
+    """A node of the mesh: member of `cluster` (or a pure client when None)."""
+
+    def __init__(
+        self,
+        cluster: str | None = None,
+        *,
+        keyring: Keyring | None = None,
+        clusters: Iterable[str] = (),
+        bind: str = DEFAULT_BIND,
+        seeds: Iterable[str] = (),
+        survey: bool | SurveyConfig = False,
+        config: CoreConfig | None = None,
+        default_timeout: float = 5.0,
+    ) -> None:
+        if keyring is None:
+            keyring = Keyring.from_env()
+        if keyring is None:
+            raise ConfigurationError(
+                "a node needs a keyring: pass keyring=Keyring.load(path), or set IRISMESH_KEYFILE"
+                " (create one with `mesh keygen mesh.keys`)"
+            )
+        names = ([cluster] if cluster else []) + list(clusters)
+        for name in names:
+            _check_cluster_name(name)
+            keyring.require(name)  # serving a cluster needs its key: fail now, not at a peer
+        if not bind.startswith("tcp://"):
+            raise ConfigurationError(f"bind must be a tcp:// endpoint, got {bind!r}")
+        self.cluster = cluster
+        self.clusters = tuple(dict.fromkeys(names))
+        self.keyring = keyring
+        self.node_id = os.urandom(16)
+        self._bind = bind
+        self._seeds = [_check_endpoint(s) for s in seeds]
+        self._survey_config = (
+            survey if isinstance(survey, SurveyConfig) else (SurveyConfig() if survey else None)
+        )
+        self._config = config or CoreConfig()
+        self._default_timeout = default_timeout
+        self._core: MeshCore | None = None
+        self._driver: Driver | None = None
+        self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
+        self._survey: SurveyDiscovery | None = None
+        self._waiting: dict[int, tuple[asyncio.Future[bytes], str]] = {}
+        self._runner = HandlerRunner(self._reply, self._reply_error, self._flush_soon)
+        self._membership_changed: asyncio.Event | None = None
+        self._peer_listeners: list[Callable[[Event], None]] = []
+        self._closing = False
+        self.endpoint = ""
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def start(self) -> Node:
+        if self._core is not None:
+            return self
+        loop = asyncio.get_running_loop()
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        router = ctx.socket(zmq.ROUTER)
+        router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        router.setsockopt(zmq.LINGER, 0)
+        router.setsockopt(zmq.SNDHWM, 0)
+        router.setsockopt(zmq.RCVHWM, 0)
+        router.setsockopt(zmq.MAXMSGSIZE, self._config.max_frame + 64)
+        try:
+            router.bind(self._bind)
+        except zmq.ZMQError as exc:
+            router.close(0)
+            ctx.term()
+            raise ConfigurationError(f"cannot listen on {self._bind}: {exc}") from None
+        endpoint = router.get_string(zmq.LAST_ENDPOINT)
+        self.endpoint = endpoint
+        self._ctx = ctx
+        self._core = MeshCore(
+            node_id=self.node_id,
+            endpoint=endpoint,
+            clusters=self.clusters,
+            security=KeyedLinkSecurity(self.keyring),
+            rng=random.Random(os.urandom(16)),
+            randbytes=os.urandom,
+            config=self._config,
+        )
+        self._membership_changed = asyncio.Event()
+        self._driver = Driver(self._core, ctx, router, loop, self._on_events)
+        now = loop.time()
+        for seed in self._seeds:
+            self._core.add_candidate(seed, now, seed=True)
+        self._driver.process()
+        self._driver.start()
+        if self._survey_config is not None:
+            self._survey = SurveyDiscovery(
+                node_id=self.node_id,
+                endpoint=endpoint,
+                config=self._survey_config,
+                on_candidate=self._on_candidate,
+            )
+            try:
+                await self._survey.start()
+            except BaseException:
+                await self.close()
+                raise
+        return self
+
+    async def close(self) -> None:
+        """Leave the mesh: say goodbye to peers, fail pending requests with Closed."""
+        if self._closing:
+            return
+        self._closing = True
+        if self._survey is not None:
+            await self._survey.close()
+        await self._runner.close()
+        if self._core is not None and self._driver is not None:
+            self._core.close()
+            self._driver.process()
+            self._driver.close()
+        for fut, _cluster in self._waiting.values():
+            if not fut.done():
+                fut.set_exception(Closed("node closed"))
+        self._waiting.clear()
+        if self._ctx is not None:
+            ctx, self._ctx = self._ctx, None
+            await asyncio.get_running_loop().run_in_executor(None, ctx.term)
+
+    async def __aenter__(self) -> Node:
+        return await self.start()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # ----------------------------------------------------------------- serving
+
+    def on_request(self, handler: H) -> H:
+        """Decorator: `handler(payload) -> bytes` (sync or async) answers this node's requests.
+
+        A plain function runs on the event loop and must not block; an `async def` handler may
+        await freely.
+        """
+        if not self.clusters:
+            raise ConfigurationError("a node without a cluster serves no requests: pass cluster=")
+        self._runner.handler = handler
+        return handler
+
+    # ----------------------------------------------------------------- calling
+
+    async def request(self, cluster: str, payload: bytes, *, timeout: float | None = None) -> bytes:
+        """Send `payload` to one live member of `cluster` and return its reply.
+
+        Raises NoResponders at once if the cluster has no live member, RequestTimeout after
+        `timeout` seconds, RemoteError if the member's handler raised.
+        """
+        core, driver = self._running()
+        if timeout is None:
+            timeout = self._default_timeout
+        elif not timeout > 0:
+            raise ConfigurationError(f"timeout must be positive, got {timeout!r}")
+        if type(payload) is not bytes:
+            payload = _as_bytes(payload)
+        loop = driver._loop
+        now = loop.time()
+        req_id = core.request(cluster, payload, timeout, now)
+        fut: asyncio.Future[bytes] = loop.create_future()
+        self._waiting[req_id] = (fut, cluster)
+        driver.flush()
+        driver.arm(now + timeout)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            if self._waiting.pop(req_id, None) is not None:
+                core.cancel(req_id)
+            raise
+
+    async def wait_for_members(self, cluster: str, count: int = 1, *, timeout: float = 10.0) -> int:
+        """Wait until `cluster` has at least `count` live members; returns how many it has."""
+        core, driver = self._running()
+        changed = self._membership_changed
+        assert changed is not None
+        deadline = driver._loop.time() + timeout
+        while True:
+            found = len(core.members(cluster))
+            if found >= count:
+                return found
+            remaining = deadline - driver._loop.time()
+            if remaining <= 0:
+                raise MembershipTimeout(cluster, count, found, timeout)
+            changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), remaining)
+
+    def members(self, cluster: str) -> list[str]:
+        """Hex node ids of the live members of `cluster` this node knows of."""
+        core, _ = self._running()
+        return [link.peer_id.hex() for link in core.members(cluster)]
+
+    def peers(self) -> list[PeerInfo]:
+        core, _ = self._running()
+        return [
+            PeerInfo(
+                node_id=link.peer_id.hex(),
+                endpoint=link.endpoint,
+                rtt_ms=link.rtt * 1000,
+                latency_ms=link.latency * 1000,
+                outstanding=link.outstanding,
+            )
+            for link in core.peers()
+        ]
+
+    @property
+    def stats(self) -> Mapping[str, int]:
+        """Counters: drops by reason, requests resent and timed out, peers up and down."""
+        if self._core is None:
+            return {}
+        stats = dict(self._core.stats)
+        stats["requests_pending"] = self._core.pending_count
+        stats["handlers_running"] = self._runner.running
+        stats["reply_cache_entries"] = len(self._core.reply_cache)
+        return stats
+
+    def add_seed(self, endpoint: str) -> None:
+        core, driver = self._running()
+        core.add_candidate(_check_endpoint(endpoint), driver._loop.time(), seed=True)
+        driver.process()
+
+    # ----------------------------------------------------------------- internals
+
+    def _running(self) -> tuple[MeshCore, Driver]:
+        if self._closing:
+            raise Closed("node is closed")
+        if self._core is None or self._driver is None:
+            raise Closed("node is not started: use `async with Node(...)` or `await node.start()`")
+        return self._core, self._driver
+
+    def _on_events(self, events: list[Event]) -> None:
+        waiting = self._waiting
+        for event in events:
+            if type(event) is ReplyArrived:
+                entry = waiting.pop(event.req_id, None)
+                if entry is not None and not entry[0].done():
+                    if event.status == STATUS_OK:
+                        entry[0].set_result(event.payload)
+                    else:
+                        kind, message = unpack_error(event.payload)
+                        entry[0].set_exception(RemoteError(entry[1], kind, message))
+            elif type(event) is RequestArrived:
+                self._runner.run(event)
+            elif type(event) is RequestFailed:
+                entry = waiting.pop(event.req_id, None)
+                if entry is not None and not entry[0].done():
+                    entry[0].set_exception(event.error)
+            elif type(event) is PeerUp or type(event) is PeerDown:
+                if self._membership_changed is not None:
+                    self._membership_changed.set()
+                for listener in self._peer_listeners:
+                    listener(event)
+
+    def _reply(self, token: tuple[bytes, int], payload: bytes) -> None:
+        if self._core is not None and not self._closing:
+            self._core.reply(token, payload)
+
+    def _reply_error(self, token: tuple[bytes, int], exc: BaseException) -> None:
+        if self._core is not None and not self._closing:
+            self._core.reply_error(token, exc)
+
+    def _flush_soon(self) -> None:
+        if self._driver is not None and not self._closing:
+            self._driver.flush_soon()
+
+    def _on_candidate(self, node_id: bytes, endpoint: str) -> None:
+        if self._core is None or self._driver is None or self._closing:
+            return
+        self._core.add_candidate(endpoint, self._driver._loop.time())
+        self._driver.process()
+
+
+def _as_bytes(payload: Any) -> bytes:
+    if isinstance(payload, bytearray | memoryview):
+        return bytes(payload)
+    raise TypeError(f"payload must be bytes, not {type(payload).__name__}")
+
+
+def _check_cluster_name(name: str) -> None:
+    if not isinstance(name, str) or not name or len(name) > 200 or any(c.isspace() for c in name):
+        raise ConfigurationError(f"bad cluster name {name!r}: 1-200 characters, no whitespace")
+
+
+def _check_endpoint(endpoint: str) -> str:
+    if (
+        not isinstance(endpoint, str)
+        or not endpoint.startswith("tcp://")
+        or ":" not in endpoint[6:]
+    ):
+        raise ConfigurationError(f"bad endpoint {endpoint!r}: expected tcp://HOST:PORT")
+    return endpoint
+
+
+__all__ = ["Node", "PeerInfo"]

@@ -1,0 +1,154 @@
+"""The blocking API: `irismesh.sync.Node` mirrors `irismesh.Node` for code without asyncio.
+
+    with irismesh.sync.Node(cluster="db", keyring=keys) as node:
+        @node.on_request
+        def handle(payload: bytes) -> bytes: ...
+        node.serve_forever()
+
+The asyncio node runs on a loop thread of its own (python-zeroconf's model). Handlers are plain
+functions run in a thread pool, so a handler that blocks delays only its own request, never
+the node's heartbeats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from types import TracebackType
+from typing import Any, TypeVar
+
+from irismesh import node as _async
+from irismesh._core.config import CoreConfig
+from irismesh.discovery.survey import SurveyConfig
+from irismesh.errors import Closed, ConfigurationError
+from irismesh.security.keyring import Keyring
+
+T = TypeVar("T")
+SyncHandler = Callable[[bytes], bytes]
+F = TypeVar("F", bound=SyncHandler)
+
+
+class Node:
+    """A mesh node driven from ordinary threads; the same arguments as `irismesh.Node`."""
+
+    def __init__(
+        self,
+        cluster: str | None = None,
+        *,
+        keyring: Keyring | None = None,
+        clusters: Iterable[str] = (),
+        bind: str = _async.DEFAULT_BIND,
+        seeds: Iterable[str] = (),
+        survey: bool | SurveyConfig = False,
+        config: CoreConfig | None = None,
+        default_timeout: float = 5.0,
+        handler_threads: int = 8,
+    ) -> None:
+        self._node = _async.Node(
+            cluster,
+            keyring=keyring,
+            clusters=clusters,
+            bind=bind,
+            seeds=seeds,
+            survey=survey,
+            config=config,
+            default_timeout=default_timeout,
+        )
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            handler_threads, thread_name_prefix="irismesh-handler"
+        )
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="irismesh", daemon=True)
+        self._started = False
+        self._closed = threading.Event()
+
+    def _call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        if not self._thread.is_alive():
+            coro.close()
+            raise Closed("node is not running")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def start(self) -> Node:
+        if self._closed.is_set():
+            raise Closed("node is closed")
+        if not self._started:
+            self._started = True
+            self._thread.start()
+            try:
+                self._call(self._node.start())
+            except BaseException:
+                self.close()
+                raise
+        return self
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        if self._thread.is_alive():
+            try:
+                self._call(self._node.close(), timeout=10)
+            finally:
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                self._thread.join(timeout=10)
+        if not self._loop.is_running():
+            self._loop.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def __enter__(self) -> Node:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def endpoint(self) -> str:
+        return self._node.endpoint
+
+    @property
+    def node_id(self) -> bytes:
+        return self._node.node_id
+
+    @property
+    def stats(self) -> Mapping[str, int]:
+        return self._node.stats
+
+    def on_request(self, handler: F) -> F:
+        """Decorator: `handler(payload) -> bytes`, run in the node's handler thread pool."""
+        if asyncio.iscoroutinefunction(handler):
+            raise ConfigurationError("irismesh.sync.Node takes plain functions as handlers")
+        pool = self._pool
+
+        async def run_in_pool(payload: bytes) -> bytes:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(pool, handler, payload)
+
+        self._node.on_request(run_in_pool)
+        return handler
+
+    def request(self, cluster: str, payload: bytes, *, timeout: float | None = None) -> bytes:
+        return self._call(self._node.request(cluster, payload, timeout=timeout))
+
+    def wait_for_members(self, cluster: str, count: int = 1, *, timeout: float = 10.0) -> int:
+        return self._call(self._node.wait_for_members(cluster, count, timeout=timeout))
+
+    def members(self, cluster: str) -> list[str]:
+        return self._call(_wrap(self._node.members, cluster))
+
+    def peers(self) -> list[_async.PeerInfo]:
+        return self._call(_wrap(self._node.peers))
+
+    def serve_forever(self) -> None:
+        """Block until `close()` is called from another thread or a signal handler."""
+        self._closed.wait()
+
+
+async def _wrap(fn: Callable[..., T], *args: Any) -> T:
+    return fn(*args)

@@ -1,0 +1,1 @@
+"""Keys and sealing: the keyring file format and the sealers every frame passes through."""

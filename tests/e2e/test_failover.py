@@ -1,0 +1,108 @@
+"""Members in their own processes, killed for real while requests are in flight."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+
+from helpers import ROOT, Workers, wait_until
+
+import irismesh
+
+
+def test_sigkill_under_load_loses_no_request(keys: irismesh.Keyring, workers: Workers) -> None:
+    """80 requests in flight, a member SIGKILLed: every request gets its own correct reply."""
+
+    async def main() -> None:
+        first = workers.start("w1", delay=0.005)
+        workers.start("w2", [first], delay=0.005)
+        workers.start("w3", [first], delay=0.005)
+        async with irismesh.Node(keyring=keys, seeds=[first]) as client:
+            await client.wait_for_members("work", 3, timeout=10)
+            total, in_flight = 1200, 80
+            served: Counter[str] = Counter()
+            wrong: list[str] = []
+            next_id = 0
+            killed_with = -1
+
+            async def caller() -> None:
+                nonlocal next_id, killed_with
+                while next_id < total:
+                    i = next_id
+                    next_id += 1
+                    reply = await client.request("work", b"%d" % i, timeout=10)
+                    who, _, echoed = reply.partition(b":")
+                    if echoed != b"%d" % i:
+                        wrong.append(f"{i}: {reply!r}")
+                    served[who.decode()] += 1
+                    if killed_with < 0 and sum(served.values()) == total // 3:
+                        killed_with = client.stats["requests_pending"]
+                        workers.procs["w3"].send_signal(signal.SIGKILL)
+
+            await asyncio.gather(*(caller() for _ in range(in_flight)))
+            assert not wrong, wrong[:5]
+            assert sum(served.values()) == total
+            assert killed_with >= 50, f"only {killed_with} requests were in flight at the kill"
+            assert client.stats.get("requests_resent", 0) > 0, "nothing was in flight on w3"
+            assert client.stats.get("requests_timed_out", 0) == 0
+            assert len(client.members("work")) == 2
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_killed_member_stops_receiving_requests_within_two_seconds(
+    keys: irismesh.Keyring, workers: Workers
+) -> None:
+    async def main() -> None:
+        first = workers.start("w1")
+        workers.start("w2", [first])
+        async with irismesh.Node(keyring=keys, seeds=[first]) as client:
+            await client.wait_for_members("work", 2, timeout=10)
+            victim = workers.procs["w2"]
+            victim.send_signal(signal.SIGKILL)
+            taken = await wait_until(
+                lambda: len(client.members("work")) == 1, 2.0, "the killed member to be dropped"
+            )
+            print(f"SIGKILLed member dropped from routing after {taken * 1000:.0f} ms")
+            for i in range(50):  # and nothing goes to it any more
+                assert (await client.request("work", b"%d" % i, timeout=2)).startswith(b"w1:")
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_stopped_member_for_300ms_is_not_declared_dead(
+    keys: irismesh.Keyring, workers: Workers
+) -> None:
+    async def main() -> None:
+        first = workers.start("w1")
+        async with irismesh.Node(keyring=keys, seeds=[first]) as client:
+            await client.wait_for_members("work", 1, timeout=10)
+            pid = workers.procs["w1"].pid
+            for _ in range(3):
+                os.kill(pid, signal.SIGSTOP)
+                await asyncio.sleep(0.3)
+                os.kill(pid, signal.SIGCONT)
+                assert (await client.request("work", b"x", timeout=5)) == b"w1:x"
+            assert not [k for k in client.stats if k.startswith("peers_down")], client.stats
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_failover_example_reports_no_failure() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "failover.py"), "--json", "--requests", "1500"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["failed"] == 0
+    assert report["replies_ok"] == 1500
+    assert set(report["served_by"]) == {"w1", "w2", "w3"}
+    assert "killed w3 (SIGKILL)" in result.stderr

@@ -1,0 +1,63 @@
+"""Helpers shared by the tests: condition waits with deadlines and worker processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+async def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> float:
+    """Poll `predicate` every 5 ms; return seconds taken, or fail the test at the deadline."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    while not predicate():
+        if loop.time() - start > timeout:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.005)
+    return loop.time() - start
+
+
+def wait_until_sync(predicate: Callable[[], object], timeout: float, what: str) -> float:
+    start = time.monotonic()
+    while not predicate():
+        if time.monotonic() - start > timeout:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.005)
+    return time.monotonic() - start
+
+
+class Workers:
+    """Worker processes of examples/failover.py, killed at teardown whatever happens."""
+
+    def __init__(self, keyfile: Path) -> None:
+        self.env = dict(os.environ, IRISMESH_KEYFILE=str(keyfile))
+        self.env.pop("IRISMESH_KEYS", None)
+        self.procs: dict[str, subprocess.Popen[str]] = {}
+
+    def start(self, name: str, seeds: list[str] = (), delay: float = 0.0) -> str:  # type: ignore[assignment]
+        cmd = [sys.executable, str(ROOT / "examples" / "failover.py"), "--worker", name]
+        cmd += ["--delay", str(delay)]
+        for seed in seeds:
+            cmd += ["--seed", seed]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=self.env)
+        self.procs[name] = proc
+        assert proc.stdout is not None
+        line = proc.stdout.readline().split()
+        assert line[:1] == ["READY"], f"worker {name} did not start: {line!r}"
+        return line[1]
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+        for proc in self.procs.values():
+            proc.wait(timeout=10)

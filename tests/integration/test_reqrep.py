@@ -1,0 +1,313 @@
+"""Request/reply over real pyzmq sockets on 127.0.0.1, nodes in one process."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+
+import pytest
+from helpers import wait_until
+
+import irismesh
+from irismesh import sync
+
+Test = Callable[[], Awaitable[None]]
+
+
+def run(coro: Awaitable[None], timeout: float = 30) -> None:
+    async def bounded() -> None:
+        await asyncio.wait_for(coro, timeout)
+
+    asyncio.run(bounded())
+
+
+async def echo_members(keys: irismesh.Keyring, n: int, cluster: str = "db") -> list[irismesh.Node]:
+    members: list[irismesh.Node] = []
+    for i in range(n):
+        seeds = [members[0].endpoint] if members else []
+        node = await irismesh.Node(cluster, keyring=keys, seeds=seeds).start()
+        prefix = b"m%d:" % i
+
+        def bind(prefix: bytes) -> Callable[[bytes], bytes]:
+            return lambda payload: prefix + payload
+
+        node.on_request(bind(prefix))
+        members.append(node)
+    return members
+
+
+async def close_all(*nodes: irismesh.Node) -> None:
+    await asyncio.gather(*(n.close() for n in nodes))
+
+
+def test_request_reply_spreads_over_members(keys: irismesh.Keyring) -> None:
+    async def main() -> None:
+        members = await echo_members(keys, 3)
+        client = await irismesh.Node(keyring=keys, seeds=[members[0].endpoint]).start()
+        try:
+            assert await client.wait_for_members("db", 3, timeout=5) == 3
+            replies = await asyncio.gather(
+                *(client.request("db", b"%d" % i, timeout=5) for i in range(300))
+            )
+            served: Counter[bytes] = Counter()
+            for i, reply in enumerate(replies):
+                who, _, echoed = reply.partition(b":")
+                assert echoed == b"%d" % i
+                served[who] += 1
+            assert set(served) == {b"m0", b"m1", b"m2"}, served
+        finally:
+            await close_all(client, *members)
+
+    run(main())
+
+
+def test_no_responders_is_immediate_and_typed(keys: irismesh.Keyring) -> None:
+    async def main() -> None:
+        async with irismesh.Node(keyring=keys) as client:
+            # A timeout of an hour: if NoResponders waited for it, wait_for would fail first.
+            with pytest.raises(irismesh.NoResponders) as info:
+                await asyncio.wait_for(client.request("nobody", b"x", timeout=3600), 2)
+            assert info.value.cluster == "nobody"
+            assert isinstance(info.value, irismesh.MeshError)
+
+    run(main())
+
+
+def test_remote_error_carries_message_and_member_keeps_serving(keys: irismesh.Keyring) -> None:
+    async def main() -> None:
+        async with irismesh.Node("db", keyring=keys) as member:
+
+            @member.on_request
+            async def handle(payload: bytes) -> bytes:
+                if payload == b"boom":
+                    raise KeyError("no such key: boom")
+                return b"ok:" + payload
+
+            async with irismesh.Node(keyring=keys, seeds=[member.endpoint]) as client:
+                await client.wait_for_members("db", timeout=5)
+                with pytest.raises(irismesh.RemoteError) as info:
+                    await client.request("db", b"boom")
+                assert info.value.remote_type == "KeyError"
+                assert "no such key: boom" in info.value.remote_message
+                assert await client.request("db", b"fine") == b"ok:fine"
+
+    run(main())
+
+
+def test_handler_returning_non_bytes_is_a_remote_error(keys: irismesh.Keyring) -> None:
+    async def main() -> None:
+        async with irismesh.Node("db", keyring=keys) as member:
+            member.on_request(lambda payload: 42)  # type: ignore[arg-type,return-value]
+            async with irismesh.Node(keyring=keys, seeds=[member.endpoint]) as client:
+                await client.wait_for_members("db", timeout=5)
+                with pytest.raises(irismesh.RemoteError, match="returned int, not bytes"):
+                    await client.request("db", b"x")
+
+    run(main())
+
+
+def test_timeout_is_typed_and_the_late_reply_is_counted(keys: irismesh.Keyring) -> None:
+    async def main() -> None:
+        release = asyncio.Event()
+        async with irismesh.Node("db", keyring=keys) as member:
+
+            @member.on_request
+            async def handle(payload: bytes) -> bytes:
+                await release.wait()
+                return payload
+
+            async with irismesh.Node(keyring=keys, seeds=[member.endpoint]) as client:
+                await client.wait_for_members("db", timeout=5)
+                with pytest.raises(irismesh.RequestTimeout) as info:
+                    await client.request("db", b"slow", timeout=0.2)
+                assert info.value.timeout == 0.2
+                assert client.stats["requests_pending"] == 0
+                release.set()
+                await wait_until(
+                    lambda: client.stats.get("replies_late", 0) == 1, 5, "the late reply"
+                )
+                assert await client.request("db", b"next") == b"next"
+
+    run(main())
+
+
+def test_payload_too_large_is_refused_before_sending(keys: irismesh.Keyring) -> None:
+    async def main() -> None:
+        config = irismesh.CoreConfig(max_payload=1000)
+        async with irismesh.Node("db", keyring=keys, config=config) as member:
+            member.on_request(lambda payload: payload)
+            async with irismesh.Node(keyring=keys, seeds=[member.endpoint], config=config) as c:
+                await c.wait_for_members("db", timeout=5)
+                with pytest.raises(irismesh.PayloadTooLarge) as info:
+                    await c.request("db", b"x" * 1001)
+                assert (info.value.size, info.value.limit) == (1001, 1000)
+                assert await c.request("db", b"x" * 1000) == b"x" * 1000
+
+    run(main())
+
+
+def test_slow_member_gets_a_small_share(keys: irismesh.Keyring) -> None:
+    """A member ten times slower than its peers must not get a third of the traffic."""
+
+    async def main() -> None:
+        members = []
+        for i, delay in enumerate([0.002, 0.002, 0.02]):
+            seeds = [members[0].endpoint] if members else []
+            node = await irismesh.Node("db", keyring=keys, seeds=seeds).start()
+
+            def bind(name: bytes, delay: float) -> Callable[[bytes], Awaitable[bytes]]:
+                async def handle(payload: bytes) -> bytes:
+                    await asyncio.sleep(delay)
+                    return name
+
+                return handle
+
+            node.on_request(bind(b"m%d" % i, delay))
+            members.append(node)
+        client = await irismesh.Node(keyring=keys, seeds=[members[0].endpoint]).start()
+        try:
+            await client.wait_for_members("db", 3, timeout=5)
+            served: Counter[bytes] = Counter()
+
+            async def loop() -> None:
+                for _ in range(40):
+                    served[await client.request("db", b"x", timeout=10)] += 1
+
+            await asyncio.gather(*(loop() for _ in range(12)))
+            share = served[b"m2"] / sum(served.values())
+            assert share < 0.15, f"slow member got {share:.0%} of requests: {served}"
+        finally:
+            await close_all(client, *members)
+
+    run(main(), timeout=60)
+
+
+def test_closed_member_leaves_at_once_and_requests_fail_over(keys: irismesh.Keyring) -> None:
+    async def main() -> None:
+        members = await echo_members(keys, 2)
+        client = await irismesh.Node(keyring=keys, seeds=[members[0].endpoint]).start()
+        try:
+            await client.wait_for_members("db", 2, timeout=5)
+            await members[1].close()
+            # BYE is immediate: no heartbeat timeout needed.
+            await wait_until(lambda: len(client.members("db")) == 1, 0.5, "the goodbye")
+            for i in range(20):
+                assert (await client.request("db", b"%d" % i)).startswith(b"m0:")
+        finally:
+            await close_all(client, *members)
+
+    run(main())
+
+
+def test_paused_loop_causes_no_false_death(keys: irismesh.Keyring) -> None:
+    """A member whose event loop blocks for 300 ms is not declared dead, nor is the caller."""
+
+    async def main() -> None:
+        async with irismesh.Node("db", keyring=keys) as member:
+
+            @member.on_request
+            def handle(payload: bytes) -> bytes:
+                time.sleep(0.3)  # blocks the whole loop, heartbeats included
+                return payload
+
+            async with irismesh.Node(keyring=keys, seeds=[member.endpoint]) as client:
+                await client.wait_for_members("db", timeout=5)
+                for _ in range(3):
+                    assert await client.request("db", b"x", timeout=5) == b"x"
+                    time.sleep(0.3)  # noqa: ASYNC251 - the caller's loop stalls on purpose
+                assert len(client.members("db")) == 1
+                down = {k: v for k, v in client.stats.items() if k.startswith("peers_down")}
+                assert not down, down
+
+    run(main())
+
+
+def test_sync_node_blocking_api(keyfile: object, keys: irismesh.Keyring) -> None:
+    with sync.Node("db", keyring=keys) as member:
+
+        @member.on_request
+        def handle(payload: bytes) -> bytes:
+            time.sleep(0.01)  # runs in a handler thread, not on the loop
+            return payload.upper()
+
+        with sync.Node(keyring=keys, seeds=[member.endpoint]) as client:
+            client.wait_for_members("db", timeout=5)
+            assert client.request("db", b"abc", timeout=5) == b"ABC"
+            with pytest.raises(irismesh.NoResponders):
+                client.request("other", b"x")
+    with pytest.raises(irismesh.Closed):
+        client.request("db", b"x")
+
+
+def test_bad_arguments_are_clear_errors(keys: irismesh.Keyring) -> None:
+    with pytest.raises(irismesh.NoKey, match="'db'"):
+        irismesh.Node("db", keyring=irismesh.Keyring.generate(["other"]))
+    with pytest.raises(irismesh.ConfigurationError, match="bad endpoint"):
+        irismesh.Node(keyring=keys, seeds=["localhost:1"])
+    with pytest.raises(irismesh.ConfigurationError, match="bad cluster name"):
+        irismesh.Node("has space", keyring=keys)
+    with pytest.raises(irismesh.ConfigurationError, match="serves no requests"):
+        irismesh.Node(keyring=keys).on_request(lambda p: p)
+
+    async def main() -> None:
+        async with irismesh.Node(keyring=keys) as client:
+            with pytest.raises(irismesh.ConfigurationError, match="timeout"):
+                await client.request("db", b"x", timeout=0)
+            with pytest.raises(TypeError, match="bytes"):
+                await client.request("db", "text")  # type: ignore[arg-type]
+        with pytest.raises(irismesh.Closed):
+            await client.request("db", b"x")
+
+    run(main())
+
+
+def test_a_port_in_use_is_a_clear_error(keys: irismesh.Keyring) -> None:
+    async def main() -> None:
+        async with irismesh.Node(keyring=keys) as first:
+            with pytest.raises(irismesh.ConfigurationError, match="cannot listen"):
+                await irismesh.Node(keyring=keys, bind=first.endpoint).start()
+
+    run(main())
+
+
+def test_garbage_on_the_listening_socket_is_counted_not_fatal(keys: irismesh.Keyring) -> None:
+    import zmq
+
+    async def main() -> None:
+        members = await echo_members(keys, 1)
+        member = members[0]
+        ctx = zmq.Context()
+        rogue = ctx.socket(zmq.DEALER)
+        rogue.setsockopt(zmq.LINGER, 0)
+        rogue.connect(member.endpoint)
+        try:
+            for junk in [b"", b"\x49", b"\x49\x01\x05" + b"\x00" * 20, b"x" * 100, b"\xff" * 14]:
+                rogue.send(junk)
+            rogue.send_multipart([b"a", b"b", b"c"])
+            await wait_until(
+                lambda: sum(v for k, v in member.stats.items() if k.startswith("dropped_")) >= 6,
+                5,
+                "the garbage to be counted",
+            )
+            async with irismesh.Node(keyring=keys, seeds=[member.endpoint]) as client:
+                await client.wait_for_members("db", timeout=5)
+                assert await client.request("db", b"still") == b"m0:still"
+        finally:
+            rogue.close()
+            ctx.term()
+            await close_all(*members)
+
+    run(main())
+
+
+def test_default_bind_is_loopback(keys: irismesh.Keyring) -> None:
+    async def main() -> None:
+        async with irismesh.Node(keyring=keys) as node:
+            host = node.endpoint.removeprefix("tcp://").rsplit(":", 1)[0]
+            assert host == "127.0.0.1"
+            assert socket.inet_aton(host)
+
+    run(main())

@@ -1,0 +1,461 @@
+"""SurveyDiscovery over real UDP multicast, pinned to 127.0.0.1.
+
+Every test picks its own group and a free port, so parallel runs do not hear each other, and
+waits on conditions with deadlines rather than sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import itertools
+import os
+import random
+import select
+import socket
+import struct
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from irismesh.discovery.survey import (
+    SurveyConfig,
+    SurveyDiscovery,
+    encode_answer,
+    encode_question,
+)
+from irismesh.errors import Closed, ConfigurationError
+
+LOOPBACK = "127.0.0.1"
+TEST_TIMEOUT = 20.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def fresh_config(**overrides: Any) -> SurveyConfig:
+    group = f"239.255.73.{random.randint(2, 254)}"
+    return SurveyConfig(group=group, port=free_port(), interface=LOOPBACK, **overrides)
+
+
+def pinned_sender() -> socket.socket:
+    """A socket that can only send multicast out of loopback."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind((LOOPBACK, 0))
+    sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(LOOPBACK))
+    sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 1)
+    sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
+    return sock
+
+
+def group_listener(config: SurveyConfig) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((config.group, config.port))
+    membership = socket.inet_aton(config.group) + socket.inet_aton(LOOPBACK)
+    sock.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, membership)
+    return sock
+
+
+@pytest.fixture(scope="module", autouse=True)
+def multicast_on_loopback() -> None:
+    """Probe once: without multicast on lo these tests cannot say anything, so skip them."""
+    config = fresh_config()
+    try:
+        with group_listener(config) as listener, pinned_sender() as sender:
+            sender.sendto(b"probe", (config.group, config.port))
+            readable, _, _ = select.select([listener], [], [], 2.0)
+            if not readable or listener.recv(64) != b"probe":
+                pytest.skip("multicast on 127.0.0.1 delivers nothing in this environment")
+    except OSError as exc:
+        pytest.skip(f"multicast on 127.0.0.1 is not usable here: {exc}")
+
+
+def run(scenario: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    async def bounded() -> None:
+        async with asyncio.timeout(TEST_TIMEOUT):
+            await scenario()
+
+    asyncio.run(bounded())
+
+
+async def wait_until(pred: Callable[[], bool], within: float, what: str) -> None:
+    """Poll `pred` every 10 ms; fail the test, saying what was awaited, after `within` s."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while not pred():
+        if loop.time() >= deadline:
+            pytest.fail(f"not true within {within} s: {what}")
+        await asyncio.sleep(0.01)
+
+
+@dataclass
+class Node:
+    node_id: bytes
+    endpoint: str
+    survey: SurveyDiscovery
+    seen: set[tuple[bytes, str]] = field(default_factory=set)
+
+    @property
+    def me(self) -> tuple[bytes, str]:
+        return (self.node_id, self.endpoint)
+
+
+def make_node(config: SurveyConfig, *, raising: bool = False) -> Node:
+    node_id = os.urandom(16)
+    endpoint = f"tcp://{LOOPBACK}:{random.randint(20000, 60000)}"
+    seen: set[tuple[bytes, str]] = set()
+
+    def on_candidate(candidate_id: bytes, candidate_endpoint: str) -> None:
+        seen.add((candidate_id, candidate_endpoint))
+        if raising:
+            raise RuntimeError("a buggy candidate handler")
+
+    survey = SurveyDiscovery(
+        node_id=node_id,
+        endpoint=endpoint,
+        config=config,
+        on_candidate=on_candidate,
+        rng=random.Random(node_id),
+    )
+    return Node(node_id=node_id, endpoint=endpoint, survey=survey, seen=seen)
+
+
+@contextlib.asynccontextmanager
+async def started(*nodes: Node) -> AsyncIterator[None]:
+    try:
+        for node in nodes:
+            await node.survey.start()
+        yield
+    finally:
+        for node in nodes:
+            await node.survey.close()
+
+
+def test_three_nodes_discover_each_other() -> None:
+    async def scenario() -> None:
+        config = fresh_config()
+        nodes = [make_node(config) for _ in range(3)]
+        async with started(*nodes):
+            expected = [{n.me for n in nodes if n is not node} for node in nodes]
+            await wait_until(
+                lambda: all(n.seen >= e for n, e in zip(nodes, expected, strict=True)),
+                3.0,
+                "each node sees the two others",
+            )
+            for node, others in zip(nodes, expected, strict=True):
+                assert node.seen == others, "a node reported itself or a stranger"
+                assert node.survey.stats["dropped_self"] >= 1
+
+    run(scenario)
+
+
+def test_a_lone_node_ignores_itself() -> None:
+    async def scenario() -> None:
+        node = make_node(fresh_config(fast_interval=0.02))
+        async with started(node):
+            await wait_until(
+                lambda: node.survey.stats["dropped_self"] >= 3, 3.0, "own questions heard"
+            )
+            stats = node.survey.stats
+            assert node.seen == set()
+            assert stats["candidates"] == 0
+            assert stats["answers_sent"] == 0
+
+    run(scenario)
+
+
+def test_a_node_in_another_realm_is_not_discovered() -> None:
+    async def scenario() -> None:
+        config = fresh_config(realm=b"blue")
+        blue_a, blue_b = make_node(config), make_node(config)
+        green = make_node(
+            SurveyConfig(group=config.group, port=config.port, interface=LOOPBACK, realm=b"green")
+        )
+        async with started(blue_a, blue_b, green):
+            await wait_until(
+                lambda: blue_a.seen == {blue_b.me} and blue_b.seen == {blue_a.me},
+                3.0,
+                "the two blue nodes see each other",
+            )
+            # Each side has heard the other realm's questions, so silence is not luck.
+            await wait_until(
+                lambda: (
+                    green.survey.stats["dropped_realm"] >= 2
+                    and blue_a.survey.stats["dropped_realm"] >= 1
+                    and blue_b.survey.stats["dropped_realm"] >= 1
+                ),
+                3.0,
+                "questions from the other realm dropped",
+            )
+            assert green.seen == set()
+            assert green.me not in blue_a.seen | blue_b.seen
+            assert green.survey.stats["answers_sent"] == 0
+
+    run(scenario)
+
+
+def test_malformed_datagrams_are_counted_and_discovery_goes_on() -> None:
+    async def scenario() -> None:
+        # Slow polling, so that every question after the first is one this test asked for.
+        config = fresh_config(fast_period=0.0, slow_interval=60.0)
+        a, b = make_node(config), make_node(config)
+        valid = encode_question(node_id=os.urandom(16), endpoint="tcp://127.0.0.1:1")
+        garbage = [b"", b"hello", b"IMSV\x09" + valid[5:], valid[:-2], valid + b"x" * 1100]
+        async with started(a, b):
+            await wait_until(lambda: a.seen == {b.me}, 3.0, "a sees b")
+            with pinned_sender() as sender:
+                for datagram in garbage:
+                    sender.sendto(datagram, (config.group, config.port))
+                sender.sendto(b"\x00" * 7, a.survey.local_addresses[1])
+            n = len(garbage)
+            await wait_until(
+                lambda: (
+                    a.survey.stats["dropped_malformed"] >= n + 1
+                    and b.survey.stats["dropped_malformed"] >= n
+                ),
+                3.0,
+                "every malformed datagram counted",
+            )
+            a.seen.clear()
+            b.seen.clear()
+            a.survey.poll_now()
+            await wait_until(
+                lambda: a.seen == {b.me} and b.seen == {a.me}, 3.0, "rediscovery after garbage"
+            )
+
+    run(scenario)
+
+
+def test_questions_to_the_unicast_socket_are_not_answered() -> None:
+    async def scenario() -> None:
+        config = fresh_config(fast_period=0.0, slow_interval=60.0)
+        node = make_node(config)
+        stranger = (os.urandom(16), "tcp://127.0.0.1:2")
+        async with started(node):
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+                sock.bind((LOOPBACK, 0))
+                sock.setblocking(False)
+                sock.sendto(
+                    encode_question(node_id=stranger[0], endpoint=stranger[1]),
+                    node.survey.local_addresses[1],
+                )
+                sock.sendto(
+                    encode_answer(node_id=stranger[0], endpoint=stranger[1]),
+                    (config.group, config.port),
+                )
+                await wait_until(
+                    lambda: node.survey.stats["dropped_malformed"] >= 2, 3.0, "both dropped"
+                )
+                with pytest.raises(BlockingIOError):
+                    sock.recv(2048)
+            assert node.survey.stats["answers_sent"] == 0
+            assert node.seen == set()
+
+    run(scenario)
+
+
+def test_candidate_callback_errors_are_counted_and_discovery_goes_on() -> None:
+    async def scenario() -> None:
+        config = fresh_config(fast_interval=0.02)
+        clumsy, b = make_node(config, raising=True), make_node(config)
+        async with started(clumsy, b):
+            await wait_until(
+                lambda: clumsy.survey.stats["callback_errors"] >= 3, 3.0, "repeated errors"
+            )
+            await wait_until(lambda: b.seen == {clumsy.me}, 3.0, "b sees the clumsy node")
+            assert clumsy.seen == {b.me}
+
+    run(scenario)
+
+
+def test_poll_now_asks_at_once() -> None:
+    async def scenario() -> None:
+        node = make_node(fresh_config(fast_period=0.0, slow_interval=60.0))
+        async with started(node):
+            await wait_until(lambda: node.survey.stats["questions_sent"] == 1, 1.0, "first ask")
+            node.survey.poll_now()
+            await wait_until(
+                lambda: node.survey.stats["questions_sent"] == 2, 1.0, "ask after poll_now"
+            )
+
+    run(scenario)
+
+
+def test_questions_come_fast_then_slow() -> None:
+    async def scenario() -> None:
+        config = fresh_config(fast_interval=0.05, fast_period=0.4, slow_interval=0.8, jitter=0.1)
+        node = make_node(config)
+        arrivals: list[float] = []
+        loop = asyncio.get_running_loop()
+        with group_listener(config) as listener:
+            listener.setblocking(False)
+
+            def on_readable() -> None:
+                listener.recv(2048)
+                arrivals.append(loop.time())
+
+            loop.add_reader(listener, on_readable)
+            try:
+                async with started(node):
+                    await wait_until(lambda: len(arrivals) >= 11, 5.0, "eleven questions")
+            finally:
+                loop.remove_reader(listener)
+        gaps = [later - earlier for earlier, later in itertools.pairwise(arrivals)]
+        fast = [gap for gap in gaps if gap < 0.3]
+        slow = [gap for gap in gaps if gap >= 0.6]
+        assert len(fast) + len(slow) == len(gaps), gaps
+        assert 6 <= len(fast) <= 9, gaps
+        assert gaps[-1] >= 0.6, gaps
+
+    run(scenario)
+
+
+def test_close_is_idempotent_and_releases_the_port() -> None:
+    def exclusive_bind(config: SurveyConfig) -> None:
+        # No SO_REUSEADDR/SO_REUSEPORT: succeeds only if no socket holds (group, port).
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.bind((config.group, config.port))
+
+    async def scenario() -> None:
+        config = fresh_config()
+        first = make_node(config)
+        await first.survey.start()
+        with pytest.raises(OSError, match="in use") as info:
+            exclusive_bind(config)
+        assert info.value.errno == errno.EADDRINUSE
+        await first.survey.close()
+        await first.survey.close()
+        assert first.survey.local_addresses == ()
+        exclusive_bind(config)
+        with pytest.raises(Closed):
+            await first.survey.start()
+        a, b = make_node(config), make_node(config)
+        async with started(a, b):
+            await wait_until(
+                lambda: a.seen == {b.me} and b.seen == {a.me}, 3.0, "new nodes on the same port"
+            )
+
+    run(scenario)
+
+
+def test_start_fails_clearly_when_the_port_is_held_exclusively() -> None:
+    async def scenario() -> None:
+        config = fresh_config()
+        node = make_node(config)
+        before = socket_inodes()
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as holder:
+            holder.bind((config.group, config.port))
+            with pytest.raises(ConfigurationError, match=f"{config.group}:{config.port}"):
+                await node.survey.start()
+        await node.survey.close()
+        assert socket_inodes() == before, "a failed start leaked a socket"
+
+    run(scenario)
+
+
+def socket_inodes() -> set[str]:
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+    return inodes
+
+
+def udp_sockets() -> dict[str, tuple[str, int]]:
+    """inode -> local (address, port) of every IPv4 UDP socket, from /proc/net/udp."""
+    table = {}
+    with open("/proc/net/udp") as lines:
+        next(lines)
+        for line in lines:
+            fields = line.split()
+            address, port = fields[1].split(":")
+            ip = socket.inet_ntoa(struct.pack("=I", int(address, 16)))
+            table[fields[9]] = (ip, int(port, 16))
+    return table
+
+
+def igmp_devices(group: str) -> set[str]:
+    """Devices on which this host is a member of `group`, from /proc/net/igmp."""
+    wanted = struct.unpack("=I", socket.inet_aton(group))[0]
+    devices, device = set(), ""
+    with open("/proc/net/igmp") as lines:
+        next(lines)
+        for line in lines:
+            if line[:1].isdigit():
+                device = line.split()[1]
+            elif int(line.split()[0], 16) == wanted:
+                devices.add(device)
+    return devices
+
+
+def test_every_socket_is_on_loopback_or_the_group() -> None:
+    if not os.path.exists("/proc/net/igmp"):
+        pytest.skip("needs Linux /proc to see which sockets the engine opened")
+
+    async def scenario() -> None:
+        config = fresh_config()
+        node = make_node(config)
+        before = socket_inodes()
+        async with started(node):
+            opened = socket_inodes() - before
+            udp = udp_sockets()
+            assert len(opened) == 2
+            assert opened <= udp.keys(), "the engine opened a socket that is not IPv4 UDP"
+            bound = sorted(udp[inode] for inode in opened)
+            assert sorted(node.survey.local_addresses) == bound
+            for host, _port in bound:
+                assert host in (LOOPBACK, config.group)
+            assert (config.group, config.port) in bound
+            assert igmp_devices(config.group) == {"lo"}
+            # The send options are not API, so reach into the engine for them.
+            transport = node.survey._unicast_transport
+            assert transport is not None
+            sender = transport.get_extra_info("socket")
+            ip = socket.IPPROTO_IP
+            pinned = sender.getsockopt(ip, socket.IP_MULTICAST_IF, 4)
+            assert socket.inet_ntoa(pinned) == LOOPBACK
+            assert sender.getsockopt(ip, socket.IP_MULTICAST_TTL) == 1
+            assert sender.getsockopt(ip, socket.IP_MULTICAST_LOOP) == 1
+        assert socket_inodes() == before
+
+    run(scenario)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"group": "10.1.2.3"},
+        {"group": "not-an-address"},
+        {"interface": "0.0.0.0"},
+        {"interface": "255.255.255.255"},
+        {"interface": "239.255.73.1"},
+        {"port": 0},
+        {"fast_interval": 0.0},
+        {"jitter": 1.0},
+        {"realm": b"r" * 33},
+    ],
+)
+def test_unsafe_or_nonsense_config_is_refused(overrides: dict[str, Any]) -> None:
+    with pytest.raises(ConfigurationError):
+        SurveyConfig(**overrides)
+
+
+def test_bad_own_identity_is_refused_at_construction() -> None:
+    with pytest.raises(ConfigurationError):
+        SurveyDiscovery(
+            node_id=b"short",
+            endpoint="tcp://127.0.0.1:1",
+            config=SurveyConfig(),
+            on_candidate=lambda _id, _endpoint: None,
+        )
