@@ -6,6 +6,7 @@
     ├── Closed                  the node (or tunnel, subscription) is closed
     ├── MembershipTimeout       a cluster did not reach the awaited number of members in time
     ├── PayloadTooLarge         a payload above the configured limit, refused before sending
+    ├── Overloaded              too many requests in flight on this node (CoreConfig.max_pending)
     ├── RequestError            a request did not produce a reply
     │   ├── NoResponders        the cluster has no live member (known at once, no waiting)
     │   ├── RequestTimeout      no reply within the caller's deadline
@@ -27,6 +28,7 @@ __all__ = [
     "MeshError",
     "NoKey",
     "NoResponders",
+    "Overloaded",
     "PayloadTooLarge",
     "ProtocolError",
     "RemoteError",
@@ -77,6 +79,18 @@ class PayloadTooLarge(MeshError, ValueError):
     def __init__(self, size: int, limit: int) -> None:
         super().__init__(f"payload of {size} bytes exceeds the limit of {limit} bytes")
         self.size = size
+        self.limit = limit
+
+
+class Overloaded(MeshError):
+    """This node already has its maximum of requests in flight."""
+
+    def __init__(self, pending: int, limit: int) -> None:
+        super().__init__(
+            f"{pending} requests in flight, the limit is {limit}: wait for replies, or raise "
+            "CoreConfig.max_pending"
+        )
+        self.pending = pending
         self.limit = limit
 
 

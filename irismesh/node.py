@@ -31,7 +31,7 @@ from irismesh._core.events import (
     RequestArrived,
     RequestFailed,
 )
-from irismesh._core.frames import STATUS_OK, unpack_error
+from irismesh._core.frames import MAX_OFFERS, STATUS_OK, unpack_error
 from irismesh._driver import Driver
 from irismesh.discovery.survey import SurveyConfig, SurveyDiscovery
 from irismesh.errors import (
@@ -83,6 +83,8 @@ class Node:
                 " (create one with `mesh keygen mesh.keys`)"
             )
         names = ([cluster] if cluster else []) + list(clusters)
+        if len(set(names)) > MAX_OFFERS:
+            raise ConfigurationError(f"a node serves at most {MAX_OFFERS} clusters")
         for name in names:
             _check_cluster_name(name)
             keyring.require(name)  # serving a cluster needs its key: fail now, not at a peer

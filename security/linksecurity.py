@@ -38,6 +38,6 @@ class KeyedLinkSecurity:
         return offer_tag(key.secret, cluster, listener_nonce, dialler_nonce)
 
     def sealer(
-        self, scope: str | None, listener_nonce: bytes, dialler_nonce: bytes, outbound: bool
+        self, scope: str | None, listener_nonce: bytes, dialler_nonce: bytes, from_dialler: bool
     ) -> Sealer:
         return NULL_SEALER

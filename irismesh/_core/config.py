@@ -6,6 +6,10 @@ from dataclasses import dataclass
 
 from irismesh.errors import ConfigurationError
 
+# Room for a control frame (a peer list is the largest) and sealing overhead, whatever the
+# configured payload limit.
+CONTROL_ALLOWANCE = 64 << 10
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CoreConfig:
@@ -36,4 +40,4 @@ class CoreConfig:
     @property
     def max_frame(self) -> int:
         """Largest frame accepted: a full payload plus envelope and sealing overhead."""
-        return self.max_payload + 1024
+        return self.max_payload + CONTROL_ALLOWANCE

@@ -48,6 +48,8 @@ from irismesh._core.events import (
 )
 from irismesh._core.frames import (
     HEADER_SIZE,
+    MAX_ACKS,
+    MAX_OFFERS,
     MAX_PEERS_PER_FRAME,
     NONCE_SIZE,
     STATUS_ERROR,
@@ -55,7 +57,11 @@ from irismesh._core.frames import (
     BodyCodec,
     Kind,
     decode_header,
+    decode_reply,
+    decode_request,
     encode_header,
+    encode_reply,
+    encode_request,
     pack_error,
 )
 from irismesh._core.links import DialRecord, InLink, LinkState, OutLink
@@ -64,8 +70,10 @@ from irismesh._core.replycache import ReplyCache
 from irismesh._core.sealing import LinkSecurity, Sealer
 from irismesh.errors import (
     Closed,
+    ConfigurationError,
     NoKey,
     NoResponders,
+    Overloaded,
     PayloadTooLarge,
     ProtocolError,
     RequestTimeout,
@@ -91,6 +99,10 @@ class MeshCore:
         self.node_id = node_id
         self.endpoint = endpoint
         self.clusters = tuple(dict.fromkeys(clusters))
+        if len(self.clusters) > MAX_OFFERS:
+            raise ConfigurationError(
+                f"a node serves at most {MAX_OFFERS} clusters, got {len(self.clusters)}"
+            )
         self.config = config or CoreConfig()
         self.stats: Counter[str] = Counter()
         self.events: list[Event] = []
@@ -115,7 +127,7 @@ class MeshCore:
         self._last_tick: float | None = None
         self._next_gossip = 0.0
         self._closed = False
-        self._dials[endpoint] = DialRecord(endpoint, seed=False)  # never dial ourselves
+        self._dials[endpoint] = DialRecord(endpoint, seed=False, next_at=float("inf"))
 
     # ----------------------------------------------------------------- introspection
 
@@ -158,10 +170,12 @@ class MeshCore:
             if len(self._dials) >= 4096 and not seed:
                 self.stats["candidates_dropped"] += 1
                 return
-            record = self._dials[endpoint] = DialRecord(endpoint, seed=seed)
-        elif seed:
+            record = self._dials[endpoint] = DialRecord(endpoint, seed=False)
+        if endpoint == self.endpoint:
+            return  # never dial ourselves, even when listed as a seed
+        if seed:
             record.seed = True
-        if endpoint == self.endpoint or record.link_id or now < record.next_at:
+        if record.link_id or now < record.next_at:
             return
         self._dial(record, now)
 
@@ -185,10 +199,14 @@ class MeshCore:
             raise Closed("node is closed")
         if len(payload) > self.config.max_payload:
             raise PayloadTooLarge(len(payload), self.config.max_payload)
+        if len(self._pending) >= self.config.max_pending:
+            raise Overloaded(len(self._pending), self.config.max_pending)
         members = self._members.get(cluster)
         if members is None:
             members = self.members(cluster)
         if not members:
+            if self._security.offer_tag(cluster, b"", b"") is None:
+                raise NoKey(cluster)
             raise NoResponders(cluster)
         link = balancer.choose(members, self._rng)
         req_id = self._next_req
@@ -213,7 +231,11 @@ class MeshCore:
         link.send_seq += 1
         seq = link.send_seq
         header = encode_header(_REQUEST, slot, seq)
-        body = self._codec.pack([req_id, min(int(timeout * 1000) + 1, 2**32 - 1), payload])
+        acks = link.acks
+        if acks:
+            acks, link.acks = acks[:MAX_ACKS], acks[MAX_ACKS:]
+        timeout_ms = min(int(timeout * 1000) + 1, 2**32 - 1)
+        body = encode_request(req_id, timeout_ms, acks, payload)
         self.out_frames.append(
             (link.link_id, header + link.send_sealers[slot].seal(header, seq, body))
         )
@@ -242,8 +264,12 @@ class MeshCore:
                 "PayloadTooLarge",
                 f"reply of {len(payload)} bytes exceeds the limit of {self.config.max_payload}",
             )
-        self._replies.finish(token, status, payload)
-        link = self._in_by_peer.get(token[0])
+        entry = self._replies.finish(token, status, payload)
+        # Answer on the link the request (or its latest resend) came on; failing that, on the
+        # caller's newest link.
+        link = self._in.get(entry.routing_id) if entry is not None else None
+        if link is None:
+            link = self._in_by_peer.get(token[0])
         if link is None:  # the caller is gone; it will resend and hit the cache if it returns
             self.stats["replies_unroutable"] += 1
             return
@@ -256,7 +282,7 @@ class MeshCore:
         link.send_seq += 1
         seq = link.send_seq
         header = encode_header(_REPLY, 0, seq)
-        body = self._codec.pack([req_id, status, payload])
+        body = encode_reply(req_id, status, payload)
         self.in_frames.append(
             (link.routing_id, header + link.send_sealers[0].seal(header, seq, body))
         )
@@ -280,11 +306,13 @@ class MeshCore:
                 else:
                     raise ProtocolError("unexpected", Kind(kind).name)
                 return
-            env = self._open(link, kind, scope, seq, frame)
+            body = self._open(link, scope, seq, frame)
             link.last_heard = now
             if kind == _REPLY:
-                self._on_reply(link, env, now)
-            elif kind == _PONG:
+                self._on_reply(link, body, now)
+                return
+            env = self._codec.unpack(body, kind)
+            if kind == _PONG:
                 link.rtt = max(0.0, now - env[0] / 1e6)
                 link.peer_load = env[1]
             elif kind == Kind.PEERS:
@@ -306,12 +334,15 @@ class MeshCore:
                     raise ProtocolError("unknown_link", Kind(kind).name)
                 self._on_hello(routing_id, self._codec.unpack(frame[HEADER_SIZE:], kind), now)
                 return
-            env = self._open(link, kind, scope, seq, frame)
+            body = self._open(link, scope, seq, frame)
             link.last_heard = now
             if kind == _REQUEST:
-                self._on_request(link, scope, env, now)
-            elif kind == _PING:
-                self._send_in(link, _PONG, [env[0], len(self._replies)])
+                self._on_request(link, scope, body, now)
+                return
+            env = self._codec.unpack(body, kind)
+            if kind == _PING:
+                self._forget_replies(link.peer_id, env[1])
+                self._send_in(link, _PONG, [env[0], self._runner_load()])
             elif kind == Kind.PEERS:
                 self._on_peers(env, now)
             elif kind == Kind.BYE:
@@ -321,10 +352,8 @@ class MeshCore:
         except ProtocolError as exc:
             self.stats["dropped_" + exc.reason] += 1
 
-    def _open(
-        self, link: OutLink | InLink, kind: int, scope: int, seq: int, frame: bytes
-    ) -> list[Any]:
-        """Check sequence and seal of a frame on an established link; return its envelope."""
+    def _open(self, link: OutLink | InLink, scope: int, seq: int, frame: bytes) -> bytes:
+        """Check sequence and seal of a frame on an established link; return its body."""
         if seq <= link.recv_seq:
             raise ProtocolError("replay", f"seq {seq} after {link.recv_seq}")
         sealer = link.recv_sealers.get(scope)
@@ -332,7 +361,7 @@ class MeshCore:
             raise ProtocolError("bad_scope", str(scope))
         body = sealer.open(frame[:HEADER_SIZE], seq, frame[HEADER_SIZE:])
         link.recv_seq = seq  # only an authentic frame may advance the window
-        return self._codec.unpack(body, kind)
+        return body
 
     def _on_hello(self, routing_id: bytes, env: list[Any], now: float) -> None:
         peer_id, peer_nonce, peer_endpoint = env[0], env[1], env[2]
@@ -351,13 +380,12 @@ class MeshCore:
             if tag is not None:
                 scopes.append(cluster)
                 tags.append(tag)
-        old = self._in_by_peer.get(peer_id)
-        if old is not None:  # the peer redialled; its old connection is dead to it
-            self._forget_in(old)
+        # An older link of the same peer is kept: the peer may still use it (it reached us under
+        # two names and kept the first) or it is dead and falls silent; replies follow requests.
         link = InLink(routing_id, peer_id, peer_endpoint, nonce, peer_nonce, now, scopes)
         for slot, scope in enumerate(scopes):
-            link.send_sealers[slot] = self._security.sealer(scope, nonce, peer_nonce, True)
-            link.recv_sealers[slot] = self._security.sealer(scope, nonce, peer_nonce, False)
+            link.send_sealers[slot] = self._security.sealer(scope, nonce, peer_nonce, False)
+            link.recv_sealers[slot] = self._security.sealer(scope, nonce, peer_nonce, True)
         self._in[routing_id] = link
         self._in_by_peer[peer_id] = link
         body = self._codec.pack([self.node_id, nonce, self.endpoint, tags, {}])
@@ -392,8 +420,9 @@ class MeshCore:
         self._send_out(link, Kind.PEERS, self._peer_list())
         self._unpark(now)
 
-    def _on_reply(self, link: OutLink, env: list[Any], now: float) -> None:
-        req_id = env[0]
+    def _on_reply(self, link: OutLink, body: bytes, now: float) -> None:
+        req_id, status, payload = decode_reply(body)
+        link.acks.append(req_id)  # received: the member may forget it
         request = self._pending.get(req_id)
         if request is None or request.link is not link:
             self.stats["replies_late"] += 1  # timed out, cancelled, or answered elsewhere
@@ -402,24 +431,36 @@ class MeshCore:
         link.outstanding -= 1
         link.latency += balancer.EWMA_WEIGHT * ((now - request.sent_at) - link.latency)
         link.last_sample = now
-        status, payload = env[1], env[2]
         self.events.append(ReplyArrived(req_id, status, payload))
 
-    def _on_request(self, link: InLink, slot: int, env: list[Any], now: float) -> None:
+    def _on_request(self, link: InLink, slot: int, body: bytes, now: float) -> None:
         if slot == 0 or slot >= len(link.scopes):
             raise ProtocolError("bad_scope", str(slot))
-        req_id, timeout_ms, payload = env[0], env[1], env[2]
+        req_id, timeout_ms, acks, payload = decode_request(body)
+        if acks:
+            self._forget_replies(link.peer_id, acks)
+        if len(payload) > self.config.max_payload:
+            raise ProtocolError("oversize", f"payload of {len(payload)} bytes")
         token = (link.peer_id, req_id)
         cached = self._replies.get(token)
         if cached is not None:
             self.stats["requests_duplicate"] += 1
+            cached.routing_id = link.routing_id  # the resend's link is the one to answer on
             if cached.status >= 0:
                 self._send_reply(link, req_id, cached.status, cached.payload)
-            return  # still running: its reply goes to the caller's current link
-        self._replies.start(token, now + timeout_ms / 1000 + 1.0)
+            return
+        self._replies.start(token, now + timeout_ms / 1000 + 1.0, link.routing_id)
         cluster = link.scopes[slot]
         assert cluster is not None
         self.events.append(RequestArrived(token, cluster, payload))
+
+    def _forget_replies(self, peer_id: bytes, acks: Iterable[int]) -> None:
+        discard = self._replies.discard
+        for req_id in acks:
+            discard((peer_id, req_id))
+
+    def _runner_load(self) -> int:
+        return len(self._replies)
 
     def _on_peers(self, env: list[Any], now: float) -> None:
         for entry in env:
@@ -446,9 +487,10 @@ class MeshCore:
             if link.state is LinkState.UP:
                 if now - link.last_heard > cfg.dead_after:
                     self._close_out(link, now, "silent")
-                elif now - link.last_ping >= cfg.heartbeat_interval:
+                elif now - link.last_ping >= cfg.heartbeat_interval - 1e-6:  # float ticks
                     link.last_ping = now
-                    self._send_out(link, _PING, [int(now * 1e6)])
+                    acks, link.acks = link.acks[:200], link.acks[200:]
+                    self._send_out(link, _PING, [int(now * 1e6), acks])
                     if link.outstanding == 0 and now - link.last_sample > 1.0:
                         link.latency *= 0.5  # let an idle member that was slow be probed again
                         link.last_sample = now
@@ -458,7 +500,8 @@ class MeshCore:
             if now - inlink.last_heard > 3 * cfg.dead_after:
                 self._forget_in(inlink)
         for record in list(self._dials.values()):
-            if record.seed and not record.link_id and now >= record.next_at:
+            # Seeds are redialled forever; other endpoints until forget_after_failures.
+            if not record.link_id and now >= record.next_at and record.endpoint != self.endpoint:
                 self._dial(record, now)
         if now >= self._next_gossip and self._peers:
             self._next_gossip = now + cfg.gossip_interval * (0.5 + self._rng.random())

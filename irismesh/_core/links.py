@@ -49,6 +49,7 @@ class OutLink:
     latency: float = 0.0  # EWMA of request round trips (read by the balancer)
     last_sample: float = 0.0
     peer_load: int = 0
+    acks: list[int] = field(default_factory=list)  # replies received, not yet acknowledged
     send_sealers: dict[int, Sealer] = field(default_factory=dict)
     recv_sealers: dict[int, Sealer] = field(default_factory=dict)
 

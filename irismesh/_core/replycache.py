@@ -2,10 +2,12 @@
 
 A caller that loses a link resends its in-flight requests with the same id. If the first
 attempt reached this member, the resend must not run the handler twice: while the handler is
-running the resend just waits for it, and once done it gets the remembered reply. Entries live
-as long as the caller could still resend (its timeout), and the window is bounded by count and
-by bytes, oldest evicted first: a resend older than the window runs again, which is the
-at-least-once fallback every caller must tolerate past the window.
+running the resend just waits for it, and once done it gets the remembered reply. Callers
+acknowledge the replies they receive (on their next request or heartbeat), and an acknowledged
+reply is forgotten at once, so in steady state the window holds only replies in transit and its
+memory stays flat. Unacknowledged entries live as long as the caller could still resend (its
+timeout), and the window is bounded by count and by bytes, oldest evicted first: a resend older
+than the window runs again, the at-least-once fallback past the window.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ RequestKey = tuple[bytes, int]  # (caller node id, request id)
 @dataclass(slots=True)
 class CachedReply:
     expires: float
+    routing_id: bytes  # the link the request (or its latest resend) arrived on
     status: int = -1  # -1 while the handler runs
     payload: bytes = b""
 
@@ -43,22 +46,32 @@ class ReplyCache:
     def get(self, key: RequestKey) -> CachedReply | None:
         return self._entries.get(key)
 
-    def start(self, key: RequestKey, expires: float) -> CachedReply:
-        entry = CachedReply(expires)
+    def start(self, key: RequestKey, expires: float, routing_id: bytes = b"") -> CachedReply:
+        entry = CachedReply(expires, routing_id)
         self._entries[key] = entry
         if len(self._entries) > self.max_entries:
             self._evict_one()
         return entry
 
-    def finish(self, key: RequestKey, status: int, payload: bytes) -> None:
+    def finish(self, key: RequestKey, status: int, payload: bytes) -> CachedReply | None:
         entry = self._entries.get(key)
         if entry is None:  # evicted while running: nothing to remember it in
-            return
+            return None
+        if entry.status >= 0:  # answered already: the first reply stands
+            return entry
         entry.status = status
         entry.payload = payload
         self._bytes += len(payload)
         while self._bytes > self.max_bytes and self._entries:
             self._evict_one()
+        return entry
+
+    def discard(self, key: RequestKey) -> None:
+        """The caller has the reply: forget it (a running request is kept until it ends)."""
+        entry = self._entries.get(key)
+        if entry is not None and entry.status >= 0:
+            del self._entries[key]
+            self._bytes -= len(entry.payload)
 
     def expire(self, now: float) -> None:
         # Entries are close to expiry order (timeouts are usually alike), so stopping at the

@@ -6,8 +6,11 @@ answers two questions during and after a link's handshake:
 - `offer_tag(cluster, listener_nonce, dialler_nonce)`: a 16-byte tag that proves possession of
   the cluster's key bound to this link's fresh nonces, or None without a key. Tags are all a
   peer ever sees of the clusters a node serves: without the key a tag is noise.
-- `sealer(scope, listener_nonce, dialler_nonce, outbound)`: the sealer for one direction of one
-  scope on one link (`scope` is None for the link's own control traffic).
+- `sealer(scope, listener_nonce, dialler_nonce, from_dialler)`: the sealer of the frames that
+  flow one way (`from_dialler`: dialler to listener) in one scope of one link (`scope` is None
+  for the link's own control traffic). Both ends ask with the same arguments for the same
+  direction, and the two directions always differ, so each direction has keys of its own and
+  both may count `seq` from 1 without ever reusing an AEAD nonce.
 
 Nonce discipline belongs to the sealer: the core hands it the frame's `seq`, which is strictly
 increasing per link and direction and is checked on receipt (replays and reordering are
@@ -37,7 +40,7 @@ class LinkSecurity(Protocol):
     ) -> bytes | None: ...
 
     def sealer(
-        self, scope: str | None, listener_nonce: bytes, dialler_nonce: bytes, outbound: bool
+        self, scope: str | None, listener_nonce: bytes, dialler_nonce: bytes, from_dialler: bool
     ) -> Sealer: ...
 
 

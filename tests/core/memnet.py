@@ -1,0 +1,447 @@
+"""An in-memory network of MeshCore instances: h11's ConnectionPair, for a mesh.
+
+`MemNet` plays the driver for every core at once. It carries frames from `core.out_frames`
+(link id -> the listener's `receive_in` under that link's routing id) and `core.in_frames`
+(routing id -> the dialler's `receive_out`), opens and closes links on `OpenLink`/`CloseLink`,
+and keeps a virtual clock. Like TCP, a link delivers its frames in order; different links may
+be delayed independently (so frames reorder *between* links), frames may be lost, nodes may
+be killed, paused (a stalled loop) or partitioned from each other. Everything random comes
+from one seeded `random.Random`, so a failing run replays exactly.
+
+Members answer requests through a handler: `echo` answers at once with b"re:" + payload,
+`hold` keeps the token in `node.held` for the test to answer later.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import hmac
+import itertools
+import random
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from irismesh._core.config import CoreConfig
+from irismesh._core.engine import MeshCore
+from irismesh._core.events import (
+    CloseLink,
+    Event,
+    OpenLink,
+    PeerDown,
+    PeerUp,
+    ReplyArrived,
+    RequestArrived,
+    RequestFailed,
+)
+from irismesh._core.frames import Kind
+from irismesh._core.sealing import LinkSecurity
+from irismesh.errors import ProtocolError
+from irismesh.security.keyring import Keyring
+from irismesh.security.linksecurity import KeyedLinkSecurity
+
+E = TypeVar("E")
+Handler = Callable[["MemNode", RequestArrived], bytes | None]
+SecurityFactory = Callable[[Keyring], LinkSecurity]
+
+
+def echo(node: MemNode, event: RequestArrived) -> bytes:
+    return b"re:" + event.payload
+
+
+def hold(node: MemNode, event: RequestArrived) -> None:
+    return None
+
+
+# ---------------------------------------------------------------------- a checking sealer
+
+
+class MacSealer:
+    """Integrity only: body + HMAC(header + body). Any change to a frame fails to open."""
+
+    __slots__ = ("_key",)
+
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+
+    def seal(self, header: bytes, seq: int, body: bytes) -> bytes:
+        return body + hmac.new(self._key, header + body, hashlib.sha256).digest()[:16]
+
+    def open(self, header: bytes, seq: int, sealed: bytes) -> bytes:
+        body, tag = sealed[:-16], sealed[-16:]
+        expected = hmac.new(self._key, header + body, hashlib.sha256).digest()[:16]
+        if len(sealed) < 16 or not hmac.compare_digest(tag, expected):
+            raise ProtocolError("bad_seal")
+        return body
+
+
+class MacLinkSecurity:
+    """KeyedLinkSecurity's offer tags with sealers that really reject tampered frames.
+
+    The shipped KeyedLinkSecurity seals with the null sealer until its AEAD lands, so a
+    tampered body opens fine there; tests of "a bad frame changes nothing" need a sealer that
+    honours the `Sealer` contract. Both directions share a key: the seam does not tell a
+    sealer which end of the link it serves (see test_engine's sealing-seam test).
+    """
+
+    __slots__ = ("_keyed", "_keyring")
+
+    def __init__(self, keyring: Keyring) -> None:
+        self._keyed = KeyedLinkSecurity(keyring)
+        self._keyring = keyring
+
+    def offer_tag(self, cluster: str, listener_nonce: bytes, dialler_nonce: bytes) -> bytes | None:
+        return self._keyed.offer_tag(cluster, listener_nonce, dialler_nonce)
+
+    def sealer(
+        self, scope: str | None, listener_nonce: bytes, dialler_nonce: bytes, outbound: bool
+    ) -> MacSealer:
+        key = self._keyring.primary(scope or "*")
+        secret = key.secret if key is not None else b"link"
+        info = (scope or "").encode() + b"\x00" + listener_nonce + dialler_nonce
+        return MacSealer(hmac.new(secret, info, hashlib.sha256).digest())
+
+
+# ---------------------------------------------------------------------- the network
+
+
+@dataclass(eq=False)
+class Conn:
+    """One dialled link: a transport connection from `dialler` to the listener it reached."""
+
+    dialler: MemNode
+    link_id: int
+    listener: MemNode | None
+    routing_id: bytes
+    open: bool = True
+    last_due: list[float] = field(default_factory=lambda: [0.0, 0.0])  # [to dialler, listener]
+
+
+@dataclass(frozen=True)
+class Delivery:
+    sent: float
+    at: float
+    conn: Conn
+    to_listener: bool
+    frame: bytes
+
+    @property
+    def kind(self) -> int:
+        return self.frame[2]
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """What a node is started with; a restart starts the same spec under a new id."""
+
+    clusters: tuple[str, ...]
+    seeds: tuple[str, ...]
+    keyring: Keyring
+    config: CoreConfig
+    security: SecurityFactory
+
+
+@dataclass(eq=False)
+class MemNode:
+    name: str
+    endpoint: str
+    core: MeshCore
+    handler: Handler
+    spec: NodeSpec
+    alive: bool = True
+    paused: bool = False
+    backlog: list[tuple[Conn, bool, bytes, float]] = field(default_factory=list)
+    log: list[tuple[float, Event]] = field(default_factory=list)
+    arrived: list[RequestArrived] = field(default_factory=list)
+    held: list[tuple[bytes, int]] = field(default_factory=list)
+    replies: dict[int, list[ReplyArrived]] = field(default_factory=dict)
+    failures: dict[int, list[RequestFailed]] = field(default_factory=dict)
+    conns: dict[int, Conn] = field(default_factory=dict)
+
+    @property
+    def node_id(self) -> bytes:
+        return self.core.node_id
+
+    def events(self, kind: type[E]) -> list[E]:
+        return [event for _at, event in self.log if isinstance(event, kind)]
+
+    def timed(self, kind: type[E]) -> list[tuple[float, E]]:
+        return [(at, event) for at, event in self.log if isinstance(event, kind)]
+
+    def peer_ids(self) -> set[bytes]:
+        return {link.peer_id for link in self.core.peers()}
+
+    def downs(self) -> list[PeerDown]:
+        return self.events(PeerDown)
+
+    def ups(self) -> list[PeerUp]:
+        return self.events(PeerUp)
+
+    def conn_to(self, other: MemNode) -> Conn:
+        """The open dialled link from this node to `other`'s current incarnation."""
+        for conn in self.conns.values():
+            if conn.open and conn.listener is other:
+                link = next((x for x in self.core.links() if x.link_id == conn.link_id), None)
+                if link is not None and link.peer_id == other.node_id:
+                    return conn
+        raise LookupError(f"{self.name} has no link to {other.name}")
+
+
+class MemNet:
+    def __init__(
+        self,
+        *,
+        seed: int = 0,
+        loss: float = 0.0,
+        max_delay: float = 0.0,
+        config: CoreConfig | None = None,
+        keyring: Keyring | None = None,
+        security: SecurityFactory = KeyedLinkSecurity,
+    ) -> None:
+        self.rng = random.Random(seed)
+        self.now = 0.0
+        self.loss = loss
+        self.max_delay = max_delay
+        self.config = config or CoreConfig()
+        self.keyring = keyring or Keyring.generate(["*"], randbytes=self.rng.randbytes)
+        self.security = security
+        self.nodes: dict[str, MemNode] = {}  # name -> current incarnation
+        self.listeners: dict[str, MemNode] = {}  # endpoint -> current incarnation
+        self.routes: dict[bytes, Conn] = {}
+        self.partitions: set[frozenset[str]] = set()
+        self.delivered: list[Delivery] = []
+        self.lost: Counter[str] = Counter()
+        self._queue: list[tuple[float, int, float, Conn, bool, bytes]] = []
+        self._order = itertools.count()
+        self._routing_ids = itertools.count(1)
+
+    # ------------------------------------------------------------------ nodes
+
+    def add(
+        self,
+        name: str,
+        *,
+        clusters: Iterable[str] = (),
+        seeds: Iterable[MemNode | str] = (),
+        handler: Handler = echo,
+        keyring: Keyring | None = None,
+        config: CoreConfig | None = None,
+        security: SecurityFactory | None = None,
+    ) -> MemNode:
+        spec = NodeSpec(
+            clusters=tuple(clusters),
+            seeds=tuple(s if isinstance(s, str) else s.endpoint for s in seeds),
+            keyring=keyring or self.keyring,
+            config=config or self.config,
+            security=security or self.security,
+        )
+        return self._start(name, f"tcp://{name}:7000", handler, spec)
+
+    def _start(self, name: str, endpoint: str, handler: Handler, spec: NodeSpec) -> MemNode:
+        core = MeshCore(
+            node_id=self.rng.randbytes(16),
+            endpoint=endpoint,
+            clusters=spec.clusters,
+            security=spec.security(spec.keyring),
+            rng=random.Random(self.rng.random()),
+            randbytes=random.Random(self.rng.random()).randbytes,
+            config=spec.config,
+        )
+        node = MemNode(name, endpoint, core, handler, spec)
+        self.nodes[name] = node
+        self.listeners[endpoint] = node
+        for seed in spec.seeds:
+            core.add_candidate(seed, self.now, seed=True)
+        self.collect(node)
+        return node
+
+    def restart(self, node: MemNode) -> MemNode:
+        """Kill `node` and start a fresh incarnation (new id, empty state) at its endpoint."""
+        self.kill(node)
+        return self._start(node.name, node.endpoint, node.handler, node.spec)
+
+    def kill(self, node: MemNode) -> None:
+        """The process dies: nothing more reaches it or leaves it."""
+        node.alive = False
+
+    def partition(self, a: MemNode, b: MemNode) -> None:
+        self.partitions.add(frozenset((a.name, b.name)))
+
+    def heal(self, a: MemNode | None = None, b: MemNode | None = None) -> None:
+        if a is None or b is None:
+            self.partitions.clear()
+        else:
+            self.partitions.discard(frozenset((a.name, b.name)))
+
+    def pause(self, node: MemNode) -> None:
+        """The node's loop stalls: frames for it wait, its ticks are skipped."""
+        node.paused = True
+
+    def resume(self, *nodes: MemNode) -> None:
+        """Stalled loops run again: their (late) ticks first, then what queued meanwhile."""
+        for node in nodes:
+            node.paused = False
+        for node in nodes:
+            self.tick(node)
+        for node in nodes:
+            backlog, node.backlog = node.backlog, []
+            for conn, to_listener, frame, sent in backlog:
+                self._deliver(conn, to_listener, frame, sent)
+        self.run(self.now)
+
+    def break_link(self, node: MemNode, link_id: int, reason: str = "transport") -> None:
+        """The transport of a dialled link fails: frames in flight on it are lost."""
+        conn = node.conns.get(link_id)
+        if conn is not None:
+            conn.open = False
+        node.core.link_failed(link_id, self.now, reason)
+        self.collect(node)
+        self.run(self.now)
+
+    # ------------------------------------------------------------------ driving cores
+
+    def request(self, node: MemNode, cluster: str, payload: bytes, timeout: float = 2.0) -> int:
+        """Send a request and deliver what is due now (with no delay: the whole exchange)."""
+        req_id = node.core.request(cluster, payload, timeout, self.now)
+        self.collect(node)
+        self.run(self.now)
+        return req_id
+
+    def reply(self, node: MemNode, token: tuple[bytes, int], payload: bytes) -> None:
+        node.core.reply(token, payload)
+        self.collect(node)
+        self.run(self.now)
+
+    def tick(self, node: MemNode) -> None:
+        node.core.tick(self.now)
+        self.collect(node)
+
+    def collect(self, node: MemNode) -> None:
+        """Act on a core's events and put its frames on the wire, as the driver does."""
+        core = node.core
+        while core.events or core.out_frames or core.in_frames:
+            events, core.events = core.events, []
+            for event in events:
+                self._on_event(node, event)
+            out, core.out_frames = core.out_frames, []
+            for link_id, frame in out:
+                conn = node.conns.get(link_id)
+                if conn is not None:
+                    self._send(conn, True, frame)
+            back, core.in_frames = core.in_frames, []
+            for routing_id, frame in back:
+                route = self.routes.get(routing_id)
+                if route is not None and route.listener is node:
+                    self._send(route, False, frame)
+
+    def _on_event(self, node: MemNode, event: Event) -> None:
+        node.log.append((self.now, event))
+        if isinstance(event, OpenLink):
+            routing_id = b"r%d" % next(self._routing_ids)
+            listener = self.listeners.get(event.endpoint)
+            conn = Conn(node, event.link_id, listener, routing_id)
+            node.conns[event.link_id] = conn
+            self.routes[routing_id] = conn
+        elif isinstance(event, CloseLink):
+            closed = node.conns.pop(event.link_id, None)
+            if closed is not None:
+                closed.open = False
+        elif isinstance(event, RequestArrived):
+            node.arrived.append(event)
+            answer = node.handler(node, event)
+            if answer is None:
+                node.held.append(event.token)
+            else:
+                node.core.reply(event.token, answer)
+        elif isinstance(event, ReplyArrived):
+            node.replies.setdefault(event.req_id, []).append(event)
+        elif isinstance(event, RequestFailed):
+            node.failures.setdefault(event.req_id, []).append(event)
+
+    # ------------------------------------------------------------------ the wire
+
+    def _send(self, conn: Conn, to_listener: bool, frame: bytes) -> None:
+        if not conn.open:
+            self.lost["closed"] += 1
+            return
+        if self.loss and self.rng.random() < self.loss:
+            self.lost["loss"] += 1
+            return
+        delay = self.rng.uniform(0.0, self.max_delay) if self.max_delay else 0.0
+        # One link is one TCP stream: its frames never overtake each other.
+        due = max(self.now + delay, conn.last_due[to_listener])
+        conn.last_due[to_listener] = due
+        heapq.heappush(self._queue, (due, next(self._order), self.now, conn, to_listener, frame))
+
+    def _deliver(self, conn: Conn, to_listener: bool, frame: bytes, sent: float) -> None:
+        src, dst = (conn.dialler, conn.listener) if to_listener else (conn.listener, conn.dialler)
+        if not conn.open or src is None or dst is None or not src.alive or not dst.alive:
+            self.lost["dead"] += 1
+            return
+        if frozenset((src.name, dst.name)) in self.partitions:
+            self.lost["partition"] += 1
+            return
+        if dst.paused:
+            dst.backlog.append((conn, to_listener, frame, sent))
+            return
+        self.delivered.append(Delivery(sent, self.now, conn, to_listener, frame))
+        if to_listener:
+            dst.core.receive_in(conn.routing_id, frame, self.now)
+        else:
+            dst.core.receive_out(conn.link_id, frame, self.now)
+        self.collect(dst)
+
+    def in_flight(self) -> int:
+        return len(self._queue)
+
+    def run(self, until: float) -> None:
+        """Deliver every frame due by `until`, in order, then set the clock to `until`."""
+        queue = self._queue
+        while queue and queue[0][0] <= until:
+            due, _order, sent, conn, to_listener, frame = heapq.heappop(queue)
+            self.now = max(self.now, due)
+            self._deliver(conn, to_listener, frame, sent)
+        self.now = max(self.now, until)
+
+    def settle(self) -> None:
+        """Flush every core and deliver what is due now."""
+        for node in list(self.nodes.values()):
+            if node.alive:
+                self.collect(node)
+        self.run(self.now)
+
+    def advance(self, duration: float, step: float = 0.1) -> None:
+        """Let `duration` seconds pass, ticking every live, unpaused core every `step`."""
+        start = self.now
+        for i in range(1, round(duration / step) + 1):
+            at = start + i * step
+            self.run(at)
+            for node in list(self.nodes.values()):
+                if node.alive and not node.paused:
+                    self.tick(node)
+            self.run(at)
+
+    def kinds_delivered(self, kind: Kind) -> list[Delivery]:
+        return [d for d in self.delivered if d.kind == kind]
+
+
+def mesh(
+    net: MemNet,
+    members: dict[str, Iterable[str]],
+    *,
+    client: str | None = "client",
+    handler: Handler = echo,
+    settle: float = 0.5,
+) -> dict[str, MemNode]:
+    """Start `members` (name -> clusters) and a pure client seeded with all of them, then let
+    the handshakes finish."""
+    nodes = {
+        name: net.add(name, clusters=clusters, handler=handler)
+        for name, clusters in members.items()
+    }
+    if client is not None:
+        nodes[client] = net.add(client, seeds=list(nodes.values()))
+    net.advance(settle)
+    return nodes
