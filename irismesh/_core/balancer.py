@@ -4,7 +4,7 @@ Each candidate's cost is `latency_ewma * (outstanding + 1)` (the Peak-EWMA idea 
 Linkerd): a member ten times slower than its peers looks ten times as loaded for the same queue,
 so it gets a small share instead of a third. Comparing two random members rather than all of
 them (Mitzenmacher's power of two choices) keeps herds from piling onto whichever member looked
-best a moment ago, and costs O(1).
+best a moment ago, and costs O(1). Costs within a factor of TIE count as equal.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from random import Random
 from typing import Protocol, TypeVar
 
 EWMA_WEIGHT = 0.2  # weight of a new sample
+TIE = 1.5  # costs closer than this factor are equal
 
 
 class Candidate(Protocol):
@@ -42,8 +43,23 @@ def choose(members: Sequence[C], rng: Random, avoid: object = None) -> C:
         return b
     if b is avoid:
         return a
-    return a if cost(a) <= cost(b) else b
+    cost_a, cost_b = cost(a), cost(b)
+    # Costs within TIE of each other are noise (loopback latencies differ by microseconds): the
+    # random first choice wins, so alike members share the load instead of one being starved
+    # because its first sample happened to be slow.
+    if cost_a <= cost_b * TIE and cost_b <= cost_a * TIE:
+        return a
+    return a if cost_a < cost_b else b
 
 
 def observe(member: Candidate, sample: float) -> None:
-    member.latency += EWMA_WEIGHT * (sample - member.latency)
+    """Fold a round-trip sample into the member's latency estimate.
+
+    A sample counts for at most twice the estimate: one outlier (a GC pause, a scheduler
+    hiccup) then moves the estimate by at most EWMA_WEIGHT, inside the tie band, while a member
+    that is really slower still converges (tenfold in about thirteen samples).
+    """
+    latency = member.latency
+    if sample > 2 * latency > 0:
+        sample = 2 * latency
+    member.latency = latency + EWMA_WEIGHT * (sample - latency)

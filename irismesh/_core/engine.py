@@ -429,7 +429,7 @@ class MeshCore:
             return
         self._pending.pop(req_id)
         link.outstanding -= 1
-        link.latency += balancer.EWMA_WEIGHT * ((now - request.sent_at) - link.latency)
+        balancer.observe(link, now - request.sent_at)
         link.last_sample = now
         self.events.append(ReplyArrived(req_id, status, payload))
 

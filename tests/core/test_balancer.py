@@ -59,8 +59,16 @@ def test_cost_of_the_lower_of_two_wins() -> None:
     fast, slow = Member(latency=0.001), Member(latency=0.010)
     rng = random.Random(3)
     assert all(balancer.choose([fast, slow], rng) is fast for _ in range(100))
-    fast.outstanding = 10  # 0.001 * 11 > 0.010 * 1: the slow one is now the cheaper
+    fast.outstanding = 20  # 0.001 * 21 > 0.010 * 1 * TIE: the slow one is now the cheaper
     assert all(balancer.choose([fast, slow], rng) is slow for _ in range(100))
+
+
+def test_costs_within_the_tie_band_share_the_load() -> None:
+    """Loopback noise must not starve a member: near-equal costs are picked at random."""
+    a, b = Member(latency=0.0010), Member(latency=0.0013)  # 1.3x apart: a tie
+    rng = random.Random(5)
+    picks = [balancer.choose([a, b], rng) is a for _ in range(2000)]
+    assert 0.4 < sum(picks) / len(picks) < 0.6
 
 
 def simulate(latencies: list[float], picks: int, concurrency: int, seed: int) -> list[int]:

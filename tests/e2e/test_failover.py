@@ -40,11 +40,22 @@ def test_sigkill_under_load_loses_no_request(keys: irismesh.Keyring, workers: Wo
                     if echoed != b"%d" % i:
                         wrong.append(f"{i}: {reply!r}")
                     served[who.decode()] += 1
-                    if killed_with < 0 and sum(served.values()) == total // 3:
-                        killed_with = client.stats["requests_pending"]
-                        workers.procs["w3"].send_signal(signal.SIGKILL)
 
-            await asyncio.gather(*(caller() for _ in range(in_flight)))
+            async def killer() -> None:
+                nonlocal killed_with
+                # Once a third is served, kill w3 at a moment with at least 50 in flight.
+                await wait_until(
+                    lambda: (
+                        sum(served.values()) >= total // 3
+                        and client.stats["requests_pending"] >= 50
+                    ),
+                    30,
+                    "a third served with 50 in flight",
+                )
+                killed_with = client.stats["requests_pending"]
+                workers.procs["w3"].send_signal(signal.SIGKILL)
+
+            await asyncio.gather(killer(), *(caller() for _ in range(in_flight)))
             assert not wrong, wrong[:5]
             assert sum(served.values()) == total
             assert killed_with >= 50, f"only {killed_with} requests were in flight at the kill"

@@ -1,0 +1,59 @@
+"""Nodes that find each other with no seeds: multicast survey on 127.0.0.1, then peer exchange."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+
+from helpers import wait_until
+
+import irismesh
+
+
+def survey_config() -> irismesh.SurveyConfig:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    group = f"239.255.74.{random.randint(2, 254)}"
+    return irismesh.SurveyConfig(group=group, port=port, interface="127.0.0.1")
+
+
+def test_nodes_find_each_other_by_survey_alone(keys: irismesh.Keyring) -> None:
+    async def main() -> None:
+        config = survey_config()
+        members = [await irismesh.Node("db", keyring=keys, survey=config).start() for _ in range(3)]
+        for i, member in enumerate(members):
+            member.on_request(lambda payload, i=i: b"%d" % i)
+        client = await irismesh.Node(keyring=keys, survey=config).start()
+        try:
+            taken = await wait_until(
+                lambda: len(client.members("db")) == 3, 3.0, "the client to find 3 members"
+            )
+            print(f"client found 3 members by survey in {taken * 1000:.0f} ms")
+            await wait_until(lambda: all(len(m.peers()) == 3 for m in members), 3.0, "a full mesh")
+            replies = {await client.request("db", b"x") for _ in range(60)}
+            assert replies == {b"0", b"1", b"2"}
+        finally:
+            await asyncio.gather(*(n.close() for n in [client, *members]))
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_a_node_that_knows_one_peer_soon_knows_the_mesh(keys: irismesh.Keyring) -> None:
+    """Seeds form a chain; peer exchange turns it into a full mesh."""
+
+    async def main() -> None:
+        nodes = [await irismesh.Node("db", keyring=keys).start()]
+        for _ in range(4):
+            nodes.append(
+                await irismesh.Node("db", keyring=keys, seeds=[nodes[-1].endpoint]).start()
+            )
+        try:
+            await wait_until(
+                lambda: all(len(n.peers()) == 4 for n in nodes), 5.0, "every node to know 4 peers"
+            )
+        finally:
+            await asyncio.gather(*(n.close() for n in nodes))
+
+    asyncio.run(asyncio.wait_for(main(), 30))
