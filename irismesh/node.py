@@ -216,7 +216,10 @@ class Node:
         Raises NoResponders at once if the cluster has no live member, RequestTimeout after
         `timeout` seconds, RemoteError if the member's handler raised.
         """
-        core, driver = self._running()
+        core = self._core
+        driver = self._driver
+        if core is None or driver is None or self._closing:
+            core, driver = self._running()  # raises the right Closed
         if timeout is None:
             timeout = self._default_timeout
         elif not timeout > 0:
@@ -229,7 +232,8 @@ class Node:
         fut: asyncio.Future[bytes] = loop.create_future()
         self._waiting[req_id] = (fut, cluster)
         driver.flush()
-        driver.arm(now + timeout)
+        if now + timeout < driver._timer_at:
+            driver.arm(now + timeout)
         try:
             return await fut
         except asyncio.CancelledError:

@@ -47,13 +47,18 @@ from irismesh._core.events import (
     RequestFailed,
 )
 from irismesh._core.frames import (
+    ACKS,
+    HEADER,
     HEADER_SIZE,
+    MAGIC,
     MAX_ACKS,
     MAX_OFFERS,
     MAX_PEERS_PER_FRAME,
     NONCE_SIZE,
+    REQUEST_FIELDS,
     STATUS_ERROR,
     STATUS_OK,
+    VERSION,
     BodyCodec,
     Kind,
     decode_header,
@@ -61,7 +66,6 @@ from irismesh._core.frames import (
     decode_request,
     encode_header,
     encode_reply,
-    encode_request,
     pack_error,
 )
 from irismesh._core.links import DialRecord, InLink, LinkState, OutLink
@@ -79,7 +83,9 @@ from irismesh.errors import (
     RequestTimeout,
 )
 
-_PING, _PONG, _REQUEST, _REPLY = Kind.PING, Kind.PONG, Kind.REQUEST, Kind.REPLY
+_PING, _PONG, _REQUEST, _REPLY = int(Kind.PING), int(Kind.PONG), int(Kind.REQUEST), int(Kind.REPLY)
+_pack_header = HEADER.pack
+_pack_request = REQUEST_FIELDS.pack
 
 
 class MeshCore:
@@ -114,6 +120,8 @@ class MeshCore:
         self._randbytes = randbytes  # handshake nonces: must be (os.urandom in a node)
         self._codec = BodyCodec(self.config.max_payload)
         self._max_frame = self.config.max_frame
+        self._max_payload = self.config.max_payload
+        self._max_pending = self.config.max_pending
         self._out: dict[int, OutLink] = {}
         self._in: dict[bytes, InLink] = {}
         self._in_by_peer: dict[bytes, InLink] = {}
@@ -197,10 +205,10 @@ class MeshCore:
         """Send a request to one member of `cluster`; returns its id for the events."""
         if self._closed:
             raise Closed("node is closed")
-        if len(payload) > self.config.max_payload:
-            raise PayloadTooLarge(len(payload), self.config.max_payload)
-        if len(self._pending) >= self.config.max_pending:
-            raise Overloaded(len(self._pending), self.config.max_pending)
+        if len(payload) > self._max_payload:
+            raise PayloadTooLarge(len(payload), self._max_payload)
+        if len(self._pending.by_id) >= self._max_pending:
+            raise Overloaded(len(self._pending.by_id), self._max_pending)
         members = self._members.get(cluster)
         if members is None:
             members = self.members(cluster)
@@ -226,16 +234,22 @@ class MeshCore:
     def _send_request(
         self, link: OutLink, req_id: int, cluster: str, payload: bytes, timeout: float
     ) -> None:
+        # The hot path: encode_header and encode_request inlined (measured).
         link.outstanding += 1
         slot = link.clusters[cluster]
         link.send_seq += 1
         seq = link.send_seq
-        header = encode_header(_REQUEST, slot, seq)
+        header = _pack_header(MAGIC, VERSION, _REQUEST, 0, slot, seq)
+        timeout_ms = int(timeout * 1000) + 1
+        if timeout_ms > 0xFFFFFFFF:
+            timeout_ms = 0xFFFFFFFF
         acks = link.acks
         if acks:
             acks, link.acks = acks[:MAX_ACKS], acks[MAX_ACKS:]
-        timeout_ms = min(int(timeout * 1000) + 1, 2**32 - 1)
-        body = encode_request(req_id, timeout_ms, acks, payload)
+            n = len(acks)
+            body = _pack_request(req_id, timeout_ms, n) + ACKS[n].pack(*acks) + payload
+        else:
+            body = _pack_request(req_id, timeout_ms, 0) + payload
         self.out_frames.append(
             (link.link_id, header + link.send_sealers[slot].seal(header, seq, body))
         )

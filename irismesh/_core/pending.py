@@ -30,35 +30,35 @@ class PendingRequest:
 
 
 class PendingRequests:
-    __slots__ = ("_heap", "_requests")
+    __slots__ = ("_heap", "by_id")
 
     def __init__(self) -> None:
-        self._requests: dict[int, PendingRequest] = {}
+        self.by_id: dict[int, PendingRequest] = {}
         self._heap: list[tuple[float, int]] = []
 
     def __len__(self) -> int:
-        return len(self._requests)
+        return len(self.by_id)
 
     def __iter__(self) -> Iterator[PendingRequest]:
-        return iter(list(self._requests.values()))
+        return iter(list(self.by_id.values()))
 
     def add(self, request: PendingRequest) -> None:
-        self._requests[request.req_id] = request
+        self.by_id[request.req_id] = request
         heap = self._heap
         heapq.heappush(heap, (request.deadline, request.req_id))
-        if len(heap) > 1024 and len(heap) > 4 * len(self._requests):
-            self._heap = [(r.deadline, r.req_id) for r in self._requests.values()]
+        if len(heap) > 1024 and len(heap) > 4 * len(self.by_id):
+            self._heap = [(r.deadline, r.req_id) for r in self.by_id.values()]
             heapq.heapify(self._heap)
 
     def pop(self, req_id: int) -> PendingRequest | None:
-        return self._requests.pop(req_id, None)
+        return self.by_id.pop(req_id, None)
 
     def get(self, req_id: int) -> PendingRequest | None:
-        return self._requests.get(req_id)
+        return self.by_id.get(req_id)
 
     def next_deadline(self) -> float | None:
         heap = self._heap
-        while heap and heap[0][1] not in self._requests:
+        while heap and heap[0][1] not in self.by_id:
             heapq.heappop(heap)
         return heap[0][0] if heap else None
 
@@ -67,7 +67,7 @@ class PendingRequests:
         heap = self._heap
         while heap and heap[0][0] <= now:
             _deadline, req_id = heapq.heappop(heap)
-            request = self._requests.pop(req_id, None)
+            request = self.by_id.pop(req_id, None)
             if request is not None:
                 expired.append(request)
         return expired

@@ -1,0 +1,953 @@
+"""Request/reply benchmark: irismesh beside raw pyzmq, raw asyncio+pyzmq and NATS, one run.
+
+    python bench/reqrep.py [--quick] [--json out.json] [--duration SECONDS]
+                           [--only raw,raw-asyncio,nats,mesh] [--mesh-opt KEY=VALUE ...]
+
+Each system runs its server and its client in two OS processes (NATS adds nats-server as a
+third). The parent only orchestrates: it starts the children, relays their progress, samples
+RSS and CPU during the sustained run and prints the tables. bench/README.md says how to read
+them. The same file is the children's program (`--role server|client`).
+"""
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+from _harness import (
+    BenchError,
+    ChildFailed,
+    ChildProcesses,
+    RssSampler,
+    emit,
+    exit_after,
+    find_executable,
+    free_tcp_port,
+    latency_summary_us,
+    on_stdin_eof,
+    raise_keyboard_interrupt_on_sigterm,
+    wait_for_tcp,
+)
+
+SYSTEMS = ("raw", "raw-asyncio", "nats", "mesh")
+LABELS = {"raw": "raw pyzmq", "raw-asyncio": "raw-asyncio", "nats": "NATS", "mesh": "irismesh"}
+ALIASES = {"irismesh": "mesh", "pyzmq": "raw", "asyncio": "raw-asyncio"}
+SIZES = (100, 1024)
+SCENARIOS = ("throughput", "latency", "sustained")
+SUBJECT = "bench"  # NATS subject and irismesh cluster alike
+NATS_SERVER_INSTALL = "apt-get install -y nats-server"
+
+Request = Callable[[bytes], Awaitable[bytes]]
+
+# Plain ints: zmq's constants are IntFlag enums, and enum arithmetic on the hot path is slow
+# enough to show in the raw-asyncio figures.
+_NOBLOCK = int(zmq.NOBLOCK)
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Plan:
+    """What one client process runs, for one payload size."""
+
+    size: int
+    outstanding: int
+    warmup_s: float
+    window_s: float
+    latency_warmup: int
+    latency_n: int
+    sustained_s: float
+    request_timeout_s: float = 5.0
+
+    def budget_s(self) -> float:
+        """A hard ceiling on the client's run time: generous, but finite."""
+        latency = (self.latency_warmup + self.latency_n) * 0.005  # 5 ms a request is very slow
+        return 2 * self.warmup_s + self.window_s + self.sustained_s + latency + 45.0
+
+
+def payload_of(size: int) -> bytes:
+    return bytes(i % 251 for i in range(size))
+
+
+def size_label(size: int) -> str:
+    return f"{size // 1024} KB" if size % 1024 == 0 else f"{size} B"
+
+
+def parse_mesh_opts(pairs: list[str]) -> dict[str, Any]:
+    """KEY=VALUE pairs for irismesh.Node: ints, floats and true/false convert, the rest stay str."""
+    opts: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--mesh-opt wants KEY=VALUE, got {pair!r}")
+        value: Any = text
+        if text.lower() in ("true", "false"):
+            value = text.lower() == "true"
+        else:
+            for convert in (int, float):
+                try:
+                    value = convert(text)
+                    break
+                except ValueError:
+                    pass
+        opts[key] = value
+    return opts
+
+
+class MeshUnavailable(BenchError):
+    """irismesh cannot be benchmarked yet (it does not import, or lacks Node/Keyring)."""
+
+
+def import_mesh() -> Any:
+    try:
+        import irismesh
+    except ImportError as exc:
+        raise MeshUnavailable(f"cannot import irismesh: {exc}") from exc
+    missing = [name for name in ("Node", "Keyring") if not hasattr(irismesh, name)]
+    if missing:
+        raise MeshUnavailable(
+            f"irismesh has no {' or '.join(missing)} yet (irismesh/__init__.py must export "
+            "them); run with --only raw,raw-asyncio,nats to leave irismesh out"
+        )
+    return irismesh
+
+
+# ============================================================================================
+# Children: servers
+
+
+def socket_fd(sock: zmq.Socket[bytes]) -> int:
+    fd = sock.getsockopt(zmq.FD)
+    assert isinstance(fd, int)
+    return fd
+
+
+def has_input(sock: zmq.Socket[bytes]) -> bool:
+    """Whether a message waits; asking also makes libzmq process pending commands."""
+    events = sock.getsockopt(_EVENTS)
+    assert isinstance(events, int)
+    return bool(events & _POLLIN)
+
+
+def serve_raw() -> None:
+    """The ceiling: a sync ROUTER echoing in the tightest loop pyzmq allows."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.linger = 0
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    on_stdin_eof(lambda: os._exit(0))
+    print(f"READY tcp://127.0.0.1:{port}", flush=True)
+    recv, send = sock.recv_multipart, sock.send_multipart
+    while True:
+        send(recv())
+
+
+@contextlib.asynccontextmanager
+async def until_stopped() -> AsyncIterator[asyncio.Event]:
+    """An event set by SIGTERM or by EOF on stdin (the parent's polite stop)."""
+    loop = asyncio.get_running_loop()
+    stopped = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stopped.set)
+    on_stdin_eof(lambda: loop.call_soon_threadsafe(stopped.set))
+    try:
+        yield stopped
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+
+
+async def serve_raw_asyncio() -> None:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.linger = 0
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+
+    def drain() -> None:
+        while True:
+            try:
+                msg = sock.recv_multipart(_NOBLOCK)
+            except zmq.Again:
+                # The FD is edge-triggered and our sends may have consumed the edge.
+                if has_input(sock):
+                    continue
+                return
+            sock.send_multipart(msg)
+
+    loop = asyncio.get_running_loop()
+    loop.add_reader(socket_fd(sock), drain)
+    async with until_stopped() as stopped:
+        print(f"READY tcp://127.0.0.1:{port}", flush=True)
+        drain()
+        await stopped.wait()
+    loop.remove_reader(socket_fd(sock))
+    sock.close()
+    ctx.term()
+
+
+async def serve_nats(url: str) -> None:
+    import nats
+
+    nc = await nats.connect(url, connect_timeout=5, allow_reconnect=False)
+
+    async def echo(msg: Any) -> None:
+        await msg.respond(msg.data)
+
+    await nc.subscribe(SUBJECT, cb=echo)
+    await nc.flush()
+    async with until_stopped() as stopped:
+        print(f"READY {url}", flush=True)
+        await stopped.wait()
+    await nc.close()
+
+
+async def serve_mesh(keyring_path: str, opts: dict[str, Any]) -> None:
+    irismesh = import_mesh()
+    keys = irismesh.Keyring.load(keyring_path)
+    async with irismesh.Node(
+        cluster=SUBJECT, keyring=keys, bind="tcp://127.0.0.1:0", survey=False, **opts
+    ) as node:
+
+        async def echo(payload: bytes) -> bytes:
+            return payload
+
+        node.on_request(echo)
+        async with until_stopped() as stopped:
+            print("READY", node.endpoint, flush=True)
+            await stopped.wait()
+
+
+# ============================================================================================
+# Children: clients
+
+
+def _raw_recv(sock: zmq.Socket[bytes], payload: bytes) -> None:
+    try:
+        reply = sock.recv()
+    except zmq.Again:
+        raise BenchError("no reply within the request timeout") from None
+    if reply != payload:
+        raise BenchError(f"echo mismatch: sent {len(payload)} B, got {len(reply)} B")
+
+
+def _raw_pump(
+    sock: zmq.Socket[bytes],
+    payload: bytes,
+    plan: Plan,
+    window_s: float,
+    on_start: Callable[[], None] | None = None,
+) -> dict[str, float]:
+    """Keep `plan.outstanding` requests in flight; count replies over `window_s` after warm-up."""
+    for _ in range(plan.outstanding):
+        sock.send(payload)
+    clock = time.perf_counter
+    start_at = clock() + plan.warmup_s
+    end_at = t0 = now = 0.0
+    count = 0
+    measuring = False
+    while True:
+        _raw_recv(sock, payload)
+        now = clock()
+        if measuring:
+            count += 1
+            if now >= end_at:
+                break
+        elif now >= start_at:
+            measuring, t0, end_at = True, now, now + window_s
+            if on_start is not None:
+                on_start()
+        sock.send(payload)
+    for _ in range(plan.outstanding - 1):  # leave nothing in flight for the next scenario
+        _raw_recv(sock, payload)
+    return {"requests": float(count), "seconds": now - t0, "rps": count / (now - t0)}
+
+
+def client_raw(endpoint: str, plan: Plan) -> None:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.rcvtimeo = int(plan.request_timeout_s * 1000)
+    sock.connect(endpoint)
+    payload = payload_of(plan.size)
+    try:
+        emit("phase", scenario="throughput")
+        emit("result", scenario="throughput", **_raw_pump(sock, payload, plan, plan.window_s))
+
+        emit("phase", scenario="latency")
+        for _ in range(plan.latency_warmup):
+            sock.send(payload)
+            _raw_recv(sock, payload)
+        clock = time.perf_counter_ns
+        samples = []
+        for _ in range(plan.latency_n):
+            t = clock()
+            sock.send(payload)
+            _raw_recv(sock, payload)
+            samples.append(clock() - t)
+        emit("result", scenario="latency", **latency_summary_us(samples))
+
+        emit("phase", scenario="sustained")
+        result = _raw_pump(sock, payload, plan, plan.sustained_s, lambda: emit("mark"))
+        emit("result", scenario="sustained", **result)
+    finally:
+        sock.close()
+        ctx.term()
+
+
+class AsyncioDealer:
+    """A DEALER on asyncio via add_reader: a Future per request, replies drained in batches."""
+
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._sock = ctx.socket(zmq.DEALER)
+        self._sock.linger = 0
+        self._sock.connect(endpoint)
+        self._fd = socket_fd(self._sock)
+        self._pending: dict[int, asyncio.Future[bytes]] = {}
+        self._next_id = 0
+        self._drain_scheduled = False
+        self._loop.add_reader(self._fd, self._drain)
+
+    async def request(self, payload: bytes) -> bytes:
+        rid = self._next_id
+        self._next_id += 1
+        future: asyncio.Future[bytes] = self._loop.create_future()
+        self._pending[rid] = future
+        # One frame: [8-byte id | payload]. A second frame would cost more than the id does.
+        self._sock.send(rid.to_bytes(8, "little") + payload)
+        if not self._drain_scheduled:
+            # A send can swallow the FD's edge for replies that are already queued.
+            self._drain_scheduled = True
+            self._loop.call_soon(self._drain)
+        try:
+            return await future
+        finally:
+            self._pending.pop(rid, None)
+
+    def _drain(self) -> None:
+        self._drain_scheduled = False
+        sock, pending = self._sock, self._pending
+        while True:
+            try:
+                frame = sock.recv(_NOBLOCK)
+            except zmq.Again:
+                if has_input(sock):
+                    continue
+                return
+            future = pending.get(int.from_bytes(frame[:8], "little"))
+            if future is not None and not future.done():
+                future.set_result(frame[8:])
+
+    def close(self) -> None:
+        self._loop.remove_reader(self._fd)
+        self._sock.close()
+
+
+@contextlib.asynccontextmanager
+async def raw_asyncio_requester(endpoint: str) -> AsyncIterator[Request]:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    dealer = AsyncioDealer(ctx, endpoint)
+    try:
+        yield dealer.request
+    finally:
+        dealer.close()
+        ctx.term()
+
+
+@contextlib.asynccontextmanager
+async def nats_requester(url: str, request_timeout: float) -> AsyncIterator[Request]:
+    import nats
+
+    nc = await nats.connect(url, connect_timeout=5, allow_reconnect=False)
+
+    async def request(payload: bytes) -> bytes:
+        msg = await nc.request(SUBJECT, payload, timeout=request_timeout)
+        data: bytes = msg.data
+        return data
+
+    try:
+        yield request
+    finally:
+        await nc.close()
+
+
+@contextlib.asynccontextmanager
+async def mesh_requester(
+    endpoint: str, keyring_path: str, opts: dict[str, Any], request_timeout: float
+) -> AsyncIterator[Request]:
+    irismesh = import_mesh()
+    keys = irismesh.Keyring.load(keyring_path)
+    async with irismesh.Node(keyring=keys, seeds=[endpoint], survey=False, **opts) as client:
+        await client.wait_for_members(SUBJECT, count=1, timeout=10)
+
+        async def request(payload: bytes) -> bytes:
+            reply: bytes = await client.request(SUBJECT, payload, timeout=request_timeout)
+            return reply
+
+        yield request
+
+
+async def _async_pump(
+    request: Request,
+    payload: bytes,
+    plan: Plan,
+    window_s: float,
+    on_start: Callable[[], None] | None = None,
+) -> dict[str, Any]:
+    """`plan.outstanding` tasks each looping one request; count completions over `window_s`."""
+    completed = errors = 0
+    first_error = ""
+    running = True
+
+    async def worker() -> None:
+        nonlocal completed, errors, first_error
+        while running:
+            try:
+                reply = await request(payload)
+            except Exception as exc:
+                errors += 1
+                first_error = first_error or f"{type(exc).__name__}: {exc}"
+                await asyncio.sleep(0.01)  # an error raised at once must not starve the loop
+                continue
+            if reply != payload:
+                raise BenchError(f"echo mismatch: sent {len(payload)} B, got {len(reply)} B")
+            completed += 1
+
+    workers = [asyncio.create_task(worker()) for _ in range(plan.outstanding)]
+    try:
+        await asyncio.sleep(plan.warmup_s)
+        c0, t0 = completed, time.perf_counter()
+        if on_start is not None:
+            on_start()
+        await asyncio.sleep(window_s)
+        c1, t1 = completed, time.perf_counter()
+        running = False
+        await asyncio.wait_for(asyncio.gather(*workers), plan.request_timeout_s + 5.0)
+    finally:
+        for task in workers:
+            task.cancel()
+    result: dict[str, Any] = {"requests": c1 - c0, "seconds": t1 - t0, "rps": (c1 - c0) / (t1 - t0)}
+    if errors:
+        result.update(errors=errors, first_error=first_error)
+    return result
+
+
+async def _async_latency(request: Request, payload: bytes, plan: Plan) -> dict[str, float]:
+    for _ in range(plan.latency_warmup):
+        await request(payload)
+    clock = time.perf_counter_ns
+    samples = []
+    for _ in range(plan.latency_n):
+        t = clock()
+        reply = await request(payload)
+        samples.append(clock() - t)
+        if reply != payload:
+            raise BenchError(f"echo mismatch: sent {len(payload)} B, got {len(reply)} B")
+    return latency_summary_us(samples)
+
+
+async def client_async(args: argparse.Namespace, plan: Plan) -> None:
+    requester: contextlib.AbstractAsyncContextManager[Request]
+    if args.system == "raw-asyncio":
+        requester = raw_asyncio_requester(args.endpoint)
+    elif args.system == "nats":
+        requester = nats_requester(args.endpoint, plan.request_timeout_s)
+    else:
+        opts = parse_mesh_opts(args.mesh_opt)
+        requester = mesh_requester(args.endpoint, args.keyring, opts, plan.request_timeout_s)
+    payload = payload_of(plan.size)
+    async with requester as request:
+        emit("phase", scenario="throughput")
+        emit(
+            "result",
+            scenario="throughput",
+            **await _async_pump(request, payload, plan, plan.window_s),
+        )
+        emit("phase", scenario="latency")
+        emit("result", scenario="latency", **await _async_latency(request, payload, plan))
+        emit("phase", scenario="sustained")
+        sustained = await _async_pump(
+            request, payload, plan, plan.sustained_s, lambda: emit("mark")
+        )
+        emit("result", scenario="sustained", **sustained)
+
+
+def run_child(args: argparse.Namespace) -> None:
+    exit_after(args.max_seconds)
+    if args.role == "server":
+        if args.system == "raw":
+            serve_raw()
+        elif args.system == "raw-asyncio":
+            asyncio.run(serve_raw_asyncio())
+        elif args.system == "nats":
+            asyncio.run(serve_nats(args.endpoint))
+        else:
+            asyncio.run(serve_mesh(args.keyring, parse_mesh_opts(args.mesh_opt)))
+        return
+    on_stdin_eof(lambda: os._exit(1))
+    plan = Plan(**json.loads(args.plan))
+    try:
+        if args.system == "raw":
+            client_raw(args.endpoint, plan)
+        else:
+            asyncio.run(client_async(args, plan))
+    except BaseException as exc:
+        emit("error", message=f"{type(exc).__name__}: {exc}")
+        raise
+    emit("done")
+
+
+# ============================================================================================
+# Parent: orchestration
+
+
+@dataclass(kw_only=True, slots=True)
+class Run:
+    """Settings of one benchmark run and everything it measured."""
+
+    systems: list[str]
+    plans: list[Plan]
+    mesh_opts: list[str]
+    keyring_path: str = ""
+    nats_server: str | None = None
+    results: dict[str, dict[str, dict[str, Any]]] = dataclasses.field(default_factory=dict)
+    skipped: dict[str, str] = dataclasses.field(default_factory=dict)
+    failed: dict[str, str] = dataclasses.field(default_factory=dict)
+    step: int = 0
+
+    @property
+    def steps(self) -> int:
+        return len(self.systems) * len(self.plans) * len(SCENARIOS)
+
+
+def progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def child_argv(role: str, system: str, run: Run, *extra: str) -> list[str]:
+    argv = [sys.executable, os.path.abspath(__file__), "--role", role, "--system", system]
+    if system == "mesh":
+        argv += ["--keyring", run.keyring_path]
+        for opt in run.mesh_opts:
+            argv += ["--mesh-opt", opt]
+    budget = sum(plan.budget_s() for plan in run.plans) + 60.0
+    return [*argv, "--max-seconds", f"{budget:.0f}", *extra]
+
+
+def describe(system: str, plan: Plan, scenario: str) -> str:
+    what = {
+        "throughput": f"{plan.outstanding} outstanding, {plan.window_s:g} s",
+        "latency": f"1 outstanding, {plan.latency_n} requests",
+        "sustained": f"sustained {plan.sustained_s:g} s at {plan.outstanding} outstanding, RSS",
+    }[scenario]
+    return f"{LABELS[system]} {size_label(plan.size)}, {what} ..."
+
+
+def run_client(
+    procs: ChildProcesses,
+    run: Run,
+    system: str,
+    plan: Plan,
+    endpoint: str,
+    server_pids: dict[str, int],
+) -> None:
+    """One client process for one payload size; results land in `run.results` as they come."""
+    name = f"{system} client {size_label(plan.size)}"
+    argv = child_argv("client", system, run, "--endpoint", endpoint, "--plan")
+    client = procs.spawn(name, [*argv, json.dumps(dataclasses.asdict(plan))])
+    results = run.results.setdefault(system, {}).setdefault(str(plan.size), {})
+    deadline = time.monotonic() + plan.budget_s()
+    sampler: RssSampler | None = None
+    next_sample = float("inf")
+    try:
+        while True:
+            line = client.next_line(min(deadline, next_sample))
+            if line is None:
+                if time.monotonic() >= deadline:
+                    raise ChildFailed(name, f"hard timeout of {plan.budget_s():.0f} s reached")
+                if sampler is not None:
+                    sampler.sample()
+                next_sample += 1.0
+                continue
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                progress(f"  {name}: {line}")
+                continue
+            kind = event.pop("event", None)
+            if kind == "phase":
+                run.step += 1
+                progress(f"[{run.step}/{run.steps}] {describe(system, plan, event['scenario'])}")
+            elif kind == "mark":
+                sampler = RssSampler({**server_pids, "client": client.pid})
+                sampler.sample()
+                next_sample = time.monotonic() + 1.0
+            elif kind == "result":
+                scenario = event.pop("scenario")
+                if scenario == "sustained" and sampler is not None:
+                    sampler.sample()
+                    event["memory"] = sampler.summary()
+                    event["others_cpu_percent"] = sampler.others_cpu_percent()
+                    sampler, next_sample = None, float("inf")
+                if event.get("errors"):
+                    progress(f"  {event['errors']} errors, first: {event.get('first_error')}")
+                results[scenario] = event
+            elif kind == "error":
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    client.proc.wait(timeout=5.0)  # let it finish writing its traceback
+                raise ChildFailed(name, event.get("message", "failed"), client.stderr_tail())
+            elif kind == "done":
+                try:
+                    code = client.proc.wait(timeout=10.0)
+                except subprocess.TimeoutExpired:
+                    code = None
+                if code != 0:
+                    progress(f"  warning: {name} did not exit cleanly after its results ({code})")
+                return
+    finally:
+        procs.stop(client, grace=5.0)
+
+
+def run_system(run: Run, system: str) -> None:
+    """Start the system's server(s), run one client per payload size, stop everything."""
+    with ChildProcesses() as procs:
+        server_pids: dict[str, int] = {}
+        extra: list[str] = []
+        if system == "nats":
+            assert run.nats_server is not None
+            port = free_tcp_port()
+            broker = procs.spawn(
+                "nats-server",
+                [run.nats_server, "-a", "127.0.0.1", "-p", str(port)],
+                read_stdout=False,
+                stops_on_eof=False,
+            )
+            wait_for_tcp(port, timeout=10.0)
+            server_pids["broker"] = broker.pid
+            extra = ["--endpoint", f"nats://127.0.0.1:{port}"]
+        server = procs.spawn(f"{system} server", child_argv("server", system, run, *extra))
+        endpoint = server.expect_prefix("READY ", timeout=30.0)
+        server_pids["server"] = server.pid
+        if not endpoint.startswith(("tcp://127.0.0.1:", "nats://127.0.0.1:")):
+            raise BenchError(f"{system} server is not on 127.0.0.1: {endpoint}")
+        for plan in run.plans:
+            run_client(procs, run, system, plan, endpoint, server_pids)
+
+
+def preflight(run: Run) -> None:
+    """Drop the systems this machine cannot run, saying why."""
+    if "nats" in run.systems:
+        run.nats_server = find_executable(
+            "nats-server", "/usr/sbin/nats-server", "/usr/bin/nats-server"
+        )
+        if run.nats_server is None:
+            run.skipped["nats"] = f"nats-server not installed: {NATS_SERVER_INSTALL}"
+    if "mesh" in run.systems:
+        try:
+            irismesh = import_mesh()
+            irismesh.Keyring.generate().save(run.keyring_path)
+        except Exception as exc:
+            run.failed["mesh"] = f"{type(exc).__name__}: {exc}"
+    for system, reason in run.skipped.items():
+        progress(f"{LABELS[system]}: skipped ({reason})")
+    for system, reason in run.failed.items():
+        progress(f"{LABELS[system]}: FAILED before starting: {reason}")
+    run.systems = [s for s in run.systems if s not in run.skipped and s not in run.failed]
+
+
+def make_plans(args: argparse.Namespace) -> list[Plan]:
+    quick = args.quick
+    sustained = args.duration if args.duration is not None else (5.0 if quick else 15.0)
+    window = args.window if args.window is not None else (1.0 if quick else 3.0)
+    return [
+        Plan(
+            size=size,
+            outstanding=args.outstanding,
+            warmup_s=0.25 if quick else 0.5,
+            window_s=window,
+            latency_warmup=100 if quick else 300,
+            latency_n=1000 if quick else 4000,
+            sustained_s=sustained,
+        )
+        for size in SIZES
+    ]
+
+
+def parse_only(text: str) -> list[str]:
+    chosen = []
+    for item in (part.strip().lower() for part in text.split(",") if part.strip()):
+        system = ALIASES.get(item, item)
+        if system not in SYSTEMS:
+            raise SystemExit(f"--only: unknown system {item!r}; choose from {', '.join(SYSTEMS)}")
+        if system not in chosen:
+            chosen.append(system)
+    return [s for s in SYSTEMS if s in chosen]
+
+
+def machine_facts(run: Run) -> dict[str, Any]:
+    facts: dict[str, Any] = {
+        "python": platform.python_version(),
+        "pyzmq": zmq.__version__,
+        "libzmq": zmq.zmq_version(),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    if run.nats_server:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            facts["nats_server"] = subprocess.run(
+                [run.nats_server, "--version"], capture_output=True, text=True, timeout=5
+            ).stdout.strip()
+    return facts
+
+
+def warn_if_busy() -> float:
+    """CPU use by others just before the run: on 2 cores, other work skews every figure."""
+    import psutil
+
+    busy: float = psutil.cpu_percent(interval=0.5)
+    if busy > 20.0:
+        progress(f"warning: the CPUs are {busy:.0f}% busy before starting; figures will be noisy")
+    return busy
+
+
+def main_parent(args: argparse.Namespace) -> int:
+    raise_keyboard_interrupt_on_sigterm()
+    busy_before = warn_if_busy()
+    run = Run(systems=parse_only(args.only), plans=make_plans(args), mesh_opts=args.mesh_opt)
+    requested = list(run.systems)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="irismesh-bench-") as tmp:
+        run.keyring_path = os.path.join(tmp, "bench.keys")
+        preflight(run)
+        try:
+            for system in list(run.systems):
+                try:
+                    run_system(run, system)
+                except BenchError as exc:
+                    run.failed[system] = str(exc)
+                    progress(f"{LABELS[system]}: FAILED: {exc}")
+        except KeyboardInterrupt:
+            progress("interrupted; every child process has been stopped")
+            return 130
+    elapsed = time.monotonic() - started
+
+    print_tables(run, requested, elapsed)
+    if args.json:
+        document = {
+            "facts": {**machine_facts(run), "cpu_busy_percent_before": busy_before},
+            "settings": {
+                "plans": [dataclasses.asdict(plan) for plan in run.plans],
+                "mesh_opts": parse_mesh_opts(run.mesh_opts),
+                "systems": requested,
+            },
+            "results": run.results,
+            "ratios": ratios(run),
+            "skipped": run.skipped,
+            "failed": run.failed,
+            "elapsed_s": elapsed,
+        }
+        with open(args.json, "w", encoding="utf-8") as out:
+            json.dump(document, out, indent=2)
+        progress(f"wrote {args.json}")
+    return 1 if run.failed else 0
+
+
+# ============================================================================================
+# Parent: report
+
+
+def _cell(run: Run, system: str, size: int, scenario: str) -> dict[str, Any] | None:
+    result: dict[str, Any] | None = run.results.get(system, {}).get(str(size), {}).get(scenario)
+    return result
+
+
+def _figures(run: Run, system: str, size: int, scenario: str) -> tuple[float, ...] | None:
+    """The numbers a table cell shows: (req/s,) or (p50 us, p99 us)."""
+    result = _cell(run, system, size, scenario)
+    if result is None:
+        return None
+    if scenario == "latency":
+        return (result["p50_us"], result["p99_us"])
+    return (result["rps"],)
+
+
+def ratios(run: Run) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
+    """irismesh divided by each baseline, per scenario and size, figure by figure."""
+    out: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
+    for baseline in ("raw", "raw-asyncio", "nats"):
+        for scenario in SCENARIOS:
+            for size in SIZES:
+                mesh = _figures(run, "mesh", size, scenario)
+                base = _figures(run, baseline, size, scenario)
+                if mesh and base:
+                    key = f"mesh/{baseline}"
+                    names = ("p50", "p99") if scenario == "latency" else ("rps",)
+                    out.setdefault(key, {}).setdefault(scenario, {})[str(size)] = {
+                        name: m / b for name, m, b in zip(names, mesh, base, strict=True)
+                    }
+    return out
+
+
+def _show(figures: tuple[float, ...] | None, absent: str) -> str:
+    if figures is None:
+        return absent
+    if len(figures) == 2:
+        return f"{figures[0]:,.0f} [{figures[1]:,.0f}]"
+    return f"{figures[0]:,.0f}"
+
+
+def _show_ratio(run: Run, baseline: str, size: int, scenario: str) -> str:
+    mesh = _figures(run, "mesh", size, scenario)
+    base = _figures(run, baseline, size, scenario)
+    if not mesh or not base:
+        return "-"
+    parts = [f"{m / b:.2f}x" for m, b in zip(mesh, base, strict=True)]
+    return parts[0] if len(parts) == 1 else f"{parts[0]} [{parts[1]}]"
+
+
+def print_tables(run: Run, requested: list[str], elapsed: float) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    console = Console() if sys.stdout.isatty() else Console(width=140)
+
+    def absent(system: str) -> str:
+        if system not in requested:
+            return "-"
+        if system in run.skipped:
+            return "skipped"
+        return "failed" if system in run.failed else "-"
+
+    rows = {
+        "throughput": "throughput, 100 outstanding (req/s)",
+        "latency": "latency, 1 outstanding (us p50 [p99])",
+        "sustained": "sustained, 100 outstanding (req/s)",
+    }
+    table = Table(
+        title=f"request/reply on 127.0.0.1, server and client in separate processes "
+        f"({elapsed:.0f} s run)",
+        caption="req/s: higher is better, so a ratio below 1 means irismesh is slower; "
+        "latency: lower is better, so a ratio above 1 means irismesh is slower",
+    )
+    table.add_column("scenario", no_wrap=True)
+    table.add_column("size", justify="right")
+    for system in SYSTEMS:
+        table.add_column(LABELS[system], justify="right")
+    table.add_column("irismesh / raw pyzmq", justify="right")
+    table.add_column("irismesh / NATS", justify="right")
+    for scenario in SCENARIOS:
+        for size in SIZES:
+            cells = [
+                _show(_figures(run, system, size, scenario), absent(system)) for system in SYSTEMS
+            ]
+            row = [
+                rows[scenario].replace("100", str(run.plans[0].outstanding)),
+                size_label(size),
+                *cells,
+                _show_ratio(run, "raw", size, scenario),
+                _show_ratio(run, "nats", size, scenario),
+            ]
+            table.add_row(*(Text(cell) for cell in row))  # Text: "[p99]" is not markup
+        table.add_section()
+    console.print(table)
+
+    memory = Table(
+        title="memory and CPU over the sustained run (RSS sampled once a second after warm-up)",
+        caption="flat memory: growth (end - start) stays near zero; CPU us/req: CPU time of "
+        "that process / requests served in the window; others' CPU: share of the machine used "
+        "by other processes meanwhile (well above 0% = disturbed figures)",
+    )
+    for column in ("system", "size", "process", "req/s"):
+        memory.add_column(column, justify="left" if column != "req/s" else "right")
+    for column in ("start MB", "peak MB", "end MB", "growth MB", "CPU us/req", "others' CPU"):
+        memory.add_column(column, justify="right")
+    for system in SYSTEMS:
+        for size in SIZES:
+            result = _cell(run, system, size, "sustained")
+            if result is None:
+                continue
+            for index, (role, mem) in enumerate(result.get("memory", {}).items()):
+                requests = result["requests"] or 1
+                others = result.get("others_cpu_percent")
+                memory.add_row(
+                    LABELS[system],
+                    size_label(size),
+                    role,
+                    f"{result['rps']:,.0f}",
+                    f"{mem['start_mb']:.1f}",
+                    f"{mem['peak_mb']:.1f}",
+                    f"{mem['end_mb']:.1f}",
+                    f"{mem['growth_mb']:+.2f}",
+                    f"{mem['cpu_s'] / requests * 1e6:.1f}",
+                    f"{others:.0f}%" if index == 0 and others is not None else "",
+                )
+        memory.add_section()
+    if memory.row_count:
+        console.print(memory)
+    for system, reason in {**run.skipped, **run.failed}.items():
+        state = "skipped" if system in run.skipped else "FAILED (details above)"
+        first_line = reason.splitlines()[0]
+        console.print(f"{LABELS[system]}: {state}: {first_line}", markup=False, highlight=False)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="shorter runs (about a minute)")
+    parser.add_argument("--json", metavar="PATH", help="also write every number to this file")
+    parser.add_argument(
+        "--duration",
+        type=float,
+        metavar="SECONDS",
+        help="length of the sustained (memory) run per size; default 15, 5 with --quick",
+    )
+    parser.add_argument(
+        "--window",
+        type=float,
+        metavar="SECONDS",
+        help="throughput measuring window after warm-up; default 3, 1 with --quick",
+    )
+    parser.add_argument("--outstanding", type=int, default=100, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--only",
+        default=",".join(SYSTEMS),
+        help=f"comma-separated systems to run (default: {','.join(SYSTEMS)}; irismesh = mesh)",
+    )
+    parser.add_argument(
+        "--mesh-opt",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra irismesh.Node keyword for server and client (repeatable), e.g. sealer=null",
+    )
+    # The children's side of this file.
+    parser.add_argument("--role", choices=("server", "client"), help=argparse.SUPPRESS)
+    parser.add_argument("--system", choices=SYSTEMS, help=argparse.SUPPRESS)
+    parser.add_argument("--endpoint", help=argparse.SUPPRESS)
+    parser.add_argument("--plan", help=argparse.SUPPRESS)
+    parser.add_argument("--keyring", help=argparse.SUPPRESS)
+    parser.add_argument("--max-seconds", type=float, default=600.0, help=argparse.SUPPRESS)
+    return parser
+
+
+def main() -> int:
+    args = build_parser().parse_args()
+    if args.role:
+        run_child(args)
+        return 0
+    return main_parent(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
