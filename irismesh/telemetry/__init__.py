@@ -1,0 +1,1 @@
+"""Telemetry records: one schema for the node's writer, the compactor and Spark."""
