@@ -30,8 +30,9 @@ from irismesh._core.events import (
     ReplyArrived,
     RequestArrived,
     RequestFailed,
+    Token,
 )
-from irismesh._core.frames import MAX_OFFERS, STATUS_OK, unpack_error
+from irismesh._core.frames import MAX_CLUSTERS, STATUS_OK, unpack_error
 from irismesh._driver import Driver
 from irismesh.discovery.survey import SurveyConfig, SurveyDiscovery
 from irismesh.errors import (
@@ -74,6 +75,7 @@ class Node:
         survey: bool | SurveyConfig = False,
         config: CoreConfig | None = None,
         default_timeout: float = 5.0,
+        sealing: bool = True,
     ) -> None:
         if keyring is None:
             keyring = Keyring.from_env()
@@ -83,8 +85,8 @@ class Node:
                 " (create one with `mesh keygen mesh.keys`)"
             )
         names = ([cluster] if cluster else []) + list(clusters)
-        if len(set(names)) > MAX_OFFERS:
-            raise ConfigurationError(f"a node serves at most {MAX_OFFERS} clusters")
+        if len(set(names)) > MAX_CLUSTERS:
+            raise ConfigurationError(f"a node serves at most {MAX_CLUSTERS} clusters")
         for name in names:
             _check_cluster_name(name)
             keyring.require(name)  # serving a cluster needs its key: fail now, not at a peer
@@ -101,6 +103,7 @@ class Node:
         )
         self._config = config or CoreConfig()
         self._default_timeout = default_timeout
+        self._sealing = sealing  # False only to measure what sealing costs
         self._core: MeshCore | None = None
         self._driver: Driver | None = None
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
@@ -138,7 +141,7 @@ class Node:
             node_id=self.node_id,
             endpoint=endpoint,
             clusters=self.clusters,
-            security=KeyedLinkSecurity(self.keyring),
+            security=KeyedLinkSecurity(self.keyring, sealing=self._sealing),
             rng=random.Random(os.urandom(16)),
             randbytes=os.urandom,
             config=self._config,
@@ -324,11 +327,11 @@ class Node:
                 for listener in self._peer_listeners:
                     listener(event)
 
-    def _reply(self, token: tuple[bytes, int], payload: bytes) -> None:
+    def _reply(self, token: Token, payload: bytes) -> None:
         if self._core is not None and not self._closing:
             self._core.reply(token, payload)
 
-    def _reply_error(self, token: tuple[bytes, int], exc: BaseException) -> None:
+    def _reply_error(self, token: Token, exc: BaseException) -> None:
         if self._core is not None and not self._closing:
             self._core.reply_error(token, exc)
 

@@ -18,11 +18,11 @@ import inspect
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from irismesh._core.events import RequestArrived
+from irismesh._core.events import RequestArrived, Token
 
 RequestHandler = Callable[[bytes], Awaitable[bytes | bytearray | memoryview] | bytes]
-Reply = Callable[[tuple[bytes, int], bytes], None]
-ReplyError = Callable[[tuple[bytes, int], BaseException], None]
+Reply = Callable[[Token, bytes], None]
+ReplyError = Callable[[Token, BaseException], None]
 
 
 class HandlerRunner:
@@ -66,9 +66,7 @@ class HandlerRunner:
             return
         self._finish(token, result)
 
-    async def _resume(
-        self, token: tuple[bytes, int], coro: Coroutine[Any, Any, Any], yielded: Any
-    ) -> None:
+    async def _resume(self, token: Token, coro: Coroutine[Any, Any, Any], yielded: Any) -> None:
         try:
             while True:
                 try:
@@ -98,7 +96,7 @@ class HandlerRunner:
             self.running -= 1
             self._after_async()
 
-    async def _await(self, token: tuple[bytes, int], awaitable: Awaitable[Any]) -> None:
+    async def _await(self, token: Token, awaitable: Awaitable[Any]) -> None:
         try:
             self._finish(token, await awaitable)
         except Exception as exc:
@@ -107,7 +105,7 @@ class HandlerRunner:
             self.running -= 1
             self._after_async()
 
-    def _finish(self, token: tuple[bytes, int], value: object) -> None:
+    def _finish(self, token: Token, value: object) -> None:
         if type(value) is bytes:
             self._reply(token, value)
         elif isinstance(value, bytearray | memoryview):

@@ -4,7 +4,8 @@ Each candidate's cost is `latency_ewma * (outstanding + 1)` (the Peak-EWMA idea 
 Linkerd): a member ten times slower than its peers looks ten times as loaded for the same queue,
 so it gets a small share instead of a third. Comparing two random members rather than all of
 them (Mitzenmacher's power of two choices) keeps herds from piling onto whichever member looked
-best a moment ago, and costs O(1). Costs within a factor of TIE count as equal.
+best a moment ago, and costs O(1). Costs within a factor of TIE count as equal, and a member
+not yet measured (latency 0) ties with anyone, so new members are sampled at once.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ def choose(members: Sequence[C], rng: Random, avoid: object = None) -> C:
         return b
     if b is avoid:
         return a
+    if a.latency == 0.0 or b.latency == 0.0:  # not measured yet: measure it
+        return a
     cost_a, cost_b = cost(a), cost(b)
     # Costs within TIE of each other are noise (loopback latencies differ by microseconds): the
     # random first choice wins, so alike members share the load instead of one being starved
@@ -60,6 +63,9 @@ def observe(member: Candidate, sample: float) -> None:
     that is really slower still converges (tenfold in about thirteen samples).
     """
     latency = member.latency
-    if sample > 2 * latency > 0:
+    if latency == 0.0:  # the first sample is the estimate
+        member.latency = sample
+        return
+    if sample > 2 * latency:
         sample = 2 * latency
     member.latency = latency + EWMA_WEIGHT * (sample - latency)

@@ -7,13 +7,15 @@ lists its peers send, the endpoint in a peer's HELLO), so two nodes that know ea
 two links, one dialled by each (see `links`). A node sends its requests on the links it
 dialled and serves requests on the links dialled to it.
 
-Handshake: the dialler sends HELLO (its id, a fresh nonce, its endpoint); the listener answers
-WELCOME (its id, its nonce, its endpoint, and one *offer tag* per cluster it serves). A tag is
-`LinkSecurity.offer_tag(cluster, listener nonce, dialler nonce)`: a MAC under the cluster's key
-over both nonces. The dialler learns that a peer serves cluster X only by computing X's tag
-itself, which needs X's name and key: a node without the key learns nothing, and old tags are
-useless on a new link. The n-th offered cluster becomes scope slot n of the link; requests
-name the slot, never the cluster, and each slot has its own sealers.
+Handshake: the dialler sends HELLO (its id, a fresh nonce, its endpoint, its key-agreement
+public key); the listener answers WELCOME (the same of its own, and one *offer tag* per key of
+each cluster it serves). A tag is a MAC under the cluster's key over both nonces
+(`LinkSecurity.offers`). The dialler learns that a peer serves cluster X only by computing X's
+tag itself (`LinkSecurity.match`), which needs X's name and key: a node without the key learns
+nothing, and old tags are useless on a new link. The n-th offer becomes scope slot n of the
+link; requests and their replies name the slot, never the cluster, and are sealed under keys
+derived from the cluster key, so only holders of the key can read, forge or answer them. The
+link's own control frames (slot 0) are sealed under the agreed link key.
 
 Liveness: the dialler pings every `heartbeat_interval`, the listener answers; any frame counts
 as a sign of life. A dialled link silent for `dead_after` is dead: its in-flight requests are
@@ -45,6 +47,7 @@ from irismesh._core.events import (
     ReplyArrived,
     RequestArrived,
     RequestFailed,
+    Token,
 )
 from irismesh._core.frames import (
     ACKS,
@@ -52,7 +55,7 @@ from irismesh._core.frames import (
     HEADER_SIZE,
     MAGIC,
     MAX_ACKS,
-    MAX_OFFERS,
+    MAX_CLUSTERS,
     MAX_PEERS_PER_FRAME,
     NONCE_SIZE,
     REQUEST_FIELDS,
@@ -105,9 +108,9 @@ class MeshCore:
         self.node_id = node_id
         self.endpoint = endpoint
         self.clusters = tuple(dict.fromkeys(clusters))
-        if len(self.clusters) > MAX_OFFERS:
+        if len(self.clusters) > MAX_CLUSTERS:
             raise ConfigurationError(
-                f"a node serves at most {MAX_OFFERS} clusters, got {len(self.clusters)}"
+                f"a node serves at most {MAX_CLUSTERS} clusters, got {len(self.clusters)}"
             )
         self.config = config or CoreConfig()
         self.stats: Counter[str] = Counter()
@@ -192,10 +195,11 @@ class MeshCore:
         self._next_link += 1
         nonce = self._randbytes(NONCE_SIZE)
         link = OutLink(link_id, record.endpoint, nonce, opened=now, last_heard=now)
+        link.keys = keys = self._security.begin()
         self._out[link_id] = link
         record.link_id = link_id
         self.events.append(OpenLink(link_id=link_id, endpoint=record.endpoint))
-        body = self._codec.pack([self.node_id, nonce, self.endpoint, {}])
+        body = self._codec.pack([self.node_id, nonce, self.endpoint, {"kx": keys.public}])
         self.out_frames.append((link_id, encode_header(Kind.HELLO, 0, 0) + body))
         self.stats["dials"] += 1
 
@@ -213,7 +217,7 @@ class MeshCore:
         if members is None:
             members = self.members(cluster)
         if not members:
-            if self._security.offer_tag(cluster, b"", b"") is None:
+            if not self._security.has_key(cluster):
                 raise NoKey(cluster)
             raise NoResponders(cluster)
         link = balancer.choose(members, self._rng)
@@ -269,7 +273,7 @@ class MeshCore:
 
     # ----------------------------------------------------------------- requests (member)
 
-    def reply(self, token: tuple[bytes, int], payload: bytes, *, error: bool = False) -> None:
+    def reply(self, token: Token, payload: bytes, *, error: bool = False) -> None:
         """Answer the request `token` (from RequestArrived); errors carry pack_error bytes."""
         status = STATUS_ERROR if error else STATUS_OK
         if not error and len(payload) > self.config.max_payload:
@@ -278,27 +282,28 @@ class MeshCore:
                 "PayloadTooLarge",
                 f"reply of {len(payload)} bytes exceeds the limit of {self.config.max_payload}",
             )
-        entry = self._replies.finish(token, status, payload)
-        # Answer on the link the request (or its latest resend) came on; failing that, on the
-        # caller's newest link.
-        link = self._in.get(entry.routing_id) if entry is not None else None
-        if link is None:
-            link = self._in_by_peer.get(token[0])
-        if link is None:  # the caller is gone; it will resend and hit the cache if it returns
+        peer_id, req_id, routing_id, slot = token
+        entry = self._replies.finish((peer_id, req_id), status, payload)
+        if entry is not None:  # a resend may have come on another link since
+            routing_id, slot = entry.routing_id, entry.slot
+        link = self._in.get(routing_id)
+        if link is None:  # the caller is gone; a resend gets the cached reply
             self.stats["replies_unroutable"] += 1
             return
-        self._send_reply(link, token[1], status, payload)
+        self._send_reply(link, slot, req_id, status, payload)
 
-    def reply_error(self, token: tuple[bytes, int], exc: BaseException) -> None:
+    def reply_error(self, token: Token, exc: BaseException) -> None:
         self.reply(token, pack_error(type(exc).__name__, str(exc)), error=True)
 
-    def _send_reply(self, link: InLink, req_id: int, status: int, payload: bytes) -> None:
+    def _send_reply(
+        self, link: InLink, slot: int, req_id: int, status: int, payload: bytes
+    ) -> None:
         link.send_seq += 1
         seq = link.send_seq
-        header = encode_header(_REPLY, 0, seq)
+        header = encode_header(_REPLY, slot, seq)  # in the request's scope, under its keys
         body = encode_reply(req_id, status, payload)
         self.in_frames.append(
-            (link.routing_id, header + link.send_sealers[0].seal(header, seq, body))
+            (link.routing_id, header + link.send_sealers[slot].seal(header, seq, body))
         )
 
     # ----------------------------------------------------------------- frames in
@@ -313,7 +318,11 @@ class MeshCore:
             kind, scope, seq = decode_header(frame, self._max_frame)
             if link.state is LinkState.HANDSHAKING:
                 if kind == Kind.WELCOME:
-                    self._on_welcome(link, self._codec.unpack(frame[HEADER_SIZE:], kind), now)
+                    try:
+                        self._on_welcome(link, self._codec.unpack(frame[HEADER_SIZE:], kind), now)
+                    except ProtocolError as exc:  # a peer that cannot handshake is no peer
+                        self._close_out(link, now, exc.reason)
+                        raise
                 elif kind == Kind.REFUSE:
                     env = self._codec.unpack(frame[HEADER_SIZE:], kind)
                     self._close_out(link, now, f"refused: {env[0][:100]}")
@@ -386,23 +395,29 @@ class MeshCore:
                 (routing_id, encode_header(Kind.REFUSE, 0, 0) + self._codec.pack(["closing"]))
             )
             return
+        peer_public = env[3].get("kx")
+        if type(peer_public) is not bytes:
+            raise ProtocolError("bad_handshake", "no key agreement")
         nonce = self._randbytes(NONCE_SIZE)
+        keys = self._security.begin()
+        keys.establish(peer_public, nonce, peer_nonce)
         scopes: list[str | None] = [None]
+        handles: list[object | None] = [None]
         tags: list[bytes] = []
         for cluster in self.clusters:
-            tag = self._security.offer_tag(cluster, nonce, peer_nonce)
-            if tag is not None:
+            for tag, handle in self._security.offers(cluster, nonce, peer_nonce):
                 scopes.append(cluster)
+                handles.append(handle)
                 tags.append(tag)
         # An older link of the same peer is kept: the peer may still use it (it reached us under
         # two names and kept the first) or it is dead and falls silent; replies follow requests.
         link = InLink(routing_id, peer_id, peer_endpoint, nonce, peer_nonce, now, scopes)
-        for slot, scope in enumerate(scopes):
-            link.send_sealers[slot] = self._security.sealer(scope, nonce, peer_nonce, False)
-            link.recv_sealers[slot] = self._security.sealer(scope, nonce, peer_nonce, True)
+        for slot, handle in enumerate(handles):
+            link.send_sealers[slot] = keys.sealer(handle, False)
+            link.recv_sealers[slot] = keys.sealer(handle, True)
         self._in[routing_id] = link
         self._in_by_peer[peer_id] = link
-        body = self._codec.pack([self.node_id, nonce, self.endpoint, tags, {}])
+        body = self._codec.pack([self.node_id, nonce, self.endpoint, tags, {"kx": keys.public}])
         self.in_frames.append((routing_id, encode_header(Kind.WELCOME, 0, 0) + body))
         self._send_in(link, Kind.PEERS, self._peer_list())
         self.add_candidate(peer_endpoint, now)  # dial back: requests flow on dialled links
@@ -415,15 +430,19 @@ class MeshCore:
         if peer_id in self._peers:  # another endpoint of a peer already linked
             self._close_out(link, now, "duplicate")
             return
+        peer_public = env[4].get("kx")
+        keys = link.keys
+        if type(peer_public) is not bytes or keys is None:
+            raise ProtocolError("bad_handshake", "no key agreement")
+        keys.establish(peer_public, peer_nonce, link.nonce)
         link.peer_id = peer_id
         link.peer_nonce = peer_nonce
         link.offers = {tag: slot for slot, tag in enumerate(tags, start=1)}
-        link.send_sealers[0] = self._security.sealer(None, peer_nonce, link.nonce, True)
-        link.recv_sealers[0] = self._security.sealer(None, peer_nonce, link.nonce, False)
+        link.send_sealers[0] = keys.sealer(None, True)
+        link.recv_sealers[0] = keys.sealer(None, False)
         link.state = LinkState.UP
         link.last_heard = now
         link.last_ping = now
-        link.latency = self._typical_latency()
         self._peers[peer_id] = link
         record = self._dials.get(link.endpoint)
         if record is not None:
@@ -455,18 +474,21 @@ class MeshCore:
             self._forget_replies(link.peer_id, acks)
         if len(payload) > self.config.max_payload:
             raise ProtocolError("oversize", f"payload of {len(payload)} bytes")
-        token = (link.peer_id, req_id)
-        cached = self._replies.get(token)
+        key = (link.peer_id, req_id)
+        cached = self._replies.get(key)
         if cached is not None:
             self.stats["requests_duplicate"] += 1
             cached.routing_id = link.routing_id  # the resend's link is the one to answer on
+            cached.slot = slot
             if cached.status >= 0:
-                self._send_reply(link, req_id, cached.status, cached.payload)
+                self._send_reply(link, slot, req_id, cached.status, cached.payload)
             return
-        self._replies.start(token, now + timeout_ms / 1000 + 1.0, link.routing_id)
+        self._replies.start(key, now + timeout_ms / 1000 + 1.0, link.routing_id, slot)
         cluster = link.scopes[slot]
         assert cluster is not None
-        self.events.append(RequestArrived(token, cluster, payload))
+        self.events.append(
+            RequestArrived((link.peer_id, req_id, link.routing_id, slot), cluster, payload)
+        )
 
     def _forget_replies(self, peer_id: bytes, acks: Iterable[int]) -> None:
         discard = self._replies.discard
@@ -554,15 +576,15 @@ class MeshCore:
     def _slot(self, link: OutLink, cluster: str) -> int:
         slot = link.clusters.get(cluster)
         if slot is None:
-            tag = self._security.offer_tag(cluster, link.peer_nonce, link.nonce)
-            if tag is None:
+            if not self._security.has_key(cluster):
                 raise NoKey(cluster)
-            slot = link.offers.get(tag, 0)
+            found = self._security.match(cluster, link.peer_nonce, link.nonce, link.offers)
+            slot = 0
+            if found is not None and link.keys is not None:
+                slot, handle = found
+                link.send_sealers[slot] = link.keys.sealer(handle, True)
+                link.recv_sealers[slot] = link.keys.sealer(handle, False)  # its replies
             link.clusters[cluster] = slot
-            if slot and slot not in link.send_sealers:
-                link.send_sealers[slot] = self._security.sealer(
-                    cluster, link.peer_nonce, link.nonce, True
-                )
         return slot
 
     def _close_out(self, link: OutLink, now: float, reason: str) -> None:
@@ -606,10 +628,6 @@ class MeshCore:
         self._in.pop(link.routing_id, None)
         if self._in_by_peer.get(link.peer_id) is link:
             del self._in_by_peer[link.peer_id]
-
-    def _typical_latency(self) -> float:
-        samples = sorted(p.latency for p in self._peers.values() if p.latency > 0)
-        return samples[len(samples) // 2] if samples else 0.001
 
     def _peer_list(self) -> list[list[Any]]:
         peers = [[p.peer_id, p.endpoint] for p in self._peers.values()]

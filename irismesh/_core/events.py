@@ -11,12 +11,15 @@ from dataclasses import dataclass
 
 from irismesh.errors import MeshError
 
+# (caller node id, request id, link it came on, scope slot there): what a reply needs.
+Token = tuple[bytes, int, bytes, int]
+
 
 @dataclass(slots=True)
 class RequestArrived:
     """A request for one of this node's clusters; answer it with `MeshCore.reply(token, ...)`."""
 
-    token: tuple[bytes, int]  # (caller node id, request id)
+    token: Token
     cluster: str
     payload: bytes
 

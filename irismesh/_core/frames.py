@@ -66,7 +66,8 @@ NODE_ID_SIZE: Final = 16
 NONCE_SIZE: Final = 16
 MAX_ENDPOINT: Final = 256
 MAX_PEERS_PER_FRAME: Final = 128  # x (16 B id + 256 B endpoint) fits CONTROL_ALLOWANCE
-MAX_OFFERS: Final = 64
+MAX_OFFERS: Final = 128  # two keys (a rotation) for each of at most 64 clusters
+MAX_CLUSTERS: Final = 64
 
 
 REQUEST_FIELDS: Final = struct.Struct("!QIB")
@@ -137,7 +138,8 @@ class BodyCodec:
         self._limits = {
             "max_bin_len": 64,
             "max_str_len": 4096,
-            "max_array_len": max(MAX_PEERS_PER_FRAME, MAX_OFFERS, 16),
+            # Above every shape's own limit, so _check_shape names the offence.
+            "max_array_len": 2 * max(MAX_PEERS_PER_FRAME, MAX_OFFERS),
             "max_map_len": 64,
             "max_ext_len": 0,
         }

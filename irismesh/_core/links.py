@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from irismesh._core.sealing import Sealer
+from irismesh._core.sealing import LinkKeys, Sealer
 
 
 class LinkState(enum.Enum):
@@ -50,6 +50,7 @@ class OutLink:
     last_sample: float = 0.0
     peer_load: int = 0
     acks: list[int] = field(default_factory=list)  # replies received, not yet acknowledged
+    keys: LinkKeys | None = None
     send_sealers: dict[int, Sealer] = field(default_factory=dict)
     recv_sealers: dict[int, Sealer] = field(default_factory=dict)
 

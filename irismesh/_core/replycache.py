@@ -22,6 +22,7 @@ RequestKey = tuple[bytes, int]  # (caller node id, request id)
 class CachedReply:
     expires: float
     routing_id: bytes  # the link the request (or its latest resend) arrived on
+    slot: int  # and its scope slot there
     status: int = -1  # -1 while the handler runs
     payload: bytes = b""
 
@@ -46,8 +47,10 @@ class ReplyCache:
     def get(self, key: RequestKey) -> CachedReply | None:
         return self._entries.get(key)
 
-    def start(self, key: RequestKey, expires: float, routing_id: bytes = b"") -> CachedReply:
-        entry = CachedReply(expires, routing_id)
+    def start(
+        self, key: RequestKey, expires: float, routing_id: bytes = b"", slot: int = 0
+    ) -> CachedReply:
+        entry = CachedReply(expires, routing_id, slot)
         self._entries[key] = entry
         if len(self._entries) > self.max_entries:
             self._evict_one()

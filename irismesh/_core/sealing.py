@@ -1,24 +1,30 @@
 """The sealing seam: every frame's body passes through a `Sealer`, the header as associated data.
 
-The core never chooses keys or ciphers. A `LinkSecurity` (implemented in `irismesh.security`)
-answers two questions during and after a link's handshake:
+The core never sees keys or ciphers. A `LinkSecurity` (implemented in `irismesh.security`)
+makes the key-dependent decisions of a node's links:
 
-- `offer_tag(cluster, listener_nonce, dialler_nonce)`: a 16-byte tag that proves possession of
-  the cluster's key bound to this link's fresh nonces, or None without a key. Tags are all a
-  peer ever sees of the clusters a node serves: without the key a tag is noise.
-- `sealer(scope, listener_nonce, dialler_nonce, from_dialler)`: the sealer of the frames that
-  flow one way (`from_dialler`: dialler to listener) in one scope of one link (`scope` is None
-  for the link's own control traffic). Both ends ask with the same arguments for the same
-  direction, and the two directions always differ, so each direction has keys of its own and
-  both may count `seq` from 1 without ever reusing an AEAD nonce.
+- `begin()` starts the key agreement of one link end (`LinkKeys`): its `public` bytes travel in
+  HELLO or WELCOME, and `establish(peer_public, listener_nonce, dialler_nonce)` completes it.
+  The link's own control traffic (pings, peer lists, goodbyes) is sealed under the agreed key.
+- `offers(cluster, ...)`: the listener's offer tags for a cluster it serves, one per key it
+  accepts for it (two during a rotation), each a MAC under that key over the link's fresh
+  nonces. Tags are all a peer ever sees of the clusters a node serves: without the key a tag is
+  noise, and a recorded tag is useless on another link.
+- `match(cluster, ...)`: the dialler's side: which offered tag (if any) was made with a key it
+  holds for the cluster, and an opaque handle naming that key.
+- `LinkKeys.sealer(handle, from_dialler)`: the sealer of the frames that flow one way
+  (`from_dialler`: dialler to listener) in one scope: the link's (handle None) or a cluster key's.
+  Both ends ask with the same arguments for the same direction and the two directions always
+  differ, so each direction has keys of its own and both may count `seq` from 1 without ever
+  reusing an AEAD nonce. Keys are fresh per link, so counters restart safely after a restart.
 
-Nonce discipline belongs to the sealer: the core hands it the frame's `seq`, which is strictly
-increasing per link and direction and is checked on receipt (replays and reordering are
-rejected before the envelope is decoded).
+Nonce discipline belongs to the sealer: the core hands it the frame's `seq`, strictly
+increasing per link and direction and checked on receipt (replays and reordering are rejected).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 
@@ -32,16 +38,41 @@ class Sealer(Protocol):
         ...
 
 
+class LinkKeys(Protocol):
+    """The key agreement and sealers of one end of one link."""
+
+    @property
+    def public(self) -> bytes: ...
+
+    def establish(self, peer_public: bytes, listener_nonce: bytes, dialler_nonce: bytes) -> None:
+        """Complete the agreement, or raise ProtocolError('bad_handshake')."""
+        ...
+
+    def sealer(self, handle: object | None, from_dialler: bool) -> Sealer: ...
+
+
 class LinkSecurity(Protocol):
     """Key-dependent decisions of a node's links."""
 
-    def offer_tag(
-        self, cluster: str, listener_nonce: bytes, dialler_nonce: bytes
-    ) -> bytes | None: ...
+    def begin(self) -> LinkKeys: ...
 
-    def sealer(
-        self, scope: str | None, listener_nonce: bytes, dialler_nonce: bytes, from_dialler: bool
-    ) -> Sealer: ...
+    def has_key(self, cluster: str) -> bool: ...
+
+    def offers(
+        self, cluster: str, listener_nonce: bytes, dialler_nonce: bytes
+    ) -> list[tuple[bytes, object]]:
+        """(tag, key handle) for each key accepted for `cluster`; empty without a key."""
+        ...
+
+    def match(
+        self,
+        cluster: str,
+        listener_nonce: bytes,
+        dialler_nonce: bytes,
+        offered: Mapping[bytes, int],
+    ) -> tuple[int, object] | None:
+        """(slot, key handle) of an offered tag made with a key we hold, primary key first."""
+        ...
 
 
 class NullSealer:

@@ -14,9 +14,7 @@ Members answer requests through a handler: `echo` answers at once with b"re:" + 
 
 from __future__ import annotations
 
-import hashlib
 import heapq
-import hmac
 import itertools
 import random
 from collections import Counter
@@ -35,10 +33,10 @@ from irismesh._core.events import (
     ReplyArrived,
     RequestArrived,
     RequestFailed,
+    Token,
 )
 from irismesh._core.frames import Kind
 from irismesh._core.sealing import LinkSecurity
-from irismesh.errors import ProtocolError
 from irismesh.security.keyring import Keyring
 from irismesh.security.linksecurity import KeyedLinkSecurity
 
@@ -58,50 +56,8 @@ def hold(node: MemNode, event: RequestArrived) -> None:
 # ---------------------------------------------------------------------- a checking sealer
 
 
-class MacSealer:
-    """Integrity only: body + HMAC(header + body). Any change to a frame fails to open."""
-
-    __slots__ = ("_key",)
-
-    def __init__(self, key: bytes) -> None:
-        self._key = key
-
-    def seal(self, header: bytes, seq: int, body: bytes) -> bytes:
-        return body + hmac.new(self._key, header + body, hashlib.sha256).digest()[:16]
-
-    def open(self, header: bytes, seq: int, sealed: bytes) -> bytes:
-        body, tag = sealed[:-16], sealed[-16:]
-        expected = hmac.new(self._key, header + body, hashlib.sha256).digest()[:16]
-        if len(sealed) < 16 or not hmac.compare_digest(tag, expected):
-            raise ProtocolError("bad_seal")
-        return body
-
-
-class MacLinkSecurity:
-    """KeyedLinkSecurity's offer tags with sealers that really reject tampered frames.
-
-    The shipped KeyedLinkSecurity seals with the null sealer until its AEAD lands, so a
-    tampered body opens fine there; tests of "a bad frame changes nothing" need a sealer that
-    honours the `Sealer` contract. Both directions share a key: the seam does not tell a
-    sealer which end of the link it serves (see test_engine's sealing-seam test).
-    """
-
-    __slots__ = ("_keyed", "_keyring")
-
-    def __init__(self, keyring: Keyring) -> None:
-        self._keyed = KeyedLinkSecurity(keyring)
-        self._keyring = keyring
-
-    def offer_tag(self, cluster: str, listener_nonce: bytes, dialler_nonce: bytes) -> bytes | None:
-        return self._keyed.offer_tag(cluster, listener_nonce, dialler_nonce)
-
-    def sealer(
-        self, scope: str | None, listener_nonce: bytes, dialler_nonce: bytes, outbound: bool
-    ) -> MacSealer:
-        key = self._keyring.primary(scope or "*")
-        secret = key.secret if key is not None else b"link"
-        info = (scope or "").encode() + b"\x00" + listener_nonce + dialler_nonce
-        return MacSealer(hmac.new(secret, info, hashlib.sha256).digest())
+class MacLinkSecurity(KeyedLinkSecurity):
+    """The shipped security (X25519 link keys, AES-256-GCM): any change to a frame fails."""
 
 
 # ---------------------------------------------------------------------- the network
@@ -155,7 +111,7 @@ class MemNode:
     backlog: list[tuple[Conn, bool, bytes, float]] = field(default_factory=list)
     log: list[tuple[float, Event]] = field(default_factory=list)
     arrived: list[RequestArrived] = field(default_factory=list)
-    held: list[tuple[bytes, int]] = field(default_factory=list)
+    held: list[Token] = field(default_factory=list)
     replies: dict[int, list[ReplyArrived]] = field(default_factory=dict)
     failures: dict[int, list[RequestFailed]] = field(default_factory=dict)
     conns: dict[int, Conn] = field(default_factory=dict)

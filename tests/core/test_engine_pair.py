@@ -73,7 +73,12 @@ def test_request_reaches_a_member_and_its_reply_comes_back() -> None:
     net = MemNet(seed=2)
     client, member = pair(net)
     req_id = net.request(client, "db", b"GET k", timeout=1.0)
-    assert member.arrived == [RequestArrived((client.node_id, req_id), "db", b"GET k")]
+    [arrived] = member.arrived
+    assert (arrived.token[:2], arrived.cluster, arrived.payload) == (
+        (client.node_id, req_id),
+        "db",
+        b"GET k",
+    )
     [reply] = client.replies[req_id]
     assert (reply.status, reply.payload) == (STATUS_OK, b"re:GET k")
     assert client.core.pending_count == 0
@@ -239,7 +244,7 @@ def test_failover_resends_a_dead_members_requests_to_the_others() -> None:
     net.advance(0.5)
     assert len(client.core.members("db")) == 3
     ids = {net.request(client, "db", b"%d" % i, timeout=5.0): b"%d" % i for i in range(60)}
-    held = {req_id for _caller, req_id in doomed.held}
+    held = {token[1] for token in doomed.held}
     assert 10 <= len(held) <= 30  # spread by outstanding work
     for member in others:  # the live members answer, and from now on at once
         for event in member.arrived:

@@ -263,7 +263,7 @@ def test_bad_magic_version_kind() -> None:
         b"\x91" * 5000 + b"\xc0",  # nested deeper than any unpacker stack
         msgpack.packb([b"x" * (MAX_PAYLOAD + 1)], use_bin_type=True),  # bin over the limit
         msgpack.packb(["x" * 4097]),  # str over the limit
-        msgpack.packb([0] * (MAX_PEERS_PER_FRAME + 1)),  # array over the limit
+        msgpack.packb([0] * (2 * max(MAX_PEERS_PER_FRAME, MAX_OFFERS) + 1)),  # array over the limit
     ],
 )
 def test_bad_body(body: bytes) -> None:

@@ -311,3 +311,29 @@ def test_default_bind_is_loopback(keys: irismesh.Keyring) -> None:
             assert socket.inet_aton(host)
 
     run(main())
+
+
+def test_a_node_with_another_key_can_neither_see_nor_serve_the_cluster(
+    keys: irismesh.Keyring,
+) -> None:
+    """Same cluster name, different key: no membership either way, nothing leaks."""
+
+    async def main() -> None:
+        rogue_keys = irismesh.Keyring.generate()
+        async with irismesh.Node("db", keyring=keys) as member:
+            member.on_request(lambda payload: b"real:" + payload)
+            async with (
+                irismesh.Node("db", keyring=rogue_keys, seeds=[member.endpoint]) as rogue,
+                irismesh.Node(keyring=keys, seeds=[member.endpoint, rogue.endpoint]) as client,
+            ):
+                rogue.on_request(lambda payload: b"rogue:" + payload)
+                await client.wait_for_members("db", timeout=5)
+                await wait_until(lambda: len(client.peers()) == 2, 5, "the client to link both")
+                assert client.members("db") == [member.node_id.hex()]
+                assert rogue.members("db") == []
+                for i in range(30):
+                    assert await client.request("db", b"%d" % i) == b"real:%d" % i
+                with pytest.raises(irismesh.NoResponders):
+                    await rogue.request("db", b"steal")
+
+    run(main())
