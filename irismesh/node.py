@@ -39,13 +39,31 @@ from irismesh.errors import (
     Closed,
     ConfigurationError,
     MembershipTimeout,
+    MeshError,
+    NoResponders,
+    PayloadTooLarge,
     RemoteError,
+    RequestTimeout,
 )
 from irismesh.patterns.reqrep import HandlerRunner, RequestHandler
 from irismesh.security.keyring import Keyring
 from irismesh.security.linksecurity import KeyedLinkSecurity
+from irismesh.telemetry.recorder import Recorder
+from irismesh.telemetry.schema import MembershipEvent, Outcome
+from irismesh.telemetry.spool import SpoolWriter
 
 H = TypeVar("H", bound=RequestHandler)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TelemetryConfig:
+    """Where and how a node spools its telemetry records (see irismesh.telemetry)."""
+
+    spool_dir: str | os.PathLike[str]
+    sample_every: int = 10  # one per-message record in this many (counters are exact)
+    gauge_interval: float = 2.0  # seconds between gauge records and spool flushes
+    max_file_age: float = 5.0  # a spool file is completed (renamed) at least this often
+
 
 DEFAULT_BIND = "tcp://127.0.0.1:0"
 
@@ -76,6 +94,7 @@ class Node:
         config: CoreConfig | None = None,
         default_timeout: float = 5.0,
         sealing: bool = True,
+        telemetry: TelemetryConfig | bool = True,
     ) -> None:
         if keyring is None:
             keyring = Keyring.from_env()
@@ -108,8 +127,14 @@ class Node:
         self._driver: Driver | None = None
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
         self._survey: SurveyDiscovery | None = None
-        self._waiting: dict[int, tuple[asyncio.Future[bytes], str]] = {}
-        self._runner = HandlerRunner(self._reply, self._reply_error, self._flush_soon)
+        self._waiting: dict[int, tuple[asyncio.Future[bytes], str, float]] = {}
+        self._telemetry = telemetry if isinstance(telemetry, TelemetryConfig) else None
+        # Exact counters and histograms unless telemetry=False; records only with a spool.
+        self.recorder: Recorder | None = Recorder(self.node_id.hex()) if telemetry else None
+        self._telemetry_task: asyncio.Task[None] | None = None
+        self._reported_drops: dict[str, int] = {}
+        served = self._served if self.recorder is not None else None
+        self._runner = HandlerRunner(self._reply, self._reply_error, self._flush_soon, served)
         self._membership_changed: asyncio.Event | None = None
         self._peer_listeners: list[Callable[[Event], None]] = []
         self._closing = False
@@ -153,6 +178,13 @@ class Node:
             self._core.add_candidate(seed, now, seed=True)
         self._driver.process()
         self._driver.start()
+        if self._telemetry is not None and self.recorder is not None:
+            config = self._telemetry
+            self.recorder.writer = SpoolWriter(
+                config.spool_dir, self.node_id.hex(), max_age=config.max_file_age
+            )
+            self.recorder.set_sampling(config.sample_every)
+            self._telemetry_task = loop.create_task(self._telemetry_loop(config.gauge_interval))
         if self._survey_config is not None:
             self._survey = SurveyDiscovery(
                 node_id=self.node_id,
@@ -174,18 +206,26 @@ class Node:
         self._closing = True
         if self._survey is not None:
             await self._survey.close()
+        if self._telemetry_task is not None:
+            self._telemetry_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._telemetry_task
         await self._runner.close()
         if self._core is not None and self._driver is not None:
             self._core.close()
             self._driver.process()
             self._driver.close()
-        for fut, _cluster in self._waiting.values():
+        for fut, _cluster, _started in self._waiting.values():
             if not fut.done():
                 fut.set_exception(Closed("node closed"))
         self._waiting.clear()
         if self._ctx is not None:
             ctx, self._ctx = self._ctx, None
             await asyncio.get_running_loop().run_in_executor(None, ctx.term)
+        writer = self.recorder.writer if self.recorder is not None else None
+        if writer is not None:
+            self._record_gauges()
+            await asyncio.get_running_loop().run_in_executor(None, writer.close)
 
     async def __aenter__(self) -> Node:
         return await self.start()
@@ -231,9 +271,14 @@ class Node:
             payload = _as_bytes(payload)
         loop = driver._loop
         now = loop.time()
-        req_id = core.request(cluster, payload, timeout, now)
+        try:
+            req_id = core.request(cluster, payload, timeout, now)
+        except MeshError as exc:
+            if self.recorder is not None:
+                self.recorder.request(cluster, None, 0.0, len(payload), _outcome(exc))
+            raise
         fut: asyncio.Future[bytes] = loop.create_future()
-        self._waiting[req_id] = (fut, cluster)
+        self._waiting[req_id] = (fut, cluster, now)
         driver.flush()
         if now + timeout < driver._timer_at:
             driver.arm(now + timeout)
@@ -306,26 +351,85 @@ class Node:
 
     def _on_events(self, events: list[Event]) -> None:
         waiting = self._waiting
+        recorder = self.recorder
+        now = self._driver._loop.time() if self._driver is not None else 0.0
         for event in events:
             if type(event) is ReplyArrived:
                 entry = waiting.pop(event.req_id, None)
-                if entry is not None and not entry[0].done():
-                    if event.status == STATUS_OK:
-                        entry[0].set_result(event.payload)
-                    else:
-                        kind, message = unpack_error(event.payload)
-                        entry[0].set_exception(RemoteError(entry[1], kind, message))
+                if entry is None:
+                    continue
+                fut, cluster, started = entry
+                if event.status == STATUS_OK:
+                    if not fut.done():
+                        fut.set_result(event.payload)
+                    outcome = _OK
+                else:
+                    kind, message = unpack_error(event.payload)
+                    if not fut.done():
+                        fut.set_exception(RemoteError(cluster, kind, message))
+                    outcome = _REMOTE_ERROR
+                if recorder is not None:
+                    recorder.request(
+                        cluster, event.peer, now - started, len(event.payload), outcome
+                    )
             elif type(event) is RequestArrived:
                 self._runner.run(event)
             elif type(event) is RequestFailed:
                 entry = waiting.pop(event.req_id, None)
-                if entry is not None and not entry[0].done():
-                    entry[0].set_exception(event.error)
+                if entry is not None:
+                    if not entry[0].done():
+                        entry[0].set_exception(event.error)
+                    if recorder is not None:
+                        outcome = _outcome(event.error)
+                        recorder.request(entry[1], None, now - entry[2], 0, outcome)
             elif type(event) is PeerUp or type(event) is PeerDown:
                 if self._membership_changed is not None:
                     self._membership_changed.set()
+                if recorder is not None:
+                    if isinstance(event, PeerUp):
+                        membership = MembershipEvent.JOIN
+                    elif event.reason == "left":
+                        membership = MembershipEvent.LEAVE
+                    else:
+                        membership = MembershipEvent.DEAD
+                    recorder.membership(membership, event.node_id)
                 for listener in self._peer_listeners:
                     listener(event)
+
+    def _served(self, event: RequestArrived, seconds: float, size: int, ok: bool) -> None:
+        if self.recorder is not None:
+            outcome = _OK if ok else _REMOTE_ERROR
+            self.recorder.serve(event.cluster, event.token[0], seconds, size, outcome)
+
+    def _record_gauges(self) -> None:
+        recorder, core = self.recorder, self._core
+        if recorder is None or core is None:
+            return
+        stats = core.stats
+        for name, count in stats.items():
+            if name.startswith("dropped_") or name == "replies_unroutable":
+                delta = count - self._reported_drops.get(name, 0)
+                if delta:
+                    self._reported_drops[name] = count
+                    recorder.drop(name.removeprefix("dropped_"), delta)
+        recorder.gauges(
+            {
+                "requests_in_flight": core.pending_count,
+                "handlers_running": self._runner.running,
+                "peers": len(core.peers()),
+                "reply_cache_entries": len(core.reply_cache),
+                "rss_bytes": _rss_bytes(),
+            }
+        )
+
+    async def _telemetry_loop(self, interval: float) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(interval)
+            self._record_gauges()
+            writer = self.recorder.writer if self.recorder is not None else None
+            if writer is not None:
+                await loop.run_in_executor(None, writer.flush)
 
     def _reply(self, token: Token, payload: bytes) -> None:
         if self._core is not None and not self._closing:
@@ -344,6 +448,29 @@ class Node:
             return
         self._core.add_candidate(endpoint, self._driver._loop.time())
         self._driver.process()
+
+
+_OK, _REMOTE_ERROR = str(Outcome.OK), str(Outcome.REMOTE_ERROR)
+
+
+def _outcome(error: BaseException) -> str:
+    if isinstance(error, RequestTimeout):
+        return str(Outcome.TIMEOUT)
+    if isinstance(error, NoResponders):
+        return str(Outcome.NO_RESPONDERS)
+    if isinstance(error, Closed):
+        return str(Outcome.CLOSED)
+    if isinstance(error, PayloadTooLarge):
+        return str(Outcome.TOO_LARGE)
+    return str(Outcome.DROPPED)
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _as_bytes(payload: Any) -> bytes:
@@ -367,4 +494,4 @@ def _check_endpoint(endpoint: str) -> str:
     return endpoint
 
 
-__all__ = ["Node", "PeerInfo"]
+__all__ = ["Node", "PeerInfo", "TelemetryConfig"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -23,24 +24,33 @@ from irismesh._core.events import RequestArrived, Token
 RequestHandler = Callable[[bytes], Awaitable[bytes | bytearray | memoryview] | bytes]
 Reply = Callable[[Token, bytes], None]
 ReplyError = Callable[[Token, BaseException], None]
+# (event, seconds the handler took, reply size, whether it succeeded): for telemetry
+Served = Callable[[RequestArrived, float, int, bool], None]
 
 
 class HandlerRunner:
     """Runs one node's request handler for each RequestArrived."""
 
-    def __init__(self, reply: Reply, reply_error: ReplyError, after_async: Callable[[], None]):
+    def __init__(
+        self,
+        reply: Reply,
+        reply_error: ReplyError,
+        after_async: Callable[[], None],
+        served: Served | None = None,
+    ) -> None:
         self._reply = reply
         self._reply_error = reply_error
         self._after_async = after_async  # flush what a handler finishing in a Task queued
+        self._served = served
         self.handler: RequestHandler | None = None
         self.tasks: set[asyncio.Task[None]] = set()
         self.running = 0  # handlers suspended in a Task
 
     def run(self, event: RequestArrived) -> None:
-        token = event.token
+        started = time.monotonic()
         handler = self.handler
         if handler is None:
-            self._reply_error(token, LookupError("this member has no request handler"))
+            self._fail(event, started, LookupError("this member has no request handler"))
             return
         try:
             result = handler(event.payload)
@@ -48,25 +58,31 @@ class HandlerRunner:
                 try:
                     yielded = result.send(None)
                 except StopIteration as stop:
-                    self._finish(token, stop.value)
+                    self._finish(event, started, stop.value)
                     return
-                self.running += 1
-                task = asyncio.get_running_loop().create_task(self._resume(token, result, yielded))
-                self.tasks.add(task)
-                task.add_done_callback(self.tasks.discard)
+                loop = asyncio.get_running_loop()
+                self._track(loop.create_task(self._resume(event, started, result, yielded)))
                 return
             if inspect.isawaitable(result):
-                task = asyncio.ensure_future(self._await(token, result))
-                self.running += 1
-                self.tasks.add(task)
-                task.add_done_callback(self.tasks.discard)
+                self._track(asyncio.ensure_future(self._await(event, started, result)))
                 return
         except Exception as exc:
-            self._reply_error(token, exc)
+            self._fail(event, started, exc)
             return
-        self._finish(token, result)
+        self._finish(event, started, result)
 
-    async def _resume(self, token: Token, coro: Coroutine[Any, Any, Any], yielded: Any) -> None:
+    def _track(self, task: asyncio.Future[None]) -> None:
+        self.running += 1
+        self.tasks.add(task)  # type: ignore[arg-type]
+        task.add_done_callback(self.tasks.discard)
+
+    async def _resume(
+        self,
+        event: RequestArrived,
+        started: float,
+        coro: Coroutine[Any, Any, Any],
+        yielded: Any,
+    ) -> None:
         try:
             while True:
                 try:
@@ -84,36 +100,47 @@ class HandlerRunner:
                 try:
                     yielded = coro.send(None)
                 except StopIteration as stop:
-                    self._finish(token, stop.value)
+                    self._finish(event, started, stop.value)
                     return
                 except asyncio.CancelledError:
-                    self._reply_error(token, ConnectionAbortedError("member is shutting down"))
+                    error = ConnectionAbortedError("member is shutting down")
+                    self._fail(event, started, error)
                     return
                 except Exception as exc:
-                    self._reply_error(token, exc)
+                    self._fail(event, started, exc)
                     return
         finally:
             self.running -= 1
             self._after_async()
 
-    async def _await(self, token: Token, awaitable: Awaitable[Any]) -> None:
+    async def _await(
+        self, event: RequestArrived, started: float, awaitable: Awaitable[Any]
+    ) -> None:
         try:
-            self._finish(token, await awaitable)
+            value = await awaitable
         except Exception as exc:
-            self._reply_error(token, exc)
+            self._fail(event, started, exc)
+        else:
+            self._finish(event, started, value)
         finally:
             self.running -= 1
             self._after_async()
 
-    def _finish(self, token: Token, value: object) -> None:
-        if type(value) is bytes:
-            self._reply(token, value)
-        elif isinstance(value, bytearray | memoryview):
-            self._reply(token, bytes(value))
-        else:
-            self._reply_error(
-                token, TypeError(f"request handler returned {type(value).__name__}, not bytes")
-            )
+    def _finish(self, event: RequestArrived, started: float, value: object) -> None:
+        if type(value) is not bytes:
+            if not isinstance(value, bytearray | memoryview):
+                kind = type(value).__name__
+                self._fail(event, started, TypeError(f"request handler returned {kind}, not bytes"))
+                return
+            value = bytes(value)
+        self._reply(event.token, value)
+        if self._served is not None:
+            self._served(event, time.monotonic() - started, len(value), True)
+
+    def _fail(self, event: RequestArrived, started: float, exc: BaseException) -> None:
+        self._reply_error(event.token, exc)
+        if self._served is not None:
+            self._served(event, time.monotonic() - started, 0, False)
 
     async def close(self) -> None:
         for task in list(self.tasks):

@@ -464,7 +464,7 @@ class MeshCore:
         link.outstanding -= 1
         balancer.observe(link, now - request.sent_at)
         link.last_sample = now
-        self.events.append(ReplyArrived(req_id, status, payload))
+        self.events.append(ReplyArrived(req_id, status, payload, link.peer_id))
 
     def _on_request(self, link: InLink, slot: int, body: bytes, now: float) -> None:
         if slot == 0 or slot >= len(link.scopes):

@@ -31,6 +31,7 @@ class ReplyArrived:
     req_id: int
     status: int
     payload: bytes
+    peer: bytes = b""  # the member that answered
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

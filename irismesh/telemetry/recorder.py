@@ -1,0 +1,174 @@
+"""What a node records about itself: exact counters and histograms, sampled records.
+
+Recording sits on the message hot path, so it costs a dict update or two per message:
+
+- `counts`: exact event counts per (kind, cluster, outcome), never sampled;
+- `histograms`: exact latency histograms per (kind, cluster) in power-of-two microsecond
+  buckets (bucket b holds latencies in [2**(b-1), 2**b) us), never sampled;
+- per-message records, one in `sample_every` (weight = sample_every, so Spark's counts stay
+  estimates of the true totals), handed to a `SpoolWriter` whose bounded buffer drops and
+  counts records when full: recording never blocks messaging.
+
+Membership changes and gauges are rare and always recorded. The node flushes the writer to
+disk off the event loop (see `Node`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+
+from irismesh.telemetry.schema import Kind, MembershipEvent, Outcome, Pattern
+from irismesh.telemetry.spool import SpoolWriter
+
+_REQUEST, _SERVE = str(Kind.REQUEST), str(Kind.SERVE)
+_REQREP = str(Pattern.REQREP)
+HISTOGRAM_BUCKETS = 40  # 2**39 us is about six days
+
+
+class Recorder:
+    """One node's telemetry; `writer` None keeps counters and histograms only."""
+
+    __slots__ = (
+        "_clock",
+        "_every",
+        "_served",
+        "_since",
+        "counts",
+        "histograms",
+        "node",
+        "writer",
+    )
+
+    def __init__(
+        self,
+        node: str,
+        writer: SpoolWriter | None = None,
+        *,
+        sample_every: int = 10,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if sample_every < 1:
+            raise ValueError("sample_every must be at least 1")
+        self.node = node
+        self.writer = writer
+        self.counts: dict[tuple[str, str, str], int] = {}
+        self.histograms: dict[tuple[str, str], list[int]] = {}
+        self._every = sample_every
+        self._since = 0
+        self._served = 0
+        self._clock = clock
+
+    def set_sampling(self, sample_every: int) -> None:
+        if sample_every < 1:
+            raise ValueError("sample_every must be at least 1")
+        self._every = sample_every
+
+    def request(
+        self, cluster: str, peer: bytes | None, latency: float, size: int, outcome: str
+    ) -> None:
+        """Caller side: one request ended (`latency` seconds after it was sent)."""
+        key = (_REQUEST, cluster, outcome)
+        counts = self.counts
+        counts[key] = counts.get(key, 0) + 1
+        us = int(latency * 1e6)
+        self._bucket(_REQUEST, cluster, us)
+        self._since += 1
+        if self._since >= self._every and self.writer is not None:
+            self._since = 0
+            self.writer.append(
+                (
+                    self._clock(),
+                    self.node,
+                    _REQUEST,
+                    _REQREP,
+                    cluster,
+                    peer.hex() if peer else None,
+                    us,
+                    size,
+                    outcome,
+                    self._every,
+                    None,
+                    None,
+                )
+            )
+
+    def serve(self, cluster: str, peer: bytes, latency: float, size: int, outcome: str) -> None:
+        """Member side: one handler run ended (`latency` seconds of service time)."""
+        key = (_SERVE, cluster, outcome)
+        counts = self.counts
+        counts[key] = counts.get(key, 0) + 1
+        us = int(latency * 1e6)
+        self._bucket(_SERVE, cluster, us)
+        self._served += 1
+        if self._served >= self._every and self.writer is not None:
+            self._served = 0
+            self.writer.append(
+                (
+                    self._clock(),
+                    self.node,
+                    _SERVE,
+                    _REQREP,
+                    cluster,
+                    peer.hex(),
+                    us,
+                    size,
+                    outcome,
+                    self._every,
+                    None,
+                    None,
+                )
+            )
+
+    def membership(self, event: MembershipEvent, peer: bytes) -> None:
+        self._event(str(Kind.MEMBERSHIP), "", None, peer.hex(), str(event), None)
+
+    def drop(self, reason: str, count: int = 1) -> None:
+        key = (str(Kind.DROP), "", reason)
+        self.counts[key] = self.counts.get(key, 0) + count
+        self._event(str(Kind.DROP), "", None, None, reason, None, weight=count)
+
+    def gauges(self, values: Mapping[str, float]) -> None:
+        for name, value in values.items():
+            self._event(str(Kind.GAUGE), "", None, None, name, float(value))
+
+    def _event(
+        self,
+        kind: str,
+        pattern: str,
+        cluster: str | None,
+        peer: str | None,
+        name: str | None,
+        value: float | None,
+        weight: int = 1,
+    ) -> None:
+        if self.writer is not None:
+            record = (self._clock(), self.node, kind, pattern, cluster, peer)
+            self.writer.append((*record, None, None, str(Outcome.NONE), weight, name, value))
+
+    def _bucket(self, kind: str, cluster: str, us: int) -> None:
+        histogram = self.histograms.get((kind, cluster))
+        if histogram is None:
+            histogram = self.histograms[(kind, cluster)] = [0] * HISTOGRAM_BUCKETS
+        histogram[min(us.bit_length(), HISTOGRAM_BUCKETS - 1)] += 1
+
+    def total(self, kind: str, cluster: str | None = None, outcome: str | None = None) -> int:
+        """Exact count of events of `kind`, optionally of one cluster and outcome."""
+        return sum(
+            n
+            for (k, c, o), n in self.counts.items()
+            if k == kind and (cluster is None or c == cluster) and (outcome is None or o == outcome)
+        )
+
+    def percentile(self, kind: str, cluster: str, q: float) -> float | None:
+        """Upper bound (us) of the histogram bucket holding quantile `q`; None without data."""
+        histogram = self.histograms.get((kind, cluster))
+        if not histogram or not (total := sum(histogram)):
+            return None
+        rank = q * total
+        seen = 0
+        for bucket, n in enumerate(histogram):
+            seen += n
+            if seen >= rank:
+                return float(2**bucket)
+        return float(2 ** (HISTOGRAM_BUCKETS - 1))

@@ -1,0 +1,93 @@
+"""The node's own telemetry: exact counters, and spooled records that agree with them."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import irismesh
+from irismesh.node import TelemetryConfig
+from irismesh.telemetry.spool import SpoolReader
+
+
+def test_spooled_records_agree_with_the_node_counters(
+    keys: irismesh.Keyring, tmp_path: Path
+) -> None:
+    spool = tmp_path / "spool"
+
+    async def main() -> tuple[dict[str, int], dict[str, int]]:
+        config = TelemetryConfig(spool_dir=spool, sample_every=1, gauge_interval=0.2)
+        async with irismesh.Node("db", keyring=keys, telemetry=config) as member:
+
+            @member.on_request
+            def handle(payload: bytes) -> bytes:
+                if payload == b"boom":
+                    raise ValueError("boom")
+                return payload
+
+            async with irismesh.Node(
+                keyring=keys, seeds=[member.endpoint], telemetry=config
+            ) as client:
+                await client.wait_for_members("db", timeout=5)
+                await asyncio.gather(*(client.request("db", b"%d" % i) for i in range(200)))
+                with pytest.raises(irismesh.RemoteError):
+                    await client.request("db", b"boom")
+                with pytest.raises(irismesh.NoResponders):
+                    await client.request("nobody", b"x")
+                assert client.recorder is not None
+                assert member.recorder is not None
+                client_counts = {
+                    f"{k}/{c}/{o}": n for (k, c, o), n in client.recorder.counts.items()
+                }
+            member_counts = {f"{k}/{c}/{o}": n for (k, c, o), n in member.recorder.counts.items()}
+        return client_counts, member_counts
+
+    client_counts, member_counts = asyncio.run(asyncio.wait_for(main(), 30))
+    assert client_counts["request/db/ok"] == 200
+    assert client_counts["request/db/remote_error"] == 1
+    assert client_counts["request/nobody/no_responders"] == 1
+    assert member_counts["serve/db/ok"] == 200
+    assert member_counts["serve/db/remote_error"] == 1
+
+    records = list(SpoolReader(spool))
+    spooled = Counter(
+        (r.kind, r.cluster, r.outcome) for r in records if r.kind in ("request", "serve")
+    )
+    assert spooled[("request", "db", "ok")] == 200  # sample_every=1: every event is a record
+    assert spooled[("serve", "db", "ok")] == 200
+    assert spooled[("request", "nobody", "no_responders")] == 1
+    served = [r for r in records if r.kind == "request" and r.outcome == "ok"]
+    assert all(r.latency_us is not None and r.latency_us > 0 for r in served)
+    assert {r.peer for r in served} == {r.node for r in records if r.kind == "serve"}
+    kinds = Counter(r.kind for r in records)
+    assert kinds["membership"] >= 2  # each side saw the other join (and leave at close)
+    assert kinds["gauge"] >= 5
+    assert not [p for p in spool.iterdir() if not p.name.endswith(".msgpack")], "temp files left"
+
+
+def test_sampling_keeps_counts_exact_and_records_weighted(
+    keys: irismesh.Keyring, tmp_path: Path
+) -> None:
+    spool = tmp_path / "spool"
+
+    async def main() -> int:
+        config = TelemetryConfig(spool_dir=spool, sample_every=10)
+        async with irismesh.Node("db", keyring=keys) as member:
+            member.on_request(lambda payload: payload)
+            async with irismesh.Node(
+                keyring=keys, seeds=[member.endpoint], telemetry=config
+            ) as client:
+                await client.wait_for_members("db", timeout=5)
+                for _ in range(5):
+                    await asyncio.gather(*(client.request("db", b"x") for _ in range(40)))
+                assert client.recorder is not None
+                return client.recorder.total("request", "db", "ok")
+
+    exact = asyncio.run(asyncio.wait_for(main(), 30))
+    assert exact == 200
+    sampled = [r for r in SpoolReader(spool) if r.kind == "request"]
+    assert len(sampled) == 20
+    assert sum(r.weight for r in sampled) == exact
