@@ -11,6 +11,7 @@ from irismesh.errors import (
     AuthenticationError,
     Closed,
     ConfigurationError,
+    MemberLost,
     MembershipTimeout,
     MeshError,
     NoKey,
@@ -22,7 +23,7 @@ from irismesh.errors import (
     RequestError,
     RequestTimeout,
 )
-from irismesh.node import Node, PeerInfo
+from irismesh.node import Node, PeerInfo, SurveyResult, TelemetryConfig
 from irismesh.security.keyring import Keyring, ScopeKey
 
 __version__ = "0.1.0"
@@ -33,6 +34,7 @@ __all__ = [
     "ConfigurationError",
     "CoreConfig",
     "Keyring",
+    "MemberLost",
     "MembershipTimeout",
     "MeshError",
     "NoKey",
@@ -47,5 +49,7 @@ __all__ = [
     "RequestTimeout",
     "ScopeKey",
     "SurveyConfig",
+    "SurveyResult",
+    "TelemetryConfig",
     "__version__",
 ]

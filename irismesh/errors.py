@@ -10,6 +10,7 @@
     ├── RequestError            a request did not produce a reply
     │   ├── NoResponders        the cluster has no live member (known at once, no waiting)
     │   ├── RequestTimeout      no reply within the caller's deadline
+    │   ├── MemberLost          the member a broadcast or survey was sent to left before answering
     │   └── RemoteError         the member's handler raised; carries its message
     ├── AuthenticationError     a peer failed to prove it holds a key
     └── ProtocolError           a peer sent bytes that are not a valid frame (dropped and counted;
@@ -24,6 +25,7 @@ __all__ = [
     "AuthenticationError",
     "Closed",
     "ConfigurationError",
+    "MemberLost",
     "MembershipTimeout",
     "MeshError",
     "NoKey",
@@ -119,6 +121,14 @@ class RequestTimeout(RequestError, TimeoutError):
         )
         self.timeout = timeout
         self.attempts = attempts
+
+
+class MemberLost(RequestError):
+    """The member a broadcast or survey was meant for left or died before answering."""
+
+    def __init__(self, cluster: str, member: str) -> None:
+        super().__init__(f"member {member[:12]} of {cluster!r} left before answering", cluster)
+        self.member = member
 
 
 class RemoteError(RequestError):

@@ -32,7 +32,7 @@ from irismesh._core.events import (
     RequestFailed,
     Token,
 )
-from irismesh._core.frames import MAX_CLUSTERS, STATUS_OK, unpack_error
+from irismesh._core.frames import MAX_CLUSTERS, STATUS_OK, Kind, unpack_error
 from irismesh._driver import Driver
 from irismesh.discovery.survey import SurveyConfig, SurveyDiscovery
 from irismesh.errors import (
@@ -49,10 +49,12 @@ from irismesh.patterns.reqrep import HandlerRunner, RequestHandler
 from irismesh.security.keyring import Keyring
 from irismesh.security.linksecurity import KeyedLinkSecurity
 from irismesh.telemetry.recorder import Recorder
+from irismesh.telemetry.schema import Kind as TelemetryKind
 from irismesh.telemetry.schema import MembershipEvent, Outcome
 from irismesh.telemetry.spool import SpoolWriter
 
 H = TypeVar("H", bound=RequestHandler)
+B = TypeVar("B", bound=Callable[[bytes], Any])
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,6 +68,15 @@ class TelemetryConfig:
 
 
 DEFAULT_BIND = "tcp://127.0.0.1:0"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SurveyResult:
+    """What `Node.survey` gathered: answers by member (hex id), and who did not answer."""
+
+    answers: dict[str, bytes]
+    errors: dict[str, MeshError]  # members whose handler raised (RemoteError) or who left
+    missing: list[str]  # members that did not answer within the timeout
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -127,7 +138,8 @@ class Node:
         self._driver: Driver | None = None
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
         self._survey: SurveyDiscovery | None = None
-        self._waiting: dict[int, tuple[asyncio.Future[bytes], str, float]] = {}
+        # req id -> (future, cluster, sent at, telemetry kind)
+        self._waiting: dict[int, tuple[asyncio.Future[bytes], str, float, str]] = {}
         self._telemetry = telemetry if isinstance(telemetry, TelemetryConfig) else None
         # Exact counters and histograms unless telemetry=False; records only with a spool.
         self.recorder: Recorder | None = Recorder(self.node_id.hex()) if telemetry else None
@@ -135,6 +147,10 @@ class Node:
         self._reported_drops: dict[str, int] = {}
         served = self._served if self.recorder is not None else None
         self._runner = HandlerRunner(self._reply, self._reply_error, self._flush_soon, served)
+        self._broadcasts = HandlerRunner(
+            self._reply, self._reply_error, self._flush_soon, served, ack_only=True
+        )
+        self._surveys: HandlerRunner | None = None  # None: surveys go to the request handler
         self._membership_changed: asyncio.Event | None = None
         self._peer_listeners: list[Callable[[Event], None]] = []
         self._closing = False
@@ -215,7 +231,7 @@ class Node:
             self._core.close()
             self._driver.process()
             self._driver.close()
-        for fut, _cluster, _started in self._waiting.values():
+        for fut, _cluster, _started, _kind in self._waiting.values():
             if not fut.done():
                 fut.set_exception(Closed("node closed"))
         self._waiting.clear()
@@ -251,13 +267,43 @@ class Node:
         self._runner.handler = handler
         return handler
 
+    def on_broadcast(self, handler: B) -> B:
+        """Decorator: `handler(payload)` (sync or async) gets every broadcast to this member.
+
+        The caller learns that this member received a broadcast once the handler has returned.
+        """
+        if not self.clusters:
+            raise ConfigurationError("a node without a cluster gets no broadcasts: pass cluster=")
+        self._broadcasts.handler = handler
+        return handler
+
+    def on_survey(self, handler: H) -> H:
+        """Decorator: `handler(payload) -> bytes` answers surveys (default: the request handler)."""
+        if not self.clusters:
+            raise ConfigurationError("a node without a cluster answers no surveys: pass cluster=")
+        served = self._served if self.recorder is not None else None
+        runner = HandlerRunner(self._reply, self._reply_error, self._flush_soon, served)
+        runner.handler = handler
+        self._surveys = runner
+        return handler
+
     # ----------------------------------------------------------------- calling
 
-    async def request(self, cluster: str, payload: bytes, *, timeout: float | None = None) -> bytes:
+    async def request(
+        self,
+        cluster: str,
+        payload: bytes,
+        *,
+        timeout: float | None = None,
+        hedge: float | bool | None = None,
+    ) -> bytes:
         """Send `payload` to one live member of `cluster` and return its reply.
 
         Raises NoResponders at once if the cluster has no live member, RequestTimeout after
         `timeout` seconds, RemoteError if the member's handler raised.
+
+        `hedge` (for idempotent requests): if no reply came within `hedge` seconds (True: the
+        cluster's measured p95 latency), send a copy to a second member; the first reply wins.
         """
         core = self._core
         driver = self._driver
@@ -271,23 +317,101 @@ class Node:
             payload = _as_bytes(payload)
         loop = driver._loop
         now = loop.time()
+        if hedge is not None and hedge is not False:
+            hedge = self._hedge_delay(cluster) if hedge is True else float(hedge)
+            if not hedge > 0:
+                raise ConfigurationError(f"hedge must be a positive delay, got {hedge!r}")
+        else:
+            hedge = None
         try:
-            req_id = core.request(cluster, payload, timeout, now)
+            req_id = core.request(cluster, payload, timeout, now, hedge)
         except MeshError as exc:
             if self.recorder is not None:
                 self.recorder.request(cluster, None, 0.0, len(payload), _outcome(exc))
             raise
         fut: asyncio.Future[bytes] = loop.create_future()
-        self._waiting[req_id] = (fut, cluster, now)
+        self._waiting[req_id] = (fut, cluster, now, _REQUEST_KIND)
         driver.flush()
-        if now + timeout < driver._timer_at:
-            driver.arm(now + timeout)
+        wake = now + (hedge if hedge is not None else timeout)
+        if wake < driver._timer_at:
+            driver.arm(wake)
         try:
             return await fut
         except asyncio.CancelledError:
             if self._waiting.pop(req_id, None) is not None:
                 core.cancel(req_id)
             raise
+
+    async def broadcast(
+        self, cluster: str, payload: bytes, *, timeout: float | None = None
+    ) -> list[str]:
+        """Deliver `payload` once to every live member of `cluster`.
+
+        Returns the hex ids of the members whose broadcast handler ran within `timeout`
+        (members that left or timed out are not listed). NoResponders if there is none.
+        """
+        answers, _errors, _missing = await self._fanout(Kind.BROADCAST, cluster, payload, timeout)
+        return sorted(answers)
+
+    async def survey(
+        self, cluster: str, payload: bytes, *, timeout: float | None = None
+    ) -> SurveyResult:
+        """Ask every live member of `cluster`; return as soon as all answered, or at `timeout`."""
+        answers, errors, missing = await self._fanout(Kind.SURVEY, cluster, payload, timeout)
+        return SurveyResult(answers=answers, errors=errors, missing=sorted(missing))
+
+    async def _fanout(
+        self, kind: Kind, cluster: str, payload: bytes, timeout: float | None
+    ) -> tuple[dict[str, bytes], dict[str, MeshError], list[str]]:
+        core, driver = self._running()
+        timeout = self._default_timeout if timeout is None else timeout
+        if not timeout > 0:
+            raise ConfigurationError(f"timeout must be positive, got {timeout!r}")
+        if type(payload) is not bytes:
+            payload = _as_bytes(payload)
+        loop = driver._loop
+        now = loop.time()
+        label = _BROADCAST_KIND if kind is Kind.BROADCAST else _SURVEY_KIND
+        try:
+            sent = core.fanout(int(kind), cluster, payload, timeout, now)
+        except MeshError as exc:
+            if self.recorder is not None:
+                self.recorder.request(cluster, None, 0.0, len(payload), _outcome(exc), label)
+            raise
+        futures: dict[str, asyncio.Future[bytes]] = {}
+        for req_id, member_id in sent:
+            fut: asyncio.Future[bytes] = loop.create_future()
+            self._waiting[req_id] = (fut, cluster, now, label)
+            futures[member_id.hex()] = fut
+        driver.flush()
+        driver.arm(now + timeout)
+        try:
+            await asyncio.wait(futures.values())
+        except asyncio.CancelledError:
+            for req_id, _member in sent:
+                if self._waiting.pop(req_id, None) is not None:
+                    core.cancel(req_id)
+            raise
+        answers: dict[str, bytes] = {}
+        errors: dict[str, MeshError] = {}
+        missing: list[str] = []
+        for member, fut in futures.items():
+            error = fut.exception()
+            if error is None:
+                answers[member] = fut.result()
+            elif isinstance(error, RequestTimeout):
+                missing.append(member)
+            elif isinstance(error, MeshError):
+                errors[member] = error
+            else:  # pragma: no cover - futures only ever get MeshErrors
+                raise error
+        return answers, errors, missing
+
+    def _hedge_delay(self, cluster: str) -> float:
+        """The cluster's measured p95 round trip (a power-of-two bound), or 10 ms unknown."""
+        recorder = self.recorder
+        p95 = recorder.percentile(_REQUEST_KIND, cluster, 0.95) if recorder is not None else None
+        return p95 / 1e6 if p95 else 0.010
 
     async def wait_for_members(self, cluster: str, count: int = 1, *, timeout: float = 10.0) -> int:
         """Wait until `cluster` has at least `count` live members; returns how many it has."""
@@ -358,7 +482,7 @@ class Node:
                 entry = waiting.pop(event.req_id, None)
                 if entry is None:
                     continue
-                fut, cluster, started = entry
+                fut, cluster, started, label = entry
                 if event.status == STATUS_OK:
                     if not fut.done():
                         fut.set_result(event.payload)
@@ -369,11 +493,15 @@ class Node:
                         fut.set_exception(RemoteError(cluster, kind, message))
                     outcome = _REMOTE_ERROR
                 if recorder is not None:
-                    recorder.request(
-                        cluster, event.peer, now - started, len(event.payload), outcome
-                    )
+                    size = len(event.payload)
+                    recorder.request(cluster, event.peer, now - started, size, outcome, label)
             elif type(event) is RequestArrived:
-                self._runner.run(event)
+                if event.kind == _KIND_REQUEST:
+                    self._runner.run(event)
+                elif event.kind == _KIND_BROADCAST:
+                    self._broadcasts.run(event)
+                else:
+                    (self._surveys or self._runner).run(event)
             elif type(event) is RequestFailed:
                 entry = waiting.pop(event.req_id, None)
                 if entry is not None:
@@ -381,7 +509,7 @@ class Node:
                         entry[0].set_exception(event.error)
                     if recorder is not None:
                         outcome = _outcome(event.error)
-                        recorder.request(entry[1], None, now - entry[2], 0, outcome)
+                        recorder.request(entry[1], None, now - entry[2], 0, outcome, entry[3])
             elif type(event) is PeerUp or type(event) is PeerDown:
                 if self._membership_changed is not None:
                     self._membership_changed.set()
@@ -451,6 +579,9 @@ class Node:
 
 
 _OK, _REMOTE_ERROR = str(Outcome.OK), str(Outcome.REMOTE_ERROR)
+_REQUEST_KIND, _BROADCAST_KIND = str(TelemetryKind.REQUEST), str(TelemetryKind.BROADCAST)
+_SURVEY_KIND = str(TelemetryKind.SURVEY)
+_KIND_REQUEST, _KIND_BROADCAST = int(Kind.REQUEST), int(Kind.BROADCAST)
 
 
 def _outcome(error: BaseException) -> str:
@@ -494,4 +625,4 @@ def _check_endpoint(endpoint: str) -> str:
     return endpoint
 
 
-__all__ = ["Node", "PeerInfo", "TelemetryConfig"]
+__all__ = ["Node", "PeerInfo", "SurveyResult", "TelemetryConfig"]

@@ -133,8 +133,43 @@ class Node:
         self._node.on_request(run_in_pool)
         return handler
 
-    def request(self, cluster: str, payload: bytes, *, timeout: float | None = None) -> bytes:
-        return self._call(self._node.request(cluster, payload, timeout=timeout))
+    def on_broadcast(self, handler: Callable[[bytes], object]) -> Callable[[bytes], object]:
+        """Decorator: `handler(payload)` gets every broadcast, run in the handler thread pool."""
+        pool = self._pool
+
+        async def run_in_pool(payload: bytes) -> None:
+            await asyncio.get_running_loop().run_in_executor(pool, handler, payload)
+
+        self._node.on_broadcast(run_in_pool)
+        return handler
+
+    def on_survey(self, handler: F) -> F:
+        """Decorator: `handler(payload) -> bytes` answers surveys, in the handler thread pool."""
+        pool = self._pool
+
+        async def run_in_pool(payload: bytes) -> bytes:
+            return await asyncio.get_running_loop().run_in_executor(pool, handler, payload)
+
+        self._node.on_survey(run_in_pool)
+        return handler
+
+    def request(
+        self,
+        cluster: str,
+        payload: bytes,
+        *,
+        timeout: float | None = None,
+        hedge: float | bool | None = None,
+    ) -> bytes:
+        return self._call(self._node.request(cluster, payload, timeout=timeout, hedge=hedge))
+
+    def broadcast(self, cluster: str, payload: bytes, *, timeout: float | None = None) -> list[str]:
+        return self._call(self._node.broadcast(cluster, payload, timeout=timeout))
+
+    def survey(
+        self, cluster: str, payload: bytes, *, timeout: float | None = None
+    ) -> _async.SurveyResult:
+        return self._call(self._node.survey(cluster, payload, timeout=timeout))
 
     def wait_for_members(self, cluster: str, count: int = 1, *, timeout: float = 10.0) -> int:
         return self._call(self._node.wait_for_members(cluster, count, timeout=timeout))

@@ -37,11 +37,14 @@ class HandlerRunner:
         reply_error: ReplyError,
         after_async: Callable[[], None],
         served: Served | None = None,
+        *,
+        ack_only: bool = False,
     ) -> None:
         self._reply = reply
         self._reply_error = reply_error
         self._after_async = after_async  # flush what a handler finishing in a Task queued
         self._served = served
+        self._ack_only = ack_only  # broadcasts: the reply only says the handler ran
         self.handler: RequestHandler | None = None
         self.tasks: set[asyncio.Task[None]] = set()
         self.running = 0  # handlers suspended in a Task
@@ -127,7 +130,9 @@ class HandlerRunner:
             self._after_async()
 
     def _finish(self, event: RequestArrived, started: float, value: object) -> None:
-        if type(value) is not bytes:
+        if self._ack_only:
+            value = b""
+        elif type(value) is not bytes:
             if not isinstance(value, bytearray | memoryview):
                 kind = type(value).__name__
                 self._fail(event, started, TypeError(f"request handler returned {kind}, not bytes"))

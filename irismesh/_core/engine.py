@@ -78,6 +78,7 @@ from irismesh._core.sealing import LinkSecurity, Sealer
 from irismesh.errors import (
     Closed,
     ConfigurationError,
+    MemberLost,
     NoKey,
     NoResponders,
     Overloaded,
@@ -87,7 +88,18 @@ from irismesh.errors import (
 )
 
 _PING, _PONG, _REQUEST, _REPLY = int(Kind.PING), int(Kind.PONG), int(Kind.REQUEST), int(Kind.REPLY)
+_BROADCAST, _SURVEY = int(Kind.BROADCAST), int(Kind.SURVEY)
 _pack_header = HEADER.pack
+
+
+def _release(request: PendingRequest) -> None:
+    """The request is over: its links carry one request fewer."""
+    if request.link is not None:
+        request.link.outstanding -= 1
+    if request.hedged is not None:
+        request.hedged.outstanding -= 1
+
+
 _pack_request = REQUEST_FIELDS.pack
 
 
@@ -205,8 +217,14 @@ class MeshCore:
 
     # ----------------------------------------------------------------- requests (caller)
 
-    def request(self, cluster: str, payload: bytes, timeout: float, now: float) -> int:
-        """Send a request to one member of `cluster`; returns its id for the events."""
+    def request(
+        self, cluster: str, payload: bytes, timeout: float, now: float, hedge: float | None = None
+    ) -> int:
+        """Send a request to one member of `cluster`; returns its id for the events.
+
+        With `hedge`, a copy goes to a second member if no reply came within `hedge` seconds,
+        and the first reply wins (for idempotent requests: both may run).
+        """
         if self._closed:
             raise Closed("node is closed")
         if len(payload) > self._max_payload:
@@ -223,27 +241,62 @@ class MeshCore:
         link = balancer.choose(members, self._rng)
         req_id = self._next_req
         self._next_req += 1
-        self._pending.add(
-            PendingRequest(req_id, cluster, payload, now + timeout, timeout, now, link)
-        )
+        request = PendingRequest(req_id, cluster, payload, now + timeout, timeout, now, link)
+        self._pending.add(request)
+        if hedge is not None and hedge < timeout and len(members) > 1:
+            request.hedge_at = now + hedge
+            self._pending.add_hedge(request)
         self._send_request(link, req_id, cluster, payload, timeout)
         return req_id
+
+    def fanout(
+        self, kind: int, cluster: str, payload: bytes, timeout: float, now: float
+    ) -> list[tuple[int, bytes]]:
+        """Send a BROADCAST or SURVEY to every live member: [(req id, member id), ...]."""
+        if self._closed:
+            raise Closed("node is closed")
+        if len(payload) > self._max_payload:
+            raise PayloadTooLarge(len(payload), self._max_payload)
+        members = self.members(cluster)
+        if not members:
+            if not self._security.has_key(cluster):
+                raise NoKey(cluster)
+            raise NoResponders(cluster)
+        if len(self._pending.by_id) + len(members) > self._max_pending:
+            raise Overloaded(len(self._pending.by_id), self._max_pending)
+        sent = []
+        for link in members:
+            req_id = self._next_req
+            self._next_req += 1
+            request = PendingRequest(
+                req_id, cluster, payload, now + timeout, timeout, now, link, kind=kind, pinned=True
+            )
+            self._pending.add(request)
+            self._send_request(link, req_id, cluster, payload, timeout, kind)
+            sent.append((req_id, link.peer_id))
+        return sent
 
     def cancel(self, req_id: int) -> None:
         """Forget a request whose caller gave up; a late reply is then dropped and counted."""
         request = self._pending.pop(req_id)
-        if request is not None and request.link is not None:
-            request.link.outstanding -= 1
+        if request is not None:
+            _release(request)
 
     def _send_request(
-        self, link: OutLink, req_id: int, cluster: str, payload: bytes, timeout: float
+        self,
+        link: OutLink,
+        req_id: int,
+        cluster: str,
+        payload: bytes,
+        timeout: float,
+        kind: int = _REQUEST,
     ) -> None:
         # The hot path: encode_header and encode_request inlined (measured).
         link.outstanding += 1
         slot = link.clusters[cluster]
         link.send_seq += 1
         seq = link.send_seq
-        header = _pack_header(MAGIC, VERSION, _REQUEST, 0, slot, seq)
+        header = _pack_header(MAGIC, VERSION, kind, 0, slot, seq)
         timeout_ms = int(timeout * 1000) + 1
         if timeout_ms > 0xFFFFFFFF:
             timeout_ms = 0xFFFFFFFF
@@ -269,6 +322,18 @@ class MeshCore:
         request.attempts += 1
         request.sent_at = now
         self.stats["requests_resent"] += 1
+        self._send_request(
+            link, request.req_id, request.cluster, request.payload, remaining, request.kind
+        )
+
+    def _hedge(self, request: PendingRequest, now: float) -> None:
+        members = [m for m in self.members(request.cluster) if m is not request.link]
+        if not members:
+            return
+        link = balancer.choose(members, self._rng)
+        request.hedged = link
+        self.stats["requests_hedged"] += 1
+        remaining = request.deadline - now
         self._send_request(link, request.req_id, request.cluster, request.payload, remaining)
 
     # ----------------------------------------------------------------- requests (member)
@@ -359,8 +424,8 @@ class MeshCore:
                 return
             body = self._open(link, scope, seq, frame)
             link.last_heard = now
-            if kind == _REQUEST:
-                self._on_request(link, scope, body, now)
+            if kind in (_REQUEST, _BROADCAST, _SURVEY):
+                self._on_request(link, scope, body, now, kind)
                 return
             env = self._codec.unpack(body, kind)
             if kind == _PING:
@@ -457,16 +522,18 @@ class MeshCore:
         req_id, status, payload = decode_reply(body)
         link.acks.append(req_id)  # received: the member may forget it
         request = self._pending.get(req_id)
-        if request is None or request.link is not link:
+        if request is None or (request.link is not link and request.hedged is not link):
             self.stats["replies_late"] += 1  # timed out, cancelled, or answered elsewhere
             return
         self._pending.pop(req_id)
-        link.outstanding -= 1
-        balancer.observe(link, now - request.sent_at)
+        _release(request)
+        balancer.observe(
+            link, now - (request.sent_at if request.link is link else request.hedge_at)
+        )
         link.last_sample = now
         self.events.append(ReplyArrived(req_id, status, payload, link.peer_id))
 
-    def _on_request(self, link: InLink, slot: int, body: bytes, now: float) -> None:
+    def _on_request(self, link: InLink, slot: int, body: bytes, now: float, kind: int) -> None:
         if slot == 0 or slot >= len(link.scopes):
             raise ProtocolError("bad_scope", str(slot))
         req_id, timeout_ms, acks, payload = decode_request(body)
@@ -487,7 +554,7 @@ class MeshCore:
         cluster = link.scopes[slot]
         assert cluster is not None
         self.events.append(
-            RequestArrived((link.peer_id, req_id, link.routing_id, slot), cluster, payload)
+            RequestArrived((link.peer_id, req_id, link.routing_id, slot), cluster, payload, kind)
         )
 
     def _forget_replies(self, peer_id: bytes, acks: Iterable[int]) -> None:
@@ -543,9 +610,10 @@ class MeshCore:
             self._next_gossip = now + cfg.gossip_interval * (0.5 + self._rng.random())
             target = self._rng.choice(list(self._peers.values()))
             self._send_out(target, Kind.PEERS, self._peer_list())
+        for request in self._pending.pop_hedges(now):
+            self._hedge(request, now)
         for request in self._pending.pop_expired(now):
-            if request.link is not None:
-                request.link.outstanding -= 1
+            _release(request)
             self.stats["requests_timed_out"] += 1
             error = RequestTimeout(request.cluster, request.timeout, request.attempts)
             self.events.append(RequestFailed(req_id=request.req_id, error=error))
@@ -616,7 +684,17 @@ class MeshCore:
         self.events.append(PeerDown(node_id=link.peer_id, endpoint=link.endpoint, reason=reason))
         link.outstanding = 0
         for request in self._pending:
-            if request.link is link:
+            if request.hedged is link:
+                request.hedged = None
+            if request.link is not link:
+                continue
+            if request.hedged is not None:  # the hedge's copy carries on alone
+                request.link, request.hedged = request.hedged, None
+            elif request.pinned:  # meant for this member alone
+                self._pending.pop(request.req_id)
+                error = MemberLost(request.cluster, link.peer_id.hex())
+                self.events.append(RequestFailed(req_id=request.req_id, error=error))
+            else:
                 self._resend(request, now, link)
 
     def _unpark(self, now: float) -> None:

@@ -22,6 +22,7 @@ class RequestArrived:
     token: Token
     cluster: str
     payload: bytes
+    kind: int = 5  # Kind.REQUEST, BROADCAST or SURVEY: which handler answers
 
 
 @dataclass(slots=True)

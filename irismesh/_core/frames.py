@@ -20,6 +20,7 @@ Control envelopes are msgpack arrays, one shape per kind (positional; shapes lis
 msgpack and its shape checks were a quarter of the core's cost per request (measured):
 
     REQUEST  !QIB  req_id, timeout_ms, n_acks | n_acks x !Q acknowledged req ids | payload
+             (BROADCAST and SURVEY have the same layout)
     REPLY    !QB   req_id, status | payload
 
 Acks name replies the caller has received, so the member can forget them at once (see
@@ -54,6 +55,8 @@ class Kind(enum.IntEnum):
     PEERS = 7  # either way: [[node_id, endpoint], ...]
     BYE = 8  # either way: [reason]
     REFUSE = 9  # listener -> dialler: [reason]  (handshake refused; retried with backoff)
+    BROADCAST = 10  # dialler -> listener: REQUEST's layout; answered by an empty REPLY (an ack)
+    SURVEY = 11  # dialler -> listener: REQUEST's layout; answered by a REPLY
 
 
 KINDS: Final = frozenset(int(k) for k in Kind)

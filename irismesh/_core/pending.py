@@ -27,14 +27,19 @@ class PendingRequest:
     sent_at: float
     link: OutLink | None
     attempts: int = 1
+    kind: int = 5  # Kind.REQUEST, BROADCAST or SURVEY
+    pinned: bool = False  # meant for one member (broadcast, survey): never resent elsewhere
+    hedged: OutLink | None = None  # a second copy in flight there (hedged requests)
+    hedge_at: float = float("inf")
 
 
 class PendingRequests:
-    __slots__ = ("_heap", "by_id")
+    __slots__ = ("_heap", "_hedges", "by_id")
 
     def __init__(self) -> None:
         self.by_id: dict[int, PendingRequest] = {}
         self._heap: list[tuple[float, int]] = []
+        self._hedges: list[tuple[float, int]] = []  # when to send a hedged request's copy
 
     def __len__(self) -> int:
         return len(self.by_id)
@@ -56,11 +61,28 @@ class PendingRequests:
     def get(self, req_id: int) -> PendingRequest | None:
         return self.by_id.get(req_id)
 
+    def add_hedge(self, request: PendingRequest) -> None:
+        heapq.heappush(self._hedges, (request.hedge_at, request.req_id))
+
+    def pop_hedges(self, now: float) -> list[PendingRequest]:
+        due = []
+        hedges = self._hedges
+        while hedges and hedges[0][0] <= now:
+            _at, req_id = heapq.heappop(hedges)
+            request = self.by_id.get(req_id)
+            if request is not None and request.hedged is None:
+                due.append(request)
+        return due
+
     def next_deadline(self) -> float | None:
         heap = self._heap
         while heap and heap[0][1] not in self.by_id:
             heapq.heappop(heap)
-        return heap[0][0] if heap else None
+        hedges = self._hedges
+        while hedges and hedges[0][1] not in self.by_id:
+            heapq.heappop(hedges)
+        times = [h[0][0] for h in (heap, hedges) if h]
+        return min(times) if times else None
 
     def pop_expired(self, now: float) -> list[PendingRequest]:
         expired = []

@@ -23,6 +23,7 @@ from irismesh.telemetry.spool import SpoolWriter
 
 _REQUEST, _SERVE = str(Kind.REQUEST), str(Kind.SERVE)
 _REQREP = str(Pattern.REQREP)
+_PATTERNS = {str(Kind.BROADCAST): str(Pattern.BROADCAST), str(Kind.SURVEY): str(Pattern.SURVEY)}
 HISTOGRAM_BUCKETS = 40  # 2**39 us is about six days
 
 
@@ -65,14 +66,20 @@ class Recorder:
         self._every = sample_every
 
     def request(
-        self, cluster: str, peer: bytes | None, latency: float, size: int, outcome: str
+        self,
+        cluster: str,
+        peer: bytes | None,
+        latency: float,
+        size: int,
+        outcome: str,
+        kind: str = _REQUEST,
     ) -> None:
-        """Caller side: one request ended (`latency` seconds after it was sent)."""
-        key = (_REQUEST, cluster, outcome)
+        """Caller side: one request (or broadcast, survey) ended `latency` s after it was sent."""
+        key = (kind, cluster, outcome)
         counts = self.counts
         counts[key] = counts.get(key, 0) + 1
         us = int(latency * 1e6)
-        self._bucket(_REQUEST, cluster, us)
+        self._bucket(kind, cluster, us)
         self._since += 1
         if self._since >= self._every and self.writer is not None:
             self._since = 0
@@ -80,8 +87,8 @@ class Recorder:
                 (
                     self._clock(),
                     self.node,
-                    _REQUEST,
-                    _REQREP,
+                    kind,
+                    _PATTERNS.get(kind, _REQREP),
                     cluster,
                     peer.hex() if peer else None,
                     us,

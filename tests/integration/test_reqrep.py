@@ -337,3 +337,18 @@ def test_a_node_with_another_key_can_neither_see_nor_serve_the_cluster(
                     await rogue.request("db", b"steal")
 
     run(main())
+
+
+def test_sync_node_broadcast_and_survey(keys: irismesh.Keyring) -> None:
+    seen: list[bytes] = []
+    with sync.Node("db", keyring=keys) as member:
+        member.on_broadcast(seen.append)
+        member.on_survey(lambda payload: b"up")
+        with sync.Node(keyring=keys, seeds=[member.endpoint]) as client:
+            client.wait_for_members("db", timeout=5)
+            assert client.broadcast("db", b"flush", timeout=5) == [member.node_id.hex()]
+            assert seen == [b"flush"]
+            result = client.survey("db", b"status?", timeout=5)
+            assert result.answers == {member.node_id.hex(): b"up"}
+            with pytest.raises(irismesh.RemoteError, match="no request handler"):
+                client.request("db", b"x", hedge=True)
