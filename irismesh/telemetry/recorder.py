@@ -168,14 +168,15 @@ class Recorder:
         )
 
     def percentile(self, kind: str, cluster: str, q: float) -> float | None:
-        """Upper bound (us) of the histogram bucket holding quantile `q`; None without data."""
+        """Quantile `q` in us, interpolated within its power-of-two bucket; None without data."""
         histogram = self.histograms.get((kind, cluster))
         if not histogram or not (total := sum(histogram)):
             return None
         rank = q * total
         seen = 0
         for bucket, n in enumerate(histogram):
+            if n and seen + n >= rank:
+                low = 2 ** (bucket - 1) if bucket else 0
+                return low + (2**bucket - low) * (rank - seen) / n
             seen += n
-            if seen >= rank:
-                return float(2**bucket)
         return float(2 ** (HISTOGRAM_BUCKETS - 1))

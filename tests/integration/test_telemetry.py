@@ -91,3 +91,15 @@ def test_sampling_keeps_counts_exact_and_records_weighted(
     sampled = [r for r in SpoolReader(spool) if r.kind == "request"]
     assert len(sampled) == 20
     assert sum(r.weight for r in sampled) == exact
+
+
+def test_recorder_percentiles_interpolate_within_a_bucket() -> None:
+    from irismesh.telemetry.recorder import Recorder
+
+    recorder = Recorder("n")
+    for us in range(1000, 2000):  # all in the bucket [1024, 2048) but the first 24
+        recorder.request("db", None, us / 1e6, 0, "ok")
+    p50 = recorder.percentile("request", "db", 0.5)
+    assert p50 is not None
+    assert 1400 < p50 < 1600  # the true median is 1500; the bucket bound would say 2048
+    assert recorder.percentile("request", "other", 0.5) is None
