@@ -14,7 +14,11 @@ the core's tick, all sockets are drained so that frames that arrived during a st
 loop count as heard, not as silence.
 
 Sockets: one ROUTER bound at the node's endpoint (links peers dialled) and one DEALER per link
-this node dialled. Replies go out with ROUTER_MANDATORY so an unroutable reply is an error we
+this node dialled. Each DEALER has a zmq monitor: when its TCP connection drops (a peer killed
+by SIGKILL closes its sockets at once) the link fails within milliseconds instead of after the
+heartbeat timeout; a link cannot survive zmq's silent reconnect anyway (the peer would see a new
+connection with no handshake). Heartbeats remain for what TCP does not show: a stopped process,
+a silent network. Replies go out with ROUTER_MANDATORY so an unroutable reply is an error we
 count, not a silent drop. Send queues are unbounded in zmq; the core bounds them by its limits
 on requests in flight.
 """
@@ -38,6 +42,7 @@ _SNDMORE_NOBLOCK = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
 _POLLIN = int(zmq.POLLIN)
 _EVENTS = int(zmq.EVENTS)
 _RCVMORE = int(zmq.RCVMORE)
+_DISCONNECTED = int(zmq.EVENT_DISCONNECTED)
 
 
 def _readable(sock: zmq.Socket[bytes]) -> bool:
@@ -70,6 +75,7 @@ class Driver:
         self._loop = loop
         self._on_events = on_events
         self._dealers: dict[int, zmq.Socket[bytes]] = {}
+        self._monitors: dict[int, zmq.Socket[bytes]] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
         self._flush_scheduled = False
@@ -216,9 +222,39 @@ class Driver:
             return
         self._dealers[event.link_id] = sock
         self._loop.add_reader(sock.FD, self._drain_dealer, event.link_id)
+        monitor = sock.get_monitor_socket(_DISCONNECTED)
+        self._monitors[event.link_id] = monitor
+        self._loop.add_reader(monitor.FD, self._drain_monitor, event.link_id)
+        # zmq signals a socket's FD only once a read has found it empty: read once now, or the
+        # first event would never wake us.
+        self._drain_monitor(event.link_id)
+
+    def _drain_monitor(self, link_id: int) -> None:
+        monitor = self._monitors.get(link_id)
+        if monitor is None:
+            return
+        disconnected = False
+        while True:
+            try:
+                parts = monitor.recv_multipart(_NOBLOCK)
+            except zmq.Again:
+                break
+            if (
+                parts
+                and len(parts[0]) >= 2
+                and int.from_bytes(parts[0][:2], "little") == _DISCONNECTED
+            ):
+                disconnected = True
+        if disconnected:
+            self.core.link_failed(link_id, self._loop.time(), "disconnected")
+            self.process()
 
     def _close_link(self, link_id: int) -> None:
+        monitor = self._monitors.pop(link_id, None)
         sock = self._dealers.pop(link_id, None)
+        if monitor is not None:
+            self._loop.remove_reader(monitor.FD)
+            monitor.close(0)
         if sock is not None:
             self._loop.remove_reader(sock.FD)
             sock.close(0)
@@ -258,6 +294,10 @@ class Driver:
         if self._timer is not None:
             self._timer.cancel()
         self._loop.remove_reader(self._router.FD)
+        for monitor in self._monitors.values():
+            self._loop.remove_reader(monitor.FD)
+            monitor.close(0)
+        self._monitors.clear()
         for sock in self._dealers.values():
             self._loop.remove_reader(sock.FD)
             sock.close(linger_ms)

@@ -176,7 +176,7 @@ class Recorder:
         seen = 0
         for bucket, n in enumerate(histogram):
             if n and seen + n >= rank:
-                low = 2 ** (bucket - 1) if bucket else 0
-                return low + (2**bucket - low) * (rank - seen) / n
+                low = float(1 << (bucket - 1)) if bucket else 0.0
+                return low + (float(1 << bucket) - low) * (rank - seen) / n
             seen += n
         return float(2 ** (HISTOGRAM_BUCKETS - 1))
