@@ -212,7 +212,12 @@ class Driver:
     # ----------------------------------------------------------------- links
 
     def _open(self, event: OpenLink) -> None:
-        sock: zmq.Socket[bytes] = self._ctx.socket(zmq.DEALER)
+        try:
+            sock: zmq.Socket[bytes] = self._ctx.socket(zmq.DEALER)
+        except zmq.ZMQError:  # out of sockets or descriptors: this dial fails, nothing else
+            self.core.stats["dials_no_socket"] += 1
+            self.core.link_failed(event.link_id, self._loop.time(), "no_socket")
+            return
         _configure(sock, self._max_frame)
         try:
             sock.connect(event.endpoint)
@@ -222,7 +227,11 @@ class Driver:
             return
         self._dealers[event.link_id] = sock
         self._loop.add_reader(sock.FD, self._drain_dealer, event.link_id)
-        monitor = sock.get_monitor_socket(_DISCONNECTED)
+        try:
+            monitor = sock.get_monitor_socket(_DISCONNECTED)
+        except zmq.ZMQError:  # no socket left for the monitor: heartbeats still watch the link
+            self.core.stats["monitors_unavailable"] += 1
+            return
         self._monitors[event.link_id] = monitor
         self._loop.add_reader(monitor.FD, self._drain_monitor, event.link_id)
         # zmq signals a socket's FD only once a read has found it empty: read once now, or the

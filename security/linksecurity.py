@@ -6,17 +6,18 @@ so a passive observer sees no peer list, ping or goodbye, and a later key compro
 past link (forward secrecy). Control traffic is thus confidential but not authenticated to a
 cluster: it carries nothing a cluster key protects.
 
-Cluster traffic is keyed by the cluster key itself: session keys are
-HKDF-SHA256(cluster key, salt = listener nonce | dialler nonce, info = domain | direction |
-cluster), one per direction, so only holders of the cluster key can read, forge or answer
-requests, and a dialler without the key cannot even produce a request the member will open.
+Cluster traffic is keyed by the cluster key and the link secret together: session keys are
+HKDF-SHA256(cluster key | link secret, salt = listener nonce | dialler nonce, info = domain |
+direction | cluster), one per direction, so only holders of the cluster key can read, forge or
+answer requests (a dialler without it cannot even produce a request the member will open), and
+a later leak of the cluster key does not open recorded traffic (forward secrecy).
 
 An offer tag is HMAC-SHA256(cluster key, domain | listener nonce | dialler nonce | cluster)
 truncated to 16 bytes. A member offers one tag per key it accepts for a cluster, and a caller
 matches them with every key it accepts (primary first), so a rotation works in any order as
 long as two nodes share one key.
 
-`security="null"` in a Node (benchmarks only) keeps the tags and drops sealing.
+`Node(sealing=False)` (benchmarks only) keeps the tags and drops sealing.
 """
 
 from __future__ import annotations

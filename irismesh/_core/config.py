@@ -26,6 +26,7 @@ class CoreConfig:
     reply_cache_entries: int = 50_000
     reply_cache_bytes: int = 64 << 20
     max_pending: int = 100_000
+    max_links: int = 256  # links this node dials at once (each costs sockets and descriptors)
 
     def __post_init__(self) -> None:
         if self.max_payload < 1 or self.max_payload > 256 << 20:
@@ -34,8 +35,8 @@ class CoreConfig:
             raise ConfigurationError(
                 "heartbeat_interval must be positive and dead_after at least twice it"
             )
-        if self.max_pending < 1:
-            raise ConfigurationError("max_pending must be at least 1")
+        if self.max_pending < 1 or self.max_links < 1:
+            raise ConfigurationError("max_pending and max_links must be at least 1")
 
     @property
     def max_frame(self) -> int:

@@ -203,6 +203,16 @@ class MeshCore:
         self._dial(record, now)
 
     def _dial(self, record: DialRecord, now: float) -> None:
+        if len(self._out) >= self.config.max_links:
+            # Each dialled link costs sockets and file descriptors: a peer list cannot make us
+            # open more than max_links at once. The record waits for its turn.
+            self.stats["dials_deferred"] += 1
+            record.next_at = now + self.config.redial_max * (0.5 + self._rng.random())
+            if not record.seed:  # a deferral counts as a failed try: floods drain away
+                record.failures += 1
+                if record.failures >= self.config.forget_after_failures:
+                    del self._dials[record.endpoint]
+            return
         link_id = self._next_link
         self._next_link += 1
         nonce = self._randbytes(NONCE_SIZE)
@@ -429,7 +439,7 @@ class MeshCore:
                 return
             env = self._codec.unpack(body, kind)
             if kind == _PING:
-                self._forget_replies(link.peer_id, env[1])
+                self._forget_replies(link, env[1])
                 self._send_in(link, _PONG, [env[0], self._runner_load()])
             elif kind == Kind.PEERS:
                 self._on_peers(env, now)
@@ -538,7 +548,7 @@ class MeshCore:
             raise ProtocolError("bad_scope", str(slot))
         req_id, timeout_ms, acks, payload = decode_request(body)
         if acks:
-            self._forget_replies(link.peer_id, acks)
+            self._forget_replies(link, acks)
         if len(payload) > self.config.max_payload:
             raise ProtocolError("oversize", f"payload of {len(payload)} bytes")
         key = (link.peer_id, req_id)
@@ -557,10 +567,13 @@ class MeshCore:
             RequestArrived((link.peer_id, req_id, link.routing_id, slot), cluster, payload, kind)
         )
 
-    def _forget_replies(self, peer_id: bytes, acks: Iterable[int]) -> None:
+    def _forget_replies(self, link: InLink, acks: Iterable[int]) -> None:
+        # Only replies answered on this very link: its node id is merely claimed, and a PING
+        # needs no cluster key, but a reply bound to this link came from a request that did.
         discard = self._replies.discard
+        peer_id, routing_id = link.peer_id, link.routing_id
         for req_id in acks:
-            discard((peer_id, req_id))
+            discard((peer_id, req_id), routing_id)
 
     def _runner_load(self) -> int:
         return len(self._replies)

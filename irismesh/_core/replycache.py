@@ -69,10 +69,13 @@ class ReplyCache:
             self._evict_one()
         return entry
 
-    def discard(self, key: RequestKey) -> None:
-        """The caller has the reply: forget it (a running request is kept until it ends)."""
+    def discard(self, key: RequestKey, routing_id: bytes) -> None:
+        """The caller has the reply: forget it, if it was answered on the acknowledging link.
+
+        A running request is kept until it ends.
+        """
         entry = self._entries.get(key)
-        if entry is not None and entry.status >= 0:
+        if entry is not None and entry.status >= 0 and entry.routing_id == routing_id:
             del self._entries[key]
             self._bytes -= len(entry.payload)
 

@@ -51,9 +51,9 @@ def test_discard_forgets_a_finished_entry_but_not_a_running_one() -> None:
     cache.start((A, 1), 10.0)
     cache.start((A, 2), 10.0)
     cache.finish((A, 1), 0, b"abc")
-    cache.discard((A, 1))
-    cache.discard((A, 2))  # still running: the resend of it must still find it
-    cache.discard((B, 1))  # unknown: ignored
+    cache.discard((A, 1), b"")
+    cache.discard((A, 2), b"")  # still running: the resend of it must still find it
+    cache.discard((B, 1), b"")  # unknown: ignored
     assert cache.get((A, 1)) is None
     assert cache.get((A, 2)) is not None
     assert cache.size_bytes == 0
@@ -133,7 +133,7 @@ def test_bounds_and_byte_count_hold_under_any_use(
         elif op == "expire":
             cache.expire(value)
         elif op == "discard":
-            cache.discard((A, key))
+            cache.discard((A, key), b"")
         assert len(cache) <= max_entries
         assert cache.size_bytes <= max_bytes
         held = [cache.get((A, k)) for k in started]

@@ -1,0 +1,414 @@
+"""Hostile input fed straight to cores: every bad frame is dropped and counted, real peers are
+still served, and a flood grows nothing past a fixed limit.
+
+The frames are the ones real cores exchanged in memory (`frame_fuzz.Scene`), mutated, replayed,
+reordered, forged under another keyring, or random. "Dropped and counted" is checked to the
+letter by `Scene.feed`: exactly one `dropped_<reason>` counter moves by one, the link's replay
+window stays where it was, and the core emits nothing (no event, no frame in answer).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+from frame_fuzz import ESTABLISHED, FUZZ_CONFIG, TARGETS, Footprint, Scene, seal_on
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from memnet import MemNet, hold
+
+from irismesh._core.config import CoreConfig
+from irismesh._core.frames import (
+    HEADER_SIZE,
+    MAX_PEERS_PER_FRAME,
+    STATUS_OK,
+    BodyCodec,
+    Kind,
+    encode_header,
+    encode_reply,
+    encode_request,
+)
+from irismesh.security.keyring import Keyring
+from irismesh.security.linksecurity import X25519LinkKeys
+
+# The engine's own caps (engine.py: `_on_hello` and `add_candidate`); a flood stops there.
+IN_LINK_LIMIT = 4096
+DIAL_RECORD_LIMIT = 4096
+CODEC = BodyCodec(FUZZ_CONFIG.max_payload)
+
+
+def fast(max_examples: int) -> settings:
+    return settings(
+        max_examples=max_examples, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    )
+
+
+def serves_after(scene: Scene, what: str) -> None:
+    """The real client is still answered, and no real peer went down."""
+    assert scene.round_trip(what.encode()) == b"re:" + what.encode()
+    scene.net.advance(1.5)
+    assert scene.round_trip(what.encode() + b" later") == b"re:" + what.encode() + b" later"
+    assert scene.losses() == []
+
+
+# ---------------------------------------------------------------------- each kind of bad frame
+
+Build = Callable[[Scene], tuple[str, bytes]]
+
+
+def _authentic(scene: Scene, kind: Kind, scope: int, body: bytes) -> tuple[str, bytes]:
+    """A frame sealed with the client's real link keys: a peer with the keys that sends junk."""
+    link = scene.out_link(scene.client, scene.member)
+    return "member<-client", seal_on(link, kind, scope, body, link.send_sealers[scope])
+
+
+def _to_client(scene: Scene, kind: Kind, scope: int, body: bytes) -> tuple[str, bytes]:
+    link = scene.in_link(scene.member, scene.client)
+    return "client<-member", seal_on(link, kind, scope, body, link.send_sealers[scope])
+
+
+def _captured(scene: Scene, kind: Kind) -> bytes:
+    return scene.corpus[kind][-1]
+
+
+def _reordered(scene: Scene) -> tuple[str, bytes]:
+    _, first = _authentic(scene, Kind.PING, 0, CODEC.pack([1, []]))
+    _, second = _authentic(scene, Kind.PING, 0, CODEC.pack([2, []]))
+    assert scene.feed_valid("member<-client", second)
+    return "member<-client", first  # older than what the link has seen
+
+
+def _stranger_hello(scene: Scene, caps: dict[str, object]) -> tuple[str, bytes]:
+    body = CODEC.pack([bytes(16), bytes(16), "tcp://stranger:7000", caps])
+    return "member<-stranger", encode_header(Kind.HELLO, 0, 0) + body
+
+
+def _version_2(scene: Scene) -> tuple[str, bytes]:
+    _, frame = _authentic(scene, Kind.PING, 0, CODEC.pack([1, []]))
+    return "member<-client", frame[:1] + b"\x02" + frame[2:]
+
+
+def _truncated(scene: Scene) -> tuple[str, bytes]:
+    _, frame = _authentic(scene, Kind.REQUEST, 1, encode_request(99, 1000, [], b"cut short"))
+    return "member<-client", frame[:-5]
+
+
+BAD_FRAMES: dict[str, tuple[str, Build]] = {
+    # malformed, truncated, oversize, wrong version: stopped by the header
+    "empty": ("short_frame", lambda s: ("member<-client", b"")),
+    "shorter than a header": ("short_frame", lambda s: ("client<-member", b"\x49\x01\x05")),
+    "foreign magic": ("bad_magic", lambda s: ("member<-client", b"GET / HTTP/1.1\r\n\r\n")),
+    "unknown kind": ("bad_kind", lambda s: ("member<-client", b"\x49\x01\x63" + bytes(27))),
+    "version 2": ("bad_version", _version_2),
+    "oversize": (
+        "oversize",
+        lambda s: ("member<-client", encode_header(Kind.PING, 0, 1 << 40) + bytes(s.max_frame)),
+    ),
+    "truncated seal": ("bad_seal", _truncated),
+    # wrong key, replayed, reordered, no handshake
+    "sealed with another keyring": ("bad_seal", lambda s: ("member<-rogue", s.corpus[-1][-1])),
+    "replayed request": ("replay", lambda s: ("member<-client", _captured(s, Kind.REQUEST))),
+    "replayed reply": ("replay", lambda s: ("client<-member", _captured(s, Kind.REPLY))),
+    "replayed hello": ("replay", lambda s: ("member<-client", _captured(s, Kind.HELLO))),
+    "replayed welcome": ("replay", lambda s: ("client<-member", _captured(s, Kind.WELCOME))),
+    "reordered": ("replay", _reordered),
+    "request without a handshake": (
+        "unknown_link",
+        lambda s: ("member<-stranger", _captured(s, Kind.REQUEST)),
+    ),
+    "hello without key agreement": ("bad_handshake", lambda s: _stranger_hello(s, {})),
+    "hello with a short key": ("bad_handshake", lambda s: _stranger_hello(s, {"kx": b"short"})),
+    "hello with a low-order key": (
+        "bad_handshake",
+        lambda s: _stranger_hello(s, {"kx": bytes(32)}),
+    ),
+    "request in a scope never offered": (
+        "bad_scope",
+        lambda s: ("member<-client", encode_header(Kind.REQUEST, 9, 1 << 40) + bytes(30)),
+    ),
+}
+
+# Sealed correctly by a peer holding the keys (a buggy or compromised one), nonsense inside.
+JUNK_IN_A_SEAL: dict[str, tuple[str, Build]] = {
+    "ping not msgpack": ("bad_body", lambda s: _authentic(s, Kind.PING, 0, b"\xc1")),
+    "ping not an array": ("bad_body", lambda s: _authentic(s, Kind.PING, 0, CODEC.pack({}))),  # type: ignore[arg-type]
+    "ping of the wrong shape": (
+        "bad_envelope",
+        lambda s: _authentic(s, Kind.PING, 0, CODEC.pack([1])),
+    ),
+    "peers over the limit": (
+        "bad_envelope",
+        lambda s: _authentic(
+            s,
+            Kind.PEERS,
+            0,
+            CODEC.pack([[bytes(16), "tcp://x:1"]] * (MAX_PEERS_PER_FRAME + 1)),
+        ),
+    ),
+    "peers with a foreign endpoint": (
+        "bad_envelope",
+        lambda s: _authentic(s, Kind.PEERS, 0, CODEC.pack([[bytes(16), "http://x:1"]])),
+    ),
+    "request in the link's scope": (
+        "bad_scope",
+        lambda s: _authentic(s, Kind.REQUEST, 0, encode_request(7, 1000, [], b"x")),
+    ),
+    "request body too short": ("bad_envelope", lambda s: _authentic(s, Kind.REQUEST, 1, b"\x00")),
+    "request with nine acks": (
+        "bad_envelope",
+        lambda s: _authentic(s, Kind.REQUEST, 1, b"\x00" * 8 + b"\x00\x00\x03\xe8\x09" + bytes(72)),
+    ),
+    "request payload over the limit": (
+        "oversize",
+        lambda s: _authentic(
+            s, Kind.REQUEST, 1, encode_request(8, 1000, [], bytes(FUZZ_CONFIG.max_payload + 1))
+        ),
+    ),
+    "pong sent to a listener": (
+        "unexpected",
+        lambda s: _authentic(s, Kind.PONG, 0, CODEC.pack([1, 0])),
+    ),
+    "ping sent to a dialler": (
+        "unexpected",
+        lambda s: _to_client(s, Kind.PING, 0, CODEC.pack([1, []])),
+    ),
+    "reply with an unknown status": (
+        "bad_envelope",
+        lambda s: _to_client(s, Kind.REPLY, 1, encode_reply(1, STATUS_OK, b"")[:-1] + b"\x07"),
+    ),
+    "the link's goodbye of the wrong shape": (
+        "bad_envelope",
+        lambda s: _authentic(s, Kind.BYE, 0, CODEC.pack([1])),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_FRAMES))
+def test_each_kind_of_bad_frame_is_dropped_under_its_reason(name: str) -> None:
+    reason, build = BAD_FRAMES[name]
+    scene = Scene(seed=1)
+    target, frame = build(scene)
+    assert scene.feed(target, frame) == "dropped_" + reason
+    serves_after(scene, name)
+
+
+@pytest.mark.parametrize("name", list(JUNK_IN_A_SEAL))
+def test_junk_under_a_valid_seal_is_dropped_under_its_reason(name: str) -> None:
+    """The seal proves who sent it, so its seq counts; what it says is still refused."""
+    reason, build = JUNK_IN_A_SEAL[name]
+    scene = Scene(seed=1)
+    target, frame = build(scene)
+    assert scene.feed(target, frame, authentic=True) == "dropped_" + reason
+    serves_after(scene, name)
+
+
+# ---------------------------------------------------------------------- mutations of real frames
+
+
+def _flips(frame: bytes) -> list[bytes]:
+    """Every one-bit flip of the header, and one flip (at a varying bit) per body byte."""
+    header = [_flip(frame, bit) for bit in range(HEADER_SIZE * 8)]
+    return header + [_flip(frame, i * 8 + i % 8) for i in range(HEADER_SIZE, len(frame))]
+
+
+def _flip(frame: bytes, bit: int) -> bytes:
+    data = bytearray(frame)
+    data[bit // 8] ^= 1 << (bit % 8)
+    return bytes(data)
+
+
+CAPTURED_KINDS = [*Kind, -1]  # -1: the rogue's REQUESTs sealed with another key
+
+
+@pytest.mark.parametrize("kind", CAPTURED_KINDS, ids=lambda k: k.name if k != -1 else "WRONG_KEY")
+def test_every_bit_flip_of_a_captured_frame_is_dropped(kind: int) -> None:
+    scene = Scene(seed=2)
+    frame = scene.corpus[kind][0]
+    verdicts: Counter[str] = Counter()
+    for variant in _flips(frame):
+        for target in sorted(ESTABLISHED):
+            verdicts[scene.feed(target, variant)] += 1
+    assert all(v.startswith("dropped_") for v in verdicts), verdicts
+    serves_after(scene, f"after flipping {kind}")
+
+
+FRESH = [
+    ("member<-client", Kind.PING, 0),
+    ("member<-client", Kind.PEERS, 0),
+    ("member<-client", Kind.REQUEST, 1),
+    ("member<-client", Kind.BROADCAST, 1),
+    ("member<-client", Kind.SURVEY, 1),
+    ("client<-member", Kind.PONG, 0),
+    ("client<-member", Kind.PEERS, 0),
+    ("client<-member", Kind.REPLY, 1),
+]
+
+
+@pytest.mark.parametrize(("target", "kind", "scope"), FRESH, ids=lambda x: str(x))
+def test_every_bit_flip_of_an_unseen_sealed_frame_fails_its_seal(
+    target: str, kind: Kind, scope: int
+) -> None:
+    """Frames the receiver has not seen yet reach the AEAD: a flip of the body or of the
+    header's seq, flags or scope fails the seal; the untouched original is then accepted."""
+    scene = Scene(seed=3)
+    body = {
+        Kind.PING: CODEC.pack([5, []]),
+        Kind.PONG: CODEC.pack([5, 0]),
+        Kind.PEERS: CODEC.pack([]),
+        Kind.REPLY: encode_reply(12345, STATUS_OK, b"fresh reply"),
+    }.get(kind, encode_request(777, 1000, [], b"fresh request"))
+    make = _authentic if target == "member<-client" else _to_client
+    _, original = make(scene, kind, scope, body)
+    verdicts: Counter[str] = Counter()
+    for variant in _flips(original):
+        verdicts[scene.feed(target, variant)] += 1
+    assert verdicts["dropped_bad_seal"] >= len(original) - HEADER_SIZE, verdicts
+    assert set(verdicts) <= {
+        "dropped_bad_seal",
+        "dropped_bad_magic",
+        "dropped_bad_version",
+        "dropped_bad_kind",
+        "dropped_bad_scope",
+        "dropped_replay",
+    }, verdicts
+    assert scene.feed_valid(target, original)  # the control: only the flips were refused
+    serves_after(scene, f"after flipping a fresh {kind.name}")
+
+
+@fast(60)
+@given(st.data())
+def test_any_mix_of_hostile_frames_is_dropped_and_counted(data: st.DataObject) -> None:
+    """Mutations (flips, truncation, header rewrites, splices, replays, forgeries, oversize) of
+    captured and unseen real frames, fed to every link end and to strangers."""
+    scene = Scene(seed=4)
+    rng = data.draw(st.randoms(use_true_random=False))
+    n = data.draw(st.integers(1, 25))
+    verdicts = Counter(scene.feed(*scene.case(rng)) for _ in range(n))
+    assert set(verdicts) <= {"hello_accepted"} | {v for v in verdicts if v.startswith("dropped_")}
+    serves_after(scene, "after a mix")
+
+
+@fast(40)
+@given(target=st.sampled_from(TARGETS), frame=st.binary(max_size=300))
+def test_random_bytes_are_dropped_and_counted(target: str, frame: bytes) -> None:
+    scene = Scene(seed=5)
+    assert scene.feed(target, frame).startswith("dropped_")
+    assert scene.round_trip(b"after noise") == b"re:after noise"
+
+
+# ---------------------------------------------------------------------- bounded memory
+
+
+def test_five_thousand_hellos_from_strangers_stop_at_the_in_link_limit() -> None:
+    scene = Scene(seed=6)
+    member = scene.member.core
+    before = Footprint.of(member)
+    public = X25519LinkKeys(sealing=True).public
+    for i in range(5000):
+        ident = i.to_bytes(16, "big")
+        hello = CODEC.pack([ident, ident, f"tcp://stranger-{i}:7000", {"kx": public}])
+        member.receive_in(b"s%d" % i, encode_header(Kind.HELLO, 0, 0) + hello, scene.net.now)
+        scene.net.collect(scene.member)  # WELCOMEs to nowhere, dial-backs that fail later
+    flooded = Footprint.of(member)
+    assert flooded.in_links == IN_LINK_LIMIT
+    assert member.stats["dropped_too_many_links"] == 5000 - (IN_LINK_LIMIT - before.in_links)
+    assert flooded.out_links <= flooded.dial_records <= DIAL_RECORD_LIMIT
+    assert scene.round_trip(b"under a flood") == b"re:under a flood"
+    # Strangers that fall silent are forgotten, and so are the endpoints they announced.
+    scene.net.advance(12.0, step=0.2)
+    assert Footprint.of(member) == before
+    serves_after(scene, "after the flood")
+
+
+def test_five_thousand_candidates_from_a_peer_stop_at_the_dial_record_limit() -> None:
+    """The rogue holds no key of the member's, but a link is all peer exchange needs."""
+    scene = Scene(seed=7)
+    member = scene.member.core
+    before = Footprint.of(member)
+    link = scene.out_link(scene.rogue, scene.member)
+    sent = 0
+    while sent < 5000:
+        entries = [
+            [(sent + i).to_bytes(16, "big"), f"tcp://candidate-{sent + i}:7000"]
+            for i in range(MAX_PEERS_PER_FRAME)
+        ]
+        sent += len(entries)
+        frame = seal_on(link, Kind.PEERS, 0, CODEC.pack(entries), link.send_sealers[0])
+        assert scene.feed_valid("member<-rogue", frame)
+        scene.net.collect(scene.member)
+    flooded = Footprint.of(member)
+    assert flooded.dial_records == DIAL_RECORD_LIMIT
+    assert member.stats["candidates_dropped"] == sent - (DIAL_RECORD_LIMIT - before.dial_records)
+    assert flooded.out_links <= DIAL_RECORD_LIMIT
+    assert scene.round_trip(b"under a flood") == b"re:under a flood"
+    scene.net.advance(12.0, step=0.2)  # three failed dials each, then forgotten
+    assert Footprint.of(member) == before
+    serves_after(scene, "after the flood")
+
+
+def test_a_caller_that_never_acknowledges_cannot_grow_the_reply_cache() -> None:
+    config = CoreConfig(reply_cache_entries=64, reply_cache_bytes=16 << 10)
+    scene = Scene(seed=8, config=config)
+    member = scene.member.core
+    for req_id in range(1_000_000, 1_002_000):
+        # Long deadlines and no acks: only the cache's own bounds can let go of these.
+        body = encode_request(req_id, 0xFFFFFFFF, [], bytes(1024))
+        assert scene.feed_valid("member<-client", _authentic(scene, Kind.REQUEST, 1, body)[1])
+        assert len(member.reply_cache) <= 64
+        assert member.reply_cache.size_bytes <= 16 << 10
+    assert member.reply_cache.evicted >= 2000 - 64
+    serves_after(scene, "after 2000 unacknowledged requests")
+
+
+# ---------------------------------------------------------------------- found bugs
+
+
+def test_a_keyless_node_cannot_make_a_member_forget_a_callers_reply() -> None:
+    net = MemNet(seed=15)
+    member = net.add("member", clusters=["db"], handler=hold)
+    client = net.add("client", seeds=[member])
+    net.advance(0.3)
+    req_id = net.request(client, "db", b"charge card", timeout=5.0)
+    member.core.reply(member.held[0], b"charged")  # queued on the member's side...
+    net.break_link(client, client.conn_to(member).link_id)  # ...when the connection dies
+    net.settle()
+    # A rogue with another keyring says it is the client (node ids travel in clear in HELLO)
+    # and acknowledges the reply the client never got.
+    rogue = net.add("rogue", keyring=Keyring.generate(["*"], randbytes=net.rng.randbytes))
+    rogue.core.node_id = client.node_id
+    rogue.core.add_candidate(member.endpoint, net.now, seed=True)
+    net.settle()
+    [link] = rogue.core.links()
+    link.acks.append(req_id)
+    link.last_ping = float("-inf")
+    net.tick(rogue)
+    net.settle()
+    net.advance(1.0)  # the client redials and resends its request with the same id
+    assert len(member.arrived) == 1, "the handler ran a second time for one request"
+
+
+# ---------------------------------------------------------------------- the long run
+
+
+@pytest.mark.slow
+def test_a_hundred_thousand_seeded_mutations_only_ever_drop_or_handshake() -> None:
+    """bench/fuzz.py's cases, deterministic: the verdicts are counted drops (and strangers'
+    valid HELLOs), the real client is served throughout, and memory stays bounded."""
+    scene = Scene(seed=9)
+    rng = random.Random(20261122)
+    verdicts: Counter[str] = Counter()
+    for checkpoint in range(10):
+        for _ in range(10_000):
+            verdicts[scene.feed(*scene.case(rng))] += 1
+        assert scene.round_trip(b"checkpoint %d" % checkpoint) == b"re:checkpoint %d" % checkpoint
+        footprint = Footprint.of(scene.member.core)
+        assert footprint.in_links <= IN_LINK_LIMIT
+        assert footprint.dial_records <= DIAL_RECORD_LIMIT
+        assert footprint.reply_cache <= 64, footprint  # nothing but the real client's requests
+        scene.net.advance(0.5)
+    assert sum(verdicts.values()) == 100_000
+    assert {v for v in verdicts if not v.startswith("dropped_")} <= {"hello_accepted"}
+    assert verdicts["dropped_bad_seal"] > 10_000, verdicts  # the AEAD saw many of them
+    assert scene.losses() == []

@@ -1,0 +1,309 @@
+"""A rogue with the wrong key, on one machine: it cannot join a cluster, answer for it, or get
+a forged, injected or replayed frame past a member; every attempt is counted.
+
+The real member and the rogue members run as their own processes (examples/failover.py's
+worker, each with its own keyring file); the frame-level attacks use a raw zmq DEALER that
+speaks irismesh frames by hand, and a recording proxy (tests/wiretap.py) on a real client's
+connection to capture frames and to inject them back into that live connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+import zmq.asyncio
+from helpers import Workers, wait_until
+from wiretap import proxied_client
+
+import irismesh
+from irismesh._core.frames import (
+    HEADER_SIZE,
+    MAX_PEERS_PER_FRAME,
+    BodyCodec,
+    Kind,
+    encode_header,
+    encode_request,
+)
+from irismesh._core.sealing import Sealer
+from irismesh.security.linksecurity import KeyedLinkSecurity
+
+CLUSTER = "work"  # what examples/failover.py's workers serve
+CODEC = BodyCodec(1 << 20)
+NOWHERE = "tcp://127.0.0.1:9"  # the discard port: what a rogue claims as its endpoint
+
+
+@pytest.fixture
+def rogues(tmp_path: Path) -> Iterator[Workers]:
+    """Workers of the same program, with a keyring of their own."""
+    keyfile = tmp_path / "rogue.keys"
+    irismesh.Keyring.generate().save(keyfile)
+    group = Workers(keyfile)
+    try:
+        yield group
+    finally:
+        group.close()
+
+
+def run(main: Callable[[], Any], timeout: float = 60) -> None:
+    asyncio.run(asyncio.wait_for(main(), timeout))
+
+
+# ---------------------------------------------------------------------- (a), (b): wrong-key nodes
+
+
+def test_a_rogue_that_seeds_a_member_is_never_a_member_of_its_cluster(
+    keys: irismesh.Keyring, workers: Workers, rogues: Workers
+) -> None:
+    async def main() -> None:
+        member = workers.start("w1")
+        rogue = rogues.start("rogue", [member])  # tries to join "work" through the member
+        async with irismesh.Node(keyring=keys, seeds=[member]) as client:
+            await client.wait_for_members(CLUSTER, timeout=10)
+            # Peer exchange brings the rogue to the client, and the link handshake succeeds
+            # (it needs no key), but the rogue cannot make an offer tag for "work".
+            # Gossip to a random peer every 1.5-4.5 s: 15 s leaves a miss at about 1 in 1000.
+            await wait_until(
+                lambda: rogue in {p.endpoint for p in client.peers()}, 15, "the rogue as a peer"
+            )
+            [rogue_id] = [p.node_id for p in client.peers() if p.endpoint == rogue]
+            [member_id] = client.members(CLUSTER)
+            assert member_id != rogue_id
+            for i in range(50):
+                assert await client.request(CLUSTER, b"%d" % i, timeout=5) == b"w1:%d" % i
+            assert client.members(CLUSTER) == [member_id]
+            assert rogue in {p.endpoint for p in client.peers()}  # still linked, still no member
+
+    run(main)
+
+
+def test_a_rogue_serving_the_cluster_with_its_own_key_answers_nothing(
+    keys: irismesh.Keyring, workers: Workers, rogues: Workers
+) -> None:
+    async def main() -> None:
+        rogue = rogues.start("rogue")
+        member = workers.start("w1")
+        async with irismesh.Node(keyring=keys, seeds=[rogue, member]) as client:
+            await client.wait_for_members(CLUSTER, timeout=10)
+            await wait_until(lambda: len(client.peers()) == 2, 10, "both as peers")
+            assert len(client.members(CLUSTER)) == 1
+            replies = await asyncio.gather(
+                *(client.request(CLUSTER, b"%d" % i, timeout=5) for i in range(50))
+            )
+            assert replies == [b"w1:%d" % i for i in range(50)]  # all from the real member
+            assert client.stats.get("requests_timed_out", 0) == 0
+
+    run(main)
+
+
+def test_a_node_without_the_clusters_key_gets_a_local_error_naming_it(
+    workers: Workers,
+) -> None:
+    async def main() -> None:
+        member = workers.start("w1")
+        stranger_keys = irismesh.Keyring.generate(["billing"])  # no "work", no "*"
+        async with irismesh.Node(keyring=stranger_keys, seeds=[member]) as stranger:
+            await wait_until(lambda: stranger.peers(), 10, "a link to the member")
+            with pytest.raises(irismesh.NoKey) as caught:
+                await stranger.request(CLUSTER, b"x")
+            assert caught.value.scope == CLUSTER
+            with pytest.raises(irismesh.NoKey):
+                await stranger.broadcast(CLUSTER, b"x")
+
+    run(main)
+
+
+# ---------------------------------------------------------------------- (c): frames by hand
+
+
+class RawPeer:
+    """A zmq DEALER speaking irismesh frames by hand, with a keyring of its own."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, keys: irismesh.Keyring) -> None:
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+        self.security = KeyedLinkSecurity(keys)
+        self.keys = self.security.begin()
+        self.nonce = os.urandom(16)
+        self.peer_nonce = b""
+        self.offers: list[bytes] = []
+        self.seq = 0
+
+    async def handshake(self, node_id: bytes | None = None) -> None:
+        hello = [node_id or os.urandom(16), self.nonce, NOWHERE, {"kx": self.keys.public}]
+        await self.send(encode_header(Kind.HELLO, 0, 0) + CODEC.pack(hello))
+        while True:
+            frame = await asyncio.wait_for(self.sock.recv(), 5)
+            if frame[2] == Kind.WELCOME:
+                break
+        env = CODEC.unpack(frame[HEADER_SIZE:], Kind.WELCOME)
+        self.peer_nonce, self.offers = env[1], env[3]
+        self.keys.establish(env[4]["kx"], self.peer_nonce, self.nonce)
+
+    def sealer(self, cluster: str | None) -> Sealer:
+        """The link's own sealer (None), or one for `cluster` under this peer's key for it."""
+        if cluster is None:
+            return self.keys.sealer(None, True)
+        [(_tag, handle)] = self.security.offers(cluster, self.peer_nonce, self.nonce)
+        return self.keys.sealer(handle, True)
+
+    def seal(self, kind: int, scope: int, body: bytes, sealer: Sealer) -> bytes:
+        self.seq += 1
+        header = encode_header(kind, scope, self.seq)
+        return header + sealer.seal(header, self.seq, body)
+
+    async def send(self, *frames: bytes) -> None:
+        for frame in frames:
+            await self.sock.send(frame)
+
+
+@asynccontextmanager
+async def served_member(
+    keys: irismesh.Keyring,
+) -> AsyncIterator[tuple[irismesh.Node, list[bytes], list[bytes]]]:
+    """A member of "work" with counting request and broadcast handlers."""
+    requests: list[bytes] = []
+    broadcasts: list[bytes] = []
+    async with irismesh.Node(CLUSTER, keyring=keys) as member:
+
+        @member.on_request
+        def answer(payload: bytes) -> bytes:
+            requests.append(payload)
+            return b"ok:" + payload
+
+        member.on_broadcast(broadcasts.append)
+        yield member, requests, broadcasts
+
+
+async def counted(member: irismesh.Node, reason: str, before: dict[str, int], n: int) -> None:
+    key = "dropped_" + reason
+    await wait_until(lambda: member.stats.get(key, 0) - before.get(key, 0) >= n, 5, f"{n} x {key}")
+    assert member.stats.get(key, 0) - before.get(key, 0) == n
+
+
+def test_forged_injected_and_replayed_frames_are_counted_and_never_handled(
+    keys: irismesh.Keyring,
+) -> None:
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        rogue_keys = irismesh.Keyring.generate()  # a '*' key: it believes it may serve "work"
+        try:
+            async with (
+                served_member(keys) as (member, requests, broadcasts),
+                proxied_client(member, CLUSTER, keyring=keys) as (client, proxy),
+            ):
+                for i in range(10):
+                    assert await client.request(CLUSTER, b"real %d" % i) == b"ok:real %d" % i
+                assert await client.broadcast(CLUSTER, b"real broadcast") == [member.node_id.hex()]
+                [conn] = proxy.connections
+                captured = conn.messages(upstream=True)
+                kinds = [frame[2] for frame in captured]
+                hello = captured[kinds.index(Kind.HELLO)]
+                sealed = [f for f in captured if f[2] != Kind.HELLO]
+                real = [f for f in sealed if f[2] in (Kind.REQUEST, Kind.BROADCAST)]
+                assert len(real) == 11
+                before = dict(member.stats)
+
+                # 1. Requests and broadcasts with no handshake at all.
+                bare = RawPeer(ctx, member.endpoint, rogue_keys)
+                await bare.send(*real)
+                await counted(member, "unknown_link", before, len(real))
+
+                # 2. A handshake (it needs no key), then frames sealed with the wrong key.
+                rogue = RawPeer(ctx, member.endpoint, rogue_keys)
+                await rogue.handshake()
+                # The member's WELCOME offered "work", but not in a way the rogue can tell.
+                assert len(rogue.offers) == 1
+                offered = {tag: slot for slot, tag in enumerate(rogue.offers, start=1)}
+                assert rogue.security.match(CLUSTER, rogue.peer_nonce, rogue.nonce, offered) is None
+                wrong_key = rogue.sealer(CLUSTER)
+                forged = [
+                    rogue.seal(kind, 1, encode_request(900 + i, 1000, [], b"forged"), wrong_key)
+                    for i, kind in enumerate([Kind.REQUEST] * 5 + [Kind.BROADCAST] * 3)
+                ]
+                await rogue.send(*forged)
+                await counted(member, "bad_seal", before, len(forged))
+                # Sealed with the link key, which the rogue does hold: no cluster scope.
+                link_sealed = rogue.seal(
+                    Kind.REQUEST, 0, encode_request(950, 1000, [], b"x"), rogue.sealer(None)
+                )
+                await rogue.send(link_sealed)
+                await counted(member, "bad_scope", before, 1)
+                # Garbage, and a message of several frames.
+                await rogue.send(b"\x00" * 40, b"\x49\x02" + bytes(30))
+                await rogue.sock.send_multipart([real[0], real[0]])
+                await counted(member, "bad_magic", before, 1)
+                await counted(member, "bad_version", before, 1)
+                await counted(member, "multipart", before, 1)
+
+                # 3. The real client's captured frames, replayed on a new connection after its
+                #    captured HELLO: the new link has fresh keys, so every one fails its seal.
+                replayer = RawPeer(ctx, member.endpoint, rogue_keys)
+                await replayer.send(hello, *sealed)
+                await counted(member, "bad_seal", before, len(forged) + len(sealed))
+
+                # 4. The same frames injected into the client's live connection (a man in the
+                #    middle): the right keys, but sequence numbers the link has seen.
+                conn.inject(sealed)
+                await counted(member, "replay", before, len(sealed))
+
+                assert len(requests) == 10  # the handler ran for the real requests only
+                assert broadcasts == [b"real broadcast"]
+                for i in range(10):  # and the real client is served as before
+                    assert await client.request(CLUSTER, b"after %d" % i) == b"ok:after %d" % i
+                assert len(requests) == 20
+                assert client.stats.get("requests_timed_out", 0) == 0
+        finally:
+            ctx.destroy(linger=0)
+
+    run(main)
+
+
+# ---------------------------------------------------------------------- found bugs
+
+
+def test_a_keyless_peer_listing_many_candidates_does_not_break_a_member(
+    keys: irismesh.Keyring,
+) -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        errors: list[dict[str, Any]] = []
+        loop.set_exception_handler(lambda _loop, context: errors.append(context))
+        ctx = zmq.asyncio.Context()
+        try:
+            async with (
+                served_member(keys) as (member, _requests, _broadcasts),
+                irismesh.Node(keyring=keys, seeds=[member.endpoint]) as client,
+            ):
+                await client.wait_for_members(CLUSTER, timeout=10)
+                rogue = RawPeer(ctx, member.endpoint, irismesh.Keyring.generate())
+                await rogue.handshake()
+                for start in range(0, 12 * MAX_PEERS_PER_FRAME, MAX_PEERS_PER_FRAME):
+                    candidates = [
+                        [os.urandom(16), f"tcp://127.0.0.1:{20000 + start + i}"]
+                        for i in range(MAX_PEERS_PER_FRAME)
+                    ]
+                    body = CODEC.pack(candidates)
+                    await rogue.send(rogue.seal(Kind.PEERS, 0, body, rogue.sealer(None)))
+                # The member dials at most max_links at once and defers (then forgets) the rest.
+                await wait_until(
+                    lambda: member.stats.get("dials_deferred", 0) >= 100, 10, "the dial cap"
+                )
+                assert member.stats.get("dials", 0) <= irismesh.CoreConfig().max_links + 10
+                outcomes = await asyncio.gather(
+                    *(client.request(CLUSTER, b"%d" % i, timeout=2) for i in range(20)),
+                    return_exceptions=True,
+                )
+                assert errors == [], errors[0].get("message")
+                assert outcomes == [b"ok:%d" % i for i in range(20)]
+        finally:
+            ctx.destroy(linger=0)
+
+    run(main)
