@@ -6,6 +6,7 @@ API for code that does not run asyncio. See the README for a tour.
 """
 
 from irismesh._core.config import CoreConfig
+from irismesh.discovery.mdns import MdnsConfig
 from irismesh.discovery.survey import SurveyConfig
 from irismesh.errors import (
     AuthenticationError,
@@ -34,6 +35,7 @@ __all__ = [
     "ConfigurationError",
     "CoreConfig",
     "Keyring",
+    "MdnsConfig",
     "MemberLost",
     "MembershipTimeout",
     "MeshError",

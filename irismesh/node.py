@@ -34,6 +34,7 @@ from irismesh._core.events import (
 )
 from irismesh._core.frames import MAX_CLUSTERS, STATUS_OK, Kind, unpack_error
 from irismesh._driver import Driver
+from irismesh.discovery.mdns import MdnsConfig, MdnsDiscovery
 from irismesh.discovery.survey import SurveyConfig, SurveyDiscovery
 from irismesh.errors import (
     Closed,
@@ -102,6 +103,7 @@ class Node:
         bind: str = DEFAULT_BIND,
         seeds: Iterable[str] = (),
         survey: bool | SurveyConfig = False,
+        mdns: bool | MdnsConfig = False,
         config: CoreConfig | None = None,
         default_timeout: float = 5.0,
         sealing: bool = True,
@@ -138,6 +140,8 @@ class Node:
         self._driver: Driver | None = None
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
         self._survey: SurveyDiscovery | None = None
+        self._mdns_config = _mdns_config(mdns, keyring)
+        self._mdns: MdnsDiscovery | None = None
         # req id -> (future, cluster, sent at, telemetry kind)
         self._waiting: dict[int, tuple[asyncio.Future[bytes], str, float, str]] = {}
         self._telemetry = telemetry if isinstance(telemetry, TelemetryConfig) else None
@@ -201,6 +205,18 @@ class Node:
             )
             self.recorder.set_sampling(config.sample_every)
             self._telemetry_task = loop.create_task(self._telemetry_loop(config.gauge_interval))
+        if self._mdns_config is not None:
+            self._mdns = MdnsDiscovery(
+                node_id=self.node_id,
+                endpoint=endpoint,
+                config=self._mdns_config,
+                on_candidate=self._on_candidate,
+            )
+            try:
+                await self._mdns.start()
+            except BaseException:
+                await self.close()
+                raise
         if self._survey_config is not None:
             self._survey = SurveyDiscovery(
                 node_id=self.node_id,
@@ -220,6 +236,8 @@ class Node:
         if self._closing:
             return
         self._closing = True
+        if self._mdns is not None:
+            await self._mdns.close()
         if self._survey is not None:
             await self._survey.close()
         if self._telemetry_task is not None:
@@ -576,6 +594,20 @@ class Node:
             return
         self._core.add_candidate(endpoint, self._driver._loop.time())
         self._driver.process()
+
+
+def _mdns_config(mdns: bool | MdnsConfig, keyring: Keyring) -> MdnsConfig | None:
+    """mdns=True: records tagged with the default key, so only this mesh's nodes are candidates."""
+    if isinstance(mdns, MdnsConfig):
+        return mdns
+    if not mdns:
+        return None
+    keys = keyring.accepted("*")
+    if not keys:  # no mesh-wide key: any irismesh node is a candidate; the handshake decides
+        return MdnsConfig()
+    return MdnsConfig(
+        realm_key=keys[0].secret, accepted_realm_keys=tuple(k.secret for k in keys[1:])
+    )
 
 
 _OK, _REMOTE_ERROR = str(Outcome.OK), str(Outcome.REMOTE_ERROR)

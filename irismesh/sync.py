@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from irismesh import node as _async
 from irismesh._core.config import CoreConfig
+from irismesh.discovery.mdns import MdnsConfig
 from irismesh.discovery.survey import SurveyConfig
 from irismesh.errors import Closed, ConfigurationError
 from irismesh.security.keyring import Keyring
@@ -42,6 +43,7 @@ class Node:
         bind: str = _async.DEFAULT_BIND,
         seeds: Iterable[str] = (),
         survey: bool | SurveyConfig = False,
+        mdns: bool | MdnsConfig = False,
         config: CoreConfig | None = None,
         default_timeout: float = 5.0,
         handler_threads: int = 8,
@@ -53,6 +55,7 @@ class Node:
             bind=bind,
             seeds=seeds,
             survey=survey,
+            mdns=mdns,
             config=config,
             default_timeout=default_timeout,
         )

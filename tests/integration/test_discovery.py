@@ -57,3 +57,27 @@ def test_a_node_that_knows_one_peer_soon_knows_the_mesh(keys: irismesh.Keyring) 
             await asyncio.gather(*(n.close() for n in nodes))
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_nodes_find_each_other_by_mdns_alone(keys: irismesh.Keyring) -> None:
+    """No seeds, no survey: mDNS records tagged with the mesh key on 127.0.0.1."""
+
+    async def main() -> None:
+        # A service type of this test's own, so parallel runs and other meshes stay apart.
+        config = irismesh.MdnsConfig(
+            service_type=f"_im{random.randint(0, 99999):05d}._tcp.local.",
+            realm_key=keys.accepted("*")[0].secret,
+        )
+        member = await irismesh.Node("db", keyring=keys, mdns=config).start()
+        member.on_request(lambda payload: b"found")
+        client = await irismesh.Node(keyring=keys, mdns=config).start()
+        try:
+            taken = await wait_until(
+                lambda: len(client.members("db")) == 1, 5.0, "the client to find the member"
+            )
+            print(f"client found the member by mDNS in {taken * 1000:.0f} ms")
+            assert await client.request("db", b"x") == b"found"
+        finally:
+            await asyncio.gather(client.close(), member.close())
+
+    asyncio.run(asyncio.wait_for(main(), 30))
