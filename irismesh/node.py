@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import os
 import random
 from collections.abc import Callable, Iterable, Mapping
@@ -130,9 +132,7 @@ class Node:
         self.node_id = os.urandom(16)
         self._bind = bind
         self._seeds = [_check_endpoint(s) for s in seeds]
-        self._survey_config = (
-            survey if isinstance(survey, SurveyConfig) else (SurveyConfig() if survey else None)
-        )
+        self._survey_config = _survey_config(survey, keyring)
         self._config = config or CoreConfig()
         self._default_timeout = default_timeout
         self._sealing = sealing  # False only to measure what sealing costs
@@ -594,6 +594,19 @@ class Node:
             return
         self._core.add_candidate(endpoint, self._driver._loop.time())
         self._driver.process()
+
+
+def _survey_config(survey: bool | SurveyConfig, keyring: Keyring) -> SurveyConfig | None:
+    """survey=True: the realm is a tag under the mesh's '*' key, so other meshes stay apart."""
+    if isinstance(survey, SurveyConfig):
+        return survey
+    if not survey:
+        return None
+    key = keyring.primary("*")
+    if key is None:
+        return SurveyConfig()
+    realm = hmac.new(key.secret, b"irismesh/v1/survey-realm", hashlib.sha256).digest()[:16]
+    return SurveyConfig(realm=realm)
 
 
 def _mdns_config(mdns: bool | MdnsConfig, keyring: Keyring) -> MdnsConfig | None:

@@ -81,3 +81,17 @@ def test_nodes_find_each_other_by_mdns_alone(keys: irismesh.Keyring) -> None:
             await asyncio.gather(client.close(), member.close())
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_survey_realm_comes_from_the_mesh_key(keys: irismesh.Keyring) -> None:
+    """survey=True tags questions with the mesh key: a node of another mesh is not a candidate."""
+    from irismesh.node import _survey_config
+
+    ours = _survey_config(True, keys)
+    theirs = _survey_config(True, irismesh.Keyring.generate())
+    assert ours is not None
+    assert theirs is not None
+    assert len(ours.realm) == 16
+    assert ours.realm != theirs.realm
+    assert ours.realm == _survey_config(True, keys).realm  # stable for one key
+    assert _survey_config(True, irismesh.Keyring.generate(["db"])) == irismesh.SurveyConfig()
