@@ -263,6 +263,10 @@ class Driver:
         sock = self._dealers.pop(link_id, None)
         if monitor is not None:
             self._loop.remove_reader(monitor.FD)
+            if sock is not None:
+                # Stop the monitor before closing its socket: closing a monitored socket and
+                # its monitor without this left the context unable to accept new peers.
+                sock.disable_monitor()
             monitor.close(0)
         if sock is not None:
             self._loop.remove_reader(sock.FD)
@@ -303,8 +307,11 @@ class Driver:
         if self._timer is not None:
             self._timer.cancel()
         self._loop.remove_reader(self._router.FD)
-        for monitor in self._monitors.values():
+        for link_id, monitor in self._monitors.items():
             self._loop.remove_reader(monitor.FD)
+            dealer = self._dealers.get(link_id)
+            if dealer is not None:
+                dealer.disable_monitor()
             monitor.close(0)
         self._monitors.clear()
         for sock in self._dealers.values():

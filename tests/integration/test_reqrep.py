@@ -352,3 +352,18 @@ def test_sync_node_broadcast_and_survey(keys: irismesh.Keyring) -> None:
             assert result.answers == {member.node_id.hex(): b"up"}
             with pytest.raises(irismesh.RemoteError, match="no request handler"):
                 client.request("db", b"x", hedge=True)
+
+
+def test_a_member_keeps_accepting_clients_that_come_and_go(keys: irismesh.Keyring) -> None:
+    """Each client's departure closes the member's dial-back link (and its monitor)."""
+
+    async def main() -> None:
+        async with irismesh.Node("db", keyring=keys) as member:
+            member.on_request(lambda payload: b"hi:" + payload)
+            for i in range(20):
+                async with irismesh.Node(keyring=keys, seeds=[member.endpoint]) as client:
+                    await client.wait_for_members("db", timeout=5)
+                    assert await client.request("db", b"%d" % i) == b"hi:%d" % i
+                    await wait_until(lambda: len(member.peers()) == 1, 5, "the dial-back")
+
+    run(main(), timeout=60)

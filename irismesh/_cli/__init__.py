@@ -1,0 +1,14 @@
+"""The commands of `mesh`, one module per family; `irismesh.cli` builds the parser from them.
+
+    base      one-line errors, argument types, the options and the node every joining command shares
+    keys      mesh keygen
+    serve     mesh node (echo, or a command run per request)
+    request   mesh request
+    listing   mesh peers, mesh clusters (and the views `top` reuses)
+    top       mesh top
+    bench     mesh bench
+
+Each module has `register(commands)`, which adds its subparsers and sets `run`, an async
+function of the parsed arguments returning the exit status. A new pattern's commands (publish,
+subscribe, broadcast, survey, tunnel) are a new module here and one line in `irismesh.cli`.
+"""

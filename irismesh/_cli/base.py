@@ -1,0 +1,287 @@
+"""What every `mesh` command shares: one-line errors, argument types, joining the mesh.
+
+Exit statuses: 0 done; 1 the mesh said no (no member, a timeout, a remote error); 2 the user's
+arguments or files are wrong (argparse, `ConfigurationError`, `NoKey`); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from rich.console import Console
+
+import irismesh
+from irismesh.errors import MembershipTimeout
+from irismesh.node import DEFAULT_BIND
+
+# A command's body: plain, or async when it joins the mesh (main runs it in asyncio.run).
+Run = Callable[[argparse.Namespace], int | Coroutine[Any, Any, int]]
+
+USAGE_ERROR = 2
+MESH_ERROR = 1
+
+# Peers found and heard from, and no new one for this long: the mesh as seen from here is known.
+SETTLED_FOR = 0.3
+_ENDPOINT = re.compile(r"tcp://(\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]]+):(\d{1,5}|\*)")
+
+
+class CommandError(Exception):
+    """A command cannot go on; `status` is the exit status (1 the mesh, 2 the user)."""
+
+    def __init__(self, message: str, status: int = MESH_ERROR) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class MeshArgumentParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (and exit status 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(USAGE_ERROR, f"mesh: {message} (see `{self.prog} --help`)\n")
+
+
+def add_command(
+    commands: argparse._SubParsersAction[MeshArgumentParser],
+    name: str,
+    *,
+    summary: str,
+    description: str,
+    examples: str,
+    run: Run,
+) -> MeshArgumentParser:
+    """A subcommand whose --help has a summary, a paragraph and examples."""
+    parser = commands.add_parser(
+        name,
+        help=summary,
+        description=f"{summary[0].upper()}{summary[1:]}.\n\n{description}",
+        epilog=f"examples:\n{examples}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.set_defaults(run=run)
+    return parser
+
+
+# ----------------------------------------------------------------- argument types
+
+
+def seconds(text: str) -> float:
+    """A positive number of seconds."""
+    value = _float(text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def seconds_or_zero(text: str) -> float:
+    value = _float(text)
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be zero or more seconds, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text!r}")
+    return value
+
+
+def byte_size(text: str) -> int:
+    value = _int(text)
+    limit = irismesh.CoreConfig().max_payload
+    if not 0 <= value <= limit:
+        raise argparse.ArgumentTypeError(f"must be between 0 and {limit} bytes, got {text!r}")
+    return value
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+
+
+def seed_endpoint(text: str) -> str:
+    """tcp://HOST:PORT of a node to dial."""
+    match = _ENDPOINT.fullmatch(text)
+    if not match or match[2] == "*" or not 0 < int(match[2]) < 65536:
+        raise argparse.ArgumentTypeError(f"bad endpoint {text!r}: expected tcp://HOST:PORT")
+    return text
+
+
+def bind_endpoint(text: str) -> str:
+    """tcp://HOST:PORT to listen on; port 0 or * picks a free one."""
+    match = _ENDPOINT.fullmatch(text)
+    if not match or (match[2] != "*" and not 0 <= int(match[2]) < 65536):
+        raise argparse.ArgumentTypeError(
+            f"bad endpoint {text!r}: expected tcp://HOST:PORT (port 0 picks a free one)"
+        )
+    return text
+
+
+def cluster_name(text: str) -> str:
+    if not text or len(text) > 200 or any(c.isspace() for c in text) or text == "*":
+        raise argparse.ArgumentTypeError(
+            f"bad cluster name {text!r}: 1-200 characters, no whitespace, not '*'"
+        )
+    return text
+
+
+# ----------------------------------------------------------------- joining the mesh
+
+
+def add_joining_options(parser: MeshArgumentParser, *, wait: float | None, wait_help: str) -> None:
+    group = parser.add_argument_group("joining the mesh")
+    group.add_argument(
+        "--keys", type=Path, metavar="FILE", help="keyring file (default: $IRISMESH_KEYFILE)"
+    )
+    group.add_argument(
+        "--seed",
+        action="append",
+        default=[],
+        type=seed_endpoint,
+        metavar="ENDPOINT",
+        help="tcp://HOST:PORT of a running node (repeatable)",
+    )
+    group.add_argument(
+        "--survey", action="store_true", help="also find nodes by multicast survey (127.0.0.1)"
+    )
+    group.add_argument(
+        "--bind",
+        default=DEFAULT_BIND,
+        type=bind_endpoint,
+        metavar="ENDPOINT",
+        help="where this node listens (default: %(default)s)",
+    )
+    if wait is not None:
+        group.add_argument(
+            "--wait",
+            type=seconds_or_zero,
+            default=wait,
+            metavar="SECONDS",
+            help=f"{wait_help} (default: %(default)s)",
+        )
+
+
+def add_json_option(parser: MeshArgumentParser, what: str = "JSON for scripts") -> None:
+    parser.add_argument("--json", action="store_true", help=what)
+
+
+def load_keyring(path: Path | None) -> irismesh.Keyring:
+    if path is not None:
+        return irismesh.Keyring.load(path)
+    keys = irismesh.Keyring.from_env()
+    if keys is None:
+        raise CommandError(
+            "no keyring: pass --keys FILE or set IRISMESH_KEYFILE (make one with `mesh keygen`)",
+            USAGE_ERROR,
+        )
+    return keys
+
+
+def make_node(
+    args: argparse.Namespace, keys: irismesh.Keyring, clusters: Sequence[str] = ()
+) -> irismesh.Node:
+    """The command's own node; a pure client unless `clusters` are given."""
+    return irismesh.Node(
+        clusters[0] if clusters else None,
+        keyring=keys,
+        clusters=clusters[1:],
+        bind=args.bind,
+        seeds=args.seed,
+        survey=args.survey,
+    )
+
+
+def require_discovery(args: argparse.Namespace) -> None:
+    """A node that only looks around must have a way to find others."""
+    if not args.seed and not args.survey:
+        raise CommandError(
+            "nothing to join: pass --seed tcp://HOST:PORT of a running node, or --survey",
+            USAGE_ERROR,
+        )
+
+
+def where(args: argparse.Namespace) -> str:
+    """Where this command looked, for error messages."""
+    places = list(args.seed) + (["multicast survey"] if args.survey else [])
+    return ", ".join(places)
+
+
+async def wait_for_cluster(node: irismesh.Node, args: argparse.Namespace, cluster: str) -> int:
+    """Wait up to --wait seconds for a live member of `cluster`; the number found."""
+    try:
+        with stderr_console().status(f"waiting for a member of {cluster!r}"):
+            return await node.wait_for_members(cluster, timeout=args.wait)
+    except MembershipTimeout:
+        raise CommandError(
+            f"cluster {cluster!r} has no live member after {args.wait:g} s "
+            f"(looked via {where(args)}; same keyring there?)"
+        ) from None
+
+
+async def settle(node: irismesh.Node, wait: float) -> list[irismesh.PeerInfo]:
+    """The peers once the mesh seen from here stops changing, or when `wait` seconds are up.
+
+    Settled means: some peers, each heard back from (a measured RTT), and none new for
+    SETTLED_FOR seconds. Peers share their peer lists, so one seed soon gives the whole mesh.
+    """
+    deadline = time.monotonic() + wait
+    known: set[str] = set()
+    changed = time.monotonic()
+    with stderr_console().status("finding peers") as status:  # shown on terminals only
+        while True:
+            peers = node.peers()
+            now = time.monotonic()
+            ids = {p.node_id for p in peers}
+            if ids != known:
+                known, changed = ids, now
+                status.update(f"finding peers: {len(peers)} so far")
+            heard = all(p.rtt_ms > 0 for p in peers)
+            if (peers and heard and now - changed >= SETTLED_FOR) or now >= deadline:
+                return peers
+            await asyncio.sleep(0.02)
+
+
+# ----------------------------------------------------------------- output
+
+
+def print_json(value: object) -> None:
+    sys.stdout.write(json.dumps(value) + "\n")
+    sys.stdout.flush()
+
+
+def stdout_console() -> Console:
+    console = Console(highlight=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        # Piped tables should not be squeezed to 80 columns and cut node ids short.
+        console = Console(highlight=False, width=160)
+    return console
+
+
+def stderr_console() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+def short_id(node_id: str) -> str:
+    return node_id[:12]
+
+
+def ms(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"

@@ -1,0 +1,260 @@
+"""`mesh peers` and `mesh clusters`: the mesh as one node sees it (`mesh top` reuses the views).
+
+A node learns which clusters a peer serves only for cluster names it can name and holds keys
+for (offer tags are MACs under each cluster's key), so the clusters shown are the keyring's own
+scopes plus those named with --cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from rich.table import Table
+
+import irismesh
+from irismesh._cli.base import (
+    USAGE_ERROR,
+    CommandError,
+    MeshArgumentParser,
+    add_command,
+    add_joining_options,
+    add_json_option,
+    cluster_name,
+    load_keyring,
+    make_node,
+    ms,
+    print_json,
+    require_discovery,
+    settle,
+    short_id,
+    stdout_console,
+    where,
+)
+
+GATHER_WAIT = 2.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterView:
+    """One cluster as this node sees it."""
+
+    name: str
+    members: tuple[str, ...]
+    outstanding: int  # this node's requests in flight to the cluster's members
+    latency_ms: float | None  # mean of the members' measured latency estimates (None: none yet)
+    rtt_ms: float | None  # mean heartbeat round trip to the members
+
+
+def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
+    peers = add_command(
+        commands,
+        "peers",
+        summary="list the peers a node finds, with RTT and latency",
+        description=(
+            "Joins the mesh as a client, gathers peers until the mesh seen from here stops\n"
+            "changing (at most --wait seconds) and prints them: node id, endpoint, state\n"
+            "(every listed peer is alive: a dead one leaves the list within about a second),\n"
+            "heartbeat RTT, the balancer's latency estimate, this node's requests in flight,\n"
+            "and the clusters it serves among those this keyring names."
+        ),
+        examples=(
+            "  mesh peers --keys mesh.keys --seed tcp://127.0.0.1:7400\n"
+            "  mesh peers --seed tcp://127.0.0.1:7400 --json | jq -r '.[].endpoint'"
+        ),
+        run=run_peers,
+    )
+    add_joining_options(peers, wait=GATHER_WAIT, wait_help="most seconds to gather peers")
+    add_json_option(peers, "a JSON list of peers")
+
+    clusters = add_command(
+        commands,
+        "clusters",
+        summary="list clusters with their members, load and latency",
+        description=(
+            "Joins the mesh as a client, gathers peers (at most --wait seconds) and prints each\n"
+            "cluster: its live members, the requests this node has in flight to them, and the\n"
+            "mean latency and RTT to them. The clusters listed are the keyring's scopes other\n"
+            "than '*' plus every --cluster: a node recognises only clusters it can name and\n"
+            "holds keys for. That is a security property, not a gap: peers announce clusters\n"
+            "as MACs under each cluster's key, so without the name and the key nobody can tell\n"
+            "that a cluster exists."
+        ),
+        examples=(
+            "  mesh clusters --keys mesh.keys --seed tcp://127.0.0.1:7400\n"
+            "  mesh clusters --seed tcp://127.0.0.1:7400 --cluster echo --cluster upper --json"
+        ),
+        run=run_clusters,
+    )
+    add_cluster_option(clusters)
+    add_joining_options(clusters, wait=GATHER_WAIT, wait_help="most seconds to gather peers")
+    add_json_option(clusters, "a JSON list of clusters")
+
+
+def add_cluster_option(parser: MeshArgumentParser) -> None:
+    parser.add_argument(
+        "--cluster",
+        action="append",
+        default=[],
+        type=cluster_name,
+        metavar="C",
+        help="a cluster to look for besides the keyring's own scopes (repeatable)",
+    )
+
+
+def cluster_names(keys: irismesh.Keyring, extra: Iterable[str]) -> list[str]:
+    """The clusters this node can recognise: keyring scopes but '*', then --cluster names."""
+    names = [scope for scope in keys.scopes if scope != "*"]
+    for name in extra:
+        keys.require(name)  # raises NoKey: without a key the cluster is invisible
+        names.append(name)
+    return list(dict.fromkeys(names))
+
+
+def view_clusters(
+    node: irismesh.Node, names: Sequence[str], peers: Sequence[irismesh.PeerInfo]
+) -> list[ClusterView]:
+    by_id = {p.node_id: p for p in peers}
+    views = []
+    for name in names:
+        members = [by_id[m] for m in node.members(name) if m in by_id]
+        views.append(
+            ClusterView(
+                name=name,
+                members=tuple(sorted(m.node_id for m in members)),
+                outstanding=sum(m.outstanding for m in members),
+                latency_ms=_mean(m.latency_ms for m in members if m.latency_ms > 0),
+                rtt_ms=_mean(m.rtt_ms for m in members),
+            )
+        )
+    return views
+
+
+def served_by(views: Iterable[ClusterView]) -> dict[str, list[str]]:
+    """node id -> the clusters (of those viewed) it serves."""
+    served: dict[str, list[str]] = {}
+    for view in views:
+        for member in view.members:
+            served.setdefault(member, []).append(view.name)
+    return served
+
+
+def measured(latency_ms: float) -> float | None:
+    """The balancer's latency estimate; 0 means no request has measured it yet."""
+    return round(latency_ms, 3) if latency_ms > 0 else None
+
+
+def _mean(values: Iterable[float]) -> float | None:
+    items = list(values)
+    return sum(items) / len(items) if items else None
+
+
+def peer_json(p: irismesh.PeerInfo, clusters: Sequence[str]) -> dict[str, object]:
+    return {
+        "node_id": p.node_id,
+        "endpoint": p.endpoint,
+        "state": "alive",
+        "rtt_ms": round(p.rtt_ms, 3),
+        "latency_ms": measured(p.latency_ms),
+        "outstanding": p.outstanding,
+        "clusters": list(clusters),
+    }
+
+
+def cluster_json(view: ClusterView) -> dict[str, object]:
+    return {
+        "cluster": view.name,
+        "members": list(view.members),
+        "member_count": len(view.members),
+        "outstanding": view.outstanding,
+        "latency_ms": None if view.latency_ms is None else round(view.latency_ms, 3),
+        "rtt_ms": None if view.rtt_ms is None else round(view.rtt_ms, 3),
+    }
+
+
+def peers_table(peers: Sequence[irismesh.PeerInfo], served: dict[str, list[str]]) -> Table:
+    table = Table(title=f"peers ({len(peers)})", title_justify="left")
+    table.add_column("node")
+    table.add_column("endpoint", no_wrap=True)
+    table.add_column("state")
+    table.add_column("rtt ms", justify="right")
+    table.add_column("latency ms", justify="right")
+    table.add_column("outstanding", justify="right")
+    table.add_column("clusters")
+    for p in sorted(peers, key=lambda p: p.endpoint):
+        table.add_row(
+            short_id(p.node_id),
+            p.endpoint,
+            "[green]alive[/]",
+            ms(p.rtt_ms),
+            ms(measured(p.latency_ms)),
+            str(p.outstanding),
+            ", ".join(served.get(p.node_id, [])) or "-",
+        )
+    return table
+
+
+def clusters_table(views: Sequence[ClusterView]) -> Table:
+    table = Table(title=f"clusters ({len(views)})", title_justify="left")
+    table.add_column("cluster")
+    table.add_column("members", justify="right")
+    table.add_column("outstanding", justify="right")
+    table.add_column("latency ms", justify="right")
+    table.add_column("rtt ms", justify="right")
+    table.add_column("member nodes")
+    for view in views:
+        table.add_row(
+            view.name,
+            str(len(view.members)) if view.members else "[red]0[/]",
+            str(view.outstanding),
+            ms(view.latency_ms),
+            ms(view.rtt_ms),
+            " ".join(short_id(m) for m in view.members) or "-",
+        )
+    return table
+
+
+def nobody_answered(args: argparse.Namespace) -> CommandError:
+    return CommandError(
+        f"no node answered within {args.wait:g} s (looked via {where(args)}; "
+        "is a node running there, with the same keyring?)"
+    )
+
+
+async def run_peers(args: argparse.Namespace) -> int:
+    require_discovery(args)
+    keys = load_keyring(args.keys)
+    names = cluster_names(keys, [])
+    async with make_node(args, keys) as node:
+        peers = await settle(node, args.wait)
+        served = served_by(view_clusters(node, names, peers))
+    if not peers and args.seed:
+        raise nobody_answered(args)
+    if args.json:
+        print_json([peer_json(p, served.get(p.node_id, [])) for p in peers])
+    else:
+        stdout_console().print(peers_table(peers, served))
+    return 0
+
+
+async def run_clusters(args: argparse.Namespace) -> int:
+    require_discovery(args)
+    keys = load_keyring(args.keys)
+    names = cluster_names(keys, args.cluster)
+    if not names:
+        raise CommandError(
+            "no cluster names: the keyring has only the default '*' key, and a node sees only "
+            "clusters it can name; pass --cluster NAME (repeatable)",
+            USAGE_ERROR,
+        )
+    async with make_node(args, keys) as node:
+        peers = await settle(node, args.wait)
+        views = view_clusters(node, names, peers)
+    if not peers and args.seed:
+        raise nobody_answered(args)
+    if args.json:
+        print_json([cluster_json(view) for view in views])
+    else:
+        stdout_console().print(clusters_table(views))
+    return 0

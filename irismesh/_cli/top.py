@@ -1,0 +1,277 @@
+"""`mesh top`: a live view of the peers, clusters and counters of one node of the mesh.
+
+Rates are deltas of `node.stats` counters and of the telemetry's exact message counts over each
+refresh interval; gauges (requests pending, handlers running, reply cache entries) are shown as
+they are. The node is `mesh top`'s own: it sees every peer and their clusters, but only its own
+counters (the members' own rates need them to report, as a survey answer for instance).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import termios
+import time
+import tty
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from rich.console import Group, RenderableType
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+import irismesh
+from irismesh._cli.base import (
+    MeshArgumentParser,
+    add_command,
+    add_joining_options,
+    add_json_option,
+    load_keyring,
+    make_node,
+    print_json,
+    require_discovery,
+    seconds,
+    settle,
+    short_id,
+    stdout_console,
+    where,
+)
+from irismesh._cli.listing import (
+    ClusterView,
+    add_cluster_option,
+    cluster_json,
+    cluster_names,
+    clusters_table,
+    nobody_answered,
+    peer_json,
+    peers_table,
+    served_by,
+    view_clusters,
+)
+
+GAUGES = frozenset({"requests_pending", "handlers_running", "reply_cache_entries"})
+
+
+def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
+    parser = add_command(
+        commands,
+        "top",
+        summary="a live view of peers, clusters and message rates",
+        description=(
+            "Joins the mesh as a client and redraws every --interval seconds: this node's\n"
+            "peers (endpoint, RTT, latency, requests in flight, clusters served), the clusters\n"
+            "it can name (members, load, latency; see `mesh clusters --help` for why only\n"
+            "those), and its counters with their rates per second. q or Ctrl-C quits.\n"
+            "--once gathers for at most --wait seconds, prints one frame and exits; --json\n"
+            "prints one JSON object per frame (JSON lines) instead of drawing."
+        ),
+        examples=(
+            "  mesh top --keys mesh.keys --seed tcp://127.0.0.1:7400\n"
+            "  mesh top --seed tcp://127.0.0.1:7400 --cluster echo --interval 0.5\n"
+            "  mesh top --seed tcp://127.0.0.1:7400 --once --json | jq '.peers | length'"
+        ),
+        run=run_top,
+    )
+    parser.add_argument(
+        "--interval",
+        type=seconds,
+        default=1.0,
+        metavar="SECONDS",
+        help="seconds between frames (default: %(default)s)",
+    )
+    parser.add_argument("--once", action="store_true", help="print one frame and exit")
+    add_cluster_option(parser)
+    add_joining_options(parser, wait=2.0, wait_help="--once: most seconds to gather peers")
+    add_json_option(parser, "JSON lines, one object per frame")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rate:
+    name: str
+    value: int
+    per_second: float | None  # None for a gauge
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Frame:
+    node_id: str
+    endpoint: str
+    uptime: float
+    peers: list[irismesh.PeerInfo]
+    clusters: list[ClusterView]
+    counters: list[Rate]
+
+
+class Sampler:
+    """Takes frames of one node; each frame's rates cover the time since the previous one."""
+
+    def __init__(self, node: irismesh.Node, names: Sequence[str]) -> None:
+        self.node = node
+        self.names = names
+        self.started = time.monotonic()
+        self._last = counters(node)
+        self._last_at = self.started
+
+    def sample(self) -> Frame:
+        node = self.node
+        now = time.monotonic()
+        stats = counters(node)
+        peers = node.peers()
+        frame = Frame(
+            node_id=node.node_id.hex(),
+            endpoint=node.endpoint,
+            uptime=now - self.started,
+            peers=peers,
+            clusters=view_clusters(node, self.names, peers),
+            counters=rates(self._last, stats, now - self._last_at),
+        )
+        self._last, self._last_at = stats, now
+        return frame
+
+
+def counters(node: irismesh.Node) -> dict[str, int]:
+    """`node.stats`, and the telemetry's exact message counts as `KIND CLUSTER OUTCOME`."""
+    values = dict(node.stats)
+    if node.recorder is not None:
+        for (kind, cluster, outcome), count in node.recorder.counts.items():
+            values[f"{kind} {cluster} {outcome}"] = count
+    return values
+
+
+def rates(before: Mapping[str, int], after: Mapping[str, int], elapsed: float) -> list[Rate]:
+    out = []
+    for name in sorted(after):
+        value = after[name]
+        if name in GAUGES:
+            out.append(Rate(name=name, value=value, per_second=None))
+        else:
+            delta = value - before.get(name, 0)
+            out.append(Rate(name=name, value=value, per_second=delta / max(elapsed, 1e-9)))
+    return out
+
+
+def frame_json(frame: Frame) -> dict[str, object]:
+    served = served_by(frame.clusters)
+    return {
+        "node_id": frame.node_id,
+        "endpoint": frame.endpoint,
+        "uptime_s": round(frame.uptime, 3),
+        "peers": [peer_json(p, served.get(p.node_id, [])) for p in frame.peers],
+        "clusters": [cluster_json(view) for view in frame.clusters],
+        "stats": {
+            r.name: {
+                "value": r.value,
+                "per_second": None if r.per_second is None else round(r.per_second, 3),
+            }
+            for r in frame.counters
+        },
+    }
+
+
+def render(frame: Frame, args: argparse.Namespace, live: bool) -> RenderableType:
+    header = Text.assemble(
+        ("mesh top", "bold"),
+        f"  node {short_id(frame.node_id)} on {frame.endpoint}",
+        f"  up {frame.uptime:.0f} s",
+        f"  every {args.interval:g} s" if live else "",
+        ("   q or Ctrl-C quits" if live else "", "dim"),
+    )
+    parts: list[RenderableType] = [header]
+    if frame.peers:
+        parts.append(peers_table(frame.peers, served_by(frame.clusters)))
+    else:
+        parts.append(Text(f"no peers yet: looking via {where(args)}", style="yellow"))
+    if frame.clusters:
+        parts.append(clusters_table(frame.clusters))
+    parts.append(counters_table(frame.counters))
+    return Group(*parts)
+
+
+def counters_table(counters: Sequence[Rate]) -> Table:
+    table = Table(title="this node's counters", title_justify="left")
+    table.add_column("counter")
+    table.add_column("value", justify="right")
+    table.add_column("per s", justify="right")
+    for r in counters:
+        rate = "gauge" if r.per_second is None else f"{r.per_second:.1f}"
+        table.add_row(r.name, str(r.value), rate)
+    return table
+
+
+@contextlib.contextmanager
+def keypresses(loop: asyncio.AbstractEventLoop, quit_: Callable[[], None]) -> Iterator[None]:
+    """Call `quit_` when q is pressed on a terminal's stdin (read key by key meanwhile)."""
+    if not sys.stdin.isatty():
+        yield
+        return
+    fd = sys.stdin.fileno()
+    saved = termios.tcgetattr(fd)
+    tty.setcbreak(fd)  # keys arrive one by one, unechoed; Ctrl-C still sends SIGINT
+
+    def on_input() -> None:
+        try:
+            data = os.read(fd, 64)
+        except OSError:
+            data = b""
+        if not data or b"q" in data.lower():  # no data: the terminal hung up
+            quit_()
+
+    loop.add_reader(fd, on_input)
+    try:
+        yield
+    finally:
+        loop.remove_reader(fd)
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+async def run_top(args: argparse.Namespace) -> int:
+    require_discovery(args)
+    keys = load_keyring(args.keys)
+    names = cluster_names(keys, args.cluster)
+    async with make_node(args, keys) as node:
+        sampler = Sampler(node, names)
+        console = stdout_console()
+        if args.once:
+            await settle(node, args.wait)
+            frame = sampler.sample()
+            if not frame.peers and args.seed:
+                raise nobody_answered(args)
+            if args.json:
+                print_json(frame_json(frame))
+            else:
+                console.print(render(frame, args, live=False))
+            return 0
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+
+        async def tick() -> bool:
+            """Wait one interval; False once asked to stop."""
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), args.interval)
+            return not stop.is_set()
+
+        if args.json:
+            while True:
+                print_json(frame_json(sampler.sample()))
+                if not await tick():
+                    return 0
+        if not console.is_terminal:  # batch mode, like `top -b`: frame after frame
+            while True:
+                console.print(render(sampler.sample(), args, live=False))
+                if not await tick():
+                    return 0
+        with (
+            keypresses(loop, stop.set),
+            Live(console=console, screen=True, auto_refresh=False) as view,
+        ):
+            while True:
+                view.update(render(sampler.sample(), args, live=True), refresh=True)
+                if not await tick():
+                    return 0

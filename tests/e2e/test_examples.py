@@ -1,0 +1,80 @@
+"""Every example runs as its README says (one command) and prints what it promises.
+
+(examples/failover.py is run by tests/e2e/test_failover.py.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+from helpers import ROOT
+
+
+def run_example(name: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run an example in a process group of its own, all of which dies at the end."""
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "examples" / name), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its members join the group, so none outlives the test
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{name} took over {timeout} s:\n{out}\n{err}")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, out + err
+    assert "Traceback" not in err
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def test_kv_cluster_reads_back_every_key_from_any_replica() -> None:
+    report = json.loads(run_example("kv_cluster.py", "--json", "--keys", "30").stdout)
+    assert report["keys"] == 30
+    assert report["wrong"] == 0
+    served = report["gets_served_by"]
+    assert sum(served.values()) == 30
+    assert set(served) <= {"r1", "r2", "r3"}
+    assert report["missing_key"] == "KeyError: 'missing'"
+
+
+def test_kv_cluster_human_output() -> None:
+    out = run_example("kv_cluster.py", "--keys", "5").stdout
+    assert out.startswith("3 replicas up; setting 5 keys\n")
+    assert "read 5 keys back, 0 wrong" in out
+    assert "GET of a missing key raised RemoteError (KeyError: 'missing')" in out
+
+
+def test_join_leave_watcher_sees_every_change() -> None:
+    result = run_example("join_leave.py")
+    lines = result.stdout.splitlines()
+    changes = [re.sub(r"^\[\s*[\d.]+ s\] ", "", line).split()[:3] for line in lines[:8]]
+    assert changes == [
+        ["+", "n1", "joined"],
+        ["+", "n2", "joined"],
+        ["+", "n3", "joined"],
+        ["n2", "gets", "SIGTERM"],
+        ["-", "n2", "left"],
+        ["n3", "gets", "SIGKILL"],
+        ["-", "n3", "left"],
+        ["+", "n4", "joined"],
+    ], result.stdout
+    assert lines[7].endswith("members: n1, n4")
+    assert lines[-1] == "members now: n1, n4"
+    clean = float(re.search(r"clean close was seen after ([\d.]+) ms", result.stdout)[1])  # type: ignore[index]
+    killed = float(re.search(r"SIGKILL was noticed after ([\d.]+) ms", result.stdout)[1])  # type: ignore[index]
+    assert clean < 500, "a clean close is seen at once (the member says goodbye)"
+    # A SIGKILLed member's connections close (milliseconds); silence would take about 1 s.
+    assert killed < 3000, "a SIGKILLed member is noticed within the heartbeat timeout"
