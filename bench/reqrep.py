@@ -41,8 +41,19 @@ from _harness import (
     wait_for_tcp,
 )
 
-SYSTEMS = ("raw", "raw-asyncio", "nats", "mesh")
-LABELS = {"raw": "raw pyzmq", "raw-asyncio": "raw-asyncio", "nats": "NATS", "mesh": "irismesh"}
+SYSTEMS = ("raw", "raw-asyncio", "nats", "mesh", "mesh-null", "mesh-notel")
+DEFAULT_SYSTEMS = ("raw", "raw-asyncio", "nats", "mesh")
+LABELS = {
+    "raw": "raw pyzmq",
+    "raw-asyncio": "raw-asyncio",
+    "nats": "NATS",
+    "mesh": "irismesh",
+    "mesh-null": "irismesh, null sealer",
+    "mesh-notel": "irismesh, telemetry off",
+}
+# irismesh variants run as "mesh" children with these Node options added: what sealing and
+# telemetry cost is the default system divided by its variant, measured in the same run.
+MESH_VARIANTS = {"mesh": [], "mesh-null": ["sealing=false"], "mesh-notel": ["telemetry=false"]}
 ALIASES = {"irismesh": "mesh", "pyzmq": "raw", "asyncio": "raw-asyncio"}
 SIZES = (100, 1024)
 SCENARIOS = ("throughput", "latency", "sustained")
@@ -535,10 +546,11 @@ def progress(message: str) -> None:
 
 
 def child_argv(role: str, system: str, run: Run, *extra: str) -> list[str]:
-    argv = [sys.executable, os.path.abspath(__file__), "--role", role, "--system", system]
-    if system == "mesh":
+    child_system = "mesh" if system in MESH_VARIANTS else system
+    argv = [sys.executable, os.path.abspath(__file__), "--role", role, "--system", child_system]
+    if system in MESH_VARIANTS:
         argv += ["--keyring", run.keyring_path]
-        for opt in run.mesh_opts:
+        for opt in [*run.mesh_opts, *MESH_VARIANTS[system]]:
             argv += ["--mesh-opt", opt]
     budget = sum(plan.budget_s() for plan in run.plans) + 60.0
     return [*argv, "--max-seconds", f"{budget:.0f}", *extra]
@@ -652,12 +664,13 @@ def preflight(run: Run) -> None:
         )
         if run.nats_server is None:
             run.skipped["nats"] = f"nats-server not installed: {NATS_SERVER_INSTALL}"
-    if "mesh" in run.systems:
+    if any(system in MESH_VARIANTS for system in run.systems):
         try:
             irismesh = import_mesh()
             irismesh.Keyring.generate().save(run.keyring_path)
         except Exception as exc:
-            run.failed["mesh"] = f"{type(exc).__name__}: {exc}"
+            for system in MESH_VARIANTS:
+                run.failed[system] = f"{type(exc).__name__}: {exc}"
     for system, reason in run.skipped.items():
         progress(f"{LABELS[system]}: skipped ({reason})")
     for system, reason in run.failed.items():
@@ -862,6 +875,18 @@ def print_tables(run: Run, requested: list[str], elapsed: float) -> None:
             table.add_row(*(Text(cell) for cell in row))  # Text: "[p99]" is not markup
         table.add_section()
     console.print(table)
+    variants = [v for v in ("mesh-null", "mesh-notel") if v in run.systems]
+    if variants and "mesh" in run.systems:
+        costs = Table(title="what sealing and telemetry cost: irismesh / its variant, same run")
+        costs.add_column("scenario")
+        costs.add_column("size", justify="right")
+        for variant in variants:
+            costs.add_column(f"irismesh / {LABELS[variant]}", justify="right")
+        for scenario in SCENARIOS:
+            for size in SIZES:
+                cells = [_show_ratio(run, variant, size, scenario) for variant in variants]
+                costs.add_row(scenario, size_label(size), *cells)
+        console.print(costs)
 
     memory = Table(
         title="memory and CPU over the sustained run (RSS sampled once a second after warm-up)",
@@ -921,8 +946,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--outstanding", type=int, default=100, help=argparse.SUPPRESS)
     parser.add_argument(
         "--only",
-        default=",".join(SYSTEMS),
-        help=f"comma-separated systems to run (default: {','.join(SYSTEMS)}; irismesh = mesh)",
+        default=",".join(DEFAULT_SYSTEMS),
+        help=f"comma-separated systems (default: {','.join(DEFAULT_SYSTEMS)}; also mesh-null: "
+        "sealing off, mesh-notel: telemetry off; irismesh = mesh)",
     )
     parser.add_argument(
         "--mesh-opt",

@@ -23,8 +23,19 @@ from irismesh.telemetry.spool import SpoolWriter
 
 _REQUEST, _SERVE = str(Kind.REQUEST), str(Kind.SERVE)
 _REQREP = str(Pattern.REQREP)
+_DROP = str(Kind.DROP)
 _PATTERNS = {str(Kind.BROADCAST): str(Pattern.BROADCAST), str(Kind.SURVEY): str(Pattern.SURVEY)}
 HISTOGRAM_BUCKETS = 40  # 2**39 us is about six days
+
+
+class _Series:
+    """Exact counts by outcome and the latency histogram of one (kind, cluster)."""
+
+    __slots__ = ("counts", "histogram")
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.histogram = [0] * HISTOGRAM_BUCKETS
 
 
 class Recorder:
@@ -33,10 +44,9 @@ class Recorder:
     __slots__ = (
         "_clock",
         "_every",
+        "_series",
         "_served",
         "_since",
-        "counts",
-        "histograms",
         "node",
         "writer",
     )
@@ -53,8 +63,8 @@ class Recorder:
             raise ValueError("sample_every must be at least 1")
         self.node = node
         self.writer = writer
-        self.counts: dict[tuple[str, str, str], int] = {}
-        self.histograms: dict[tuple[str, str], list[int]] = {}
+        # One lookup per event on the hot path: (kind, cluster) -> its series.
+        self._series: dict[tuple[str, str], _Series] = {}
         self._every = sample_every
         self._since = 0
         self._served = 0
@@ -75,11 +85,12 @@ class Recorder:
         kind: str = _REQUEST,
     ) -> None:
         """Caller side: one request (or broadcast, survey) ended `latency` s after it was sent."""
-        key = (kind, cluster, outcome)
-        counts = self.counts
-        counts[key] = counts.get(key, 0) + 1
+        series = self._series.get((kind, cluster)) or self._new_series(kind, cluster)
+        counts = series.counts
+        counts[outcome] = counts.get(outcome, 0) + 1
         us = int(latency * 1e6)
-        self._bucket(kind, cluster, us)
+        bucket = us.bit_length()
+        series.histogram[bucket if bucket < HISTOGRAM_BUCKETS else HISTOGRAM_BUCKETS - 1] += 1
         self._since += 1
         if self._since >= self._every and self.writer is not None:
             self._since = 0
@@ -102,11 +113,12 @@ class Recorder:
 
     def serve(self, cluster: str, peer: bytes, latency: float, size: int, outcome: str) -> None:
         """Member side: one handler run ended (`latency` seconds of service time)."""
-        key = (_SERVE, cluster, outcome)
-        counts = self.counts
-        counts[key] = counts.get(key, 0) + 1
+        series = self._series.get((_SERVE, cluster)) or self._new_series(_SERVE, cluster)
+        counts = series.counts
+        counts[outcome] = counts.get(outcome, 0) + 1
         us = int(latency * 1e6)
-        self._bucket(_SERVE, cluster, us)
+        bucket = us.bit_length()
+        series.histogram[bucket if bucket < HISTOGRAM_BUCKETS else HISTOGRAM_BUCKETS - 1] += 1
         self._served += 1
         if self._served >= self._every and self.writer is not None:
             self._served = 0
@@ -131,8 +143,8 @@ class Recorder:
         self._event(str(Kind.MEMBERSHIP), "", None, peer.hex(), str(event), None)
 
     def drop(self, reason: str, count: int = 1) -> None:
-        key = (str(Kind.DROP), "", reason)
-        self.counts[key] = self.counts.get(key, 0) + count
+        counts = (self._series.get((_DROP, "")) or self._new_series(_DROP, "")).counts
+        counts[reason] = counts.get(reason, 0) + count
         self._event(str(Kind.DROP), "", None, None, reason, None, weight=count)
 
     def gauges(self, values: Mapping[str, float]) -> None:
@@ -153,11 +165,23 @@ class Recorder:
             record = (self._clock(), self.node, kind, pattern, cluster, peer)
             self.writer.append((*record, None, None, str(Outcome.NONE), weight, name, value))
 
-    def _bucket(self, kind: str, cluster: str, us: int) -> None:
-        histogram = self.histograms.get((kind, cluster))
-        if histogram is None:
-            histogram = self.histograms[(kind, cluster)] = [0] * HISTOGRAM_BUCKETS
-        histogram[min(us.bit_length(), HISTOGRAM_BUCKETS - 1)] += 1
+    def _new_series(self, kind: str, cluster: str) -> _Series:
+        series = self._series[(kind, cluster)] = _Series()
+        return series
+
+    @property
+    def counts(self) -> dict[tuple[str, str, str], int]:
+        """Exact counts by (kind, cluster, outcome)."""
+        return {
+            (kind, cluster, outcome): n
+            for (kind, cluster), series in self._series.items()
+            for outcome, n in series.counts.items()
+        }
+
+    @property
+    def histograms(self) -> dict[tuple[str, str], list[int]]:
+        """Latency histograms by (kind, cluster), power-of-two microsecond buckets."""
+        return {key: series.histogram for key, series in self._series.items() if key[0] != _DROP}
 
     def total(self, kind: str, cluster: str | None = None, outcome: str | None = None) -> int:
         """Exact count of events of `kind`, optionally of one cluster and outcome."""

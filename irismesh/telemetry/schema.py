@@ -34,6 +34,7 @@ node imports this module without either installed.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
@@ -167,9 +168,10 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 def check_record(row: Any) -> Record | None:
     """The record `row` (a decoded array in FIELDS order) holds, or None if it is malformed.
 
-    Only structure and types are checked; values (kinds, outcomes) are an open set so that
-    records from newer nodes survive. Extra trailing items (fields a newer writer appended)
-    are ignored; missing ones make the record malformed.
+    Only structure, types, a finite `ts` and a positive `weight` are checked; values such as
+    kinds and outcomes are an open set, so that records from newer nodes survive. Extra
+    trailing items (fields a newer writer appended) are ignored; missing ones make the record
+    malformed.
     """
     if not isinstance(row, list | tuple) or len(row) < len(FIELDS):
         return None
@@ -186,6 +188,8 @@ def check_record(row: Any) -> Record | None:
     if row[9] < 1:  # weight: a record stands for at least one event
         return None
     ts = float(row[0])
+    if not math.isfinite(ts):  # NaN has no hour to be partitioned by
+        return None
     return Record(ts, *row[1 : len(FIELDS)])
 
 

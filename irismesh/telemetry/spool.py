@@ -38,6 +38,7 @@ threads can share a writer. Nothing here knows about asyncio.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import re
 import threading
@@ -59,6 +60,7 @@ __all__ = [
     "SpoolWriter",
     "complete_files",
     "decode_spool",
+    "gc_paused",
     "read_spool_file",
     "salvage",
     "spool_file_name",
@@ -70,6 +72,11 @@ HEADER_KEY: Final = "irismesh_spool"
 FORMAT_VERSION: Final = 1
 _COMPLETE = re.compile(r"^(?P<node>[^./][^/]*)-(?P<seq>\d+)\.msgpack$")
 _SEQ_DIGITS: Final = 8
+
+
+def _array_header_size(length: int) -> int:
+    """Bytes of a msgpack array header: fixarray, array 16 or array 32."""
+    return 1 if length < 16 else 3 if length < 1 << 16 else 5
 
 
 def spool_file_name(node: str, seq: int) -> str:
@@ -108,7 +115,8 @@ class SpoolWriter:
         self.fsync = fsync
         self._clock = clock
         self._buffer: list[Sequence[Any]] = []
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # flush, rotate, close: one at a time
+        self._drop_lock = threading.Lock()  # `dropped` only; never held across I/O
         self._packer = msgpack.Packer(use_bin_type=True)
         self._file: IO[bytes] | None = None
         self._file_bytes = 0
@@ -128,7 +136,7 @@ class SpoolWriter:
         """Buffer one record (a tuple in FIELDS order); False, and counted, if it was dropped."""
         buffer = self._buffer
         if len(buffer) >= self.capacity or self._closed:
-            self.dropped += 1
+            self._count_dropped(1)
             return False
         buffer.append(record)
         return True
@@ -136,6 +144,11 @@ class SpoolWriter:
     @property
     def buffered(self) -> int:
         return len(self._buffer)
+
+    def _count_dropped(self, count: int) -> None:
+        # `+=` is a read and a write: two threads dropping at once could lose a count.
+        with self._drop_lock:
+            self.dropped += count
 
     # ---------------------------------------------------------------- owner side
 
@@ -186,12 +199,15 @@ class SpoolWriter:
         # after it and stays for the next flush.
         batch = buffer[:count]
         del buffer[:count]
-        pack = self._packer.pack
+        data: bytes | memoryview
         try:
-            data = b"".join([pack(record) for record in batch])
+            # Packing the batch as one array is one C call instead of one per record; without
+            # the array's header, the bytes are exactly those of its items packed one by one.
+            data = memoryview(self._packer.pack(batch))[_array_header_size(count) :]
         except (TypeError, ValueError, OverflowError):
             # A caller handed in a value msgpack cannot encode: lose that record, not the batch.
-            data = b"".join(self._pack_each(batch))
+            packed = list(self._pack_each(batch))
+            data, count = b"".join(packed), len(packed)
         try:
             handle = self._file or self._open()
             handle.write(data)
@@ -209,9 +225,10 @@ class SpoolWriter:
             try:
                 yield self._packer.pack(record)
             except (TypeError, ValueError, OverflowError):
-                self.dropped += 1
+                self._count_dropped(1)
 
     def _open(self) -> IO[bytes]:
+        self.directory.mkdir(parents=True, exist_ok=True)  # recreated if someone removed it
         path = self.directory / _temp_name(self.node, self._seq)
         handle = open(path, "wb")  # noqa: SIM115  (kept open across flushes, closed in _complete)
         header = {HEADER_KEY: FORMAT_VERSION, "node": self.node, "fields": list(FIELD_NAMES)}
@@ -244,7 +261,7 @@ class SpoolWriter:
 
     def _fail(self, exc: OSError, lost: int) -> None:
         self.write_errors += 1
-        self.dropped += lost
+        self._count_dropped(lost)
         self.last_error = exc
         if self._file is not None:
             # Start a fresh file next time rather than append after a partial write.
@@ -271,7 +288,7 @@ class SpoolWriter:
 class SpoolContents:
     """What one spool file holds: its rows in FIELDS order (unchecked) and corrupt count."""
 
-    rows: list[list[Any]]
+    rows: list[tuple[Any, ...]]
     corrupt: int
     node: str | None  # from the header, when there is one
 
@@ -282,41 +299,79 @@ def complete_files(directory: str | os.PathLike[str]) -> list[Path]:
     return sorted(base / name for name in os.listdir(base) if _COMPLETE.match(name))
 
 
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic GC while a file's million small containers are built.
+
+    Each allocation of a tracked container counts towards the next collection, and each
+    collection walks every live one: decoding a large file with the GC on spends most of its
+    time collecting garbage that does not exist. Reference counting still frees everything.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def decode_spool(data: bytes) -> SpoolContents:
     """Decode one spool file's bytes into rows in FIELDS order, without type checks.
 
-    Rows come out as lists of at least len(FIELDS) items; a row of another shape is counted
-    as corrupt here. Types are checked by the caller (`check_record`, or Arrow's conversion).
+    Rows come out as sequences of at least len(FIELDS) items; a row of another shape is
+    counted as corrupt here. Types are checked by the caller (`check_record`, or decode.py).
     """
+    with gc_paused():
+        objects, broken = _unpack(data)
+    corrupt = 1 if broken else 0
+    node: str | None = None
+    if objects and isinstance(objects[0], dict) and HEADER_KEY in objects[0]:
+        header = objects.pop(0)
+        node = header["node"] if isinstance(header.get("node"), str) else None
+        mapping = _mapping(header.get("fields"))
+        if mapping is not None:
+            objects = [_remap(obj, mapping) for obj in objects]
+    width = len(FIELDS)
+    if not objects or (set(map(type, objects)) == {tuple} and min(map(len, objects)) >= width):
+        rows = objects  # the usual case, checked by two loops in C
+    else:
+        rows = [obj for obj in objects if type(obj) is tuple and len(obj) >= width]
+        corrupt += len(objects) - len(rows)
+    return SpoolContents(rows=rows, corrupt=corrupt, node=node)
+
+
+def _unpack(data: bytes) -> tuple[list[Any], bool]:
+    """Every whole msgpack object in `data` (arrays as tuples), and whether some were lost."""
     unpacker = msgpack.Unpacker(
-        raw=False, max_buffer_size=max(len(data), 1024), strict_map_key=False
+        raw=False, use_list=False, max_buffer_size=max(len(data), 1024), strict_map_key=False
     )
     unpacker.feed(data)
-    rows: list[list[Any]] = []
-    corrupt = 0
-    node: str | None = None
-    mapping: list[int | None] | None = None  # their column for each of our fields
-    first = True
-    width = len(FIELDS)
     try:
+        objects = list(unpacker)  # one loop in C
+    # FormatError, StackError, bad UTF-8 (ValueErrors), a list as a map key (TypeError), ...
+    except (ValueError, TypeError, msgpack.UnpackException):
+        return _unpack_until_broken(data), True
+    # An object cut short (a crash mid-write) ends the iteration as quietly as the end of the
+    # data does; but then the unpacker refuses raw reads, which tells the two apart.
+    try:
+        unpacker.read_bytes(1)
+    except ValueError:
+        return objects, True
+    return objects, False
+
+
+def _unpack_until_broken(data: bytes) -> list[Any]:
+    """The objects before the first undecodable byte (msgpack cannot resynchronise)."""
+    unpacker = msgpack.Unpacker(
+        raw=False, use_list=False, max_buffer_size=max(len(data), 1024), strict_map_key=False
+    )
+    unpacker.feed(data)
+    objects: list[Any] = []
+    with contextlib.suppress(ValueError, TypeError, msgpack.UnpackException):
         for obj in unpacker:
-            if first:
-                first = False
-                if isinstance(obj, dict) and HEADER_KEY in obj:
-                    node = obj.get("node") if isinstance(obj.get("node"), str) else None
-                    mapping = _mapping(obj.get("fields"))
-                    continue
-            if mapping is not None:
-                obj = _remap(obj, mapping)
-            if isinstance(obj, list) and len(obj) >= width:
-                rows.append(obj)
-            else:
-                corrupt += 1
-    except (ValueError, msgpack.UnpackException):  # FormatError, StackError, bad UTF-8, ...
-        return SpoolContents(rows=rows, corrupt=corrupt + 1, node=node)
-    if unpacker.tell() < len(data):  # a truncated last object
-        corrupt += 1
-    return SpoolContents(rows=rows, corrupt=corrupt, node=node)
+            objects.append(obj)
+    return objects
 
 
 _DEFAULTS: Final = tuple(Record._field_defaults.get(name) for name in FIELD_NAMES)
@@ -324,20 +379,20 @@ _DEFAULTS: Final = tuple(Record._field_defaults.get(name) for name in FIELD_NAME
 
 def _mapping(fields: Any) -> list[int | None] | None:
     """Index of each of our fields in a writer's field list; None means "ours exactly"."""
-    if not isinstance(fields, list) or fields[: len(FIELD_NAMES)] == list(FIELD_NAMES):
-        return None
+    if not isinstance(fields, tuple) or fields[: len(FIELD_NAMES)] == FIELD_NAMES:
+        return None  # no usable field list, or ours (a newer writer may append fields)
     position = {name: i for i, name in enumerate(fields) if isinstance(name, str)}
     return [position.get(name) for name in FIELD_NAMES]
 
 
 def _remap(obj: Any, mapping: list[int | None]) -> Any:
-    if not isinstance(obj, list):
+    if type(obj) is not tuple:
         return obj
     try:
-        return [
+        return tuple(
             obj[i] if i is not None else default
             for i, default in zip(mapping, _DEFAULTS, strict=True)
-        ]
+        )
     except IndexError:
         return None  # shorter than the writer's own header says: corrupt
 

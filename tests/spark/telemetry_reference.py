@@ -1,0 +1,272 @@
+"""Independent pandas computations of every Spark job, for the Spark tests to compare against.
+
+Written from the job docstrings, not from jobs.py: plain pandas, exact percentiles
+(`inverted_cdf`, the definition `percentile_approx` converges to and meets exactly on small
+data), and explicit NaN wherever a ratio has a zero denominator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from irismesh.telemetry.schema import FIELD_NAMES, Record
+
+CALLS = ["request", "publish", "broadcast", "tunnel", "survey"]
+
+
+def frame(records: Iterable[Record]) -> pd.DataFrame:
+    df = pd.DataFrame.from_records(list(records), columns=list(FIELD_NAMES))
+    for column in ("latency_us", "size"):
+        df[column] = df[column].astype("Int64")
+    return df
+
+
+def _minute(ts: pd.Series) -> pd.Series:
+    return pd.to_datetime(np.floor(ts.to_numpy() / 60.0) * 60.0, unit="s")
+
+
+def _wsum(df: pd.DataFrame, mask: pd.Series) -> float:
+    return float(df.loc[mask, "weight"].sum())
+
+
+def throughput(df: pd.DataFrame) -> pd.DataFrame:
+    calls = df[df["kind"].isin(CALLS)].copy()
+    calls["minute"] = _minute(calls["ts"])
+    rows = []
+    for (cluster, pattern, minute), g in calls.groupby(
+        ["cluster", "pattern", "minute"], dropna=False
+    ):
+        events = g["weight"].sum()
+        rows.append(
+            {
+                "cluster": cluster,
+                "pattern": pattern,
+                "minute": minute,
+                "events": events,
+                "ok": _wsum(g, g["outcome"] == "ok"),
+                "bytes": float((g["size"].fillna(0).astype(float) * g["weight"]).sum()),
+                "per_second": events / 60.0,
+            }
+        )
+    return pd.DataFrame(
+        rows, columns=["cluster", "pattern", "minute", "events", "ok", "bytes", "per_second"]
+    )
+
+
+def _exact(values: np.ndarray, q: float) -> float:
+    return float(np.quantile(values, q, method="inverted_cdf"))
+
+
+def latency(df: pd.DataFrame) -> pd.DataFrame:
+    timed = df[
+        df["kind"].isin([*CALLS, "serve", "deliver"])
+        & (df["outcome"] == "ok")
+        & df["latency_us"].notna()
+    ]
+    rows = []
+    for (cluster, pattern, kind), g in timed.groupby(["cluster", "pattern", "kind"], dropna=False):
+        lat = g["latency_us"].astype(float).to_numpy()
+        w = g["weight"].astype(float).to_numpy()
+        rows.append(
+            {
+                "cluster": cluster,
+                "pattern": pattern,
+                "kind": kind,
+                "samples": len(g),
+                "events": w.sum(),
+                "mean_us": float((lat * w).sum() / w.sum()),
+                "p50_us": _exact(lat, 0.5),
+                "p95_us": _exact(lat, 0.95),
+                "p99_us": _exact(lat, 0.99),
+                "max_us": lat.max(),
+            }
+        )
+    columns = ["cluster", "pattern", "kind", "samples", "events", "mean_us"]
+    return pd.DataFrame(rows, columns=[*columns, "p50_us", "p95_us", "p99_us", "max_us"])
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else float("nan")
+
+
+def errors(df: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for cluster, g in df[df["cluster"].notna()].groupby("cluster"):
+        call = g["kind"].isin(CALLS)
+        calls = _wsum(g, call)
+        failed = _wsum(g, call & (g["outcome"] != "ok"))
+        timeouts = _wsum(g, call & (g["outcome"] == "timeout"))
+        rows.append(
+            {
+                "cluster": cluster,
+                "calls": calls,
+                "ok": _wsum(g, call & (g["outcome"] == "ok")),
+                "failed": failed,
+                "timeouts": timeouts,
+                "remote_errors": _wsum(g, call & (g["outcome"] == "remote_error")),
+                "no_responders": _wsum(g, call & (g["outcome"] == "no_responders")),
+                "drops": _wsum(g, g["kind"] == "drop"),
+                "errors": _wsum(g, g["kind"] == "error"),
+                "error_rate": _ratio(failed, calls),
+                "timeout_rate": _ratio(timeouts, calls),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def member_load(df: pd.DataFrame) -> pd.DataFrame:
+    members: dict[str, set[str]] = {}
+    requests = df[(df["kind"] == "request") & df["cluster"].notna() & df["peer"].notna()]
+    for cluster, peer in zip(requests["cluster"], requests["peer"], strict=True):
+        members.setdefault(cluster, set()).add(peer)
+    serves = df[(df["kind"] == "serve") & df["cluster"].notna()]
+    for cluster, node in zip(serves["cluster"], serves["node"], strict=True):
+        members.setdefault(cluster, set()).add(node)
+    joins = df[(df["kind"] == "membership") & df["cluster"].notna() & df["peer"].notna()]
+    for cluster, peer in zip(joins["cluster"], joins["peer"], strict=True):
+        members.setdefault(cluster, set()).add(peer)
+    load = requests.groupby(["cluster", "peer"])["weight"].sum().to_dict()
+    rows = []
+    for cluster, names in members.items():
+        total = sum(load.get((cluster, m), 0) for m in names)
+        for member in names:
+            got = load.get((cluster, member), 0)
+            rows.append(
+                {
+                    "cluster": cluster,
+                    "member": member,
+                    "requests": got,
+                    "share": _ratio(got, total),
+                }
+            )
+    return pd.DataFrame(rows, columns=["cluster", "member", "requests", "share"])
+
+
+def fairness(df: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for cluster, g in member_load(df).groupby("cluster"):
+        x = g["requests"].astype(float).to_numpy()
+        n, s, s2 = len(x), x.sum(), (x * x).sum()
+        rows.append(
+            {
+                "cluster": cluster,
+                "members": n,
+                "requests": s,
+                "min_requests": x.min(),
+                "max_requests": x.max(),
+                "jain_index": _ratio(s * s, n * s2),
+                "max_over_mean": _ratio(x.max() * n, s),
+            }
+        )
+    columns = ["cluster", "members", "requests", "min_requests", "max_requests"]
+    return pd.DataFrame(rows, columns=[*columns, "jain_index", "max_over_mean"])
+
+
+def churn(df: pd.DataFrame) -> pd.DataFrame:
+    changes = df[df["kind"] == "membership"].copy()
+    changes["minute"] = _minute(changes["ts"])
+    rows = []
+    for (cluster, minute, event), g in changes.groupby(["cluster", "minute", "name"], dropna=False):
+        rows.append(
+            {
+                "cluster": cluster,
+                "minute": minute,
+                "event": event,
+                "observations": g["weight"].sum(),
+                "peers": g["peer"].nunique(),
+                "observers": g["node"].nunique(),
+            }
+        )
+    return pd.DataFrame(
+        rows, columns=["cluster", "minute", "event", "observations", "peers", "observers"]
+    )
+
+
+def top_talkers(df: pd.DataFrame, limit: int = 10) -> pd.DataFrame:
+    calls = df[df["kind"].isin(CALLS)]
+    rows = []
+    for node, g in calls.groupby("node"):
+        rows.append(
+            {
+                "node": node,
+                "calls": g["weight"].sum(),
+                "bytes": float((g["size"].fillna(0).astype(float) * g["weight"]).sum()),
+                "failed": _wsum(g, g["outcome"] != "ok"),
+                "clusters": g["cluster"].nunique(),
+            }
+        )
+    out = pd.DataFrame(rows, columns=["node", "calls", "bytes", "failed", "clusters"])
+    out = out.sort_values(["calls", "bytes", "node"], ascending=[False, False, True])
+    return out.head(limit).reset_index(drop=True)
+
+
+def totals(df: pd.DataFrame) -> pd.DataFrame:
+    out = df.groupby(["kind", "outcome"]).agg(
+        records=("weight", "size"),
+        events=("weight", "sum"),
+        first_ts=("ts", "min"),
+        last_ts=("ts", "max"),
+    )
+    return out.reset_index()
+
+
+def gauges(df: pd.DataFrame) -> pd.DataFrame:
+    g = df[(df["kind"] == "gauge") & df["value"].notna()]
+    rows = []
+    for name, by_name in g.groupby("name"):
+        latest = by_name.sort_values("ts").groupby("node")["value"].last()
+        rows.append(
+            {
+                "name": name,
+                "nodes": by_name["node"].nunique(),
+                "readings": len(by_name),
+                "mean": by_name["value"].mean(),
+                "max": by_name["value"].max(),
+                "latest_total": latest.sum(),
+            }
+        )
+    return pd.DataFrame(rows, columns=["name", "nodes", "readings", "mean", "max", "latest_total"])
+
+
+REFERENCES = {
+    "totals": totals,
+    "throughput": throughput,
+    "latency": latency,
+    "errors": errors,
+    "fairness": fairness,
+    "member_load": member_load,
+    "churn": churn,
+    "top_talkers": top_talkers,
+    "gauges": gauges,
+}
+
+
+def normalised(df: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
+    """Comparable form: None for every missing value, floats for numbers, sorted by keys."""
+    out = df.copy()
+    for column in out.columns:
+        series = out[column]
+        if pd.api.types.is_datetime64_any_dtype(series):
+            out[column] = series.astype("datetime64[us]")
+        elif pd.api.types.is_numeric_dtype(series) and not pd.api.types.is_bool_dtype(series):
+            out[column] = series.astype(float)
+        else:
+            out[column] = series.astype(object).where(series.notna(), None)
+    if keys:
+        out = out.sort_values(list(keys), na_position="first", kind="stable")
+    return out.reset_index(drop=True)
+
+
+def assert_same(actual: pd.DataFrame, expected: pd.DataFrame, keys: Sequence[str]) -> None:
+    """The Spark result equals the reference: same rows and columns, floats to 1e-9."""
+    assert list(actual.columns) == list(expected.columns)
+    a, b = normalised(actual, keys), normalised(expected, keys)
+    pd.testing.assert_frame_equal(a, b, check_dtype=False, rtol=1e-9, atol=1e-9)
+
+
+def rows_of(df: pd.DataFrame) -> list[dict[str, Any]]:
+    return list(df.to_dict(orient="records"))
