@@ -299,7 +299,12 @@ def _cluster_table(tables: Mapping[str, pd.DataFrame]) -> Table:
     errors = tables["errors"].set_index("cluster")
     fair = tables.get("fairness", pd.DataFrame({"cluster": []})).set_index("cluster")
     latency = tables.get("latency", pd.DataFrame({"cluster": [], "kind": []}))
-    latency = latency[latency["kind"] != "serve"].groupby("cluster").first()
+    # The caller-side kind with the most events stands for the cluster (requests, usually; not
+    # the alphabetically first, which put two broadcasts ahead of thousands of requests).
+    calls = latency[latency["kind"] != "serve"]
+    if "events" in calls.columns:
+        calls = calls.sort_values("events", ascending=False)
+    latency = calls.groupby("cluster").first()
     table = Table(title="Clusters")
     table.add_column("cluster", no_wrap=True)
     for column in ("calls", "failed %", "timeout %", "p50 us", "p99 us", "members"):

@@ -72,3 +72,34 @@ def test_compact_from_the_command_line(tmp_path: Path) -> None:
     assert f"{written:,} records (0 corrupt)" in run.stdout
     assert list(spool.iterdir()) == []
     assert list(out.glob("date=*/hour=*/*.parquet"))
+
+
+def test_cluster_summary_shows_the_busiest_call_kind() -> None:
+    """Two broadcasts must not stand for a cluster that served thousands of requests."""
+    import pandas as pd
+
+    from irismesh.spark_telemetry.report import _cluster_table
+
+    tables = {
+        "errors": pd.DataFrame(
+            [{"cluster": "work", "calls": 3202, "error_rate": 0.0, "timeout_rate": 0.0}]
+        ),
+        "latency": pd.DataFrame(
+            [
+                {"cluster": "work", "kind": "broadcast", "events": 2, "p50_us": 800, "p99_us": 900},
+                {
+                    "cluster": "work",
+                    "kind": "request",
+                    "events": 3200,
+                    "p50_us": 250,
+                    "p99_us": 4000,
+                },
+                {"cluster": "work", "kind": "serve", "events": 3200, "p50_us": 50, "p99_us": 90},
+            ]
+        ),
+    }
+    table = _cluster_table(tables)
+    cells = [list(column.cells) for column in table.columns]
+    row = [column[0] for column in cells]
+    assert "250" in row[4].replace(",", "")
+    assert "4000" in row[5].replace(",", "")
