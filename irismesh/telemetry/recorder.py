@@ -31,11 +31,12 @@ HISTOGRAM_BUCKETS = 40  # 2**39 us is about six days
 class _Series:
     """Exact counts by outcome and the latency histogram of one (kind, cluster)."""
 
-    __slots__ = ("counts", "histogram")
+    __slots__ = ("counts", "histogram", "since")
 
     def __init__(self) -> None:
         self.counts: dict[str, int] = {}
         self.histogram = [0] * HISTOGRAM_BUCKETS
+        self.since = 0  # events since the last sampled record
 
 
 class Recorder:
@@ -45,8 +46,6 @@ class Recorder:
         "_clock",
         "_every",
         "_series",
-        "_served",
-        "_since",
         "node",
         "writer",
     )
@@ -66,8 +65,6 @@ class Recorder:
         # One lookup per event on the hot path: (kind, cluster) -> its series.
         self._series: dict[tuple[str, str], _Series] = {}
         self._every = sample_every
-        self._since = 0
-        self._served = 0
         self._clock = clock
 
     def set_sampling(self, sample_every: int) -> None:
@@ -85,15 +82,30 @@ class Recorder:
         kind: str = _REQUEST,
     ) -> None:
         """Caller side: one request (or broadcast, survey) ended `latency` s after it was sent."""
+        self._call(kind, cluster, peer, latency, size, outcome)
+
+    def serve(self, cluster: str, peer: bytes, latency: float, size: int, outcome: str) -> None:
+        """Member side: one handler run ended (`latency` seconds of service time)."""
+        self._call(_SERVE, cluster, peer, latency, size, outcome)
+
+    def _call(
+        self,
+        kind: str,
+        cluster: str,
+        peer: bytes | None,
+        latency: float,
+        size: int,
+        outcome: str,
+    ) -> None:
         series = self._series.get((kind, cluster)) or self._new_series(kind, cluster)
         counts = series.counts
         counts[outcome] = counts.get(outcome, 0) + 1
         us = int(latency * 1e6)
         bucket = us.bit_length()
         series.histogram[bucket if bucket < HISTOGRAM_BUCKETS else HISTOGRAM_BUCKETS - 1] += 1
-        self._since += 1
-        if self._since >= self._every and self.writer is not None:
-            self._since = 0
+        series.since += 1  # one record in `sample_every` per (kind, cluster)
+        if series.since >= self._every and self.writer is not None:
+            series.since = 0
             self.writer.append(
                 (
                     self._clock(),
@@ -102,34 +114,6 @@ class Recorder:
                     _PATTERNS.get(kind, _REQREP),
                     cluster,
                     peer.hex() if peer else None,
-                    us,
-                    size,
-                    outcome,
-                    self._every,
-                    None,
-                    None,
-                )
-            )
-
-    def serve(self, cluster: str, peer: bytes, latency: float, size: int, outcome: str) -> None:
-        """Member side: one handler run ended (`latency` seconds of service time)."""
-        series = self._series.get((_SERVE, cluster)) or self._new_series(_SERVE, cluster)
-        counts = series.counts
-        counts[outcome] = counts.get(outcome, 0) + 1
-        us = int(latency * 1e6)
-        bucket = us.bit_length()
-        series.histogram[bucket if bucket < HISTOGRAM_BUCKETS else HISTOGRAM_BUCKETS - 1] += 1
-        self._served += 1
-        if self._served >= self._every and self.writer is not None:
-            self._served = 0
-            self.writer.append(
-                (
-                    self._clock(),
-                    self.node,
-                    _SERVE,
-                    _REQREP,
-                    cluster,
-                    peer.hex(),
                     us,
                     size,
                     outcome,
