@@ -70,6 +70,7 @@ class Driver:
         on_events: Callable[[list[Event]], None],
     ) -> None:
         self.core = core
+        core.batching = True  # seal what one flush sends on a link together
         self._ctx = context
         self._router = router
         self._loop = loop
@@ -156,6 +157,8 @@ class Driver:
 
     def flush(self) -> None:
         core = self.core
+        if core._staged_out or core._staged_in:
+            core.seal_staged()
         recheck = self._recheck
         if core.out_frames:
             frames = core.out_frames

@@ -349,7 +349,12 @@ class Node:
             raise
         fut: asyncio.Future[bytes] = loop.create_future()
         self._waiting[req_id] = (fut, cluster, now, _REQUEST_KIND)
-        driver.flush()
+        if len(self._waiting) > 1:
+            # Others are in flight: send at the end of this loop iteration, together with the
+            # requests other tasks are about to make (one seal and one send for all of them).
+            driver.flush_soon()
+        else:
+            driver.flush()  # alone: no reason to wait
         wake = now + (hedge if hedge is not None else timeout)
         if wake < driver._timer_at:
             driver.arm(wake)

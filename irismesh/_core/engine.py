@@ -64,9 +64,11 @@ from irismesh._core.frames import (
     VERSION,
     BodyCodec,
     Kind,
+    decode_batch,
     decode_header,
     decode_reply,
     decode_request,
+    encode_batch,
     encode_header,
     encode_reply,
     pack_error,
@@ -88,7 +90,9 @@ from irismesh.errors import (
 )
 
 _PING, _PONG, _REQUEST, _REPLY = int(Kind.PING), int(Kind.PONG), int(Kind.REQUEST), int(Kind.REPLY)
-_BROADCAST, _SURVEY = int(Kind.BROADCAST), int(Kind.SURVEY)
+_BROADCAST, _SURVEY, _BATCH = int(Kind.BROADCAST), int(Kind.SURVEY), int(Kind.BATCH)
+_CALL_KINDS = frozenset((_REQUEST, _BROADCAST, _SURVEY))
+_REPLY_KINDS = frozenset((_REPLY,))
 _pack_header = HEADER.pack
 
 
@@ -136,6 +140,11 @@ class MeshCore:
         self._codec = BodyCodec(self.config.max_payload)
         self._max_frame = self.config.max_frame
         self._max_payload = self.config.max_payload
+        # Off: every call and reply is sealed into out_frames/in_frames at once. On (the
+        # driver): they are staged per link and sealed by seal_staged(), several to a frame.
+        self.batching = False
+        self._staged_out: list[OutLink] = []
+        self._staged_in: list[InLink] = []
         self._max_pending = self.config.max_pending
         self._out: dict[int, OutLink] = {}
         self._in: dict[bytes, InLink] = {}
@@ -304,9 +313,6 @@ class MeshCore:
         # The hot path: encode_header and encode_request inlined (measured).
         link.outstanding += 1
         slot = link.clusters[cluster]
-        link.send_seq += 1
-        seq = link.send_seq
-        header = _pack_header(MAGIC, VERSION, kind, 0, slot, seq)
         timeout_ms = int(timeout * 1000) + 1
         if timeout_ms > 0xFFFFFFFF:
             timeout_ms = 0xFFFFFFFF
@@ -317,6 +323,14 @@ class MeshCore:
             body = _pack_request(req_id, timeout_ms, n) + ACKS[n].pack(*acks) + payload
         else:
             body = _pack_request(req_id, timeout_ms, 0) + payload
+        if self.batching:
+            if not link.staged:
+                self._staged_out.append(link)
+            link.staged.append((slot, kind, body))
+            return
+        link.send_seq += 1
+        seq = link.send_seq
+        header = _pack_header(MAGIC, VERSION, kind, 0, slot, seq)
         self.out_frames.append(
             (link.link_id, header + link.send_sealers[slot].seal(header, seq, body))
         )
@@ -373,13 +387,54 @@ class MeshCore:
     def _send_reply(
         self, link: InLink, slot: int, req_id: int, status: int, payload: bytes
     ) -> None:
+        body = encode_reply(req_id, status, payload)
+        if self.batching:
+            if not link.staged:
+                self._staged_in.append(link)
+            link.staged.append((slot, _REPLY, body))
+            return
         link.send_seq += 1
         seq = link.send_seq
         header = encode_header(_REPLY, slot, seq)  # in the request's scope, under its keys
-        body = encode_reply(req_id, status, payload)
         self.in_frames.append(
             (link.routing_id, header + link.send_sealers[slot].seal(header, seq, body))
         )
+
+    def seal_staged(self) -> None:
+        """Seal what `batching` staged: one frame per link and scope (BATCH if several)."""
+        if self._staged_out:
+            links, self._staged_out = self._staged_out, []
+            for link in links:
+                staged, link.staged = link.staged, []
+                if link.state is LinkState.UP:
+                    for frame in self._seal_batches(link, staged):
+                        self.out_frames.append((link.link_id, frame))
+        if self._staged_in:
+            inlinks, self._staged_in = self._staged_in, []
+            for inlink in inlinks:
+                staged, inlink.staged = inlink.staged, []
+                if self._in.get(inlink.routing_id) is inlink:
+                    for frame in self._seal_batches(inlink, staged):
+                        self.in_frames.append((inlink.routing_id, frame))
+
+    def _seal_batches(
+        self, link: OutLink | InLink, staged: list[tuple[int, int, bytes]]
+    ) -> list[bytes]:
+        by_slot: dict[int, list[tuple[int, bytes]]] = {}
+        for slot, kind, body in staged:
+            by_slot.setdefault(slot, []).append((kind, body))
+        frames = []
+        for slot, entries in by_slot.items():
+            link.send_seq += 1
+            seq = link.send_seq
+            if len(entries) == 1:
+                kind, body = entries[0]
+            else:
+                kind, body = _BATCH, encode_batch(entries)
+                self.stats["batches_sent"] += 1
+            header = _pack_header(MAGIC, VERSION, kind, 0, slot, seq)
+            frames.append(header + link.send_sealers[slot].seal(header, seq, body))
+        return frames
 
     # ----------------------------------------------------------------- frames in
 
@@ -409,6 +464,10 @@ class MeshCore:
             if kind == _REPLY:
                 self._on_reply(link, body, now)
                 return
+            if kind == _BATCH:
+                for _kind, entry in decode_batch(body, _REPLY_KINDS):
+                    self._on_reply(link, entry, now)
+                return
             env = self._codec.unpack(body, kind)
             if kind == _PONG:
                 link.rtt = max(0.0, now - env[0] / 1e6)
@@ -436,6 +495,10 @@ class MeshCore:
             link.last_heard = now
             if kind in (_REQUEST, _BROADCAST, _SURVEY):
                 self._on_request(link, scope, body, now, kind)
+                return
+            if kind == _BATCH:
+                for entry_kind, entry in decode_batch(body, _CALL_KINDS):
+                    self._on_request(link, scope, entry, now, entry_kind)
                 return
             env = self._codec.unpack(body, kind)
             if kind == _PING:

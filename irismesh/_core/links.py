@@ -51,6 +51,7 @@ class OutLink:
     peer_load: int = 0
     acks: list[int] = field(default_factory=list)  # replies received, not yet acknowledged
     keys: LinkKeys | None = None
+    staged: list[tuple[int, int, bytes]] = field(default_factory=list)  # (slot, kind, body)
     send_sealers: dict[int, Sealer] = field(default_factory=dict)
     recv_sealers: dict[int, Sealer] = field(default_factory=dict)
 
@@ -68,6 +69,7 @@ class InLink:
     recv_seq: int = 0
     send_sealers: dict[int, Sealer] = field(default_factory=dict)
     recv_sealers: dict[int, Sealer] = field(default_factory=dict)
+    staged: list[tuple[int, int, bytes]] = field(default_factory=list)  # (slot, kind, body)
 
 
 @dataclass(slots=True, eq=False)

@@ -3,7 +3,7 @@
 A `Scene` is a small mesh on the in-memory network (`memnet`): a member of "db", a client with
 the same keys, and a rogue holding another keyring (linked to the member, but a member of
 nothing it can prove). Its `corpus` holds every frame those cores really exchanged, by kind:
-HELLO, WELCOME, PING, PONG, REQUEST, REPLY, PEERS, BROADCAST, SURVEY, BYE (from a node that
+HELLO, WELCOME, PING, PONG, REQUEST, REPLY, PEERS, BROADCAST, SURVEY, BATCH, BYE (from a node that
 left), REFUSE (from a closed core), and REQUESTs the rogue sealed with its own key for "db".
 
 `mutate` turns one frame into a hostile one (bit flips, truncation, rewritten header fields,
@@ -140,6 +140,20 @@ class Scene:
         for kind in (Kind.BROADCAST, Kind.SURVEY):
             self.client.core.fanout(int(kind), "db", b"fan-out", 1.0, net.now)
             net.settle()
+        # BATCH both ways, as the driver batches: requests staged by the client, then the
+        # replies the member stages while answering them.
+        client_core, member_core = self.client.core, self.member.core
+        client_core.batching = member_core.batching = True
+        for i in range(3):
+            client_core.request("db", b"batched-%d" % i, 1.0, net.now)
+        client_core.seal_staged()
+        net.collect(self.client)
+        net.run(net.now)
+        member_core.seal_staged()
+        net.collect(self.member)
+        net.run(net.now)
+        client_core.batching = member_core.batching = False
+        net.settle()
         leaver = net.add("leaver", seeds=[self.member])
         net.advance(0.3)
         self.leaver_id = leaver.node_id

@@ -53,7 +53,7 @@ caps = st.dictionaries(st.text(max_size=10), scalars, max_size=8)
 
 # REQUEST, BROADCAST, SURVEY and REPLY have fixed layouts, not msgpack envelopes.
 MSGPACK_KINDS = [
-    k for k in Kind if k not in (Kind.REQUEST, Kind.REPLY, Kind.BROADCAST, Kind.SURVEY)
+    k for k in Kind if k not in (Kind.REQUEST, Kind.REPLY, Kind.BROADCAST, Kind.SURVEY, Kind.BATCH)
 ]
 ENVELOPES: dict[Kind, st.SearchStrategy[list[Any]]] = {
     Kind.HELLO: st.tuples(ids, nonces, endpoints, caps).map(list),
