@@ -157,8 +157,7 @@ class Driver:
 
     def flush(self) -> None:
         core = self.core
-        if core._staged_out or core._staged_in:
-            core.seal_staged()
+        core.seal_staged()  # returns at once when nothing is staged
         recheck = self._recheck
         if core.out_frames:
             frames = core.out_frames

@@ -503,7 +503,8 @@ class MeshCore:
             env = self._codec.unpack(body, kind)
             if kind == _PING:
                 self._forget_replies(link, env[1])
-                self._send_in(link, _PONG, [env[0], self._runner_load()])
+                # The load a member reports: replies it still holds for its callers.
+                self._send_in(link, _PONG, [env[0], len(self._replies)])
             elif kind == Kind.PEERS:
                 self._on_peers(env, now)
             elif kind == Kind.BYE:
@@ -637,9 +638,6 @@ class MeshCore:
         peer_id, routing_id = link.peer_id, link.routing_id
         for req_id in acks:
             discard((peer_id, req_id), routing_id)
-
-    def _runner_load(self) -> int:
-        return len(self._replies)
 
     def _on_peers(self, env: list[Any], now: float) -> None:
         for entry in env:
