@@ -12,6 +12,7 @@ from irismesh.errors import (
     AuthenticationError,
     Closed,
     ConfigurationError,
+    InterestTimeout,
     MemberLost,
     MembershipTimeout,
     MeshError,
@@ -23,8 +24,10 @@ from irismesh.errors import (
     RemoteError,
     RequestError,
     RequestTimeout,
+    SlowConsumer,
 )
 from irismesh.node import Node, PeerInfo, SurveyResult, TelemetryConfig
+from irismesh.patterns.pubsub import Message, Subscription
 from irismesh.security.keyring import Keyring, ScopeKey
 
 __version__ = "0.1.0"
@@ -34,11 +37,13 @@ __all__ = [
     "Closed",
     "ConfigurationError",
     "CoreConfig",
+    "InterestTimeout",
     "Keyring",
     "MdnsConfig",
     "MemberLost",
     "MembershipTimeout",
     "MeshError",
+    "Message",
     "NoKey",
     "NoResponders",
     "Node",
@@ -50,6 +55,8 @@ __all__ = [
     "RequestError",
     "RequestTimeout",
     "ScopeKey",
+    "SlowConsumer",
+    "Subscription",
     "SurveyConfig",
     "SurveyResult",
     "TelemetryConfig",

@@ -142,6 +142,33 @@ class RemoteError(RequestError):
         self.remote_message = remote_message
 
 
+class SlowConsumer(MeshError, TimeoutError):
+    """A publish waited `timeout` seconds for subscribers that granted no room."""
+
+    def __init__(self, topic: str, timeout: float, subscribers: list[str]) -> None:
+        who = ", ".join(s[:12] for s in subscribers[:5]) or "a subscription of this node"
+        more = f" and {len(subscribers) - 5} more" if len(subscribers) > 5 else ""
+        super().__init__(
+            f"publish to {topic!r} waited {timeout:g} s for room at slow subscriber(s) "
+            f"{who}{more}: they read too slowly (their policy is to block the publisher)"
+        )
+        self.topic = topic
+        self.timeout = timeout
+        self.subscribers = subscribers
+
+
+class InterestTimeout(MeshError, TimeoutError):
+    """Fewer peers than awaited subscribed to a topic in time."""
+
+    def __init__(self, topic: str, wanted: int, found: int, timeout: float) -> None:
+        super().__init__(
+            f"{found} peer(s) subscribed to {topic!r} after {timeout:g} s, wanted {wanted}"
+        )
+        self.topic = topic
+        self.wanted = wanted
+        self.found = found
+
+
 class AuthenticationError(MeshError):
     """A peer failed to prove possession of a key."""
 

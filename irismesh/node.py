@@ -26,7 +26,10 @@ import zmq
 from irismesh._core.config import CoreConfig
 from irismesh._core.engine import MeshCore
 from irismesh._core.events import (
+    CreditArrived,
     Event,
+    InterestChanged,
+    MessageArrived,
     PeerDown,
     PeerUp,
     ReplyArrived,
@@ -48,6 +51,7 @@ from irismesh.errors import (
     RemoteError,
     RequestTimeout,
 )
+from irismesh.patterns.pubsub import Policy, PubSub, Subscription
 from irismesh.patterns.reqrep import HandlerRunner, RequestHandler
 from irismesh.security.keyring import Keyring
 from irismesh.security.linksecurity import KeyedLinkSecurity
@@ -155,6 +159,7 @@ class Node:
             self._reply, self._reply_error, self._flush_soon, served, ack_only=True
         )
         self._surveys: HandlerRunner | None = None  # None: surveys go to the request handler
+        self._pubsub = PubSub(self.node_id, self._flush_soon, self._flush_now)
         self._membership_changed: asyncio.Event | None = None
         self._peer_listeners: list[Callable[[Event], None]] = []
         self._closing = False
@@ -192,6 +197,7 @@ class Node:
             config=self._config,
         )
         self._membership_changed = asyncio.Event()
+        self._pubsub.attach(self._core)
         self._driver = Driver(self._core, ctx, router, loop, self._on_events)
         now = loop.time()
         for seed in self._seeds:
@@ -245,6 +251,7 @@ class Node:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._telemetry_task
         await self._runner.close()
+        self._pubsub.close()
         if self._core is not None and self._driver is not None:
             self._core.close()
             self._driver.process()
@@ -430,6 +437,43 @@ class Node:
                 raise error
         return answers, errors, missing
 
+    # ----------------------------------------------------------------- publish/subscribe
+
+    async def publish(self, topic: str, payload: bytes, *, timeout: float | None = None) -> int:
+        """Send `payload` to every subscription matching `topic`, here and on other nodes.
+
+        Returns how many nodes it went to (this one included when it has a matching
+        subscription); 0 is not an error. A subscriber whose policy is "block" and whose buffer
+        is full makes this wait for room, up to `timeout`, then raise SlowConsumer. The payload
+        is sealed under the key of the topic's first segment (else the default key).
+        """
+        self._running()
+        timeout = self._default_timeout if timeout is None else timeout
+        if not timeout > 0:
+            raise ConfigurationError(f"timeout must be positive, got {timeout!r}")
+        if type(payload) is not bytes:
+            payload = _as_bytes(payload)
+        return await self._pubsub.publish(topic, payload, timeout)
+
+    def subscribe(
+        self, pattern: str, *, policy: Policy = "block", maxsize: int = 1024
+    ) -> Subscription:
+        """Receive messages on topics matching `pattern` (`*` one segment, `#` any number).
+
+        `async with node.subscribe("feeds.#") as sub: async for msg in sub: ...`. When the
+        reader falls behind, `policy` decides: "block" the publishers (nothing lost) or
+        "drop_oldest" beyond `maxsize` (and count what was missed in `Message.missed`).
+        """
+        self._running()
+        return self._pubsub.subscribe(pattern, policy, maxsize)
+
+    async def wait_for_subscribers(
+        self, topic: str, count: int = 1, *, timeout: float = 10.0
+    ) -> int:
+        """Wait until at least `count` other nodes subscribe to `topic`; returns how many."""
+        self._running()
+        return await self._pubsub.wait_for_subscribers(topic, count, timeout)
+
     def _hedge_delay(self, cluster: str) -> float:
         """The cluster's measured p95 round trip (a power-of-two bound), or 10 ms unknown."""
         recorder = self.recorder
@@ -480,6 +524,9 @@ class Node:
         stats["requests_pending"] = self._core.pending_count
         stats["handlers_running"] = self._runner.running
         stats["reply_cache_entries"] = len(self._core.reply_cache)
+        stats["messages_published"] = self._pubsub.published
+        stats["messages_delivered"] = self._pubsub.delivered
+        stats["messages_unmatched"] = self._pubsub.unmatched
         return stats
 
     def add_seed(self, endpoint: str) -> None:
@@ -501,7 +548,9 @@ class Node:
         recorder = self.recorder
         now = self._driver._loop.time() if self._driver is not None else 0.0
         for event in events:
-            if type(event) is ReplyArrived:
+            if type(event) is MessageArrived:
+                self._pubsub.deliver(event)
+            elif type(event) is ReplyArrived:
                 entry = waiting.pop(event.req_id, None)
                 if entry is None:
                     continue
@@ -533,6 +582,10 @@ class Node:
                     if recorder is not None:
                         outcome = _outcome(event.error)
                         recorder.request(entry[1], None, now - entry[2], 0, outcome, entry[3])
+            elif type(event) is CreditArrived:
+                self._pubsub.credit_arrived()
+            elif type(event) is InterestChanged:
+                self._pubsub.interest_changed()
             elif type(event) is PeerUp or type(event) is PeerDown:
                 if self._membership_changed is not None:
                     self._membership_changed.set()
@@ -593,6 +646,10 @@ class Node:
     def _flush_soon(self) -> None:
         if self._driver is not None and not self._closing:
             self._driver.flush_soon()
+
+    def _flush_now(self) -> None:
+        if self._driver is not None and not self._closing:
+            self._driver.flush()
 
     def _on_candidate(self, node_id: bytes, endpoint: str) -> None:
         if self._core is None or self._driver is None or self._closing:

@@ -27,6 +27,8 @@ class CoreConfig:
     reply_cache_bytes: int = 64 << 20
     max_pending: int = 100_000
     max_links: int = 256  # links this node dials at once (each costs sockets and descriptors)
+    pubsub_window: int = 1024  # messages a publisher may have in flight to this node
+    max_interest: int = 10_000  # subscription patterns this node keeps for one peer
 
     def __post_init__(self) -> None:
         if self.max_payload < 1 or self.max_payload > 256 << 20:
@@ -35,6 +37,8 @@ class CoreConfig:
             raise ConfigurationError(
                 "heartbeat_interval must be positive and dead_after at least twice it"
             )
+        if self.pubsub_window < 4 or self.max_interest < 1:
+            raise ConfigurationError("pubsub_window must be at least 4, max_interest at least 1")
         if self.max_pending < 1 or self.max_links < 1:
             raise ConfigurationError("max_pending and max_links must be at least 1")
 

@@ -40,7 +40,10 @@ from irismesh._core import balancer
 from irismesh._core.config import CoreConfig
 from irismesh._core.events import (
     CloseLink,
+    CreditArrived,
     Event,
+    InterestChanged,
+    MessageArrived,
     OpenLink,
     PeerDown,
     PeerUp,
@@ -55,9 +58,12 @@ from irismesh._core.frames import (
     HEADER_SIZE,
     MAGIC,
     MAX_ACKS,
+    MAX_BATCH,
     MAX_CLUSTERS,
+    MAX_PATTERNS_PER_FRAME,
     MAX_PEERS_PER_FRAME,
     NONCE_SIZE,
+    PUBLISH_FIELDS,
     REQUEST_FIELDS,
     STATUS_ERROR,
     STATUS_OK,
@@ -66,6 +72,7 @@ from irismesh._core.frames import (
     Kind,
     decode_batch,
     decode_header,
+    decode_publish,
     decode_reply,
     decode_request,
     encode_batch,
@@ -76,7 +83,8 @@ from irismesh._core.frames import (
 from irismesh._core.links import DialRecord, InLink, LinkState, OutLink
 from irismesh._core.pending import PendingRequest, PendingRequests
 from irismesh._core.replycache import ReplyCache
-from irismesh._core.sealing import LinkSecurity, Sealer
+from irismesh._core.sealing import LinkSecurity, Sealer, TopicCipher
+from irismesh._core.topics import TopicTrie, parse_pattern_from_peer, parse_topic_from_peer
 from irismesh.errors import (
     Closed,
     ConfigurationError,
@@ -91,9 +99,15 @@ from irismesh.errors import (
 
 _PING, _PONG, _REQUEST, _REPLY = int(Kind.PING), int(Kind.PONG), int(Kind.REQUEST), int(Kind.REPLY)
 _BROADCAST, _SURVEY, _BATCH = int(Kind.BROADCAST), int(Kind.SURVEY), int(Kind.BATCH)
+_SUBSCRIBE, _UNSUBSCRIBE = int(Kind.SUBSCRIBE), int(Kind.UNSUBSCRIBE)
+_CREDIT, _PUBLISH = int(Kind.CREDIT), int(Kind.PUBLISH)
 _CALL_KINDS = frozenset((_REQUEST, _BROADCAST, _SURVEY))
 _REPLY_KINDS = frozenset((_REPLY,))
+_PUBLISH_KINDS = frozenset((_PUBLISH,))
 _pack_header = HEADER.pack
+_pack_publish = PUBLISH_FIELDS.pack
+_MAX_CREDIT = 1 << 30
+_MAX_TOPIC_SCOPES = 4096  # topic scopes whose ciphers a node keeps at once
 
 
 def _release(request: PendingRequest) -> None:
@@ -160,6 +174,14 @@ class MeshCore:
         self._next_gossip = 0.0
         self._closed = False
         self._dials[endpoint] = DialRecord(endpoint, seed=False, next_at=float("inf"))
+        # Publish/subscribe: the peers' interest (pattern -> their dialled links), this node's
+        # own (pattern -> local subscriptions), and the ciphers it publishes with.
+        self._interest: TopicTrie[OutLink] = TopicTrie()
+        self._subscribed: Counter[str] = Counter()
+        self._topic_ciphers: dict[str, TopicCipher] = {}
+        self._topic_nonce = 0
+        self._topics_heard: dict[bytes, tuple[str, str]] = {}  # checked topics -> (topic, scope)
+        self.publish_blocked = False  # a publish found a peer without credit: tell when it has
 
     # ----------------------------------------------------------------- introspection
 
@@ -360,6 +382,185 @@ class MeshCore:
         remaining = request.deadline - now
         self._send_request(link, request.req_id, request.cluster, request.payload, remaining)
 
+    # ----------------------------------------------------------------- publish/subscribe
+
+    def subscribe(self, pattern: str) -> None:
+        """One more local subscription to a (validated) pattern; peers hear of a new one."""
+        self._subscribed[pattern] += 1
+        if self._subscribed[pattern] == 1:
+            for inlink in self._in.values():
+                self._send_in(inlink, _SUBSCRIBE, [0, [pattern.encode()]])
+
+    def unsubscribe(self, pattern: str) -> None:
+        """One local subscription fewer; peers hear when a pattern has none left."""
+        count = self._subscribed.get(pattern, 0)
+        if count > 1:
+            self._subscribed[pattern] = count - 1
+        elif count == 1:
+            del self._subscribed[pattern]
+            for inlink in self._in.values():
+                self._send_in(inlink, _UNSUBSCRIBE, [[pattern.encode()]])
+
+    def subscribers(self, topic: str) -> list[bytes]:
+        """Node ids of the peers interested in a (validated) topic."""
+        return [link.peer_id for link in self._interest.match(topic)]
+
+    def blocked_subscribers(self, topic: str) -> list[bytes]:
+        """Node ids of the peers interested in a topic that grant no credit now."""
+        return [link.peer_id for link in self._interest.match(topic) if link.credit <= 0]
+
+    def publish(self, topic: str, payload: bytes) -> int:
+        """Send a message on a (validated) topic to every peer interested in it.
+
+        Returns how many peers it went to, or -1 without sending anything when one of them has
+        granted no credit (`publish_blocked` is set; a CreditArrived event says when to retry).
+        The payload is sealed once, under the topic scope's key (the topic's first segment,
+        else the default key); raises NoKey without one.
+        """
+        if self._closed:
+            raise Closed("node is closed")
+        if len(payload) > self._max_payload:
+            raise PayloadTooLarge(len(payload), self._max_payload)
+        scope = topic.partition(".")[0]
+        cipher = self._topic_ciphers.get(scope)
+        if cipher is None:
+            cipher = self._topic_cipher(scope)
+        targets = self._interest.match_cached(topic)
+        if not targets:
+            return 0
+        for link in targets:
+            if link.credit <= 0:
+                self.publish_blocked = True
+                self.stats["publish_blocked"] += 1
+                return -1
+        self._topic_nonce += 1
+        nonce = self._topic_nonce
+        encoded = topic.encode()
+        tail = encoded + cipher.seal(nonce, encoded, payload)
+        size = len(encoded)
+        for link in targets:
+            link.credit -= 1
+            link.pub_seq += 1
+            self._stage_out(link, 0, _PUBLISH, _pack_publish(link.pub_seq, nonce, size) + tail)
+        return len(targets)
+
+    def release(self, routing_id: bytes, count: int = 1) -> bool:
+        """The application is done with `count` messages from a peer: grant them back.
+
+        Grants go out a quarter window at a time; returns True when one was queued.
+        """
+        link = self._in.get(routing_id)
+        if link is None:
+            return False
+        link.to_grant += count
+        if link.to_grant < self.config.pubsub_window // 4:
+            return False
+        grant, link.to_grant = link.to_grant, 0
+        link.credit_out += grant
+        self._send_in(link, _CREDIT, [grant])
+        return True
+
+    def _topic_cipher(self, scope: str) -> TopicCipher:
+        ciphers = self._security.topic_ciphers(scope, self.node_id)
+        if not ciphers:
+            raise NoKey(scope)
+        if len(self._topic_ciphers) >= _MAX_TOPIC_SCOPES:
+            self._topic_ciphers.clear()
+        cipher = self._topic_ciphers[scope] = ciphers[0]
+        return cipher
+
+    def _on_publish(self, link: InLink, body: bytes) -> None:
+        stream_seq, nonce, encoded, sealed = decode_publish(body)
+        if link.credit_out <= 0:
+            raise ProtocolError("over_credit", "PUBLISH without credit")
+        link.credit_out -= 1
+        gap = stream_seq - link.pub_seq - 1
+        if gap < 0:
+            self.release(link.routing_id)
+            raise ProtocolError("replay", "PUBLISH stream")
+        link.pub_seq = stream_seq
+        if gap:
+            self.stats["publish_gaps"] += gap
+        try:
+            known = self._topics_heard.get(encoded)
+            if known is None:
+                topic = parse_topic_from_peer(encoded)
+                if len(self._topics_heard) >= _MAX_TOPIC_SCOPES:
+                    self._topics_heard.clear()
+                known = self._topics_heard[encoded] = (topic, topic.partition(".")[0])
+            topic, scope = known
+            ciphers = link.topic_ciphers.get(scope)
+            if ciphers is None:
+                ciphers = self._security.topic_ciphers(scope, link.peer_id)
+                if len(link.topic_ciphers) < _MAX_TOPIC_SCOPES:
+                    link.topic_ciphers[scope] = ciphers
+            if not ciphers:
+                raise ProtocolError("no_topic_key", scope[:60])
+            payload = None
+            for cipher in ciphers:
+                try:
+                    payload = cipher.open(nonce, encoded, sealed)
+                    break
+                except ProtocolError:
+                    continue
+            if payload is None:
+                raise ProtocolError("bad_seal", "topic")
+        except ProtocolError:
+            self.release(link.routing_id)  # the credit it used is the sender's again
+            raise
+        self.events.append(MessageArrived(link.routing_id, topic, payload, link.peer_id, gap))
+
+    def _on_interest(self, link: OutLink, patterns: list[bytes], add: bool) -> None:
+        for raw in patterns:
+            try:
+                pattern = parse_pattern_from_peer(raw)
+            except ProtocolError as exc:
+                self.stats["dropped_" + exc.reason] += 1
+                continue
+            if add:
+                if pattern in link.interest:
+                    continue
+                if len(link.interest) >= self.config.max_interest:
+                    self.stats["dropped_interest_overflow"] += 1
+                    continue
+                link.interest.add(pattern)
+                self._interest.add(pattern, link)
+            elif pattern in link.interest:
+                link.interest.discard(pattern)
+                self._interest.remove(pattern, link)
+        self.events.append(InterestChanged())
+        self._unblock_publishers()
+
+    def _unblock_publishers(self) -> None:
+        if self.publish_blocked:
+            self.publish_blocked = False
+            self.events.append(CreditArrived())
+
+    def _announce_interest(self, inlink: InLink) -> None:
+        """A new link from a peer: grant it a window and tell it every pattern we want."""
+        inlink.credit_out = self.config.pubsub_window
+        patterns = [p.encode() for p in self._subscribed]
+        chunks = [
+            patterns[i : i + MAX_PATTERNS_PER_FRAME]
+            for i in range(0, len(patterns), MAX_PATTERNS_PER_FRAME)
+        ] or [[]]
+        self._send_in(inlink, _SUBSCRIBE, [inlink.credit_out, chunks[0]])
+        for chunk in chunks[1:]:
+            self._send_in(inlink, _SUBSCRIBE, [0, chunk])
+
+    def _stage_out(self, link: OutLink, slot: int, kind: int, body: bytes) -> None:
+        if self.batching:
+            if not link.staged:
+                self._staged_out.append(link)
+            link.staged.append((slot, kind, body))
+            return
+        link.send_seq += 1
+        seq = link.send_seq
+        header = _pack_header(MAGIC, VERSION, kind, 0, slot, seq)
+        self.out_frames.append(
+            (link.link_id, header + link.send_sealers[slot].seal(header, seq, body))
+        )
+
     # ----------------------------------------------------------------- requests (member)
 
     def reply(self, token: Token, payload: bytes, *, error: bool = False) -> None:
@@ -424,16 +625,26 @@ class MeshCore:
         for slot, kind, body in staged:
             by_slot.setdefault(slot, []).append((kind, body))
         frames = []
+        limit = self._max_payload  # a batch fits the peer's frame limit, like any one body
         for slot, entries in by_slot.items():
-            link.send_seq += 1
-            seq = link.send_seq
-            if len(entries) == 1:
-                kind, body = entries[0]
-            else:
-                kind, body = _BATCH, encode_batch(entries)
-                self.stats["batches_sent"] += 1
-            header = _pack_header(MAGIC, VERSION, kind, 0, slot, seq)
-            frames.append(header + link.send_sealers[slot].seal(header, seq, body))
+            start, count = 0, len(entries)
+            while start < count:
+                end, size = start + 1, len(entries[start][1])
+                while end < count and end - start < MAX_BATCH:
+                    size += len(entries[end][1]) + 5
+                    if size > limit:
+                        break
+                    end += 1
+                link.send_seq += 1
+                seq = link.send_seq
+                if end - start == 1:
+                    kind, body = entries[start]
+                else:
+                    kind, body = _BATCH, encode_batch(entries[start:end])
+                    self.stats["batches_sent"] += 1
+                start = end
+                header = _pack_header(MAGIC, VERSION, kind, 0, slot, seq)
+                frames.append(header + link.send_sealers[slot].seal(header, seq, body))
         return frames
 
     # ----------------------------------------------------------------- frames in
@@ -472,6 +683,14 @@ class MeshCore:
             if kind == _PONG:
                 link.rtt = max(0.0, now - env[0] / 1e6)
                 link.peer_load = env[1]
+            elif kind == _CREDIT:
+                link.credit = min(link.credit + env[0], _MAX_CREDIT)
+                self._unblock_publishers()
+            elif kind == _SUBSCRIBE:
+                link.credit = min(link.credit + env[0], _MAX_CREDIT)
+                self._on_interest(link, env[1], add=True)
+            elif kind == _UNSUBSCRIBE:
+                self._on_interest(link, env[0], add=False)
             elif kind == Kind.PEERS:
                 self._on_peers(env, now)
             elif kind == Kind.BYE:
@@ -496,7 +715,19 @@ class MeshCore:
             if kind in (_REQUEST, _BROADCAST, _SURVEY):
                 self._on_request(link, scope, body, now, kind)
                 return
+            if kind == _PUBLISH:
+                if scope != 0:
+                    raise ProtocolError("bad_scope", "PUBLISH")
+                self._on_publish(link, body)
+                return
             if kind == _BATCH:
+                if scope == 0:
+                    for _kind, entry in decode_batch(body, _PUBLISH_KINDS):
+                        try:
+                            self._on_publish(link, entry)
+                        except ProtocolError as exc:  # one bad message spoils no other
+                            self.stats["dropped_" + exc.reason] += 1
+                    return
                 for entry_kind, entry in decode_batch(body, _CALL_KINDS):
                     self._on_request(link, scope, entry, now, entry_kind)
                 return
@@ -559,6 +790,7 @@ class MeshCore:
         body = self._codec.pack([self.node_id, nonce, self.endpoint, tags, {"kx": keys.public}])
         self.in_frames.append((routing_id, encode_header(Kind.WELCOME, 0, 0) + body))
         self._send_in(link, Kind.PEERS, self._peer_list())
+        self._announce_interest(link)
         self.add_candidate(peer_endpoint, now)  # dial back: requests flow on dialled links
 
     def _on_welcome(self, link: OutLink, env: list[Any], now: float) -> None:
@@ -748,6 +980,12 @@ class MeshCore:
                     del self._dials[link.endpoint]
             elif not record.seed:
                 del self._dials[link.endpoint]
+        if link.interest:
+            for pattern in link.interest:
+                self._interest.remove(pattern, link)
+            link.interest.clear()
+            self.events.append(InterestChanged())
+            self._unblock_publishers()
         if not was_up:
             self.stats["dials_failed"] += 1
             return

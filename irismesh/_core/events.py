@@ -35,6 +35,30 @@ class ReplyArrived:
     peer: bytes = b""  # the member that answered
 
 
+@dataclass(slots=True)
+class MessageArrived:
+    """A published message for this node's interest; `release(routing_id)` it once handled.
+
+    `gap` counts messages of this publisher's stream lost in transit just before this one.
+    """
+
+    routing_id: bytes
+    topic: str
+    payload: bytes
+    publisher: bytes
+    gap: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CreditArrived:
+    """A subscriber granted credit: publishes that were blocked may go on."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InterestChanged:
+    """A peer subscribed or unsubscribed: who hears a topic may have changed."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RequestFailed:
     req_id: int
@@ -67,4 +91,15 @@ class CloseLink:
     link_id: int
 
 
-Event = RequestArrived | ReplyArrived | RequestFailed | PeerUp | PeerDown | OpenLink | CloseLink
+Event = (
+    RequestArrived
+    | ReplyArrived
+    | RequestFailed
+    | PeerUp
+    | PeerDown
+    | OpenLink
+    | CloseLink
+    | MessageArrived
+    | CreditArrived
+    | InterestChanged
+)

@@ -22,6 +22,9 @@ msgpack and its shape checks were a quarter of the core's cost per request (meas
     REQUEST  !QIB  req_id, timeout_ms, n_acks | n_acks x !Q acknowledged req ids | payload
              (BROADCAST and SURVEY have the same layout)
     REPLY    !QB   req_id, status | payload
+    PUBLISH  !QQB  stream seq, topic nonce, topic length | topic (UTF-8) | sealed payload
+             (the payload is sealed end to end under the topic's key: see `LinkSecurity`)
+    TUNNEL   !IBI  tunnel id, op, argument | data  (ops and their argument: `TunnelOp`)
 
 Acks name replies the caller has received, so the member can forget them at once (see
 `replycache`). Under load, the bodies a flush sends on one link in one scope travel as one
@@ -64,6 +67,10 @@ class Kind(enum.IntEnum):
     BROADCAST = 10  # dialler -> listener: REQUEST's layout; answered by an empty REPLY (an ack)
     SURVEY = 11  # dialler -> listener: REQUEST's layout; answered by a REPLY
     BATCH = 12  # either way: several REQUEST/BROADCAST/SURVEY (or REPLY) bodies, one seal
+    SUBSCRIBE = 13  # listener -> dialler: [credit granted, [pattern bytes, ...]] (interest)
+    UNSUBSCRIBE = 14  # listener -> dialler: [[pattern bytes, ...]]
+    CREDIT = 15  # listener -> dialler: [messages the dialler may publish to us, in addition]
+    PUBLISH = 16  # dialler -> listener, scope 0: fixed layout, see the module docstring
 
 
 KINDS: Final = frozenset(int(k) for k in Kind)
@@ -78,6 +85,22 @@ MAX_ENDPOINT: Final = 256
 MAX_PEERS_PER_FRAME: Final = 128  # x (16 B id + 256 B endpoint) fits CONTROL_ALLOWANCE
 MAX_OFFERS: Final = 128  # two keys (a rotation) for each of at most 64 clusters
 MAX_CLUSTERS: Final = 64
+
+
+PUBLISH_FIELDS: Final = struct.Struct("!QQB")
+TUNNEL_FIELDS: Final = struct.Struct("!IBI")
+MAX_PATTERNS_PER_FRAME: Final = 128  # x 255 B patterns fits CONTROL_ALLOWANCE
+
+
+class TunnelOp(enum.IntEnum):
+    """What a TUNNEL frame does; `arg` is the number after the op."""
+
+    OPEN = 1  # caller -> member: arg = receive window (bytes) the caller grants
+    ACCEPT = 2  # member -> caller: arg = receive window the member grants
+    DATA = 3  # arg = 1 if the message continues in the next DATA frame, 0 if this ends it
+    CREDIT = 4  # arg = bytes the receiver grants in addition
+    FIN = 5  # the sender will send nothing more (half close); arg unused
+    RESET = 6  # abort both directions; data = reason (UTF-8)
 
 
 REQUEST_FIELDS: Final = struct.Struct("!QIB")
@@ -111,6 +134,35 @@ def decode_batch(body: bytes, kinds: frozenset[int]) -> list[tuple[int, bytes]]:
     if not entries:
         raise ProtocolError("bad_envelope", "empty BATCH")
     return entries
+
+
+def encode_publish(stream_seq: int, nonce: int, topic: bytes, sealed: bytes) -> bytes:
+    return PUBLISH_FIELDS.pack(stream_seq, nonce, len(topic)) + topic + sealed
+
+
+def decode_publish(body: bytes) -> tuple[int, int, bytes, bytes]:
+    """Return (stream seq, topic nonce, topic bytes, sealed payload) of a PUBLISH body."""
+    size = PUBLISH_FIELDS.size
+    if len(body) < size:
+        raise ProtocolError("bad_envelope", "PUBLISH")
+    stream_seq, nonce, length = PUBLISH_FIELDS.unpack_from(body)
+    if length == 0 or len(body) < size + length:
+        raise ProtocolError("bad_envelope", "PUBLISH topic")
+    return stream_seq, nonce, body[size : size + length], body[size + length :]
+
+
+def encode_tunnel(tunnel_id: int, op: int, arg: int, data: bytes = b"") -> bytes:
+    return TUNNEL_FIELDS.pack(tunnel_id, op, arg) + data
+
+
+def decode_tunnel(body: bytes) -> tuple[int, int, int, bytes]:
+    """Return (tunnel id, op, arg, data) of a TUNNEL body."""
+    if len(body) < TUNNEL_FIELDS.size:
+        raise ProtocolError("bad_envelope", "TUNNEL")
+    tunnel_id, op, arg = TUNNEL_FIELDS.unpack_from(body)
+    if not TunnelOp.OPEN <= op <= TunnelOp.RESET:
+        raise ProtocolError("bad_envelope", "TUNNEL op")
+    return tunnel_id, op, arg, body[TUNNEL_FIELDS.size :]
 
 
 def encode_request(req_id: int, timeout_ms: int, acks: list[int], payload: bytes) -> bytes:
@@ -173,7 +225,7 @@ class BodyCodec:
     def __init__(self, max_payload: int) -> None:
         # Control envelopes carry ids, nonces, tags and endpoints, never payloads.
         self._limits = {
-            "max_bin_len": 64,
+            "max_bin_len": 256,  # patterns are at most 255 bytes
             "max_str_len": 4096,
             # Above every shape's own limit, so _check_shape names the offence.
             "max_array_len": 2 * max(MAX_PEERS_PER_FRAME, MAX_OFFERS),
@@ -234,6 +286,14 @@ def _check_shape(kind: int, env: list[Any]) -> list[Any]:
         ok = len(env) <= MAX_PEERS_PER_FRAME and all(
             type(p) is list and len(p) == 2 and _is_id(p[0]) and _is_endpoint(p[1]) for p in env
         )
+    elif kind == Kind.SUBSCRIBE:
+        ok = (
+            len(env) == 2 and type(env[0]) is int and 0 <= env[0] < 1 << 31 and _is_patterns(env[1])
+        )
+    elif kind == Kind.UNSUBSCRIBE:
+        ok = len(env) == 1 and _is_patterns(env[0])
+    elif kind == Kind.CREDIT:
+        ok = len(env) == 1 and type(env[0]) is int and 0 < env[0] < 1 << 31
     elif kind in (Kind.BYE, Kind.REFUSE):
         ok = len(env) == 1 and type(env[0]) is str
     else:  # REQUEST and REPLY have fixed layouts and never come through msgpack
@@ -241,6 +301,14 @@ def _check_shape(kind: int, env: list[Any]) -> list[Any]:
     if not ok:
         raise ProtocolError("bad_envelope", Kind(kind).name)
     return env
+
+
+def _is_patterns(value: object) -> bool:
+    return (
+        type(value) is list
+        and len(value) <= MAX_PATTERNS_PER_FRAME
+        and all(type(p) is bytes for p in value)
+    )
 
 
 def _is_id(value: object) -> bool:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from irismesh._core.sealing import LinkKeys, Sealer
+from irismesh._core.sealing import LinkKeys, Sealer, TopicCipher
 
 
 class LinkState(enum.Enum):
@@ -54,6 +54,10 @@ class OutLink:
     staged: list[tuple[int, int, bytes]] = field(default_factory=list)  # (slot, kind, body)
     send_sealers: dict[int, Sealer] = field(default_factory=dict)
     recv_sealers: dict[int, Sealer] = field(default_factory=dict)
+    # Publish/subscribe, this node publishing to the peer:
+    interest: set[str] = field(default_factory=set)  # the peer's subscription patterns
+    credit: int = 0  # messages the peer lets us send now
+    pub_seq: int = 0  # our PUBLISH stream to the peer
 
 
 @dataclass(slots=True, eq=False)
@@ -70,6 +74,11 @@ class InLink:
     send_sealers: dict[int, Sealer] = field(default_factory=dict)
     recv_sealers: dict[int, Sealer] = field(default_factory=dict)
     staged: list[tuple[int, int, bytes]] = field(default_factory=list)  # (slot, kind, body)
+    # Publish/subscribe, the peer publishing to this node:
+    pub_seq: int = 0  # last PUBLISH stream seq seen
+    credit_out: int = 0  # messages the peer may still send us (what we granted, less arrivals)
+    to_grant: int = 0  # released by the application, not yet granted back
+    topic_ciphers: dict[str, list[TopicCipher]] = field(default_factory=dict)  # scope -> ciphers
 
 
 @dataclass(slots=True, eq=False)

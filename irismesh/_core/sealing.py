@@ -38,6 +38,16 @@ class Sealer(Protocol):
         ...
 
 
+class TopicCipher(Protocol):
+    """Seals published payloads end to end: one publisher, one topic scope, one key."""
+
+    def seal(self, nonce: int, topic: bytes, payload: bytes) -> bytes: ...
+
+    def open(self, nonce: int, topic: bytes, sealed: bytes) -> bytes:
+        """Return the payload, or raise ProtocolError('bad_seal')."""
+        ...
+
+
 class LinkKeys(Protocol):
     """The key agreement and sealers of one end of one link."""
 
@@ -74,6 +84,11 @@ class LinkSecurity(Protocol):
         """(slot, key handle) of an offered tag made with a key we hold, primary key first."""
         ...
 
+    def topic_ciphers(self, scope: str, publisher: bytes) -> list[TopicCipher]:
+        """Ciphers for `publisher`'s messages in topic `scope`, one per accepted key, the
+        primary first (a publisher seals with the first); empty without a key."""
+        ...
+
 
 class NullSealer:
     """No confidentiality or integrity: for benchmarks that measure what sealing costs."""
@@ -85,6 +100,21 @@ class NullSealer:
 
     def open(self, header: bytes, seq: int, sealed: bytes) -> bytes:
         return sealed
+
+
+class NullTopicCipher:
+    """The topic counterpart of NullSealer."""
+
+    __slots__ = ()
+
+    def seal(self, nonce: int, topic: bytes, payload: bytes) -> bytes:
+        return payload
+
+    def open(self, nonce: int, topic: bytes, sealed: bytes) -> bytes:
+        return sealed
+
+
+NULL_TOPIC_CIPHER = NullTopicCipher()
 
 
 NULL_SEALER = NullSealer()

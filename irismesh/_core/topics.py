@@ -64,6 +64,7 @@ MAX_BYTES = 255  # of UTF-8, for a topic or a pattern
 MAX_SEGMENTS = 32
 STAR = "*"
 HASH = "#"
+CACHED = 4096  # topics whose matches a trie remembers
 SMALL = 8  # values a node keeps in a tuple (48 bytes for one) before a set (216 bytes)
 
 # In a literal segment: wildcards, whitespace, C0 and C1 controls, and lone surrogates (which
@@ -299,17 +300,19 @@ class TopicTrie(Generic[V]):
     the topic: check it once where it enters, with validate_topic or parse_topic_from_peer.
     """
 
-    __slots__ = ("_pairs", "_root")
+    __slots__ = ("_cache", "_pairs", "_root")
 
     def __init__(self) -> None:
         self._root: _Node[V] = _Node()
         self._pairs = 0
+        self._cache: dict[str, frozenset[V]] = {}
 
     def add(self, pattern: str, value: V) -> bool:
         """Subscribe `value` to `pattern`; False if it already was."""
         node = self._root
         for segment in validate_pattern(pattern).split("."):
             node = node.child(segment) or node.add_child(segment)
+        self._cache.clear()
         values = node.values
         if values is None:
             node.values = (value,)
@@ -337,6 +340,7 @@ class TopicTrie(Generic[V]):
         values = node.values
         if values is None or value not in values:
             return False
+        self._cache.clear()
         if isinstance(values, set):
             values.discard(value)
         else:
@@ -388,6 +392,18 @@ class TopicTrie(Generic[V]):
         for node in self._walk(topic):
             if node.values is not None:
                 found.update(node.values)
+        return found
+
+    def match_cached(self, topic: str) -> frozenset[V]:
+        """`match`, remembered until the trie changes: publishers repeat their topics.
+
+        At most CACHED topics are remembered (then the memory starts afresh).
+        """
+        found = self._cache.get(topic)
+        if found is None:
+            if len(self._cache) >= CACHED:
+                self._cache.clear()
+            found = self._cache[topic] = frozenset(self.match(topic))
         return found
 
     def matches_any(self, topic: str) -> bool:

@@ -154,6 +154,26 @@ class Scene:
         net.run(net.now)
         client_core.batching = member_core.batching = False
         net.settle()
+        # Publish/subscribe: interest, messages (alone and batched), credit, loss of interest.
+        member_core.subscribe("feeds.#")
+        net.collect(self.member)
+        net.settle()
+        client_core.publish("feeds.news.1", b"published")
+        net.collect(self.client)
+        client_core.batching = True
+        for i in range(3):
+            client_core.publish(f"feeds.news.{i}", b"batched")
+        client_core.seal_staged()
+        client_core.batching = False
+        net.collect(self.client)
+        net.settle()
+        [client_in] = [
+            link for link in member_core.inbound() if link.peer_id == self.client.node_id
+        ]
+        member_core.release(client_in.routing_id, config.pubsub_window)  # a CREDIT frame
+        member_core.unsubscribe("feeds.#")
+        net.collect(self.member)
+        net.settle()
         leaver = net.add("leaver", seeds=[self.member])
         net.advance(0.3)
         self.leaver_id = leaver.node_id

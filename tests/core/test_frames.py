@@ -18,6 +18,7 @@ from irismesh._core.frames import (
     MAX_ACKS,
     MAX_ENDPOINT,
     MAX_OFFERS,
+    MAX_PATTERNS_PER_FRAME,
     MAX_PEERS_PER_FRAME,
     REPLY_FIELDS,
     REQUEST_FIELDS,
@@ -52,9 +53,10 @@ scalars = st.none() | st.booleans() | msgpack_ints | st.text(max_size=20) | st.b
 caps = st.dictionaries(st.text(max_size=10), scalars, max_size=8)
 
 # REQUEST, BROADCAST, SURVEY and REPLY have fixed layouts, not msgpack envelopes.
-MSGPACK_KINDS = [
-    k for k in Kind if k not in (Kind.REQUEST, Kind.REPLY, Kind.BROADCAST, Kind.SURVEY, Kind.BATCH)
-]
+FIXED_KINDS = (Kind.REQUEST, Kind.REPLY, Kind.BROADCAST, Kind.SURVEY, Kind.BATCH)
+MSGPACK_KINDS = [k for k in Kind if k not in (*FIXED_KINDS, Kind.PUBLISH)]
+patterns = st.lists(st.binary(max_size=255), max_size=MAX_PATTERNS_PER_FRAME)
+credits = st.integers(min_value=1, max_value=2**31 - 1)
 ENVELOPES: dict[Kind, st.SearchStrategy[list[Any]]] = {
     Kind.HELLO: st.tuples(ids, nonces, endpoints, caps).map(list),
     Kind.WELCOME: st.tuples(
@@ -65,6 +67,9 @@ ENVELOPES: dict[Kind, st.SearchStrategy[list[Any]]] = {
     Kind.PEERS: st.lists(st.tuples(ids, endpoints).map(list), max_size=20),
     Kind.BYE: st.tuples(reasons).map(list),
     Kind.REFUSE: st.tuples(reasons).map(list),
+    Kind.SUBSCRIBE: st.tuples(credits | st.just(0), patterns).map(list),
+    Kind.UNSUBSCRIBE: st.tuples(patterns).map(list),
+    Kind.CREDIT: st.tuples(credits).map(list),
 }
 envelopes = st.sampled_from(MSGPACK_KINDS).flatmap(
     lambda kind: st.tuples(st.just(kind), ENVELOPES[kind])

@@ -1,0 +1,353 @@
+"""Publish/subscribe for the asyncio node: subscriptions, their buffers, and flow control.
+
+A subscription is a pattern, a bounded buffer and a policy for when its reader falls behind:
+
+* ``"block"`` (the default): nothing is ever dropped. A message from a peer holds the credit it
+  used (`MeshCore.release`) until every blocking subscription that got it has read it, so a
+  publisher may have at most `CoreConfig.pubsub_window` messages in this node's buffers; when
+  they are full the publisher's `publish` waits, and raises `SlowConsumer` after its timeout.
+  This node's own publishes wait while a matching blocking subscription holds `maxsize`.
+  The buffer is thus bounded by `maxsize` plus one window per remote publisher.
+* ``"drop_oldest"``: the buffer holds at most `maxsize` messages; when a new one arrives at a
+  full buffer the oldest is dropped and counted, and the next message read says how many were
+  missed before it (`Message.missed`). Credit goes back on arrival, so a slow reader never
+  slows a publisher down.
+
+Messages of one publisher arrive in the order it published them (one ordered link per pair of
+nodes, credit checked for every target before anything is sent). A message lost in transit (a
+link that died with messages in flight) shows as a gap in the publisher's stream and is counted
+in the `missed` of the subscriptions that get the next one: nothing is lost silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Literal
+
+from irismesh._core.engine import MeshCore
+from irismesh._core.events import MessageArrived
+from irismesh._core.topics import TopicTrie, validate_pattern, validate_topic
+from irismesh.errors import Closed, ConfigurationError, InterestTimeout, SlowConsumer
+
+Policy = Literal["block", "drop_oldest"]
+POLICIES: tuple[Policy, ...] = ("block", "drop_oldest")
+FLUSH_EVERY = 64  # publishes staged before they are sent without waiting for the loop
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A published message, as a subscription reads it."""
+
+    topic: str
+    payload: bytes
+    publisher: str  # the publishing node's hex id
+    missed: int = 0  # messages this subscription lost just before this one
+
+
+class _Hold:
+    """The credit one message from a peer holds until every blocking subscription read it."""
+
+    __slots__ = ("count", "routing_id")
+
+    def __init__(self, count: int, routing_id: bytes) -> None:
+        self.count = count
+        self.routing_id = routing_id
+
+
+class Subscription:
+    """Messages on topics matching `pattern`: `async for msg in sub`, or `await sub.get()`.
+
+    Use it as `async with node.subscribe(pattern) as sub:` so it ends with the block; `close()`
+    ends it otherwise. Iteration stops when the subscription or its node closes.
+    """
+
+    def __init__(self, hub: PubSub, pattern: str, policy: Policy, maxsize: int) -> None:
+        self.pattern = pattern
+        self.policy = policy
+        self.maxsize = maxsize
+        self.missed = 0  # messages lost in all (dropped by the policy or in transit)
+        self.received = 0
+        self._hub = hub
+        self._blocking = policy == "block"
+        self._queue: deque[tuple[Message, _Hold | None]] = deque()
+        self._gap = 0  # missed since the last message read
+        self._waiter: asyncio.Future[None] | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<Subscription {self.pattern!r} {self.policy} {len(self._queue)}/{self.maxsize}>"
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def qsize(self) -> int:
+        """Messages waiting to be read."""
+        return len(self._queue)
+
+    def get_nowait(self) -> Message | None:
+        """The next message if one is waiting, else None."""
+        if not self._queue:
+            return None
+        message, hold = self._queue.popleft()
+        if self._gap:
+            message = Message(message.topic, message.payload, message.publisher, self._gap)
+            self._gap = 0
+        if hold is not None:
+            self._hub._done(hold)
+        elif self._blocking:
+            self._hub._room_made()
+        return message
+
+    async def get(self, timeout: float | None = None) -> Message:
+        """The next message; raises Closed once closed and drained, TimeoutError after timeout."""
+        while True:
+            message = self.get_nowait()
+            if message is not None:
+                return message
+            if self._closed:
+                raise Closed(f"subscription to {self.pattern!r} is closed")
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                async with asyncio.timeout(timeout):
+                    await waiter
+            finally:
+                self._waiter = None
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> Message:
+        try:
+            return await self.get()
+        except Closed:
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> Subscription:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop receiving; messages still buffered are dropped (their credit goes back)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._hub._remove(self)
+        self._discard_all()
+        self._wake()
+
+    def _discard_all(self) -> None:
+        while self._queue:
+            _message, hold = self._queue.popleft()
+            if hold is not None:
+                self._hub._done(hold)
+        if self._blocking:
+            self._hub._room_made()
+
+    def _put(self, message: Message, hold: _Hold | None, gap: int) -> None:
+        self.received += 1
+        if gap:
+            self.missed += gap
+            self._gap += gap
+        queue = self._queue
+        if not self._blocking and len(queue) >= self.maxsize:
+            _old, old_hold = queue.popleft()
+            self.missed += 1
+            self._gap += 1
+            if old_hold is not None:  # pragma: no cover - drop_oldest entries hold no credit
+                self._hub._done(old_hold)
+        queue.append((message, hold))
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+class PubSub:
+    """A node's subscriptions and its publishing; the node feeds it MessageArrived events."""
+
+    def __init__(self, node_id: bytes, flush_soon: Callable[[], None], flush: Callable[[], None]):
+        self._node_id = node_id.hex()
+        self._flush_soon = flush_soon
+        self._flush = flush
+        self._core: MeshCore | None = None
+        self._trie: TopicTrie[Subscription] = TopicTrie()
+        self._subscriptions: set[Subscription] = set()
+        self._lock = asyncio.Lock()  # publishes that must wait queue here, in order
+        self._room = asyncio.Event()
+        self._interest = asyncio.Event()
+        self._unflushed = 0
+        self.published = 0
+        self.delivered = 0
+        self.unmatched = 0  # messages that arrived for no subscription (one just ended)
+
+    def attach(self, core: MeshCore) -> None:
+        self._core = core
+
+    # ----------------------------------------------------------------- subscribing
+
+    def subscribe(self, pattern: str, policy: Policy, maxsize: int) -> Subscription:
+        core = self._running()
+        pattern = validate_pattern(pattern)
+        if policy not in POLICIES:
+            raise ConfigurationError(f"policy must be one of {', '.join(POLICIES)}, not {policy!r}")
+        if type(maxsize) is not int or maxsize < 1:
+            raise ConfigurationError(f"maxsize must be a positive integer, not {maxsize!r}")
+        sub = Subscription(self, pattern, policy, maxsize)
+        self._subscriptions.add(sub)
+        self._trie.add(pattern, sub)
+        core.subscribe(pattern)
+        self._flush_soon()
+        return sub
+
+    def _remove(self, sub: Subscription) -> None:
+        if sub not in self._subscriptions:
+            return
+        self._subscriptions.discard(sub)
+        self._trie.remove(sub.pattern, sub)
+        if self._core is not None:
+            with contextlib.suppress(Closed):
+                self._core.unsubscribe(sub.pattern)
+            self._flush_soon()
+
+    def close(self) -> None:
+        """The node closes: end every subscription and wake every waiting publisher."""
+        for sub in list(self._subscriptions):
+            sub._closed = True
+            sub._discard_all()
+            sub._wake()
+        self._subscriptions.clear()
+        self._core = None
+        self._room.set()
+        self._interest.set()
+
+    # ----------------------------------------------------------------- receiving
+
+    def deliver(self, event: MessageArrived) -> None:
+        core = self._core
+        subs = self._trie.match_cached(event.topic)
+        if not subs:
+            self.unmatched += 1
+            if core is not None and core.release(event.routing_id):
+                self._flush_soon()
+            return
+        message = Message(event.topic, event.payload, event.publisher.hex())
+        blocking = sum(1 for sub in subs if sub._blocking)
+        hold = _Hold(blocking, event.routing_id) if blocking else None
+        if hold is None and core is not None and core.release(event.routing_id):
+            self._flush_soon()
+        gap = event.gap
+        for sub in subs:
+            sub._put(message, hold if sub._blocking else None, gap)
+        self.delivered += len(subs)
+
+    def _done(self, hold: _Hold) -> None:
+        hold.count -= 1
+        if hold.count == 0 and self._core is not None and self._core.release(hold.routing_id):
+            self._flush_soon()
+
+    def _room_made(self) -> None:
+        if self._lock.locked():
+            self._room.set()
+
+    def credit_arrived(self) -> None:
+        self._room.set()
+
+    def interest_changed(self) -> None:
+        self._interest.set()
+
+    # ----------------------------------------------------------------- publishing
+
+    async def publish(self, topic: str, payload: bytes, timeout: float) -> int:
+        core = self._running()
+        topic = validate_topic(topic)
+        if not self._lock.locked():
+            sent = self._try(core, topic, payload)
+            if sent is not None:
+                return sent
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        async with self._lock:
+            while True:
+                self._room.clear()
+                core = self._running()
+                sent = self._try(core, topic, payload)
+                if sent is not None:
+                    return sent
+                self._flush()  # what is staged goes out: the subscribers need it to make room
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise SlowConsumer(topic, timeout, self._slow(core, topic))
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(remaining):
+                        await self._room.wait()
+
+    def _try(self, core: MeshCore, topic: str, payload: bytes) -> int | None:
+        local = self._trie.match_cached(topic) if self._subscriptions else ()
+        for sub in local:
+            if sub._blocking and len(sub._queue) >= sub.maxsize:
+                return None
+        sent = core.publish(topic, payload)
+        if sent < 0:
+            return None
+        self.published += 1
+        if local:
+            message = Message(topic, payload, self._node_id)
+            for sub in local:
+                sub._put(message, None, 0)
+            self.delivered += len(local)
+            sent += 1
+        self._unflushed += 1
+        if self._unflushed >= FLUSH_EVERY:
+            self._unflushed = 0
+            self._flush()
+        else:
+            self._flush_soon()
+        return sent
+
+    def _slow(self, core: MeshCore, topic: str) -> list[str]:
+        slow = [peer.hex() for peer in core.blocked_subscribers(topic)]
+        for sub in self._trie.match(topic):
+            if sub._blocking and len(sub._queue) >= sub.maxsize:
+                slow.append(self._node_id)
+                break
+        return slow
+
+    async def wait_for_subscribers(self, topic: str, count: int, timeout: float) -> int:
+        core = self._running()
+        topic = validate_topic(topic)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            found = len(core.subscribers(topic))
+            if found >= count:
+                return found
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise InterestTimeout(topic, count, found, timeout)
+            self._interest.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await self._interest.wait()
+            core = self._running()
+
+    def _running(self) -> MeshCore:
+        if self._core is None:
+            raise Closed("node is not running")
+        return self._core
