@@ -12,6 +12,7 @@ from irismesh.errors import (
     AuthenticationError,
     Closed,
     ConfigurationError,
+    EndOfStream,
     InterestTimeout,
     MemberLost,
     MembershipTimeout,
@@ -25,9 +26,12 @@ from irismesh.errors import (
     RequestError,
     RequestTimeout,
     SlowConsumer,
+    TunnelError,
+    TunnelReset,
 )
 from irismesh.node import Node, PeerInfo, SurveyResult, TelemetryConfig
 from irismesh.patterns.pubsub import Message, Subscription
+from irismesh.patterns.tunnel import Tunnel
 from irismesh.security.keyring import Keyring, ScopeKey
 
 __version__ = "0.1.0"
@@ -37,6 +41,7 @@ __all__ = [
     "Closed",
     "ConfigurationError",
     "CoreConfig",
+    "EndOfStream",
     "InterestTimeout",
     "Keyring",
     "MdnsConfig",
@@ -60,5 +65,8 @@ __all__ = [
     "SurveyConfig",
     "SurveyResult",
     "TelemetryConfig",
+    "Tunnel",
+    "TunnelError",
+    "TunnelReset",
     "__version__",
 ]

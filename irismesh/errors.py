@@ -169,6 +169,22 @@ class InterestTimeout(MeshError, TimeoutError):
         self.found = found
 
 
+class TunnelError(MeshError):
+    """A tunnel cannot carry on."""
+
+
+class TunnelReset(TunnelError):
+    """The tunnel is gone: the other end reset it, refused it, closed it, or died."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"tunnel reset: {reason}")
+        self.reason = reason
+
+
+class EndOfStream(TunnelError):
+    """The other end sent everything it will send (it closed its side) and it was all read."""
+
+
 class AuthenticationError(MeshError):
     """A peer failed to prove possession of a key."""
 

@@ -36,6 +36,8 @@ from irismesh._core.events import (
     RequestArrived,
     RequestFailed,
     Token,
+    TunnelArrived,
+    TunnelFrame,
 )
 from irismesh._core.frames import MAX_CLUSTERS, STATUS_OK, Kind, unpack_error
 from irismesh._driver import Driver
@@ -53,6 +55,14 @@ from irismesh.errors import (
 )
 from irismesh.patterns.pubsub import Policy, PubSub, Subscription
 from irismesh.patterns.reqrep import HandlerRunner, RequestHandler
+from irismesh.patterns.tunnel import (
+    DEFAULT_MAX_MESSAGE,
+    DEFAULT_WINDOW,
+    Tunnel,
+    TunnelHandler,
+    TunnelOpening,
+    Tunnels,
+)
 from irismesh.security.keyring import Keyring
 from irismesh.security.linksecurity import KeyedLinkSecurity
 from irismesh.telemetry.recorder import Recorder
@@ -62,6 +72,7 @@ from irismesh.telemetry.spool import SpoolWriter
 
 H = TypeVar("H", bound=RequestHandler)
 B = TypeVar("B", bound=Callable[[bytes], Any])
+T = TypeVar("T", bound=TunnelHandler)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -160,6 +171,7 @@ class Node:
         )
         self._surveys: HandlerRunner | None = None  # None: surveys go to the request handler
         self._pubsub = PubSub(self.node_id, self._flush_soon, self._flush_now)
+        self._tunnels = Tunnels(self._flush_soon, self._flush_now)
         self._membership_changed: asyncio.Event | None = None
         self._peer_listeners: list[Callable[[Event], None]] = []
         self._closing = False
@@ -198,6 +210,7 @@ class Node:
         )
         self._membership_changed = asyncio.Event()
         self._pubsub.attach(self._core)
+        self._tunnels.attach(self._core)
         self._driver = Driver(self._core, ctx, router, loop, self._on_events)
         now = loop.time()
         for seed in self._seeds:
@@ -256,6 +269,7 @@ class Node:
             self._core.close()
             self._driver.process()
             self._driver.close()
+        await self._tunnels.close()
         for fut, _cluster, _started, _kind in self._waiting.values():
             if not fut.done():
                 fut.set_exception(Closed("node closed"))
@@ -310,6 +324,17 @@ class Node:
         runner = HandlerRunner(self._reply, self._reply_error, self._flush_soon, served)
         runner.handler = handler
         self._surveys = runner
+        return handler
+
+    def on_tunnel(self, handler: T) -> T:
+        """Decorator: `async def handler(tunnel)` serves each tunnel a caller opens to this member.
+
+        The tunnel closes when the handler returns; if it raises, the caller's end is reset
+        with the error's message.
+        """
+        if not self.clusters:
+            raise ConfigurationError("a node without a cluster serves no tunnels: pass cluster=")
+        self._tunnels.handler = handler
         return handler
 
     # ----------------------------------------------------------------- calling
@@ -467,6 +492,35 @@ class Node:
         self._running()
         return self._pubsub.subscribe(pattern, policy, maxsize)
 
+    def tunnel(
+        self,
+        cluster: str,
+        *,
+        timeout: float | None = None,
+        window: int = DEFAULT_WINDOW,
+        max_message: int = DEFAULT_MAX_MESSAGE,
+    ) -> TunnelOpening:
+        """Open an ordered, flow-controlled stream to one live member of `cluster`.
+
+        `async with node.tunnel("db", timeout=1.0) as t: await t.send(b"..."); await t.recv()`
+        (or `t = await node.tunnel(...)` and `await t.close()`). Raises NoResponders at once
+        without a member, RequestTimeout if none accepted within `timeout`, TunnelReset if the
+        member refused. `window` is what this end buffers unread, in bytes.
+        """
+        timeout = self._default_timeout if timeout is None else timeout
+        if not timeout > 0:
+            raise ConfigurationError(f"timeout must be positive, got {timeout!r}")
+        if type(window) is not int or not 1 <= window <= 1 << 30:
+            raise ConfigurationError(f"window must be 1 byte to 1 GiB, got {window!r}")
+        if type(max_message) is not int or max_message < 1:
+            raise ConfigurationError(f"max_message must be a positive int, got {max_message!r}")
+
+        async def opener() -> Tunnel:
+            self._running()
+            return await self._tunnels.open(cluster, timeout, window, max_message)
+
+        return TunnelOpening(opener)
+
     async def wait_for_subscribers(
         self, topic: str, count: int = 1, *, timeout: float = 10.0
     ) -> int:
@@ -527,6 +581,7 @@ class Node:
         stats["messages_published"] = self._pubsub.published
         stats["messages_delivered"] = self._pubsub.delivered
         stats["messages_unmatched"] = self._pubsub.unmatched
+        stats["tunnels_open"] = self._tunnels.open_count
         return stats
 
     def add_seed(self, endpoint: str) -> None:
@@ -582,6 +637,8 @@ class Node:
                     if recorder is not None:
                         outcome = _outcome(event.error)
                         recorder.request(entry[1], None, now - entry[2], 0, outcome, entry[3])
+            elif type(event) is TunnelFrame or type(event) is TunnelArrived:
+                self._tunnels.on_event(event)
             elif type(event) is CreditArrived:
                 self._pubsub.credit_arrived()
             elif type(event) is InterestChanged:

@@ -29,6 +29,7 @@ class CoreConfig:
     max_links: int = 256  # links this node dials at once (each costs sockets and descriptors)
     pubsub_window: int = 1024  # messages a publisher may have in flight to this node
     max_interest: int = 10_000  # subscription patterns this node keeps for one peer
+    max_tunnels: int = 1024  # tunnels open at once at this node, both ends counted
 
     def __post_init__(self) -> None:
         if self.max_payload < 1 or self.max_payload > 256 << 20:

@@ -51,6 +51,8 @@ from irismesh._core.events import (
     RequestArrived,
     RequestFailed,
     Token,
+    TunnelArrived,
+    TunnelFrame,
 )
 from irismesh._core.frames import (
     ACKS,
@@ -70,17 +72,20 @@ from irismesh._core.frames import (
     VERSION,
     BodyCodec,
     Kind,
+    TunnelOp,
     decode_batch,
     decode_header,
     decode_publish,
     decode_reply,
     decode_request,
+    decode_tunnel,
     encode_batch,
     encode_header,
     encode_reply,
+    encode_tunnel,
     pack_error,
 )
-from irismesh._core.links import DialRecord, InLink, LinkState, OutLink
+from irismesh._core.links import DialRecord, InLink, LinkState, OutLink, TunnelEnd
 from irismesh._core.pending import PendingRequest, PendingRequests
 from irismesh._core.replycache import ReplyCache
 from irismesh._core.sealing import LinkSecurity, Sealer, TopicCipher
@@ -95,14 +100,19 @@ from irismesh.errors import (
     PayloadTooLarge,
     ProtocolError,
     RequestTimeout,
+    TunnelError,
 )
 
 _PING, _PONG, _REQUEST, _REPLY = int(Kind.PING), int(Kind.PONG), int(Kind.REQUEST), int(Kind.REPLY)
 _BROADCAST, _SURVEY, _BATCH = int(Kind.BROADCAST), int(Kind.SURVEY), int(Kind.BATCH)
 _SUBSCRIBE, _UNSUBSCRIBE = int(Kind.SUBSCRIBE), int(Kind.UNSUBSCRIBE)
 _CREDIT, _PUBLISH = int(Kind.CREDIT), int(Kind.PUBLISH)
-_CALL_KINDS = frozenset((_REQUEST, _BROADCAST, _SURVEY))
-_REPLY_KINDS = frozenset((_REPLY,))
+_TUNNEL = int(Kind.TUNNEL)
+_CALL_KINDS = frozenset((_REQUEST, _BROADCAST, _SURVEY, _TUNNEL))
+_REPLY_KINDS = frozenset((_REPLY, _TUNNEL))
+_OPEN, _ACCEPT, _DATA = int(TunnelOp.OPEN), int(TunnelOp.ACCEPT), int(TunnelOp.DATA)
+_TCREDIT, _FIN, _RESET = int(TunnelOp.CREDIT), int(TunnelOp.FIN), int(TunnelOp.RESET)
+_MAX_WINDOW = 1 << 30
 _PUBLISH_KINDS = frozenset((_PUBLISH,))
 _pack_header = HEADER.pack
 _pack_publish = PUBLISH_FIELDS.pack
@@ -182,6 +192,10 @@ class MeshCore:
         self._topic_nonce = 0
         self._topics_heard: dict[bytes, tuple[str, str]] = {}  # checked topics -> (topic, scope)
         self.publish_blocked = False  # a publish found a peer without credit: tell when it has
+        # Tunnels: handle -> this node's end; a served tunnel is also found by (link, wire id).
+        self._tunnels: dict[int, TunnelEnd] = {}
+        self._served_tunnels: dict[tuple[bytes, int], TunnelEnd] = {}
+        self._next_tunnel = 1
 
     # ----------------------------------------------------------------- introspection
 
@@ -561,6 +575,183 @@ class MeshCore:
             (link.link_id, header + link.send_sealers[slot].seal(header, seq, body))
         )
 
+    # ----------------------------------------------------------------- tunnels
+
+    def open_tunnel(self, cluster: str, window: int) -> int:
+        """Open a tunnel to one member of `cluster`, granting it `window` bytes; a handle.
+
+        A TunnelFrame ACCEPT (or RESET) follows; until ACCEPT nothing may be sent.
+        """
+        if self._closed:
+            raise Closed("node is closed")
+        if not 0 < window <= _MAX_WINDOW:
+            raise TunnelError(f"a tunnel window must be 1 byte to 1 GiB, not {window}")
+        if len(self._tunnels) >= self.config.max_tunnels:
+            raise TunnelError(f"{len(self._tunnels)} tunnels open, the limit is max_tunnels")
+        members = self.members(cluster)
+        if not members:
+            if not self._security.has_key(cluster):
+                raise NoKey(cluster)
+            raise NoResponders(cluster)
+        link = balancer.choose(members, self._rng)
+        handle = self._next_tunnel
+        self._next_tunnel += 1
+        slot = link.clusters[cluster]
+        end = TunnelEnd(handle, handle, cluster, link.peer_id, slot, out=link, recv_allowed=window)
+        self._tunnels[handle] = end
+        self._stage_out(link, slot, _TUNNEL, encode_tunnel(handle, _OPEN, window))
+        self.stats["tunnels_opened"] += 1
+        return handle
+
+    def tunnel_accept(self, handle: int, window: int) -> None:
+        """Accept a tunnel from TunnelArrived, granting the caller `window` bytes."""
+        end = self._tunnel(handle)
+        if end.accepted or end.inlink is None:
+            raise TunnelError("this tunnel is already accepted")
+        end.accepted = True
+        self.tunnel_send(handle, _ACCEPT, window)
+
+    def tunnel_send(self, handle: int, op: int, arg: int = 0, data: bytes = b"") -> None:
+        """Send an op on a tunnel: DATA needs `send_credit` for `data`; RESET forgets it."""
+        end = self._tunnel(handle)
+        if op == _DATA:
+            if len(data) > end.send_credit:
+                raise TunnelError(f"{len(data)} bytes but a credit of {end.send_credit}")
+            end.send_credit -= len(data)
+        elif op in (_TCREDIT, _ACCEPT):
+            if not 0 < arg <= _MAX_WINDOW - end.recv_allowed:
+                raise TunnelError(f"a grant of {arg} bytes is out of range")
+            end.recv_allowed += arg
+        body = encode_tunnel(end.wire_id, op, arg, data)
+        if end.out is not None:
+            self._stage_out(end.out, end.slot, _TUNNEL, body)
+        elif end.inlink is not None:
+            self._stage_in(end.inlink, end.slot, _TUNNEL, body)
+        if op == _RESET:
+            self._forget_tunnel(end)
+
+    def tunnel_forget(self, handle: int) -> None:
+        """Both ends are done (FIN each way): forget the tunnel without a word."""
+        end = self._tunnels.get(handle)
+        if end is not None:
+            self._forget_tunnel(end)
+
+    def tunnel_peer(self, handle: int) -> bytes:
+        """The node id of the tunnel's other end."""
+        return self._tunnel(handle).peer_id
+
+    def tunnel_credit(self, handle: int) -> int:
+        """Bytes this end may send on the tunnel now."""
+        return self._tunnel(handle).send_credit
+
+    @property
+    def tunnel_count(self) -> int:
+        return len(self._tunnels)
+
+    def _tunnel(self, handle: int) -> TunnelEnd:
+        end = self._tunnels.get(handle)
+        if end is None:
+            raise TunnelError("the tunnel is closed")
+        return end
+
+    def _forget_tunnel(self, end: TunnelEnd) -> None:
+        self._tunnels.pop(end.handle, None)
+        if end.inlink is not None:
+            self._served_tunnels.pop((end.inlink.routing_id, end.wire_id), None)
+
+    def _break_tunnels(
+        self,
+        reason: str,
+        *,
+        out: OutLink | None = None,
+        peer: bytes = b"",
+        inlink: InLink | None = None,
+    ) -> None:
+        """The link under some tunnels died: they are reset, and their owners told."""
+        for end in list(self._tunnels.values()):
+            if (
+                (out is not None and end.out is out)
+                or (inlink is not None and end.inlink is inlink)
+                or (peer and end.inlink is not None and end.peer_id == peer)
+            ):
+                self._forget_tunnel(end)
+                self.stats["tunnels_broken"] += 1
+                self.events.append(TunnelFrame(end.handle, _RESET, 0, reason.encode()))
+
+    def _on_tunnel(
+        self, end: TunnelEnd | None, body: bytes, op: int, arg: int, data: bytes
+    ) -> None:
+        if end is None:  # reset or closed here already: frames in flight arrive late
+            self.stats["tunnel_frames_late"] += 1
+            return
+        if op == _DATA:
+            end.recv_allowed -= len(data)
+            if end.recv_allowed < 0:  # the peer ignored our window: the tunnel cannot go on
+                self.stats["dropped_tunnel_over_credit"] += 1
+                self.tunnel_send(end.handle, _RESET, 0, b"window exceeded")
+                self.events.append(TunnelFrame(end.handle, _RESET, 0, b"peer exceeded its window"))
+                return
+        elif op == _ACCEPT:
+            if end.out is None or end.accepted:
+                raise ProtocolError("bad_envelope", "TUNNEL ACCEPT")
+            end.accepted = True
+            end.send_credit = min(end.send_credit + arg, _MAX_WINDOW)
+        elif op == _TCREDIT:
+            end.send_credit = min(end.send_credit + arg, _MAX_WINDOW)
+        elif op == _RESET:
+            self._forget_tunnel(end)
+        elif op == _OPEN:
+            raise ProtocolError("bad_envelope", "TUNNEL OPEN on an open tunnel")
+        self.events.append(TunnelFrame(end.handle, op, arg, data))
+
+    def _on_tunnel_out(self, link: OutLink, slot: int, body: bytes) -> None:
+        wire_id, op, arg, data = decode_tunnel(body)
+        end = self._tunnels.get(wire_id)
+        if end is not None and (end.out is not link or end.slot != slot):
+            raise ProtocolError("bad_scope", "TUNNEL")
+        self._on_tunnel(end, body, op, arg, data)
+
+    def _on_tunnel_in(self, link: InLink, slot: int, body: bytes) -> None:
+        if slot == 0 or slot >= len(link.scopes):
+            raise ProtocolError("bad_scope", str(slot))
+        wire_id, op, arg, data = decode_tunnel(body)
+        key = (link.routing_id, wire_id)
+        end = self._served_tunnels.get(key)
+        if op != _OPEN:
+            if end is not None and end.slot != slot:
+                raise ProtocolError("bad_scope", "TUNNEL")
+            self._on_tunnel(end, body, op, arg, data)
+            return
+        if end is not None:
+            raise ProtocolError("bad_envelope", "TUNNEL OPEN twice")
+        handle = self._next_tunnel
+        self._next_tunnel += 1
+        cluster = link.scopes[slot]
+        assert cluster is not None
+        end = TunnelEnd(handle, wire_id, cluster, link.peer_id, slot, inlink=link)
+        end.send_credit = min(arg, _MAX_WINDOW)
+        self._tunnels[handle] = end
+        self._served_tunnels[key] = end
+        if self._closed or len(self._tunnels) > self.config.max_tunnels:
+            self.stats["tunnels_refused"] += 1
+            self.tunnel_send(handle, _RESET, 0, b"too many tunnels at the member")
+            return
+        self.stats["tunnels_served"] += 1
+        self.events.append(TunnelArrived(handle, cluster, link.peer_id))
+
+    def _stage_in(self, link: InLink, slot: int, kind: int, body: bytes) -> None:
+        if self.batching:
+            if not link.staged:
+                self._staged_in.append(link)
+            link.staged.append((slot, kind, body))
+            return
+        link.send_seq += 1
+        seq = link.send_seq
+        header = _pack_header(MAGIC, VERSION, kind, 0, slot, seq)
+        self.in_frames.append(
+            (link.routing_id, header + link.send_sealers[slot].seal(header, seq, body))
+        )
+
     # ----------------------------------------------------------------- requests (member)
 
     def reply(self, token: Token, payload: bytes, *, error: bool = False) -> None:
@@ -675,9 +866,15 @@ class MeshCore:
             if kind == _REPLY:
                 self._on_reply(link, body, now)
                 return
+            if kind == _TUNNEL:
+                self._on_tunnel_out(link, scope, body)
+                return
             if kind == _BATCH:
-                for _kind, entry in decode_batch(body, _REPLY_KINDS):
-                    self._on_reply(link, entry, now)
+                for entry_kind, entry in decode_batch(body, _REPLY_KINDS):
+                    if entry_kind == _REPLY:
+                        self._on_reply(link, entry, now)
+                    else:
+                        self._on_tunnel_out(link, scope, entry)
                 return
             env = self._codec.unpack(body, kind)
             if kind == _PONG:
@@ -715,6 +912,9 @@ class MeshCore:
             if kind in (_REQUEST, _BROADCAST, _SURVEY):
                 self._on_request(link, scope, body, now, kind)
                 return
+            if kind == _TUNNEL:
+                self._on_tunnel_in(link, scope, body)
+                return
             if kind == _PUBLISH:
                 if scope != 0:
                     raise ProtocolError("bad_scope", "PUBLISH")
@@ -729,7 +929,10 @@ class MeshCore:
                             self.stats["dropped_" + exc.reason] += 1
                     return
                 for entry_kind, entry in decode_batch(body, _CALL_KINDS):
-                    self._on_request(link, scope, entry, now, entry_kind)
+                    if entry_kind == _TUNNEL:
+                        self._on_tunnel_in(link, scope, entry)
+                    else:
+                        self._on_request(link, scope, entry, now, entry_kind)
                 return
             env = self._codec.unpack(body, kind)
             if kind == _PING:
@@ -939,6 +1142,9 @@ class MeshCore:
         for link in list(self._out.values()):
             if link.state is LinkState.UP:
                 self._send_out(link, Kind.BYE, ["closing"])
+        for end in list(self._tunnels.values()):
+            self.tunnel_send(end.handle, _RESET, 0, b"the other end closed its node")
+            self.events.append(TunnelFrame(end.handle, _RESET, 0, b"node closed"))
         for inlink in list(self._in.values()):
             self._send_in(inlink, Kind.BYE, ["closing"])
         for request in self._pending:
@@ -990,6 +1196,12 @@ class MeshCore:
             self.stats["dials_failed"] += 1
             return
         self.stats["peers_down_" + reason] += 1
+        if self._tunnels:
+            gone = f"member {link.peer_id.hex()[:12]} is gone ({reason})"
+            self._break_tunnels(gone, out=link)
+            self._break_tunnels(
+                f"caller {link.peer_id.hex()[:12]} is gone ({reason})", peer=link.peer_id
+            )
         if self._peers.get(link.peer_id) is link:
             del self._peers[link.peer_id]
         self._members.clear()
@@ -1015,6 +1227,8 @@ class MeshCore:
                 self._resend(request, now, None)
 
     def _forget_in(self, link: InLink) -> None:
+        if self._tunnels:
+            self._break_tunnels(f"caller {link.peer_id.hex()[:12]} left", inlink=link)
         self._in.pop(link.routing_id, None)
         if self._in_by_peer.get(link.peer_id) is link:
             del self._in_by_peer[link.peer_id]

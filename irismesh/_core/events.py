@@ -54,6 +54,30 @@ class CreditArrived:
     """A subscriber granted credit: publishes that were blocked may go on."""
 
 
+@dataclass(slots=True)
+class TunnelArrived:
+    """A caller opened a tunnel to this member: accept it (`tunnel_accept`) or reset it."""
+
+    handle: int
+    cluster: str
+    peer: bytes
+
+
+@dataclass(slots=True)
+class TunnelFrame:
+    """Something happened on tunnel `handle`: an op of frames.TunnelOp, as the peer sent it.
+
+    ACCEPT and CREDIT: `arg` more bytes may be sent (the core has counted them). DATA: `data`,
+    and `arg` 1 if the message continues. FIN: the peer sends no more. RESET: the tunnel is
+    gone (`data` says why: the peer's reason, or the link that died); the core forgot it.
+    """
+
+    handle: int
+    op: int
+    arg: int
+    data: bytes
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InterestChanged:
     """A peer subscribed or unsubscribed: who hears a topic may have changed."""
@@ -102,4 +126,6 @@ Event = (
     | MessageArrived
     | CreditArrived
     | InterestChanged
+    | TunnelArrived
+    | TunnelFrame
 )

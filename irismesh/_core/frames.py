@@ -71,6 +71,7 @@ class Kind(enum.IntEnum):
     UNSUBSCRIBE = 14  # listener -> dialler: [[pattern bytes, ...]]
     CREDIT = 15  # listener -> dialler: [messages the dialler may publish to us, in addition]
     PUBLISH = 16  # dialler -> listener, scope 0: fixed layout, see the module docstring
+    TUNNEL = 17  # either way, in a cluster's scope: fixed layout, see the module docstring
 
 
 KINDS: Final = frozenset(int(k) for k in Kind)

@@ -82,6 +82,22 @@ class InLink:
 
 
 @dataclass(slots=True, eq=False)
+class TunnelEnd:
+    """This node's end of a tunnel: `out` set if it opened the tunnel, `inlink` if it serves it."""
+
+    handle: int  # this node's name for it (the caller's handle is also the wire id)
+    wire_id: int
+    cluster: str
+    peer_id: bytes
+    slot: int
+    out: OutLink | None = None
+    inlink: InLink | None = None
+    send_credit: int = 0  # bytes the other end lets us send now
+    recv_allowed: int = 0  # bytes we granted that have not arrived yet
+    accepted: bool = False
+
+
+@dataclass(slots=True, eq=False)
 class DialRecord:
     """What the node knows of an endpoint it may dial."""
 

@@ -30,6 +30,7 @@ from memnet import MemNet, MemNode
 
 from irismesh._core.config import CoreConfig
 from irismesh._core.engine import MeshCore
+from irismesh._core.events import TunnelArrived
 from irismesh._core.frames import (
     HEADER,
     HEADER_SIZE,
@@ -38,6 +39,7 @@ from irismesh._core.frames import (
     VERSION,
     BodyCodec,
     Kind,
+    TunnelOp,
     encode_header,
     encode_reply,
     encode_request,
@@ -172,6 +174,24 @@ class Scene:
         ]
         member_core.release(client_in.routing_id, config.pubsub_window)  # a CREDIT frame
         member_core.unsubscribe("feeds.#")
+        net.collect(self.member)
+        net.settle()
+        # A tunnel: open, accept, data and credit both ways, a half close, a reset.
+        handle = client_core.open_tunnel("db", 1000)
+        net.collect(self.client)
+        net.settle()
+        [arrived] = self.member.events(TunnelArrived)
+        member_core.tunnel_accept(arrived.handle, 1000)
+        member_core.tunnel_send(arrived.handle, int(TunnelOp.DATA), 0, b"from the member")
+        net.collect(self.member)
+        net.settle()
+        client_core.tunnel_send(handle, int(TunnelOp.DATA), 1, b"from the ")
+        client_core.tunnel_send(handle, int(TunnelOp.DATA), 0, b"caller")
+        client_core.tunnel_send(handle, int(TunnelOp.CREDIT), 500)
+        client_core.tunnel_send(handle, int(TunnelOp.FIN))
+        net.collect(self.client)
+        net.settle()
+        member_core.tunnel_send(arrived.handle, int(TunnelOp.RESET), 0, b"done")
         net.collect(self.member)
         net.settle()
         leaver = net.add("leaver", seeds=[self.member])

@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import ROOT
@@ -78,3 +79,31 @@ def test_join_leave_watcher_sees_every_change() -> None:
     assert clean < 500, "a clean close is seen at once (the member says goodbye)"
     # A SIGKILLed member's connections close (milliseconds); silence would take about 1 s.
     assert killed < 3000, "a SIGKILLed member is noticed within the heartbeat timeout"
+
+
+@pytest.mark.slow
+def test_a_gigabyte_goes_through_a_tunnel_intact_with_flat_memory() -> None:
+    report = json.loads(run_example("tunnel_file.py", "--size", "1G", "--json", timeout=240).stdout)
+    assert report["bytes"] == 1 << 30
+    assert report["verified"] is True
+    # Flat: a gigabyte passed, and neither side held more than a few windows of it.
+    assert report["sender_peak_rss_mb"] < 150
+    assert report["member_peak_rss_mb"] < 150
+    print(
+        f"\ntunnel: 1 GiB at {report['mb_per_s']} MB/s, peak RSS sender "
+        f"{report['sender_peak_rss_mb']} MB, member {report['member_peak_rss_mb']} MB"
+    )
+
+
+def test_a_file_through_a_tunnel_is_verified(tmp_path: Path) -> None:
+    source = tmp_path / "data.bin"
+    source.write_bytes(os.urandom(3 << 20) + b"tail")
+    out = run_example("tunnel_file.py", "--file", str(source)).stdout
+    assert "SHA-256 verified" in out
+
+
+def test_a_killed_member_resets_the_tunnel_promptly() -> None:
+    out = run_example("tunnel_file.py", "--size", "1G", "--kill-after", "20M", "--json").stdout
+    report = json.loads(out.splitlines()[-1])
+    assert report["killed_member"] is True
+    assert report["reset_after_s"] < 2.0

@@ -1,0 +1,208 @@
+"""Tunnels over real sockets on 127.0.0.1: messages, chunking, windows, half close, resets."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Awaitable
+
+import pytest
+from helpers import wait_until
+
+import irismesh
+from irismesh.patterns.tunnel import CHUNK
+
+
+def run(coro: Awaitable[None], timeout: float = 60) -> None:
+    async def bounded() -> None:
+        await asyncio.wait_for(coro, timeout)
+
+    asyncio.run(bounded())
+
+
+async def pair(keys: irismesh.Keyring) -> tuple[irismesh.Node, irismesh.Node]:
+    member = await irismesh.Node("db", keyring=keys, telemetry=False).start()
+    caller = irismesh.Node(keyring=keys, seeds=[member.endpoint], telemetry=False)
+    await caller.start()
+    await caller.wait_for_members("db", 1, timeout=5)
+    return member, caller
+
+
+def test_messages_of_every_size_arrive_whole_in_order_both_ways(keys: irismesh.Keyring) -> None:
+    sizes = [0, 1, 100, CHUNK - 1, CHUNK, CHUNK + 1, 3 * CHUNK + 7, 5 << 20]
+
+    async def main() -> None:
+        member, caller = await pair(keys)
+        try:
+
+            @member.on_tunnel
+            async def echo(tunnel: irismesh.Tunnel) -> None:
+                async for message in tunnel:
+                    await tunnel.send(hashlib.sha256(message).digest() + message[:10])
+
+            messages = [bytes([i % 251]) * size for i, size in enumerate(sizes)]
+            async with caller.tunnel("db", timeout=5, window=256 << 10) as tunnel:
+                assert tunnel.peer == member.node_id.hex()
+                for message in messages:
+                    await tunnel.send(message)
+                for message in messages:
+                    assert await tunnel.recv() == hashlib.sha256(message).digest() + message[:10]
+                assert tunnel.bytes_sent == sum(sizes)
+            await wait_until(lambda: member.stats["tunnels_open"] == 0, 5, "the member to close")
+            assert caller.stats["tunnels_open"] == 0
+        finally:
+            await asyncio.gather(caller.close(), member.close())
+
+    run(main())
+
+
+def test_half_close_lets_the_other_end_finish_and_close_resets_a_sender(
+    keys: irismesh.Keyring,
+) -> None:
+    async def main() -> None:
+        member, caller = await pair(keys)
+        try:
+            handler_saw: list[str] = []
+
+            @member.on_tunnel
+            async def count(tunnel: irismesh.Tunnel) -> None:
+                total = 0
+                async for message in tunnel:  # until the caller's send_eof
+                    total += len(message)
+                handler_saw.append("eof")
+                await tunnel.send(b"%d" % total)  # its own side is still open
+                await tunnel.send_eof()
+
+            tunnel = await caller.tunnel("db", timeout=5)
+            for _ in range(10):
+                await tunnel.send(b"x" * 1000)
+            await tunnel.send_eof()
+            with pytest.raises(irismesh.TunnelError):
+                await tunnel.send(b"after eof")
+            assert await tunnel.recv() == b"10000"
+            with pytest.raises(irismesh.EndOfStream):
+                await tunnel.recv()
+            assert handler_saw == ["eof"]
+            await tunnel.close()
+
+            # close() while the other end still sends: its send raises TunnelReset.
+            stopped: list[BaseException] = []
+
+            @member.on_tunnel
+            async def chatter(tunnel: irismesh.Tunnel) -> None:
+                try:
+                    while True:
+                        await tunnel.send(b"y" * 10_000)
+                except irismesh.TunnelReset as exc:
+                    stopped.append(exc)
+                    raise
+
+            tunnel = await caller.tunnel("db", timeout=5, window=50_000)
+            assert await tunnel.recv() == b"y" * 10_000
+            await tunnel.close()
+            await wait_until(lambda: stopped, 5, "the member's send to fail")
+            assert "closed the tunnel" in str(stopped[0])
+            with pytest.raises(irismesh.TunnelReset):
+                await tunnel.recv()
+        finally:
+            await asyncio.gather(caller.close(), member.close())
+
+    run(main())
+
+
+def test_a_slow_reader_bounds_what_is_buffered_and_the_sender_waits(
+    keys: irismesh.Keyring,
+) -> None:
+    window = 200_000
+
+    async def main() -> None:
+        member, caller = await pair(keys)
+        try:
+            release = asyncio.Event()
+            held: list[irismesh.Tunnel] = []
+
+            @member.on_tunnel
+            async def slow(tunnel: irismesh.Tunnel) -> None:
+                held.append(tunnel)
+                await release.wait()
+                async for _message in tunnel:
+                    pass
+
+            member._tunnels.window = window
+            tunnel = await caller.tunnel("db", timeout=5)
+            sent = 0
+
+            async def pump() -> None:
+                nonlocal sent
+                while sent < 50 * window:
+                    await tunnel.send(b"z" * 10_000)
+                    sent += 10_000
+                await tunnel.send_eof()
+
+            pumping = asyncio.ensure_future(pump())
+            await wait_until(lambda: held and held[0].bytes_received >= window, 5, "a window")
+            before = sent
+            await asyncio.sleep(0.3)  # a reader that does not read: nothing more may arrive
+            assert held[0].bytes_received <= window
+            assert sent - before <= 10_000
+            assert not pumping.done()
+            release.set()
+            await asyncio.wait_for(pumping, 30)
+            assert sent == 50 * window
+        finally:
+            await asyncio.gather(caller.close(), member.close())
+
+    run(main())
+
+
+def test_refusals_and_errors_are_clear(keys: irismesh.Keyring) -> None:
+    async def main() -> None:
+        member, caller = await pair(keys)
+        try:
+            with pytest.raises(irismesh.TunnelReset, match="serves no tunnels"):
+                await caller.tunnel("db", timeout=5)
+            with pytest.raises(irismesh.NoResponders):
+                await caller.tunnel("nobody", timeout=1)
+
+            @member.on_tunnel
+            async def broken(tunnel: irismesh.Tunnel) -> None:
+                await tunnel.recv()
+                raise ValueError("disk full")
+
+            async with caller.tunnel("db", timeout=5) as tunnel:
+                await tunnel.send(b"write this")
+                with pytest.raises(irismesh.TunnelReset, match="ValueError: disk full"):
+                    await tunnel.recv()
+            with pytest.raises(irismesh.ConfigurationError):
+                caller.tunnel("db", window=0)
+            with pytest.raises(irismesh.ConfigurationError):
+                caller.tunnel("db", max_message=0)
+            async with caller.tunnel("db", timeout=5, max_message=10) as tunnel:
+                with pytest.raises(irismesh.ConfigurationError, match="max_message"):
+                    await tunnel.send(b"x" * 11)
+        finally:
+            await asyncio.gather(caller.close(), member.close())
+
+    run(main())
+
+
+def test_a_member_that_leaves_resets_the_tunnel_at_once(keys: irismesh.Keyring) -> None:
+    async def main() -> None:
+        member, caller = await pair(keys)
+        try:
+
+            @member.on_tunnel
+            async def idle(tunnel: irismesh.Tunnel) -> None:
+                await asyncio.Event().wait()
+
+            tunnel = await caller.tunnel("db", timeout=5)
+            reading = asyncio.ensure_future(tunnel.recv())
+            await member.close()
+            with pytest.raises(irismesh.TunnelReset):
+                await asyncio.wait_for(reading, 5)
+            with pytest.raises(irismesh.TunnelReset):
+                await tunnel.send(b"x")
+        finally:
+            await asyncio.gather(caller.close(), member.close())
+
+    run(main())
