@@ -17,20 +17,25 @@ import sys
 from collections.abc import Sequence
 
 import irismesh
-from irismesh._cli import bench, keys, listing, request, serve, top
+from irismesh._cli import bench, fanout, keys, listing, request, serve, telemetry, top
 from irismesh._cli.base import MESH_ERROR, USAGE_ERROR, CommandError, MeshArgumentParser
 from irismesh.errors import ConfigurationError, MeshError
 
-# One line per family; publish, subscribe, broadcast, survey and tunnel join with their patterns.
-FAMILIES = (keys, serve, request, listing, top, bench)
+# One line per family; publish, subscribe and tunnel join with their patterns, and
+# `telemetry collect` with publish/subscribe.
+FAMILIES = (keys, serve, request, fanout, listing, top, bench, telemetry)
 
 EXAMPLES = """five-minute tour (three terminals):
   mesh keygen mesh.keys
   mesh node --keys mesh.keys --cluster echo --bind tcp://127.0.0.1:7400 --prefix A:
   mesh node --keys mesh.keys --cluster echo --seed tcp://127.0.0.1:7400 --prefix B:
   mesh request --keys mesh.keys --seed tcp://127.0.0.1:7400 echo hello
+  mesh broadcast --keys mesh.keys --seed tcp://127.0.0.1:7400 echo 'to everyone'
+  mesh survey --keys mesh.keys --seed tcp://127.0.0.1:7400 echo 'who is there?'
   mesh peers --keys mesh.keys --seed tcp://127.0.0.1:7400
   mesh top --keys mesh.keys --seed tcp://127.0.0.1:7400
+
+Telemetry: mesh telemetry report --spool DIR --out DIR (needs PySpark and Java).
 
 Every command that prints data takes --json. `mesh COMMAND --help` explains each one.
 Exit status: 0 done, 1 the mesh said no, 2 bad arguments or files, 130 interrupted.

@@ -4,11 +4,13 @@
     keys      mesh keygen
     serve     mesh node (echo, or a command run per request)
     request   mesh request
+    fanout    mesh broadcast, mesh survey
     listing   mesh peers, mesh clusters (and the views `top` reuses)
     top       mesh top
     bench     mesh bench
+    telemetry mesh telemetry report (Spark, imported only when it runs)
 
-Each module has `register(commands)`, which adds its subparsers and sets `run`, an async
-function of the parsed arguments returning the exit status. A new pattern's commands (publish,
-subscribe, broadcast, survey, tunnel) are a new module here and one line in `irismesh.cli`.
+Each module has `register(commands)`, which adds its subparsers and sets `run`, a function of
+the parsed arguments returning the exit status (async when it joins the mesh). A new pattern's
+commands (publish, subscribe, tunnel) are a new module here and one line in `irismesh.cli`.
 """

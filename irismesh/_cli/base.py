@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import os
 import re
@@ -56,9 +57,12 @@ def add_command(
     summary: str,
     description: str,
     examples: str,
-    run: Run,
+    run: Run | None,
 ) -> MeshArgumentParser:
-    """A subcommand whose --help has a summary, a paragraph and examples."""
+    """A subcommand whose --help has a summary, a paragraph and examples.
+
+    `run` is None for a command that only groups subcommands of its own (`mesh telemetry`).
+    """
     parser = commands.add_parser(
         name,
         help=summary,
@@ -66,7 +70,8 @@ def add_command(
         epilog=f"examples:\n{examples}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.set_defaults(run=run)
+    if run is not None:
+        parser.set_defaults(run=run)
     return parser
 
 
@@ -260,6 +265,15 @@ async def settle(node: irismesh.Node, wait: float) -> list[irismesh.PeerInfo]:
 
 
 # ----------------------------------------------------------------- output
+
+
+def text_fields(key: str, data: bytes) -> dict[str, str]:
+    """`data` for JSON: {key: text}, plus {key_base64: exact bytes} when it is not UTF-8."""
+    try:
+        return {key: data.decode()}
+    except UnicodeDecodeError:
+        text = data.decode(errors="replace")
+        return {key: text, f"{key}_base64": base64.b64encode(data).decode()}
 
 
 def print_json(value: object) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import base64
 import sys
 import time
 
@@ -19,6 +18,7 @@ from irismesh._cli.base import (
     print_json,
     require_discovery,
     seconds,
+    text_fields,
     wait_for_cluster,
 )
 
@@ -82,10 +82,4 @@ async def run_request(args: argparse.Namespace) -> int:
 
 
 def reply_json(cluster: str, reply: bytes, elapsed_ms: float) -> dict[str, object]:
-    out: dict[str, object] = {"cluster": cluster, "ms": round(elapsed_ms, 3)}
-    try:
-        out["reply"] = reply.decode()
-    except UnicodeDecodeError:
-        out["reply"] = reply.decode(errors="replace")
-        out["reply_base64"] = base64.b64encode(reply).decode()
-    return out
+    return {"cluster": cluster, "ms": round(elapsed_ms, 3), **text_fields("reply", reply)}

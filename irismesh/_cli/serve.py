@@ -1,4 +1,7 @@
-"""`mesh node`: a member that echoes each request, or answers it by running a command."""
+"""`mesh node`: a member that echoes each request, or answers it by running a command.
+
+It answers surveys as it answers requests, and prints each broadcast it gets on stdout.
+"""
 
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from irismesh._cli.base import (
     positive_int,
     print_json,
     seconds,
+    text_fields,
 )
 
 
@@ -41,8 +45,11 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
             "on CMD's stdin, CMD's stdout the reply. A CMD that exits non-zero or outlives\n"
             "--exec-timeout fails that request: the caller gets a RemoteError carrying the last\n"
             "line of CMD's stderr. CMD is split like a shell line but run without a shell.\n"
-            "The first line printed says where the node listens (--json: an object with\n"
-            "`endpoint` and `node_id`)."
+            "Surveys (`mesh survey`) are answered the same way as requests. Each broadcast\n"
+            "(`mesh broadcast`) is printed on stdout, one line: --prefix then the payload\n"
+            "(--json: an object with `broadcast`, and `broadcast_base64` when it is not text);\n"
+            "the sender counts this member once the line is written. The first line printed\n"
+            "says where the node listens (--json: an object with `endpoint` and `node_id`)."
         ),
         examples=(
             "  mesh node --keys mesh.keys --cluster echo --bind tcp://127.0.0.1:7400\n"
@@ -177,6 +184,7 @@ async def run_node(args: argparse.Namespace) -> int:
         else:
             prefix = args.prefix.encode()
             node.on_request(lambda payload: prefix + payload)
+        node.on_broadcast(_printer(args.prefix.encode(), as_json=args.json))
         if args.json:
             print_json(
                 {"endpoint": node.endpoint, "node_id": node.node_id.hex(), "clusters": clusters}
@@ -202,3 +210,17 @@ def _logging(handler: CommandHandler) -> Callable[[bytes], Awaitable[bytes]]:
             raise
 
     return run
+
+
+def _printer(prefix: bytes, *, as_json: bool) -> Callable[[bytes], None]:
+    """The broadcast handler: each broadcast on stdout, one line (a JSON object with --json)."""
+
+    def show(payload: bytes) -> None:
+        if as_json:
+            print_json(text_fields("broadcast", payload))
+        else:
+            end = b"" if payload.endswith(b"\n") else b"\n"
+            sys.stdout.buffer.write(prefix + payload + end)
+            sys.stdout.flush()
+
+    return show
