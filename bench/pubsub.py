@@ -1,0 +1,1155 @@
+"""Publish/subscribe benchmark: irismesh beside raw pyzmq (with credit) and NATS, one run.
+
+    python bench/pubsub.py [--sizes 100,1024] [--fanouts 1,4] [--count N | --seconds S]
+                           [--only raw,nats,mesh,mesh-null,mesh-tel] [--json out.json]
+
+One publisher process sends to 1 and to 4 subscriber processes (NATS adds nats-server), all on
+127.0.0.1, and nothing may be lost: every payload carries a sequence number, every subscriber
+checks that it got every message in order, and the run fails (exit status 1) if raw pyzmq or
+irismesh lost or reordered one. NATS has no flow control: its losses are counted and the row
+is marked instead. The parent only orchestrates: it starts the children, relays progress,
+samples their CPU time and prints the table. bench/README.md says how to read it. The same
+file is the children's program (`--role pub|sub`).
+"""
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import platform
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+from _harness import (
+    BenchError,
+    Child,
+    ChildFailed,
+    ChildProcesses,
+    RssSampler,
+    emit,
+    exit_after,
+    find_executable,
+    free_tcp_port,
+    on_stdin_eof,
+    raise_keyboard_interrupt_on_sigterm,
+    wait_for_tcp,
+)
+
+SYSTEMS = ("raw", "nats", "mesh", "mesh-null", "mesh-tel")
+LABELS = {
+    "raw": "raw pyzmq",
+    "nats": "NATS",
+    "mesh": "irismesh",
+    "mesh-null": "irismesh, null sealer",
+    "mesh-tel": "irismesh, telemetry on",
+}
+
+
+# irismesh runs sealed with telemetry off; the variants change one thing each, so what sealing
+# and telemetry cost is the variant's figure beside irismesh's, measured in the same run.
+@dataclass(frozen=True, slots=True)
+class MeshOptions:
+    sealing: bool
+    telemetry: bool
+
+
+MESH_VARIANTS = {
+    "mesh": MeshOptions(sealing=True, telemetry=False),
+    "mesh-null": MeshOptions(sealing=False, telemetry=False),
+    "mesh-tel": MeshOptions(sealing=True, telemetry=True),
+}
+ALIASES = {"irismesh": "mesh", "pyzmq": "raw"}
+TOPIC = "bench.data"  # NATS subject and irismesh topic alike
+READY_SUBJECT = "bench.ready"
+ACK_TOPIC = "ack.bench"  # subscribers confirm the warm-up here; outside the subscribed pattern
+PATTERN = "bench.#"
+NATS_SERVER_INSTALL = "apt-get install -y nats-server"
+# A count, not a duration, by default: NATS has no flow control, its publisher outruns the
+# subscribers by far, and their backlog would grow with the time spent publishing.
+DEFAULT_COUNT = 100_000
+
+# Every payload starts with this header: sequence number, flags. The rest is filler.
+HEADER = struct.Struct("<QB")
+WARMUP, LAST, PROBE, SYNC = 1, 2, 4, 8
+# SYNC marks the last warm-up message: every subscriber confirms it got the whole warm-up
+# before the measured stream starts, so that no system starts measuring with a backlog (NATS,
+# which has no flow control, would otherwise start with half a second of unread messages).
+MIN_SIZE = HEADER.size
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Plan:
+    """What one publisher and its subscribers run: one payload size, one fan-out."""
+
+    size: int
+    fanout: int
+    warmup_s: float
+    seconds: float  # measured publishing time, unless count is set
+    count: int  # measured messages; 0: publish for `seconds`
+    window: int  # raw pyzmq: messages a subscriber may have unacknowledged
+    credit_every: int  # raw pyzmq: a subscriber acknowledges every this many messages
+    idle_timeout_s: float  # a subscriber that gets nothing for this long reports a stall
+    join_timeout_s: float = 15.0
+
+    def budget_s(self) -> float:
+        """A hard ceiling on one case: generous, but finite."""
+        publishing = self.count / 1000.0 if self.count else self.seconds
+        return self.warmup_s + publishing + self.join_timeout_s + 2 * self.idle_timeout_s + 30.0
+
+
+def size_label(size: int) -> str:
+    return f"{size // 1024} KB" if size % 1024 == 0 else f"{size} B"
+
+
+def filler(size: int) -> bytes:
+    return bytes(i % 251 for i in range(size - HEADER.size))
+
+
+def progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# ============================================================================================
+# Children: both sides
+
+
+def schedule(plan: Plan, on_start: Callable[[int], None]) -> Iterator[tuple[int, int]]:
+    """(sequence number, flags) of each message to publish: warm-up, measured, the last.
+
+    The publisher waits for every subscriber's confirmation after sending the SYNC message;
+    `on_start` runs after that, just before the first measured message.
+    """
+    clock = time.perf_counter
+    seq = 0
+    end = clock() + plan.warmup_s
+    while clock() < end:
+        for _ in range(64):
+            yield seq, WARMUP
+            seq += 1
+    yield seq, WARMUP | SYNC
+    seq += 1
+    on_start(seq)
+    if plan.count:
+        for _ in range(plan.count - 1):
+            yield seq, 0
+            seq += 1
+    else:
+        end = clock() + plan.seconds
+        while clock() < end:
+            for _ in range(256):
+                yield seq, 0
+                seq += 1
+    yield seq, LAST
+
+
+class Publishing:
+    """The publisher's record: when measuring started, what it sent, when it finished."""
+
+    def __init__(self) -> None:
+        self.t_start = 0.0
+        self.first_measured = 0
+        self.cpu_start = 0.0
+
+    def start(self, seq: int) -> None:
+        self.t_start = time.time()
+        self.first_measured = seq
+        self.cpu_start = time.process_time()
+        emit("start", seq=seq, t=self.t_start)
+
+    def finish(self, last_seq: int, **extra: Any) -> None:
+        emit(
+            "published",
+            published=last_seq + 1,
+            measured=last_seq + 1 - self.first_measured,
+            t_start=self.t_start,
+            t_end=time.time(),
+            cpu_s=time.process_time() - self.cpu_start,
+            **extra,
+        )
+
+
+class Tally:
+    """A subscriber's count: every data message must come, once, in order."""
+
+    __slots__ = (
+        "done",
+        "expected",
+        "lost",
+        "measured",
+        "missed",
+        "on_sync",
+        "out_of_order",
+        "problems",
+        "received",
+        "size",
+        "t_first",
+        "t_last",
+        "wrong_size",
+    )
+
+    def __init__(self, size: int, on_sync: Callable[[int], object]) -> None:
+        self.size = size
+        self.on_sync = on_sync  # called with the count received when the warm-up ends
+        self.expected = 0
+        self.received = 0  # data messages, warm-up included
+        self.measured = 0  # data messages after warm-up
+        self.lost = 0  # sequence numbers skipped
+        self.out_of_order = 0  # sequence numbers that came back or twice
+        self.wrong_size = 0
+        self.missed = 0  # irismesh: sum of Message.missed
+        self.problems: list[str] = []
+        self.t_first = 0.0  # first measured message
+        self.t_last = 0.0
+        self.done = False
+
+    def take(self, payload: bytes) -> None:
+        seq, flags = HEADER.unpack_from(payload)
+        if flags & PROBE:
+            return
+        now = time.time()
+        if seq != self.expected:
+            self._wrong(seq)
+        else:
+            self.expected = seq + 1
+        if len(payload) != self.size:
+            self.wrong_size += 1
+            self._note(f"message {seq} has {len(payload)} B, not {self.size} B")
+        self.received += 1
+        if not flags & WARMUP:
+            if not self.measured:
+                self.t_first = now
+            self.measured += 1
+        self.t_last = now
+        if flags & LAST:
+            self.done = True
+        if flags & SYNC:
+            self.on_sync(self.received)
+
+    def _wrong(self, seq: int) -> None:
+        if seq > self.expected:
+            self.lost += seq - self.expected
+            self._note(f"expected message {self.expected}, got {seq}: {seq - self.expected} lost")
+            self.expected = seq + 1
+        else:
+            self.out_of_order += 1
+            self._note(f"expected message {self.expected}, got {seq} (old or repeated)")
+
+    def _note(self, problem: str) -> None:
+        if len(self.problems) < 5:
+            self.problems.append(problem)
+
+    def report(self, stalled: bool, cpu_s: float, **extra: Any) -> None:
+        if stalled:
+            self._note(
+                f"nothing for the idle timeout after {self.received} messages (last seen "
+                f"{self.expected - 1}); the last message never came"
+            )
+        emit(
+            "result",
+            received=self.received,
+            measured=self.measured,
+            lost=self.lost,
+            out_of_order=self.out_of_order,
+            wrong_size=self.wrong_size,
+            missed=self.missed,
+            complete=self.done,
+            last_seq=self.expected - 1,
+            t_first=self.t_first,
+            t_last=self.t_last,
+            cpu_s=cpu_s,
+            problems=self.problems,
+            **extra,
+        )
+
+
+class Confirmations:
+    """An asyncio publisher's side of the warm-up barrier: one count from each subscriber."""
+
+    def __init__(self, fanout: int) -> None:
+        self.fanout = fanout
+        self.counts: list[int] = []
+        self._all = asyncio.Event()
+
+    def add(self, count: int) -> None:
+        self.counts.append(count)
+        if len(self.counts) >= self.fanout:
+            self._all.set()
+
+    async def wait(self, timeout: float) -> None:
+        try:
+            await asyncio.wait_for(self._all.wait(), timeout)
+        except TimeoutError:
+            raise BenchError(
+                f"{len(self.counts)} of {self.fanout} subscribers confirmed the warm-up "
+                f"within {timeout:g} s"
+            ) from None
+        self._all.clear()
+
+
+def confirm_soon(send: Callable[[bytes], Coroutine[Any, Any, None]]) -> Callable[[int], None]:
+    """An asyncio subscriber's side: send the count received from a task (Tally is sync)."""
+    tasks: set[asyncio.Task[None]] = set()
+
+    def confirm(count: int) -> None:
+        task = asyncio.get_running_loop().create_task(send(str(count).encode()))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    return confirm
+
+
+def park() -> None:
+    """A sync child's last step: its sockets stay up until the parent stops it (stdin EOF)."""
+    while True:
+        time.sleep(3600)
+
+
+async def park_async() -> None:
+    """An asyncio child's last step: its connections stay up until the parent stops it."""
+    await asyncio.Event().wait()
+
+
+# ============================================================================================
+# Children: raw pyzmq, PUB/SUB with credit on DEALER -> ROUTER
+
+
+def pub_raw(plan: Plan) -> None:
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    credit = ctx.socket(zmq.ROUTER)
+    for sock in (pub, credit):
+        sock.linger = 0
+        sock.sndhwm = 0  # credit bounds what is queued; a HWM would drop silently
+        sock.rcvhwm = 0
+    credit.rcvtimeo = int(plan.idle_timeout_s * 1000)
+    pub_port = pub.bind_to_random_port("tcp://127.0.0.1")
+    credit_port = credit.bind_to_random_port("tcp://127.0.0.1")
+    print(f"READY tcp://127.0.0.1:{pub_port},tcp://127.0.0.1:{credit_port}", flush=True)
+
+    # Slow joiners: probe until every subscriber says a probe reached it, so its subscription
+    # is in place before the first message that counts.
+    acked: dict[bytes, int] = {}
+    deadline = time.monotonic() + plan.join_timeout_s
+    probe = HEADER.pack(0, PROBE) + filler(plan.size)
+    while len(acked) < plan.fanout:
+        if time.monotonic() >= deadline:
+            raise BenchError(f"{len(acked)} of {plan.fanout} subscribers joined in time")
+        pub.send(probe)
+        if credit.poll(20, zmq.POLLIN):
+            while True:
+                try:
+                    who, _msg = credit.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                acked[who] = 0
+
+    def wait_for_credit() -> int:
+        try:
+            frames = credit.recv_multipart()
+        except zmq.Again:
+            raise BenchError(
+                f"no credit from the subscribers for {plan.idle_timeout_s:g} s "
+                f"(acknowledged: {acked})"
+            ) from None
+        while True:
+            who, count = frames
+            acked[who] = max(acked[who], int.from_bytes(count, "little"))
+            try:
+                frames = credit.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return min(acked.values())
+
+    record = Publishing()
+    body = filler(plan.size)
+    pack, send, window = HEADER.pack, pub.send, plan.window
+    floor = 0  # messages every subscriber has acknowledged
+    seq = 0
+    for seq, flags in schedule(plan, record.start):
+        while seq - floor >= window:
+            floor = wait_for_credit()
+        send(pack(seq, flags) + body)
+        if flags & SYNC:  # the warm-up ends: wait until every subscriber has all of it
+            while floor <= seq:
+                floor = wait_for_credit()
+    record.finish(seq)
+    park()
+
+
+def sub_raw(endpoint: str, plan: Plan, index: int) -> None:
+    pub_endpoint, credit_endpoint = endpoint.split(",")
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.linger = 0
+    sub.rcvhwm = 0
+    sub.rcvtimeo = int(plan.idle_timeout_s * 1000)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(pub_endpoint)
+    credit = ctx.socket(zmq.DEALER)
+    credit.linger = 0
+    credit.setsockopt(zmq.ROUTING_ID, f"sub{index}".encode())
+    credit.connect(credit_endpoint)
+    print("READY", flush=True)
+
+    tally = Tally(plan.size, lambda count: credit.send(count.to_bytes(8, "little")))
+    recv = sub.recv
+    msg = b""
+    with contextlib.suppress(zmq.Again):
+        while True:  # probes until the publisher knows we are here
+            msg = recv()
+            if HEADER.unpack_from(msg)[1] & PROBE:
+                credit.send(b"\0" * 8)
+                break
+    cpu0 = time.process_time()
+    take, every, send = tally.take, plan.credit_every, credit.send
+    stalled = False
+    while not tally.done:
+        try:
+            msg = recv()
+        except zmq.Again:
+            stalled = True
+            break
+        take(msg)
+        if tally.received % every == 0:
+            send(tally.received.to_bytes(8, "little"))
+    tally.report(stalled, time.process_time() - cpu0)
+    park()
+
+
+# ============================================================================================
+# Children: NATS
+
+
+async def pub_nats(url: str, plan: Plan) -> None:
+    import nats
+
+    nc = await nats.connect(url, connect_timeout=5, allow_reconnect=False)
+    joined: set[bytes] = set()
+    everyone = asyncio.Event()
+
+    async def on_ready(msg: Any) -> None:
+        joined.add(msg.data)
+        if len(joined) >= plan.fanout:
+            everyone.set()
+
+    confirmations = Confirmations(plan.fanout)
+
+    async def on_ack(msg: Any) -> None:
+        confirmations.add(int(msg.data))
+
+    await nc.subscribe(READY_SUBJECT, cb=on_ready)
+    acks = await nc.subscribe(ACK_TOPIC, cb=on_ack)
+    await nc.flush()
+    print(f"READY {url}", flush=True)
+    try:
+        await asyncio.wait_for(everyone.wait(), plan.join_timeout_s)
+    except TimeoutError:
+        raise BenchError(f"{len(joined)} of {plan.fanout} subscribers joined in time") from None
+
+    record = Publishing()
+    body = filler(plan.size)
+    pack, publish = HEADER.pack, nc.publish
+    seq = 0
+    for seq, flags in schedule(plan, record.start):
+        await publish(TOPIC, pack(seq, flags) + body)
+        if flags & SYNC:
+            await nc.flush(timeout=60)
+            await confirmations.wait(plan.idle_timeout_s + 60)  # no flow control: a backlog
+            await acks.unsubscribe()
+    await nc.flush(timeout=60)  # everything is at the server
+    record.finish(seq)
+    await park_async()
+
+
+async def sub_nats(url: str, plan: Plan, index: int) -> None:
+    import nats
+
+    slow: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        if len(slow) < 3:
+            slow.append(f"{type(exc).__name__}: {exc}")
+
+    nc = await nats.connect(url, connect_timeout=5, allow_reconnect=False, error_cb=on_error)
+
+    async def ack(data: bytes) -> None:
+        await nc.publish(ACK_TOPIC, data)
+        await nc.flush()
+
+    tally = Tally(plan.size, confirm_soon(ack))
+    done = asyncio.Event()
+
+    async def on_message(msg: Any) -> None:
+        tally.take(msg.data)
+        if tally.done:
+            done.set()
+
+    await nc.subscribe(TOPIC, cb=on_message)
+    await nc.flush()  # the server has our subscription before the publisher hears of us
+    await nc.publish(READY_SUBJECT, str(index).encode())
+    await nc.flush()
+    print("READY", flush=True)
+    cpu0 = time.process_time()
+    stalled = await _wait_done(tally, done, plan.idle_timeout_s)
+    tally.report(stalled, time.process_time() - cpu0, errors=slow)
+    await park_async()
+
+
+async def _wait_done(tally: Tally, done: asyncio.Event, idle_s: float) -> bool:
+    """Wait for the last message; True (stalled) once nothing arrived for `idle_s`."""
+    seen = -1
+    while not done.is_set():
+        if tally.received == seen:
+            return True
+        seen = tally.received
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(done.wait(), idle_s)
+    return False
+
+
+# ============================================================================================
+# Children: irismesh
+
+
+async def pub_mesh(system: str, keyring_path: str, plan: Plan) -> None:
+    import irismesh
+
+    keys = irismesh.Keyring.load(keyring_path)
+    opts = MESH_VARIANTS[system]
+    node = irismesh.Node(keyring=keys, sealing=opts.sealing, telemetry=opts.telemetry)
+    async with node:
+        acks = node.subscribe(ACK_TOPIC)
+        print("READY", node.endpoint, flush=True)
+        await node.wait_for_subscribers(TOPIC, count=plan.fanout, timeout=plan.join_timeout_s)
+        record = Publishing()
+        body = filler(plan.size)
+        pack, publish = HEADER.pack, node.publish
+        seq = 0
+        fanout = plan.fanout
+        short = 0  # publishes that reached fewer nodes than there are subscribers
+        for seq, flags in schedule(plan, record.start):
+            if await publish(TOPIC, pack(seq, flags) + body) < fanout:
+                short += 1
+            if flags & SYNC:
+                for got in range(fanout):
+                    try:
+                        await acks.get(timeout=plan.idle_timeout_s)
+                    except TimeoutError:
+                        raise BenchError(
+                            f"{got} of {fanout} subscribers confirmed the warm-up within "
+                            f"{plan.idle_timeout_s:g} s"
+                        ) from None
+                acks.close()  # a publisher with no subscription of its own takes the fast path
+        record.finish(seq, short=short)
+        await park_async()
+
+
+async def sub_mesh(system: str, endpoint: str, keyring_path: str, plan: Plan) -> None:
+    import irismesh
+
+    keys = irismesh.Keyring.load(keyring_path)
+    opts = MESH_VARIANTS[system]
+    node = irismesh.Node(
+        keyring=keys, seeds=[endpoint], sealing=opts.sealing, telemetry=opts.telemetry
+    )
+    async with node:
+        sub = node.subscribe(PATTERN)
+        await node.wait_for_subscribers(ACK_TOPIC, count=1, timeout=plan.join_timeout_s)
+        print("READY", flush=True)
+
+        async def ack(data: bytes) -> None:
+            await node.publish(ACK_TOPIC, data)
+
+        tally = Tally(plan.size, confirm_soon(ack))
+        take, get = tally.take, sub.get
+        stalled = False
+        cpu0 = 0.0
+        while not tally.done:
+            try:
+                msg = await get(timeout=plan.idle_timeout_s)
+            except TimeoutError:
+                stalled = True
+                break
+            if not tally.received:
+                cpu0 = time.process_time()
+            if msg.missed:
+                tally.missed += msg.missed
+                tally._note(f"Message.missed = {msg.missed} before message {tally.expected}")
+            take(msg.payload)
+        tally.report(stalled, time.process_time() - cpu0, sub_missed=sub.missed)
+        await park_async()
+
+
+def run_child(args: argparse.Namespace) -> None:
+    exit_after(args.max_seconds)
+    # Children keep their sockets open after reporting, so that the publisher's last messages
+    # are not cut off; EOF on stdin (the parent stopping us, or gone) ends them at any point.
+    on_stdin_eof(lambda: os._exit(0))
+    plan = Plan(**json.loads(args.plan))
+    system = args.system
+    try:
+        if args.role == "pub":
+            if system == "raw":
+                pub_raw(plan)
+            elif system == "nats":
+                asyncio.run(pub_nats(args.endpoint, plan))
+            else:
+                asyncio.run(pub_mesh(system, args.keyring, plan))
+        elif system == "raw":
+            sub_raw(args.endpoint, plan, args.index)
+        elif system == "nats":
+            asyncio.run(sub_nats(args.endpoint, plan, args.index))
+        else:
+            asyncio.run(sub_mesh(system, args.endpoint, args.keyring, plan))
+    except BaseException as exc:
+        emit("error", message=f"{type(exc).__name__}: {exc}")
+        raise
+
+
+# ============================================================================================
+# Parent: orchestration
+
+
+@dataclass(kw_only=True, slots=True)
+class Run:
+    """Settings of one benchmark run and everything it measured."""
+
+    systems: list[str]
+    plans: list[Plan]
+    keyring_path: str = ""
+    nats_server: str | None = None
+    # system -> size -> fanout -> case
+    results: dict[str, dict[str, dict[str, dict[str, Any]]]] = dataclasses.field(
+        default_factory=dict
+    )
+    skipped: dict[str, str] = dataclasses.field(default_factory=dict)
+    failed: dict[str, str] = dataclasses.field(default_factory=dict)
+    step: int = 0
+
+    @property
+    def steps(self) -> int:
+        return len(self.systems) * len(self.plans)
+
+
+def child_argv(
+    role: str, system: str, run: Run, plan: Plan, endpoint: str, index: int = 0
+) -> list[str]:
+    argv = [sys.executable, os.path.abspath(__file__), "--role", role, "--system", system]
+    argv += ["--plan", json.dumps(dataclasses.asdict(plan)), "--endpoint", endpoint]
+    argv += ["--index", str(index), "--max-seconds", f"{plan.budget_s() + 30:.0f}"]
+    if system in MESH_VARIANTS:
+        argv += ["--keyring", run.keyring_path]
+    return argv
+
+
+def describe(system: str, plan: Plan) -> str:
+    what = f"{plan.count:,} messages" if plan.count else f"{plan.seconds:g} s"
+    noun = "subscriber" if plan.fanout == 1 else "subscribers"
+    return f"{LABELS[system]} {size_label(plan.size)} to {plan.fanout} {noun}, {what} ..."
+
+
+def _failure(child: Child, event: dict[str, Any]) -> ChildFailed:
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        child.proc.wait(timeout=5.0)  # let it finish writing its traceback
+    return ChildFailed(child.name, event.get("message", "failed"), child.stderr_tail())
+
+
+def collect(
+    pub: Child, subs: list[Child], plan: Plan, pids: dict[str, int]
+) -> tuple[dict[str, Any], list[dict[str, Any]], RssSampler | None]:
+    """Read every child's events until the publisher and all subscribers reported."""
+    deadline = time.monotonic() + plan.budget_s()
+    published: dict[str, Any] | None = None
+    results: dict[int, dict[str, Any]] = {}
+    sampler: RssSampler | None = None
+    while published is None or len(results) < len(subs):
+        if time.monotonic() >= deadline:
+            waiting = [pub.name] if published is None else []
+            waiting += [sub.name for i, sub in enumerate(subs) if i not in results]
+            raise ChildFailed(
+                ", ".join(waiting),
+                f"no result within {plan.budget_s():.0f} s",
+                "\n".join(f"[{c.name}] {c.stderr_tail(10)}" for c in (pub, *subs)),
+            )
+        idle = True
+        for index, child in enumerate([pub, *subs]):
+            line = child.next_line(time.monotonic())
+            if line is None:
+                continue
+            idle = False
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                progress(f"  {child.name}: {line}")
+                continue
+            kind = event.pop("event", None)
+            if kind == "error":
+                raise _failure(child, event)
+            if kind == "start":
+                sampler = RssSampler(pids)
+                sampler.sample()
+            elif kind == "published":
+                published = event
+            elif kind == "result":
+                results[index - 1] = event
+        if idle:
+            time.sleep(0.01)
+    if sampler is not None:
+        sampler.sample()
+    return published, [results[i] for i in range(len(subs))], sampler
+
+
+def run_case(
+    procs: ChildProcesses, run: Run, system: str, plan: Plan, broker: dict[str, int], url: str
+) -> dict[str, Any]:
+    """One publisher and `plan.fanout` subscribers, started fresh; returns what they measured."""
+    tag = f"{system} {size_label(plan.size)} x{plan.fanout}"
+    pub = procs.spawn(f"{tag} publisher", child_argv("pub", system, run, plan, url))
+    subs: list[Child] = []
+    try:
+        endpoint = pub.expect_prefix("READY ", timeout=30.0)
+        if not all(
+            e.startswith(("tcp://127.0.0.1:", "nats://127.0.0.1:")) for e in endpoint.split(",")
+        ):
+            raise BenchError(f"{tag} publisher is not on 127.0.0.1: {endpoint}")
+        for index in range(plan.fanout):
+            argv = child_argv("sub", system, run, plan, endpoint, index)
+            subs.append(procs.spawn(f"{tag} subscriber {index}", argv))
+        for sub in subs:
+            sub.expect_prefix("READY", timeout=30.0)
+        pids = {**broker, "publisher": pub.pid}
+        pids.update({f"sub{i}": sub.pid for i, sub in enumerate(subs)})
+        published, received, sampler = collect(pub, subs, plan, pids)
+    finally:
+        for child in reversed([pub, *subs]):
+            procs.stop(child, grace=5.0)
+    return summarise(system, plan, published, received, sampler)
+
+
+def summarise(
+    system: str,
+    plan: Plan,
+    published: dict[str, Any],
+    received: list[dict[str, Any]],
+    sampler: RssSampler | None,
+) -> dict[str, Any]:
+    total, measured = published["published"], published["measured"]
+    t_start = published["t_start"]
+    t_last = max(r["t_last"] for r in received)
+    slowest = min(r["measured"] for r in received)
+    seconds = max(t_last - t_start, 1e-9)
+    problems: list[str] = []
+    lost = 0
+    for index, r in enumerate(received):
+        missing = total - r["received"]
+        lost += max(0, missing)
+        bad = r["out_of_order"] + r["wrong_size"] + r["missed"]
+        if missing or bad or not r["complete"]:
+            detail = "; ".join(r["problems"]) or "no gap seen"
+            problems.append(
+                f"subscriber {index} got {r['received']:,} of {total:,} messages "
+                f"({missing:,} missing, {r['out_of_order']} out of order, {r['missed']} "
+                f"reported missed): {detail}"
+            )
+    if published.get("short"):
+        problems.append(f"{published['short']:,} publishes reached fewer than {plan.fanout} nodes")
+    case: dict[str, Any] = {
+        "published": total,
+        "measured": measured,
+        "seconds": seconds,
+        "rate": slowest / seconds,
+        "publish_rate": measured / max(published["t_end"] - t_start, 1e-9),
+        "lost": lost,
+        "problems": problems,
+        "publisher": published,
+        "subscribers": received,
+    }
+    if sampler is not None:
+        summary = sampler.summary()
+        case["cpu_s"] = {
+            "publisher": summary.get("publisher", {}).get("cpu_s", 0.0),
+            "subscribers": sum(v["cpu_s"] for k, v in summary.items() if k.startswith("sub")),
+            "broker": summary.get("broker", {}).get("cpu_s", 0.0),
+        }
+        case["memory"] = summary
+        case["others_cpu_percent"] = sampler.others_cpu_percent()
+    return case
+
+
+def run_system(run: Run, system: str) -> None:
+    """Start the broker if the system has one, then every size and fan-out in turn."""
+    with ChildProcesses() as procs:
+        broker: dict[str, int] = {}
+        url = ""
+        if system == "nats":
+            assert run.nats_server is not None
+            port = free_tcp_port()
+            server = procs.spawn(
+                "nats-server",
+                [run.nats_server, "-a", "127.0.0.1", "-p", str(port)],
+                read_stdout=False,
+                stops_on_eof=False,
+            )
+            wait_for_tcp(port, timeout=10.0)
+            broker["broker"] = server.pid
+            url = f"nats://127.0.0.1:{port}"
+        for plan in run.plans:
+            run.step += 1
+            progress(f"[{run.step}/{run.steps}] {describe(system, plan)}")
+            case = run_case(procs, run, system, plan, broker, url)
+            cells = run.results.setdefault(system, {}).setdefault(str(plan.size), {})
+            cells[str(plan.fanout)] = case
+            cpu = case.get("cpu_s", {})
+            progress(
+                f"  {case['rate']:,.0f} msg/s per subscriber, {case['measured']:,} measured "
+                f"messages in {case['seconds']:.2f} s; CPU s: publisher "
+                f"{cpu.get('publisher', 0):.2f}, subscribers {cpu.get('subscribers', 0):.2f}"
+                + (f", broker {cpu['broker']:.2f}" if broker else "")
+            )
+            if case["problems"]:
+                for problem in case["problems"]:
+                    progress(f"  {'LOSS' if system == 'nats' else 'FAILED'}: {problem}")
+                if system != "nats":
+                    where = f"{size_label(plan.size)} to {plan.fanout}"
+                    run.failed.setdefault(system, f"{where}: {case['problems'][0]}")
+
+
+def preflight(run: Run) -> None:
+    """Drop the systems this machine cannot run, saying why."""
+    if "nats" in run.systems:
+        run.nats_server = find_executable(
+            "nats-server", "/usr/sbin/nats-server", "/usr/bin/nats-server"
+        )
+        if run.nats_server is None:
+            run.skipped["nats"] = f"nats-server not installed: {NATS_SERVER_INSTALL}"
+        else:
+            try:
+                import nats  # noqa: F401
+            except ImportError as exc:
+                run.skipped["nats"] = f"nats-py not installed ({exc}): pip install nats-py"
+    if any(system in MESH_VARIANTS for system in run.systems):
+        try:
+            import irismesh
+
+            irismesh.Keyring.generate().save(run.keyring_path)
+        except Exception as exc:
+            for system in MESH_VARIANTS:
+                if system in run.systems:
+                    run.failed[system] = f"{type(exc).__name__}: {exc}"
+    for system, reason in run.skipped.items():
+        progress(f"{LABELS[system]}: skipped ({reason})")
+    for system, reason in run.failed.items():
+        progress(f"{LABELS[system]}: FAILED before starting: {reason}")
+    run.systems = [s for s in run.systems if s not in run.skipped and s not in run.failed]
+
+
+def parse_list(text: str, option: str, minimum: int) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise SystemExit(f"{option} wants comma-separated integers, got {text!r}") from None
+    if not values or min(values) < minimum:
+        raise SystemExit(f"{option}: every value must be at least {minimum}, got {text!r}")
+    return list(dict.fromkeys(values))
+
+
+def parse_only(text: str) -> list[str]:
+    chosen = []
+    for item in (part.strip().lower() for part in text.split(",") if part.strip()):
+        system = ALIASES.get(item, item)
+        if system not in SYSTEMS:
+            raise SystemExit(f"--only: unknown system {item!r}; choose from {', '.join(SYSTEMS)}")
+        if system not in chosen:
+            chosen.append(system)
+    return [s for s in SYSTEMS if s in chosen]
+
+
+def make_plans(args: argparse.Namespace) -> list[Plan]:
+    if args.credit_every > args.window:
+        raise SystemExit("--credit-every must not exceed --window")
+    return [
+        Plan(
+            size=size,
+            fanout=fanout,
+            warmup_s=args.warmup,
+            seconds=args.seconds or 0.0,
+            count=0 if args.seconds else args.count,
+            window=args.window,
+            credit_every=args.credit_every,
+            idle_timeout_s=args.idle_timeout,
+        )
+        for size in parse_list(args.sizes, "--sizes", MIN_SIZE)
+        for fanout in parse_list(args.fanouts, "--fanouts", 1)
+    ]
+
+
+def machine_facts(run: Run) -> dict[str, Any]:
+    facts: dict[str, Any] = {
+        "python": platform.python_version(),
+        "pyzmq": zmq.__version__,
+        "libzmq": zmq.zmq_version(),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    if run.nats_server:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            facts["nats_server"] = subprocess.run(
+                [run.nats_server, "--version"], capture_output=True, text=True, timeout=5
+            ).stdout.strip()
+    return facts
+
+
+def warn_if_busy() -> float:
+    """CPU use by others just before the run: on 2 cores, other work skews every figure."""
+    import psutil
+
+    busy: float = psutil.cpu_percent(interval=0.5)
+    if busy > 20.0:
+        progress(f"warning: the CPUs are {busy:.0f}% busy before starting; figures will be noisy")
+    return busy
+
+
+def main_parent(args: argparse.Namespace) -> int:
+    raise_keyboard_interrupt_on_sigterm()
+    busy_before = warn_if_busy()
+    run = Run(systems=parse_only(args.only), plans=make_plans(args))
+    requested = list(run.systems)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="irismesh-bench-") as tmp:
+        run.keyring_path = os.path.join(tmp, "bench.keys")
+        preflight(run)
+        try:
+            for system in list(run.systems):
+                try:
+                    run_system(run, system)
+                except BenchError as exc:
+                    run.failed[system] = str(exc)
+                    progress(f"{LABELS[system]}: FAILED: {exc}")
+        except KeyboardInterrupt:
+            progress("interrupted; every child process has been stopped")
+            return 130
+    elapsed = time.monotonic() - started
+
+    print_table(run, requested, elapsed)
+    if args.json:
+        document = {
+            "facts": {**machine_facts(run), "cpu_busy_percent_before": busy_before},
+            "settings": {
+                "plans": [dataclasses.asdict(plan) for plan in run.plans],
+                "systems": requested,
+            },
+            "results": run.results,
+            "ratios": ratios(run),
+            "skipped": run.skipped,
+            "failed": run.failed,
+            "elapsed_s": elapsed,
+        }
+        with open(args.json, "w", encoding="utf-8") as out:
+            json.dump(document, out, indent=2)
+        progress(f"wrote {args.json}")
+    return 1 if run.failed else 0
+
+
+# ============================================================================================
+# Parent: report
+
+
+def _case(run: Run, system: str, plan: Plan) -> dict[str, Any] | None:
+    case: dict[str, Any] | None = (
+        run.results.get(system, {}).get(str(plan.size), {}).get(str(plan.fanout))
+    )
+    return case
+
+
+def _ratio(run: Run, system: str, baseline: str, plan: Plan) -> float | None:
+    case, base = _case(run, system, plan), _case(run, baseline, plan)
+    if case is None or base is None or not base["rate"]:
+        return None
+    ratio: float = case["rate"] / base["rate"]
+    return ratio
+
+
+def ratios(run: Run) -> dict[str, dict[str, dict[str, float]]]:
+    """Every system's msg/s divided by raw pyzmq's and by NATS's, per size and fan-out."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for baseline in ("raw", "nats"):
+        for system in SYSTEMS:
+            for plan in run.plans:
+                ratio = _ratio(run, system, baseline, plan)
+                if ratio is not None and system != baseline:
+                    per_size = out.setdefault(f"{system}/{baseline}", {})
+                    per_size.setdefault(str(plan.size), {})[str(plan.fanout)] = ratio
+    return out
+
+
+def print_table(run: Run, requested: list[str], elapsed: float) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console() if sys.stdout.isatty() else Console(width=160)
+    plan0 = run.plans[0]
+    what = f"{plan0.count:,} messages" if plan0.count else f"{plan0.seconds:g} s of publishing"
+    table = Table(
+        title=f"publish/subscribe on 127.0.0.1, one publisher process, each subscriber its own "
+        f"process, {what} after {plan0.warmup_s:g} s warm-up ({elapsed:.0f} s run)",
+        caption="msg/s: messages of the measured stream / seconds from its first publish to its "
+        "last arrival at the slowest subscriber; higher is better, so a ratio below 1 is slower. "
+        "CPU: seconds each side used meanwhile, and all processes' CPU per delivered message. "
+        "* = NATS lost messages (no flow control); the rate counts what arrived",
+    )
+    for column in ("size", "subs", "system"):
+        table.add_column(column, no_wrap=True)
+    for column in (
+        "msg/s per sub",
+        "/ raw pyzmq",
+        "/ NATS",
+        "lost",
+        "CPU s pub",
+        "CPU s subs",
+        "CPU s broker",
+        "CPU us/delivery",
+        "others' CPU",
+    ):
+        table.add_column(column, justify="right")
+    for plan in run.plans:
+        for system in SYSTEMS:
+            if system not in requested:
+                continue
+            case = _case(run, system, plan)
+            label = [size_label(plan.size), str(plan.fanout), LABELS[system]]
+            if case is None:
+                state = "skipped" if system in run.skipped else "failed"
+                table.add_row(*label, state, *[""] * 8)
+                continue
+            mark = ""
+            if case["problems"]:
+                mark = "*" if system == "nats" else " LOSS"
+            ratio_cells = []
+            for baseline in ("raw", "nats"):
+                ratio = _ratio(run, system, baseline, plan)
+                ratio_cells.append("-" if ratio is None else f"{ratio:.2f}x")
+            cpu = case.get("cpu_s")
+            if cpu is not None:
+                deliveries = max(1, case["measured"] * plan.fanout)
+                total_cpu = cpu["publisher"] + cpu["subscribers"] + cpu["broker"]
+                cpu_cells = [
+                    f"{cpu['publisher']:.2f}",
+                    f"{cpu['subscribers']:.2f}",
+                    f"{cpu['broker']:.2f}" if system == "nats" else "-",
+                    f"{total_cpu / deliveries * 1e6:.1f}",
+                    f"{case['others_cpu_percent']:.0f}%",
+                ]
+            else:
+                cpu_cells = ["-"] * 5
+            table.add_row(
+                *label,
+                f"{case['rate']:,.0f}{mark}",
+                *ratio_cells,
+                f"{case['lost']:,}",
+                *cpu_cells,
+            )
+        table.add_section()
+    console.print(table)
+    variants = [v for v in ("mesh-null", "mesh-tel") if v in run.results]
+    if variants and "mesh" in run.results:
+        costs = Table(
+            title="what sealing and telemetry cost: irismesh msg/s / its variant's, same run",
+            caption="below 1.00x: irismesh (sealed, telemetry off) is slower than the variant",
+        )
+        costs.add_column("size")
+        costs.add_column("subs", justify="right")
+        for variant in variants:
+            costs.add_column(f"irismesh / {LABELS[variant]}", justify="right")
+        for plan in run.plans:
+            cells = []
+            for variant in variants:
+                ratio = _ratio(run, "mesh", variant, plan)
+                cells.append("-" if ratio is None else f"{ratio:.2f}x")
+            costs.add_row(size_label(plan.size), str(plan.fanout), *cells)
+        console.print(costs)
+    for system, reason in {**run.skipped, **run.failed}.items():
+        state = "skipped" if system in run.skipped else "FAILED (details above)"
+        first_line = reason.splitlines()[0]
+        console.print(f"{LABELS[system]}: {state}: {first_line}", markup=False, highlight=False)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--json", metavar="PATH", help="also write every number to this file")
+    parser.add_argument(
+        "--sizes", default="100,1024", help="payload sizes in bytes (default: 100,1024)"
+    )
+    parser.add_argument(
+        "--fanouts", default="1,4", help="numbers of subscriber processes (default: 1,4)"
+    )
+    amount = parser.add_mutually_exclusive_group()
+    amount.add_argument(
+        "--count",
+        type=int,
+        default=DEFAULT_COUNT,
+        help=f"measured messages per case, after warm-up (default {DEFAULT_COUNT:,})",
+    )
+    amount.add_argument(
+        "--seconds",
+        type=float,
+        help="publish for this many seconds per case instead of a fixed --count",
+    )
+    parser.add_argument(
+        "--warmup", type=float, default=0.5, help="seconds of warm-up messages (default 0.5)"
+    )
+    parser.add_argument(
+        "--only",
+        default=",".join(SYSTEMS),
+        help=f"comma-separated systems (default: {','.join(SYSTEMS)}; mesh = irismesh sealed, "
+        "telemetry off; mesh-null: sealing off; mesh-tel: telemetry on)",
+    )
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=1000,
+        help="raw pyzmq: messages a subscriber may have unacknowledged (default 1000)",
+    )
+    parser.add_argument(
+        "--credit-every",
+        type=int,
+        default=250,
+        help="raw pyzmq: a subscriber acknowledges every this many messages (default 250)",
+    )
+    parser.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=10.0,
+        help="a subscriber that receives nothing this long stops and reports (default 10)",
+    )
+    # The children's side of this file.
+    parser.add_argument("--role", choices=("pub", "sub"), help=argparse.SUPPRESS)
+    parser.add_argument("--system", choices=SYSTEMS, help=argparse.SUPPRESS)
+    parser.add_argument("--endpoint", help=argparse.SUPPRESS)
+    parser.add_argument("--plan", help=argparse.SUPPRESS)
+    parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--keyring", help=argparse.SUPPRESS)
+    parser.add_argument("--max-seconds", type=float, default=600.0, help=argparse.SUPPRESS)
+    return parser
+
+
+def main() -> int:
+    args = build_parser().parse_args()
+    if args.role:
+        run_child(args)
+        return 0
+    if args.count < 1 or (args.seconds is not None and args.seconds <= 0) or args.warmup < 0:
+        raise SystemExit("--count must be at least 1, --seconds above 0 and --warmup >= 0")
+    return main_parent(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
