@@ -37,6 +37,7 @@ from irismesh.errors import Closed, ConfigurationError, InterestTimeout, SlowCon
 Policy = Literal["block", "drop_oldest"]
 POLICIES: tuple[Policy, ...] = ("block", "drop_oldest")
 FLUSH_EVERY = 64  # publishes staged before they are sent without waiting for the loop
+CACHED_TOPICS = 4096  # topics (and publishers) whose routes and names a node remembers
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +189,9 @@ class PubSub:
         self._flush = flush
         self._core: MeshCore | None = None
         self._trie: TopicTrie[Subscription] = TopicTrie()
+        self._routes: dict[str, tuple[tuple[Subscription, ...], int]] = {}
+        self._names: dict[bytes, str] = {}
+        self._valid: set[str] = set()  # topics already checked
         self._subscriptions: set[Subscription] = set()
         self._lock = asyncio.Lock()  # publishes that must wait queue here, in order
         self._room = asyncio.Event()
@@ -212,6 +216,7 @@ class PubSub:
         sub = Subscription(self, pattern, policy, maxsize)
         self._subscriptions.add(sub)
         self._trie.add(pattern, sub)
+        self._routes.clear()
         core.subscribe(pattern)
         self._flush_soon()
         return sub
@@ -221,6 +226,7 @@ class PubSub:
             return
         self._subscriptions.discard(sub)
         self._trie.remove(sub.pattern, sub)
+        self._routes.clear()
         if self._core is not None:
             with contextlib.suppress(Closed):
                 self._core.unsubscribe(sub.pattern)
@@ -241,14 +247,19 @@ class PubSub:
 
     def deliver(self, event: MessageArrived) -> None:
         core = self._core
-        subs = self._trie.match_cached(event.topic)
+        route = self._routes.get(event.topic)
+        if route is None:
+            route = self._route(event.topic)
+        subs, blocking = route
         if not subs:
             self.unmatched += 1
             if core is not None and core.release(event.routing_id):
                 self._flush_soon()
             return
-        message = Message(event.topic, event.payload, event.publisher.hex())
-        blocking = sum(1 for sub in subs if sub._blocking)
+        publisher = self._names.get(event.publisher)
+        if publisher is None:
+            publisher = self._name(event.publisher)
+        message = Message(event.topic, event.payload, publisher)
         hold = _Hold(blocking, event.routing_id) if blocking else None
         if hold is None and core is not None and core.release(event.routing_id):
             self._flush_soon()
@@ -256,6 +267,20 @@ class PubSub:
         for sub in subs:
             sub._put(message, hold if sub._blocking else None, gap)
         self.delivered += len(subs)
+
+    def _route(self, topic: str) -> tuple[tuple[Subscription, ...], int]:
+        """The subscriptions a topic goes to, and how many of them block: kept per topic."""
+        subs = tuple(self._trie.match(topic))
+        if len(self._routes) >= CACHED_TOPICS:
+            self._routes.clear()
+        route = self._routes[topic] = (subs, sum(1 for sub in subs if sub._blocking))
+        return route
+
+    def _name(self, node_id: bytes) -> str:
+        if len(self._names) >= CACHED_TOPICS:
+            self._names.clear()
+        name = self._names[node_id] = node_id.hex()
+        return name
 
     def _done(self, hold: _Hold) -> None:
         hold.count -= 1
@@ -275,8 +300,11 @@ class PubSub:
     # ----------------------------------------------------------------- publishing
 
     async def publish(self, topic: str, payload: bytes, timeout: float) -> int:
-        core = self._running()
-        topic = validate_topic(topic)
+        core = self._core
+        if core is None:
+            raise Closed("node is not running")
+        if topic not in self._valid:
+            self._check(topic)
         if not self._lock.locked():
             sent = self._try(core, topic, payload)
             if sent is not None:
@@ -298,11 +326,23 @@ class PubSub:
                     async with asyncio.timeout(remaining):
                         await self._room.wait()
 
+    def _check(self, topic: str) -> None:
+        validate_topic(topic)
+        if len(self._valid) >= CACHED_TOPICS:
+            self._valid.clear()
+        self._valid.add(topic)
+
     def _try(self, core: MeshCore, topic: str, payload: bytes) -> int | None:
-        local = self._trie.match_cached(topic) if self._subscriptions else ()
-        for sub in local:
-            if sub._blocking and len(sub._queue) >= sub.maxsize:
-                return None
+        if self._subscriptions:
+            route = self._routes.get(topic)
+            if route is None:
+                route = self._route(topic)
+            local = route[0]
+            for sub in local:
+                if sub._blocking and len(sub._queue) >= sub.maxsize:
+                    return None
+        else:
+            local = ()
         sent = core.publish(topic, payload)
         if sent < 0:
             return None
@@ -313,8 +353,8 @@ class PubSub:
                 sub._put(message, None, 0)
             self.delivered += len(local)
             sent += 1
-        self._unflushed += 1
-        if self._unflushed >= FLUSH_EVERY:
+        unflushed = self._unflushed = self._unflushed + 1
+        if unflushed >= FLUSH_EVERY:
             self._unflushed = 0
             self._flush()
         else:

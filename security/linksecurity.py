@@ -33,14 +33,17 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from irismesh._core.sealing import NULL_SEALER, NULL_TOPIC_CIPHER, Sealer, TopicCipher
+from irismesh._core.sealing import NULL_SEALER, Sealer
 from irismesh.errors import ProtocolError
 from irismesh.security.keyring import Keyring, ScopeKey
 
 _OFFER_DOMAIN = b"irismesh/v1/offer\x00"
 _LINK_DOMAIN = b"irismesh/v1/link\x00"
 _CLUSTER_DOMAIN = b"irismesh/v1/cluster\x00"
-_TOPIC_DOMAIN = b"irismesh/v1/topic\x00"
+# Offers and session keys for topics are named apart from clusters: topic scope S (a scope with
+# a key of its own) is "topic:S", the topics under the default key are "topic-default".
+_TOPIC_PREFIX = "topic:"
+_TOPIC_DEFAULT = "topic-default"
 _NONCE = struct.Struct("!4xQ")  # 96-bit GCM nonce: 32 zero bits, then the frame's seq
 TAG_SIZE = 16
 
@@ -74,31 +77,6 @@ class AeadSealer:
             return self._decrypt(_NONCE.pack(seq), sealed, header)
         except InvalidTag:
             raise ProtocolError("bad_seal") from None
-
-
-class AeadTopicCipher:
-    """AES-256-GCM for one publisher's messages in one topic scope.
-
-    The key is HKDF(scope key, salt = publisher node id, info = domain | scope): node ids are
-    fresh random per process, so a publisher's key is its own, and its nonce is a counter it
-    never repeats (the topic nonce of PUBLISH). The topic is associated data.
-    """
-
-    __slots__ = ("_decrypt", "_encrypt")
-
-    def __init__(self, key: bytes) -> None:
-        aead = AESGCM(key)
-        self._encrypt = aead.encrypt
-        self._decrypt = aead.decrypt
-
-    def seal(self, nonce: int, topic: bytes, payload: bytes) -> bytes:
-        return self._encrypt(_NONCE.pack(nonce), payload, topic)
-
-    def open(self, nonce: int, topic: bytes, sealed: bytes) -> bytes:
-        try:
-            return self._decrypt(_NONCE.pack(nonce), sealed, topic)
-        except InvalidTag:
-            raise ProtocolError("bad_seal", "topic") from None
 
 
 class X25519LinkKeys:
@@ -177,12 +155,36 @@ class KeyedLinkSecurity:
                 return slot, _handle(key, cluster)
         return None
 
-    def topic_ciphers(self, scope: str, publisher: bytes) -> list[TopicCipher]:
-        keys = self._keyring.accepted(scope)
-        if not self._sealing:
-            return [NULL_TOPIC_CIPHER] if keys else []
-        info = _TOPIC_DOMAIN + scope.encode()
-        return [AeadTopicCipher(_hkdf(key.secret, publisher, info)) for key in keys]
+    def topic_offers(
+        self, listener_nonce: bytes, dialler_nonce: bytes
+    ) -> list[tuple[bytes, object, str]]:
+        # One offer per key per scope this node can read topics of: every scope with a key of
+        # its own, and "*" (the default key) for all others. (tag, handle, scope) each.
+        offers: list[tuple[bytes, object, str]] = []
+        for scope in self._keyring.scopes:
+            name = _TOPIC_DEFAULT if scope == "*" else _TOPIC_PREFIX + scope
+            for key in self._keyring.accepted(scope):
+                tag = offer_tag(key.secret, name, listener_nonce, dialler_nonce)
+                offers.append((tag, _handle(key, name), scope))
+        return offers
+
+    def match_topic(
+        self,
+        scope: str,
+        listener_nonce: bytes,
+        dialler_nonce: bytes,
+        offered: Mapping[bytes, int],
+    ) -> tuple[int, object] | None:
+        # The key this node publishes `scope` under: its own if it has one, else the default.
+        name = _TOPIC_PREFIX + scope if self.owns(scope) else _TOPIC_DEFAULT
+        for key in self._keyring.accepted(scope):
+            slot = offered.get(offer_tag(key.secret, name, listener_nonce, dialler_nonce))
+            if slot is not None:
+                return slot, _handle(key, name)
+        return None
+
+    def owns(self, scope: str) -> bool:
+        return scope != "*" and self._keyring.primary(scope) is not self._keyring.primary("*")
 
 
 def _handle(key: ScopeKey, cluster: str) -> ScopeKey:

@@ -62,6 +62,7 @@ from irismesh._core.frames import (
     MAX_ACKS,
     MAX_BATCH,
     MAX_CLUSTERS,
+    MAX_OFFERS,
     MAX_PATTERNS_PER_FRAME,
     MAX_PEERS_PER_FRAME,
     NONCE_SIZE,
@@ -75,7 +76,6 @@ from irismesh._core.frames import (
     TunnelOp,
     decode_batch,
     decode_header,
-    decode_publish,
     decode_reply,
     decode_request,
     decode_tunnel,
@@ -88,7 +88,7 @@ from irismesh._core.frames import (
 from irismesh._core.links import DialRecord, InLink, LinkState, OutLink, TunnelEnd
 from irismesh._core.pending import PendingRequest, PendingRequests
 from irismesh._core.replycache import ReplyCache
-from irismesh._core.sealing import LinkSecurity, Sealer, TopicCipher
+from irismesh._core.sealing import LinkSecurity, Sealer
 from irismesh._core.topics import TopicTrie, parse_pattern_from_peer, parse_topic_from_peer
 from irismesh.errors import (
     Closed,
@@ -116,6 +116,8 @@ _MAX_WINDOW = 1 << 30
 _PUBLISH_KINDS = frozenset((_PUBLISH,))
 _pack_header = HEADER.pack
 _pack_publish = PUBLISH_FIELDS.pack
+_unpack_publish = PUBLISH_FIELDS.unpack_from
+_PUBLISH_SIZE = PUBLISH_FIELDS.size
 _MAX_CREDIT = 1 << 30
 _MAX_TOPIC_SCOPES = 4096  # topic scopes whose ciphers a node keeps at once
 
@@ -188,9 +190,10 @@ class MeshCore:
         # own (pattern -> local subscriptions), and the ciphers it publishes with.
         self._interest: TopicTrie[OutLink] = TopicTrie()
         self._subscribed: Counter[str] = Counter()
-        self._topic_ciphers: dict[str, TopicCipher] = {}
-        self._topic_nonce = 0
-        self._topics_heard: dict[bytes, tuple[str, str]] = {}  # checked topics -> (topic, scope)
+        # Topics checked: as heard -> (topic, scope, whether its key is our own), and as
+        # published -> (UTF-8, scope).
+        self._topics_heard: dict[bytes, tuple[str, str, bool]] = {}
+        self._topics_out: dict[str, tuple[bytes, str]] = {}
         self.publish_blocked = False  # a publish found a peer without credit: tell when it has
         # Tunnels: handle -> this node's end; a served tunnel is also found by (link, wire id).
         self._tunnels: dict[int, TunnelEnd] = {}
@@ -435,28 +438,62 @@ class MeshCore:
             raise Closed("node is closed")
         if len(payload) > self._max_payload:
             raise PayloadTooLarge(len(payload), self._max_payload)
-        scope = topic.partition(".")[0]
-        cipher = self._topic_ciphers.get(scope)
-        if cipher is None:
-            cipher = self._topic_cipher(scope)
+        known = self._topics_out.get(topic)
+        if known is None:
+            known = self._topic_out(topic)
         targets = self._interest.match_cached(topic)
         if not targets:
             return 0
+        encoded, scope = known
         for link in targets:
-            if link.credit <= 0:
+            slot = link.topic_slots.get(scope)
+            if slot is None:
+                slot = self._topic_slot(link, scope)
+            if slot and link.credit <= 0:
                 self.publish_blocked = True
                 self.stats["publish_blocked"] += 1
                 return -1
-        self._topic_nonce += 1
-        nonce = self._topic_nonce
-        encoded = topic.encode()
-        tail = encoded + cipher.seal(nonce, encoded, payload)
+        tail = encoded + payload
         size = len(encoded)
+        batching = self.batching
+        sent = 0
         for link in targets:
+            slot = link.topic_slots[scope]
+            if not slot:  # interested, but it holds no key we publish this scope under
+                self.stats["publish_unreadable"] += 1
+                continue
             link.credit -= 1
-            link.pub_seq += 1
-            self._stage_out(link, 0, _PUBLISH, _pack_publish(link.pub_seq, nonce, size) + tail)
-        return len(targets)
+            seq = link.pub_seq = link.pub_seq + 1
+            body = _pack_publish(seq, size) + tail
+            if batching:  # _stage_out, inlined: the publish hot path
+                if not link.staged:
+                    self._staged_out.append(link)
+                link.staged.append((slot, _PUBLISH, body))
+            else:
+                self._stage_out(link, slot, _PUBLISH, body)
+            sent += 1
+        return sent
+
+    def _topic_out(self, topic: str) -> tuple[bytes, str]:
+        scope = topic.partition(".")[0]
+        if not self._security.has_key(scope):
+            raise NoKey(scope)
+        if len(self._topics_out) >= _MAX_TOPIC_SCOPES:
+            self._topics_out.clear()
+        known = self._topics_out[topic] = (topic.encode(), scope)
+        return known
+
+    def _topic_slot(self, link: OutLink, scope: str) -> int:
+        """The slot of `link` whose key seals topics of `scope` (0: the peer offers none)."""
+        found = self._security.match_topic(scope, link.peer_nonce, link.nonce, link.offers)
+        slot = 0
+        if found is not None and link.keys is not None:
+            slot, handle = found
+            link.send_sealers[slot] = link.keys.sealer(handle, True)
+        if len(link.topic_slots) >= _MAX_TOPIC_SCOPES:
+            link.topic_slots.clear()
+        link.topic_slots[scope] = slot
+        return slot
 
     def release(self, routing_id: bytes, count: int = 1) -> bool:
         """The application is done with `count` messages from a peer: grant them back.
@@ -474,17 +511,14 @@ class MeshCore:
         self._send_in(link, _CREDIT, [grant])
         return True
 
-    def _topic_cipher(self, scope: str) -> TopicCipher:
-        ciphers = self._security.topic_ciphers(scope, self.node_id)
-        if not ciphers:
-            raise NoKey(scope)
-        if len(self._topic_ciphers) >= _MAX_TOPIC_SCOPES:
-            self._topic_ciphers.clear()
-        cipher = self._topic_ciphers[scope] = ciphers[0]
-        return cipher
-
-    def _on_publish(self, link: InLink, body: bytes) -> None:
-        stream_seq, nonce, encoded, sealed = decode_publish(body)
+    def _on_publish(self, link: InLink, body: bytes, slot_scope: str) -> None:
+        if len(body) < _PUBLISH_SIZE:
+            raise ProtocolError("bad_envelope", "PUBLISH")
+        stream_seq, length = _unpack_publish(body)
+        end = _PUBLISH_SIZE + length
+        if length == 0 or len(body) < end:
+            raise ProtocolError("bad_envelope", "PUBLISH topic")
+        encoded = body[_PUBLISH_SIZE:end]
         if link.credit_out <= 0:
             raise ProtocolError("over_credit", "PUBLISH without credit")
         link.credit_out -= 1
@@ -498,31 +532,24 @@ class MeshCore:
         try:
             known = self._topics_heard.get(encoded)
             if known is None:
-                topic = parse_topic_from_peer(encoded)
-                if len(self._topics_heard) >= _MAX_TOPIC_SCOPES:
-                    self._topics_heard.clear()
-                known = self._topics_heard[encoded] = (topic, topic.partition(".")[0])
-            topic, scope = known
-            ciphers = link.topic_ciphers.get(scope)
-            if ciphers is None:
-                ciphers = self._security.topic_ciphers(scope, link.peer_id)
-                if len(link.topic_ciphers) < _MAX_TOPIC_SCOPES:
-                    link.topic_ciphers[scope] = ciphers
-            if not ciphers:
-                raise ProtocolError("no_topic_key", scope[:60])
-            payload = None
-            for cipher in ciphers:
-                try:
-                    payload = cipher.open(nonce, encoded, sealed)
-                    break
-                except ProtocolError:
-                    continue
-            if payload is None:
-                raise ProtocolError("bad_seal", "topic")
+                known = self._topic_heard(encoded)
+            topic, scope, owned = known
+            # The slot's key must be the one this node expects for the topic: its own key for
+            # a scope it has one for (a holder of the default key cannot inject there).
+            if scope != slot_scope and (slot_scope != "*" or owned):
+                raise ProtocolError("bad_scope", "topic sealed under another scope's key")
         except ProtocolError:
             self.release(link.routing_id)  # the credit it used is the sender's again
             raise
-        self.events.append(MessageArrived(link.routing_id, topic, payload, link.peer_id, gap))
+        self.events.append(MessageArrived(link.routing_id, topic, body[end:], link.peer_id, gap))
+
+    def _topic_heard(self, encoded: bytes) -> tuple[str, str, bool]:
+        topic = parse_topic_from_peer(encoded)
+        scope = topic.partition(".")[0]
+        if len(self._topics_heard) >= _MAX_TOPIC_SCOPES:
+            self._topics_heard.clear()
+        known = self._topics_heard[encoded] = (topic, scope, self._security.owns(scope))
+        return known
 
     def _on_interest(self, link: OutLink, patterns: list[bytes], add: bool) -> None:
         for raw in patterns:
@@ -712,7 +739,7 @@ class MeshCore:
         self._on_tunnel(end, body, op, arg, data)
 
     def _on_tunnel_in(self, link: InLink, slot: int, body: bytes) -> None:
-        if slot == 0 or slot >= len(link.scopes):
+        if slot == 0 or slot >= len(link.scopes) or link.scopes[slot] is None:
             raise ProtocolError("bad_scope", str(slot))
         wire_id, op, arg, data = decode_tunnel(body)
         key = (link.routing_id, wire_id)
@@ -916,15 +943,17 @@ class MeshCore:
                 self._on_tunnel_in(link, scope, body)
                 return
             if kind == _PUBLISH:
-                if scope != 0:
+                slot_scope = link.topic_slots.get(scope)
+                if slot_scope is None:
                     raise ProtocolError("bad_scope", "PUBLISH")
-                self._on_publish(link, body)
+                self._on_publish(link, body, slot_scope)
                 return
             if kind == _BATCH:
-                if scope == 0:
+                slot_scope = link.topic_slots.get(scope)
+                if slot_scope is not None:
                     for _kind, entry in decode_batch(body, _PUBLISH_KINDS):
                         try:
-                            self._on_publish(link, entry)
+                            self._on_publish(link, entry, slot_scope)
                         except ProtocolError as exc:  # one bad message spoils no other
                             self.stats["dropped_" + exc.reason] += 1
                     return
@@ -982,9 +1011,19 @@ class MeshCore:
                 scopes.append(cluster)
                 handles.append(handle)
                 tags.append(tag)
+        topic_slots: dict[int, str] = {}
+        for tag, handle, topic_scope in self._security.topic_offers(nonce, peer_nonce):
+            if len(tags) >= MAX_OFFERS:  # a huge keyring: the remaining topic scopes go unread
+                self.stats["topic_offers_dropped"] += 1
+                break
+            topic_slots[len(scopes)] = topic_scope
+            scopes.append(None)  # no cluster: requests in this slot are refused
+            handles.append(handle)
+            tags.append(tag)
         # An older link of the same peer is kept: the peer may still use it (it reached us under
         # two names and kept the first) or it is dead and falls silent; replies follow requests.
         link = InLink(routing_id, peer_id, peer_endpoint, nonce, peer_nonce, now, scopes)
+        link.topic_slots = topic_slots
         for slot, handle in enumerate(handles):
             link.send_sealers[slot] = keys.sealer(handle, False)
             link.recv_sealers[slot] = keys.sealer(handle, True)
@@ -1043,7 +1082,7 @@ class MeshCore:
         self.events.append(ReplyArrived(req_id, status, payload, link.peer_id))
 
     def _on_request(self, link: InLink, slot: int, body: bytes, now: float, kind: int) -> None:
-        if slot == 0 or slot >= len(link.scopes):
+        if slot == 0 or slot >= len(link.scopes) or link.scopes[slot] is None:
             raise ProtocolError("bad_scope", str(slot))
         req_id, timeout_ms, acks, payload = decode_request(body)
         if acks:

@@ -22,8 +22,8 @@ msgpack and its shape checks were a quarter of the core's cost per request (meas
     REQUEST  !QIB  req_id, timeout_ms, n_acks | n_acks x !Q acknowledged req ids | payload
              (BROADCAST and SURVEY have the same layout)
     REPLY    !QB   req_id, status | payload
-    PUBLISH  !QQB  stream seq, topic nonce, topic length | topic (UTF-8) | sealed payload
-             (the payload is sealed end to end under the topic's key: see `LinkSecurity`)
+    PUBLISH  !QB   stream seq, topic length | topic (UTF-8) | payload
+             (in the scope slot of the topic's key, offered like a cluster's: `LinkSecurity`)
     TUNNEL   !IBI  tunnel id, op, argument | data  (ops and their argument: `TunnelOp`)
 
 Acks name replies the caller has received, so the member can forget them at once (see
@@ -70,7 +70,7 @@ class Kind(enum.IntEnum):
     SUBSCRIBE = 13  # listener -> dialler: [credit granted, [pattern bytes, ...]] (interest)
     UNSUBSCRIBE = 14  # listener -> dialler: [[pattern bytes, ...]]
     CREDIT = 15  # listener -> dialler: [messages the dialler may publish to us, in addition]
-    PUBLISH = 16  # dialler -> listener, scope 0: fixed layout, see the module docstring
+    PUBLISH = 16  # dialler -> listener, in a topic scope: fixed layout, see the module docstring
     TUNNEL = 17  # either way, in a cluster's scope: fixed layout, see the module docstring
 
 
@@ -88,7 +88,7 @@ MAX_OFFERS: Final = 128  # two keys (a rotation) for each of at most 64 clusters
 MAX_CLUSTERS: Final = 64
 
 
-PUBLISH_FIELDS: Final = struct.Struct("!QQB")
+PUBLISH_FIELDS: Final = struct.Struct("!QB")
 TUNNEL_FIELDS: Final = struct.Struct("!IBI")
 MAX_PATTERNS_PER_FRAME: Final = 128  # x 255 B patterns fits CONTROL_ALLOWANCE
 
@@ -137,19 +137,19 @@ def decode_batch(body: bytes, kinds: frozenset[int]) -> list[tuple[int, bytes]]:
     return entries
 
 
-def encode_publish(stream_seq: int, nonce: int, topic: bytes, sealed: bytes) -> bytes:
-    return PUBLISH_FIELDS.pack(stream_seq, nonce, len(topic)) + topic + sealed
+def encode_publish(stream_seq: int, topic: bytes, payload: bytes) -> bytes:
+    return PUBLISH_FIELDS.pack(stream_seq, len(topic)) + topic + payload
 
 
-def decode_publish(body: bytes) -> tuple[int, int, bytes, bytes]:
-    """Return (stream seq, topic nonce, topic bytes, sealed payload) of a PUBLISH body."""
+def decode_publish(body: bytes) -> tuple[int, bytes, bytes]:
+    """Return (stream seq, topic bytes, payload) of a PUBLISH body."""
     size = PUBLISH_FIELDS.size
     if len(body) < size:
         raise ProtocolError("bad_envelope", "PUBLISH")
-    stream_seq, nonce, length = PUBLISH_FIELDS.unpack_from(body)
+    stream_seq, length = PUBLISH_FIELDS.unpack_from(body)
     if length == 0 or len(body) < size + length:
         raise ProtocolError("bad_envelope", "PUBLISH topic")
-    return stream_seq, nonce, body[size : size + length], body[size + length :]
+    return stream_seq, body[size : size + length], body[size + length :]
 
 
 def encode_tunnel(tunnel_id: int, op: int, arg: int, data: bytes = b"") -> bytes:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from irismesh._core.sealing import LinkKeys, Sealer, TopicCipher
+from irismesh._core.sealing import LinkKeys, Sealer
 
 
 class LinkState(enum.Enum):
@@ -58,6 +58,7 @@ class OutLink:
     interest: set[str] = field(default_factory=set)  # the peer's subscription patterns
     credit: int = 0  # messages the peer lets us send now
     pub_seq: int = 0  # our PUBLISH stream to the peer
+    topic_slots: dict[str, int] = field(default_factory=dict)  # topic scope -> slot (0: none)
 
 
 @dataclass(slots=True, eq=False)
@@ -78,7 +79,7 @@ class InLink:
     pub_seq: int = 0  # last PUBLISH stream seq seen
     credit_out: int = 0  # messages the peer may still send us (what we granted, less arrivals)
     to_grant: int = 0  # released by the application, not yet granted back
-    topic_ciphers: dict[str, list[TopicCipher]] = field(default_factory=dict)  # scope -> ciphers
+    topic_slots: dict[int, str] = field(default_factory=dict)  # slot -> topic scope ("*": default)
 
 
 @dataclass(slots=True, eq=False)

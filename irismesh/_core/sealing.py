@@ -38,16 +38,6 @@ class Sealer(Protocol):
         ...
 
 
-class TopicCipher(Protocol):
-    """Seals published payloads end to end: one publisher, one topic scope, one key."""
-
-    def seal(self, nonce: int, topic: bytes, payload: bytes) -> bytes: ...
-
-    def open(self, nonce: int, topic: bytes, sealed: bytes) -> bytes:
-        """Return the payload, or raise ProtocolError('bad_seal')."""
-        ...
-
-
 class LinkKeys(Protocol):
     """The key agreement and sealers of one end of one link."""
 
@@ -84,9 +74,26 @@ class LinkSecurity(Protocol):
         """(slot, key handle) of an offered tag made with a key we hold, primary key first."""
         ...
 
-    def topic_ciphers(self, scope: str, publisher: bytes) -> list[TopicCipher]:
-        """Ciphers for `publisher`'s messages in topic `scope`, one per accepted key, the
-        primary first (a publisher seals with the first); empty without a key."""
+    def topic_offers(
+        self, listener_nonce: bytes, dialler_nonce: bytes
+    ) -> list[tuple[bytes, object, str]]:
+        """(tag, key handle, scope) for each key of each topic scope this node can read:
+        every scope with a key of its own, and "*" for the topics under the default key."""
+        ...
+
+    def match_topic(
+        self,
+        scope: str,
+        listener_nonce: bytes,
+        dialler_nonce: bytes,
+        offered: Mapping[bytes, int],
+    ) -> tuple[int, object] | None:
+        """(slot, key handle) of the offer matching the key this node would publish topic
+        `scope` under (its own key for the scope, else the default key); None if none."""
+        ...
+
+    def owns(self, scope: str) -> bool:
+        """Whether `scope` has a key of its own here (not only the default key)."""
         ...
 
 
@@ -100,21 +107,6 @@ class NullSealer:
 
     def open(self, header: bytes, seq: int, sealed: bytes) -> bytes:
         return sealed
-
-
-class NullTopicCipher:
-    """The topic counterpart of NullSealer."""
-
-    __slots__ = ()
-
-    def seal(self, nonce: int, topic: bytes, payload: bytes) -> bytes:
-        return payload
-
-    def open(self, nonce: int, topic: bytes, sealed: bytes) -> bytes:
-        return sealed
-
-
-NULL_TOPIC_CIPHER = NullTopicCipher()
 
 
 NULL_SEALER = NullSealer()

@@ -157,21 +157,56 @@ def test_publish_checks_the_payload_size_and_the_topic_key() -> None:
     assert pub.core.publish("db.x", b"ok") == 0
 
 
-def test_a_subscriber_without_the_topic_key_cannot_read_and_the_credit_comes_back() -> None:
+def keyrings(net: MemNet) -> tuple[Keyring, Keyring, Keyring]:
+    """A default key all share; "secret" topics keyed apart, held by `insider` and `publisher`."""
+    base = Keyring.generate(["*", "secret"], randbytes=net.rng.randbytes)
+    default, secret = base.require("*"), base.require("secret")
+    outsider = Keyring([default])
+    return base, Keyring([default, secret]), outsider
+
+
+def test_a_topic_with_a_key_of_its_own_reaches_only_holders_of_that_key() -> None:
     net = MemNet(seed=8, config=CONFIG)
-    secret = Keyring.generate(["*", "secret"], randbytes=net.rng.randbytes)
-    other = Keyring.generate(["*"], randbytes=net.rng.randbytes)
-    shared_default = secret.primary("*")
-    assert shared_default is not None
-    stranger_keys = Keyring([shared_default, *[k for k in other if k.scope != "*"]])
-    pub = net.add("pub", keyring=secret)
-    stranger = net.add("stranger", seeds=[pub], keyring=stranger_keys)
+    publisher_keys, insider_keys, outsider_keys = keyrings(net)
+    pub = net.add("pub", keyring=publisher_keys)
+    insider = net.add("insider", seeds=[pub], keyring=insider_keys)
+    outsider = net.add("outsider", seeds=[pub], keyring=outsider_keys)
     net.advance(0.5)
-    subscribe(net, stranger, "secret.#")
-    for _ in range(WINDOW * 3):  # more than a window: credit must come back for drops
+    subscribe(net, insider, "secret.#")
+    subscribe(net, outsider, "secret.#")  # interest alone is not a key
+    subscribe(net, outsider, "public.#")
+    for _ in range(WINDOW * 3):  # more than a window: the outsider holds no credit hostage
         assert publish(net, pub, "secret.plans", b"classified") == 1
-    assert messages(stranger) == []
-    assert stranger.core.stats["dropped_bad_seal"] == WINDOW * 3
+        sub_msgs = messages(insider)
+        insider.core.release(sub_msgs[-1].routing_id)
+        net.collect(insider)
+    assert len(messages(insider)) == WINDOW * 3
+    assert messages(outsider) == []
+    assert pub.core.stats["publish_unreadable"] == WINDOW * 3
+    # Every PUBLISH frame went to the insider: the outsider saw none, sealed or not.
+    frames = net.kinds_delivered(Kind.PUBLISH) + net.kinds_delivered(Kind.BATCH)
+    assert all(d.conn.listener is insider for d in frames)
+    assert publish(net, pub, "public.news", b"for all") == 1
+    assert [m.payload for m in messages(outsider)] == [b"for all"]
+
+
+def test_a_default_key_holder_cannot_inject_into_a_scope_keyed_apart() -> None:
+    net = MemNet(seed=9, config=CONFIG)
+    _publisher_keys, insider_keys, outsider_keys = keyrings(net)
+    intruder = net.add("intruder", keyring=outsider_keys)
+    insider = net.add("insider", seeds=[intruder], keyring=insider_keys)
+    net.advance(0.5)
+    subscribe(net, insider, "#")
+    [link] = intruder.core.peers()
+    # The intruder publishes "secret.*" under the default key (all it has); the insider's
+    # interest makes it try. It must be refused, and cost the intruder nothing it can use.
+    for _ in range(WINDOW * 3):
+        assert publish(net, intruder, "secret.orders", b"forged") == 1
+    assert messages(insider) == []
+    assert insider.core.stats["dropped_bad_scope"] == WINDOW * 3
+    assert link.credit > 0  # refused messages give their credit back
+    assert publish(net, intruder, "other.news", b"fine") == 1
+    assert [m.payload for m in messages(insider)] == [b"fine"]
 
 
 def test_publish_without_credit_is_dropped_and_counted() -> None:
