@@ -106,6 +106,8 @@ class PeerInfo:
     rtt_ms: float
     latency_ms: float
     outstanding: int
+    state: str = "alive"  # or "suspect": silent lately, other peers asked whether they hear it
+    load: int = 0  # replies the peer still holds for its callers, as it last reported
 
 
 class Node:
@@ -565,6 +567,8 @@ class Node:
                 rtt_ms=link.rtt * 1000,
                 latency_ms=link.latency * 1000,
                 outstanding=link.outstanding,
+                state="suspect" if link.suspect else "alive",
+                load=link.peer_load,
             )
             for link in core.peers()
         ]

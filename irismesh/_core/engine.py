@@ -108,6 +108,7 @@ _BROADCAST, _SURVEY, _BATCH = int(Kind.BROADCAST), int(Kind.SURVEY), int(Kind.BA
 _SUBSCRIBE, _UNSUBSCRIBE = int(Kind.SUBSCRIBE), int(Kind.UNSUBSCRIBE)
 _CREDIT, _PUBLISH = int(Kind.CREDIT), int(Kind.PUBLISH)
 _TUNNEL = int(Kind.TUNNEL)
+_PROBE, _PROBE_ACK = int(Kind.PROBE), int(Kind.PROBE_ACK)
 _CALL_KINDS = frozenset((_REQUEST, _BROADCAST, _SURVEY, _TUNNEL))
 _REPLY_KINDS = frozenset((_REPLY, _TUNNEL))
 _OPEN, _ACCEPT, _DATA = int(TunnelOp.OPEN), int(TunnelOp.ACCEPT), int(TunnelOp.DATA)
@@ -297,6 +298,10 @@ class MeshCore:
                 raise NoKey(cluster)
             raise NoResponders(cluster)
         link = balancer.choose(members, self._rng)
+        if link.suspect:  # silent lately: another member if there is one that is not
+            heard = [m for m in members if not m.suspect]
+            if heard:
+                link = balancer.choose(heard, self._rng)
         req_id = self._next_req
         self._next_req += 1
         request = PendingRequest(req_id, cluster, payload, now + timeout, timeout, now, link)
@@ -890,6 +895,9 @@ class MeshCore:
                 return
             body = self._open(link, scope, seq, frame)
             link.last_heard = now
+            if link.suspect:  # heard again: the suspicion is refuted
+                link.suspect = False
+                self.stats["suspicions_refuted"] += 1
             if kind == _REPLY:
                 self._on_reply(link, body, now)
                 return
@@ -907,6 +915,8 @@ class MeshCore:
             if kind == _PONG:
                 link.rtt = max(0.0, now - env[0] / 1e6)
                 link.peer_load = env[1]
+            elif kind == _PROBE_ACK:
+                self._on_probe_ack(env, now)
             elif kind == _CREDIT:
                 link.credit = min(link.credit + env[0], _MAX_CREDIT)
                 self._unblock_publishers()
@@ -968,6 +978,8 @@ class MeshCore:
                 self._forget_replies(link, env[1])
                 # The load a member reports: replies it still holds for its callers.
                 self._send_in(link, _PONG, [env[0], len(self._replies)])
+            elif kind == _PROBE:
+                self._on_probe(link, env, now)
             elif kind == Kind.PEERS:
                 self._on_peers(env, now)
             elif kind == Kind.BYE:
@@ -1136,9 +1148,10 @@ class MeshCore:
         self._last_tick = now
         for link in list(self._out.values()):
             if link.state is LinkState.UP:
-                if now - link.last_heard > cfg.dead_after:
-                    self._close_out(link, now, "silent")
-                elif now - link.last_ping >= cfg.heartbeat_interval - 1e-6:  # float ticks
+                silence = now - link.last_heard
+                if silence > cfg.suspect_after and self._suspect(link, silence, now):
+                    continue  # declared dead
+                if now - link.last_ping >= cfg.heartbeat_interval - 1e-6:  # float ticks
                     link.last_ping = now
                     acks, link.acks = link.acks[:200], link.acks[200:]
                     self._send_out(link, _PING, [int(now * 1e6), acks])
@@ -1166,6 +1179,67 @@ class MeshCore:
             error = RequestTimeout(request.cluster, request.timeout, request.attempts)
             self.events.append(RequestFailed(req_id=request.req_id, error=error))
         self._replies.expire(now)
+
+    def _suspect(self, link: OutLink, silence: float, now: float) -> bool:
+        """A silent peer: ask others whether they hear it; True if it is now declared dead.
+
+        SWIM's indirect probe, over the links the peers already watch: each asked peer says how
+        long ago it last heard the suspect. A word that it was heard lately keeps the suspect
+        alive past dead_after (our own link may be lossy, as TCP retransmits), for at most
+        max_vouched_silence; then the link is closed and redialled. With no such word, the
+        suspect is dead at dead_after.
+        """
+        cfg = self.config
+        if not link.suspect:
+            link.suspect = True
+            self.stats["peers_suspected"] += 1
+            self._probe(link, now)
+        elif now - link.probed_at >= cfg.heartbeat_interval - 1e-6:
+            self._probe(link, now)
+        if silence <= cfg.dead_after:
+            return False
+        vouched = now - link.vouched_at <= cfg.dead_after - cfg.suspect_after
+        if vouched and silence <= cfg.max_vouched_silence:
+            return False
+        self._close_out(link, now, "unreachable" if vouched else "silent")
+        return True
+
+    def _probe(self, link: OutLink, now: float) -> None:
+        helpers = [p for p in self._peers.values() if p is not link and not p.suspect]
+        link.probed_at = now
+        if not helpers:
+            return
+        link.probe_token += 1
+        count = min(self.config.indirect_probes, len(helpers))
+        for helper in self._rng.sample(helpers, count):
+            self._send_out(helper, _PROBE, [link.peer_id, link.probe_token])
+        self.stats["probes_sent"] += count
+
+    def _on_probe(self, link: InLink, env: list[Any], now: float) -> None:
+        target, token = env
+        heard = -1.0
+        out = self._peers.get(target)
+        if out is not None and not out.suspect:
+            heard = now - out.last_heard
+        inlink = self._in_by_peer.get(target)
+        if inlink is not None and (heard < 0 or now - inlink.last_heard < heard):
+            heard = now - inlink.last_heard
+        self._send_in(link, _PROBE_ACK, [target, token, int(heard * 1000) if heard >= 0 else -1])
+
+    def _on_probe_ack(self, env: list[Any], now: float) -> None:
+        target, token, heard_ms = env
+        link = self._peers.get(target)
+        if (
+            link is not None
+            and link.suspect
+            and link.probe_token - 3 < token <= link.probe_token
+            # Fresh word only: heard within a heartbeat and a half (a healthy peer hears the
+            # suspect every heartbeat), and after we last did ourselves.
+            and 0 <= heard_ms <= 1500 * self.config.heartbeat_interval
+            and now - heard_ms / 1000 > link.last_heard
+        ):
+            link.vouched_at = now
+            self.stats["probes_vouched"] += 1
 
     def link_failed(self, link_id: int, now: float, reason: str = "transport") -> None:
         """The driver saw the transport fail (disconnect, unroutable, refused)."""

@@ -72,6 +72,8 @@ class Kind(enum.IntEnum):
     CREDIT = 15  # listener -> dialler: [messages the dialler may publish to us, in addition]
     PUBLISH = 16  # dialler -> listener, in a topic scope: fixed layout, see the module docstring
     TUNNEL = 17  # either way, in a cluster's scope: fixed layout, see the module docstring
+    PROBE = 18  # dialler -> listener: [suspect node id, token] (is it alive, as you hear it?)
+    PROBE_ACK = 19  # listener -> dialler: [suspect node id, token, ms since heard, -1 never]
 
 
 KINDS: Final = frozenset(int(k) for k in Kind)
@@ -295,6 +297,10 @@ def _check_shape(kind: int, env: list[Any]) -> list[Any]:
         ok = len(env) == 1 and _is_patterns(env[0])
     elif kind == Kind.CREDIT:
         ok = len(env) == 1 and type(env[0]) is int and 0 < env[0] < 1 << 31
+    elif kind == Kind.PROBE:
+        ok = len(env) == 2 and _is_id(env[0]) and type(env[1]) is int
+    elif kind == Kind.PROBE_ACK:
+        ok = len(env) == 3 and _is_id(env[0]) and type(env[1]) is int and type(env[2]) is int
     elif kind in (Kind.BYE, Kind.REFUSE):
         ok = len(env) == 1 and type(env[0]) is str
     else:  # REQUEST and REPLY have fixed layouts and never come through msgpack

@@ -49,6 +49,10 @@ class OutLink:
     latency: float = 0.0  # EWMA of request round trips (read by the balancer)
     last_sample: float = 0.0
     peer_load: int = 0
+    suspect: bool = False  # silent for suspect_after: others are asked whether they hear it
+    vouched_at: float = float("-inf")  # when a peer last said it hears this one
+    probe_token: int = 0
+    probed_at: float = float("-inf")
     acks: list[int] = field(default_factory=list)  # replies received, not yet acknowledged
     keys: LinkKeys | None = None
     staged: list[tuple[int, int, bytes]] = field(default_factory=list)  # (slot, kind, body)

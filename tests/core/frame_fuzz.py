@@ -194,6 +194,12 @@ class Scene:
         member_core.tunnel_send(arrived.handle, int(TunnelOp.RESET), 0, b"done")
         net.collect(self.member)
         net.settle()
+        # Indirect probes: the client suspects the member (its link falls silent) and asks the
+        # rogue, which hears the member, whether it is alive.
+        net.pause(self.member)
+        net.advance(0.7)
+        net.resume(self.member)
+        net.settle()
         leaver = net.add("leaver", seeds=[self.member])
         net.advance(0.3)
         self.leaver_id = leaver.node_id

@@ -70,6 +70,8 @@ ENVELOPES: dict[Kind, st.SearchStrategy[list[Any]]] = {
     Kind.SUBSCRIBE: st.tuples(credits | st.just(0), patterns).map(list),
     Kind.UNSUBSCRIBE: st.tuples(patterns).map(list),
     Kind.CREDIT: st.tuples(credits).map(list),
+    Kind.PROBE: st.tuples(ids, msgpack_ints).map(list),
+    Kind.PROBE_ACK: st.tuples(ids, msgpack_ints, msgpack_ints).map(list),
 }
 envelopes = st.sampled_from(MSGPACK_KINDS).flatmap(
     lambda kind: st.tuples(st.just(kind), ENVELOPES[kind])
