@@ -11,8 +11,13 @@ Theory of operation. Each node holds two UDP sockets:
   the shared listener port would reach only one of the processes that share it.
 
 A node asks every ``fast_interval`` while younger than ``fast_period`` (a new node wants peers
-quickly), then every ``slow_interval`` (to find nodes whose questions were lost), each interval
-jittered by the injected rng so nodes started together do not ask in lockstep. `poll_now` asks
+quickly), and again for ``fast_period`` after it hears of a node it had not heard before (the
+mesh is changing); once stable it backs off, doubling the interval up to ``slow_interval`` (to
+find nodes whose questions were lost). Each interval is jittered by the injected rng so nodes
+started together do not ask in lockstep.
+
+Nodes that multicast cannot reach (another subnet) are found through seeds instead: a seed's
+link handshake answers with its peer list, the TCP counterpart of a unicast survey. `poll_now` asks
 at once, e.g. after the mesh lost peers. A listener that hears another node's QUESTION answers
 with one unicast ANSWER to the question's source address. Both kinds carry the sender's node id
 and mesh endpoint, so a question also announces the asker to every listener.
@@ -235,6 +240,8 @@ class SurveyDiscovery:
         self._config = config
         self._on_candidate = on_candidate
         self._rng = rng if rng is not None else random.Random()
+        self._heard: set[bytes] = set()  # node ids heard so far
+        self._news_at = 0.0  # when this node started, or last heard someone new
         # Fixed for the engine's life, so encode (and validate) them once, here.
         self._question = encode_question(node_id=node_id, endpoint=endpoint, realm=config.realm)
         self._answer = encode_answer(node_id=node_id, endpoint=endpoint, realm=config.realm)
@@ -313,14 +320,18 @@ class SurveyDiscovery:
 
     async def _poll(self) -> None:
         loop = asyncio.get_running_loop()
-        born = loop.time()
+        self._news_at = loop.time()
         cfg = self._config
+        interval = cfg.fast_interval
         while True:
             self._wake.clear()
             self._send(self._question, (cfg.group, cfg.port), "questions_sent")
             asked = loop.time()
-            base = cfg.fast_interval if asked - born < cfg.fast_period else cfg.slow_interval
-            delay = base * (1.0 + self._rng.uniform(-cfg.jitter, cfg.jitter))
+            if asked - self._news_at < cfg.fast_period:
+                interval = cfg.fast_interval  # new here, or the mesh changed: ask often
+            else:  # stable: back off, doubling up to slow_interval
+                interval = min(cfg.slow_interval, 2 * interval)
+            delay = interval * (1.0 + self._rng.uniform(-cfg.jitter, cfg.jitter))
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(delay):
                     await self._wake.wait()
@@ -362,6 +373,13 @@ class SurveyDiscovery:
         if via_group:
             self._send(self._answer, (str(addr[0]), int(addr[1])), "answers_sent")
         self._count("candidates")
+        if message.node_id not in self._heard:
+            if len(self._heard) >= 4096:
+                self._heard.clear()
+            self._heard.add(message.node_id)
+            # Someone new: the mesh is changing, ask fast again (it may bring others).
+            self._news_at = asyncio.get_running_loop().time()
+            self._wake.set()
         try:
             self._on_candidate(message.node_id, message.endpoint)
         except Exception:

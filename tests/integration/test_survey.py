@@ -24,6 +24,7 @@ import pytest
 from irismesh.discovery.survey import (
     SurveyConfig,
     SurveyDiscovery,
+    decode,
     encode_answer,
     encode_question,
 )
@@ -306,15 +307,57 @@ def test_questions_come_fast_then_slow() -> None:
             loop.add_reader(listener, on_readable)
             try:
                 async with started(node):
-                    await wait_until(lambda: len(arrivals) >= 11, 5.0, "eleven questions")
+                    await wait_until(lambda: len(arrivals) >= 15, 8.0, "fifteen questions")
             finally:
                 loop.remove_reader(listener)
         gaps = [later - earlier for earlier, later in itertools.pairwise(arrivals)]
-        fast = [gap for gap in gaps if gap < 0.3]
-        slow = [gap for gap in gaps if gap >= 0.6]
-        assert len(fast) + len(slow) == len(gaps), gaps
+        fast = [gap for gap in gaps if gap < 0.075]  # 0.05 with 10% jitter, and slack
         assert 6 <= len(fast) <= 9, gaps
-        assert gaps[-1] >= 0.6, gaps
+        assert gaps[: len(fast)] == fast, gaps  # fast first, while new
+        # Then it backs off: each interval about doubles (within jitter) up to slow_interval.
+        backoff = gaps[len(fast) :]
+        for earlier, later in itertools.pairwise(backoff):
+            assert later >= min(0.8, 2 * earlier) * 0.7, gaps
+        assert backoff[-1] >= 0.6, gaps
+
+    run(scenario)
+
+
+def test_a_newcomer_makes_a_stable_node_ask_fast_again() -> None:
+    async def scenario() -> None:
+        config = fresh_config(fast_interval=0.05, fast_period=0.3, slow_interval=1.0, jitter=0.1)
+        old, new = make_node(config), make_node(config)
+        arrivals: list[float] = []
+        loop = asyncio.get_running_loop()
+        with group_listener(config) as listener:
+            listener.setblocking(False)
+
+            def on_readable() -> None:
+                if decode(listener.recv(2048)).node_id == old.node_id:
+                    arrivals.append(loop.time())
+
+            loop.add_reader(listener, on_readable)
+            try:
+                async with started(old):
+                    # Stable: backed off to intervals of at least 0.4 s.
+                    await wait_until(
+                        lambda: len(arrivals) > 2 and arrivals[-1] - arrivals[-2] >= 0.4,
+                        5.0,
+                        "the old node to back off",
+                    )
+                    async with started(new):
+                        await wait_until(lambda: old.me in new.seen, 3.0, "the newcomer heard")
+                        joined = loop.time()
+                        await wait_until(
+                            lambda: sum(1 for t in arrivals if t > joined) >= 4,
+                            3.0,
+                            "fast questions again",
+                        )
+            finally:
+                loop.remove_reader(listener)
+        after = [t for t in arrivals if t > joined][:4]
+        gaps = [later - earlier for earlier, later in itertools.pairwise(after)]
+        assert all(gap < 0.1 for gap in gaps), gaps
 
     run(scenario)
 
