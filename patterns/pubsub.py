@@ -25,9 +25,8 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import TracebackType
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from irismesh._core.engine import MeshCore
 from irismesh._core.events import MessageArrived
@@ -40,9 +39,8 @@ FLUSH_EVERY = 64  # publishes staged before they are sent without waiting for th
 CACHED_TOPICS = 4096  # topics (and publishers) whose routes and names a node remembers
 
 
-@dataclass(frozen=True, slots=True)
-class Message:
-    """A published message, as a subscription reads it."""
+class Message(NamedTuple):
+    """A published message, as a subscription reads it (a tuple: cheap to make, per message)."""
 
     topic: str
     payload: bytes
@@ -75,7 +73,9 @@ class Subscription:
         self.received = 0
         self._hub = hub
         self._blocking = policy == "block"
-        self._queue: deque[tuple[Message, _Hold | None]] = deque()
+        # (message, the credit it holds: None, a peer's routing id if this is its only blocking
+        # subscription, else a _Hold shared by them)
+        self._queue: deque[tuple[Message, _Hold | bytes | None]] = deque()
         self._gap = 0  # missed since the last message read
         self._waiter: asyncio.Future[None] | None = None
         self._closed = False
@@ -97,12 +97,15 @@ class Subscription:
             return None
         message, hold = self._queue.popleft()
         if self._gap:
-            message = Message(message.topic, message.payload, message.publisher, self._gap)
+            message = message._replace(missed=self._gap)
             self._gap = 0
-        if hold is not None:
-            self._hub._done(hold)
-        elif self._blocking:
-            self._hub._room_made()
+        if hold is None:
+            if self._blocking:
+                self._hub._room_made()
+        elif type(hold) is bytes:
+            self._hub._release(hold)
+        else:
+            self._hub._done(hold)  # type: ignore[arg-type]
         return message
 
     async def get(self, timeout: float | None = None) -> Message:
@@ -124,6 +127,10 @@ class Subscription:
         return self
 
     async def __anext__(self) -> Message:
+        if self._queue:  # the common case, without a second coroutine
+            message = self.get_nowait()
+            if message is not None:
+                return message
         try:
             return await self.get()
         except Closed:
@@ -152,23 +159,23 @@ class Subscription:
     def _discard_all(self) -> None:
         while self._queue:
             _message, hold = self._queue.popleft()
-            if hold is not None:
-                self._hub._done(hold)
+            if type(hold) is bytes:
+                self._hub._release(hold)
+            elif hold is not None:
+                self._hub._done(hold)  # type: ignore[arg-type]
         if self._blocking:
             self._hub._room_made()
 
-    def _put(self, message: Message, hold: _Hold | None, gap: int) -> None:
+    def _put(self, message: Message, hold: _Hold | bytes | None, gap: int) -> None:
         self.received += 1
         if gap:
             self.missed += gap
             self._gap += gap
         queue = self._queue
         if not self._blocking and len(queue) >= self.maxsize:
-            _old, old_hold = queue.popleft()
+            queue.popleft()  # drop_oldest entries hold no credit
             self.missed += 1
             self._gap += 1
-            if old_hold is not None:  # pragma: no cover - drop_oldest entries hold no credit
-                self._hub._done(old_hold)
         queue.append((message, hold))
         waiter = self._waiter
         if waiter is not None and not waiter.done():
@@ -260,9 +267,15 @@ class PubSub:
         if publisher is None:
             publisher = self._name(event.publisher)
         message = Message(event.topic, event.payload, publisher)
-        hold = _Hold(blocking, event.routing_id) if blocking else None
-        if hold is None and core is not None and core.release(event.routing_id):
-            self._flush_soon()
+        hold: _Hold | bytes | None
+        if blocking == 1:
+            hold = event.routing_id  # its one blocking subscription releases it
+        elif blocking:
+            hold = _Hold(blocking, event.routing_id)
+        else:
+            hold = None
+            if core is not None and core.release(event.routing_id):
+                self._flush_soon()
         gap = event.gap
         for sub in subs:
             sub._put(message, hold if sub._blocking else None, gap)
@@ -281,6 +294,11 @@ class PubSub:
             self._names.clear()
         name = self._names[node_id] = node_id.hex()
         return name
+
+    def _release(self, routing_id: bytes) -> None:
+        core = self._core
+        if core is not None and core.release(routing_id):
+            self._flush_soon()
 
     def _done(self, hold: _Hold) -> None:
         hold.count -= 1
