@@ -94,6 +94,7 @@ REALM_KEY_LEN = 32
 REALM_TAG_LEN = 16
 INSTANCE_PREFIX_LEN = 16  # hex digits of the node id in the instance name
 MAX_RESOLVING = 64  # resolutions in flight at once; a flood of instances beyond is dropped
+MAX_FOUND = 4096  # services remembered to offer again
 MAX_ADDRESSES = 8  # addresses of one peer worth checking
 _REALM_DOMAIN = b"irismesh/v1/mdns-realm\x00"
 _HEX_ID = re.compile(rb"[0-9a-f]{%d}" % (2 * NODE_ID_LEN))
@@ -204,6 +205,9 @@ class MdnsConfig:
     realm_key: bytes | None = None
     accepted_realm_keys: tuple[bytes, ...] = ()
     resolve_timeout: float = 3.0
+    # Candidates found are offered again this often: the mesh forgets an endpoint after a few
+    # failed dials (a partition), and zeroconf reports a service only when its records change.
+    reoffer_interval: float = 5.0
 
     def __post_init__(self) -> None:
         # A lone string would pass as a tuple of one-character "interfaces".
@@ -241,6 +245,8 @@ class MdnsConfig:
                 )
         if self.accepted_realm_keys and self.realm_key is None:
             raise ConfigurationError("accepted_realm_keys needs a realm_key to tag with")
+        if not self.reoffer_interval > 0:
+            raise ConfigurationError(f"mdns reoffer_interval {self.reoffer_interval} must be > 0")
         if not 0 < self.resolve_timeout <= 60:
             raise ConfigurationError(f"mdns resolve_timeout {self.resolve_timeout} not in (0, 60]")
 
@@ -263,6 +269,7 @@ _STAT_NAMES = (
     "dropped_self",
     "dropped_busy",
     "callback_errors",
+    "reoffered",
 )
 
 # Every zeroconf that pyproject allows (>= 0.130) has the argument (added in 2020); the check
@@ -308,6 +315,8 @@ class MdnsDiscovery:
         self._announcing: asyncio.Future[Any] | None = None
         self._resolving: dict[str, asyncio.Task[None]] = {}
         self._again: set[str] = set()  # names updated while a resolution was in flight
+        self._found: dict[str, tuple[bytes, tuple[str, ...]]] = {}  # name -> (id, endpoints)
+        self._reoffering: asyncio.Task[None] | None = None
         self._started = False
         self._closed = False
         self._close_done: asyncio.Event | None = None
@@ -392,9 +401,31 @@ class MdnsDiscovery:
             announcing = await aiozc.async_register_service(self._info, allow_name_change=True)
         self._announcing = asyncio.ensure_future(announcing)
         self._count("registered")
+        self._reoffering = asyncio.get_running_loop().create_task(
+            self._reoffer(), name="irismesh-mdns-reoffer"
+        )
+
+    async def _reoffer(self) -> None:
+        while True:
+            await asyncio.sleep(self._config.reoffer_interval)
+            for node_id, endpoints in list(self._found.values()):
+                for endpoint in endpoints:
+                    self._offer(node_id, endpoint)
+                    self._count("reoffered")
+
+    def _offer(self, node_id: bytes, endpoint: str) -> None:
+        try:
+            self._on_candidate(node_id, endpoint)
+        except Exception:
+            self._count("callback_errors")
+            level = logging.WARNING if self._stats["callback_errors"] == 1 else logging.DEBUG
+            _log.log(level, "mdns candidate callback raised; discovery goes on", exc_info=True)
 
     async def _shut(self) -> None:
         tasks = list(self._resolving.values())
+        if self._reoffering is not None:
+            tasks.append(self._reoffering)
+            self._reoffering = None
         self._resolving.clear()
         self._again.clear()
         for task in tasks:
@@ -436,6 +467,7 @@ class MdnsDiscovery:
         if state_change is ServiceStateChange.Removed:
             self._count("removed")
             self._again.discard(name)
+            self._found.pop(name, None)
             task = self._resolving.pop(name, None)
             if task is not None:
                 task.cancel()
@@ -492,14 +524,11 @@ class MdnsDiscovery:
         if not endpoints:
             self._count("dropped_realm")
             return
+        if name in self._found or len(self._found) < MAX_FOUND:
+            self._found[name] = (advert.node_id, endpoints)
         for endpoint in endpoints:
             self._count("candidates")
-            try:
-                self._on_candidate(advert.node_id, endpoint)
-            except Exception:
-                self._count("callback_errors")
-                level = logging.WARNING if self._stats["callback_errors"] == 1 else logging.DEBUG
-                _log.log(level, "mdns candidate callback raised; discovery goes on", exc_info=True)
+            self._offer(advert.node_id, endpoint)
 
 
 def _own_endpoint(endpoint: str, interfaces: tuple[str, ...]) -> tuple[str, int]:

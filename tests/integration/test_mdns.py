@@ -366,6 +366,22 @@ def test_two_nodes_discover_each_other() -> None:
 
 
 @needs_mdns
+def test_found_nodes_are_offered_again_so_a_mesh_that_forgot_them_redials() -> None:
+    async def scenario() -> None:
+        config = MdnsConfig(
+            service_type=fresh_type(), realm_key=os.urandom(32), reoffer_interval=0.2
+        )
+        a, b = make_peer(config), make_peer(config)
+        async with started(a, b):
+            await wait_until(lambda: b.me in a.seen, DISCOVERY, "a sees b")
+            a.seen.clear()  # as if the mesh had forgotten b after failed dials
+            await wait_until(lambda: b.me in a.seen, 2.0, "b offered again")
+            assert a.discovery.stats["reoffered"] >= 1
+
+    run(scenario)
+
+
+@needs_mdns
 def test_three_nodes_discover_each_other_and_ignore_themselves() -> None:
     async def scenario() -> None:
         config = MdnsConfig(service_type=fresh_type(), realm_key=os.urandom(32))
