@@ -33,6 +33,11 @@ class CoreConfig:
     pubsub_window: int = 1024  # messages a publisher may have in flight to this node
     max_interest: int = 10_000  # subscription patterns this node keeps for one peer
     max_tunnels: int = 1024  # tunnels open at once at this node, both ends counted
+    # Hedged copies a node may send: a token bucket filled by hedge_ratio per hedged request and
+    # hedge_rate per second, holding at most hedge_burst (Finagle's retry budget, for hedges).
+    hedge_ratio: float = 0.2
+    hedge_rate: float = 10.0
+    hedge_burst: float = 20.0
 
     def __post_init__(self) -> None:
         if self.max_payload < 1 or self.max_payload > 256 << 20:

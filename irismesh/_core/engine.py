@@ -185,6 +185,8 @@ class MeshCore:
         self._replies = ReplyCache(self.config.reply_cache_entries, self.config.reply_cache_bytes)
         self._next_link = 1
         self._next_req = 1
+        self._hedge_tokens = self.config.hedge_burst
+        self._hedge_refilled = 0.0
         self._last_tick: float | None = None
         self._next_gossip = 0.0
         self._closed = False
@@ -311,6 +313,9 @@ class MeshCore:
         if hedge is not None and hedge < timeout and len(members) > 1:
             request.hedge_at = now + hedge
             self._pending.add_hedge(request)
+            self._hedge_tokens = min(
+                self.config.hedge_burst, self._hedge_tokens + self.config.hedge_ratio
+            )
         self._send_request(link, req_id, cluster, payload, timeout)
         return req_id
 
@@ -400,6 +405,15 @@ class MeshCore:
         members = [m for m in self.members(request.cluster) if m is not request.link]
         if not members:
             return
+        cfg = self.config
+        self._hedge_tokens = min(
+            cfg.hedge_burst, self._hedge_tokens + (now - self._hedge_refilled) * cfg.hedge_rate
+        )
+        self._hedge_refilled = now
+        if self._hedge_tokens < 1.0:  # hedging must not double the load of a slow cluster
+            self.stats["hedges_over_budget"] += 1
+            return
+        self._hedge_tokens -= 1.0
         link = balancer.choose(members, self._rng)
         request.hedged = link
         self.stats["requests_hedged"] += 1

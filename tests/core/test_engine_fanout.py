@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from memnet import MemNet, MemNode, echo, hold, mesh
 
+from irismesh._core.config import CoreConfig
 from irismesh._core.events import RequestArrived
 from irismesh._core.frames import STATUS_OK, Kind
 from irismesh.errors import MemberLost, NoResponders
@@ -104,3 +105,20 @@ def test_no_hedge_when_the_first_reply_comes_in_time() -> None:
     net.advance(0.3, step=0.01)
     assert client.core.stats["requests_hedged"] == 0
     assert sum(len(n.arrived) for n in (nodes["a"], nodes["b"])) == 10
+
+
+def test_hedges_stay_within_their_budget_when_a_whole_cluster_is_slow() -> None:
+    config = CoreConfig(hedge_ratio=0.2, hedge_rate=10.0, hedge_burst=20.0)
+    net = MemNet(seed=6, config=config)
+    nodes = mesh(net, {"a": ["db"], "b": ["db"]}, handler=hold)  # nobody answers in time
+    client = nodes["client"]
+    for i in range(300):  # all at once: 300 hedges would double the load
+        client.core.request("db", b"%d" % i, 5.0, net.now, hedge=0.05)
+    net.collect(client)
+    net.advance(0.1, step=0.01)
+    stats = client.core.stats
+    # At most the bucket (20: a fifth of each request is deposited, the bucket never holds
+    # more), plus 10 per second for the 0.1 s that passed.
+    assert 20 <= stats["requests_hedged"] <= 20 + 10 * 0.1 + 1
+    assert stats["hedges_over_budget"] == 300 - stats["requests_hedged"]
+    assert sum(len(nodes[n].arrived) for n in "ab") == 300 + stats["requests_hedged"]
