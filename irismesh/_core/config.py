@@ -20,7 +20,7 @@ class CoreConfig:
     dead_after: float = 1.0  # no frame from a peer for this long (nor word of it): it is dead
     suspect_after: float = 0.0  # silent this long: ask `indirect_probes` peers whether they
     indirect_probes: int = 3  #   hear it (0: 0.6 x dead_after)
-    max_vouched_silence: float = 0.0  # others hear it and we do not, this long: redial (0: 5x)
+    max_vouched_silence: float = 0.0  # others hear it and we do not, this long: redial (0: 10x)
     handshake_timeout: float = 2.0
     redial_min: float = 0.1
     redial_max: float = 2.0
@@ -49,7 +49,7 @@ class CoreConfig:
         if not self.suspect_after:
             object.__setattr__(self, "suspect_after", 0.6 * self.dead_after)
         if not self.max_vouched_silence:
-            object.__setattr__(self, "max_vouched_silence", 5 * self.dead_after)
+            object.__setattr__(self, "max_vouched_silence", 10 * self.dead_after)
         if not 0 < self.suspect_after < self.dead_after <= self.max_vouched_silence:
             raise ConfigurationError("need 0 < suspect_after < dead_after <= max_vouched_silence")
         if self.pubsub_window < 4 or self.max_interest < 1:

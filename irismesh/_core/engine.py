@@ -1230,9 +1230,35 @@ class MeshCore:
             return False
         vouched = now - link.vouched_at <= cfg.dead_after - cfg.suspect_after
         if vouched and silence <= cfg.max_vouched_silence:
+            if link.outstanding:
+                self._migrate(link, now)
             return False
         self._close_out(link, now, "unreachable" if vouched else "silent")
         return True
+
+    def _migrate(self, link: OutLink, now: float) -> None:
+        """Requests waiting on a link that others vouch for but we cannot hear (TCP in
+        retransmission backoff, say) go to other members: alive is not the same as useful."""
+        for request in self._pending:
+            if request.link is not link or request.pinned:
+                continue
+            if request.hedged is not None:  # the hedge's copy carries on alone
+                request.link, request.hedged = request.hedged, None
+                link.outstanding -= 1
+                continue
+            others = [m for m in self.members(request.cluster) if m is not link and not m.suspect]
+            remaining = request.deadline - now
+            if not others or remaining <= 0:
+                continue  # it stays: this member may yet answer
+            link.outstanding -= 1
+            target = balancer.choose(others, self._rng)
+            request.link = target
+            request.attempts += 1
+            request.sent_at = now
+            self.stats["requests_migrated"] += 1
+            self._send_request(
+                target, request.req_id, request.cluster, request.payload, remaining, request.kind
+            )
 
     def _probe(self, link: OutLink, now: float) -> None:
         helpers = [p for p in self._peers.values() if p is not link and not p.suspect]

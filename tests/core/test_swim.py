@@ -91,3 +91,24 @@ def test_requests_avoid_a_suspect_member_while_another_answers() -> None:
         net.advance(0.05)
         [reply] = d.replies[req_id]
         assert reply.peer != b.node_id
+
+
+def test_requests_waiting_on_a_vouched_but_silent_member_move_to_another() -> None:
+    net = MemNet(seed=6, config=CONFIG)
+    nodes = mesh(net, {"a": ["db"], "b": ["db"]}, client="d", settle=1.0)
+    d, a, b = nodes["d"], nodes["a"], nodes["b"]
+    net.partition(d, b)  # d cannot hear b; a still does
+    # Requests already on their way to b: without help they would wait until the deadline.
+    [link] = [p for p in d.core.peers() if p.peer_id == b.node_id]
+    sent = []
+    for i in range(20):
+        req_id = d.core.request("db", b"%d" % i, 3.0, net.now)
+        sent.append(req_id)
+    net.collect(d)
+    net.advance(0.9)
+    assert link.outstanding == 0
+    assert d.core.stats["requests_migrated"] >= 1
+    for req_id in sent:
+        [reply] = d.replies[req_id]
+        assert reply.peer == a.node_id
+    assert [p for p in d.core.peers() if p.peer_id == b.node_id] == [link]  # not declared dead
