@@ -26,6 +26,7 @@ on requests in flight.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import cast
 
@@ -83,6 +84,10 @@ class Driver:
         self._recheck: set[int] = set()  # link ids (0: the router) to re-check for input
         self._closed = False
         self._max_frame = core.config.max_frame
+        # Opt-in busy polling (seconds): after serving, poll the listening socket this long for
+        # the next request before returning to the loop, while `idle()` says no handler waits.
+        self.busy_poll = 0.0
+        self.idle: Callable[[], bool] = lambda: True
         loop.add_reader(router.FD, self._drain_router)
 
     # ----------------------------------------------------------------- input
@@ -114,6 +119,52 @@ class Driver:
         else:
             self._recheck.add(0)  # batch cut short: come back after others had a turn
         self.process()
+        if self.busy_poll and self.idle():
+            self._spin_router()
+
+    def _spin_router(self) -> None:
+        """Poll the listening socket for up to busy_poll for the next request (opt-in)."""
+        router, receive, clock = self._router, self.core.receive_in, time.perf_counter
+        until = clock() + self.busy_poll
+        while clock() < until:
+            try:
+                routing_id = router.recv(_NOBLOCK)
+            except zmq.Again:
+                continue
+            except zmq.ZMQError:
+                return
+            frame = router.recv(_NOBLOCK)
+            if router.get(_RCVMORE):
+                while router.get(_RCVMORE):
+                    router.recv(_NOBLOCK)
+                self.core.stats["dropped_multipart"] += 1
+                continue
+            receive(routing_id, frame, self._loop.time())
+            self.process()
+            if not self.idle():
+                break  # a handler awaits: the loop must run it
+            until = clock() + self.busy_poll
+        self._recheck.add(0)
+        self.flush_soon()
+
+    def spin(self, link_id: int, seconds: float, done: Callable[[], bool]) -> None:
+        """Poll one dialled link for up to `seconds` until `done()`, not yielding (opt-in)."""
+        sock = self._dealers.get(link_id)
+        if sock is None:
+            return
+        recv, receive, clock = sock.recv, self.core.receive_out, time.perf_counter
+        until = clock() + seconds
+        while clock() < until:
+            try:
+                frame = recv(_NOBLOCK)
+            except zmq.Again:
+                continue
+            receive(link_id, frame, self._loop.time())
+            self.process()
+            if done():
+                break
+        self._recheck.add(link_id)  # what arrived after: the loop's next turn reads it
+        self.flush_soon()
 
     def _drain_dealer(self, link_id: int) -> None:
         sock = self._dealers.get(link_id)

@@ -127,6 +127,7 @@ class Node:
         default_timeout: float = 5.0,
         sealing: bool = True,
         telemetry: TelemetryConfig | bool = True,
+        busy_poll: float = 0.0,
     ) -> None:
         if keyring is None:
             keyring = Keyring.from_env()
@@ -153,6 +154,11 @@ class Node:
         self._config = config or CoreConfig()
         self._default_timeout = default_timeout
         self._sealing = sealing  # False only to measure what sealing costs
+        if not 0.0 <= busy_poll <= 0.01:
+            raise ConfigurationError(f"busy_poll must be 0 to 0.01 s, got {busy_poll!r}")
+        # Latency for CPU: poll for a reply (a lone request) or the next request (a member with
+        # no handler awaiting) this long before sleeping in the loop. Off by default.
+        self._busy_poll = busy_poll
         self._core: MeshCore | None = None
         self._driver: Driver | None = None
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
@@ -214,6 +220,9 @@ class Node:
         self._pubsub.attach(self._core)
         self._tunnels.attach(self._core)
         self._driver = Driver(self._core, ctx, router, loop, self._on_events)
+        if self._busy_poll:
+            self._driver.busy_poll = self._busy_poll
+            self._driver.idle = lambda: self._runner.running == 0
         now = loop.time()
         for seed in self._seeds:
             self._core.add_candidate(seed, now, seed=True)
@@ -389,6 +398,10 @@ class Node:
             driver.flush_soon()
         else:
             driver.flush()  # alone: no reason to wait
+            if self._busy_poll:  # opt-in: wait for the reply without a trip through the loop
+                driver.spin(core.request_link(req_id), self._busy_poll, fut.done)
+                if fut.done():
+                    return fut.result()
         wake = now + (hedge if hedge is not None else timeout)
         if wake < driver._timer_at:
             driver.arm(wake)

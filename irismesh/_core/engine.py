@@ -346,6 +346,11 @@ class MeshCore:
             sent.append((req_id, link.peer_id))
         return sent
 
+    def request_link(self, req_id: int) -> int:
+        """The link a pending request was sent on (0: none now)."""
+        request = self._pending.get(req_id)
+        return request.link.link_id if request is not None and request.link is not None else 0
+
     def cancel(self, req_id: int) -> None:
         """Forget a request whose caller gave up; a late reply is then dropped and counted."""
         request = self._pending.pop(req_id)

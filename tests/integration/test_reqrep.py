@@ -367,3 +367,33 @@ def test_a_member_keeps_accepting_clients_that_come_and_go(keys: irismesh.Keyrin
                     await wait_until(lambda: len(member.peers()) == 1, 5, "the dial-back")
 
     run(main(), timeout=60)
+
+
+def test_busy_polling_nodes_answer_lone_and_concurrent_requests_and_awaiting_handlers(
+    keys: irismesh.Keyring,
+) -> None:
+    async def main() -> None:
+        member = await irismesh.Node("db", keyring=keys, busy_poll=0.001).start()
+        caller = irismesh.Node(keyring=keys, seeds=[member.endpoint], busy_poll=0.001)
+        await caller.start()
+        try:
+
+            @member.on_request
+            async def handle(payload: bytes) -> bytes:
+                if payload.startswith(b"slow"):
+                    await asyncio.sleep(0.01)  # the member must leave its spin to run this
+                return b"re:" + payload
+
+            await caller.wait_for_members("db", 1, timeout=5)
+            for i in range(200):  # alone: the caller spins for the reply
+                assert await caller.request("db", b"%d" % i, timeout=2) == b"re:%d" % i
+            payloads = [b"%d" % i for i in range(50)] + [b"slow%d" % i for i in range(5)]
+            replies = await asyncio.gather(*(caller.request("db", p, timeout=5) for p in payloads))
+            assert replies == [b"re:" + p for p in payloads]
+            assert await caller.request("db", b"slow-alone", timeout=2) == b"re:slow-alone"
+        finally:
+            await asyncio.gather(caller.close(), member.close())
+        with pytest.raises(irismesh.ConfigurationError):
+            irismesh.Node(keyring=keys, busy_poll=1.0)
+
+    asyncio.run(asyncio.wait_for(main(), 30))
