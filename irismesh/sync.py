@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -23,7 +23,10 @@ from irismesh import node as _async
 from irismesh._core.config import CoreConfig
 from irismesh.discovery.mdns import MdnsConfig
 from irismesh.discovery.survey import SurveyConfig
-from irismesh.errors import Closed, ConfigurationError
+from irismesh.errors import Closed, ConfigurationError, EndOfStream
+from irismesh.patterns import pubsub as _pubsub
+from irismesh.patterns import tunnel as _tunnel
+from irismesh.patterns.pubsub import Policy
 from irismesh.security.keyring import Keyring
 
 T = TypeVar("T")
@@ -156,6 +159,17 @@ class Node:
         self._node.on_survey(run_in_pool)
         return handler
 
+    def on_tunnel(self, handler: Callable[[Tunnel], object]) -> Callable[[Tunnel], object]:
+        """Decorator: `handler(tunnel)` serves each tunnel, in the handler thread pool."""
+        pool = self._pool
+
+        async def run_in_pool(tunnel: _tunnel.Tunnel) -> None:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(pool, handler, Tunnel(self, tunnel))
+
+        self._node.on_tunnel(run_in_pool)
+        return handler
+
     def request(
         self,
         cluster: str,
@@ -183,10 +197,101 @@ class Node:
     def peers(self) -> list[_async.PeerInfo]:
         return self._call(_wrap(self._node.peers))
 
+    def publish(self, topic: str, payload: bytes, *, timeout: float | None = None) -> int:
+        return self._call(self._node.publish(topic, payload, timeout=timeout))
+
+    def subscribe(
+        self, pattern: str, *, policy: Policy = "block", maxsize: int = 1024
+    ) -> Subscription:
+        """A blocking subscription: `for msg in sub`, `sub.get(timeout)`, `with ... as sub`."""
+        inner = self._call(_wrap(self._node.subscribe, pattern, policy=policy, maxsize=maxsize))
+        return Subscription(self, inner)
+
+    def wait_for_subscribers(self, topic: str, count: int = 1, *, timeout: float = 10.0) -> int:
+        return self._call(self._node.wait_for_subscribers(topic, count, timeout=timeout))
+
+    def tunnel(self, cluster: str, *, timeout: float | None = None) -> Tunnel:
+        """A blocking tunnel to one member: `send`, `recv`, `send_eof`, `close`, `with`."""
+
+        async def opening() -> _tunnel.Tunnel:
+            return await self._node.tunnel(cluster, timeout=timeout)
+
+        return Tunnel(self, self._call(opening()))
+
     def serve_forever(self) -> None:
         """Block until `close()` is called from another thread or a signal handler."""
         self._closed.wait()
 
 
-async def _wrap(fn: Callable[..., T], *args: Any) -> T:
-    return fn(*args)
+async def _wrap(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    return fn(*args, **kwargs)
+
+
+class Subscription:
+    """`irismesh.Subscription`, blocking; iteration ends when it or its node closes."""
+
+    def __init__(self, node: Node, inner: _pubsub.Subscription) -> None:
+        self._node = node
+        self._inner = inner
+        self.pattern = inner.pattern
+
+    @property
+    def missed(self) -> int:
+        return self._inner.missed
+
+    def get(self, timeout: float | None = None) -> _pubsub.Message:
+        """The next message; Closed once closed and drained, TimeoutError after timeout."""
+        return self._node._call(self._inner.get(timeout))
+
+    def __iter__(self) -> Iterator[_pubsub.Message]:
+        while True:
+            try:
+                yield self.get()
+            except Closed:
+                return
+
+    def close(self) -> None:
+        if self._node._thread.is_alive():
+            self._node._call(_wrap(self._inner.close))
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Tunnel:
+    """`irismesh.Tunnel`, blocking."""
+
+    def __init__(self, node: Node, inner: _tunnel.Tunnel) -> None:
+        self._node = node
+        self._inner = inner
+        self.cluster = inner.cluster
+        self.peer = inner.peer
+
+    def send(self, data: bytes) -> None:
+        self._node._call(self._inner.send(data))
+
+    def recv(self) -> bytes:
+        return self._node._call(self._inner.recv())
+
+    def send_eof(self) -> None:
+        self._node._call(self._inner.send_eof())
+
+    def close(self) -> None:
+        if self._node._thread.is_alive():
+            self._node._call(self._inner.close())
+
+    def __iter__(self) -> Iterator[bytes]:
+        while True:
+            try:
+                yield self.recv()
+            except EndOfStream:
+                return
+
+    def __enter__(self) -> Tunnel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -176,7 +176,7 @@ class Tunnel:
     # ----------------------------------------------------------------- ending
 
     async def close(self) -> None:
-        """End both directions: a reset if the other end had not finished, else just forget.
+        """End both directions: FIN if the other end had finished sending, else a reset.
 
         Messages not yet read are dropped; `recv` and `send` raise TunnelReset from now on.
         """
@@ -188,9 +188,11 @@ class Tunnel:
         core = self._hub.core_or_none()
         if core is not None:
             with contextlib.suppress(TunnelError, Closed):
-                if self._fin_sent and self._eof:
+                if self._eof:  # the other end is done sending: a graceful close, like TCP's FIN
+                    if not self._fin_sent:
+                        core.tunnel_send(self._handle, _FIN)
                     core.tunnel_forget(self._handle)
-                else:
+                else:  # it may still send, and nobody would read it: reset, like TCP's RST
                     core.tunnel_send(self._handle, _RESET, 0, b"the other end closed the tunnel")
             self._hub.flush_soon()
         self._end("closed by this end")

@@ -397,3 +397,29 @@ def test_busy_polling_nodes_answer_lone_and_concurrent_requests_and_awaiting_han
             irismesh.Node(keyring=keys, busy_poll=1.0)
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_sync_node_publishes_subscribes_and_tunnels(keys: irismesh.Keyring) -> None:
+    with sync.Node("files", keyring=keys) as member:
+
+        @member.on_tunnel
+        def upper(tunnel: sync.Tunnel) -> None:
+            for message in tunnel:
+                tunnel.send(message.upper())
+
+        with sync.Node(keyring=keys, seeds=[member.endpoint]) as client:
+            client.wait_for_members("files", 1, timeout=5)
+            with member.subscribe("news.#") as sub:
+                client.wait_for_subscribers("news.x", 1, timeout=5)
+                assert client.publish("news.x", b"one") == 1
+                assert client.publish("news.y", b"two") == 1
+                got = [sub.get(timeout=5).payload for _ in range(2)]
+                assert got == [b"one", b"two"]
+                assert sub.missed == 0
+            with client.tunnel("files", timeout=5) as tunnel:
+                tunnel.send(b"abc")
+                tunnel.send(b"x" * 100_000)
+                assert tunnel.recv() == b"ABC"
+                assert tunnel.recv() == b"X" * 100_000
+                tunnel.send_eof()
+                assert list(tunnel) == []
