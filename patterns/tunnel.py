@@ -142,10 +142,10 @@ class Tunnel:
     async def recv(self) -> bytes:
         """The next whole message; EndOfStream after the other end's last, TunnelReset if gone."""
         while not self._messages:
+            if self._eof:  # it finished sending: a reset after that ends nothing it sent
+                raise EndOfStream(f"the other end of the tunnel to {self.cluster!r} is done")
             if self._reset is not None:
                 raise TunnelReset(self._reset)
-            if self._eof:
-                raise EndOfStream(f"the other end of the tunnel to {self.cluster!r} is done")
             waiter = self._readable = asyncio.get_running_loop().create_future()
             try:
                 await waiter
@@ -381,7 +381,10 @@ class Tunnels:
         except MeshError as exc:
             log.info("tunnel handler for %r stopped: %s", tunnel.cluster, exc)
         except Exception as exc:
-            log.exception("tunnel handler for %r raised", tunnel.cluster)
+            log.warning(
+                "tunnel handler for %r raised %s: %s", tunnel.cluster, type(exc).__name__, exc
+            )
+            log.debug("the tunnel handler's traceback", exc_info=True)
             reason = f"handler raised {type(exc).__name__}: {exc}"[:500]
             core = self._core
             if core is not None and tunnel._reset is None:

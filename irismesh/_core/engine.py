@@ -1313,6 +1313,9 @@ class MeshCore:
         if self._closed:
             return
         self._closed = True
+        # What is staged (publishes, replies, tunnel data) goes before the goodbyes: a peer
+        # drops a link's later frames once it has heard BYE.
+        self.seal_staged()
         for link in list(self._out.values()):
             if link.state is LinkState.UP:
                 self._send_out(link, Kind.BYE, ["closing"])

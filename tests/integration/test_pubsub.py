@@ -223,3 +223,25 @@ def test_closing_the_node_ends_iteration_and_wakes_a_waiting_publisher(
         await pub.close()
 
     run(main())
+
+
+def test_what_a_node_publishes_just_before_it_closes_still_arrives(
+    keys: irismesh.Keyring,
+) -> None:
+    async def main() -> None:
+        [sub_node] = await start_nodes(keys, 1)
+        try:
+            sub = sub_node.subscribe("last.words")
+            for count in (1, 500):
+                pub = irismesh.Node(keyring=keys, seeds=[sub_node.endpoint], telemetry=False)
+                await pub.start()
+                await pub.wait_for_subscribers("last.words", 1, timeout=5)
+                for i in range(count):
+                    await pub.publish("last.words", b"%d" % i)
+                await pub.close()  # at once: the staged messages go before the goodbye
+                got = [int((await sub.get(timeout=5)).payload) for _ in range(count)]
+                assert got == list(range(count))
+        finally:
+            await sub_node.close()
+
+    run(main())

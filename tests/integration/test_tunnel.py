@@ -206,3 +206,28 @@ def test_a_member_that_leaves_resets_the_tunnel_at_once(keys: irismesh.Keyring) 
             await asyncio.gather(caller.close(), member.close())
 
     run(main())
+
+
+def test_a_member_that_answers_and_returns_ends_the_stream_cleanly(
+    keys: irismesh.Keyring,
+) -> None:
+    async def main() -> None:
+        member, caller = await pair(keys)
+        try:
+
+            @member.on_tunnel
+            async def answer(tunnel: irismesh.Tunnel) -> None:
+                await tunnel.send(b"answer")
+                await tunnel.send_eof()  # and returns before the caller ends its side
+
+            async with caller.tunnel("db", timeout=5) as tunnel:
+                await wait_until(lambda: member.stats["tunnels_open"] == 0, 5, "handler done")
+                assert await tunnel.recv() == b"answer"
+                with pytest.raises(irismesh.EndOfStream):
+                    await tunnel.recv()
+                with pytest.raises(irismesh.TunnelReset):  # nobody reads what we would send
+                    await tunnel.send(b"late")
+        finally:
+            await asyncio.gather(caller.close(), member.close())
+
+    run(main())
