@@ -17,27 +17,41 @@ import sys
 from collections.abc import Sequence
 
 import irismesh
-from irismesh._cli import bench, fanout, keys, listing, request, serve, telemetry, top
+from irismesh._cli import (
+    bench,
+    fanout,
+    keys,
+    listing,
+    pubsub,
+    request,
+    serve,
+    telemetry,
+    top,
+    tunnel,
+)
 from irismesh._cli.base import MESH_ERROR, USAGE_ERROR, CommandError, MeshArgumentParser
 from irismesh.errors import ConfigurationError, MeshError
 
-# One line per family; publish, subscribe and tunnel join with their patterns, and
-# `telemetry collect` with publish/subscribe.
-FAMILIES = (keys, serve, request, fanout, listing, top, bench, telemetry)
+# In `mesh --help` order; `telemetry collect` will join with publish/subscribe.
+FAMILIES = (keys, serve, request, fanout, pubsub, tunnel, listing, top, bench, telemetry)
 
-EXAMPLES = """five-minute tour (three terminals):
+EXAMPLES = """five-minute tour (four terminals: two members, a subscriber, and commands):
   mesh keygen mesh.keys
   mesh node --keys mesh.keys --cluster echo --bind tcp://127.0.0.1:7400 --prefix A:
   mesh node --keys mesh.keys --cluster echo --seed tcp://127.0.0.1:7400 --prefix B:
   mesh request --keys mesh.keys --seed tcp://127.0.0.1:7400 echo hello
   mesh broadcast --keys mesh.keys --seed tcp://127.0.0.1:7400 echo 'to everyone'
   mesh survey --keys mesh.keys --seed tcp://127.0.0.1:7400 echo 'who is there?'
+  mesh subscribe --keys mesh.keys --seed tcp://127.0.0.1:7400 'feeds.#'
+  mesh publish --keys mesh.keys --seed tcp://127.0.0.1:7400 feeds.world.42 'Hello'
+  echo hello | mesh tunnel --keys mesh.keys --seed tcp://127.0.0.1:7400 echo
   mesh peers --keys mesh.keys --seed tcp://127.0.0.1:7400
   mesh top --keys mesh.keys --seed tcp://127.0.0.1:7400
 
 Telemetry: mesh telemetry report --spool DIR --out DIR (needs PySpark and Java).
 
-Every command that prints data takes --json. `mesh COMMAND --help` explains each one.
+Every command that prints a report or messages takes --json (`mesh tunnel`'s stdout is the
+stream itself). `mesh COMMAND --help` explains each one.
 Exit status: 0 done, 1 the mesh said no, 2 bad arguments or files, 130 interrupted.
 """
 

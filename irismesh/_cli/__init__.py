@@ -2,15 +2,17 @@
 
     base      one-line errors, argument types, the options and the node every joining command shares
     keys      mesh keygen
-    serve     mesh node (echo, or a command run per request)
+    serve     mesh node (echo, or a command run per request or per tunnel)
     request   mesh request
     fanout    mesh broadcast, mesh survey
+    pubsub    mesh publish, mesh subscribe
+    tunnel    mesh tunnel
     listing   mesh peers, mesh clusters (and the views `top` reuses)
     top       mesh top
     bench     mesh bench
     telemetry mesh telemetry report (Spark, imported only when it runs)
 
 Each module has `register(commands)`, which adds its subparsers and sets `run`, a function of
-the parsed arguments returning the exit status (async when it joins the mesh). A new pattern's
-commands (publish, subscribe, tunnel) are a new module here and one line in `irismesh.cli`.
+the parsed arguments returning the exit status (async when it joins the mesh). A new family is
+a new module here and one line in `irismesh.cli`.
 """

@@ -9,19 +9,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import os
+import queue
 import re
 import sys
+import threading
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import IO, Any, NoReturn
 
 from rich.console import Console
 
 import irismesh
-from irismesh.errors import MembershipTimeout
+from irismesh._core.topics import validate_pattern, validate_topic
+from irismesh.errors import ConfigurationError, MembershipTimeout
 from irismesh.node import DEFAULT_BIND
 
 # A command's body: plain, or async when it joins the mesh (main runs it in asyncio.run).
@@ -93,6 +97,13 @@ def seconds_or_zero(text: str) -> float:
     return value
 
 
+def positive_number(text: str) -> float:
+    value = _float(text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
 def positive_int(text: str) -> int:
     value = _int(text)
     if value < 1:
@@ -146,6 +157,29 @@ def cluster_name(text: str) -> str:
             f"bad cluster name {text!r}: 1-200 characters, no whitespace, not '*'"
         )
     return text
+
+
+def topic_name(text: str) -> str:
+    """A topic to publish on: dot-separated segments, no wildcards."""
+    try:
+        return validate_topic(text)
+    except ConfigurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def topic_pattern(text: str) -> str:
+    """A subscription pattern: segments, each a literal, `*` or `#`."""
+    try:
+        return validate_pattern(text)
+    except ConfigurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def topic_scope(topic: str) -> str | None:
+    """The keyring scope a topic's messages are sealed under (its first segment); None when a
+    pattern starts with a wildcard and so may match topics of any scope."""
+    first = topic.partition(".")[0]
+    return None if first in ("*", "#") else first
 
 
 # ----------------------------------------------------------------- joining the mesh
@@ -291,6 +325,118 @@ def stdout_console() -> Console:
 
 def stderr_console() -> Console:
     return Console(stderr=True, highlight=False)
+
+
+class StdinReader:
+    """Standard input, read by a thread so that the event loop (and the node) never blocks.
+
+    Each read returns what is there, up to `size` bytes, without waiting for more: a block of
+    a file or pipe, a line typed at a terminal. At most `ahead` blocks wait unread, so a fast
+    stdin is held back by a slow consumer. The thread is a daemon reading the file descriptor
+    itself (not `sys.stdin`, whose lock a blocked daemon would hold at exit): a command that
+    finishes while its stdin is still open (a terminal) exits without waiting for it.
+    """
+
+    def __init__(self, size: int = 1 << 16, ahead: int = 2) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._items: asyncio.Queue[bytes | OSError] = asyncio.Queue()
+        self._permits = threading.Semaphore(ahead)
+        self._size = size
+        self._ended = False
+        threading.Thread(target=self._run, name="mesh-stdin", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            self._permits.acquire()
+            item: bytes | OSError
+            try:
+                item = os.read(0, self._size)
+            except OSError as exc:  # a closed or unreadable stdin
+                item = exc
+            try:
+                self._loop.call_soon_threadsafe(self._items.put_nowait, item)
+            except RuntimeError:  # the loop is gone: the command is over
+                return
+            if not isinstance(item, bytes) or not item:
+                return
+
+    async def get(self) -> bytes:
+        """The next block; b"" at the end of input."""
+        if self._ended:
+            return b""
+        item = await self._items.get()
+        self._permits.release()
+        if isinstance(item, bytes):
+            self._ended = not item
+            return item
+        self._ended = True
+        raise CommandError(f"cannot read standard input: {item}", USAGE_ERROR)
+
+    async def lines(self) -> AsyncIterator[bytes]:
+        """Each line as it comes, without its newline (and the last one, if it has none)."""
+        pending = b""
+        while block := await self.get():
+            pending += block
+            *complete, pending = pending.split(b"\n")
+            for line in complete:
+                yield line
+        if pending:
+            yield pending
+
+
+class StdoutWriter:
+    """Bytes to standard output, written and flushed by a thread, in order.
+
+    The event loop never blocks on a slow reader (the node keeps answering its peers): at most
+    `depth` writes wait, and `write` waits for room beyond that, so a slow reader slows the
+    command down instead of filling memory. A write error (BrokenPipeError: the reader went
+    away) is raised by the next `write` or by `close`.
+    """
+
+    def __init__(self, stream: IO[bytes] | None = None, depth: int = 8) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stream = sys.stdout.buffer if stream is None else stream
+        self._room = asyncio.Semaphore(depth)
+        self._chunks: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._error: BaseException | None = None
+        self._done: asyncio.Future[None] = self._loop.create_future()
+        threading.Thread(target=self._run, name="mesh-stdout", daemon=True).start()
+
+    def _run(self) -> None:
+        while (chunk := self._chunks.get()) is not None:
+            try:
+                self._stream.write(chunk)
+                self._stream.flush()
+            except BaseException as exc:
+                self._error = exc
+                break
+            finally:
+                self._call(self._room.release)
+        self._call(self._finish)
+
+    def _call(self, callback: Callable[[], object]) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is gone
+            self._loop.call_soon_threadsafe(callback)
+
+    def _finish(self) -> None:
+        if not self._done.done():
+            self._done.set_result(None)
+
+    async def write(self, data: bytes) -> None:
+        if self._error is None:
+            await self._room.acquire()
+        if self._error is not None:
+            self._room.release()  # whoever else waits sees the error too
+            raise self._error
+        self._chunks.put(data)
+
+    async def close(self) -> None:
+        """Wait until everything written is out; raises what went wrong, if anything did."""
+        if self._error is None:
+            self._chunks.put(None)
+            await asyncio.shield(self._done)
+        if self._error is not None:
+            raise self._error
 
 
 def short_id(node_id: str) -> str:

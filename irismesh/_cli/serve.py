@@ -1,6 +1,7 @@
 """`mesh node`: a member that echoes each request, or answers it by running a command.
 
-It answers surveys as it answers requests, and prints each broadcast it gets on stdout.
+It answers surveys as it answers requests, prints each broadcast it gets on stdout, and serves
+tunnels (`mesh tunnel`): it echoes them, or pipes each through a command (--tunnel-exec).
 """
 
 from __future__ import annotations
@@ -8,12 +9,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import os
 import shlex
 import shutil
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import irismesh
 from irismesh._cli.base import (
@@ -31,6 +34,7 @@ from irismesh._cli.base import (
     seconds,
     text_fields,
 )
+from irismesh._cli.tunnel import BLOCK
 
 
 def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
@@ -48,15 +52,23 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
             "Surveys (`mesh survey`) are answered the same way as requests. Each broadcast\n"
             "(`mesh broadcast`) is printed on stdout, one line: --prefix then the payload\n"
             "(--json: an object with `broadcast`, and `broadcast_base64` when it is not text);\n"
-            "the sender counts this member once the line is written. The first line printed\n"
-            "says where the node listens (--json: an object with `endpoint` and `node_id`)."
+            "the sender counts this member once the line is written. Tunnels (`mesh tunnel`)\n"
+            "are echoed: each message back as it came, and the end of stream once the caller's\n"
+            "came (--prefix does not apply). With --tunnel-exec CMD each tunnel runs CMD: the\n"
+            "tunnel into its stdin (closed at the caller's end of stream), its stdout back into\n"
+            "the tunnel; CMD exiting 0 ends the stream, non-zero resets the tunnel with the\n"
+            "last line of its stderr. No time limit applies: a tunnel lasts as long as CMD, and\n"
+            "at most --concurrency run at once (a tunnel beyond that is refused). The first line\n"
+            "printed says where the node listens (--json: an object with `endpoint` and\n"
+            "`node_id`)."
         ),
         examples=(
             "  mesh node --keys mesh.keys --cluster echo --bind tcp://127.0.0.1:7400\n"
             "  mesh node --keys mesh.keys --cluster echo --seed tcp://127.0.0.1:7400 --prefix B:\n"
             "  mesh node --keys mesh.keys --cluster upper --seed tcp://127.0.0.1:7400 \\\n"
             "      --exec 'tr a-z A-Z' --concurrency 4 --exec-timeout 2\n"
-            "  mesh node --cluster count --seed tcp://127.0.0.1:7400 --exec 'wc -c'"
+            "  mesh node --cluster count --seed tcp://127.0.0.1:7400 --exec 'wc -c'\n"
+            "  mesh node --cluster sorter --seed tcp://127.0.0.1:7400 --tunnel-exec sort"
         ),
         run=run_node,
     )
@@ -72,11 +84,18 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
     answer.add_argument("--prefix", default="", help="text put before each echoed request")
     answer.add_argument("--exec", dest="command", metavar="CMD", help="command run per request")
     parser.add_argument(
+        "--tunnel-exec",
+        dest="tunnel_command",
+        metavar="CMD",
+        help="command run per tunnel, between its two directions (default: echo tunnels)",
+    )
+    parser.add_argument(
         "--concurrency",
         type=positive_int,
         default=8,
         metavar="N",
-        help="--exec: at most N commands at once; more requests queue (default: %(default)s)",
+        help="--exec: at most N commands at once, more requests queue; --tunnel-exec: at most "
+        "N tunnel commands, more tunnels are refused (default: %(default)s)",
     )
     parser.add_argument(
         "--exec-timeout",
@@ -147,17 +166,17 @@ def _kill_session(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
-def command_argv(command: str) -> list[str]:
+def command_argv(command: str, option: str = "--exec") -> list[str]:
     """Split --exec's CMD and check that its program exists, so a typo fails at start."""
     try:
         argv = shlex.split(command)
     except ValueError as exc:
-        raise CommandError(f"bad --exec command {command!r}: {exc}", USAGE_ERROR) from None
+        raise CommandError(f"bad {option} command {command!r}: {exc}", USAGE_ERROR) from None
     if not argv:
-        raise CommandError("--exec needs a command", USAGE_ERROR)
+        raise CommandError(f"{option} needs a command", USAGE_ERROR)
     if shutil.which(argv[0]) is None:
         raise CommandError(
-            f"--exec: program {argv[0]!r} not found (or not executable)", USAGE_ERROR
+            f"{option}: program {argv[0]!r} not found (or not executable)", USAGE_ERROR
         )
     return argv
 
@@ -173,6 +192,15 @@ async def run_node(args: argparse.Namespace) -> int:
             timeout=args.exec_timeout,
             max_output=irismesh.CoreConfig().max_payload,
         )
+    # A tunnel command that fails is one line on stderr (below), not the library's traceback.
+    logging.getLogger("irismesh.tunnel").addHandler(logging.NullHandler())
+    tunnels: Callable[[irismesh.Tunnel], Awaitable[None]] = echo_tunnel
+    if args.tunnel_command is not None:
+        tunnels = _logging_tunnels(
+            TunnelCommand(
+                command_argv(args.tunnel_command, "--tunnel-exec"), concurrency=args.concurrency
+            )
+        )
     # Before the first line: whoever reads it may signal this node at once.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -185,6 +213,7 @@ async def run_node(args: argparse.Namespace) -> int:
             prefix = args.prefix.encode()
             node.on_request(lambda payload: prefix + payload)
         node.on_broadcast(_printer(args.prefix.encode(), as_json=args.json))
+        node.on_tunnel(tunnels)
         if args.json:
             print_json(
                 {"endpoint": node.endpoint, "node_id": node.node_id.hex(), "clusters": clusters}
@@ -210,6 +239,127 @@ def _logging(handler: CommandHandler) -> Callable[[bytes], Awaitable[bytes]]:
             raise
 
     return run
+
+
+def _logging_tunnels(
+    handler: TunnelCommand,
+) -> Callable[[irismesh.Tunnel], Awaitable[None]]:
+    """The tunnel handler, saying on this node's stderr why a command failed (the caller sees
+    the reset too)."""
+
+    async def run(tunnel: irismesh.Tunnel) -> None:
+        try:
+            await handler(tunnel)
+        except (TunnelsBusy, CommandFailed) as exc:
+            print(f"mesh: --tunnel-exec: {exc}", file=sys.stderr, flush=True)
+            raise
+
+    return run
+
+
+# ----------------------------------------------------------------- tunnels
+
+
+async def echo_tunnel(tunnel: irismesh.Tunnel) -> None:
+    """Every message back as it came, then the end of stream once the caller's came."""
+    async for message in tunnel:
+        await tunnel.send(message)
+    await tunnel.send_eof()
+
+
+class TunnelsBusy(Exception):
+    """Already --concurrency tunnel commands running; the caller's tunnel is reset with this."""
+
+
+class TunnelCommand:
+    """Serves a tunnel by running `argv`: the tunnel into its stdin, its stdout into the tunnel.
+
+    The caller's end of stream closes the command's stdin; the end of the command's output,
+    once it exits 0, ends the stream to the caller. A command that exits non-zero resets the
+    tunnel with the last line of its stderr. At most `concurrency` run at once: a tunnel beyond
+    that is refused (reset) rather than left waiting. Each command runs in a session of its
+    own, killed with everything it started when the tunnel is reset or the node closes.
+    """
+
+    def __init__(self, argv: Sequence[str], *, concurrency: int) -> None:
+        self.argv = list(argv)
+        self.concurrency = concurrency
+        self.running = 0
+
+    async def __call__(self, tunnel: irismesh.Tunnel) -> None:
+        if self.running >= self.concurrency:
+            raise TunnelsBusy(f"{self.running} tunnel commands already running (--concurrency)")
+        self.running += 1
+        try:
+            await self._serve(tunnel)
+        finally:
+            self.running -= 1
+
+    async def _serve(self, tunnel: irismesh.Tunnel) -> None:
+        proc = await asyncio.create_subprocess_exec(
+            *self.argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
+        assert proc.stdin is not None
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        stdin, stdout = proc.stdin, proc.stdout
+
+        async def feed() -> None:
+            """The tunnel into the command's stdin, then its end; once the command stops
+            reading, the rest of the stream is read and dropped (the caller is not held up)."""
+            writing = True
+            async for message in tunnel:
+                if writing:
+                    try:
+                        stdin.write(message)
+                        await stdin.drain()
+                    except (BrokenPipeError, ConnectionResetError):
+                        writing = False
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                stdin.close()
+                await stdin.wait_closed()
+
+        async def pump() -> None:
+            while block := await stdout.read(BLOCK):
+                await tunnel.send(block)
+
+        feeding = asyncio.ensure_future(feed())
+        pumping = asyncio.ensure_future(pump())
+        errors = asyncio.ensure_future(_tail(proc.stderr))
+        try:
+            pending: set[asyncio.Future[None]] = {feeding, pumping}
+            while pumping in pending:  # a failure either way (a reset) stops the command
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    task.result()
+            status = await proc.wait()
+            if status != 0:
+                lines = (await errors).decode(errors="replace").strip().splitlines()
+                raise CommandFailed(lines[-1].strip() if lines else "", status)
+            await tunnel.send_eof()
+            await feeding  # until the caller ends its side too, or goes away
+        finally:
+            if proc.returncode is None:
+                _kill_session(proc.pid)
+                await proc.wait()
+            leftovers: tuple[asyncio.Future[Any], ...] = (feeding, pumping, errors)
+            for leftover in leftovers:
+                if not leftover.done():
+                    leftover.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await leftover
+
+
+async def _tail(stream: asyncio.StreamReader, keep: int = 4096) -> bytes:
+    """The last `keep` bytes of a stream, read to its end (a command must never block on it)."""
+    data = b""
+    while chunk := await stream.read(1 << 16):
+        data = (data + chunk)[-keep:]
+    return data
 
 
 def _printer(prefix: bytes, *, as_json: bool) -> Callable[[bytes], None]:
