@@ -65,6 +65,7 @@ from irismesh.patterns.tunnel import (
 )
 from irismesh.security.keyring import Keyring
 from irismesh.security.linksecurity import KeyedLinkSecurity
+from irismesh.telemetry.export import TopicExporter, attach_exporter
 from irismesh.telemetry.recorder import Recorder
 from irismesh.telemetry.schema import Kind as TelemetryKind
 from irismesh.telemetry.schema import MembershipEvent, Outcome
@@ -171,6 +172,7 @@ class Node:
         # Exact counters and histograms unless telemetry=False; records only with a spool.
         self.recorder: Recorder | None = Recorder(self.node_id.hex()) if telemetry else None
         self._telemetry_task: asyncio.Task[None] | None = None
+        self._exporter: TopicExporter | None = None  # publishes the records for collectors
         self._reported_drops: dict[str, int] = {}
         served = self._served if self.recorder is not None else None
         self._runner = HandlerRunner(self._reply, self._reply_error, self._flush_soon, served)
@@ -234,6 +236,7 @@ class Node:
                 config.spool_dir, self.node_id.hex(), max_age=config.max_file_age
             )
             self.recorder.set_sampling(config.sample_every)
+            self._exporter = attach_exporter(self)
             self._telemetry_task = loop.create_task(self._telemetry_loop(config.gauge_interval))
         if self._mdns_config is not None:
             self._mdns = MdnsDiscovery(
@@ -274,6 +277,9 @@ class Node:
             self._telemetry_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._telemetry_task
+        if self._exporter is not None and self._core is not None:
+            # The last interval's records leave with the goodbyes (never waits: see export).
+            await self._exporter.export(self._pubsub.publish)
         await self._runner.close()
         self._pubsub.close()
         if self._core is not None and self._driver is not None:
@@ -708,6 +714,8 @@ class Node:
             writer = self.recorder.writer if self.recorder is not None else None
             if writer is not None:
                 await loop.run_in_executor(None, writer.flush)
+            if self._exporter is not None:
+                await self._exporter.export(self.publish)
 
     def _reply(self, token: Token, payload: bytes) -> None:
         if self._core is not None and not self._closing:

@@ -25,6 +25,7 @@ from irismesh._cli.base import (
     positive_int,
     print_json,
 )
+from irismesh._cli.collect import register_collect
 
 _HOST_PORT = r"[^\s:/,\[\]]+:\d{1,5}"
 _MASTER = re.compile(rf"local(\[(\*|[1-9]\d*)(,[1-9]\d*)?\])?|spark://{_HOST_PORT}(,{_HOST_PORT})*")
@@ -37,17 +38,20 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
         summary="analyse the telemetry that nodes spool to disk (needs PySpark and Java)",
         description=(
             "Nodes started with a telemetry spool directory (TelemetryConfig(spool_dir=...))\n"
-            "write their request, serve and membership records there. `mesh telemetry report`\n"
-            "turns a spool directory into an HTML report with Spark. See `mesh telemetry\n"
-            "report --help`."
+            "write their request, serve and membership records there, and publish them on the\n"
+            "reserved topic _mesh.telemetry.<node> for whoever listens. `mesh telemetry\n"
+            "collect` writes the whole mesh's records into one spool directory on this machine;\n"
+            "`mesh telemetry report` turns a spool directory into an HTML report with Spark."
         ),
         examples=(
+            "  mesh telemetry collect --seed tcp://10.0.0.5:7400 --out spool --seconds 60\n"
             "  mesh telemetry report --spool /var/spool/irismesh --out report\n"
             "  mesh telemetry report --spool spool --out report --master spark://10.0.0.5:7077"
         ),
         run=None,
     )
     family = telemetry.add_subparsers(dest="telemetry_command", required=True, metavar="COMMAND")
+    register_collect(family)
     report = add_command(
         family,
         "report",

@@ -7,7 +7,9 @@ Recording sits on the message hot path, so it costs a dict update or two per mes
   buckets (bucket b holds latencies in [2**(b-1), 2**b) us), never sampled;
 - per-message records, one in `sample_every` (weight = sample_every, so Spark's counts stay
   estimates of the true totals), handed to a `SpoolWriter` whose bounded buffer drops and
-  counts records when full: recording never blocks messaging.
+  counts records when full: recording never blocks messaging. An `exporter` (any `RecordSink`,
+  in practice `irismesh.telemetry.export.TopicExporter`) gets the very same records, so that
+  they can also be published to the mesh; either sink alone turns record-making on.
 
 Membership changes and gauges are rare and always recorded. The node flushes the writer to
 disk off the event loop (see `Node`).
@@ -16,7 +18,8 @@ disk off the event loop (see `Node`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 from irismesh.telemetry.schema import Kind, MembershipEvent, Outcome, Pattern
 from irismesh.telemetry.spool import SpoolWriter
@@ -26,6 +29,13 @@ _REQREP = str(Pattern.REQREP)
 _DROP = str(Kind.DROP)
 _PATTERNS = {str(Kind.BROADCAST): str(Pattern.BROADCAST), str(Kind.SURVEY): str(Pattern.SURVEY)}
 HISTOGRAM_BUCKETS = 40  # 2**39 us is about six days
+
+
+class RecordSink(Protocol):
+    """Where sampled records go: `append` buffers one record (a tuple in FIELDS order) and
+    returns False, having counted it, when it had to drop it. It must never block."""
+
+    def append(self, record: Sequence[Any]) -> bool: ...
 
 
 class _Series:
@@ -40,12 +50,13 @@ class _Series:
 
 
 class Recorder:
-    """One node's telemetry; `writer` None keeps counters and histograms only."""
+    """One node's telemetry; `writer` and `exporter` None keep counters and histograms only."""
 
     __slots__ = (
         "_clock",
         "_every",
         "_series",
+        "exporter",
         "node",
         "writer",
     )
@@ -62,6 +73,7 @@ class Recorder:
             raise ValueError("sample_every must be at least 1")
         self.node = node
         self.writer = writer
+        self.exporter: RecordSink | None = None  # a second sink for the same records
         # One lookup per event on the hot path: (kind, cluster) -> its series.
         self._series: dict[tuple[str, str], _Series] = {}
         self._every = sample_every
@@ -104,24 +116,26 @@ class Recorder:
         bucket = us.bit_length()
         series.histogram[bucket if bucket < HISTOGRAM_BUCKETS else HISTOGRAM_BUCKETS - 1] += 1
         series.since += 1  # one record in `sample_every` per (kind, cluster)
-        if series.since >= self._every and self.writer is not None:
+        if series.since >= self._every and (self.writer is not None or self.exporter is not None):
             series.since = 0
-            self.writer.append(
-                (
-                    self._clock(),
-                    self.node,
-                    kind,
-                    _PATTERNS.get(kind, _REQREP),
-                    cluster,
-                    peer.hex() if peer else None,
-                    us,
-                    size,
-                    outcome,
-                    self._every,
-                    None,
-                    None,
-                )
+            record = (
+                self._clock(),
+                self.node,
+                kind,
+                _PATTERNS.get(kind, _REQREP),
+                cluster,
+                peer.hex() if peer else None,
+                us,
+                size,
+                outcome,
+                self._every,
+                None,
+                None,
             )
+            if self.writer is not None:
+                self.writer.append(record)
+            if self.exporter is not None:
+                self.exporter.append(record)
 
     def membership(self, event: MembershipEvent, peer: bytes) -> None:
         self._event(str(Kind.MEMBERSHIP), "", None, peer.hex(), str(event), None)
@@ -145,9 +159,14 @@ class Recorder:
         value: float | None,
         weight: int = 1,
     ) -> None:
-        if self.writer is not None:
-            record = (self._clock(), self.node, kind, pattern, cluster, peer)
-            self.writer.append((*record, None, None, str(Outcome.NONE), weight, name, value))
+        writer, exporter = self.writer, self.exporter
+        if writer is not None or exporter is not None:
+            head = (self._clock(), self.node, kind, pattern, cluster, peer)
+            record = (*head, None, None, str(Outcome.NONE), weight, name, value)
+            if writer is not None:
+                writer.append(record)
+            if exporter is not None:
+                exporter.append(record)
 
     def _new_series(self, kind: str, cluster: str) -> _Series:
         series = self._series[(kind, cluster)] = _Series()

@@ -23,7 +23,9 @@ A file is a sequence of msgpack objects: one header map, then records as positio
 
 The header names the fields in the order the writer used, so a reader maps the columns of an
 older or newer writer by name (missing nullable fields become None, missing required ones
-their defaults). Files without a header are read in `FIELDS` order.
+their defaults). Files without a header are read in `FIELDS` order. `pack_header` and
+`pack_records` are the one encoding of both: the exporter (`irismesh.telemetry.export`) uses
+them too, so each chunk of records a node publishes is the bytes of a small spool file.
 
 `read_spool_file` decodes one file. A record that is not an array of the right shape and types
 is skipped and counted as corrupt; bytes that cannot be decoded at all (a truncated tail from
@@ -43,7 +45,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Final
@@ -61,6 +63,8 @@ __all__ = [
     "complete_files",
     "decode_spool",
     "gc_paused",
+    "pack_header",
+    "pack_records",
     "read_spool_file",
     "salvage",
     "spool_file_name",
@@ -82,6 +86,31 @@ def _array_header_size(length: int) -> int:
 def spool_file_name(node: str, seq: int) -> str:
     """The name of a complete spool file; zero-padded so names sort by sequence."""
     return f"{node}-{seq:0{_SEQ_DIGITS}d}{SPOOL_SUFFIX}"
+
+
+def pack_header(node: str) -> bytes:
+    """The header that starts every spool file (and every exported chunk of records)."""
+    header = {HEADER_KEY: FORMAT_VERSION, "node": node, "fields": list(FIELD_NAMES)}
+    data: bytes = msgpack.packb(header, use_bin_type=True)
+    return data
+
+
+def pack_records(
+    packer: msgpack.Packer, records: Sequence[Sequence[Any]]
+) -> tuple[bytes | memoryview, int]:
+    """`records` packed one after the other, as a spool file holds them, and how many that is:
+    a record holding a value msgpack cannot encode is left out (the others are kept)."""
+    count = len(records)
+    try:
+        # Packing the batch as one array is one C call instead of one per record; without the
+        # array's header, the bytes are exactly those of its items packed one by one.
+        return memoryview(packer.pack(records))[_array_header_size(count) :], count
+    except (TypeError, ValueError, OverflowError):
+        packed = []
+        for record in records:
+            with contextlib.suppress(TypeError, ValueError, OverflowError):
+                packed.append(packer.pack(record))
+        return b"".join(packed), len(packed)
 
 
 def _temp_name(node: str, seq: int) -> str:
@@ -199,15 +228,10 @@ class SpoolWriter:
         # after it and stays for the next flush.
         batch = buffer[:count]
         del buffer[:count]
-        data: bytes | memoryview
-        try:
-            # Packing the batch as one array is one C call instead of one per record; without
-            # the array's header, the bytes are exactly those of its items packed one by one.
-            data = memoryview(self._packer.pack(batch))[_array_header_size(count) :]
-        except (TypeError, ValueError, OverflowError):
-            # A caller handed in a value msgpack cannot encode: lose that record, not the batch.
-            packed = list(self._pack_each(batch))
-            data, count = b"".join(packed), len(packed)
+        # A caller handed in a value msgpack cannot encode: lose that record, not the batch.
+        data, packed = pack_records(self._packer, batch)
+        self._count_dropped(count - packed)
+        count = packed
         try:
             handle = self._file or self._open()
             handle.write(data)
@@ -220,19 +244,11 @@ class SpoolWriter:
         self.written += count
         return count
 
-    def _pack_each(self, batch: Iterable[Sequence[Any]]) -> Iterator[bytes]:
-        for record in batch:
-            try:
-                yield self._packer.pack(record)
-            except (TypeError, ValueError, OverflowError):
-                self._count_dropped(1)
-
     def _open(self) -> IO[bytes]:
         self.directory.mkdir(parents=True, exist_ok=True)  # recreated if someone removed it
         path = self.directory / _temp_name(self.node, self._seq)
         handle = open(path, "wb")  # noqa: SIM115  (kept open across flushes, closed in _complete)
-        header = {HEADER_KEY: FORMAT_VERSION, "node": self.node, "fields": list(FIELD_NAMES)}
-        data = self._packer.pack(header)
+        data = pack_header(self.node)
         handle.write(data)
         self._file = handle
         self._file_bytes = len(data)

@@ -109,7 +109,7 @@ def test_more_telemetry_report_mistakes(
     monkeypatch.setenv("JAVA_HOME", str(tmp_path))
     cases: list[tuple[list[str], str]] = [
         (["telemetry"], "required: COMMAND"),
-        (["telemetry", "collect"], "invalid choice: 'collect'"),
+        (["telemetry", "collect"], "the following arguments are required: --out"),
         ([*report, "--spool", str(a_file), "--out", out], "is not a directory"),
         ([*report, "--spool", str(spool), "--out", str(a_file)], "is not a directory"),
         ([*report, "--spool", str(spool)], "required: --out"),
