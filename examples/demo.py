@@ -6,7 +6,10 @@
 2. A client sends requests with 64 in flight and SIGKILLs one worker a third of the way in:
    the requests it held are resent to the others and the client sees no failure.
 3. The client broadcasts to every live worker, surveys them, and sends hedged requests.
-4. Every node spools telemetry; a PySpark job turns the spool into an HTML report with charts,
+4. It publishes 1000 orders on `orders.<region>` topics; each worker subscribes to `orders.#`
+   and must get every one, in order (a survey collects their counts).
+5. It sends 16 MiB through a tunnel to one worker, which answers the SHA-256 it computed.
+6. Every node spools telemetry; a PySpark job turns the spool into an HTML report with charts,
    and the demo checks that the report's request counts equal the client's exact counters.
 
 Everything stays on 127.0.0.1. Exit status 0 means: no request failed, and the report agrees.
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import signal
@@ -55,9 +59,29 @@ async def run_worker(name: str, seeds: list[str], spool: Path) -> None:
             nonlocal flushed
             flushed += 1
 
+        orders = {"received": 0, "out_of_order": 0}
+
+        async def take_orders() -> None:
+            async with node.subscribe("orders.#") as sub:
+                async for message in sub:
+                    if int(message.payload) != orders["received"] or message.missed:
+                        orders["out_of_order"] += 1
+                    orders["received"] += 1
+
+        ordering = asyncio.get_running_loop().create_task(take_orders())
+
         @node.on_survey
         def on_survey(payload: bytes) -> bytes:
+            if payload == b"orders?":
+                return b"%d %d" % (orders["received"], orders["out_of_order"])
             return b"%s flushed=%d peers=%d" % (name.encode(), flushed, len(node.peers()))
+
+        @node.on_tunnel
+        async def checksum(tunnel: irismesh.Tunnel) -> None:
+            digest = hashlib.sha256()
+            async for block in tunnel:
+                digest.update(block)
+            await tunnel.send(digest.hexdigest().encode())
 
         print("READY", node.endpoint, flush=True)
         stop = asyncio.Event()
@@ -65,6 +89,7 @@ async def run_worker(name: str, seeds: list[str], spool: Path) -> None:
         loop.add_signal_handler(signal.SIGTERM, stop.set)
         loop.add_signal_handler(signal.SIGINT, stop.set)
         await stop.wait()
+        ordering.cancel()
 
 
 def start_worker(
@@ -95,7 +120,7 @@ async def run_client(
     telemetry = TelemetryConfig(spool_dir=spool, sample_every=1, gauge_interval=1.0)
     async with irismesh.Node(keyring=keys, seeds=[first], telemetry=telemetry) as client:
         await client.wait_for_members(CLUSTER, len(procs), timeout=10)
-        say(f"[1/4] {len(procs)} workers up; {args.requests} requests with 64 in flight")
+        say(f"[1/6] {len(procs)} workers up; {args.requests} requests with 64 in flight")
         served: Counter[str] = Counter()
         failures: list[str] = []
         next_id = 0
@@ -136,11 +161,11 @@ async def run_client(
         await client.wait_for_members(CLUSTER, len(procs) - 1, timeout=5)
 
         received = await client.broadcast(CLUSTER, b"flush caches", timeout=5)
-        say(f"[2/4] broadcast reached {len(received)} live workers")
+        say(f"[2/6] broadcast reached {len(received)} live workers")
 
         survey = await client.survey(CLUSTER, b"status?", timeout=2)
         say(
-            f"[3/4] survey: {len(survey.answers)} answered, {len(survey.missing)} missing: "
+            f"[3/6] survey: {len(survey.answers)} answered, {len(survey.missing)} missing: "
             + "; ".join(sorted(a.decode() for a in survey.answers.values()))
         )
 
@@ -148,9 +173,45 @@ async def run_client(
             *(client.request(CLUSTER, b"h%d" % i, timeout=5, hedge=True) for i in range(200))
         )
         say(
-            f"[4/4] 200 hedged requests answered "
+            f"[4/6] 200 hedged requests answered "
             f"({client.stats.get('requests_hedged', 0)} copies sent)"
         )
+
+        live = len(client.members(CLUSTER))
+        await client.wait_for_subscribers("orders.eu", live, timeout=5)
+        regions = ("eu", "us", "asia")
+        for i in range(1000):
+            await client.publish(f"orders.{regions[i % 3]}", b"%d" % i)
+        counts: list[tuple[int, int]] = []
+        for _attempt in range(50):  # until each worker has read all 1000, or 5 s
+            tally = await client.survey(CLUSTER, b"orders?", timeout=2)
+            counts = [(int(a.split()[0]), int(a.split()[1])) for a in tally.answers.values()]
+            if len(counts) == live and all(n == 1000 for n, _bad in counts):
+                break
+            await asyncio.sleep(0.1)
+        published_ok = len(counts) == live and all(c == (1000, 0) for c in counts)
+        say(
+            f"[5/6] 1000 orders published to {live} subscribed workers: "
+            + ", ".join(f"{n} received, {bad} out of order" for n, bad in counts)
+        )
+        if not published_ok:
+            failures.append(f"pub/sub: workers counted {counts}")
+
+        blob = hashlib.sha256(b"demo").digest() * (16 << 15)  # 16 MiB
+        tunnel_started = time.perf_counter()
+        async with client.tunnel(CLUSTER, timeout=5) as tunnel:
+            for offset in range(0, len(blob), 1 << 20):
+                await tunnel.send(blob[offset : offset + (1 << 20)])
+            await tunnel.send_eof()
+            answer = (await tunnel.recv()).decode()
+        tunnel_s = time.perf_counter() - tunnel_started
+        verified = answer == hashlib.sha256(blob).hexdigest()
+        say(
+            f"[6/6] 16 MiB through a tunnel to worker {tunnel.peer[:8]} in {tunnel_s:.2f} s: "
+            f"SHA-256 {'verified' if verified else 'MISMATCH'}"
+        )
+        if not verified:
+            failures.append("tunnel: the checksum differs")
         assert client.recorder is not None
         counts = {
             f"{kind}/{outcome}": n
