@@ -93,30 +93,21 @@ class Recorder:
         outcome: str,
         kind: str = _REQUEST,
     ) -> None:
-        """Caller side: one request (or broadcast, survey) ended `latency` s after it was sent."""
-        self._call(kind, cluster, peer, latency, size, outcome)
+        """Caller side: one request (or broadcast, survey) ended `latency` s after it was sent.
 
-    def serve(self, cluster: str, peer: bytes, latency: float, size: int, outcome: str) -> None:
-        """Member side: one handler run ended (`latency` seconds of service time)."""
-        self._call(_SERVE, cluster, peer, latency, size, outcome)
-
-    def _call(
-        self,
-        kind: str,
-        cluster: str,
-        peer: bytes | None,
-        latency: float,
-        size: int,
-        outcome: str,
-    ) -> None:
-        series = self._series.get((kind, cluster)) or self._new_series(kind, cluster)
+        The hot path of recording (the member's `serve` comes here too): a dict lookup, two
+        increments and, one time in `sample_every`, a record.
+        """
+        series = self._series.get((kind, cluster))
+        if series is None:
+            series = self._new_series(kind, cluster)
         counts = series.counts
         counts[outcome] = counts.get(outcome, 0) + 1
         us = int(latency * 1e6)
         bucket = us.bit_length()
         series.histogram[bucket if bucket < HISTOGRAM_BUCKETS else HISTOGRAM_BUCKETS - 1] += 1
-        series.since += 1  # one record in `sample_every` per (kind, cluster)
-        if series.since >= self._every and (self.writer is not None or self.exporter is not None):
+        since = series.since = series.since + 1  # one record in `sample_every` per series
+        if since >= self._every and (self.writer is not None or self.exporter is not None):
             series.since = 0
             record = (
                 self._clock(),
@@ -136,6 +127,10 @@ class Recorder:
                 self.writer.append(record)
             if self.exporter is not None:
                 self.exporter.append(record)
+
+    def serve(self, cluster: str, peer: bytes, latency: float, size: int, outcome: str) -> None:
+        """Member side: one handler run ended (`latency` seconds of service time)."""
+        self.request(cluster, peer, latency, size, outcome, _SERVE)
 
     def membership(self, event: MembershipEvent, peer: bytes) -> None:
         self._event(str(Kind.MEMBERSHIP), "", None, peer.hex(), str(event), None)
