@@ -1,10 +1,13 @@
 """SURVEY-style discovery over UDP multicast: ask "who is there?", collect candidates.
 
-Theory of operation. Each node holds two UDP sockets:
+Theory of operation. Each node holds three UDP sockets:
 
 * a *listener* bound to ``(group, port)``, joined to the group on the configured interface only.
   ``SO_REUSEADDR`` + ``SO_REUSEPORT`` let several processes on one host share the group and port,
   and the kernel gives each of them its own copy of every multicast datagram.
+* a *question* socket bound to ``(interface, port)`` (shared like the listener), where QUESTIONs
+  sent by unicast arrive: ``unicast_targets`` names hosts to ask that way, for nodes that
+  multicast cannot reach; the kernel hands each to one of the processes sharing the port.
 * a *unicast* socket bound to ``(interface, 0)``, which sends QUESTIONs to the group (pinned with
   ``IP_MULTICAST_IF``, TTL 1, loop on so nodes on one host hear each other) and receives ANSWERs.
   Questions leave from it so that their source address is where answers should go: a reply to
@@ -16,8 +19,8 @@ mesh is changing); once stable it backs off, doubling the interval up to ``slow_
 find nodes whose questions were lost). Each interval is jittered by the injected rng so nodes
 started together do not ask in lockstep.
 
-Nodes that multicast cannot reach (another subnet) are found through seeds instead: a seed's
-link handshake answers with its peer list, the TCP counterpart of a unicast survey. `poll_now` asks
+Nodes that multicast cannot reach (another subnet) are asked by unicast (`unicast_targets`),
+and seeds work over TCP: a seed's link handshake answers with its peer list. `poll_now` asks
 at once, e.g. after the mesh lost peers. A listener that hears another node's QUESTION answers
 with one unicast ANSWER to the question's source address. Both kinds carry the sender's node id
 and mesh endpoint, so a question also announces the asker to every listener.
@@ -167,6 +170,10 @@ class SurveyConfig:
     slow_interval: float = 5.0
     jitter: float = 0.25
     realm: bytes = b""
+    # Hosts to also ask by unicast, at `port` (for nodes that multicast cannot reach, e.g. the
+    # hosts of a node's seeds on another subnet); every node listens for unicast questions on
+    # (interface, port).
+    unicast_targets: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         try:
@@ -189,6 +196,17 @@ class SurveyConfig:
             raise ConfigurationError("survey intervals must be positive")
         if not 0 <= self.jitter < 1:
             raise ConfigurationError(f"survey jitter {self.jitter} is not in [0, 1)")
+        for target in self.unicast_targets:
+            try:
+                address = ipaddress.IPv4Address(target)
+            except ValueError:
+                raise ConfigurationError(
+                    f"survey unicast target {target!r} is not an IPv4 address"
+                ) from None
+            if address.is_unspecified or address.is_multicast or address.is_reserved:
+                raise ConfigurationError(f"survey unicast target {target} is not a host address")
+        if len(self.unicast_targets) > 64:
+            raise ConfigurationError("at most 64 survey unicast targets")
         if len(self.realm) > MAX_REALM_LEN:
             raise ConfigurationError(f"survey realm is longer than {MAX_REALM_LEN} bytes")
 
@@ -203,6 +221,7 @@ _STAT_NAMES = (
     "dropped_realm",
     "send_errors",
     "callback_errors",
+    "unicast_questions_sent",
 )
 
 
@@ -248,6 +267,7 @@ class SurveyDiscovery:
         self._stats = dict.fromkeys(_STAT_NAMES, 0)
         self._group_transport: asyncio.DatagramTransport | None = None
         self._unicast_transport: asyncio.DatagramTransport | None = None
+        self._asked_transport: asyncio.DatagramTransport | None = None  # unicast questions
         self._protocols: list[_SurveyProtocol] = []
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -261,10 +281,10 @@ class SurveyDiscovery:
 
     @property
     def local_addresses(self) -> tuple[tuple[str, int], ...]:
-        """The (host, port) each open socket is bound to: the listener's first."""
+        """The (host, port) each socket is bound to: listener, unicast, question socket."""
         return tuple(
             t.get_extra_info("sockname")
-            for t in (self._group_transport, self._unicast_transport)
+            for t in (self._group_transport, self._unicast_transport, self._asked_transport)
             if t is not None
         )
 
@@ -279,6 +299,7 @@ class SurveyDiscovery:
         try:
             self._group_transport = await self._open(loop, via_group=True)
             self._unicast_transport = await self._open(loop, via_group=False)
+            self._asked_transport = await self._open(loop, via_group=True, asked=True)
         except BaseException:
             await self.close()
             raise
@@ -296,19 +317,19 @@ class SurveyDiscovery:
             task.cancel()
             # wait(), not await: the task's CancelledError is expected, a caller's must propagate.
             await asyncio.wait([task])
-        for transport in (self._group_transport, self._unicast_transport):
+        for transport in (self._group_transport, self._unicast_transport, self._asked_transport):
             if transport is not None:
                 transport.close()
-        self._group_transport = self._unicast_transport = None
+        self._group_transport = self._unicast_transport = self._asked_transport = None
         # The socket is released only in connection_lost, a loop iteration after close():
         # wait for it so a caller may rebind the port as soon as close() returns.
         protocols, self._protocols = self._protocols, []
         await asyncio.gather(*(p.lost for p in protocols))
 
     async def _open(
-        self, loop: asyncio.AbstractEventLoop, *, via_group: bool
+        self, loop: asyncio.AbstractEventLoop, *, via_group: bool, asked: bool = False
     ) -> asyncio.DatagramTransport:
-        sock = _open_socket(self._config, listener=via_group)
+        sock = _open_socket(self._config, listener=via_group, asked=asked)
         protocol = _SurveyProtocol(self, via_group=via_group)
         try:
             transport, _ = await loop.create_datagram_endpoint(lambda: protocol, sock=sock)
@@ -326,6 +347,8 @@ class SurveyDiscovery:
         while True:
             self._wake.clear()
             self._send(self._question, (cfg.group, cfg.port), "questions_sent")
+            for target in cfg.unicast_targets:
+                self._send(self._question, (target, cfg.port), "unicast_questions_sent")
             asked = loop.time()
             if asked - self._news_at < cfg.fast_period:
                 interval = cfg.fast_interval  # new here, or the mesh changed: ask often
@@ -365,8 +388,9 @@ class SurveyDiscovery:
         if not hmac.compare_digest(message.realm, self._config.realm):
             self._count("dropped_realm")
             return
-        # Questions go to the group and answers to a unicast socket; anything else is not
-        # this protocol, and answering a unicast question would make us a reflector.
+        # Questions go to the group (or the question port) and answers to the asker's socket;
+        # anything else is not this protocol. A question's answer is no larger than it, and
+        # only questions of our realm are answered: no amplification, no open reflector.
         if via_group != (message.kind is SurveyKind.QUESTION):
             self._count("dropped_malformed")
             return
@@ -388,11 +412,18 @@ class SurveyDiscovery:
             _log.log(level, "survey candidate callback raised; discovery goes on", exc_info=True)
 
 
-def _open_socket(cfg: SurveyConfig, *, listener: bool) -> socket.socket:
+def _open_socket(cfg: SurveyConfig, *, listener: bool, asked: bool = False) -> socket.socket:
     ip, iface = socket.IPPROTO_IP, socket.inet_aton(cfg.interface)
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
-        if listener:
+        if asked:
+            # Unicast questions to this host: bound to the interface's address, never a
+            # wildcard. Processes on one host share the port; the kernel gives each question to
+            # one of them, which is enough (the asker learns the rest from that one's peers).
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind((cfg.interface, cfg.port))
+        elif listener:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             # Bound to the group, not a wildcard: only this group's datagrams reach the socket.

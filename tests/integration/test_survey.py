@@ -264,6 +264,25 @@ def test_questions_to_the_unicast_socket_are_not_answered() -> None:
     run(scenario)
 
 
+def test_a_node_multicast_cannot_reach_is_found_by_a_unicast_question() -> None:
+    async def scenario() -> None:
+        config = fresh_config()
+        # Another group on the same port: multicast questions never reach the first node.
+        elsewhere = SurveyConfig(
+            group="239.255.73.99", port=config.port, unicast_targets=(LOOPBACK,)
+        )
+        there, asker = make_node(config), make_node(elsewhere)
+        async with started(there, asker):
+            await wait_until(
+                lambda: there.me in asker.seen, 3.0, "the answer to a unicast question"
+            )
+            assert asker.survey.stats["unicast_questions_sent"] >= 1
+            assert there.survey.stats["answers_sent"] >= 1
+            assert asker.me in there.seen  # the question announced the asker too
+
+    run(scenario)
+
+
 def test_candidate_callback_errors_are_counted_and_discovery_goes_on() -> None:
     async def scenario() -> None:
         config = fresh_config(fast_interval=0.02)
@@ -453,13 +472,14 @@ def test_every_socket_is_on_loopback_or_the_group() -> None:
         async with started(node):
             opened = socket_inodes() - before
             udp = udp_sockets()
-            assert len(opened) == 2
+            assert len(opened) == 3
             assert opened <= udp.keys(), "the engine opened a socket that is not IPv4 UDP"
             bound = sorted(udp[inode] for inode in opened)
             assert sorted(node.survey.local_addresses) == bound
             for host, _port in bound:
                 assert host in (LOOPBACK, config.group)
             assert (config.group, config.port) in bound
+            assert (LOOPBACK, config.port) in bound  # unicast questions, on loopback too
             assert igmp_devices(config.group) == {"lo"}
             # The send options are not API, so reach into the engine for them.
             transport = node.survey._unicast_transport
