@@ -107,7 +107,9 @@ class PeerInfo:
     rtt_ms: float
     latency_ms: float
     outstanding: int
-    state: str = "alive"  # or "suspect": silent lately, other peers asked whether they hear it
+    # "alive"; "suspect": silent lately, other peers are asked whether they hear it; and, from
+    # peers(departed=True), "dead" (silent, unreachable or disconnected) or "left" (said bye).
+    state: str = "alive"
     load: int = 0  # replies the peer still holds for its callers, as it last reported
 
 
@@ -184,6 +186,7 @@ class Node:
         self._tunnels = Tunnels(self._flush_soon, self._flush_now)
         self._membership_changed: asyncio.Event | None = None
         self._peer_listeners: list[Callable[[Event], None]] = []
+        self._departed: dict[str, PeerInfo] = {}  # hex id -> the peer as it went
         self._closing = False
         self.endpoint = ""
 
@@ -577,9 +580,12 @@ class Node:
         core, _ = self._running()
         return [link.peer_id.hex() for link in core.members(cluster)]
 
-    def peers(self) -> list[PeerInfo]:
+    def peers(self, *, departed: bool = False) -> list[PeerInfo]:
+        """Live peers (state "alive" or "suspect"); with `departed`, also the peers that died
+        or left lately (state "dead" or "left", the most recent 256, until they return)."""
         core, _ = self._running()
-        return [
+        gone = list(self._departed.values()) if departed else []
+        return gone + [
             PeerInfo(
                 node_id=link.peer_id.hex(),
                 endpoint=link.endpoint,
@@ -667,6 +673,7 @@ class Node:
             elif type(event) is InterestChanged:
                 self._pubsub.interest_changed()
             elif type(event) is PeerUp or type(event) is PeerDown:
+                self._note_departure(event)
                 if self._membership_changed is not None:
                     self._membership_changed.set()
                 if recorder is not None:
@@ -679,6 +686,22 @@ class Node:
                     recorder.membership(membership, event.node_id)
                 for listener in self._peer_listeners:
                     listener(event)
+
+    def _note_departure(self, event: PeerUp | PeerDown) -> None:
+        key = event.node_id.hex()
+        self._departed.pop(key, None)
+        if type(event) is PeerDown:
+            state = "left" if event.reason == "left" else "dead"
+            self._departed[key] = PeerInfo(
+                node_id=key,
+                endpoint=event.endpoint,
+                rtt_ms=0.0,
+                latency_ms=0.0,
+                outstanding=0,
+                state=state,
+            )
+            if len(self._departed) > 256:
+                del self._departed[next(iter(self._departed))]
 
     def _served(self, event: RequestArrived, seconds: float, size: int, ok: bool) -> None:
         if self.recorder is not None:

@@ -55,7 +55,8 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
         description=(
             "Joins the mesh as a client, gathers peers until the mesh seen from here stops\n"
             "changing (at most --wait seconds) and prints them: node id, endpoint, state\n"
-            "(every listed peer is alive: a dead one leaves the list within about a second),\n"
+            "(alive; suspect when it fell silent and other peers are asked about it; dead or\n"
+            "left for peers seen to go while gathering),\n"
             "heartbeat RTT, the balancer's latency estimate, this node's requests in flight,\n"
             "and the clusters it serves among those this keyring names."
         ),
@@ -154,7 +155,7 @@ def peer_json(p: irismesh.PeerInfo, clusters: Sequence[str]) -> dict[str, object
     return {
         "node_id": p.node_id,
         "endpoint": p.endpoint,
-        "state": "alive",
+        "state": p.state,
         "rtt_ms": round(p.rtt_ms, 3),
         "latency_ms": measured(p.latency_ms),
         "outstanding": p.outstanding,
@@ -173,6 +174,14 @@ def cluster_json(view: ClusterView) -> dict[str, object]:
     }
 
 
+_STATE_STYLE = {
+    "alive": "[green]alive[/]",
+    "suspect": "[yellow]suspect[/]",
+    "dead": "[red]dead[/]",
+    "left": "[dim]left[/]",
+}
+
+
 def peers_table(peers: Sequence[irismesh.PeerInfo], served: dict[str, list[str]]) -> Table:
     table = Table(title=f"peers ({len(peers)})", title_justify="left")
     table.add_column("node")
@@ -186,7 +195,7 @@ def peers_table(peers: Sequence[irismesh.PeerInfo], served: dict[str, list[str]]
         table.add_row(
             short_id(p.node_id),
             p.endpoint,
-            "[green]alive[/]",
+            _STATE_STYLE.get(p.state, p.state),
             ms(p.rtt_ms),
             ms(measured(p.latency_ms)),
             str(p.outstanding),
@@ -229,6 +238,7 @@ async def run_peers(args: argparse.Namespace) -> int:
     async with make_node(args, keys) as node:
         peers = await settle(node, args.wait)
         served = served_by(view_clusters(node, names, peers))
+        peers = node.peers(departed=True)  # and those seen to go while gathering
     if not peers and args.seed:
         raise nobody_answered(args)
     if args.json:

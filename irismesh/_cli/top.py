@@ -121,7 +121,7 @@ class Sampler:
         node = self.node
         now = time.monotonic()
         stats = counters(node)
-        peers = node.peers()
+        peers = node.peers(departed=True)  # the dead and departed show, in red, until they return
         frame = Frame(
             node_id=node.node_id.hex(),
             endpoint=node.endpoint,

@@ -423,3 +423,21 @@ def test_sync_node_publishes_subscribes_and_tunnels(keys: irismesh.Keyring) -> N
                 assert tunnel.recv() == b"X" * 100_000
                 tunnel.send_eof()
                 assert list(tunnel) == []
+
+
+def test_peers_report_suspect_and_departed_states(keys: irismesh.Keyring) -> None:
+    async def main() -> None:
+        member = await irismesh.Node("db", keyring=keys).start()
+        caller = await irismesh.Node(keyring=keys, seeds=[member.endpoint]).start()
+        try:
+            await caller.wait_for_members("db", 1, timeout=5)
+            [peer] = caller.peers()
+            assert (peer.node_id, peer.state) == (member.node_id.hex(), "alive")
+            await member.close()
+            await wait_until(lambda: not caller.peers(), 5, "the member to leave")
+            [gone] = caller.peers(departed=True)
+            assert (gone.node_id, gone.state) == (member.node_id.hex(), "left")
+        finally:
+            await asyncio.gather(caller.close(), member.close())
+
+    asyncio.run(asyncio.wait_for(main(), 30))
