@@ -146,6 +146,8 @@ class Tunnel:
                 raise EndOfStream(f"the other end of the tunnel to {self.cluster!r} is done")
             if self._reset is not None:
                 raise TunnelReset(self._reset)
+            if self._partial_size > self._window // 2:
+                self._grant_partial()  # the reader waits on a large message: let it come
             waiter = self._readable = asyncio.get_running_loop().create_future()
             try:
                 await waiter
@@ -239,10 +241,11 @@ class Tunnel:
             self._hub.forget(self._handle)
             self._end(reason)
             return
-        if self._partial_size > self._window // 2:
-            # A message this large cannot fit the window: grant it back as it is assembled.
-            self._grant(self._partial_size - self._partial_granted)
-            self._partial_granted = self._partial_size
+        if self._partial_size > self._window // 2 and not self._messages:
+            # A message this large cannot fit the window: while the reader waits for it, grant
+            # it back as it is assembled. (With whole messages unread, the reader is not
+            # waiting: it grants when it comes back for this one, see recv.)
+            self._grant_partial()
         if not more:
             parts = self._partial
             message = parts[0] if len(parts) == 1 else b"".join(parts)
@@ -250,6 +253,11 @@ class Tunnel:
             self._partial = []
             self._partial_size = self._partial_granted = 0
             self._wake_reader()
+
+    def _grant_partial(self) -> None:
+        if self._partial_size > self._partial_granted:
+            self._grant(self._partial_size - self._partial_granted)
+            self._partial_granted = self._partial_size
 
     def _end(self, reason: str) -> None:
         if self._reset is None:

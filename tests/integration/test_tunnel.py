@@ -231,3 +231,48 @@ def test_a_member_that_answers_and_returns_ends_the_stream_cleanly(
             await asyncio.gather(caller.close(), member.close())
 
     run(main())
+
+
+def test_a_slow_reader_of_large_messages_buffers_a_window_and_one_message(
+    keys: irismesh.Keyring,
+) -> None:
+    window, size = 256 << 10, 1 << 20  # messages four times the window
+
+    async def main() -> None:
+        member, caller = await pair(keys)
+        try:
+            release = asyncio.Event()
+            held: list[irismesh.Tunnel] = []
+
+            @member.on_tunnel
+            async def slow(tunnel: irismesh.Tunnel) -> None:
+                held.append(tunnel)
+                await tunnel.recv()  # the first one, then it stops reading for a while
+                await release.wait()
+                async for _message in tunnel:
+                    pass
+
+            member._tunnels.window = window
+            tunnel = await caller.tunnel("db", timeout=5)
+            sent = 0
+
+            async def pump() -> None:
+                nonlocal sent
+                for _ in range(12):
+                    await tunnel.send(b"m" * size)
+                    sent += 1
+                await tunnel.send_eof()
+
+            pumping = asyncio.ensure_future(pump())
+            await wait_until(lambda: held and held[0].bytes_received >= size, 5, "one message")
+            await asyncio.sleep(0.5)  # the reader does not read: what may still arrive?
+            # The message it read, then at most a window plus one message being assembled.
+            assert held[0].bytes_received <= size + window + size
+            assert not pumping.done()
+            release.set()
+            await asyncio.wait_for(pumping, 30)
+            assert sent == 12
+        finally:
+            await asyncio.gather(caller.close(), member.close())
+
+    run(main())
