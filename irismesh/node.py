@@ -184,6 +184,9 @@ class Node:
         self._surveys: HandlerRunner | None = None  # None: surveys go to the request handler
         self._pubsub = PubSub(self.node_id, self._flush_soon, self._flush_now)
         self._tunnels = Tunnels(self._flush_soon, self._flush_now)
+        if self.recorder is not None:
+            self._pubsub.record = self._record_message
+            self._tunnels.record = self._record_tunnel
         self._membership_changed: asyncio.Event | None = None
         self._peer_listeners: list[Callable[[Event], None]] = []
         self._departed: dict[str, PeerInfo] = {}  # hex id -> the peer as it went
@@ -687,6 +690,27 @@ class Node:
                 for listener in self._peer_listeners:
                     listener(event)
 
+    def _record_message(
+        self, kind: str, topic: str, peer: bytes | None, size: int, missed: int
+    ) -> None:
+        recorder = self.recorder
+        if recorder is not None:
+            # By topic scope (the first segment): topics are unbounded, clusters of records not.
+            scope = topic.partition(".")[0]
+            recorder.request(scope, peer, 0.0, size, _OK if not missed else _DROPPED, kind)
+            if missed:
+                recorder.drop("messages_missed", missed)
+
+    def _record_tunnel(self, tunnel: Tunnel) -> None:
+        recorder, driver = self.recorder, self._driver
+        if recorder is not None and driver is not None:
+            seconds = driver._loop.time() - tunnel.opened_at
+            outcome = _OK if tunnel.ended_cleanly else _DROPPED
+            size = tunnel.bytes_sent + tunnel.bytes_received
+            recorder.request(
+                tunnel.cluster, bytes.fromhex(tunnel.peer), seconds, size, outcome, _TUNNEL_KIND
+            )
+
     def _note_departure(self, event: PeerUp | PeerDown) -> None:
         key = event.node_id.hex()
         self._departed.pop(key, None)
@@ -793,6 +817,8 @@ def _mdns_config(mdns: bool | MdnsConfig, keyring: Keyring) -> MdnsConfig | None
 _OK, _REMOTE_ERROR = str(Outcome.OK), str(Outcome.REMOTE_ERROR)
 _REQUEST_KIND, _BROADCAST_KIND = str(TelemetryKind.REQUEST), str(TelemetryKind.BROADCAST)
 _SURVEY_KIND = str(TelemetryKind.SURVEY)
+_TUNNEL_KIND = str(TelemetryKind.TUNNEL)
+_DROPPED = str(Outcome.DROPPED)
 _KIND_REQUEST, _KIND_BROADCAST = int(Kind.REQUEST), int(Kind.BROADCAST)
 
 

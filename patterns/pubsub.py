@@ -166,7 +166,8 @@ class Subscription:
         if self._blocking:
             self._hub._room_made()
 
-    def _put(self, message: Message, hold: _Hold | bytes | None, gap: int) -> None:
+    def _put(self, message: Message, hold: _Hold | bytes | None, gap: int) -> int:
+        """Queue a message; returns how many the policy dropped to make room (0 or 1)."""
         self.received += 1
         if gap:
             self.missed += gap
@@ -176,10 +177,14 @@ class Subscription:
             queue.popleft()  # drop_oldest entries hold no credit
             self.missed += 1
             self._gap += 1
+            dropped = 1
+        else:
+            dropped = 0
         queue.append((message, hold))
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+        return dropped
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -206,6 +211,8 @@ class PubSub:
         self._unflushed = 0
         self.published = 0
         self.delivered = 0
+        # Telemetry, when the node records: record(kind, topic, publisher or None, size, missed)
+        self.record: Callable[[str, str, bytes | None, int, int], None] | None = None
         self.unmatched = 0  # messages that arrived for no subscription (one just ended)
 
     def attach(self, core: MeshCore) -> None:
@@ -277,9 +284,12 @@ class PubSub:
             if core is not None and core.release(event.routing_id):
                 self._flush_soon()
         gap = event.gap
+        dropped = 0
         for sub in subs:
-            sub._put(message, hold if sub._blocking else None, gap)
+            dropped += sub._put(message, hold if sub._blocking else None, gap)
         self.delivered += len(subs)
+        if self.record is not None:
+            self.record("deliver", event.topic, event.publisher, len(event.payload), gap + dropped)
 
     def _route(self, topic: str) -> tuple[tuple[Subscription, ...], int]:
         """The subscriptions a topic goes to, and how many of them block: kept per topic."""
@@ -365,6 +375,8 @@ class PubSub:
         if sent < 0:
             return None
         self.published += 1
+        if self.record is not None:
+            self.record("publish", topic, None, len(payload), 0)
         if local:
             message = Message(topic, payload, self._node_id)
             for sub in local:

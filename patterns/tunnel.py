@@ -64,6 +64,7 @@ class Tunnel:
         self.peer = peer  # the other end's hex node id
         self.bytes_sent = 0
         self.bytes_received = 0
+        self.opened_at = asyncio.get_running_loop().time()
         self._hub = hub
         self._handle = handle
         self._window = window
@@ -83,6 +84,11 @@ class Tunnel:
     def __repr__(self) -> str:
         state = (self._reset and "reset") or ("eof" if self._eof else "open")
         return f"<Tunnel {self.cluster!r} peer={self.peer[:12]} {state}>"
+
+    @property
+    def ended_cleanly(self) -> bool:
+        """The other end finished sending, and nothing reset the tunnel (so far)."""
+        return self._eof and self._reset is None
 
     # ----------------------------------------------------------------- sending
 
@@ -319,6 +325,7 @@ class Tunnels:
         self._open: dict[int, Tunnel] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.handler: TunnelHandler | None = None
+        self.record: Callable[[Tunnel], None] | None = None  # telemetry, as a tunnel ends
         self.window = DEFAULT_WINDOW
         self.max_message = DEFAULT_MAX_MESSAGE
 
@@ -334,7 +341,9 @@ class Tunnels:
         return self._core
 
     def forget(self, handle: int) -> None:
-        self._open.pop(handle, None)
+        tunnel = self._open.pop(handle, None)
+        if tunnel is not None and self.record is not None:
+            self.record(tunnel)
 
     @property
     def open_count(self) -> int:

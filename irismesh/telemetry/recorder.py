@@ -27,7 +27,13 @@ from irismesh.telemetry.spool import SpoolWriter
 _REQUEST, _SERVE = str(Kind.REQUEST), str(Kind.SERVE)
 _REQREP = str(Pattern.REQREP)
 _DROP = str(Kind.DROP)
-_PATTERNS = {str(Kind.BROADCAST): str(Pattern.BROADCAST), str(Kind.SURVEY): str(Pattern.SURVEY)}
+_PATTERNS = {
+    str(Kind.BROADCAST): str(Pattern.BROADCAST),
+    str(Kind.SURVEY): str(Pattern.SURVEY),
+    str(Kind.PUBLISH): str(Pattern.PUBSUB),
+    str(Kind.DELIVER): str(Pattern.PUBSUB),
+    str(Kind.TUNNEL): str(Pattern.TUNNEL),
+}
 HISTOGRAM_BUCKETS = 40  # 2**39 us is about six days
 
 

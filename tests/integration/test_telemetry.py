@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from helpers import wait_until
 
 import irismesh
 from irismesh.node import TelemetryConfig
@@ -103,3 +104,47 @@ def test_recorder_percentiles_interpolate_within_a_bucket() -> None:
     assert p50 is not None
     assert 1400 < p50 < 1600  # the true median is 1500; the bucket bound would say 2048
     assert recorder.percentile("request", "other", 0.5) is None
+
+
+def test_publishes_deliveries_misses_and_tunnels_are_recorded(keys: irismesh.Keyring) -> None:
+    async def main() -> None:
+        member = await irismesh.Node("files", keyring=keys).start()
+        caller = await irismesh.Node(keyring=keys, seeds=[member.endpoint]).start()
+        try:
+
+            @member.on_tunnel
+            async def echo(tunnel: irismesh.Tunnel) -> None:
+                async for message in tunnel:
+                    await tunnel.send(message)
+
+            sub = member.subscribe("feeds.#", policy="drop_oldest", maxsize=5)
+            await caller.wait_for_subscribers("feeds.x", 1, timeout=5)
+            for i in range(20):
+                await caller.publish(f"feeds.world.{i}", b"x" * 10)
+            await wait_until(lambda: sub.received == 20, 5, "every message")
+            async with caller.tunnel("files", timeout=5) as tunnel:
+                await tunnel.send(b"y" * 1000)
+                assert await tunnel.recv() == b"y" * 1000
+                await tunnel.send_eof()
+                with pytest.raises(irismesh.EndOfStream):
+                    await tunnel.recv()
+            assert caller.recorder is not None
+            assert member.recorder is not None
+            await wait_until(
+                lambda: (
+                    member.recorder is not None and member.recorder.total("tunnel", "files") == 1
+                ),
+                5,
+                "the member's tunnel record",
+            )
+            assert caller.recorder.total("publish", "feeds", "ok") == 20
+            delivered = member.recorder.total("deliver", "feeds")
+            assert delivered == 20
+            # The first 15 deliveries pushed the oldest out of a buffer of 5.
+            assert member.recorder.total("deliver", "feeds", "dropped") == 15
+            assert member.recorder.counts[("drop", "", "messages_missed")] == 15
+            assert caller.recorder.total("tunnel", "files", "ok") == 1
+        finally:
+            await asyncio.gather(caller.close(), member.close())
+
+    asyncio.run(asyncio.wait_for(main(), 30))
