@@ -122,6 +122,7 @@ _PUBLISH_SIZE = PUBLISH_FIELDS.size
 _unpack_entry = BATCH_ENTRY.unpack_from
 _ENTRY_SIZE = BATCH_ENTRY.size
 _MAX_CREDIT = 1 << 30
+_BATCH_BYTES = 96 << 10
 _MAX_TOPIC_SCOPES = 4096  # topic scopes whose ciphers a node keeps at once
 
 
@@ -887,7 +888,9 @@ class MeshCore:
         for slot, kind, body in staged:
             by_slot.setdefault(slot, []).append((kind, body))
         frames = []
-        limit = self._max_payload  # a batch fits the peer's frame limit, like any one body
+        # A batch fits the peer's frame limit (like any one body) and stays below the sizes
+        # malloc serves by mmap (one batch frame per 64 KiB tunnel chunk or so, not a MiB).
+        limit = min(self._max_payload, _BATCH_BYTES)
         for slot, entries in by_slot.items():
             start, count = 0, len(entries)
             while start < count:

@@ -87,8 +87,8 @@ def test_a_gigabyte_goes_through_a_tunnel_intact_with_flat_memory() -> None:
     assert report["bytes"] == 1 << 30
     assert report["verified"] is True
     # Flat: a gigabyte passed, and neither side held more than a few windows of it.
-    assert report["sender_peak_rss_mb"] < 150
-    assert report["member_peak_rss_mb"] < 150
+    assert report["sender_peak_rss_mb"] < 150, report
+    assert report["member_peak_rss_mb"] < 150, report
     print(
         f"\ntunnel: 1 GiB at {report['mb_per_s']} MB/s, peak RSS sender "
         f"{report['sender_peak_rss_mb']} MB, member {report['member_peak_rss_mb']} MB"

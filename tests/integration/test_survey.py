@@ -267,9 +267,14 @@ def test_questions_to_the_unicast_socket_are_not_answered() -> None:
 def test_a_node_multicast_cannot_reach_is_found_by_a_unicast_question() -> None:
     async def scenario() -> None:
         config = fresh_config()
-        # Another group on the same port: multicast questions never reach the first node.
+        # Another group on the same port, from another loopback address: its multicast
+        # questions never reach the first node, and its own question socket (on 127.0.0.2) is
+        # not where its unicast questions to 127.0.0.1 land.
         elsewhere = SurveyConfig(
-            group="239.255.73.99", port=config.port, unicast_targets=(LOOPBACK,)
+            group="239.255.73.99",
+            port=config.port,
+            interface="127.0.0.2",
+            unicast_targets=(LOOPBACK,),
         )
         there, asker = make_node(config), make_node(elsewhere)
         async with started(there, asker):
