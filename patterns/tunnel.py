@@ -45,6 +45,7 @@ from irismesh.errors import (
 CHUNK = 64 << 10
 DEFAULT_WINDOW = 1 << 20
 DEFAULT_MAX_MESSAGE = 64 << 20
+YIELD_EVERY = 128  # messages a sender sends before it lets its event loop run
 
 _ACCEPT, _DATA, _CREDIT = int(TunnelOp.ACCEPT), int(TunnelOp.DATA), int(TunnelOp.CREDIT)
 _FIN, _RESET = int(TunnelOp.FIN), int(TunnelOp.RESET)
@@ -65,6 +66,7 @@ class Tunnel:
         self.bytes_sent = 0
         self.bytes_received = 0
         self.opened_at = asyncio.get_running_loop().time()
+        self._unyielded = 0  # messages sent since this end last let the loop run
         self._hub = hub
         self._handle = handle
         self._window = window
@@ -108,6 +110,7 @@ class Tunnel:
             credit = core.tunnel_credit(self._handle) if self._reset is None else 0
             want = min(CHUNK, size - offset)
             if want and credit <= 0:
+                self._unyielded = 0
                 await self._wait_writable()
                 continue
             take = min(want, credit)
@@ -119,6 +122,12 @@ class Tunnel:
             if not more:
                 break
         self._hub.flush_soon()
+        self._unyielded += 1
+        if self._unyielded >= YIELD_EVERY:
+            # Small messages: a window holds many thousands, and a sender that never waits
+            # for credit would keep its loop (heartbeats, input) from running meanwhile.
+            self._unyielded = 0
+            await asyncio.sleep(0)
 
     async def send_eof(self) -> None:
         """Half close: no more messages from this end; the other end may still send."""
