@@ -157,7 +157,17 @@ def expected_checksum(plan: Plan) -> str:
 
 
 def peak_rss_mb() -> float:
-    """The kernel's high-water mark of this process's RSS, start-up included (Linux: KiB)."""
+    """The kernel's high-water mark of this process's RSS, start-up included (MiB).
+
+    VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec, from the parent's peak.
+    """
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
