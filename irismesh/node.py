@@ -31,6 +31,7 @@ from irismesh._core.events import (
     InterestChanged,
     MessageArrived,
     PeerDown,
+    PeerSuspect,
     PeerUp,
     ReplyArrived,
     RequestArrived,
@@ -671,6 +672,10 @@ class Node:
                         recorder.request(entry[1], None, now - entry[2], 0, outcome, entry[3])
             elif type(event) is TunnelFrame or type(event) is TunnelArrived:
                 self._tunnels.on_event(event)
+            elif type(event) is PeerSuspect:
+                if recorder is not None:
+                    state = MembershipEvent.SUSPECT if event.suspect else MembershipEvent.ALIVE
+                    recorder.membership(state, event.node_id)
             elif type(event) is CreditArrived:
                 self._pubsub.credit_arrived()
             elif type(event) is InterestChanged:

@@ -46,6 +46,7 @@ from irismesh._core.events import (
     MessageArrived,
     OpenLink,
     PeerDown,
+    PeerSuspect,
     PeerUp,
     ReplyArrived,
     RequestArrived,
@@ -940,6 +941,7 @@ class MeshCore:
             if link.suspect:  # heard again: the suspicion is refuted
                 link.suspect = False
                 self.stats["suspicions_refuted"] += 1
+                self.events.append(PeerSuspect(node_id=link.peer_id, suspect=False))
             if kind == _REPLY:
                 self._on_reply(link, body, now)
                 return
@@ -1231,6 +1233,7 @@ class MeshCore:
         if not link.suspect:
             link.suspect = True
             self.stats["peers_suspected"] += 1
+            self.events.append(PeerSuspect(node_id=link.peer_id, suspect=True))
             self._probe(link, now)
         elif now - link.probed_at >= cfg.heartbeat_interval - 1e-6:
             self._probe(link, now)

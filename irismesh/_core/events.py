@@ -103,6 +103,14 @@ class PeerDown:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PeerSuspect:
+    """A peer fell silent (`suspect` True: others are asked about it) or was heard again."""
+
+    node_id: bytes
+    suspect: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class OpenLink:
     """Dial `endpoint`; frames for `link_id` follow in the outbox."""
 
@@ -128,4 +136,5 @@ Event = (
     | InterestChanged
     | TunnelArrived
     | TunnelFrame
+    | PeerSuspect
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from memnet import MemNet, MemNode, mesh
 
 from irismesh._core.config import CoreConfig
-from irismesh._core.events import PeerDown
+from irismesh._core.events import PeerDown, PeerSuspect
 
 CONFIG = CoreConfig(heartbeat_interval=0.1, dead_after=0.5)  # suspect at 0.3 s
 
@@ -38,6 +38,9 @@ def test_a_peer_others_still_hear_is_suspected_but_not_declared_dead() -> None:
     net.advance(0.3)
     assert not link.suspect  # heard again: refuted
     assert a.core.stats["suspicions_refuted"] >= 1
+    states = [e.suspect for e in a.events(PeerSuspect) if e.node_id == b.node_id]
+    assert states[:1] == [True]
+    assert states[-1] is False  # the telemetry sees suspect, then alive
 
 
 def test_vouching_has_a_limit_then_the_link_is_redialled() -> None:
