@@ -696,15 +696,20 @@ class Node:
                     listener(event)
 
     def _record_message(
-        self, kind: str, topic: str, peer: bytes | None, size: int, missed: int
+        self, kind: str, topic: str, peer: bytes | None, count: int, size: int, missed: int
     ) -> None:
         recorder = self.recorder
         if recorder is not None:
             # By topic scope (the first segment): topics are unbounded, clusters of records not.
             scope = topic.partition(".")[0]
-            recorder.request(scope, peer, 0.0, size, _OK if not missed else _DROPPED, kind)
+            recorder.tally(kind, scope, peer, size, _OK, count)
             if missed:
                 recorder.drop("messages_missed", missed)
+
+    def flush_telemetry(self) -> None:
+        """Hand the publishes and deliveries tallied so far to `recorder` (the node does this
+        every 1024 messages, every gauge interval, and as it closes)."""
+        self._pubsub.flush_tally()
 
     def _record_tunnel(self, tunnel: Tunnel) -> None:
         recorder, driver = self.recorder, self._driver
@@ -738,6 +743,7 @@ class Node:
             self.recorder.serve(event.cluster, event.token[0], seconds, size, outcome)
 
     def _record_gauges(self) -> None:
+        self._pubsub.flush_tally()
         recorder, core = self.recorder, self._core
         if recorder is None or core is None:
             return

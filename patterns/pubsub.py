@@ -36,6 +36,7 @@ from irismesh.errors import Closed, ConfigurationError, InterestTimeout, SlowCon
 Policy = Literal["block", "drop_oldest"]
 POLICIES: tuple[Policy, ...] = ("block", "drop_oldest")
 FLUSH_EVERY = 64  # publishes staged before they are sent without waiting for the loop
+TALLY_EVERY = 1024  # messages tallied before they are handed to the telemetry
 CACHED_TOPICS = 4096  # topics (and publishers) whose routes and names a node remembers
 
 
@@ -211,8 +212,11 @@ class PubSub:
         self._unflushed = 0
         self.published = 0
         self.delivered = 0
-        # Telemetry, when the node records: record(kind, topic, publisher or None, size, missed)
-        self.record: Callable[[str, str, bytes | None, int, int], None] | None = None
+        # Telemetry, when the node records: messages are tallied here, one dict update each,
+        # and handed to `record(kind, topic, publisher, count, bytes, missed)` in bulk.
+        self.record: Callable[[str, str, bytes | None, int, int, int], None] | None = None
+        self._tally: dict[tuple[str, str, bytes | None], list[int]] = {}
+        self._tallied = 0
         self.unmatched = 0  # messages that arrived for no subscription (one just ended)
 
     def attach(self, core: MeshCore) -> None:
@@ -248,6 +252,7 @@ class PubSub:
 
     def close(self) -> None:
         """The node closes: end every subscription and wake every waiting publisher."""
+        self.flush_tally()
         for sub in list(self._subscriptions):
             sub._closed = True
             sub._discard_all()
@@ -289,7 +294,7 @@ class PubSub:
             dropped += sub._put(message, hold if sub._blocking else None, gap)
         self.delivered += len(subs)
         if self.record is not None:
-            self.record("deliver", event.topic, event.publisher, len(event.payload), gap + dropped)
+            self._count("deliver", event.topic, event.publisher, len(event.payload), gap + dropped)
 
     def _route(self, topic: str) -> tuple[tuple[Subscription, ...], int]:
         """The subscriptions a topic goes to, and how many of them block: kept per topic."""
@@ -354,6 +359,26 @@ class PubSub:
                     async with asyncio.timeout(remaining):
                         await self._room.wait()
 
+    def _count(self, kind: str, topic: str, peer: bytes | None, size: int, missed: int) -> None:
+        key = (kind, topic, peer)
+        tally = self._tally.get(key)
+        if tally is None:
+            tally = self._tally[key] = [0, 0, 0]
+        tally[0] += 1
+        tally[1] += size
+        tally[2] += missed
+        self._tallied += 1
+        if self._tallied >= TALLY_EVERY:
+            self.flush_tally()
+
+    def flush_tally(self) -> None:
+        """Hand what was tallied to the telemetry (every TALLY_EVERY messages, and on demand)."""
+        record, tally = self.record, self._tally
+        self._tally, self._tallied = {}, 0
+        if record is not None:
+            for (kind, topic, peer), (count, size, missed) in tally.items():
+                record(kind, topic, peer, count, size, missed)
+
     def _check(self, topic: str) -> None:
         validate_topic(topic)
         if len(self._valid) >= CACHED_TOPICS:
@@ -376,7 +401,7 @@ class PubSub:
             return None
         self.published += 1
         if self.record is not None:
-            self.record("publish", topic, None, len(payload), 0)
+            self._count("publish", topic, None, len(payload), 0)
         if local:
             message = Message(topic, payload, self._node_id)
             for sub in local:

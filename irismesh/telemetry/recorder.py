@@ -138,6 +138,40 @@ class Recorder:
         """Member side: one handler run ended (`latency` seconds of service time)."""
         self.request(cluster, peer, latency, size, outcome, _SERVE)
 
+    def tally(
+        self, kind: str, cluster: str, peer: bytes | None, size: int, outcome: str, count: int
+    ) -> None:
+        """`count` events of no latency at once (publishes, deliveries), `size` bytes in all.
+
+        Exact counts as ever; one record of weight `count` stands for them all, with their mean
+        size, so Spark's weighted counts stay exact.
+        """
+        series = self._series.get((kind, cluster))
+        if series is None:
+            series = self._new_series(kind, cluster)
+        counts = series.counts
+        counts[outcome] = counts.get(outcome, 0) + count
+        series.histogram[0] += count
+        if self.writer is not None or self.exporter is not None:
+            record = (
+                self._clock(),
+                self.node,
+                kind,
+                _PATTERNS.get(kind, _REQREP),
+                cluster,
+                peer.hex() if peer else None,
+                0,
+                size // count if count else 0,
+                outcome,
+                count,
+                None,
+                None,
+            )
+            if self.writer is not None:
+                self.writer.append(record)
+            if self.exporter is not None:
+                self.exporter.append(record)
+
     def membership(self, event: MembershipEvent, peer: bytes) -> None:
         self._event(str(Kind.MEMBERSHIP), "", None, peer.hex(), str(event), None)
 
