@@ -177,7 +177,7 @@ class Node:
         self._telemetry_task: asyncio.Task[None] | None = None
         self._exporter: TopicExporter | None = None  # publishes the records for collectors
         self._reported_drops: dict[str, int] = {}
-        served = self._served if self.recorder is not None else None
+        served = self.recorder.served if self.recorder is not None else None
         self._runner = HandlerRunner(self._reply, self._reply_error, self._flush_soon, served)
         self._broadcasts = HandlerRunner(
             self._reply, self._reply_error, self._flush_soon, served, ack_only=True
@@ -344,7 +344,7 @@ class Node:
         """Decorator: `handler(payload) -> bytes` answers surveys (default: the request handler)."""
         if not self.clusters:
             raise ConfigurationError("a node without a cluster answers no surveys: pass cluster=")
-        served = self._served if self.recorder is not None else None
+        served = self.recorder.served if self.recorder is not None else None
         runner = HandlerRunner(self._reply, self._reply_error, self._flush_soon, served)
         runner.handler = handler
         self._surveys = runner
@@ -736,11 +736,6 @@ class Node:
             )
             if len(self._departed) > 256:
                 del self._departed[next(iter(self._departed))]
-
-    def _served(self, event: RequestArrived, seconds: float, size: int, ok: bool) -> None:
-        if self.recorder is not None:
-            outcome = _OK if ok else _REMOTE_ERROR
-            self.recorder.serve(event.cluster, event.token[0], seconds, size, outcome)
 
     def _record_gauges(self) -> None:
         self._pubsub.flush_tally()

@@ -19,14 +19,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from irismesh.telemetry.schema import Kind, MembershipEvent, Outcome, Pattern
 from irismesh.telemetry.spool import SpoolWriter
 
+if TYPE_CHECKING:
+    from irismesh._core.events import RequestArrived
+
 _REQUEST, _SERVE = str(Kind.REQUEST), str(Kind.SERVE)
 _REQREP = str(Pattern.REQREP)
 _DROP = str(Kind.DROP)
+_OK, _REMOTE_ERROR = str(Outcome.OK), str(Outcome.REMOTE_ERROR)
 _PATTERNS = {
     str(Kind.BROADCAST): str(Pattern.BROADCAST),
     str(Kind.SURVEY): str(Pattern.SURVEY),
@@ -115,24 +119,46 @@ class Recorder:
         since = series.since = series.since + 1  # one record in `sample_every` per series
         if since >= self._every and (self.writer is not None or self.exporter is not None):
             series.since = 0
-            record = (
-                self._clock(),
-                self.node,
-                kind,
-                _PATTERNS.get(kind, _REQREP),
-                cluster,
-                peer.hex() if peer else None,
-                us,
-                size,
-                outcome,
-                self._every,
-                None,
-                None,
-            )
-            if self.writer is not None:
-                self.writer.append(record)
-            if self.exporter is not None:
-                self.exporter.append(record)
+            self._sample(kind, cluster, peer, us, size, outcome)
+
+    def _sample(
+        self, kind: str, cluster: str, peer: bytes | None, us: int, size: int, outcome: str
+    ) -> None:
+        record = (
+            self._clock(),
+            self.node,
+            kind,
+            _PATTERNS.get(kind, _REQREP),
+            cluster,
+            peer.hex() if peer else None,
+            us,
+            size,
+            outcome,
+            self._every,
+            None,
+            None,
+        )
+        if self.writer is not None:
+            self.writer.append(record)
+        if self.exporter is not None:
+            self.exporter.append(record)
+
+    def served(self, event: RequestArrived, latency: float, size: int, ok: bool) -> None:
+        """Member side, as the handler runner reports it: `serve`, inlined (the hot path)."""
+        cluster = event.cluster
+        series = self._series.get((_SERVE, cluster))
+        if series is None:
+            series = self._new_series(_SERVE, cluster)
+        outcome = _OK if ok else _REMOTE_ERROR
+        counts = series.counts
+        counts[outcome] = counts.get(outcome, 0) + 1
+        us = int(latency * 1e6)
+        bucket = us.bit_length()
+        series.histogram[bucket if bucket < HISTOGRAM_BUCKETS else HISTOGRAM_BUCKETS - 1] += 1
+        since = series.since = series.since + 1
+        if since >= self._every and (self.writer is not None or self.exporter is not None):
+            series.since = 0
+            self._sample(_SERVE, cluster, event.token[0], us, size, outcome)
 
     def serve(self, cluster: str, peer: bytes, latency: float, size: int, outcome: str) -> None:
         """Member side: one handler run ended (`latency` seconds of service time)."""
