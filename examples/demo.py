@@ -33,6 +33,8 @@ import irismesh
 from irismesh.node import TelemetryConfig
 
 CLUSTER = "work"
+# Kinds only the client records (a tunnel is recorded at both of its ends, so not compared).
+COMPARED = ("request", "broadcast", "survey", "publish")
 
 
 def say(text: str) -> None:
@@ -213,17 +215,17 @@ async def run_client(
         if not verified:
             failures.append("tunnel: the checksum differs")
         assert client.recorder is not None
-        counts = {
-            f"{kind}/{outcome}": n
-            for (kind, cluster, outcome), n in client.recorder.counts.items()
-            if cluster == CLUSTER
-        }
+        client.flush_telemetry()
+        counts: Counter[str] = Counter()
+        for (kind, _cluster, outcome), n in client.recorder.counts.items():
+            if kind in COMPARED:
+                counts[f"{kind}/{outcome}"] += n
         return {
             "failures": failures,
             "hedged_ok": len(hedged),
             "broadcast": len(received),
             "survey_answers": len(survey.answers),
-            "client_counts": counts,
+            "client_counts": dict(counts),
             "client_node": client.node_id.hex(),
         }
 
@@ -320,7 +322,7 @@ def check_agreement(outcome: dict[str, object], summary: dict[str, object], repo
     reported = {
         f"{row['kind']}/{row['outcome']}": row["events"]
         for row in rows
-        if row.get("kind") in ("request", "broadcast", "survey")
+        if row.get("kind") in COMPARED
     }
     mismatches = [
         f"{key}: node counted {counts.get(key)}, report says {reported.get(key)}"

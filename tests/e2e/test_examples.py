@@ -107,3 +107,13 @@ def test_a_killed_member_resets_the_tunnel_promptly() -> None:
     report = json.loads(out.splitlines()[-1])
     assert report["killed_member"] is True
     assert report["reset_after_s"] < 2.0
+
+
+@pytest.mark.slow
+def test_the_demo_runs_every_pattern_and_its_report_agrees(tmp_path: Path) -> None:
+    out = run_example("demo.py", "--out", str(tmp_path / "run"), timeout=600).stdout
+    assert "0 failed" in out
+    assert "1000 received, 0 out of order" in out
+    assert "SHA-256 verified" in out
+    assert "report agrees with the client's counters" in out
+    assert (tmp_path / "run" / "report" / "index.html").exists()
