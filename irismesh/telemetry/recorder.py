@@ -116,10 +116,11 @@ class Recorder:
         us = int(latency * 1e6)
         bucket = us.bit_length()
         series.histogram[bucket if bucket < HISTOGRAM_BUCKETS else HISTOGRAM_BUCKETS - 1] += 1
-        since = series.since = series.since + 1  # one record in `sample_every` per series
-        if since >= self._every and (self.writer is not None or self.exporter is not None):
-            series.since = 0
-            self._sample(kind, cluster, peer, us, size, outcome)
+        if self.writer is not None or self.exporter is not None:
+            since = series.since = series.since + 1  # one record in `sample_every` per series
+            if since >= self._every:
+                series.since = 0
+                self._sample(kind, cluster, peer, us, size, outcome)
 
     def _sample(
         self, kind: str, cluster: str, peer: bytes | None, us: int, size: int, outcome: str
@@ -155,10 +156,11 @@ class Recorder:
         us = int(latency * 1e6)
         bucket = us.bit_length()
         series.histogram[bucket if bucket < HISTOGRAM_BUCKETS else HISTOGRAM_BUCKETS - 1] += 1
-        since = series.since = series.since + 1
-        if since >= self._every and (self.writer is not None or self.exporter is not None):
-            series.since = 0
-            self._sample(_SERVE, cluster, event.token[0], us, size, outcome)
+        if self.writer is not None or self.exporter is not None:
+            since = series.since = series.since + 1
+            if since >= self._every:
+                series.since = 0
+                self._sample(_SERVE, cluster, event.token[0], us, size, outcome)
 
     def serve(self, cluster: str, peer: bytes, latency: float, size: int, outcome: str) -> None:
         """Member side: one handler run ended (`latency` seconds of service time)."""

@@ -221,7 +221,8 @@ def test_a_slow_collector_makes_exporters_drop_and_count_never_wait(
             started = time.monotonic()
             exported = await exporter.export(node.publish)
             took = time.monotonic() - started
-            assert took < 1.0, f"export waited {took:.2f} s for a slow subscriber"
+            # Waiting for credit would take the whole 2 s timeout: well under it means no wait.
+            assert took < 1.5, f"export waited {took:.2f} s for a slow subscriber"
             assert exporter.messages == 4  # the credit it had
             assert exported + exporter.dropped == total
             assert exporter.dropped > 0
@@ -229,12 +230,12 @@ def test_a_slow_collector_makes_exporters_drop_and_count_never_wait(
             assert node.recorder is not None  # the loss is in the node's own telemetry
             assert node.recorder.total("drop", "", EXPORT_DROP) == exporter.dropped
             assert exporter.buffered == 1  # the drop record itself, for the next export
-            # The application's publishes were never held behind the exporter.
-            started = time.monotonic()
+            # The application's publishes were never held behind the exporter (held, this
+            # would raise SlowConsumer after its timeout).
             assert await node.publish("app.x", b"still flowing", timeout=1) == 1
             assert (await app.get(timeout=2)).payload == b"still flowing"
-            assert time.monotonic() - started < 0.5
-            assert stuck.qsize() >= 1
+            # What the exporter did send arrives, and stays unread, holding the credit.
+            await wait_until(lambda: stuck.qsize() >= 1, 5, "the exported messages to arrive")
         finally:
             await asyncio.gather(node.close(), slow.close(), other.close())
 
