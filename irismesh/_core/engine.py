@@ -381,17 +381,12 @@ class MeshCore:
             body = _pack_request(req_id, timeout_ms, n) + ACKS[n].pack(*acks) + payload
         else:
             body = _pack_request(req_id, timeout_ms, 0) + payload
-        if self.batching:
+        if self.batching:  # _stage_out's staging, inlined: the hot path
             if not link.staged:
                 self._staged_out.append(link)
             link.staged.append((slot, kind, body))
             return
-        link.send_seq += 1
-        seq = link.send_seq
-        header = _pack_header(MAGIC, VERSION, kind, 0, slot, seq)
-        self.out_frames.append(
-            (link.link_id, header + link.send_sealers[slot].seal(header, seq, body))
-        )
+        self._stage_out(link, slot, kind, body)
 
     def _resend(self, request: PendingRequest, now: float, failed: OutLink | None) -> None:
         remaining = request.deadline - now
@@ -751,9 +746,7 @@ class MeshCore:
                 self.stats["tunnels_broken"] += 1
                 self.events.append(TunnelFrame(end.handle, _RESET, 0, reason.encode()))
 
-    def _on_tunnel(
-        self, end: TunnelEnd | None, body: bytes, op: int, arg: int, data: bytes
-    ) -> None:
+    def _on_tunnel(self, end: TunnelEnd | None, op: int, arg: int, data: bytes) -> None:
         if end is None:  # reset or closed here already: frames in flight arrive late
             self.stats["tunnel_frames_late"] += 1
             return
@@ -782,7 +775,7 @@ class MeshCore:
         end = self._tunnels.get(wire_id)
         if end is not None and (end.out is not link or end.slot != slot):
             raise ProtocolError("bad_scope", "TUNNEL")
-        self._on_tunnel(end, body, op, arg, data)
+        self._on_tunnel(end, op, arg, data)
 
     def _on_tunnel_in(self, link: InLink, slot: int, body: bytes) -> None:
         if slot == 0 or slot >= len(link.scopes) or link.scopes[slot] is None:
@@ -793,7 +786,7 @@ class MeshCore:
         if op != _OPEN:
             if end is not None and end.slot != slot:
                 raise ProtocolError("bad_scope", "TUNNEL")
-            self._on_tunnel(end, body, op, arg, data)
+            self._on_tunnel(end, op, arg, data)
             return
         if end is not None:
             raise ProtocolError("bad_envelope", "TUNNEL OPEN twice")
@@ -852,18 +845,8 @@ class MeshCore:
     def _send_reply(
         self, link: InLink, slot: int, req_id: int, status: int, payload: bytes
     ) -> None:
-        body = encode_reply(req_id, status, payload)
-        if self.batching:
-            if not link.staged:
-                self._staged_in.append(link)
-            link.staged.append((slot, _REPLY, body))
-            return
-        link.send_seq += 1
-        seq = link.send_seq
-        header = encode_header(_REPLY, slot, seq)  # in the request's scope, under its keys
-        self.in_frames.append(
-            (link.routing_id, header + link.send_sealers[slot].seal(header, seq, body))
-        )
+        # In the request's scope, under its keys.
+        self._stage_in(link, slot, _REPLY, encode_reply(req_id, status, payload))
 
     def seal_staged(self) -> None:
         """Seal what `batching` staged: one frame per link and scope (BATCH if several)."""

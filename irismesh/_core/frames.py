@@ -139,21 +139,6 @@ def decode_batch(body: bytes, kinds: frozenset[int]) -> list[tuple[int, bytes]]:
     return entries
 
 
-def encode_publish(stream_seq: int, topic: bytes, payload: bytes) -> bytes:
-    return PUBLISH_FIELDS.pack(stream_seq, len(topic)) + topic + payload
-
-
-def decode_publish(body: bytes) -> tuple[int, bytes, bytes]:
-    """Return (stream seq, topic bytes, payload) of a PUBLISH body."""
-    size = PUBLISH_FIELDS.size
-    if len(body) < size:
-        raise ProtocolError("bad_envelope", "PUBLISH")
-    stream_seq, length = PUBLISH_FIELDS.unpack_from(body)
-    if length == 0 or len(body) < size + length:
-        raise ProtocolError("bad_envelope", "PUBLISH topic")
-    return stream_seq, body[size : size + length], body[size + length :]
-
-
 def encode_tunnel(tunnel_id: int, op: int, arg: int, data: bytes = b"") -> bytes:
     return TUNNEL_FIELDS.pack(tunnel_id, op, arg) + data
 

@@ -123,8 +123,16 @@ class Recorder:
                 self._sample(kind, cluster, peer, us, size, outcome)
 
     def _sample(
-        self, kind: str, cluster: str, peer: bytes | None, us: int, size: int, outcome: str
+        self,
+        kind: str,
+        cluster: str,
+        peer: bytes | None,
+        us: int,
+        size: int,
+        outcome: str,
+        weight: int = 0,
     ) -> None:
+        """One record standing for `weight` events (0: one in `sample_every`)."""
         record = (
             self._clock(),
             self.node,
@@ -135,7 +143,7 @@ class Recorder:
             us,
             size,
             outcome,
-            self._every,
+            weight or self._every,
             None,
             None,
         )
@@ -145,22 +153,9 @@ class Recorder:
             self.exporter.append(record)
 
     def served(self, event: RequestArrived, latency: float, size: int, ok: bool) -> None:
-        """Member side, as the handler runner reports it: `serve`, inlined (the hot path)."""
-        cluster = event.cluster
-        series = self._series.get((_SERVE, cluster))
-        if series is None:
-            series = self._new_series(_SERVE, cluster)
+        """Member side, as the handler runner reports it (its `served` callback)."""
         outcome = _OK if ok else _REMOTE_ERROR
-        counts = series.counts
-        counts[outcome] = counts.get(outcome, 0) + 1
-        us = int(latency * 1e6)
-        bucket = us.bit_length()
-        series.histogram[bucket if bucket < HISTOGRAM_BUCKETS else HISTOGRAM_BUCKETS - 1] += 1
-        if self.writer is not None or self.exporter is not None:
-            since = series.since = series.since + 1
-            if since >= self._every:
-                series.since = 0
-                self._sample(_SERVE, cluster, event.token[0], us, size, outcome)
+        self.request(event.cluster, event.token[0], latency, size, outcome, _SERVE)
 
     def serve(self, cluster: str, peer: bytes, latency: float, size: int, outcome: str) -> None:
         """Member side: one handler run ended (`latency` seconds of service time)."""
@@ -180,25 +175,8 @@ class Recorder:
         counts = series.counts
         counts[outcome] = counts.get(outcome, 0) + count
         series.histogram[0] += count
-        if self.writer is not None or self.exporter is not None:
-            record = (
-                self._clock(),
-                self.node,
-                kind,
-                _PATTERNS.get(kind, _REQREP),
-                cluster,
-                peer.hex() if peer else None,
-                0,
-                size // count if count else 0,
-                outcome,
-                count,
-                None,
-                None,
-            )
-            if self.writer is not None:
-                self.writer.append(record)
-            if self.exporter is not None:
-                self.exporter.append(record)
+        if count and (self.writer is not None or self.exporter is not None):
+            self._sample(kind, cluster, peer, 0, size // count, outcome, weight=count)
 
     def membership(self, event: MembershipEvent, peer: bytes) -> None:
         self._event(str(Kind.MEMBERSHIP), "", None, peer.hex(), str(event), None)
