@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers import MESH, assert_error, run_all
 
 import irismesh
 from irismesh import cli
 from irismesh._cli.serve import CommandHandler
 
-MESH = [sys.executable, "-m", "irismesh"]
 WAITING = {"request", "peers", "clusters", "top", "bench"}
 # The --exec command of member X; sh, not Python, so that it starts fast on a busy machine.
 EXEC_SCRIPT = """\
@@ -149,52 +149,6 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
         yield ready
     finally:
         procs.close()
-
-
-def assert_error(result: subprocess.CompletedProcess[str], status: int, *fragments: str) -> None:
-    """One line `mesh: ...` on stderr, the right exit status, no traceback, nothing on stdout."""
-    where = f"stdout={result.stdout!r} stderr={result.stderr!r}"
-    assert result.returncode == status, where
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, where
-    assert lines[0].startswith("mesh: "), where
-    assert "Traceback" not in result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], where
-    assert result.stdout == "", where
-
-
-def run_all(
-    cases: Sequence[tuple[Sequence[str], int, str]], env: dict[str, str], cwd: Path
-) -> None:
-    """Run error cases in parallel: (argv, status, fragment of the message)."""
-    procs = [
-        subprocess.Popen(
-            [*MESH, *argv],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-            cwd=cwd,
-        )
-        for argv, _, _ in cases
-    ]
-    failures = []
-    try:
-        for proc, (argv, status, fragment) in zip(procs, cases, strict=True):
-            out, err = proc.communicate(timeout=30)
-            result = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-            try:
-                assert_error(result, status, fragment)
-            except AssertionError as exc:
-                failures.append(f"mesh {' '.join(argv)}: {exc}")
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-    assert not failures, "\n".join(failures)
 
 
 # ----------------------------------------------------------------- help

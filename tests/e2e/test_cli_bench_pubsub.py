@@ -12,17 +12,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
+from helpers import MESH
 
 import irismesh
 from irismesh import cli
 from irismesh._cli import bench
-
-MESH = [sys.executable, "-m", "irismesh"]
 
 
 @pytest.fixture

@@ -2,8 +2,7 @@
 
 The mesh is a process of its own (NODES below): a member of "db" and a client sending it
 requests, both with telemetry and an exporter (`attach_exporter`, exported every 0.1 s as the
-node's telemetry loop does). `mesh` runs through SHIM, which adds `collect` to the `mesh
-telemetry` group when irismesh.cli does not have it yet, and is plain `mesh` once it does.
+node's telemetry loop does).
 """
 
 from __future__ import annotations
@@ -20,30 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers import MESH, assert_error
 
 import irismesh
 from irismesh.telemetry.spool import SpoolReader, complete_files, decode_spool
-
-SHIM = """\
-import argparse, sys
-from irismesh import cli
-from irismesh._cli.collect import register_collect
-
-build = cli.parser
-
-def parser():
-    root = build()
-    commands = next(a for a in root._actions if isinstance(a, argparse._SubParsersAction))
-    group = commands.choices["telemetry"]
-    family = next(a for a in group._actions if isinstance(a, argparse._SubParsersAction))
-    if "collect" not in family.choices:
-        register_collect(family)
-    return root
-
-cli.parser = parser
-sys.exit(cli.main(sys.argv[1:]))
-"""
-MESH = [sys.executable, "-c", SHIM]
 
 NODES = """\
 import asyncio, json, sys
@@ -110,17 +89,6 @@ def collect(mesh: Mesh, *args: str) -> subprocess.CompletedProcess[str]:
         check=False,
         stdin=subprocess.DEVNULL,
     )
-
-
-def assert_error(result: subprocess.CompletedProcess[str], status: int, fragment: str) -> None:
-    """One line `mesh: ...` on stderr, the right exit status, no traceback, nothing on stdout."""
-    where = f"stdout={result.stdout!r} stderr={result.stderr!r}"
-    assert result.returncode == status, where
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, where
-    assert lines[0].startswith("mesh: "), where
-    assert fragment in lines[0], where
-    assert result.stdout == "", where
 
 
 def assert_spool(out: Path, summary: dict[str, object], nodes: list[str]) -> None:

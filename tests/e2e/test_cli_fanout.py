@@ -19,12 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from helpers import wait_until_sync
+from helpers import MESH, assert_error, run_all, wait_until_sync
 
 import irismesh
 from irismesh import cli
 
-MESH = [sys.executable, "-m", "irismesh"]
 # X's --exec command; sh, not Python, so that it starts fast on a busy machine.
 EXEC_SCRIPT = r"""
 data=$(cat)
@@ -171,49 +170,6 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
         yield Mesh(env, seed, ids, {"A": a, "B": b, "X": x, "D": d})
     finally:
         members.close()
-
-
-def assert_error(result: subprocess.CompletedProcess[str], status: int, *fragments: str) -> None:
-    """One line `mesh: ...` on stderr, the right exit status, no traceback, nothing on stdout."""
-    where = f"stdout={result.stdout!r} stderr={result.stderr!r}"
-    assert result.returncode == status, where
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, where
-    assert lines[0].startswith("mesh: "), where
-    assert "Traceback" not in result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], where
-    assert result.stdout == "", where
-
-
-def run_all(cases: Sequence[tuple[Sequence[str], int, str]], env: dict[str, str]) -> None:
-    """Run error cases in parallel: (argv, status, fragment of the message)."""
-    procs = [
-        subprocess.Popen(
-            [*MESH, *argv],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for argv, _, _ in cases
-    ]
-    failures = []
-    try:
-        for proc, (argv, status, fragment) in zip(procs, cases, strict=True):
-            out, err = proc.communicate(timeout=30)
-            try:
-                assert_error(subprocess.CompletedProcess(proc.args, proc.returncode, out, err),
-                             status, fragment)  # fmt: skip
-            except AssertionError as exc:
-                failures.append(f"mesh {' '.join(argv)}: {exc}")
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-    assert not failures, "\n".join(failures)
 
 
 def json_line(line: str) -> object:

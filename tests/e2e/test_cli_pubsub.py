@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -21,12 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from helpers import wait_until_sync
+from helpers import MESH, run_all, wait_until_sync
 
 import irismesh
 from irismesh import cli
 
-MESH = [sys.executable, "-m", "irismesh"]
 # X's --tunnel-exec command; sh, not Python, so that it starts fast on a busy machine.
 SHOUT_SCRIPT = r"""
 IFS= read -r first || exit 0
@@ -175,37 +173,6 @@ def one_line_error(status: int, err: str | bytes, expected: int, *fragments: str
     assert lines[-1].startswith("mesh: "), text
     for fragment in fragments:
         assert fragment in lines[-1], text
-
-
-def run_all(cases: Sequence[tuple[Sequence[str], int, str]], env: dict[str, str]) -> None:
-    """Error cases in parallel processes: (argv, status, fragment of the one-line message)."""
-    procs = [
-        subprocess.Popen(
-            [*MESH, *argv],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for argv, _, _ in cases
-    ]
-    failures = []
-    try:
-        for proc, (argv, status, fragment) in zip(procs, cases, strict=True):
-            out, err = proc.communicate(timeout=60)
-            try:
-                one_line_error(proc.returncode, err, status, fragment)
-                assert len(err.splitlines()) == 1, err
-                assert out == "", out
-            except AssertionError as exc:
-                failures.append(f"mesh {' '.join(argv)}: {exc}")
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-    assert not failures, "\n".join(failures)
 
 
 # ----------------------------------------------------------------- help

@@ -13,10 +13,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from helpers import MESH
 
 from irismesh import cli
-
-MESH = [sys.executable, "-m", "irismesh"]
 
 
 def assert_error(result: subprocess.CompletedProcess[str], status: int, fragment: str) -> None:
