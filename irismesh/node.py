@@ -29,7 +29,7 @@ from irismesh._core.events import (
     CreditArrived,
     Event,
     InterestChanged,
-    MessageArrived,
+    MessagesArrived,
     PeerDown,
     PeerSuspect,
     PeerUp,
@@ -500,13 +500,19 @@ class Node:
         is full makes this wait for room, up to `timeout`, then raise SlowConsumer. The payload
         is sealed under the key of the topic's first segment (else the default key).
         """
-        self._running()
-        timeout = self._default_timeout if timeout is None else timeout
-        if not timeout > 0:
+        if self._closing or self._core is None:
+            self._running()  # raises Closed, saying why
+        if timeout is not None and not timeout > 0:
             raise ConfigurationError(f"timeout must be positive, got {timeout!r}")
         if type(payload) is not bytes:
             payload = _as_bytes(payload)
-        return await self._pubsub.publish(topic, payload, timeout)
+        pubsub = self._pubsub
+        sent = pubsub.publish_now(topic, payload)  # the common case: no coroutine to wait on
+        if sent is not None:
+            return sent
+        return await pubsub.publish(
+            topic, payload, self._default_timeout if timeout is None else timeout
+        )
 
     def subscribe(
         self, pattern: str, *, policy: Policy = "block", maxsize: int = 1024
@@ -636,7 +642,7 @@ class Node:
         recorder = self.recorder
         now = self._driver._loop.time() if self._driver is not None else 0.0
         for event in events:
-            if type(event) is MessageArrived:
+            if type(event) is MessagesArrived:
                 self._pubsub.deliver(event)
             elif type(event) is ReplyArrived:
                 entry = waiting.pop(event.req_id, None)

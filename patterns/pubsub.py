@@ -29,15 +29,17 @@ from types import TracebackType
 from typing import Literal, NamedTuple
 
 from irismesh._core.engine import MeshCore
-from irismesh._core.events import MessageArrived
+from irismesh._core.events import MessagesArrived
 from irismesh._core.topics import TopicTrie, validate_pattern, validate_topic
 from irismesh.errors import Closed, ConfigurationError, InterestTimeout, SlowConsumer
 
 Policy = Literal["block", "drop_oldest"]
 POLICIES: tuple[Policy, ...] = ("block", "drop_oldest")
-FLUSH_EVERY = 64  # publishes staged before they are sent without waiting for the loop
+FLUSH_EVERY = 256  # publishes staged before they are sent without waiting for the loop
 TALLY_EVERY = 1024  # messages tallied before they are handed to the telemetry
 CACHED_TOPICS = 4096  # topics (and publishers) whose routes and names a node remembers
+RELEASE_EVERY = 32  # messages read from one peer before their credit goes back (or none left)
+_new = tuple.__new__  # Message(...) without its __new__'s keyword handling: once per message
 
 
 class Message(NamedTuple):
@@ -78,6 +80,9 @@ class Subscription:
         # subscription, else a _Hold shared by them)
         self._queue: deque[tuple[Message, _Hold | bytes | None]] = deque()
         self._gap = 0  # missed since the last message read
+        # Credit of messages already read, not yet given back (see get_nowait): to this peer.
+        self._owed = 0
+        self._owed_to: bytes | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._closed = False
 
@@ -94,20 +99,33 @@ class Subscription:
 
     def get_nowait(self) -> Message | None:
         """The next message if one is waiting, else None."""
-        if not self._queue:
+        queue = self._queue
+        if not queue:
             return None
-        message, hold = self._queue.popleft()
+        message, hold = queue.popleft()
         if self._gap:
             message = message._replace(missed=self._gap)
             self._gap = 0
-        if hold is None:
+        if type(hold) is bytes:
+            # The credit goes back RELEASE_EVERY messages at a time, and whenever the buffer is
+            # empty: a reader that has caught up never leaves its publishers waiting.
+            if hold is not self._owed_to:
+                self._pay()
+                self._owed_to = hold
+            owed = self._owed = self._owed + 1
+            if owed >= RELEASE_EVERY or not queue:
+                self._pay()
+        elif hold is None:
             if self._blocking:
                 self._hub._room_made()
-        elif type(hold) is bytes:
-            self._hub._release(hold)
         else:
             self._hub._done(hold)  # type: ignore[arg-type]
         return message
+
+    def _pay(self) -> None:
+        if self._owed and self._owed_to is not None:
+            self._hub._release(self._owed_to, self._owed)
+        self._owed = 0
 
     async def get(self, timeout: float | None = None) -> Message:
         """The next message; raises Closed once closed and drained, TimeoutError after timeout."""
@@ -158,6 +176,7 @@ class Subscription:
         self._wake()
 
     def _discard_all(self) -> None:
+        self._pay()
         while self._queue:
             _message, hold = self._queue.popleft()
             if type(hold) is bytes:
@@ -202,7 +221,7 @@ class PubSub:
         self._flush = flush
         self._core: MeshCore | None = None
         self._trie: TopicTrie[Subscription] = TopicTrie()
-        self._routes: dict[str, tuple[tuple[Subscription, ...], int]] = {}
+        self._routes: dict[str, tuple[tuple[Subscription, ...], int, Subscription | None]] = {}
         self._names: dict[bytes, str] = {}
         self._valid: set[str] = set()  # topics already checked
         self._subscriptions: set[Subscription] = set()
@@ -264,21 +283,64 @@ class PubSub:
 
     # ----------------------------------------------------------------- receiving
 
-    def deliver(self, event: MessageArrived) -> None:
-        core = self._core
-        route = self._routes.get(event.topic)
-        if route is None:
-            route = self._route(event.topic)
-        subs, blocking = route
-        if not subs:
-            self.unmatched += 1
-            if core is not None and core.release(event.routing_id):
-                self._flush_soon()
-            return
+    def deliver(self, event: MessagesArrived) -> None:
+        """Messages from one peer into the subscriptions they match: the subscriber's hot path.
+
+        A topic whose only subscription blocks (the common case) takes the inlined path: the
+        message goes straight into that buffer, holding its credit until it is read.
+        """
         publisher = self._names.get(event.publisher)
         if publisher is None:
             publisher = self._name(event.publisher)
-        message = Message(event.topic, event.payload, publisher)
+        routing_id = event.routing_id
+        gaps = event.gaps
+        routes = self._routes
+        counting = self.record is not None
+        free = 0  # messages no blocking subscription holds: their credit goes back now
+        slow = 0  # messages that took _deliver_one (it counts their deliveries)
+        last: Subscription | None = None
+        touched: list[Subscription] = []
+        index = -1
+        for topic, payload in event.messages:
+            index += 1
+            route = routes.get(topic)
+            if route is None:
+                route = self._route(topic)
+            only = route[2]
+            if only is not None and gaps is None:
+                only._queue.append((_new(Message, (topic, payload, publisher, 0)), routing_id))
+                only.received += 1
+                if only is not last:
+                    last = only
+                    touched.append(only)
+                if counting:
+                    self._count("deliver", topic, event.publisher, len(payload), 0)
+                continue
+            slow += 1
+            free += self._deliver_one(
+                route, topic, payload, publisher, event, gaps.get(index, 0) if gaps else 0
+            )
+        self.delivered += index + 1 - slow
+        for sub in touched:
+            sub._wake()
+        if free:
+            self._release(routing_id, free)
+
+    def _deliver_one(
+        self,
+        route: tuple[tuple[Subscription, ...], int, Subscription | None],
+        topic: str,
+        payload: bytes,
+        publisher: str,
+        event: MessagesArrived,
+        gap: int,
+    ) -> int:
+        """One message, whatever its subscriptions; returns 1 if its credit can go back now."""
+        subs, blocking, _only = route
+        if not subs:
+            self.unmatched += 1
+            return 1
+        message = _new(Message, (topic, payload, publisher, 0))
         hold: _Hold | bytes | None
         if blocking == 1:
             hold = event.routing_id  # its one blocking subscription releases it
@@ -286,22 +348,23 @@ class PubSub:
             hold = _Hold(blocking, event.routing_id)
         else:
             hold = None
-            if core is not None and core.release(event.routing_id):
-                self._flush_soon()
-        gap = event.gap
         dropped = 0
         for sub in subs:
             dropped += sub._put(message, hold if sub._blocking else None, gap)
         self.delivered += len(subs)
         if self.record is not None:
-            self._count("deliver", event.topic, event.publisher, len(event.payload), gap + dropped)
+            self._count("deliver", topic, event.publisher, len(payload), gap + dropped)
+        return 0 if blocking else 1
 
-    def _route(self, topic: str) -> tuple[tuple[Subscription, ...], int]:
-        """The subscriptions a topic goes to, and how many of them block: kept per topic."""
+    def _route(self, topic: str) -> tuple[tuple[Subscription, ...], int, Subscription | None]:
+        """The subscriptions a topic goes to, how many of them block, and the one subscription
+        when that is all there is and it blocks: kept per topic."""
         subs = tuple(self._trie.match(topic))
         if len(self._routes) >= CACHED_TOPICS:
             self._routes.clear()
-        route = self._routes[topic] = (subs, sum(1 for sub in subs if sub._blocking))
+        blocking = sum(1 for sub in subs if sub._blocking)
+        only = subs[0] if len(subs) == 1 and blocking else None
+        route = self._routes[topic] = (subs, blocking, only)
         return route
 
     def _name(self, node_id: bytes) -> str:
@@ -310,9 +373,9 @@ class PubSub:
         name = self._names[node_id] = node_id.hex()
         return name
 
-    def _release(self, routing_id: bytes) -> None:
+    def _release(self, routing_id: bytes, count: int = 1) -> None:
         core = self._core
-        if core is not None and core.release(routing_id):
+        if core is not None and core.release(routing_id, count):
             self._flush_soon()
 
     def _done(self, hold: _Hold) -> None:
@@ -332,16 +395,23 @@ class PubSub:
 
     # ----------------------------------------------------------------- publishing
 
-    async def publish(self, topic: str, payload: bytes, timeout: float) -> int:
+    def publish_now(self, topic: str, payload: bytes) -> int | None:
+        """Publish if every target has room now (how many it went to), else None: then wait
+        with `publish`. The publisher's hot path, without a coroutine of its own."""
         core = self._core
         if core is None:
             raise Closed("node is not running")
         if topic not in self._valid:
             self._check(topic)
-        if not self._lock.locked():
-            sent = self._try(core, topic, payload)
-            if sent is not None:
-                return sent
+        if self._lock.locked():  # others wait already: this one queues behind them
+            return None
+        return self._try(core, topic, payload)
+
+    async def publish(self, topic: str, payload: bytes, timeout: float) -> int:
+        """Publish, waiting up to `timeout` for room (in order with other waiting publishes)."""
+        sent = self.publish_now(topic, payload)
+        if sent is not None:
+            return sent
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         async with self._lock:

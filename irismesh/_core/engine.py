@@ -43,7 +43,7 @@ from irismesh._core.events import (
     CreditArrived,
     Event,
     InterestChanged,
-    MessageArrived,
+    MessagesArrived,
     OpenLink,
     PeerDown,
     PeerSuspect,
@@ -68,6 +68,7 @@ from irismesh._core.frames import (
     MAX_PATTERNS_PER_FRAME,
     MAX_PEERS_PER_FRAME,
     NONCE_SIZE,
+    PUBLISH_ENTRY,
     PUBLISH_FIELDS,
     REQUEST_FIELDS,
     STATUS_ERROR,
@@ -118,9 +119,11 @@ _TCREDIT, _FIN, _RESET = int(TunnelOp.CREDIT), int(TunnelOp.FIN), int(TunnelOp.R
 _MAX_WINDOW = 1 << 30
 _pack_header = HEADER.pack
 _pack_publish = PUBLISH_FIELDS.pack
-_unpack_publish = PUBLISH_FIELDS.unpack_from
+_unpack_publish_entry = PUBLISH_ENTRY.unpack_from
+_PUBLISH_ENTRY_SIZE = PUBLISH_ENTRY.size
+_pack_entry = BATCH_ENTRY.pack
+_pack_publish_entry = PUBLISH_ENTRY.pack
 _PUBLISH_SIZE = PUBLISH_FIELDS.size
-_unpack_entry = BATCH_ENTRY.unpack_from
 _ENTRY_SIZE = BATCH_ENTRY.size
 _MAX_CREDIT = 1 << 30
 _BATCH_BYTES = 96 << 10
@@ -176,6 +179,8 @@ class MeshCore:
         self.batching = False
         self._staged_out: list[OutLink] = []
         self._staged_in: list[InLink] = []
+        self._published: list[OutLink] = []  # links with publishes in OutLink.pub_batch
+        self._batch_limit = min(self._max_payload, _BATCH_BYTES)
         self._max_pending = self.config.max_pending
         self._out: dict[int, OutLink] = {}
         self._in: dict[bytes, InLink] = {}
@@ -478,6 +483,7 @@ class MeshCore:
                 return -1
         tail = encoded + payload
         size = len(encoded)
+        length = _PUBLISH_SIZE + len(tail)
         batching = self.batching
         sent = 0
         for link in targets:
@@ -487,15 +493,46 @@ class MeshCore:
                 continue
             link.credit -= 1
             seq = link.pub_seq = link.pub_seq + 1
-            body = _pack_publish(seq, size) + tail
-            if batching:  # _stage_out, inlined: the publish hot path
-                if not link.staged:
-                    self._staged_out.append(link)
-                link.staged.append((slot, _PUBLISH, body))
+            if batching:
+                # Straight into the link's BATCH body for this slot: no entry list to walk
+                # and encode at flush time (the publish hot path).
+                count = link.pub_count
+                if count:
+                    if (
+                        slot != link.pub_slot
+                        or count >= MAX_BATCH
+                        or len(link.pub_batch) + length > self._batch_limit
+                    ):
+                        self._seal_published(link)  # the link stays listed in _published
+                        link.pub_slot = slot
+                else:
+                    self._published.append(link)
+                    link.pub_slot = slot
+                batch = link.pub_batch
+                batch += _pack_publish_entry(_PUBLISH, length, seq, size)
+                batch += tail
+                link.pub_count += 1
             else:
-                self._stage_out(link, slot, _PUBLISH, body)
+                self._stage_out(link, slot, _PUBLISH, _pack_publish(seq, size) + tail)
             sent += 1
         return sent
+
+    def _seal_published(self, link: OutLink) -> None:
+        """Seal the publishes staged for `link` as one BATCH frame."""
+        count, link.pub_count = link.pub_count, 0
+        if not count:
+            return
+        body, link.pub_batch = bytes(link.pub_batch), bytearray()
+        if link.state is not LinkState.UP:
+            return
+        if count > 1:
+            self.stats["batches_sent"] += 1
+        link.send_seq += 1
+        seq, slot = link.send_seq, link.pub_slot
+        header = _pack_header(MAGIC, VERSION, _BATCH, 0, slot, seq)
+        self.out_frames.append(
+            (link.link_id, header + link.send_sealers[slot].seal(header, seq, body))
+        )
 
     def _topic_out(self, topic: str) -> tuple[bytes, str]:
         scope = topic.partition(".")[0]
@@ -535,54 +572,67 @@ class MeshCore:
         return True
 
     def _on_publish(self, link: InLink, body: bytes, slot_scope: str) -> None:
-        if len(body) < _PUBLISH_SIZE:
-            raise ProtocolError("bad_envelope", "PUBLISH")
-        stream_seq, length = _unpack_publish(body)
-        end = _PUBLISH_SIZE + length
-        if length == 0 or len(body) < end:
-            raise ProtocolError("bad_envelope", "PUBLISH topic")
-        encoded = body[_PUBLISH_SIZE:end]
-        if link.credit_out <= 0:
-            raise ProtocolError("over_credit", "PUBLISH without credit")
-        link.credit_out -= 1
-        gap = stream_seq - link.pub_seq - 1
-        if gap < 0:
-            self.release(link.routing_id)
-            raise ProtocolError("replay", "PUBLISH stream")
-        link.pub_seq = stream_seq
-        if gap:
-            self.stats["publish_gaps"] += gap
-        try:
-            known = self._topics_heard.get(encoded)
-            if known is None:
-                known = self._topic_heard(encoded)
-            topic, scope, owned = known
-            # The slot's key must be the one this node expects for the topic: its own key for
-            # a scope it has one for (a holder of the default key cannot inject there).
-            if scope != slot_scope and (slot_scope != "*" or owned):
-                raise ProtocolError("bad_scope", "topic sealed under another scope's key")
-        except ProtocolError:
-            self.release(link.routing_id)  # the credit it used is the sender's again
-            raise
-        self.events.append(MessageArrived(link.routing_id, topic, body[end:], link.peer_id, gap))
+        """One PUBLISH frame: a batch of one."""
+        self._on_publish_batch(link, _pack_entry(_PUBLISH, len(body)) + body, slot_scope)
 
     def _on_publish_batch(self, link: InLink, body: bytes, slot_scope: str) -> None:
-        """A BATCH of PUBLISH bodies (decode_batch's walk, inlined: the subscriber's hot path)."""
+        """The PUBLISH entries of a BATCH: one MessagesArrived event for all of them.
+
+        The subscriber's hot path, so decode_batch's walk and each entry's checks are inlined.
+        A bad message is counted and dropped (the credit it used is the sender's again); a
+        broken envelope ends the walk, and the messages before it are still delivered.
+        """
+        messages: list[tuple[str, bytes]] = []
+        gaps: dict[int, int] | None = None
         offset, size, count = 0, len(body), 0
-        on_publish, unpack = self._on_publish, _unpack_entry
-        while offset < size:
-            if size - offset < _ENTRY_SIZE or count >= MAX_BATCH:
-                raise ProtocolError("bad_envelope", "BATCH")
-            kind, length = unpack(body, offset)
-            offset += _ENTRY_SIZE
-            if kind != _PUBLISH or length > size - offset:
-                raise ProtocolError("bad_envelope", "BATCH entry")
-            try:
-                on_publish(link, body[offset : offset + length], slot_scope)
-            except ProtocolError as exc:  # one bad message spoils no other
-                self.stats["dropped_" + exc.reason] += 1
-            offset += length
-            count += 1
+        heard, unpack, stats = self._topics_heard, _unpack_publish_entry, self.stats
+        try:
+            while offset < size:
+                if size - offset < _PUBLISH_ENTRY_SIZE or count >= MAX_BATCH:
+                    raise ProtocolError("bad_envelope", "BATCH")
+                kind, length, stream_seq, topic_size = unpack(body, offset)
+                start = offset + _PUBLISH_ENTRY_SIZE
+                topic_end = start + topic_size
+                offset += _ENTRY_SIZE + length
+                if kind != _PUBLISH or offset > size or topic_size == 0 or topic_end > offset:
+                    raise ProtocolError("bad_envelope", "PUBLISH entry")
+                count += 1
+                if link.credit_out <= 0:
+                    stats["dropped_over_credit"] += 1
+                    continue
+                link.credit_out -= 1
+                gap = stream_seq - link.pub_seq - 1
+                if gap:
+                    if gap < 0:
+                        stats["dropped_replay"] += 1
+                        self.release(link.routing_id)
+                        continue
+                    stats["publish_gaps"] += gap
+                    if gaps is None:
+                        gaps = {}
+                    at = len(messages)
+                    gaps[at] = gaps.get(at, 0) + gap
+                link.pub_seq = stream_seq
+                encoded = body[start:topic_end]
+                known = heard.get(encoded)
+                if known is None:
+                    try:
+                        known = self._topic_heard(encoded)
+                    except ProtocolError as exc:
+                        stats["dropped_" + exc.reason] += 1
+                        self.release(link.routing_id)
+                        continue
+                topic, scope, owned = known
+                # The slot's key must be the one this node expects for the topic: its own key
+                # for a scope it has one for (a holder of the default key cannot inject there).
+                if scope != slot_scope and (slot_scope != "*" or owned):
+                    stats["dropped_bad_scope"] += 1
+                    self.release(link.routing_id)
+                    continue
+                messages.append((topic, body[topic_end:offset]))
+        finally:
+            if messages:
+                self.events.append(MessagesArrived(link.routing_id, link.peer_id, messages, gaps))
 
     def _topic_heard(self, encoded: bytes) -> tuple[str, str, bool]:
         topic = parse_topic_from_peer(encoded)
@@ -850,6 +900,10 @@ class MeshCore:
 
     def seal_staged(self) -> None:
         """Seal what `batching` staged: one frame per link and scope (BATCH if several)."""
+        if self._published:
+            published, self._published = self._published, []
+            for link in published:
+                self._seal_published(link)
         if self._staged_out:
             links, self._staged_out = self._staged_out, []
             for link in links:

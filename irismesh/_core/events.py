@@ -36,17 +36,17 @@ class ReplyArrived:
 
 
 @dataclass(slots=True)
-class MessageArrived:
-    """A published message for this node's interest; `release(routing_id)` it once handled.
+class MessagesArrived:
+    """Published messages from one peer, for this node's interest: (topic, payload) each.
 
-    `gap` counts messages of this publisher's stream lost in transit just before this one.
+    `release(routing_id, n)` them once handled. `gaps` maps an index in `messages` to how many
+    messages of this publisher's stream were lost in transit just before that one (None: none).
     """
 
     routing_id: bytes
-    topic: str
-    payload: bytes
     publisher: bytes
-    gap: int = 0
+    messages: list[tuple[str, bytes]]
+    gaps: dict[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -131,7 +131,7 @@ Event = (
     | PeerDown
     | OpenLink
     | CloseLink
-    | MessageArrived
+    | MessagesArrived
     | CreditArrived
     | InterestChanged
     | TunnelArrived

@@ -113,6 +113,8 @@ ACKS: Final = tuple(struct.Struct(f"!{n}Q") for n in range(MAX_ACKS + 1))
 
 
 BATCH_ENTRY: Final = struct.Struct("!BI")
+# A BATCH entry's header and the PUBLISH fields after it, read in one go by a subscriber.
+PUBLISH_ENTRY: Final = struct.Struct("!BIQB")
 MAX_BATCH: Final = 4096
 
 
