@@ -1,7 +1,7 @@
 """Publish/subscribe benchmark: irismesh beside raw pyzmq (with credit) and NATS, one run.
 
     python bench/pubsub.py [--sizes 100,1024] [--fanouts 1,4] [--count N | --seconds S]
-                           [--only raw,nats,mesh,mesh-null,mesh-tel] [--json out.json]
+                           [--only raw,nats,mesh,mesh-iter,mesh-null,mesh-tel] [--json out.json]
 
 One publisher process sends to 1 and to 4 subscriber processes (NATS adds nats-server), all on
 127.0.0.1, and nothing may be lost: every payload carries a sequence number, every subscriber
@@ -44,26 +44,30 @@ from _harness import (
     wait_for_tcp,
 )
 
-SYSTEMS = ("raw", "nats", "mesh", "mesh-null", "mesh-tel")
+SYSTEMS = ("raw", "nats", "mesh", "mesh-iter", "mesh-null", "mesh-tel")
 LABELS = {
     "raw": "raw pyzmq",
     "nats": "NATS",
     "mesh": "irismesh",
+    "mesh-iter": "irismesh, async for",
     "mesh-null": "irismesh, null sealer",
     "mesh-tel": "irismesh, telemetry on",
 }
 
 
-# irismesh runs sealed with telemetry off; the variants change one thing each, so what sealing
-# and telemetry cost is the variant's figure beside irismesh's, measured in the same run.
+# irismesh runs sealed with telemetry off, its subscribers taking messages in a callback (as the
+# NATS subscribers do); the variants change one thing each, so what sealing, telemetry and a
+# buffered `async for` subscription cost is the variant's figure beside irismesh's, same run.
 @dataclass(frozen=True, slots=True)
 class MeshOptions:
     sealing: bool
     telemetry: bool
+    callback: bool = True
 
 
 MESH_VARIANTS = {
     "mesh": MeshOptions(sealing=True, telemetry=False),
+    "mesh-iter": MeshOptions(sealing=True, telemetry=False, callback=False),
     "mesh-null": MeshOptions(sealing=False, telemetry=False),
     "mesh-tel": MeshOptions(sealing=True, telemetry=True),
 }
@@ -561,14 +565,35 @@ async def sub_mesh(system: str, endpoint: str, keyring_path: str, plan: Plan) ->
         keyring=keys, seeds=[endpoint], sealing=opts.sealing, telemetry=opts.telemetry
     )
     async with node:
-        sub = node.subscribe(PATTERN)
-        await node.wait_for_subscribers(ACK_TOPIC, count=1, timeout=plan.join_timeout_s)
-        print("READY", flush=True)
 
         async def ack(data: bytes) -> None:
             await node.publish(ACK_TOPIC, data)
 
         tally = Tally(plan.size, confirm_soon(ack))
+        if opts.callback:
+            done = asyncio.Event()
+            cpu = [0.0]
+
+            def on_message(msg: irismesh.Message) -> None:
+                if not tally.received:
+                    cpu[0] = time.process_time()
+                if msg.missed:
+                    tally.missed += msg.missed
+                    tally._note(f"Message.missed = {msg.missed} before message {tally.expected}")
+                tally.take(msg.payload)
+                if tally.done:
+                    done.set()
+
+            sub = node.subscribe(PATTERN, callback=on_message)
+            await node.wait_for_subscribers(ACK_TOPIC, count=1, timeout=plan.join_timeout_s)
+            print("READY", flush=True)
+            stalled = await _wait_done(tally, done, plan.idle_timeout_s)
+            tally.report(stalled, time.process_time() - cpu[0], sub_missed=sub.missed)
+            await park_async()
+            return
+        sub = node.subscribe(PATTERN)
+        await node.wait_for_subscribers(ACK_TOPIC, count=1, timeout=plan.join_timeout_s)
+        print("READY", flush=True)
         take, get = tally.take, sub.get
         stalled = False
         cpu0 = 0.0
@@ -1059,10 +1084,11 @@ def print_table(run: Run, requested: list[str], elapsed: float) -> None:
             )
         table.add_section()
     console.print(table)
-    variants = [v for v in ("mesh-null", "mesh-tel") if v in run.results]
+    variants = [v for v in ("mesh-iter", "mesh-null", "mesh-tel") if v in run.results]
     if variants and "mesh" in run.results:
         costs = Table(
-            title="what sealing and telemetry cost: irismesh msg/s / its variant's, same run",
+            title="what a buffered subscription, sealing and telemetry cost:"
+            " irismesh msg/s / its variant's, same run",
             caption="below 1.00x: irismesh (sealed, telemetry off) is slower than the variant",
         )
         costs.add_column("size")
@@ -1110,7 +1136,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--only",
         default=",".join(SYSTEMS),
         help=f"comma-separated systems (default: {','.join(SYSTEMS)}; mesh = irismesh sealed, "
-        "telemetry off; mesh-null: sealing off; mesh-tel: telemetry on)",
+        "telemetry off, callback subscribers; mesh-iter: `async for` subscribers; mesh-null: "
+        "sealing off; mesh-tel: telemetry on)",
     )
     parser.add_argument(
         "--window",

@@ -54,7 +54,7 @@ from irismesh.errors import (
     RemoteError,
     RequestTimeout,
 )
-from irismesh.patterns.pubsub import Policy, PubSub, Subscription
+from irismesh.patterns.pubsub import Message, Policy, PubSub, Subscription
 from irismesh.patterns.reqrep import HandlerRunner, RequestHandler
 from irismesh.patterns.tunnel import (
     DEFAULT_MAX_MESSAGE,
@@ -226,9 +226,9 @@ class Node:
             config=self._config,
         )
         self._membership_changed = asyncio.Event()
-        self._pubsub.attach(self._core)
         self._tunnels.attach(self._core)
         self._driver = Driver(self._core, ctx, router, loop, self._on_events)
+        self._pubsub.attach(self._core, self._driver.flush_soon)
         if self._busy_poll:
             self._driver.busy_poll = self._busy_poll
             self._driver.idle = lambda: self._runner.running == 0
@@ -515,16 +515,26 @@ class Node:
         )
 
     def subscribe(
-        self, pattern: str, *, policy: Policy = "block", maxsize: int = 1024
+        self,
+        pattern: str,
+        *,
+        policy: Policy = "block",
+        maxsize: int = 1024,
+        callback: Callable[[Message], object] | None = None,
     ) -> Subscription:
         """Receive messages on topics matching `pattern` (`*` one segment, `#` any number).
 
         `async with node.subscribe("feeds.#") as sub: async for msg in sub: ...`. When the
         reader falls behind, `policy` decides: "block" the publishers (nothing lost) or
         "drop_oldest" beyond `maxsize` (and count what was missed in `Message.missed`).
+
+        With `callback`, each message is handed to `callback(msg)` as it arrives, on the
+        event loop, instead of being buffered (the fastest way to receive; `policy` and
+        `maxsize` do not apply). It must not block; an exception it raises is logged and
+        counted in `sub.errors`, and the messages after it still come. `sub.close()` ends it.
         """
         self._running()
-        return self._pubsub.subscribe(pattern, policy, maxsize)
+        return self._pubsub.subscribe(pattern, policy, maxsize, callback)
 
     def tunnel(
         self,

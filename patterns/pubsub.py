@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections import deque
 from collections.abc import Callable
 from types import TracebackType
@@ -32,6 +33,8 @@ from irismesh._core.engine import MeshCore
 from irismesh._core.events import MessagesArrived
 from irismesh._core.topics import TopicTrie, validate_pattern, validate_topic
 from irismesh.errors import Closed, ConfigurationError, InterestTimeout, SlowConsumer
+
+_log = logging.getLogger("irismesh.pubsub")
 
 Policy = Literal["block", "drop_oldest"]
 POLICIES: tuple[Policy, ...] = ("block", "drop_oldest")
@@ -68,14 +71,23 @@ class Subscription:
     ends it otherwise. Iteration stops when the subscription or its node closes.
     """
 
-    def __init__(self, hub: PubSub, pattern: str, policy: Policy, maxsize: int) -> None:
+    def __init__(
+        self,
+        hub: PubSub,
+        pattern: str,
+        policy: Policy,
+        maxsize: int,
+        callback: Callable[[Message], object] | None = None,
+    ) -> None:
         self.pattern = pattern
         self.policy = policy
         self.maxsize = maxsize
         self.missed = 0  # messages lost in all (dropped by the policy or in transit)
         self.received = 0
+        self.errors = 0  # exceptions the callback raised
         self._hub = hub
-        self._blocking = policy == "block"
+        self._callback = callback
+        self._blocking = policy == "block" and callback is None
         # (message, the credit it holds: None, a peer's routing id if this is its only blocking
         # subscription, else a _Hold shared by them)
         self._queue: deque[tuple[Message, _Hold | bytes | None]] = deque()
@@ -135,6 +147,11 @@ class Subscription:
                 return message
             if self._closed:
                 raise Closed(f"subscription to {self.pattern!r} is closed")
+            if self._callback is not None:
+                raise ConfigurationError(
+                    f"subscription to {self.pattern!r} hands its messages to its callback:"
+                    " there is nothing to read"
+                )
             waiter = self._waiter = asyncio.get_running_loop().create_future()
             try:
                 async with asyncio.timeout(timeout):
@@ -189,6 +206,12 @@ class Subscription:
     def _put(self, message: Message, hold: _Hold | bytes | None, gap: int) -> int:
         """Queue a message; returns how many the policy dropped to make room (0 or 1)."""
         self.received += 1
+        if self._callback is not None:
+            if gap:
+                self.missed += gap
+                message = message._replace(missed=gap)
+            self._call(self._callback, message)
+            return 0
         if gap:
             self.missed += gap
             self._gap += gap
@@ -206,6 +229,22 @@ class Subscription:
             waiter.set_result(None)
         return dropped
 
+    def _call(self, callback: Callable[[Message], object], message: Message) -> None:
+        try:
+            callback(message)
+        except Exception:
+            self._failed()
+
+    def _failed(self) -> None:
+        """The callback raised (call it from the `except` block): count and log it."""
+        self.errors += 1
+        if self.errors & (self.errors - 1) == 0:  # the 1st, 2nd, 4th, 8th, ... in the log
+            _log.exception(
+                "the callback of the subscription to %r raised (%d times so far)",
+                self.pattern,
+                self.errors,
+            )
+
     def _wake(self) -> None:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
@@ -213,7 +252,7 @@ class Subscription:
 
 
 class PubSub:
-    """A node's subscriptions and its publishing; the node feeds it MessageArrived events."""
+    """A node's subscriptions and its publishing; the node feeds it MessagesArrived events."""
 
     def __init__(self, node_id: bytes, flush_soon: Callable[[], None], flush: Callable[[], None]):
         self._node_id = node_id.hex()
@@ -229,6 +268,7 @@ class PubSub:
         self._room = asyncio.Event()
         self._interest = asyncio.Event()
         self._unflushed = 0
+        self._driver_flush_soon = flush_soon
         self.published = 0
         self.delivered = 0
         # Telemetry, when the node records: messages are tallied here, one dict update each,
@@ -238,19 +278,29 @@ class PubSub:
         self._tallied = 0
         self.unmatched = 0  # messages that arrived for no subscription (one just ended)
 
-    def attach(self, core: MeshCore) -> None:
+    def attach(self, core: MeshCore, flush_soon: Callable[[], None] | None = None) -> None:
+        """Start with the node's core; `flush_soon`: its driver's, for the publish hot path."""
         self._core = core
+        self._driver_flush_soon = flush_soon or self._flush_soon
 
     # ----------------------------------------------------------------- subscribing
 
-    def subscribe(self, pattern: str, policy: Policy, maxsize: int) -> Subscription:
+    def subscribe(
+        self,
+        pattern: str,
+        policy: Policy,
+        maxsize: int,
+        callback: Callable[[Message], object] | None = None,
+    ) -> Subscription:
         core = self._running()
         pattern = validate_pattern(pattern)
         if policy not in POLICIES:
             raise ConfigurationError(f"policy must be one of {', '.join(POLICIES)}, not {policy!r}")
         if type(maxsize) is not int or maxsize < 1:
             raise ConfigurationError(f"maxsize must be a positive integer, not {maxsize!r}")
-        sub = Subscription(self, pattern, policy, maxsize)
+        if callback is not None and not callable(callback):
+            raise ConfigurationError(f"callback must be callable, not {callback!r}")
+        sub = Subscription(self, pattern, policy, maxsize, callback)
         self._subscriptions.add(sub)
         self._trie.add(pattern, sub)
         self._routes.clear()
@@ -308,11 +358,20 @@ class PubSub:
                 route = self._route(topic)
             only = route[2]
             if only is not None and gaps is None:
-                only._queue.append((_new(Message, (topic, payload, publisher, 0)), routing_id))
+                message = _new(Message, (topic, payload, publisher, 0))
                 only.received += 1
-                if only is not last:
-                    last = only
-                    touched.append(only)
+                callback = only._callback
+                if callback is None:
+                    only._queue.append((message, routing_id))
+                    if only is not last:
+                        last = only
+                        touched.append(only)
+                else:
+                    free += 1
+                    try:
+                        callback(message)
+                    except Exception:
+                        only._failed()
                 if counting:
                     self._count("deliver", topic, event.publisher, len(payload), 0)
                 continue
@@ -363,7 +422,8 @@ class PubSub:
         if len(self._routes) >= CACHED_TOPICS:
             self._routes.clear()
         blocking = sum(1 for sub in subs if sub._blocking)
-        only = subs[0] if len(subs) == 1 and blocking else None
+        # The one subscription, when it buffers and blocks or hands messages to a callback.
+        only = subs[0] if len(subs) == 1 and (blocking or subs[0]._callback) else None
         route = self._routes[topic] = (subs, blocking, only)
         return route
 
@@ -483,7 +543,7 @@ class PubSub:
             self._unflushed = 0
             self._flush()
         else:
-            self._flush_soon()
+            self._driver_flush_soon()
         return sent
 
     def _slow(self, core: MeshCore, topic: str) -> list[str]:

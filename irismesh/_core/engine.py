@@ -124,6 +124,7 @@ _PUBLISH_ENTRY_SIZE = PUBLISH_ENTRY.size
 _pack_entry = BATCH_ENTRY.pack
 _pack_publish_entry = PUBLISH_ENTRY.pack
 _PUBLISH_SIZE = PUBLISH_FIELDS.size
+_MAX_PARTS = 2 * MAX_BATCH  # a staged publish is two parts: its entry's header and its body
 _ENTRY_SIZE = BATCH_ENTRY.size
 _MAX_CREDIT = 1 << 30
 _BATCH_BYTES = 96 << 10
@@ -496,22 +497,21 @@ class MeshCore:
             if batching:
                 # Straight into the link's BATCH body for this slot: no entry list to walk
                 # and encode at flush time (the publish hot path).
-                count = link.pub_count
-                if count:
+                parts = link.pub_parts
+                if parts:
                     if (
                         slot != link.pub_slot
-                        or count >= MAX_BATCH
-                        or len(link.pub_batch) + length > self._batch_limit
+                        or link.pub_size + length > self._batch_limit
+                        or len(parts) >= _MAX_PARTS
                     ):
                         self._seal_published(link)  # the link stays listed in _published
                         link.pub_slot = slot
                 else:
                     self._published.append(link)
                     link.pub_slot = slot
-                batch = link.pub_batch
-                batch += _pack_publish_entry(_PUBLISH, length, seq, size)
-                batch += tail
-                link.pub_count += 1
+                parts.append(_pack_publish_entry(_PUBLISH, length, seq, size))
+                parts.append(tail)
+                link.pub_size += _ENTRY_SIZE + length
             else:
                 self._stage_out(link, slot, _PUBLISH, _pack_publish(seq, size) + tail)
             sent += 1
@@ -519,10 +519,13 @@ class MeshCore:
 
     def _seal_published(self, link: OutLink) -> None:
         """Seal the publishes staged for `link` as one BATCH frame."""
-        count, link.pub_count = link.pub_count, 0
-        if not count:
+        parts = link.pub_parts
+        if not parts:
             return
-        body, link.pub_batch = bytes(link.pub_batch), bytearray()
+        body = b"".join(parts)
+        count = len(parts) >> 1
+        parts.clear()
+        link.pub_size = 0
         if link.state is not LinkState.UP:
             return
         if count > 1:

@@ -62,9 +62,11 @@ class OutLink:
     interest: set[str] = field(default_factory=set)  # the peer's subscription patterns
     credit: int = 0  # messages the peer lets us send now
     pub_seq: int = 0  # our PUBLISH stream to the peer
-    pub_batch: bytearray = field(default_factory=bytearray)  # staged PUBLISH entries, encoded
-    pub_count: int = 0  # entries in pub_batch
-    pub_slot: int = 0  # the slot they are sealed in
+    # Staged PUBLISH entries of one BATCH body (header, body, header, ...), their size, and
+    # the slot they are sealed in.
+    pub_parts: list[bytes] = field(default_factory=list)
+    pub_size: int = 0
+    pub_slot: int = 0
     topic_slots: dict[str, int] = field(default_factory=dict)  # topic scope -> slot (0: none)
 
 

@@ -245,3 +245,53 @@ def test_what_a_node_publishes_just_before_it_closes_still_arrives(
             await sub_node.close()
 
     run(main())
+
+
+def test_a_callback_subscription_gets_every_message_in_order_and_survives_its_errors(
+    keys: irismesh.Keyring, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        pub, sub_node = await start_nodes(keys, 2, config=CoreConfig(pubsub_window=WINDOW))
+        try:
+            got: list[irismesh.Message] = []
+
+            def on_message(message: irismesh.Message) -> None:
+                got.append(message)
+                if message.payload.endswith(b"7"):
+                    raise ValueError("a handler bug")
+
+            sub = sub_node.subscribe("jobs.#", callback=on_message)
+            local: list[bytes] = []
+            pub.subscribe("jobs.local", callback=lambda m: local.append(m.payload))
+            await pub.wait_for_subscribers("jobs.x", 1, timeout=5)
+            total = WINDOW * 10  # far past one window: a callback holds no credit
+            for i in range(total):
+                topic = "jobs.a" if i % 3 else "jobs.b.c"
+                assert await pub.publish(topic, b"%d" % i, timeout=5) == 1
+            assert await pub.publish("jobs.local", b"here") == 2  # the remote one and its own
+            await wait_until(lambda: len(got) == total + 1, 10, "every message at the callback")
+            assert [m.payload for m in got[:total]] == [b"%d" % i for i in range(total)]
+            assert got[1].topic == "jobs.a"
+            assert got[0].topic == "jobs.b.c"
+            assert all(m.publisher == pub.node_id.hex() and m.missed == 0 for m in got)
+            assert local == [b"here"]
+            raised = sum(1 for i in range(total) if i % 10 == 7)
+            assert sub.errors == raised  # counted, logged, and the messages after still came
+            assert sub.received == total + 1
+            assert "jobs.#" in caplog.text
+            assert "a handler bug" in caplog.text
+            with pytest.raises(irismesh.ConfigurationError, match="callback"):
+                await sub.get(timeout=1)
+            sub.close()
+            # Its interest may not have left yet: then the message arrives and goes nowhere.
+            if await pub.publish("jobs.a", b"after") == 1:
+                await wait_until(
+                    lambda: sub_node.stats["messages_unmatched"] == 1, 5, "the unmatched message"
+                )
+            assert len(got) == total + 1
+            with pytest.raises(irismesh.ConfigurationError, match="callable"):
+                sub_node.subscribe("x", callback="not a function")  # type: ignore[arg-type]
+        finally:
+            await close_all([pub, sub_node])
+
+    run(main())
