@@ -28,6 +28,9 @@ ReplyError = Callable[[Token, BaseException], None]
 Served = Callable[[RequestArrived, float, int, bool], None]
 
 
+_monotonic = time.monotonic  # one global lookup per request, not a module attribute too
+
+
 class HandlerRunner:
     """Runs one node's request handler for each RequestArrived."""
 
@@ -50,7 +53,7 @@ class HandlerRunner:
         self.running = 0  # handlers suspended in a Task
 
     def run(self, event: RequestArrived) -> None:
-        started = time.monotonic()
+        started = _monotonic() if self._served is not None else 0.0
         handler = self.handler
         if handler is None:
             self._fail(event, started, LookupError("this member has no request handler"))
@@ -140,12 +143,12 @@ class HandlerRunner:
             value = bytes(value)
         self._reply(event.token, value)
         if self._served is not None:
-            self._served(event, time.monotonic() - started, len(value), True)
+            self._served(event, _monotonic() - started, len(value), True)
 
     def _fail(self, event: RequestArrived, started: float, exc: BaseException) -> None:
         self._reply_error(event.token, exc)
         if self._served is not None:
-            self._served(event, time.monotonic() - started, 0, False)
+            self._served(event, _monotonic() - started, 0, False)
 
     async def close(self) -> None:
         for task in list(self.tasks):

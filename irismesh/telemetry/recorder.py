@@ -49,14 +49,28 @@ class RecordSink(Protocol):
 
 
 class _Series:
-    """Exact counts by outcome and the latency histogram of one (kind, cluster)."""
+    """Exact counts by outcome and the latency histogram of one (kind, cluster).
 
-    __slots__ = ("counts", "histogram", "since")
+    Every event of a timed series lands in its histogram, so `counts` keeps only the outcomes
+    other than ok (one dict update saved per event on the hot path): ok is what the histogram
+    holds beyond them. Drops are counted, not timed (`timed` False: `counts` holds them all).
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("counts", "histogram", "since", "timed")
+
+    def __init__(self, timed: bool = True) -> None:
         self.counts: dict[str, int] = {}
         self.histogram = [0] * HISTOGRAM_BUCKETS
         self.since = 0  # events since the last sampled record
+        self.timed = timed
+
+    def outcomes(self) -> dict[str, int]:
+        """Exact counts by outcome, ok included (outcomes that never happened left out)."""
+        counts = {outcome: n for outcome, n in self.counts.items() if n}
+        if not self.timed:
+            return counts
+        ok = sum(self.histogram) - sum(counts.values())
+        return {_OK: ok, **counts} if ok else counts
 
 
 class Recorder:
@@ -65,10 +79,12 @@ class Recorder:
     __slots__ = (
         "_clock",
         "_every",
+        "_exporter",
+        "_sampling",
         "_series",
-        "exporter",
+        "_serving",
+        "_writer",
         "node",
-        "writer",
     )
 
     def __init__(
@@ -82,12 +98,33 @@ class Recorder:
         if sample_every < 1:
             raise ValueError("sample_every must be at least 1")
         self.node = node
-        self.writer = writer
-        self.exporter: RecordSink | None = None  # a second sink for the same records
-        # One lookup per event on the hot path: (kind, cluster) -> its series.
+        self._writer = writer
+        self._exporter: RecordSink | None = None  # a second sink for the same records
+        self._sampling = writer is not None  # whether records are made at all
+        # One lookup per event on the hot path: (kind, cluster) -> its series, and for the
+        # member side (`served`), cluster -> its SERVE series.
         self._series: dict[tuple[str, str], _Series] = {}
+        self._serving: dict[str, _Series] = {}
         self._every = sample_every
         self._clock = clock
+
+    @property
+    def writer(self) -> SpoolWriter | None:
+        return self._writer
+
+    @writer.setter
+    def writer(self, writer: SpoolWriter | None) -> None:
+        self._writer = writer
+        self._sampling = writer is not None or self._exporter is not None
+
+    @property
+    def exporter(self) -> RecordSink | None:
+        return self._exporter
+
+    @exporter.setter
+    def exporter(self, exporter: RecordSink | None) -> None:
+        self._exporter = exporter
+        self._sampling = self._writer is not None or exporter is not None
 
     def set_sampling(self, sample_every: int) -> None:
         if sample_every < 1:
@@ -111,12 +148,13 @@ class Recorder:
         series = self._series.get((kind, cluster))
         if series is None:
             series = self._new_series(kind, cluster)
-        counts = series.counts
-        counts[outcome] = counts.get(outcome, 0) + 1
+        if outcome != _OK:  # ok is what the histogram holds beyond the others (see _Series)
+            counts = series.counts
+            counts[outcome] = counts.get(outcome, 0) + 1
         us = int(latency * 1e6)
         bucket = us.bit_length()
         series.histogram[bucket if bucket < HISTOGRAM_BUCKETS else HISTOGRAM_BUCKETS - 1] += 1
-        if self.writer is not None or self.exporter is not None:
+        if self._sampling:
             since = series.since = series.since + 1  # one record in `sample_every` per series
             if since >= self._every:
                 series.since = 0
@@ -147,15 +185,33 @@ class Recorder:
             None,
             None,
         )
-        if self.writer is not None:
-            self.writer.append(record)
-        if self.exporter is not None:
-            self.exporter.append(record)
+        if self._writer is not None:
+            self._writer.append(record)
+        if self._exporter is not None:
+            self._exporter.append(record)
 
     def served(self, event: RequestArrived, latency: float, size: int, ok: bool) -> None:
-        """Member side, as the handler runner reports it (its `served` callback)."""
-        outcome = _OK if ok else _REMOTE_ERROR
-        self.request(event.cluster, event.token[0], latency, size, outcome, _SERVE)
+        """Member side, as the handler runner reports it (its `served` callback).
+
+        `request(..., kind=SERVE)` inlined, with its series found by cluster alone: the
+        member's hot path.
+        """
+        cluster = event.cluster
+        series = self._serving.get(cluster)
+        if series is None:
+            series = self._serving[cluster] = self._new_series(_SERVE, cluster)
+        if not ok:
+            counts = series.counts
+            counts[_REMOTE_ERROR] = counts.get(_REMOTE_ERROR, 0) + 1
+        us = int(latency * 1e6)
+        bucket = us.bit_length()
+        series.histogram[bucket if bucket < HISTOGRAM_BUCKETS else HISTOGRAM_BUCKETS - 1] += 1
+        if self._sampling:
+            since = series.since = series.since + 1
+            if since >= self._every:
+                series.since = 0
+                outcome = _OK if ok else _REMOTE_ERROR
+                self._sample(_SERVE, cluster, event.token[0], us, size, outcome)
 
     def serve(self, cluster: str, peer: bytes, latency: float, size: int, outcome: str) -> None:
         """Member side: one handler run ended (`latency` seconds of service time)."""
@@ -172,17 +228,18 @@ class Recorder:
         series = self._series.get((kind, cluster))
         if series is None:
             series = self._new_series(kind, cluster)
-        counts = series.counts
-        counts[outcome] = counts.get(outcome, 0) + count
+        if outcome != _OK:
+            counts = series.counts
+            counts[outcome] = counts.get(outcome, 0) + count
         series.histogram[0] += count
-        if count and (self.writer is not None or self.exporter is not None):
+        if count and self._sampling:
             self._sample(kind, cluster, peer, 0, size // count, outcome, weight=count)
 
     def membership(self, event: MembershipEvent, peer: bytes) -> None:
         self._event(str(Kind.MEMBERSHIP), "", None, peer.hex(), str(event), None)
 
     def drop(self, reason: str, count: int = 1) -> None:
-        counts = (self._series.get((_DROP, "")) or self._new_series(_DROP, "")).counts
+        counts = (self._series.get((_DROP, "")) or self._new_series(_DROP, "", timed=False)).counts
         counts[reason] = counts.get(reason, 0) + count
         self._event(str(Kind.DROP), "", None, None, reason, None, weight=count)
 
@@ -200,7 +257,7 @@ class Recorder:
         value: float | None,
         weight: int = 1,
     ) -> None:
-        writer, exporter = self.writer, self.exporter
+        writer, exporter = self._writer, self._exporter
         if writer is not None or exporter is not None:
             head = (self._clock(), self.node, kind, pattern, cluster, peer)
             record = (*head, None, None, str(Outcome.NONE), weight, name, value)
@@ -209,8 +266,10 @@ class Recorder:
             if exporter is not None:
                 exporter.append(record)
 
-    def _new_series(self, kind: str, cluster: str) -> _Series:
-        series = self._series[(kind, cluster)] = _Series()
+    def _new_series(self, kind: str, cluster: str, *, timed: bool = True) -> _Series:
+        series = self._series.get((kind, cluster))
+        if series is None:
+            series = self._series[(kind, cluster)] = _Series(timed)
         return series
 
     @property
@@ -219,7 +278,7 @@ class Recorder:
         return {
             (kind, cluster, outcome): n
             for (kind, cluster), series in self._series.items()
-            for outcome, n in series.counts.items()
+            for outcome, n in series.outcomes().items()
         }
 
     @property

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 from helpers import wait_until
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import irismesh
 from irismesh.node import TelemetryConfig
@@ -104,6 +106,46 @@ def test_recorder_percentiles_interpolate_within_a_bucket() -> None:
     assert p50 is not None
     assert 1400 < p50 < 1600  # the true median is 1500; the bucket bound would say 2048
     assert recorder.percentile("request", "other", 0.5) is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    events=st.lists(
+        st.tuples(
+            st.sampled_from(["request", "served", "tally", "drop"]),
+            st.sampled_from(["db", "web"]),
+            st.sampled_from(["ok", "timeout", "remote_error", "no_responders"]),
+            st.integers(0, 5),
+        ),
+        max_size=60,
+    )
+)
+def test_recorder_counts_agree_with_a_plain_count_of_what_it_was_told(
+    events: list[tuple[str, str, str, int]],
+) -> None:
+    # The recorder keeps only the outcomes other than ok and derives ok from its histograms.
+    from irismesh._core.events import RequestArrived
+    from irismesh.telemetry.recorder import Recorder
+
+    recorder = Recorder("n")
+    expected: Counter[tuple[str, str, str]] = Counter()
+    for what, cluster, outcome, n in events:
+        if what == "request":
+            recorder.request(cluster, None, n / 1e3, 10, outcome)
+            expected["request", cluster, outcome] += 1
+        elif what == "served":
+            ok = outcome == "ok"
+            event = RequestArrived(token=(b"p" * 16, 1, b"r", 1), cluster=cluster, payload=b"")
+            recorder.served(event, n / 1e3, 10, ok)
+            expected["serve", cluster, "ok" if ok else "remote_error"] += 1
+        elif what == "tally":
+            recorder.tally("deliver", cluster, None, 10 * n, outcome, n)
+            expected["deliver", cluster, outcome] += n
+        else:
+            recorder.drop(outcome, n)
+            expected["drop", "", outcome] += n
+    assert recorder.counts == {key: n for key, n in expected.items() if n}
+    assert recorder.total("serve") == sum(n for (k, _c, _o), n in expected.items() if k == "serve")
 
 
 def test_publishes_deliveries_misses_and_tunnels_are_recorded(keys: irismesh.Keyring) -> None:

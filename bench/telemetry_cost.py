@@ -1,0 +1,313 @@
+"""What telemetry costs request/reply: irismesh with telemetry off, counters only, and spooled.
+
+    python bench/telemetry_cost.py [--rounds 8] [--window 2] [--sizes 100,1024] [--json out.json]
+
+A server and a client process per variant, all started at once and left idle, then measured in
+rounds: in each round every variant's client runs `--outstanding` requests in flight for
+`--window` seconds, one variant after the other, in an order that rotates from round to round.
+So the variants share the machine's drift and noise, and each round gives a ratio of two
+figures taken seconds apart. The table shows each variant's median req/s, the median of its
+per-round ratios to telemetry off (with their range), and CPU per request of server and
+client. Variants:
+
+* off: `telemetry=False`, no counters, no records;
+* counters: `telemetry=True`, exact counters and latency histograms, no spool;
+* spooled: `TelemetryConfig(spool_dir)`, the counters plus per-request records at the default
+  sampling (one in 10) written to rotating spool files, and published for collectors.
+
+Issue 6's target: spooled / off >= 0.95.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+from _harness import (
+    BenchError,
+    ChildProcesses,
+    exit_after,
+    on_stdin_eof,
+    raise_keyboard_interrupt_on_sigterm,
+)
+
+VARIANTS = ("off", "counters", "spooled")
+CLUSTER = "bench"
+TARGET = 0.95
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def node_options(variant: str, spool: str) -> dict[str, Any]:
+    import irismesh
+
+    if variant == "off":
+        return {"telemetry": False}
+    if variant == "counters":
+        return {"telemetry": True}
+    return {"telemetry": irismesh.TelemetryConfig(spool_dir=spool)}
+
+
+# ============================================================================================
+# Children
+
+
+async def serve(keyring: str, variant: str, spool: str) -> None:
+    import irismesh
+
+    keys = irismesh.Keyring.load(keyring)
+    async with irismesh.Node(cluster=CLUSTER, keyring=keys, **node_options(variant, spool)) as node:
+
+        async def echo(payload: bytes) -> bytes:
+            return payload
+
+        node.on_request(echo)
+        print("READY", node.endpoint, flush=True)
+        await asyncio.Event().wait()  # until the parent closes our stdin
+
+
+async def client(keyring: str, variant: str, spool: str, endpoint: str, outstanding: int) -> None:
+    import irismesh
+
+    keys = irismesh.Keyring.load(keyring)
+    loop = asyncio.get_running_loop()
+    commands: asyncio.Queue[str] = asyncio.Queue()
+
+    def read_commands() -> None:  # the parent writes one command a line: "run SIZE SECONDS"
+        for line in sys.stdin:
+            loop.call_soon_threadsafe(commands.put_nowait, line.strip())
+        os._exit(0)  # stdin closed: the parent is done with us
+
+    async with irismesh.Node(
+        keyring=keys, seeds=[endpoint], **node_options(variant, spool)
+    ) as node:
+        await node.wait_for_members(CLUSTER, count=1, timeout=15)
+        print("READY", flush=True)
+        threading.Thread(target=read_commands, daemon=True).start()
+        while True:
+            _run, size, seconds = (await commands.get()).split()
+            print(json.dumps(await pump(node, int(size), float(seconds), outstanding)), flush=True)
+
+
+async def pump(node: Any, size: int, seconds: float, outstanding: int) -> dict[str, float]:
+    payload = os.urandom(size)
+    completed = 0
+    running = True
+
+    async def worker() -> None:
+        nonlocal completed
+        while running:
+            reply = await node.request(CLUSTER, payload, timeout=10)
+            if reply != payload:
+                raise BenchError("echo mismatch")
+            completed += 1
+
+    workers = [asyncio.create_task(worker()) for _ in range(outstanding)]
+    await asyncio.sleep(0.3)  # warm-up: every worker in its loop
+    c0, t0, cpu0 = completed, time.perf_counter(), time.process_time()
+    print("MARK", flush=True)
+    await asyncio.sleep(seconds)
+    c1, t1, cpu1 = completed, time.perf_counter(), time.process_time()
+    running = False
+    await asyncio.gather(*workers)
+    return {"requests": c1 - c0, "seconds": t1 - t0, "client_cpu": cpu1 - cpu0}
+
+
+def run_child(args: argparse.Namespace) -> None:
+    exit_after(args.max_seconds)
+    if args.role == "server":
+        on_stdin_eof(lambda: os._exit(0))
+        asyncio.run(serve(args.keyring, args.variant, args.spool))
+    else:
+        asyncio.run(client(args.keyring, args.variant, args.spool, args.endpoint, args.outstanding))
+
+
+# ============================================================================================
+# Parent
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
+
+
+def progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    import irismesh
+
+    me = os.path.abspath(__file__)
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="irismesh-telcost-") as tmp, ChildProcesses() as procs:
+        keyring = os.path.join(tmp, "bench.keys")
+        irismesh.Keyring.generate().save(keyring)
+        common = ["--keyring", keyring, "--max-seconds", str(args.max_seconds)]
+        servers, clients = {}, {}
+        for variant in VARIANTS:
+            spool = os.path.join(tmp, f"spool-{variant}")
+            extra = [*common, "--variant", variant, "--spool", spool]
+            server = procs.spawn(
+                f"{variant} server", [sys.executable, me, "--role", "server", *extra]
+            )
+            endpoint = server.expect_prefix("READY ", timeout=30)
+            servers[variant] = server
+            client_proc = procs.spawn(
+                f"{variant} client",
+                [
+                    sys.executable,
+                    me,
+                    "--role",
+                    "client",
+                    *extra,
+                    "--endpoint",
+                    endpoint,
+                    "--outstanding",
+                    str(args.outstanding),
+                ],
+            )
+            client_proc.expect_prefix("READY", timeout=30)
+            clients[variant] = client_proc
+        for size in args.sizes:
+            rounds: list[dict[str, dict[str, float]]] = []
+            for index in range(args.rounds):
+                order = VARIANTS[index % 3 :] + VARIANTS[: index % 3]
+                if index % 2:
+                    order = order[::-1]
+                figures: dict[str, dict[str, float]] = {}
+                for variant in order:
+                    child, server = clients[variant], servers[variant]
+                    assert child.proc.stdin is not None
+                    child.proc.stdin.write(f"run {size} {args.window}\n".encode())
+                    child.proc.stdin.flush()
+                    child.expect_prefix("MARK", timeout=30)
+                    server_cpu0 = cpu_seconds(server.pid)
+                    line = child.expect_prefix("{", timeout=args.window + 30)
+                    server_cpu = cpu_seconds(server.pid) - server_cpu0
+                    result = json.loads("{" + line)
+                    requests = result["requests"]
+                    figures[variant] = {
+                        "rps": requests / result["seconds"],
+                        "server_us": server_cpu / requests * 1e6,
+                        "client_us": result["client_cpu"] / requests * 1e6,
+                    }
+                rounds.append(figures)
+                ratio = figures["spooled"]["rps"] / figures["off"]["rps"]
+                progress(
+                    f"{size} B round {index + 1}/{args.rounds}: "
+                    + ", ".join(f"{v} {figures[v]['rps']:,.0f} req/s" for v in VARIANTS)
+                    + f"; spooled/off {ratio:.3f}"
+                )
+            results[str(size)] = rounds
+    return results
+
+
+def summarise(results: dict[str, Any]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for size, rounds in results.items():
+        rows: dict[str, Any] = {}
+        for variant in VARIANTS:
+            ratios = [r[variant]["rps"] / r["off"]["rps"] for r in rounds]
+            rows[variant] = {
+                "rps": statistics.median(r[variant]["rps"] for r in rounds),
+                "ratio_median": statistics.median(ratios),
+                "ratio_min": min(ratios),
+                "ratio_max": max(ratios),
+                "server_us": statistics.median(r[variant]["server_us"] for r in rounds),
+                "client_us": statistics.median(r[variant]["client_us"] for r in rounds),
+            }
+        summary[size] = rows
+    return summary
+
+
+def print_table(summary: dict[str, Any], args: argparse.Namespace) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=f"telemetry's cost to request/reply: {args.rounds} rounds of {args.window:g} s per "
+        f"variant, {args.outstanding} outstanding, medians",
+        caption=f"ratio: the variant's req/s / telemetry off's in the same round (target for "
+        f"spooled: >= {TARGET}); CPU: of the process, per request",
+    )
+    for column in (
+        "size",
+        "telemetry",
+        "req/s",
+        "/ off",
+        "range",
+        "CPU us server",
+        "CPU us client",
+    ):
+        table.add_column(column, justify="left" if column in ("size", "telemetry") else "right")
+    for size, rows in summary.items():
+        for variant in VARIANTS:
+            row = rows[variant]
+            table.add_row(
+                f"{int(size):,} B",
+                variant,
+                f"{row['rps']:,.0f}",
+                f"{row['ratio_median']:.3f}x",
+                f"{row['ratio_min']:.2f}-{row['ratio_max']:.2f}",
+                f"{row['server_us']:.1f}",
+                f"{row['client_us']:.1f}",
+            )
+        table.add_section()
+    Console().print(table)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--rounds", type=int, default=8, help="rounds per size (default 8)")
+    parser.add_argument(
+        "--window", type=float, default=2.0, help="seconds measured per variant and round"
+    )
+    parser.add_argument("--sizes", default="100,1024", help="payload sizes (default 100,1024)")
+    parser.add_argument("--outstanding", type=int, default=100, help="requests in flight")
+    parser.add_argument("--json", metavar="PATH", help="also write every figure to this file")
+    parser.add_argument("--max-seconds", type=float, default=900.0, help=argparse.SUPPRESS)
+    parser.add_argument("--role", choices=("server", "client"), help=argparse.SUPPRESS)
+    parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument("--keyring", help=argparse.SUPPRESS)
+    parser.add_argument("--spool", help=argparse.SUPPRESS)
+    parser.add_argument("--endpoint", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.role:
+        run_child(args)
+        return 0
+    try:
+        args.sizes = [int(s) for s in args.sizes.split(",")]
+    except ValueError:
+        parser.error(f"--sizes: comma-separated byte counts, not {args.sizes!r}")
+    if args.rounds < 1 or args.window <= 0 or args.outstanding < 1:
+        parser.error("--rounds, --window and --outstanding must be positive")
+    raise_keyboard_interrupt_on_sigterm()
+    try:
+        results = measure(args)
+    except BenchError as exc:
+        progress(f"FAILED: {exc}")
+        return 1
+    except KeyboardInterrupt:
+        progress("interrupted; every child process has been stopped")
+        return 130
+    summary = summarise(results)
+    print_table(summary, args)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as out:
+            json.dump(
+                {"rounds": results, "summary": summary, "settings": vars(args)}, out, indent=2
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
