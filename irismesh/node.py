@@ -510,7 +510,7 @@ class Node:
         sent = pubsub.publish_now(topic, payload)  # the common case: no coroutine to wait on
         if sent is not None:
             return sent
-        return await pubsub.publish(
+        return await pubsub.publish_later(
             topic, payload, self._default_timeout if timeout is None else timeout
         )
 

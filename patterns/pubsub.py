@@ -268,7 +268,7 @@ class PubSub:
         self._room = asyncio.Event()
         self._interest = asyncio.Event()
         self._unflushed = 0
-        self._driver_flush_soon = flush_soon
+        self._driver_flush_soon = flush_soon  # the driver's own, once attached
         self.published = 0
         self.delivered = 0
         # Telemetry, when the node records: messages are tallied here, one dict update each,
@@ -278,10 +278,10 @@ class PubSub:
         self._tallied = 0
         self.unmatched = 0  # messages that arrived for no subscription (one just ended)
 
-    def attach(self, core: MeshCore, flush_soon: Callable[[], None] | None = None) -> None:
-        """Start with the node's core; `flush_soon`: its driver's, for the publish hot path."""
+    def attach(self, core: MeshCore, driver_flush_soon: Callable[[], None]) -> None:
+        """Start with the node's core; the driver's `flush_soon` serves the publish hot path."""
         self._core = core
-        self._driver_flush_soon = flush_soon or self._flush_soon
+        self._driver_flush_soon = driver_flush_soon
 
     # ----------------------------------------------------------------- subscribing
 
@@ -457,7 +457,7 @@ class PubSub:
 
     def publish_now(self, topic: str, payload: bytes) -> int | None:
         """Publish if every target has room now (how many it went to), else None: then wait
-        with `publish`. The publisher's hot path, without a coroutine of its own."""
+        with `publish_later`. The publisher's hot path, without a coroutine of its own."""
         core = self._core
         if core is None:
             raise Closed("node is not running")
@@ -472,6 +472,11 @@ class PubSub:
         sent = self.publish_now(topic, payload)
         if sent is not None:
             return sent
+        return await self.publish_later(topic, payload, timeout)
+
+    async def publish_later(self, topic: str, payload: bytes, timeout: float) -> int:
+        """Wait for room, in order behind the publishes already waiting, then publish;
+        SlowConsumer after `timeout` (after `publish_now` found no room)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         async with self._lock:

@@ -91,7 +91,7 @@ from irismesh._core.frames import (
 from irismesh._core.links import DialRecord, InLink, LinkState, OutLink, TunnelEnd
 from irismesh._core.pending import PendingRequest, PendingRequests
 from irismesh._core.replycache import ReplyCache
-from irismesh._core.sealing import LinkSecurity, Sealer
+from irismesh._core.sealing import LinkSecurity
 from irismesh._core.topics import TopicTrie, parse_pattern_from_peer, parse_topic_from_peer
 from irismesh.errors import (
     Closed,
@@ -180,7 +180,7 @@ class MeshCore:
         self.batching = False
         self._staged_out: list[OutLink] = []
         self._staged_in: list[InLink] = []
-        self._published: list[OutLink] = []  # links with publishes in OutLink.pub_batch
+        self._published: list[OutLink] = []  # links with publishes in OutLink.pub_parts
         self._batch_limit = min(self._max_payload, _BATCH_BYTES)
         self._max_pending = self.config.max_pending
         self._out: dict[int, OutLink] = {}
@@ -530,12 +530,7 @@ class MeshCore:
             return
         if count > 1:
             self.stats["batches_sent"] += 1
-        link.send_seq += 1
-        seq, slot = link.send_seq, link.pub_slot
-        header = _pack_header(MAGIC, VERSION, _BATCH, 0, slot, seq)
-        self.out_frames.append(
-            (link.link_id, header + link.send_sealers[slot].seal(header, seq, body))
-        )
+        self.out_frames.append((link.link_id, self._frame(link, link.pub_slot, _BATCH, body)))
 
     def _topic_out(self, topic: str) -> tuple[bytes, str]:
         scope = topic.partition(".")[0]
@@ -689,12 +684,7 @@ class MeshCore:
                 self._staged_out.append(link)
             link.staged.append((slot, kind, body))
             return
-        link.send_seq += 1
-        seq = link.send_seq
-        header = _pack_header(MAGIC, VERSION, kind, 0, slot, seq)
-        self.out_frames.append(
-            (link.link_id, header + link.send_sealers[slot].seal(header, seq, body))
-        )
+        self.out_frames.append((link.link_id, self._frame(link, slot, kind, body)))
 
     # ----------------------------------------------------------------- tunnels
 
@@ -864,12 +854,7 @@ class MeshCore:
                 self._staged_in.append(link)
             link.staged.append((slot, kind, body))
             return
-        link.send_seq += 1
-        seq = link.send_seq
-        header = _pack_header(MAGIC, VERSION, kind, 0, slot, seq)
-        self.in_frames.append(
-            (link.routing_id, header + link.send_sealers[slot].seal(header, seq, body))
-        )
+        self.in_frames.append((link.routing_id, self._frame(link, slot, kind, body)))
 
     # ----------------------------------------------------------------- requests (member)
 
@@ -941,17 +926,21 @@ class MeshCore:
                     if size > limit:
                         break
                     end += 1
-                link.send_seq += 1
-                seq = link.send_seq
                 if end - start == 1:
                     kind, body = entries[start]
                 else:
                     kind, body = _BATCH, encode_batch(entries[start:end])
                     self.stats["batches_sent"] += 1
                 start = end
-                header = _pack_header(MAGIC, VERSION, kind, 0, slot, seq)
-                frames.append(header + link.send_sealers[slot].seal(header, seq, body))
+                frames.append(self._frame(link, slot, kind, body))
         return frames
+
+    def _frame(self, link: OutLink | InLink, slot: int, kind: int, body: bytes) -> bytes:
+        """The link's next frame: header (its next seq) and `body` sealed in `slot`."""
+        link.send_seq += 1
+        seq = link.send_seq
+        header = _pack_header(MAGIC, VERSION, kind, 0, slot, seq)
+        return header + link.send_sealers[slot].seal(header, seq, body)
 
     # ----------------------------------------------------------------- frames in
 
@@ -1463,15 +1452,7 @@ class MeshCore:
         return peers
 
     def _send_out(self, link: OutLink, kind: int, env: list[Any]) -> None:
-        link.send_seq += 1
-        frame = self._seal(link.send_sealers[0], kind, link.send_seq, env)
-        self.out_frames.append((link.link_id, frame))
+        self.out_frames.append((link.link_id, self._frame(link, 0, kind, self._codec.pack(env))))
 
     def _send_in(self, link: InLink, kind: int, env: list[Any]) -> None:
-        link.send_seq += 1
-        frame = self._seal(link.send_sealers[0], kind, link.send_seq, env)
-        self.in_frames.append((link.routing_id, frame))
-
-    def _seal(self, sealer: Sealer, kind: int, seq: int, env: list[Any]) -> bytes:
-        header = encode_header(kind, 0, seq)
-        return header + sealer.seal(header, seq, self._codec.pack(env))
+        self.in_frames.append((link.routing_id, self._frame(link, 0, kind, self._codec.pack(env))))
