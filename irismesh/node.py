@@ -67,7 +67,7 @@ from irismesh.patterns.tunnel import (
 from irismesh.security.keyring import Keyring
 from irismesh.security.linksecurity import KeyedLinkSecurity
 from irismesh.telemetry.export import TopicExporter, attach_exporter
-from irismesh.telemetry.recorder import Recorder
+from irismesh.telemetry.recorder import Recorder, Series
 from irismesh.telemetry.schema import Kind as TelemetryKind
 from irismesh.telemetry.schema import MembershipEvent, Outcome
 from irismesh.telemetry.spool import SpoolWriter
@@ -169,18 +169,18 @@ class Node:
         self._survey: SurveyDiscovery | None = None
         self._mdns_config = _mdns_config(mdns, keyring)
         self._mdns: MdnsDiscovery | None = None
-        # req id -> (future, cluster, sent at, telemetry kind)
-        self._waiting: dict[int, tuple[asyncio.Future[bytes], str, float, str]] = {}
+        # req id -> (future, cluster, sent at, the telemetry series that times it, if any)
+        self._waiting: dict[int, tuple[asyncio.Future[bytes], str, float, Series | None]] = {}
         self._telemetry = telemetry if isinstance(telemetry, TelemetryConfig) else None
         # Exact counters and histograms unless telemetry=False; records only with a spool.
         self.recorder: Recorder | None = Recorder(self.node_id.hex()) if telemetry else None
         self._telemetry_task: asyncio.Task[None] | None = None
         self._exporter: TopicExporter | None = None  # publishes the records for collectors
         self._reported_drops: dict[str, int] = {}
-        served = self.recorder.served if self.recorder is not None else None
-        self._runner = HandlerRunner(self._reply, self._reply_error, self._flush_soon, served)
+        serving = self.recorder.serving if self.recorder is not None else None
+        self._runner = HandlerRunner(self._reply, self._reply_error, self._flush_soon, serving)
         self._broadcasts = HandlerRunner(
-            self._reply, self._reply_error, self._flush_soon, served, ack_only=True
+            self._reply, self._reply_error, self._flush_soon, serving, ack_only=True
         )
         self._surveys: HandlerRunner | None = None  # None: surveys go to the request handler
         self._pubsub = PubSub(self.node_id, self._flush_soon, self._flush_now)
@@ -294,7 +294,7 @@ class Node:
             self._driver.process()
             self._driver.close()
         await self._tunnels.close()
-        for fut, _cluster, _started, _kind in self._waiting.values():
+        for fut, _cluster, _started, _series in self._waiting.values():
             if not fut.done():
                 fut.set_exception(Closed("node closed"))
         self._waiting.clear()
@@ -344,8 +344,8 @@ class Node:
         """Decorator: `handler(payload) -> bytes` answers surveys (default: the request handler)."""
         if not self.clusters:
             raise ConfigurationError("a node without a cluster answers no surveys: pass cluster=")
-        served = self.recorder.served if self.recorder is not None else None
-        runner = HandlerRunner(self._reply, self._reply_error, self._flush_soon, served)
+        serving = self.recorder.serving if self.recorder is not None else None
+        runner = HandlerRunner(self._reply, self._reply_error, self._flush_soon, serving)
         runner.handler = handler
         self._surveys = runner
         return handler
@@ -397,14 +397,16 @@ class Node:
                 raise ConfigurationError(f"hedge must be a positive delay, got {hedge!r}")
         else:
             hedge = None
+        recorder = self.recorder
         try:
             req_id = core.request(cluster, payload, timeout, now, hedge)
         except MeshError as exc:
-            if self.recorder is not None:
-                self.recorder.request(cluster, None, 0.0, len(payload), _outcome(exc))
+            if recorder is not None:
+                recorder.request(cluster, None, 0.0, len(payload), _outcome(exc))
             raise
         fut: asyncio.Future[bytes] = loop.create_future()
-        self._waiting[req_id] = (fut, cluster, now, _REQUEST_KIND)
+        series = recorder.requests[cluster] if recorder is not None else None
+        self._waiting[req_id] = (fut, cluster, now, series)
         if len(self._waiting) > 1:
             # Others are in flight: send at the end of this loop iteration, together with the
             # requests other tasks are about to make (one seal and one send for all of them).
@@ -462,9 +464,10 @@ class Node:
                 self.recorder.request(cluster, None, 0.0, len(payload), _outcome(exc), label)
             raise
         futures: dict[str, asyncio.Future[bytes]] = {}
+        series = self.recorder.series(label, cluster) if self.recorder is not None else None
         for req_id, member_id in sent:
             fut: asyncio.Future[bytes] = loop.create_future()
-            self._waiting[req_id] = (fut, cluster, now, label)
+            self._waiting[req_id] = (fut, cluster, now, series)
             futures[member_id.hex()] = fut
         driver.flush()
         driver.arm(now + timeout)
@@ -658,19 +661,25 @@ class Node:
                 entry = waiting.pop(event.req_id, None)
                 if entry is None:
                     continue
-                fut, cluster, started, label = entry
+                fut, cluster, started, series = entry
                 if event.status == STATUS_OK:
                     if not fut.done():
                         fut.set_result(event.payload)
-                    outcome = _OK
+                    if series is not None:  # Series.observe inlined: the caller's hot path
+                        us = int((now - started) * 1e6)
+                        series.histogram[us.bit_length()] += 1
+                        n = series.countdown - 1
+                        if n:
+                            series.countdown = n
+                        else:
+                            series.sample(event.peer, us, len(event.payload), _OK)
                 else:
                     kind, message = unpack_error(event.payload)
                     if not fut.done():
                         fut.set_exception(RemoteError(cluster, kind, message))
-                    outcome = _REMOTE_ERROR
-                if recorder is not None:
-                    size = len(event.payload)
-                    recorder.request(cluster, event.peer, now - started, size, outcome, label)
+                    if series is not None:
+                        us = int((now - started) * 1e6)
+                        series.observe(event.peer, us, len(event.payload), _REMOTE_ERROR)
             elif type(event) is RequestArrived:
                 if event.kind == _KIND_REQUEST:
                     self._runner.run(event)
@@ -683,9 +692,9 @@ class Node:
                 if entry is not None:
                     if not entry[0].done():
                         entry[0].set_exception(event.error)
-                    if recorder is not None:
-                        outcome = _outcome(event.error)
-                        recorder.request(entry[1], None, now - entry[2], 0, outcome, entry[3])
+                    if entry[3] is not None:
+                        us = int((now - entry[2]) * 1e6)
+                        entry[3].observe(None, us, 0, _outcome(event.error))
             elif type(event) is TunnelFrame or type(event) is TunnelArrived:
                 self._tunnels.on_event(event)
             elif type(event) is PeerSuspect:

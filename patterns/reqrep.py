@@ -15,20 +15,19 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import time
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import TYPE_CHECKING, Any
 
 from irismesh._core.events import RequestArrived, Token
+from irismesh.telemetry.schema import Outcome
+
+if TYPE_CHECKING:
+    from irismesh.telemetry.recorder import Series
 
 RequestHandler = Callable[[bytes], Awaitable[bytes | bytearray | memoryview] | bytes]
 Reply = Callable[[Token, bytes], None]
 ReplyError = Callable[[Token, BaseException], None]
-# (event, seconds the handler took, reply size, whether it succeeded): for telemetry
-Served = Callable[[RequestArrived, float, int, bool], None]
-
-
-_monotonic = time.monotonic  # one global lookup per request, not a module attribute too
+_OK, _REMOTE_ERROR = str(Outcome.OK), str(Outcome.REMOTE_ERROR)
 
 
 class HandlerRunner:
@@ -39,21 +38,33 @@ class HandlerRunner:
         reply: Reply,
         reply_error: ReplyError,
         after_async: Callable[[], None],
-        served: Served | None = None,
+        serving: Mapping[str, Series] | None = None,
         *,
         ack_only: bool = False,
     ) -> None:
         self._reply = reply
         self._reply_error = reply_error
         self._after_async = after_async  # flush what a handler finishing in a Task queued
-        self._served = served
+        # Telemetry: cluster -> the series that times its handler runs (a Recorder's `serving`)
+        self._serving = serving
         self._ack_only = ack_only  # broadcasts: the reply only says the handler ran
         self.handler: RequestHandler | None = None
         self.tasks: set[asyncio.Task[None]] = set()
         self.running = 0  # handlers suspended in a Task
 
     def run(self, event: RequestArrived) -> None:
-        started = _monotonic() if self._served is not None else 0.0
+        # Telemetry times one run in `sample_every` (see Series): `started` is 0 for the others.
+        serving = self._serving
+        if serving is None:
+            started = 0
+        else:
+            series = serving[event.cluster]
+            n = series.countdown - 1
+            if n:
+                series.countdown = n
+                started = 0
+            else:
+                started = series.start()
         handler = self.handler
         if handler is None:
             self._fail(event, started, LookupError("this member has no request handler"))
@@ -85,7 +96,7 @@ class HandlerRunner:
     async def _resume(
         self,
         event: RequestArrived,
-        started: float,
+        started: int,
         coro: Coroutine[Any, Any, Any],
         yielded: Any,
     ) -> None:
@@ -119,9 +130,7 @@ class HandlerRunner:
             self.running -= 1
             self._after_async()
 
-    async def _await(
-        self, event: RequestArrived, started: float, awaitable: Awaitable[Any]
-    ) -> None:
+    async def _await(self, event: RequestArrived, started: int, awaitable: Awaitable[Any]) -> None:
         try:
             value = await awaitable
         except Exception as exc:
@@ -132,7 +141,7 @@ class HandlerRunner:
             self.running -= 1
             self._after_async()
 
-    def _finish(self, event: RequestArrived, started: float, value: object) -> None:
+    def _finish(self, event: RequestArrived, started: int, value: object) -> None:
         if self._ack_only:
             value = b""
         elif type(value) is not bytes:
@@ -142,13 +151,17 @@ class HandlerRunner:
                 return
             value = bytes(value)
         self._reply(event.token, value)
-        if self._served is not None:
-            self._served(event, _monotonic() - started, len(value), True)
+        serving = self._serving
+        if serving is not None:  # Series.finish inlined for an untimed ok: the member's hot path
+            if started:
+                serving[event.cluster].finish(event.token[0], started, len(value), _OK)
+            else:
+                serving[event.cluster].untimed += 1
 
-    def _fail(self, event: RequestArrived, started: float, exc: BaseException) -> None:
+    def _fail(self, event: RequestArrived, started: int, exc: BaseException) -> None:
         self._reply_error(event.token, exc)
-        if self._served is not None:
-            self._served(event, _monotonic() - started, 0, False)
+        if self._serving is not None:
+            self._serving[event.cluster].finish(event.token[0], started, 0, _REMOTE_ERROR)
 
     async def close(self) -> None:
         for task in list(self.tasks):

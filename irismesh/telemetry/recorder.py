@@ -1,6 +1,7 @@
 """What a node records about itself: exact counters and histograms, sampled records.
 
-Recording sits on the message hot path, so it costs a dict update or two per message:
+Recording sits on the message hot path, so it costs a few list and attribute updates per
+message (see `Series` for the inlined form the hot paths use):
 
 - `counts`: exact event counts per (kind, cluster, outcome), never sampled;
 - `histograms`: exact latency histograms per (kind, cluster) in power-of-two microsecond
@@ -19,18 +20,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from irismesh.telemetry.schema import Kind, MembershipEvent, Outcome, Pattern
 from irismesh.telemetry.spool import SpoolWriter
 
-if TYPE_CHECKING:
-    from irismesh._core.events import RequestArrived
-
 _REQUEST, _SERVE = str(Kind.REQUEST), str(Kind.SERVE)
 _REQREP = str(Pattern.REQREP)
 _DROP = str(Kind.DROP)
-_OK, _REMOTE_ERROR = str(Outcome.OK), str(Outcome.REMOTE_ERROR)
+_OK = str(Outcome.OK)
 _PATTERNS = {
     str(Kind.BROADCAST): str(Pattern.BROADCAST),
     str(Kind.SURVEY): str(Pattern.SURVEY),
@@ -39,6 +37,8 @@ _PATTERNS = {
     str(Kind.TUNNEL): str(Pattern.TUNNEL),
 }
 HISTOGRAM_BUCKETS = 40  # 2**39 us is about six days
+_SLOTS = 66  # a histogram's slots: one for each bit length of an int below 2**65
+_ns = time.perf_counter_ns
 
 
 class RecordSink(Protocol):
@@ -48,29 +48,129 @@ class RecordSink(Protocol):
     def append(self, record: Sequence[Any]) -> bool: ...
 
 
-class _Series:
-    """Exact counts by outcome and the latency histogram of one (kind, cluster).
+class Series:
+    """Exact counts by outcome and the latency histogram of one (kind, cluster); the hot path's
+    handle on them, held by the caller (`Recorder.series`, `.requests`, `.serving`).
 
-    Every event of a timed series lands in its histogram, so `counts` keeps only the outcomes
-    other than ok (one dict update saved per event on the hot path): ok is what the histogram
-    holds beyond them. Drops are counted, not timed (`timed` False: `counts` holds them all).
+    An event is timed (it lands in `histogram`) or not (it adds to `untimed`); `counts` keeps
+    only the outcomes other than ok, timed or not, and ok is the rest (one dict update saved per
+    event on the hot path). Drops are counted, never timed (`timed` False).
+
+    `histogram` has a slot for every bit length an int of up to 64 bits can have, so that
+    `histogram[us.bit_length()] += 1` needs no bound check; reading folds the slots past
+    HISTOGRAM_BUCKETS into the last bucket. `countdown` counts the events left until the next
+    sampled one (every `sample_every`-th), which makes a record if the recorder has a sink.
+
+    The caller's side times every event: a reply's round trip costs no clock read (the node
+    reads its loop's clock once per batch of events). Its hot path, `Node._on_events`, inlines
+    `observe` for ok:
+
+        us = int(seconds * 1e6)
+        series.histogram[us.bit_length()] += 1
+        n = series.countdown - 1
+        if n:
+            series.countdown = n
+        else:
+            series.sample(peer, us, size, "ok")
+
+    The member's side (`HandlerRunner`) times only the sampled handler runs (`start`, then
+    `finish` or its inlined form) and counts the others (`untimed`): timing every run takes two
+    clock reads per request, which cost about 3% of request/reply throughput on the machine
+    `bench/telemetry_cost.py` measured. So a SERVE histogram is a uniform one-in-`sample_every`
+    sample of service times, while its counts stay exact.
     """
 
-    __slots__ = ("counts", "histogram", "since", "timed")
+    __slots__ = (
+        "cluster",
+        "countdown",
+        "counts",
+        "histogram",
+        "kind",
+        "pattern",
+        "recorder",
+        "untimed",
+    )
 
-    def __init__(self, timed: bool = True) -> None:
+    def __init__(self, recorder: Recorder, kind: str, cluster: str) -> None:
+        self.recorder = recorder
+        self.kind = kind
+        self.cluster = cluster
+        self.pattern = _PATTERNS.get(kind, _REQREP)
         self.counts: dict[str, int] = {}
-        self.histogram = [0] * HISTOGRAM_BUCKETS
-        self.since = 0  # events since the last sampled record
-        self.timed = timed
+        self.histogram = [0] * _SLOTS
+        self.untimed = 0  # events counted but not timed
+        self.countdown = recorder._every
+
+    @property
+    def timed(self) -> bool:
+        return self.kind != _DROP
+
+    def observe(self, peer: bytes | None, us: int, size: int, outcome: str) -> None:
+        """One event that took `us` microseconds and carried `size` bytes."""
+        if outcome != _OK:
+            counts = self.counts
+            counts[outcome] = counts.get(outcome, 0) + 1
+        bucket = us.bit_length()
+        self.histogram[bucket if bucket < _SLOTS else _SLOTS - 1] += 1
+        n = self.countdown - 1
+        if n:
+            self.countdown = n
+        else:
+            self.sample(peer, us, size, outcome)
+
+    def sample(self, peer: bytes | None, us: int, size: int, outcome: str) -> None:
+        """The countdown ran out: one record standing for `sample_every` events."""
+        recorder = self.recorder
+        self.countdown = recorder._every
+        if recorder._sampling:
+            recorder._sample(self, peer, us, size, outcome, recorder._every)
+
+    def start(self) -> int:
+        """Member side: the countdown ran out, so this handler run is timed; its start (ns)."""
+        self.countdown = self.recorder._every
+        return _ns()
+
+    def finish(self, peer: bytes | None, started: int, size: int, outcome: str) -> None:
+        """Member side: a handler run ended; `started` is what `start` returned, or 0 if the
+        run was not timed."""
+        if outcome != _OK:
+            counts = self.counts
+            counts[outcome] = counts.get(outcome, 0) + 1
+        if not started:
+            self.untimed += 1
+            return
+        us = (_ns() - started) // 1000
+        bucket = us.bit_length()
+        self.histogram[bucket if bucket < _SLOTS else _SLOTS - 1] += 1
+        recorder = self.recorder
+        if recorder._sampling:
+            recorder._sample(self, peer, us, size, outcome, recorder._every)
+
+    def buckets(self) -> list[int]:
+        """The histogram in HISTOGRAM_BUCKETS power-of-two microsecond buckets."""
+        histogram = self.histogram
+        return [*histogram[: HISTOGRAM_BUCKETS - 1], sum(histogram[HISTOGRAM_BUCKETS - 1 :])]
 
     def outcomes(self) -> dict[str, int]:
         """Exact counts by outcome, ok included (outcomes that never happened left out)."""
         counts = {outcome: n for outcome, n in self.counts.items() if n}
         if not self.timed:
             return counts
-        ok = sum(self.histogram) - sum(counts.values())
+        ok = sum(self.histogram) + self.untimed - sum(counts.values())
         return {_OK: ok, **counts} if ok else counts
+
+
+class _ByCluster(dict[str, Series]):
+    """cluster -> the Series of one kind, made on first use: one dict subscript per event."""
+
+    def __init__(self, recorder: Recorder, kind: str) -> None:
+        super().__init__()
+        self._recorder = recorder
+        self._kind = kind
+
+    def __missing__(self, cluster: str) -> Series:
+        series = self[cluster] = self._recorder.series(self._kind, cluster)
+        return series
 
 
 class Recorder:
@@ -82,9 +182,10 @@ class Recorder:
         "_exporter",
         "_sampling",
         "_series",
-        "_serving",
         "_writer",
         "node",
+        "requests",
+        "serving",
     )
 
     def __init__(
@@ -101,12 +202,12 @@ class Recorder:
         self._writer = writer
         self._exporter: RecordSink | None = None  # a second sink for the same records
         self._sampling = writer is not None  # whether records are made at all
-        # One lookup per event on the hot path: (kind, cluster) -> its series, and for the
-        # member side (`served`), cluster -> its SERVE series.
-        self._series: dict[tuple[str, str], _Series] = {}
-        self._serving: dict[str, _Series] = {}
         self._every = sample_every
         self._clock = clock
+        self._series: dict[tuple[str, str], Series] = {}
+        # The hot paths' lookups by cluster alone: a caller's requests, a member's service.
+        self.requests = _ByCluster(self, _REQUEST)
+        self.serving = _ByCluster(self, _SERVE)
 
     @property
     def writer(self) -> SpoolWriter | None:
@@ -115,7 +216,7 @@ class Recorder:
     @writer.setter
     def writer(self, writer: SpoolWriter | None) -> None:
         self._writer = writer
-        self._sampling = writer is not None or self._exporter is not None
+        self._sinks_changed()
 
     @property
     def exporter(self) -> RecordSink | None:
@@ -124,12 +225,25 @@ class Recorder:
     @exporter.setter
     def exporter(self, exporter: RecordSink | None) -> None:
         self._exporter = exporter
-        self._sampling = self._writer is not None or exporter is not None
+        self._sinks_changed()
 
     def set_sampling(self, sample_every: int) -> None:
         if sample_every < 1:
             raise ValueError("sample_every must be at least 1")
         self._every = sample_every
+        self._sinks_changed()
+
+    def _sinks_changed(self) -> None:
+        self._sampling = self._writer is not None or self._exporter is not None
+        for series in self._series.values():
+            series.countdown = self._every
+
+    def series(self, kind: str, cluster: str) -> Series:
+        """The Series of (kind, cluster), made on first use."""
+        series = self._series.get((kind, cluster))
+        if series is None:
+            series = self._series[(kind, cluster)] = Series(self, kind, cluster)
+        return series
 
     def request(
         self,
@@ -140,48 +254,36 @@ class Recorder:
         outcome: str,
         kind: str = _REQUEST,
     ) -> None:
-        """Caller side: one request (or broadcast, survey) ended `latency` s after it was sent.
+        """Caller side: one request (or broadcast, survey, tunnel) ended `latency` s after it
+        was sent. (A node's replies take the inlined path of `Series`.)"""
+        self.series(kind, cluster).observe(peer, int(latency * 1e6), size, outcome)
 
-        The hot path of recording (the member's `serve` comes here too): a dict lookup, two
-        increments and, one time in `sample_every`, a record.
-        """
-        series = self._series.get((kind, cluster))
-        if series is None:
-            series = self._new_series(kind, cluster)
-        if outcome != _OK:  # ok is what the histogram holds beyond the others (see _Series)
-            counts = series.counts
-            counts[outcome] = counts.get(outcome, 0) + 1
-        us = int(latency * 1e6)
-        bucket = us.bit_length()
-        series.histogram[bucket if bucket < HISTOGRAM_BUCKETS else HISTOGRAM_BUCKETS - 1] += 1
-        if self._sampling:
-            since = series.since = series.since + 1  # one record in `sample_every` per series
-            if since >= self._every:
-                series.since = 0
-                self._sample(kind, cluster, peer, us, size, outcome)
+    def serve(self, cluster: str, peer: bytes, latency: float, size: int, outcome: str) -> None:
+        """Member side: one handler run ended, timed (`latency` seconds of service time). (A
+        node's own handler runs go through `Series.start` and `finish` instead.)"""
+        self.serving[cluster].observe(peer, int(latency * 1e6), size, outcome)
 
     def _sample(
         self,
-        kind: str,
-        cluster: str,
+        series: Series,
         peer: bytes | None,
         us: int,
         size: int,
         outcome: str,
-        weight: int = 0,
+        weight: int,
     ) -> None:
-        """One record standing for `weight` events (0: one in `sample_every`)."""
+        """One record standing for `weight` events of `series`."""
         record = (
             self._clock(),
             self.node,
-            kind,
-            _PATTERNS.get(kind, _REQREP),
-            cluster,
+            series.kind,
+            series.pattern,
+            series.cluster,
             peer.hex() if peer else None,
             us,
             size,
             outcome,
-            weight or self._every,
+            weight,
             None,
             None,
         )
@@ -189,33 +291,6 @@ class Recorder:
             self._writer.append(record)
         if self._exporter is not None:
             self._exporter.append(record)
-
-    def served(self, event: RequestArrived, latency: float, size: int, ok: bool) -> None:
-        """Member side, as the handler runner reports it (its `served` callback).
-
-        `request(..., kind=SERVE)` inlined, with its series found by cluster alone: the
-        member's hot path.
-        """
-        cluster = event.cluster
-        series = self._serving.get(cluster)
-        if series is None:
-            series = self._serving[cluster] = self._new_series(_SERVE, cluster)
-        if not ok:
-            counts = series.counts
-            counts[_REMOTE_ERROR] = counts.get(_REMOTE_ERROR, 0) + 1
-        us = int(latency * 1e6)
-        bucket = us.bit_length()
-        series.histogram[bucket if bucket < HISTOGRAM_BUCKETS else HISTOGRAM_BUCKETS - 1] += 1
-        if self._sampling:
-            since = series.since = series.since + 1
-            if since >= self._every:
-                series.since = 0
-                outcome = _OK if ok else _REMOTE_ERROR
-                self._sample(_SERVE, cluster, event.token[0], us, size, outcome)
-
-    def serve(self, cluster: str, peer: bytes, latency: float, size: int, outcome: str) -> None:
-        """Member side: one handler run ended (`latency` seconds of service time)."""
-        self.request(cluster, peer, latency, size, outcome, _SERVE)
 
     def tally(
         self, kind: str, cluster: str, peer: bytes | None, size: int, outcome: str, count: int
@@ -225,21 +300,19 @@ class Recorder:
         Exact counts as ever; one record of weight `count` stands for them all, with their mean
         size, so Spark's weighted counts stay exact.
         """
-        series = self._series.get((kind, cluster))
-        if series is None:
-            series = self._new_series(kind, cluster)
+        series = self.series(kind, cluster)
         if outcome != _OK:
             counts = series.counts
             counts[outcome] = counts.get(outcome, 0) + count
         series.histogram[0] += count
         if count and self._sampling:
-            self._sample(kind, cluster, peer, 0, size // count, outcome, weight=count)
+            self._sample(series, peer, 0, size // count, outcome, count)
 
     def membership(self, event: MembershipEvent, peer: bytes) -> None:
         self._event(str(Kind.MEMBERSHIP), "", None, peer.hex(), str(event), None)
 
     def drop(self, reason: str, count: int = 1) -> None:
-        counts = (self._series.get((_DROP, "")) or self._new_series(_DROP, "", timed=False)).counts
+        counts = self.series(_DROP, "").counts
         counts[reason] = counts.get(reason, 0) + count
         self._event(str(Kind.DROP), "", None, None, reason, None, weight=count)
 
@@ -266,12 +339,6 @@ class Recorder:
             if exporter is not None:
                 exporter.append(record)
 
-    def _new_series(self, kind: str, cluster: str, *, timed: bool = True) -> _Series:
-        series = self._series.get((kind, cluster))
-        if series is None:
-            series = self._series[(kind, cluster)] = _Series(timed)
-        return series
-
     @property
     def counts(self) -> dict[tuple[str, str, str], int]:
         """Exact counts by (kind, cluster, outcome)."""
@@ -284,7 +351,7 @@ class Recorder:
     @property
     def histograms(self) -> dict[tuple[str, str], list[int]]:
         """Latency histograms by (kind, cluster), power-of-two microsecond buckets."""
-        return {key: series.histogram for key, series in self._series.items() if key[0] != _DROP}
+        return {key: series.buckets() for key, series in self._series.items() if series.timed}
 
     def total(self, kind: str, cluster: str | None = None, outcome: str | None = None) -> int:
         """Exact count of events of `kind`, optionally of one cluster and outcome."""

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import wait_until
@@ -123,11 +125,20 @@ def test_recorder_percentiles_interpolate_within_a_bucket() -> None:
 def test_recorder_counts_agree_with_a_plain_count_of_what_it_was_told(
     events: list[tuple[str, str, str, int]],
 ) -> None:
-    # The recorder keeps only the outcomes other than ok and derives ok from its histograms.
+    # The recorder keeps only the outcomes other than ok and derives ok from its histograms;
+    # "served" goes through the handler runner's inlined recording, as a member's requests do.
     from irismesh._core.events import RequestArrived
+    from irismesh.patterns.reqrep import HandlerRunner
     from irismesh.telemetry.recorder import Recorder
 
-    recorder = Recorder("n")
+    recorder = Recorder("n", sample_every=3)
+    recorder.exporter = records = ListSink()
+    runner = HandlerRunner(
+        lambda token, payload: None,
+        lambda token, exc: None,
+        lambda: None,
+        recorder.serving,
+    )
     expected: Counter[tuple[str, str, str]] = Counter()
     for what, cluster, outcome, n in events:
         if what == "request":
@@ -135,8 +146,9 @@ def test_recorder_counts_agree_with_a_plain_count_of_what_it_was_told(
             expected["request", cluster, outcome] += 1
         elif what == "served":
             ok = outcome == "ok"
-            event = RequestArrived(token=(b"p" * 16, 1, b"r", 1), cluster=cluster, payload=b"")
-            recorder.served(event, n / 1e3, 10, ok)
+            runner.handler = echo if ok else fail
+            event = RequestArrived(token=(b"p" * 16, 1, b"r", 1), cluster=cluster, payload=b"x")
+            runner.run(event)
             expected["serve", cluster, "ok" if ok else "remote_error"] += 1
         elif what == "tally":
             recorder.tally("deliver", cluster, None, 10 * n, outcome, n)
@@ -146,6 +158,48 @@ def test_recorder_counts_agree_with_a_plain_count_of_what_it_was_told(
             expected["drop", "", outcome] += n
     assert recorder.counts == {key: n for key, n in expected.items() if n}
     assert recorder.total("serve") == sum(n for (k, _c, _o), n in expected.items() if k == "serve")
+    # One record in 3 events of each timed series, each standing for 3 (tallies: one each).
+    timed: Counter[tuple[str, str]] = Counter()
+    for (kind, cluster, _outcome), n in expected.items():
+        if kind in ("request", "serve"):
+            timed[kind, cluster] += n
+    sampled = Counter((r[2], r[4]) for r in records.records if r[2] in ("request", "serve"))
+    assert sampled == {key: n // 3 for key, n in timed.items() if n // 3}
+    assert all(r[9] == 3 for r in records.records if r[2] in ("request", "serve"))
+    # A caller times every request; a member only the runs it samples (one in 3 here).
+    for (kind, cluster), n in timed.items():
+        histogram = recorder.histograms.get((kind, cluster), [])
+        assert sum(histogram) == (n if kind == "request" else n // 3)
+
+
+class ListSink:
+    def __init__(self) -> None:
+        self.records: list[Sequence[Any]] = []
+
+    def append(self, record: Sequence[Any]) -> bool:
+        self.records.append(record)
+        return True
+
+
+def echo(payload: bytes) -> bytes:
+    return payload
+
+
+def fail(payload: bytes) -> bytes:
+    raise ValueError("no")
+
+
+def test_latencies_past_the_last_bucket_land_in_it() -> None:
+    from irismesh.telemetry.recorder import HISTOGRAM_BUCKETS, Recorder
+
+    recorder = Recorder("n")
+    recorder.request("db", None, 2.0**45 / 1e6, 0, "ok")  # a year: past 2**39 us
+    recorder.request("db", None, 2.0**62 / 1e6, 0, "ok")
+    recorder.request("db", None, 0.0, 0, "ok")
+    histogram = recorder.histograms["request", "db"]
+    assert len(histogram) == HISTOGRAM_BUCKETS
+    assert (histogram[0], histogram[-1], sum(histogram)) == (1, 2, 3)
+    assert recorder.counts == {("request", "db", "ok"): 3}
 
 
 def test_publishes_deliveries_misses_and_tunnels_are_recorded(keys: irismesh.Keyring) -> None:
