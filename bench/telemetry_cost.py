@@ -13,7 +13,8 @@ client. Variants:
 * off: `telemetry=False`, no counters, no records;
 * counters: `telemetry=True`, exact counters and latency histograms, no spool;
 * spooled: `TelemetryConfig(spool_dir)`, the counters plus per-request records at the default
-  sampling (one in 10) written to rotating spool files, and published for collectors.
+  sampling (one in 100) written to rotating spool files, and published for collectors;
+  `--sample-every K` measures another sampling instead.
 
 Issue 6's target: spooled / off >= 0.95.
 """
@@ -45,25 +46,29 @@ TARGET = 0.95
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def node_options(variant: str, spool: str) -> dict[str, Any]:
+def node_options(variant: str, spool: str, sample_every: int | None) -> dict[str, Any]:
     import irismesh
 
     if variant == "off":
         return {"telemetry": False}
     if variant == "counters":
         return {"telemetry": True}
-    return {"telemetry": irismesh.TelemetryConfig(spool_dir=spool)}
+    if sample_every is None:  # the default
+        return {"telemetry": irismesh.TelemetryConfig(spool_dir=spool)}
+    return {"telemetry": irismesh.TelemetryConfig(spool_dir=spool, sample_every=sample_every)}
 
 
 # ============================================================================================
 # Children
 
 
-async def serve(keyring: str, variant: str, spool: str) -> None:
+async def serve(keyring: str, variant: str, spool: str, sample_every: int | None) -> None:
     import irismesh
 
     keys = irismesh.Keyring.load(keyring)
-    async with irismesh.Node(cluster=CLUSTER, keyring=keys, **node_options(variant, spool)) as node:
+    async with irismesh.Node(
+        cluster=CLUSTER, keyring=keys, **node_options(variant, spool, sample_every)
+    ) as node:
 
         async def echo(payload: bytes) -> bytes:
             return payload
@@ -73,7 +78,14 @@ async def serve(keyring: str, variant: str, spool: str) -> None:
         await asyncio.Event().wait()  # until the parent closes our stdin
 
 
-async def client(keyring: str, variant: str, spool: str, endpoint: str, outstanding: int) -> None:
+async def client(
+    keyring: str,
+    variant: str,
+    spool: str,
+    sample_every: int | None,
+    endpoint: str,
+    outstanding: int,
+) -> None:
     import irismesh
 
     keys = irismesh.Keyring.load(keyring)
@@ -86,7 +98,7 @@ async def client(keyring: str, variant: str, spool: str, endpoint: str, outstand
         os._exit(0)  # stdin closed: the parent is done with us
 
     async with irismesh.Node(
-        keyring=keys, seeds=[endpoint], **node_options(variant, spool)
+        keyring=keys, seeds=[endpoint], **node_options(variant, spool, sample_every)
     ) as node:
         await node.wait_for_members(CLUSTER, count=1, timeout=15)
         print("READY", flush=True)
@@ -124,9 +136,18 @@ def run_child(args: argparse.Namespace) -> None:
     exit_after(args.max_seconds)
     if args.role == "server":
         on_stdin_eof(lambda: os._exit(0))
-        asyncio.run(serve(args.keyring, args.variant, args.spool))
+        asyncio.run(serve(args.keyring, args.variant, args.spool, args.sample_every))
     else:
-        asyncio.run(client(args.keyring, args.variant, args.spool, args.endpoint, args.outstanding))
+        asyncio.run(
+            client(
+                args.keyring,
+                args.variant,
+                args.spool,
+                args.sample_every,
+                args.endpoint,
+                args.outstanding,
+            )
+        )
 
 
 # ============================================================================================
@@ -152,6 +173,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         keyring = os.path.join(tmp, "bench.keys")
         irismesh.Keyring.generate().save(keyring)
         common = ["--keyring", keyring, "--max-seconds", str(args.max_seconds)]
+        if args.sample_every is not None:
+            common += ["--sample-every", str(args.sample_every)]
         servers, clients = {}, {}
         for variant in VARIANTS:
             spool = os.path.join(tmp, f"spool-{variant}")
@@ -233,9 +256,12 @@ def print_table(summary: dict[str, Any], args: argparse.Namespace) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from irismesh import TelemetryConfig
+
     table = Table(
         title=f"telemetry's cost to request/reply: {args.rounds} rounds of {args.window:g} s per "
-        f"variant, {args.outstanding} outstanding, medians",
+        f"variant, {args.outstanding} outstanding, spooled records one in "
+        f"{args.sample_every or TelemetryConfig(spool_dir='.').sample_every}, medians",
         caption=f"ratio: the variant's req/s / telemetry off's in the same round (target for "
         f"spooled: >= {TARGET}); CPU: of the process, per request",
     )
@@ -274,6 +300,12 @@ def main() -> int:
     parser.add_argument("--sizes", default="100,1024", help="payload sizes (default 100,1024)")
     parser.add_argument("--outstanding", type=int, default=100, help="requests in flight")
     parser.add_argument("--json", metavar="PATH", help="also write every figure to this file")
+    parser.add_argument(
+        "--sample-every",
+        type=int,
+        metavar="K",
+        help="spooled: one record in K (default: TelemetryConfig's default)",
+    )
     parser.add_argument("--max-seconds", type=float, default=900.0, help=argparse.SUPPRESS)
     parser.add_argument("--role", choices=("server", "client"), help=argparse.SUPPRESS)
     parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
@@ -290,6 +322,9 @@ def main() -> int:
         parser.error(f"--sizes: comma-separated byte counts, not {args.sizes!r}")
     if args.rounds < 1 or args.window <= 0 or args.outstanding < 1:
         parser.error("--rounds, --window and --outstanding must be positive")
+    if args.sample_every is not None and args.sample_every < 1:
+        parser.error("--sample-every must be at least 1")
+
     raise_keyboard_interrupt_on_sigterm()
     try:
         results = measure(args)

@@ -193,7 +193,7 @@ class Recorder:
         node: str,
         writer: SpoolWriter | None = None,
         *,
-        sample_every: int = 10,
+        sample_every: int = 100,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if sample_every < 1:
