@@ -210,7 +210,10 @@ class Subscription:
             if gap:
                 self.missed += gap
                 message = message._replace(missed=gap)
-            self._call(self._callback, message)
+            try:
+                self._callback(message)
+            except Exception:
+                self._failed()
             return 0
         if gap:
             self.missed += gap
@@ -228,12 +231,6 @@ class Subscription:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
         return dropped
-
-    def _call(self, callback: Callable[[Message], object], message: Message) -> None:
-        try:
-            callback(message)
-        except Exception:
-            self._failed()
 
     def _failed(self) -> None:
         """The callback raised (call it from the `except` block): count and log it."""
@@ -440,8 +437,8 @@ class PubSub:
 
     def _done(self, hold: _Hold) -> None:
         hold.count -= 1
-        if hold.count == 0 and self._core is not None and self._core.release(hold.routing_id):
-            self._flush_soon()
+        if hold.count == 0:
+            self._release(hold.routing_id)
 
     def _room_made(self) -> None:
         if self._lock.locked():
@@ -538,7 +535,7 @@ class PubSub:
         if self.record is not None:
             self._count("publish", topic, None, len(payload), 0)
         if local:
-            message = Message(topic, payload, self._node_id)
+            message = _new(Message, (topic, payload, self._node_id, 0))
             for sub in local:
                 sub._put(message, None, 0)
             self.delivered += len(local)

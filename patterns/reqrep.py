@@ -62,6 +62,7 @@ class HandlerRunner:
             n = series.countdown - 1
             if n:
                 series.countdown = n
+                series.untimed += 1  # counted as it starts: nothing to do when it ends well
                 started = 0
             else:
                 started = series.start()
@@ -152,11 +153,8 @@ class HandlerRunner:
             value = bytes(value)
         self._reply(event.token, value)
         serving = self._serving
-        if serving is not None:  # Series.finish inlined for an untimed ok: the member's hot path
-            if started:
-                serving[event.cluster].finish(event.token[0], started, len(value), _OK)
-            else:
-                serving[event.cluster].untimed += 1
+        if started and serving is not None:  # a timed run (an untimed one was counted in run)
+            serving[event.cluster].finish(event.token[0], started, len(value), _OK)
 
     def _fail(self, event: RequestArrived, started: int, exc: BaseException) -> None:
         self._reply_error(event.token, exc)

@@ -37,6 +37,7 @@ from irismesh._cli.base import (
     require_discovery,
     seconds,
     settle,
+    short_id,
     stderr_console,
     text_fields,
     topic_name,
@@ -320,7 +321,7 @@ async def run_subscribe(args: argparse.Namespace) -> int:
             await _join(node, args)
         print(
             f"mesh: subscribed to {args.pattern!r} on {node.endpoint} "
-            f"(node {node.node_id.hex()[:12]})",
+            f"(node {short_id(node.node_id.hex())})",
             file=sys.stderr,
             flush=True,
         )

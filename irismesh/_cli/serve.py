@@ -32,6 +32,7 @@ from irismesh._cli.base import (
     positive_int,
     print_json,
     seconds,
+    short_id,
     text_fields,
 )
 from irismesh._cli.tunnel import BLOCK
@@ -220,8 +221,9 @@ async def run_node(args: argparse.Namespace) -> int:
             )
         else:
             names = ", ".join(map(repr, clusters))
+            me = short_id(node.node_id.hex())
             print(
-                f"member of {names} listening on {node.endpoint} (node {node.node_id.hex()[:12]})",
+                f"member of {names} listening on {node.endpoint} (node {me})",
                 flush=True,
             )
         await stop.wait()

@@ -916,7 +916,7 @@ class MeshCore:
         frames = []
         # A batch fits the peer's frame limit (like any one body) and stays below the sizes
         # malloc serves by mmap (one batch frame per 64 KiB tunnel chunk or so, not a MiB).
-        limit = min(self._max_payload, _BATCH_BYTES)
+        limit = self._batch_limit
         for slot, entries in by_slot.items():
             start, count = 0, len(entries)
             while start < count:

@@ -72,7 +72,13 @@ import msgpack
 
 from irismesh._core.topics import validate_topic
 from irismesh.errors import ConfigurationError
-from irismesh.telemetry.spool import SpoolWriter, decode_spool, pack_header, pack_records
+from irismesh.telemetry.spool import (
+    SpoolWriter,
+    check_node_name,
+    decode_spool,
+    pack_header,
+    pack_records,
+)
 
 if TYPE_CHECKING:
     import os
@@ -138,8 +144,7 @@ class TopicExporter:
         can_send: Callable[[], bool] | None = None,
         on_drop: Callable[[int], None] | None = None,
     ) -> None:
-        if not node or "/" in node or node.startswith("."):
-            raise ValueError(f"node must be a plain name such as a hex id, got {node!r}")
+        check_node_name(node)
         if capacity <= 0 or chunk_bytes <= 0 or not timeout > 0:
             raise ValueError("capacity, chunk_bytes and timeout must be positive")
         self.node = node

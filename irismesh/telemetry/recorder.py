@@ -54,7 +54,8 @@ class Series:
 
     An event is timed (it lands in `histogram`) or not (it adds to `untimed`); `counts` keeps
     only the outcomes other than ok, timed or not, and ok is the rest (one dict update saved per
-    event on the hot path). Drops are counted, never timed (`timed` False).
+    event on the hot path): an untimed handler run counts as ok from its start until it
+    fails, if it does. Drops are counted, never timed (`timed` False).
 
     `histogram` has a slot for every bit length an int of up to 64 bits can have, so that
     `histogram[us.bit_length()] += 1` needs no bound check; reading folds the slots past
@@ -74,7 +75,7 @@ class Series:
             series.sample(peer, us, size, "ok")
 
     The member's side (`HandlerRunner`) times only the sampled handler runs (`start`, then
-    `finish` or its inlined form) and counts the others (`untimed`): timing every run takes two
+    `finish`) and counts the others as they start (`untimed`): timing every run takes two
     clock reads per request, which cost about 3% of request/reply throughput on the machine
     `bench/telemetry_cost.py` measured. So a SERVE histogram is a uniform one-in-`sample_every`
     sample of service times, while its counts stay exact.
@@ -107,11 +108,7 @@ class Series:
 
     def observe(self, peer: bytes | None, us: int, size: int, outcome: str) -> None:
         """One event that took `us` microseconds and carried `size` bytes."""
-        if outcome != _OK:
-            counts = self.counts
-            counts[outcome] = counts.get(outcome, 0) + 1
-        bucket = us.bit_length()
-        self.histogram[bucket if bucket < _SLOTS else _SLOTS - 1] += 1
+        self._add(us, outcome)
         n = self.countdown - 1
         if n:
             self.countdown = n
@@ -126,25 +123,30 @@ class Series:
             recorder._sample(self, peer, us, size, outcome, recorder._every)
 
     def start(self) -> int:
-        """Member side: the countdown ran out, so this handler run is timed; its start (ns)."""
+        """Member side: the countdown ran out, so this handler run is timed; its start (ns).
+        (A run that is not timed adds to `untimed` as it starts.)"""
         self.countdown = self.recorder._every
         return _ns()
 
     def finish(self, peer: bytes | None, started: int, size: int, outcome: str) -> None:
-        """Member side: a handler run ended; `started` is what `start` returned, or 0 if the
-        run was not timed."""
-        if outcome != _OK:
+        """Member side: a timed handler run ended (`started` from `start`); or, `started` 0,
+        an untimed run ended other than ok."""
+        if not started:
             counts = self.counts
             counts[outcome] = counts.get(outcome, 0) + 1
-        if not started:
-            self.untimed += 1
             return
         us = (_ns() - started) // 1000
-        bucket = us.bit_length()
-        self.histogram[bucket if bucket < _SLOTS else _SLOTS - 1] += 1
+        self._add(us, outcome)
         recorder = self.recorder
         if recorder._sampling:
             recorder._sample(self, peer, us, size, outcome, recorder._every)
+
+    def _add(self, us: int, outcome: str) -> None:
+        if outcome != _OK:
+            counts = self.counts
+            counts[outcome] = counts.get(outcome, 0) + 1
+        bucket = us.bit_length()
+        self.histogram[bucket if bucket < _SLOTS else _SLOTS - 1] += 1
 
     def buckets(self) -> list[int]:
         """The histogram in HISTOGRAM_BUCKETS power-of-two microsecond buckets."""
@@ -231,12 +233,11 @@ class Recorder:
         if sample_every < 1:
             raise ValueError("sample_every must be at least 1")
         self._every = sample_every
-        self._sinks_changed()
+        for series in self._series.values():
+            series.countdown = sample_every
 
     def _sinks_changed(self) -> None:
         self._sampling = self._writer is not None or self._exporter is not None
-        for series in self._series.values():
-            series.countdown = self._every
 
     def series(self, kind: str, cluster: str) -> Series:
         """The Series of (kind, cluster), made on first use."""

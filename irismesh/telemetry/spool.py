@@ -60,6 +60,7 @@ __all__ = [
     "SpoolContents",
     "SpoolReader",
     "SpoolWriter",
+    "check_node_name",
     "complete_files",
     "decode_spool",
     "gc_paused",
@@ -81,6 +82,12 @@ _SEQ_DIGITS: Final = 8
 def _array_header_size(length: int) -> int:
     """Bytes of a msgpack array header: fixarray, array 16 or array 32."""
     return 1 if length < 16 else 3 if length < 1 << 16 else 5
+
+
+def check_node_name(node: str) -> None:
+    """Raise ValueError unless `node` can name spool files and topics (a hex id, in practice)."""
+    if not node or "/" in node or node.startswith("."):
+        raise ValueError(f"node must be a plain name such as a hex id, got {node!r}")
 
 
 def spool_file_name(node: str, seq: int) -> str:
@@ -131,8 +138,7 @@ class SpoolWriter:
         fsync: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not node or "/" in node or node.startswith("."):
-            raise ValueError(f"node must be a plain name such as a hex id, got {node!r}")
+        check_node_name(node)
         if max_bytes <= 0 or max_age <= 0 or capacity <= 0:
             raise ValueError("max_bytes, max_age and capacity must be positive")
         self.directory = Path(directory)
