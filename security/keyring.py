@@ -16,7 +16,8 @@ File format (UTF-8 text, written by ``mesh keygen`` or :meth:`Keyring.save`)::
 
 - The first non-empty line is exactly ``# irismesh keyring v1``; other lines starting with
   ``#`` and blank lines are comments. A key line is a scope and a key, nothing else.
-- A scope is ``*`` or 1-200 characters of ``A-Z a-z 0-9 _ . : -`` (``feeds.sport`` is one
+- A scope is ``*``, ``@mesh`` (the mesh key: see :meth:`Keyring.mesh_keys`) or 1-200
+  characters of ``A-Z a-z 0-9 _ . : -`` (``feeds.sport`` is one
   scope name; there are no wildcards other than the lone ``*``).
 - A scope lists at most two keys, and never the same key twice.
 - The file is private to its owner (``chmod 600``): :meth:`Keyring.load` refuses it otherwise.
@@ -50,7 +51,10 @@ from dataclasses import dataclass, field
 
 from irismesh.errors import ConfigurationError, NoKey
 
-__all__ = ["Keyring", "ScopeKey"]
+__all__ = ["MESH_SCOPE", "Keyring", "ScopeKey"]
+
+# The scope of the mesh key, which admits a node to membership (never a cluster or topic name).
+MESH_SCOPE = "@mesh"
 
 _HEADER = "# irismesh keyring v1"
 _FORMAT_HINT = "# <scope> <base64 of 32 bytes>; the first key listed for a scope is its primary"
@@ -70,9 +74,9 @@ def _show(scope: str) -> str:
 
 
 def _check_scope(scope: str) -> None:
-    if scope != "*" and not _SCOPE.fullmatch(scope):
+    if scope not in ("*", MESH_SCOPE) and not _SCOPE.fullmatch(scope):
         raise ConfigurationError(
-            f"bad scope name {_show(scope)}: use '*' or 1-200 of [A-Za-z0-9_.:-]"
+            f"bad scope name {_show(scope)}: use '*', '{MESH_SCOPE}' or 1-200 of [A-Za-z0-9_.:-]"
         )
 
 
@@ -327,6 +331,10 @@ class Keyring:
     def accepted(self, scope: str) -> tuple[ScopeKey, ...]:
         """Every key valid for ``scope``: its own if it has any, else ``*``'s."""
         return self._by_scope.get(scope) or self._by_scope.get("*", ())
+
+    def mesh_keys(self) -> tuple[ScopeKey, ...]:
+        """The keys that admit a node to the mesh: ``@mesh``'s if it has any, else ``*``'s."""
+        return self.accepted(MESH_SCOPE)
 
     def require(self, scope: str) -> ScopeKey:
         """Like :meth:`primary`, but raises :class:`NoKey` instead of returning None."""

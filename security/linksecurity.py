@@ -35,7 +35,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from irismesh._core.sealing import NULL_SEALER, Sealer
 from irismesh.errors import ProtocolError
-from irismesh.security.keyring import Keyring, ScopeKey
+from irismesh.security.keyring import MESH_SCOPE, Keyring, ScopeKey
 
 _OFFER_DOMAIN = b"irismesh/v1/offer\x00"
 _LINK_DOMAIN = b"irismesh/v1/link\x00"
@@ -162,6 +162,8 @@ class KeyedLinkSecurity:
         # its own, and "*" (the default key) for all others. (tag, handle, scope) each.
         offers: list[tuple[bytes, object, str]] = []
         for scope in self._keyring.scopes:
+            if scope == MESH_SCOPE:
+                continue
             name = _TOPIC_DEFAULT if scope == "*" else _TOPIC_PREFIX + scope
             for key in self._keyring.accepted(scope):
                 tag = offer_tag(key.secret, name, listener_nonce, dialler_nonce)

@@ -337,3 +337,16 @@ def test_from_text_returns_a_keyring_or_raises_configuration_error(text: str) ->
 def test_save_into_a_missing_directory_is_a_configuration_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="cannot write keyring"):
         Keyring.generate().save(tmp_path / "missing" / "mesh.keys")
+
+
+def test_the_mesh_key_is_its_own_scope_else_the_default_key() -> None:
+    star_only = Keyring.generate()
+    assert star_only.mesh_keys() == star_only.accepted("*")
+    with_mesh = Keyring.generate(["*", "@mesh"])
+    assert with_mesh.mesh_keys() == with_mesh.accepted("@mesh") != with_mesh.accepted("*")
+    assert Keyring.generate(["db"]).mesh_keys() == ()  # an open mesh
+    text = with_mesh.to_text()
+    assert "@mesh " in text
+    assert Keyring.from_text(text) == with_mesh
+    with pytest.raises(ConfigurationError):
+        Keyring.generate(["@other"])

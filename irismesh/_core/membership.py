@@ -1,0 +1,563 @@
+"""Who is in the mesh: SWIM membership with Lifeguard's refinements, sans I/O.
+
+Theory of operation
+-------------------
+Every node keeps a table of every other node (`Member`: its record, incarnation and state) and
+spends a fixed budget per protocol period, whatever the mesh's size:
+
+- **Probing.** Each period it pings one member, chosen by a shuffled round robin (an incremental
+  Fisher-Yates pass over the table, so every member is probed once per N periods and a new
+  member lands at a random place in the pass). No ACK within the probe timeout: it asks
+  `indirect_probes` other members to ping the target for it (PING_REQ); they relay the ACK or,
+  Lifeguard's addition, a NACK saying they heard nothing. No ACK by the end of the period: the
+  target is *suspect*.
+- **Suspicion.** A suspect is declared dead when its `Suspicion` times out, after a time that
+  grows with log N and shrinks as other nodes independently suspect it too. Only the suspect can
+  clear it: hearing that it is suspected, it raises its *incarnation* and says ALIVE, which
+  overrides any suspicion of a lower incarnation. Deaths are final for that incarnation; a node
+  falsely declared dead refutes the same way.
+- **Dissemination.** Joins (ALIVE), suspicions, deaths and leaves are piggybacked on the
+  datagrams the protocol sends anyway, and pushed to `gossip_nodes` random members every
+  gossip interval, each update about λ·log N times (`broadcasts`): an epidemic that reaches all
+  nodes in O(log N) periods.
+- **Anti-entropy.** Now and then a node exchanges its whole table with one random member
+  (STATE, push-pull), and tries one member it holds dead: a partition heals when both sides
+  hear each other again and the nodes each side declared dead refute it. A joining node does
+  the same with the node that let it in.
+- **Local health** (`Awareness`): a node whose probes fail, whose nacks do not come back, or
+  that must refute suspicions about itself is likely the slow one; it stretches its own
+  timeouts instead of accusing healthy peers.
+- **Leaving.** A node that leaves sends DEAD about itself to every member at once.
+
+Every datagram is sealed under the mesh key (`gossip`), so nothing here is believed from a node
+without it; a datagram counter per sender, checked against a sliding window, drops replays.
+The state machine takes datagrams and time in (`receive`, `tick`) and leaves datagrams
+(`outbox`) and membership events (`events`) for its driver; it has no clock or randomness of
+its own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from random import Random
+from typing import Any
+
+from irismesh._core.broadcasts import TransmitQueue, transmit_limit
+from irismesh._core.gossip import (
+    HEADER_SIZE,
+    MAX_DATAGRAM,
+    DatagramSealer,
+    ReplayWindows,
+    encode_compound,
+    encode_message,
+    encode_single,
+    encode_state,
+    open_datagram,
+    seal_datagram,
+)
+from irismesh._core.probes import Prober
+from irismesh._core.records import (
+    Member,
+    MemberChanged,
+    MemberDown,
+    MemberEvent,
+    MemberRecord,
+    MembershipConfig,
+    MemberState,
+    MemberSuspect,
+    MemberUp,
+)
+from irismesh._core.suspicion import Suspicion, suspicion_bounds
+from irismesh.errors import ProtocolError
+
+_ALIVE_STATE, _SUSPECT_STATE = MemberState.ALIVE, MemberState.SUSPECT
+_DEAD_STATE, _LEFT_STATE = MemberState.DEAD, MemberState.LEFT
+
+_PING, _PING_REQ, _ACK, _NACK, _ALIVE, _SUSPECT, _DEAD, _STATE = range(1, 9)
+
+
+class Membership:
+    """One node's view of the mesh. Not thread-safe; the driver owns it."""
+
+    def __init__(
+        self,
+        me: MemberRecord,
+        *,
+        sealer: DatagramSealer,
+        rng: Random,
+        config: MembershipConfig | None = None,
+        stats: Counter[str] | None = None,
+    ) -> None:
+        self.config = config or MembershipConfig()
+        self.me = me
+        self.incarnation = 0
+        self.stats: Counter[str] = stats if stats is not None else Counter()
+        self.events: list[MemberEvent] = []
+        self.outbox: list[tuple[str, bytes]] = []  # (address, datagram)
+        self._sealer = sealer
+        self._rng = rng
+        self._members: dict[bytes, Member] = {}
+        self._live = 0  # members ALIVE or SUSPECT
+        self._suspicions: dict[bytes, Suspicion] = {}
+        self._queue = TransmitQueue()
+        self._prober = Prober(
+            self._members,
+            config=self.config,
+            rng=rng,
+            send=self._send,
+            suspect=self._suspect_unanswered,
+            stats=self.stats,
+        )
+        self._joins: dict[str, float] = {}  # address -> its retry backoff
+        self._next_join = math.inf
+        self._settling = 0  # table exchanges still due soon after joining
+        self._windows = ReplayWindows(2 * self.config.max_members)
+        self._counter = 0
+        self._next_gossip = 0.0
+        self._next_push_pull = 0.0
+        self._next_reconnect = 0.0
+        self._next_reap = 0.0
+        self._started = False
+        self.left = False
+
+    # ----------------------------------------------------------------- queries
+
+    def __len__(self) -> int:
+        """Members alive or suspect, this node not counted."""
+        return self._live
+
+    def get(self, node_id: bytes) -> Member | None:
+        return self._members.get(node_id)
+
+    def members(self) -> Iterator[Member]:
+        return iter(self._members.values())
+
+    @property
+    def health(self) -> int:
+        """The local health score: 0 is healthy."""
+        return self._prober.awareness.score
+
+    # ----------------------------------------------------------------- inputs
+
+    def join(self, address: str, now: float) -> None:
+        """Exchange tables with the node at `address` (a seed, or one a link let in).
+
+        Retried with backoff until some node's table arrives: a lost datagram must not leave
+        a node alone.
+        """
+        self._joins[address] = self.config.probe_interval
+        self._next_join = min(self._next_join, now + self.config.probe_interval)
+        self._send_state(address, reply=True)
+        self.stats["joins_sent"] += 1
+
+    def adopt(self, members: Iterable[Member]) -> None:
+        """Start from a known table, silently (a simulation of a converged mesh, a snapshot)."""
+        for member in members:
+            node_id = member.record.node_id
+            if node_id == self.me.node_id or node_id in self._members:
+                continue
+            self._members[node_id] = member
+            if member.state <= _SUSPECT_STATE:
+                self._live += 1
+                self._prober.add(node_id)
+
+    def learn(self, record: MemberRecord, incarnation: int, now: float) -> None:
+        """A node proved itself on a link: take its record as an ALIVE."""
+        self._on_alive(record, incarnation, now)
+
+    def update(self, now: float, *, tags: bytes | None = None, endpoint: str | None = None) -> None:
+        """This node's record changed: a new incarnation tells everyone."""
+        record = self.me
+        self.me = MemberRecord(
+            record.node_id,
+            record.endpoint if endpoint is None else endpoint,
+            record.address,
+            record.tags if tags is None else tags,
+        )
+        self.incarnation += 1
+        self._announce_self()
+
+    def probe_soon(self, node_id: bytes, now: float) -> None:
+        """Evidence that `node_id` may be gone (its link broke): probe it next, now if idle."""
+        member = self._members.get(node_id)
+        if member is not None and member.state <= _SUSPECT_STATE:
+            self._prober.probe_soon(node_id, now)
+
+    def leave(self, now: float) -> None:
+        """Tell every member, directly, that this node leaves; then stay silent."""
+        if self.left:
+            return
+        self.left = True
+        goodbye = encode_message([_DEAD, self.me.node_id, self.incarnation, self.me.node_id])
+        for member in self._members.values():
+            if member.state <= _SUSPECT_STATE:
+                self._send_packed(member.record.address, [goodbye], piggyback=False)
+        self._queue.clear()
+
+    def receive(self, source: str, datagram: bytes, now: float) -> None:
+        """A datagram arrived from `source` (host:port)."""
+        if self.left:
+            return
+        try:
+            sender, counter, messages = open_datagram(self._sealer, datagram, MAX_DATAGRAM)
+        except ProtocolError as exc:
+            self.stats["dropped_" + exc.reason] += 1
+            return
+        if sender == self.me.node_id:
+            self.stats["dropped_own_datagram"] += 1
+            return
+        if not self._windows.fresh(sender, counter):
+            self.stats["dropped_replay"] += 1
+            return
+        self.stats["datagrams_received"] += 1
+        for message in messages:
+            self._dispatch(source, sender, message, now)
+
+    def tick(self, now: float) -> None:
+        """Probes, timeouts, gossip, anti-entropy and reaping due by `now`."""
+        if self.left:
+            return
+        cfg = self.config
+        if not self._started:
+            self._started = True
+            jitter = self._rng.random()
+            self._prober.next_probe = now + jitter * cfg.probe_interval
+            self._next_gossip = now + jitter * cfg.gossip_interval
+            self._next_push_pull = now + self._push_pull_interval() * (0.5 + jitter)
+            self._next_reconnect = now + cfg.reconnect_interval * (0.5 + jitter)
+            self._next_reap = now + 1.0
+            self._announce_self()
+        self._prober.tick(now)
+        if now >= self._next_join:
+            self._retry_joins(now)
+        if self._suspicions:
+            for node_id, suspicion in list(self._suspicions.items()):
+                if now >= suspicion.deadline:
+                    self._declare_dead(node_id, suspicion.incarnation, now)
+        if now >= self._next_gossip:
+            self._next_gossip = now + cfg.gossip_interval
+            if self._queue:
+                self._gossip(now)
+        if now >= self._next_push_pull:
+            if self._settling:
+                self._settling -= 1
+                self._next_push_pull = now + 2.0
+            else:
+                interval = self._push_pull_interval()
+                self._next_push_pull = now + interval * (0.5 + self._rng.random())
+            for target in self._prober.sample(1, exclude=b""):
+                self._send_state(target.record.address, reply=True)
+                self.stats["push_pulls"] += 1
+        if now >= self._next_reconnect:
+            self._next_reconnect = now + cfg.reconnect_interval * (0.5 + self._rng.random())
+            self._reconnect()
+        if now >= self._next_reap:
+            self._next_reap = now + 1.0
+            self._reap(now)
+
+    def next_deadline(self) -> float:
+        """When `tick` next has something to do."""
+        if self.left:
+            return math.inf
+        if not self._started:
+            return 0.0
+        due = min(
+            self._prober.next_deadline(),
+            self._next_push_pull,
+            self._next_reconnect,
+            self._next_reap,
+        )
+        if self._queue:
+            due = min(due, self._next_gossip)
+        if self._joins:
+            due = min(due, self._next_join)
+        for suspicion in self._suspicions.values():
+            due = min(due, suspicion.deadline)
+        return due
+
+    # ----------------------------------------------------------------- messages in
+
+    def _dispatch(self, source: str, sender: bytes, message: list[Any], now: float) -> None:
+        kind = message[0]
+        if kind == _PING:
+            if message[2] != self.me.node_id:  # meant for a node that was here before us
+                self.stats["dropped_misdirected_ping"] += 1
+                return
+            self._send(source, [[_ACK, message[1]]])
+        elif kind == _ACK:
+            self._prober.on_ack(message[1])
+        elif kind == _PING_REQ:
+            self._prober.on_ping_req(source, message[1], message[2], message[3], now)
+        elif kind == _NACK:
+            self._prober.on_nack(message[1])
+        elif kind == _ALIVE:
+            record = MemberRecord(message[1], message[3], message[4], message[5])
+            self._on_alive(record, message[2], now)
+        elif kind in (_SUSPECT, _DEAD):
+            node_id, incarnation = message[1], message[2]
+            if kind == _SUSPECT:
+                self._on_suspect(node_id, incarnation, message[3], now)
+            else:
+                self._on_dead(node_id, incarnation, message[3], now)
+            self._correct(source, node_id, incarnation)
+        else:  # STATE
+            self._merge_state(sender, message[2], now)
+            if message[1]:
+                self._send_state(source, reply=False)
+            elif self._joins:  # a table came back: this node has joined
+                self._joins.clear()
+                self._next_join = math.inf
+                # Nodes that joined at about the same time as this one are in no table yet,
+                # and news spreads thinly while a mesh is small: exchange tables twice more,
+                # with random members, while the mesh settles.
+                self._settling = 2
+                self._next_push_pull = min(self._next_push_pull, now + 1.0)
+
+    def _on_alive(
+        self, record: MemberRecord, incarnation: int, now: float, *, spread: bool = True
+    ) -> None:
+        node_id = record.node_id
+        if node_id == self.me.node_id:
+            if incarnation > self.incarnation:  # a stale or forged claim: outbid it
+                self.incarnation = incarnation + 1
+                self._announce_self()
+            return
+        member = self._members.get(node_id)
+        if member is None:
+            if len(self._members) >= self.config.max_members:
+                self.stats["dropped_members_overflow"] += 1
+                return
+            self._members[node_id] = Member(record, incarnation, _ALIVE_STATE, now)
+            self._live += 1
+            self._prober.add(node_id)
+            self.events.append(MemberUp(record=record))
+            if spread:
+                self._broadcast_alive(record, incarnation)
+            return
+        if incarnation <= member.incarnation or member.state is _LEFT_STATE:
+            return
+        was = member.state
+        since = member.since if was is _ALIVE_STATE else now
+        self._members[node_id] = Member(record, incarnation, _ALIVE_STATE, since)
+        self._suspicions.pop(node_id, None)
+        if was is _SUSPECT_STATE:
+            self.stats["suspicions_refuted"] += 1
+            self.events.append(MemberSuspect(node_id=node_id, suspect=False))
+        elif was is _DEAD_STATE:
+            self._live += 1
+            self._prober.add(node_id)
+            self.stats["members_revived"] += 1
+            self.events.append(MemberUp(record=record))
+        if was is not _DEAD_STATE and record != member.record:
+            self.events.append(MemberChanged(record=record))
+        if spread:
+            self._broadcast_alive(record, incarnation)
+
+    def _on_suspect(self, node_id: bytes, incarnation: int, by: bytes, now: float) -> None:
+        if node_id == self.me.node_id:
+            self._refute(incarnation)
+            return
+        member = self._members.get(node_id)
+        if member is None or incarnation < member.incarnation or member.state > _SUSPECT_STATE:
+            return
+        suspicion = self._suspicions.get(node_id)
+        if member.state is _SUSPECT_STATE and suspicion is not None:
+            if suspicion.confirm(by):
+                self.stats["suspicions_confirmed"] += 1
+                self._queue.queue(node_id, encode_message([_SUSPECT, node_id, incarnation, by]))
+            return
+        self._members[node_id] = Member(member.record, incarnation, _SUSPECT_STATE, now)
+        nodes = self._live + 1
+        minimum, maximum = suspicion_bounds(
+            self.config.suspicion_multiplier,
+            self.config.suspicion_max_multiplier,
+            nodes,
+            self.config.probe_interval,
+        )
+        # Confirmations can only come from the nodes other than the suspect and the suspecter.
+        expected = min(self.config.suspicion_confirmations, max(0, nodes - 2))
+        self._suspicions[node_id] = Suspicion(
+            incarnation=incarnation,
+            start=now,
+            minimum=minimum,
+            maximum=maximum,
+            expected=expected,
+            first=by,
+        )
+        self.stats["members_suspected"] += 1
+        self.events.append(MemberSuspect(node_id=node_id, suspect=True))
+        self._queue.queue(node_id, encode_message([_SUSPECT, node_id, incarnation, by]))
+
+    def _on_dead(self, node_id: bytes, incarnation: int, by: bytes, now: float) -> None:
+        if node_id == self.me.node_id:
+            if by != node_id:  # declared dead, yet here we are
+                self._refute(incarnation)
+            return
+        member = self._members.get(node_id)
+        if member is None or incarnation < member.incarnation or member.state > _SUSPECT_STATE:
+            return
+        state = _LEFT_STATE if by == node_id else _DEAD_STATE
+        self._members[node_id] = Member(member.record, incarnation, state, now)
+        self._live -= 1
+        self._suspicions.pop(node_id, None)
+        reason = "left" if state is _LEFT_STATE else "dead"
+        self.stats["members_" + reason] += 1
+        self.events.append(MemberDown(record=member.record, reason=reason))
+        self._queue.queue(node_id, encode_message([_DEAD, node_id, incarnation, by]))
+
+    def _declare_dead(self, node_id: bytes, incarnation: int, now: float) -> None:
+        self._on_dead(node_id, incarnation, self.me.node_id, now)
+
+    def _refute(self, incarnation: int) -> None:
+        if incarnation < self.incarnation:
+            return
+        self.incarnation = incarnation + 1
+        self._prober.awareness.apply(1)
+        self.stats["refutations"] += 1
+        self._announce_self()
+
+    def _correct(self, source: str, node_id: bytes, incarnation: int) -> None:
+        """Answer stale news with fresh news: whoever spoke of an older incarnation of a live
+        node (this one included) is sent the current ALIVE at once, so that a refutation that
+        gossip happened to miss one suspecter still reaches it before its timeout."""
+        if node_id == self.me.node_id:
+            if self.left or incarnation >= self.incarnation:
+                return
+            record, current = self.me, self.incarnation
+        else:
+            member = self._members.get(node_id)
+            if member is None or member.state is not _ALIVE_STATE:
+                return
+            if incarnation >= member.incarnation:
+                return
+            record, current = member.record, member.incarnation
+        alive = [_ALIVE, node_id, current, record.endpoint, record.address, record.tags]
+        self._send(source, [alive])
+        self.stats["corrections_sent"] += 1
+
+    def _merge_state(self, sender: bytes, entries: list[list[Any]], now: float) -> None:
+        for node_id, incarnation, state, endpoint, address, tags in entries:
+            if state == 0:
+                # The partner's table is not spread again (a node spreads its own news), except
+                # the partner itself when it is new here: it is joining through this node.
+                record = MemberRecord(node_id, endpoint, address, tags)
+                joining = node_id == sender and node_id not in self._members
+                self._on_alive(record, incarnation, now, spread=joining)
+            elif state == 3:
+                self._on_dead(node_id, incarnation, node_id, now)
+            elif node_id not in self._members and node_id != self.me.node_id:
+                continue  # a node we never saw alive: nothing to suspect
+            else:
+                # Another node's verdict of death is only a suspicion here: it can be refuted.
+                self._on_suspect(node_id, incarnation, sender, now)
+
+    # ----------------------------------------------------------------- probing
+
+    def _suspect_unanswered(self, member: Member, now: float) -> None:
+        """A probe went unanswered, directly and indirectly: suspect the member, and tell it,
+        so that it can refute at once if it lives."""
+        first = member.state is _ALIVE_STATE
+        node_id, incarnation = member.record.node_id, member.incarnation
+        self._on_suspect(node_id, incarnation, self.me.node_id, now)
+        if first:
+            message = encode_message([_SUSPECT, node_id, incarnation, self.me.node_id])
+            self._send_packed(member.record.address, [message], piggyback=False)
+
+    # ----------------------------------------------------------------- spreading
+
+    def _announce_self(self) -> None:
+        self._broadcast_alive(self.me, self.incarnation)
+
+    def _broadcast_alive(self, record: MemberRecord, incarnation: int) -> None:
+        message = [_ALIVE, record.node_id, incarnation, record.endpoint, record.address]
+        self._queue.queue(record.node_id, encode_message([*message, record.tags]))
+
+    def _gossip(self, now: float) -> None:
+        dead_since = now - self.config.gossip_to_dead
+        targets = self._prober.sample(self.config.gossip_nodes, exclude=b"", dead_since=dead_since)
+        for member in targets:
+            if not self._queue:
+                break
+            self._send_packed(member.record.address, [], piggyback=True)
+
+    def _send_state(self, address: str, *, reply: bool) -> None:
+        entries = [self._state_entry(self.me, self.incarnation, 0)]
+        for member in self._members.values():
+            record = member.record
+            entries.append(self._state_entry(record, member.incarnation, int(member.state)))
+        flag = reply
+        budget = self.config.max_datagram - HEADER_SIZE - self._sealer.overhead - 16
+        chunk: list[bytes] = []
+        size = 0
+        for entry in entries:
+            if chunk and size + len(entry) > budget:
+                self._send_packed(address, [encode_state(flag, chunk)], piggyback=False)
+                chunk, size, flag = [], 0, False  # one reply for the whole table
+            chunk.append(entry)
+            size += len(entry)
+        self._send_packed(address, [encode_state(flag, chunk)], piggyback=False)
+
+    @staticmethod
+    def _state_entry(record: MemberRecord, incarnation: int, state: int) -> bytes:
+        entry = [record.node_id, incarnation, state, record.endpoint, record.address, record.tags]
+        return encode_message(entry)
+
+    def _retry_joins(self, now: float) -> None:
+        self._next_join = math.inf
+        for address, backoff in list(self._joins.items()):
+            backoff = min(2 * backoff, 5.0)
+            self._joins[address] = backoff
+            self._next_join = min(self._next_join, now + backoff)
+            self._send_state(address, reply=True)
+            self.stats["joins_retried"] += 1
+
+    def _reconnect(self) -> None:
+        dead = [m for m in self._members.values() if m.state is _DEAD_STATE]
+        if dead:
+            self._send_state(self._rng.choice(dead).record.address, reply=True)
+            self.stats["reconnects"] += 1
+
+    def _reap(self, now: float) -> None:
+        cfg = self.config
+        gone = [
+            node_id
+            for node_id, m in self._members.items()
+            if (m.state is _DEAD_STATE and now - m.since > cfg.dead_keep)
+            or (m.state is _LEFT_STATE and now - m.since > cfg.left_keep)
+        ]
+        for node_id in gone:
+            del self._members[node_id]
+            self._windows.forget(node_id)
+
+    # ----------------------------------------------------------------- datagrams out
+
+    def _send(self, address: str, messages: list[list[Any]]) -> None:
+        self._send_packed(address, [encode_message(m) for m in messages], piggyback=True)
+
+    def _send_packed(self, address: str, packed: list[bytes], *, piggyback: bool) -> None:
+        if piggyback and self._queue:
+            used = sum(len(p) + 2 for p in packed)
+            budget = self.config.max_datagram - HEADER_SIZE - self._sealer.overhead - 3 - used
+            limit = transmit_limit(self.config.retransmit_multiplier, self._live + 1)
+            packed = packed + self._queue.take(budget, limit)
+        if not packed:
+            return
+        body = encode_compound(packed) if len(packed) > 1 else encode_single(packed[0])
+        self._counter += 1
+        datagram = seal_datagram(self._sealer, self.me.node_id, self._counter, body)
+        self.outbox.append((address, datagram))
+        self.stats["datagrams_sent"] += 1
+
+    # ----------------------------------------------------------------- internals
+
+    def _push_pull_interval(self) -> float:
+        """memberlist's scaling: longer as the mesh grows past 32 nodes, so that the cost of
+        whole-table exchanges stays flat per node."""
+        n = self._live + 1
+        scale = 1 if n <= 32 else math.ceil(math.log2(n) - math.log2(32)) + 1
+        return self.config.push_pull_interval * scale
+
+
+__all__ = ["Membership"]
