@@ -235,7 +235,8 @@ class Membership:
         if self._suspicions:
             for node_id, suspicion in list(self._suspicions.items()):
                 if now >= suspicion.deadline:
-                    self._declare_dead(node_id, suspicion.incarnation, now)
+                    del self._suspicions[node_id]  # consumed, whatever the verdict
+                    self._on_dead(node_id, suspicion.incarnation, self.me.node_id, now)
         if now >= self._next_gossip:
             self._next_gossip = now + cfg.gossip_interval
             if self._queue:
@@ -406,9 +407,6 @@ class Membership:
         self.stats["members_" + reason] += 1
         self.events.append(MemberDown(record=member.record, reason=reason))
         self._queue.queue(node_id, encode_message([_DEAD, node_id, incarnation, by]))
-
-    def _declare_dead(self, node_id: bytes, incarnation: int, now: float) -> None:
-        self._on_dead(node_id, incarnation, self.me.node_id, now)
 
     def _refute(self, incarnation: int) -> None:
         if incarnation < self.incarnation:

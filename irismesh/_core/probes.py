@@ -128,9 +128,19 @@ class Prober:
     def tick(self, now: float) -> None:
         probe = self._probe
         if probe is not None:
+            # Late by more than a probe timeout: this node's own loop stalled, and the driver
+            # has just read what arrived meanwhile. A probe it could not run on time proves
+            # nothing about the target: give the indirect probes their time, or let it go.
+            slack = self._config.probe_timeout
             if not probe.acked and not probe.indirect and now >= probe.timeout_at:
+                if now - probe.timeout_at > slack:
+                    probe.end_at = max(probe.end_at, now + probe.end_at - probe.timeout_at)
+                    self._stats["probes_late"] += 1
                 self._probe_indirectly(probe)
-            if now >= probe.end_at:
+            elif now >= probe.end_at and now - probe.end_at > slack and not probe.acked:
+                self._probe = None
+                self._stats["probes_late"] += 1
+            if self._probe is not None and now >= probe.end_at:
                 self._finish(probe, now)
         if self._probe is None and now >= self.next_probe:
             self._start(now)
@@ -141,10 +151,11 @@ class Prober:
                     self._send(relay.requester, [[_NACK, relay.their_seq]])
 
     def next_deadline(self) -> float:
-        due = self.next_probe
         probe = self._probe
-        if probe is not None:
-            due = min(due, probe.end_at if probe.indirect or probe.acked else probe.timeout_at)
+        if probe is None:
+            due = self.next_probe
+        else:  # the next probe waits for this one to end
+            due = probe.end_at if probe.indirect or probe.acked else probe.timeout_at
         for relay in self._relays.values():
             due = min(due, relay.deadline)
         return due

@@ -153,6 +153,7 @@ class SwimNet:
     def run(self, until: float) -> None:
         """Deliver datagrams and fire timers due by `until`, in time order."""
         queue, timers = self._queue, self._timers
+        spins: dict[str, int] = {}  # ticks that left a node due again at once
         while True:
             next_datagram = queue[0][0] if queue else float("inf")
             next_timer = timers[0][0] if timers else float("inf")
@@ -172,6 +173,10 @@ class SwimNet:
                     continue  # resume() ticks it
                 node.membership.tick(self.now)
                 self._after(node)
+                if node.timer <= self.now:
+                    spins[node.name] = spins.get(node.name, 0) + 1
+                    if spins[node.name] > 100:
+                        raise AssertionError(f"{node.name}'s next deadline does not advance")
         self.now = max(self.now, until)
 
     def advance(self, seconds: float) -> None:

@@ -245,3 +245,22 @@ def test_config_rejects_nonsense() -> None:
         MembershipConfig(probe_timeout=0.3, probe_interval=0.2)
     with pytest.raises(ConfigurationError):
         MembershipConfig(max_datagram=100)
+
+
+def test_a_node_whose_own_loop_stalled_does_not_accuse_the_peer_it_was_probing() -> None:
+    # Acks take 20-80 ms, so a stall often catches a probe unanswered; resume() ticks before
+    # it reads what queued: the late tick judges the probe before its ack is read.
+    net = SwimNet(seed=13, delay=(0.01, 0.04))
+    nodes = cluster(net, 6)
+    net.advance(2.0)
+    for node in nodes:
+        node.log.clear()
+    for _ in range(20):  # stall one node mid-probe again and again
+        net.advance(0.05)
+        net.pause(nodes[0])
+        net.advance(0.7)
+        net.resume(nodes[0])
+    suspected = [e for _, e in nodes[0].log if isinstance(e, MemberSuspect) and e.suspect]
+    assert suspected == []
+    assert nodes[0].membership.stats["probes_late"] > 0
+    assert deaths(nodes) == []
