@@ -18,14 +18,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from irismesh._core.gossip import DatagramSealer, NullDatagramSealer
 from irismesh.errors import ProtocolError
-from irismesh.security.keyring import Keyring
+from irismesh.security.keyring import MESH_SCOPE, Keyring
 
 _GOSSIP_DOMAIN = b"irismesh/v1/gossip\x00"
 OPEN_MESH_SECRET = hashlib.sha256(b"irismesh/v1/open-mesh").digest()
@@ -88,3 +88,91 @@ def datagram_sealer(keyring: Keyring, node_id: bytes, *, sealing: bool = True) -
     if not sealing:
         return NullDatagramSealer()
     return MeshDatagramSealer(mesh_secrets(keyring), node_id)
+
+
+TAG_SIZE = 8
+# More topic interest tags than this, and a record says "every scope it can read" instead.
+MAX_INTEREST_TAGS = 64
+_PROOF_DOMAIN = b"irismesh/v1/mesh-proof\x00"
+_MEMBER_DOMAIN = b"irismesh/v1/member\x00"
+_INTEREST_DOMAIN = b"irismesh/v1/interest\x00"
+_EVERY_SCOPE = "\x00every"
+
+
+def _mac(secret: bytes, *parts: bytes) -> bytes:
+    return hmac.new(secret, b"".join(parts), hashlib.sha256).digest()
+
+
+def _split(tags: bytes) -> set[bytes]:
+    return {tags[i : i + TAG_SIZE] for i in range(0, len(tags) - TAG_SIZE + 1, TAG_SIZE)}
+
+
+class KeyedMembershipSecurity:
+    """Membership proofs and record tags from a keyring (see `MembershipSecurity`)."""
+
+    __slots__ = ("_keyring", "_mesh")
+
+    def __init__(self, keyring: Keyring) -> None:
+        self._keyring = keyring
+        self._mesh = mesh_secrets(keyring)
+
+    def mesh_proof(self, label: bytes, transcript: bytes) -> bytes:
+        return _mac(self._mesh[0], _PROOF_DOMAIN, label, b"\x00", transcript)[:16]
+
+    def mesh_proof_ok(self, label: bytes, transcript: bytes, proof: bytes) -> bool:
+        return any(
+            hmac.compare_digest(_mac(s, _PROOF_DOMAIN, label, b"\x00", transcript)[:16], proof)
+            for s in self._mesh
+        )
+
+    def member_tags(self, node_id: bytes, clusters: Iterable[str]) -> bytes:
+        return b"".join(
+            self._member_tag(key.secret, node_id, cluster)
+            for cluster in clusters
+            for key in self._keyring.accepted(cluster)
+        )
+
+    def serves(self, node_id: bytes, tags: bytes, cluster: str) -> bool:
+        if not tags:
+            return False
+        offered = _split(tags)
+        return any(
+            self._member_tag(key.secret, node_id, cluster) in offered
+            for key in self._keyring.accepted(cluster)
+        )
+
+    def interest_tags(self, node_id: bytes, scopes: Iterable[str], every_scope: bool) -> bytes:
+        wanted = sorted(set(scopes))
+        if every_scope or len(wanted) > MAX_INTEREST_TAGS:
+            # Every key it reads topics with: each scope's own, and the default key.
+            names = [s for s in self._keyring.scopes if s not in ("*", MESH_SCOPE)]
+            return b"".join(
+                self._interest_tag(key.secret, node_id, _EVERY_SCOPE)
+                for scope in [*names, "*"]
+                for key in self._keyring.accepted(scope)
+            )
+        return b"".join(
+            self._interest_tag(key.secret, node_id, scope)
+            for scope in wanted
+            for key in self._keyring.accepted(scope)
+        )
+
+    def reads(self, node_id: bytes, tags: bytes, scope: str) -> bool:
+        if not tags:
+            return False
+        offered = _split(tags)
+        # A publisher seals a topic scope under the scope's own key, else the default key: the
+        # subscriber must read it with the same key, named or as "every scope".
+        for key in self._keyring.accepted(scope):
+            for name in (scope, _EVERY_SCOPE):
+                if self._interest_tag(key.secret, node_id, name) in offered:
+                    return True
+        return False
+
+    @staticmethod
+    def _member_tag(secret: bytes, node_id: bytes, cluster: str) -> bytes:
+        return _mac(secret, _MEMBER_DOMAIN, node_id, cluster.encode())[:TAG_SIZE]
+
+    @staticmethod
+    def _interest_tag(secret: bytes, node_id: bytes, scope: str) -> bytes:
+        return _mac(secret, _INTEREST_DOMAIN, node_id, scope.encode())[:TAG_SIZE]

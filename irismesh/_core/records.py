@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from irismesh._core.gossip import MAX_DATAGRAM
 from irismesh.errors import ConfigurationError
@@ -100,6 +101,41 @@ class MembershipConfig:
             raise ConfigurationError("suspicion multipliers: > 0, and the maximum's >= 1")
 
 
+class MembershipSecurity(Protocol):
+    """Key-dependent decisions of membership: proofs under the mesh key, and record tags.
+
+    A record's tags say what its node serves and reads without naming it: 8-byte MACs over the
+    node's id, under each key that guards a cluster it serves or a topic scope it subscribes
+    in. Only a holder of that key can compute one, so only it can tell that a node serves X;
+    tags are bound to the node id, so they cannot be copied onto another node's record.
+    """
+
+    def mesh_proof(self, label: bytes, transcript: bytes) -> bytes:
+        """A MAC under the primary mesh key (handshakes prove mesh membership with it)."""
+        ...
+
+    def mesh_proof_ok(self, label: bytes, transcript: bytes, proof: bytes) -> bool:
+        """Whether `proof` was made under a mesh key this node accepts."""
+        ...
+
+    def member_tags(self, node_id: bytes, clusters: Iterable[str]) -> bytes:
+        """The tags proving that `node_id` serves `clusters` (one per accepted key)."""
+        ...
+
+    def serves(self, node_id: bytes, tags: bytes, cluster: str) -> bool:
+        """Whether the tags show that `node_id` serves `cluster` under a key we hold for it."""
+        ...
+
+    def interest_tags(self, node_id: bytes, scopes: Iterable[str], every_scope: bool) -> bytes:
+        """The tags saying that `node_id` subscribes in topic `scopes` (or, `every_scope`,
+        in every scope it can read: patterns that begin with a wildcard)."""
+        ...
+
+    def reads(self, node_id: bytes, tags: bytes, scope: str) -> bool:
+        """Whether the tags show interest in topic `scope` under the key we publish it with."""
+        ...
+
+
 __all__ = [
     "Member",
     "MemberChanged",
@@ -110,4 +146,5 @@ __all__ = [
     "MemberSuspect",
     "MemberUp",
     "MembershipConfig",
+    "MembershipSecurity",
 ]
