@@ -1,0 +1,130 @@
+"""Which live nodes serve a cluster or read a topic scope: membership records, read by key.
+
+Membership knows every node, but says what each serves only through its record's tags, which
+this node can check for a cluster or topic scope only with that scope's key
+(`MembershipSecurity.serves`, `reads`). The directory keeps the answers this node has asked
+for, one table per cluster or scope it *uses* (calls, publishes in), and keeps them current
+from membership events: a record that comes, changes or goes is checked against each table in
+use, so a question costs one tag check per node once, not per request.
+
+What it answers is what links to open (`servers`, `readers`); the links themselves, and the
+offer tags they exchange, remain the proof that a node serves a cluster.
+"""
+
+from __future__ import annotations
+
+from irismesh._core.records import (
+    MemberChanged,
+    MemberDown,
+    MemberEvent,
+    MemberRecord,
+    MembershipSecurity,
+    MemberState,
+    MemberUp,
+)
+
+_SUSPECT = MemberState.SUSPECT
+_MAX_TABLES = 1024  # clusters and scopes tracked at once
+
+
+class Directory:
+    """Live records by cluster served and by topic scope read, for the ones in use here."""
+
+    def __init__(self, security: MembershipSecurity) -> None:
+        self._security = security
+        self._records: dict[bytes, MemberRecord] = {}  # every live member
+        self._by_endpoint: dict[str, bytes] = {}
+        self._servers: dict[str, dict[bytes, MemberRecord]] = {}
+        self._readers: dict[str, dict[bytes, MemberRecord]] = {}
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def get(self, node_id: bytes) -> MemberRecord | None:
+        return self._records.get(node_id)
+
+    def knows_endpoint(self, endpoint: str) -> bool:
+        """Whether a live member listens at `endpoint` (no need to dial it to join)."""
+        return endpoint in self._by_endpoint
+
+    def servers(self, cluster: str) -> dict[bytes, MemberRecord]:
+        """Live members whose tags show they serve `cluster` (under a key we hold)."""
+        table = self._servers.get(cluster)
+        if table is None:
+            serves = self._security.serves
+            table = {
+                node_id: record
+                for node_id, record in self._records.items()
+                if serves(node_id, record.tags, cluster)
+            }
+            self._remember(self._servers, cluster, table)
+        return table
+
+    def readers(self, scope: str) -> dict[bytes, MemberRecord]:
+        """Live members whose tags show interest in topic `scope` (under our key for it)."""
+        table = self._readers.get(scope)
+        if table is None:
+            reads = self._security.reads
+            table = {
+                node_id: record
+                for node_id, record in self._records.items()
+                if reads(node_id, record.tags, scope)
+            }
+            self._remember(self._readers, scope, table)
+        return table
+
+    def forget(self, *, cluster: str | None = None, scope: str | None = None) -> None:
+        """A cluster or scope no longer in use here: stop keeping its table."""
+        if cluster is not None:
+            self._servers.pop(cluster, None)
+        if scope is not None:
+            self._readers.pop(scope, None)
+
+    def on_event(self, event: MemberEvent) -> bool:
+        """Keep the tables current; True if a table in use gained a node (worth a dial)."""
+        if isinstance(event, MemberDown):
+            self._remove(event.record.node_id)
+            return False
+        if not isinstance(event, MemberUp | MemberChanged):
+            return False
+        record = event.record
+        node_id = record.node_id
+        old = self._records.get(node_id)
+        if old is not None and old.endpoint != record.endpoint:
+            self._by_endpoint.pop(old.endpoint, None)
+        self._records[node_id] = record
+        self._by_endpoint[record.endpoint] = node_id
+        gained = False
+        serves, reads = self._security.serves, self._security.reads
+        for cluster, table in self._servers.items():
+            if serves(node_id, record.tags, cluster):
+                gained |= node_id not in table
+                table[node_id] = record
+            else:
+                table.pop(node_id, None)
+        for scope, table in self._readers.items():
+            if reads(node_id, record.tags, scope):
+                gained |= node_id not in table
+                table[node_id] = record
+            else:
+                table.pop(node_id, None)
+        return gained
+
+    def _remove(self, node_id: bytes) -> None:
+        record = self._records.pop(node_id, None)
+        if record is None:
+            return
+        if self._by_endpoint.get(record.endpoint) == node_id:
+            del self._by_endpoint[record.endpoint]
+        for table in self._servers.values():
+            table.pop(node_id, None)
+        for table in self._readers.values():
+            table.pop(node_id, None)
+
+    @staticmethod
+    def _remember(
+        tables: dict[str, dict[bytes, MemberRecord]], name: str, table: dict[bytes, MemberRecord]
+    ) -> None:
+        if len(tables) >= _MAX_TABLES:
+            del tables[next(iter(tables))]
+        tables[name] = table
