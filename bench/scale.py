@@ -1041,12 +1041,18 @@ def print_report(results: list[dict[str, Any]], args: argparse.Namespace) -> Non
         table.add_column(column, justify="right")
     for r in results:
         if r.get("failed"):
-            table.add_row(str(r["nodes"]), Text(f"failed: {r['failed']}"))
+            table.add_row(str(r["nodes"]), "-", Text(r["failed"]))
             continue
         if not r.get("started"):
-            full = f"not started in {r['timeout_s']:.0f} s ({r.get('nodes_ready', 0)} ready)"
-            after_spawn = "-"
-        elif not r.get("converged"):
+            table.add_row(
+                str(r["nodes"]),
+                f"{r['clusters']}/{r['clients']}",
+                Text(f"> {r['timeout_s']:.0f} ({r.get('nodes_ready', 0)} ready)"),
+                *["-"] * 5,
+                Text(f"{r['startup_machine_busy_percent']:.0f}% at startup"),
+            )
+            continue
+        if not r.get("converged"):
             full = f"not in {r['timeout_s']:.0f} s ({r.get('nodes_full', 0)}/{r['nodes']})"
             after_spawn = "-"
         else:
@@ -1198,7 +1204,10 @@ def main_parent(args: argparse.Namespace) -> int:
                             f"  skipping {', '.join(map(str, bigger))} nodes: {size} did not "
                             "converge, a bigger mesh on this machine will not either"
                         )
-                        results += [{"nodes": n, "failed": "skipped"} for n in bigger]
+                        results += [
+                            {"nodes": n, "failed": f"skipped: {size} nodes did not converge"}
+                            for n in bigger
+                        ]
                         break
         except KeyboardInterrupt:
             progress("interrupted; every node process has been stopped")
