@@ -215,7 +215,7 @@ class Agent:
         before = self.counters()
         latencies: list[float] = []
         interval = 1.0 / rate
-        next_at = time.monotonic()
+        began_calls = next_at = time.monotonic()
         while self.calling:
             began = time.monotonic()
             try:
@@ -238,6 +238,7 @@ class Agent:
             seq=seq,
             ok=len(latencies),
             failed=sum(errors.values()),
+            seconds=time.monotonic() - began_calls,
             errors=dict(errors),
             p50_ms=percentile(ordered, 50) * 1000 if ordered else None,
             max_ms=ordered[-1] * 1000 if ordered else None,
@@ -725,9 +726,14 @@ class Run:
         r["saturated"] = r["machine_busy_percent"] >= SATURATED
         c, m = r["cpu_percent_per_node"], r["rss_mb_per_node"]
         if r["saturated"]:
+            whose = (
+                "mostly by other processes: the nodes may have got less CPU than they wanted"
+                if r["others_busy_percent"] > ours
+                else "the nodes wanted more CPU than there is"
+            )
             progress(
-                f"  warning: the machine was {r['machine_busy_percent']:.0f}% busy: the nodes "
-                "wanted more CPU than there is, so their CPU figures are capped by the machine"
+                f"  warning: the machine was {r['machine_busy_percent']:.0f}% busy, {whose}, so "
+                "their CPU figures may be capped by the machine"
             )
         progress(
             f"  CPU per node {c['mean']:.1f}% of a core (max {c['max']:.1f}%), whole mesh "
@@ -873,8 +879,9 @@ class Run:
                 else f"{caller.name} still listed it after {args.detect_timeout:.0f} s"
             )
             + (
-                f"; requests {calls['ok']} ok, {calls['failed']} failed, slowest "
-                f"{calls['max_ms']:.0f} ms, {calls['resent']} resent"
+                f"; requests {calls['ok']} ok, {calls['failed']} failed "
+                f"({(calls['ok'] + calls['failed']) / calls['seconds']:.0f}/s achieved), "
+                f"slowest {calls['max_ms']:.0f} ms, {calls['resent']} resent"
                 if calls and calls.get("max_ms") is not None
                 else "; no report of its requests"
             )
@@ -920,6 +927,9 @@ def crash_summary(kills: list[dict[str, Any]]) -> dict[str, Any]:
         "requests_unreported": sum(not c for c in calls),
         "slowest_request_ms": max(slowest) if slowest else None,
         "requests_resent": sum(c.get("resent", 0) for c in calls),
+        "requests_per_s": med(
+            [(c["ok"] + c["failed"]) / c["seconds"] if c.get("seconds") else None for c in calls]
+        ),
     }
 
 
@@ -1090,8 +1100,10 @@ def print_report(results: list[dict[str, Any]], args: argparse.Namespace) -> Non
             title=f"crash detection: SIGKILL of a member while a client calls its cluster at "
             f"{args.rate:g} requests/s (medians over the kills)",
             caption="caller drops it: until the victim left the calling client's members() "
-            "(median \\[max]); known dead: from the kill until each surviving node saw the victim "
-            "dead or gone; by every node: the last of them",
+            "(median \\[max]); requests: the client's over the episodes, at the rate it achieved "
+            "(a closed loop falls behind when the machine is saturated); known dead: from the "
+            "kill until each surviving node saw the victim dead or gone; by every node: the last "
+            "of them",
         )
         for column in (
             "N",
@@ -1112,7 +1124,8 @@ def print_report(results: list[dict[str, Any]], args: argparse.Namespace) -> Non
                 str(r["nodes"]),
                 str(s["kills"]),
                 f"{fmt(s['caller_drops_it_s'])} [{fmt(s['caller_drops_it_max_s'])}]",
-                f"{s['requests_ok']} / {s['requests_failed']}"
+                f"{s['requests_ok']} / {s['requests_failed']} at "
+                f"{fmt(s['requests_per_s'], '.0f')}/s"
                 + (f" ({s['requests_unreported']} unreported)" if s["requests_unreported"] else ""),
                 fmt(s["slowest_request_ms"], ".0f"),
                 str(s["requests_resent"]),
