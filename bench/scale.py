@@ -111,8 +111,7 @@ class Agent:
         }
         self.mark: dict[str, int] = {}
         self.watch_task: asyncio.Task[None] | None = None
-        self.call_task: asyncio.Task[None] | None = None
-        self.calling = False
+        self.call_stop: asyncio.Event | None = None
         self.tasks: set[asyncio.Task[None]] = set()
 
     def counters(self) -> dict[str, int]:
@@ -124,32 +123,33 @@ class Agent:
         }
 
     async def converge(self) -> None:
-        """Until this node knows all N-1 others: woken when a cluster it waits for grows (no
-        polling), and looking at most 4 times a second otherwise. Nothing once converged."""
+        """Until this node knows all N-1 others; nothing once converged.
+
+        It looks (peers() and members(), each a list of N ids) at most 4 times a second, plus
+        once each time a cluster completes: in between it waits inside `wait_for_members` for
+        an incomplete cluster to complete, which only counts that cluster's members on each
+        membership change. So the time of "full" is exact when a member arrives last, and late
+        by up to 0.25 s when a client does (clients serve no cluster to wait on).
+        """
         node, target = self.node, self.args.expect
         last = -1
-        reported = 0.0
         while True:
             live = len(node.peers())
-            now = time.monotonic()
             if live >= target:
-                emit("full", at=now, peers=live)
+                emit("full", at=time.monotonic(), peers=live)
                 return
-            if live != last and now - reported >= 0.25:
+            if live != last:
                 emit("count", peers=live)
-                last, reported = live, now
+                last = live
+            counts = {c: len(node.members(c)) for c in self.expected}
             missing = [
-                (want - len(node.members(c)), c, want)
-                for c, want in self.expected.items()
-                if len(node.members(c)) < want
+                (want - counts[c], c) for c, want in self.expected.items() if counts[c] < want
             ]
             if missing:
-                _, cluster, _ = max(missing)
-                have = len(node.members(cluster))
+                _, cluster = max(missing)
                 with contextlib.suppress(self.irismesh.MembershipTimeout):
-                    await node.wait_for_members(cluster, have + 1, timeout=0.25)
-                await asyncio.sleep(0.05)  # a burst of arrivals is counted once
-            else:  # only clients are missing: they serve no cluster to wait on
+                    await node.wait_for_members(cluster, self.expected[cluster], timeout=0.25)
+            else:
                 await asyncio.sleep(0.25)
 
     def command(self, line: str) -> None:
@@ -164,12 +164,13 @@ class Agent:
         elif verb == "check":
             self.check(int(rest[0]))
         elif verb == "call":
-            if self.call_task is None:
-                self.calling = True
-                self.call_task = self.spawn(self.call(int(rest[0]), rest[1], float(rest[2])))
-        elif verb == "stopcall":
-            self.calling = False  # the loop ends after the request in flight and reports
-            self.call_task = None
+            if self.call_stop is not None:
+                self.call_stop.set()  # one loop at a time: an earlier one ends and reports
+            self.call_stop = stop = asyncio.Event()
+            self.spawn(self.call(int(rest[0]), rest[1], float(rest[2]), stop))
+        elif verb == "stopcall" and self.call_stop is not None:
+            self.call_stop.set()  # the loop ends after the request in flight and reports
+            self.call_stop = None
         elif verb == "watch":
             if self.watch_task is not None:
                 self.watch_task.cancel()
@@ -209,14 +210,14 @@ class Agent:
             delta=delta,
         )
 
-    async def call(self, seq: int, cluster: str, rate: float) -> None:
+    async def call(self, seq: int, cluster: str, rate: float, stop: asyncio.Event) -> None:
         """A steady closed loop: one request at a time, paced at `rate` a second."""
         node, errors = self.node, Counter[str]()
         before = self.counters()
         latencies: list[float] = []
         interval = 1.0 / rate
         began_calls = next_at = time.monotonic()
-        while self.calling:
+        while not stop.is_set():
             began = time.monotonic()
             try:
                 await node.request(cluster, PAYLOAD, timeout=self.args.request_timeout)
@@ -310,7 +311,6 @@ async def run_node(args: argparse.Namespace) -> None:
         print(f"READY {node.endpoint} {node.node_id.hex()} {time.monotonic()!r}", flush=True)
         converging = agent.spawn(agent.converge())
         await stop.wait()
-        agent.calling = False
         for task in (converging, *agent.tasks):
             task.cancel()
 
@@ -1162,8 +1162,9 @@ def print_report(results: list[dict[str, Any]], args: argparse.Namespace) -> Non
                 )
     if any(r.get("saturated") for r in results):
         console.print(
-            "saturated: the whole machine was busy during that window, so the nodes got less "
-            "CPU than they asked for; per-node CPU there (and ratios to it) understate the cost"
+            "saturated: the whole machine was busy during that window (by the nodes, or by "
+            "others), so the nodes may have got less CPU than they wanted; per-node CPU there "
+            "(and ratios to it) may understate the cost"
         )
 
 
@@ -1194,7 +1195,17 @@ def main_parent(args: argparse.Namespace) -> int:
         keyring = os.path.join(tmp, "scale.keys")
         irismesh.Keyring.generate().save(keyring)
         try:
+            failed_at: int | None = None  # the smallest size that did not converge
             for i, size in enumerate(sizes):
+                if failed_at is not None and size >= failed_at:
+                    progress(
+                        f"[{i + 1}/{len(sizes)}] {size} nodes: skipped, {failed_at} did not "
+                        "converge and a bigger mesh on this machine will not either"
+                    )
+                    results.append(
+                        {"nodes": size, "failed": f"skipped: {failed_at} nodes did not converge"}
+                    )
+                    continue
                 k = clusters_for(size, args)
                 progress(
                     f"[{i + 1}/{len(sizes)}] {size} nodes: {size - args.clients} members in {k} "
@@ -1211,17 +1222,7 @@ def main_parent(args: argparse.Namespace) -> int:
                 results.append(result)
                 if not result.get("converged"):
                     status = 1
-                    bigger = [n for n in sizes[i + 1 :] if n >= size]
-                    if bigger:
-                        progress(
-                            f"  skipping {', '.join(map(str, bigger))} nodes: {size} did not "
-                            "converge, a bigger mesh on this machine will not either"
-                        )
-                        results += [
-                            {"nodes": n, "failed": f"skipped: {size} nodes did not converge"}
-                            for n in bigger
-                        ]
-                        break
+                    failed_at = size if failed_at is None else min(failed_at, size)
         except KeyboardInterrupt:
             progress("interrupted; every node process has been stopped")
             return 130
