@@ -33,8 +33,9 @@ first one.
 Children die with the parent: stdin EOF, PR_SET_PDEATHSIG, a hard timeout; the parent stops
 them all in a `finally`, on Ctrl-C too. A child reports on stdout in lines; the parent sends it
 commands on stdin (`probe`, `mark`, `check`, `call`, `stopcall`, `watch`, `unwatch`). Nothing
-polls membership fast unless told to: at most 4 Hz (and on membership changes) until a node
-is converged, nothing after that, 20 Hz only between `watch` and `unwatch`.
+looks at membership often unless told to: at most 4 times a second until a node is converged
+(waiting inside `wait_for_members` in between), never after that but for the parent's checks,
+20 times a second only between `watch` and `unwatch`.
 """
 
 from __future__ import annotations
