@@ -5,7 +5,10 @@ Children talk to the parent in lines on stdout (`READY <endpoint>`, then JSON ev
 with it: stdin is a pipe the parent never writes to, so EOF on it means the parent is gone,
 and on Linux the kernel also sends SIGKILL when the parent dies (PR_SET_PDEATHSIG). The parent
 stops every child it started in a `finally`, first by closing stdin, then SIGTERM, then SIGKILL.
+A parent may also write command lines to a child's stdin (see `on_stdin_lines`).
 """
+
+from __future__ import annotations
 
 import contextlib
 import ctypes
@@ -24,9 +27,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType, TracebackType
-from typing import IO, Any, Self
+from typing import IO, TYPE_CHECKING, Any, Self
 
-import psutil
+if TYPE_CHECKING:  # imported where used: children need not load it (memory, start-up time)
+    import psutil
 
 MB = 1024 * 1024
 _PR_SET_PDEATHSIG = 1
@@ -126,6 +130,8 @@ class RssSampler:
     """Samples RSS and CPU time of named processes; the first sample is the start."""
 
     def __init__(self, pids: Mapping[str, int]) -> None:
+        import psutil
+
         self._traces = {role: _Trace(process=psutil.Process(pid)) for role, pid in pids.items()}
         self._me = _Trace(process=psutil.Process())
         self._system_busy: list[float] = []
@@ -133,6 +139,8 @@ class RssSampler:
         self._ended = self._started
 
     def sample(self) -> None:
+        import psutil
+
         self._ended = time.monotonic()
         times = psutil.cpu_times()
         # Interrupt time is left out: loopback traffic of the measured processes lands there.
@@ -143,6 +151,8 @@ class RssSampler:
 
     @staticmethod
     def _sample_one(trace: _Trace) -> None:
+        import psutil
+
         try:
             with trace.process.oneshot():
                 rss = trace.process.memory_info().rss
@@ -357,18 +367,44 @@ def emit(event: str, **fields: Any) -> None:
 
 def on_stdin_eof(callback: Callable[[], object]) -> None:
     """Call `callback` from a daemon thread once stdin reaches EOF (the parent stopped us)."""
+    on_stdin_lines(lambda _line: None, callback)
+
+
+def on_stdin_lines(on_line: Callable[[str], object], on_eof: Callable[[], object]) -> None:
+    """From a daemon thread: `on_line(line)` for every line the parent writes to stdin (without
+    its newline), then `on_eof()` once stdin reaches EOF (the parent stopped us, or died).
+
+    Both run on that thread: an asyncio child hands them over with `loop.call_soon_threadsafe`.
+    """
 
     def watch() -> None:
         # os.read on the raw descriptor: a daemon thread blocked inside sys.stdin.buffer
         # holds its lock, and interpreter shutdown then aborts with a fatal error.
+        pending = b""
         with contextlib.suppress(OSError):
-            while os.read(fd, 4096):
-                pass
-        callback()
+            while chunk := os.read(fd, 4096):
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    on_line(line.decode("utf-8", "replace"))
+        on_eof()
 
     fd = sys.stdin.fileno()
 
-    threading.Thread(target=watch, name="stdin-eof", daemon=True).start()
+    threading.Thread(target=watch, name="stdin", daemon=True).start()
+
+
+def raise_fd_limit(wanted: int = 65536) -> int:
+    """Raise this process's soft limit on open descriptors towards `wanted` (never above the
+    hard limit); returns the soft limit now in force. Children inherit it."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    return int(soft)
 
 
 def exit_after(seconds: float, status: int = 3) -> None:
