@@ -6,6 +6,15 @@ async with irismesh.Node(cluster="db", keyring=keys) as node:
 
 async with irismesh.Node(keyring=keys, seeds=["tcp://127.0.0.1:7400"]) as client:
     reply = await client.request("db", b"GET k", timeout=1.0)
+
+A `Node` is a facade: the protocol is the sans-I/O core (`irismesh._core`), sockets and the
+event loop are the driver's (`irismesh._driver`), handlers run in `patterns.reqrep`, messages
+in `patterns.pubsub`, tunnels in `patterns.tunnel`, telemetry in `telemetry.node_telemetry`.
+What stays here is the caller's side of a call (a future per request, resolved by the core's
+ReplyArrived or RequestFailed) and the membership the node reports (`members`, `peers`).
+
+The core's events are dispatched by type (`_on_events`): each concern signs up for the types
+it handles with `listen`, so a node's event loop is one dict lookup and one call per event.
 """
 
 from __future__ import annotations
@@ -26,19 +35,13 @@ import zmq
 from irismesh._core.config import CoreConfig
 from irismesh._core.engine import MeshCore
 from irismesh._core.events import (
-    CreditArrived,
     Event,
-    InterestChanged,
-    MessagesArrived,
     PeerDown,
-    PeerSuspect,
     PeerUp,
     ReplyArrived,
     RequestArrived,
     RequestFailed,
     Token,
-    TunnelArrived,
-    TunnelFrame,
 )
 from irismesh._core.frames import MAX_CLUSTERS, STATUS_OK, Kind, unpack_error
 from irismesh._driver import Driver
@@ -49,8 +52,6 @@ from irismesh.errors import (
     ConfigurationError,
     MembershipTimeout,
     MeshError,
-    NoResponders,
-    PayloadTooLarge,
     RemoteError,
     RequestTimeout,
 )
@@ -66,31 +67,25 @@ from irismesh.patterns.tunnel import (
 )
 from irismesh.security.keyring import Keyring
 from irismesh.security.linksecurity import KeyedLinkSecurity
-from irismesh.telemetry.export import TopicExporter, attach_exporter
+from irismesh.telemetry.node_telemetry import (
+    BROADCAST_KIND,
+    OK,
+    REMOTE_ERROR,
+    REQUEST_KIND,
+    SURVEY_KIND,
+    NodeTelemetry,
+    TelemetryConfig,
+    outcome,
+)
 from irismesh.telemetry.recorder import Recorder, Series
-from irismesh.telemetry.schema import Kind as TelemetryKind
-from irismesh.telemetry.schema import MembershipEvent, Outcome
-from irismesh.telemetry.spool import SpoolWriter
 
 H = TypeVar("H", bound=RequestHandler)
 B = TypeVar("B", bound=Callable[[bytes], Any])
 T = TypeVar("T", bound=TunnelHandler)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TelemetryConfig:
-    """Where and how a node spools its telemetry records (see irismesh.telemetry)."""
-
-    spool_dir: str | os.PathLike[str]
-    # One per-message record in this many, per (kind, cluster); counters are exact whatever it
-    # is. At 1 in 10 the records cost 2-3% of request/reply throughput (bench/telemetry_cost.py)
-    # and a node serving 30k requests/s spools ~400 KB/s; at 1 in 100, a tenth of each.
-    sample_every: int = 100
-    gauge_interval: float = 2.0  # seconds between gauge records and spool flushes
-    max_file_age: float = 5.0  # a spool file is completed (renamed) at least this often
-
+E = TypeVar("E")
 
 DEFAULT_BIND = "tcp://127.0.0.1:0"
+_KIND_REQUEST, _KIND_BROADCAST = int(Kind.REQUEST), int(Kind.BROADCAST)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -168,18 +163,19 @@ class Node:
         self._busy_poll = busy_poll
         self._core: MeshCore | None = None
         self._driver: Driver | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
-        self._survey: SurveyDiscovery | None = None
         self._mdns_config = _mdns_config(mdns, keyring)
-        self._mdns: MdnsDiscovery | None = None
+        self._discovery: list[MdnsDiscovery | SurveyDiscovery] = []  # started, in order
         # req id -> (future, cluster, sent at, the telemetry series that times it, if any)
         self._waiting: dict[int, tuple[asyncio.Future[bytes], str, float, Series | None]] = {}
-        self._telemetry = telemetry if isinstance(telemetry, TelemetryConfig) else None
+        self._events_at = 0.0  # when the batch of events being handled arrived
         # Exact counters and histograms unless telemetry=False; records only with a spool.
-        self.recorder: Recorder | None = Recorder(self.node_id.hex()) if telemetry else None
-        self._telemetry_task: asyncio.Task[None] | None = None
-        self._exporter: TopicExporter | None = None  # publishes the records for collectors
-        self._reported_drops: dict[str, int] = {}
+        spool = telemetry if isinstance(telemetry, TelemetryConfig) else None
+        self.telemetry = (
+            NodeTelemetry(self.node_id, spool, self._config.max_payload) if telemetry else None
+        )
+        self.recorder: Recorder | None = self.telemetry.recorder if self.telemetry else None
         serving = self.recorder.serving if self.recorder is not None else None
         self._runner = HandlerRunner(self._reply, self._reply_error, self._flush_soon, serving)
         self._broadcasts = HandlerRunner(
@@ -188,14 +184,23 @@ class Node:
         self._surveys: HandlerRunner | None = None  # None: surveys go to the request handler
         self._pubsub = PubSub(self.node_id, self._flush_soon, self._flush_now)
         self._tunnels = Tunnels(self._flush_soon, self._flush_now)
-        if self.recorder is not None:
-            self._pubsub.record = self._record_message
-            self._tunnels.record = self._record_tunnel
         self._membership_changed: asyncio.Event | None = None
-        self._peer_listeners: list[Callable[[Event], None]] = []
         self._departed: dict[str, PeerInfo] = {}  # hex id -> the peer as it went
         self._closing = False
         self.endpoint = ""
+        # The core's events, by type: each concern signs up for its own.
+        self._handlers: dict[type[Any], Callable[[Any], None]] = {}
+        self._listen(ReplyArrived, self._on_reply)
+        self._listen(RequestFailed, self._on_failed)
+        self._listen(RequestArrived, self._on_request)
+        self._listen(PeerUp, self._on_membership)
+        self._listen(PeerDown, self._on_membership)
+        self._pubsub.listen(self._listen)
+        self._tunnels.listen(self._listen)
+        if self.telemetry is not None:
+            self.telemetry.listen(self._listen)
+            self._pubsub.record = self.telemetry.record_message
+            self._tunnels.record = self.telemetry.record_tunnel
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -219,7 +224,8 @@ class Node:
         endpoint = router.get_string(zmq.LAST_ENDPOINT)
         self.endpoint = endpoint
         self._ctx = ctx
-        self._core = MeshCore(
+        self._loop = loop
+        self._core = core = MeshCore(
             node_id=self.node_id,
             endpoint=endpoint,
             clusters=self.clusters,
@@ -229,67 +235,62 @@ class Node:
             config=self._config,
         )
         self._membership_changed = asyncio.Event()
-        self._tunnels.attach(self._core)
-        self._driver = Driver(self._core, ctx, router, loop, self._on_events)
-        self._pubsub.attach(self._core, self._driver.flush_soon)
+        self._tunnels.attach(core)
+        self._driver = driver = Driver(core, ctx, router, loop, self._on_events)
+        self._pubsub.attach(core, driver.flush_soon)
         if self._busy_poll:
-            self._driver.busy_poll = self._busy_poll
-            self._driver.idle = lambda: self._runner.running == 0
+            driver.busy_poll = self._busy_poll
+            driver.idle = lambda: self._runner.running == 0
         now = loop.time()
         for seed in self._seeds:
-            self._core.add_candidate(seed, now, seed=True)
-        self._driver.process()
-        self._driver.start()
-        if self._telemetry is not None and self.recorder is not None:
-            config = self._telemetry
-            self.recorder.writer = SpoolWriter(
-                config.spool_dir, self.node_id.hex(), max_age=config.max_file_age
+            core.add_candidate(seed, now, seed=True)
+        driver.process()
+        driver.start()
+        if self.telemetry is not None:
+            self.telemetry.start(
+                core,
+                clock=loop.time,
+                gauges=self._gauges,
+                flush_tally=self._pubsub.flush_tally,
+                publish=self.publish,
             )
-            self.recorder.set_sampling(config.sample_every)
-            self._exporter = attach_exporter(self)
-            self._telemetry_task = loop.create_task(self._telemetry_loop(config.gauge_interval))
         if self._mdns_config is not None:
-            self._mdns = MdnsDiscovery(
-                node_id=self.node_id,
-                endpoint=endpoint,
-                config=self._mdns_config,
-                on_candidate=self._on_candidate,
+            await self._start_discovery(
+                MdnsDiscovery(
+                    node_id=self.node_id,
+                    endpoint=endpoint,
+                    config=self._mdns_config,
+                    on_candidate=self._on_candidate,
+                )
             )
-            try:
-                await self._mdns.start()
-            except BaseException:
-                await self.close()
-                raise
         if self._survey_config is not None:
-            self._survey = SurveyDiscovery(
-                node_id=self.node_id,
-                endpoint=endpoint,
-                config=self._survey_config,
-                on_candidate=self._on_candidate,
+            await self._start_discovery(
+                SurveyDiscovery(
+                    node_id=self.node_id,
+                    endpoint=endpoint,
+                    config=self._survey_config,
+                    on_candidate=self._on_candidate,
+                )
             )
-            try:
-                await self._survey.start()
-            except BaseException:
-                await self.close()
-                raise
         return self
+
+    async def _start_discovery(self, discovery: MdnsDiscovery | SurveyDiscovery) -> None:
+        self._discovery.append(discovery)
+        try:
+            await discovery.start()
+        except BaseException:
+            await self.close()
+            raise
 
     async def close(self) -> None:
         """Leave the mesh: say goodbye to peers, fail pending requests with Closed."""
         if self._closing:
             return
         self._closing = True
-        if self._mdns is not None:
-            await self._mdns.close()
-        if self._survey is not None:
-            await self._survey.close()
-        if self._telemetry_task is not None:
-            self._telemetry_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._telemetry_task
-        if self._exporter is not None and self._core is not None:
-            # The last interval's records leave with the goodbyes (never waits: see export).
-            await self._exporter.export(self._pubsub.publish)
+        for discovery in self._discovery:
+            await discovery.close()
+        if self.telemetry is not None:
+            await self.telemetry.stop(self._pubsub.publish)
         await self._runner.close()
         self._pubsub.close()
         if self._core is not None and self._driver is not None:
@@ -304,10 +305,8 @@ class Node:
         if self._ctx is not None:
             ctx, self._ctx = self._ctx, None
             await asyncio.get_running_loop().run_in_executor(None, ctx.term)
-        writer = self.recorder.writer if self.recorder is not None else None
-        if writer is not None:
-            self._record_gauges()
-            await asyncio.get_running_loop().run_in_executor(None, writer.close)
+        if self.telemetry is not None:
+            await self.telemetry.close()
 
     async def __aenter__(self) -> Node:
         return await self.start()
@@ -392,7 +391,7 @@ class Node:
             raise ConfigurationError(f"timeout must be positive, got {timeout!r}")
         if type(payload) is not bytes:
             payload = _as_bytes(payload)
-        loop = driver._loop
+        loop = driver.loop
         now = loop.time()
         if hedge is not None and hedge is not False:
             hedge = self._hedge_delay(cluster) if hedge is True else float(hedge)
@@ -400,14 +399,14 @@ class Node:
                 raise ConfigurationError(f"hedge must be a positive delay, got {hedge!r}")
         else:
             hedge = None
-        recorder = self.recorder
         try:
-            req_id = core.request(cluster, payload, timeout, now, hedge)
+            req_id = core.calls.request(cluster, payload, timeout, now, hedge)
         except MeshError as exc:
-            if recorder is not None:
-                recorder.request(cluster, None, 0.0, len(payload), _outcome(exc))
+            if self.telemetry is not None:
+                self.telemetry.refused(cluster, len(payload), exc, REQUEST_KIND)
             raise
         fut: asyncio.Future[bytes] = loop.create_future()
+        recorder = self.recorder
         series = recorder.requests[cluster] if recorder is not None else None
         self._waiting[req_id] = (fut, cluster, now, series)
         if len(self._waiting) > 1:
@@ -421,7 +420,7 @@ class Node:
                 if fut.done():
                     return fut.result()
         wake = now + (hedge if hedge is not None else timeout)
-        if wake < driver._timer_at:
+        if wake < driver.timer_at:
             driver.arm(wake)
         try:
             return await fut
@@ -457,14 +456,14 @@ class Node:
             raise ConfigurationError(f"timeout must be positive, got {timeout!r}")
         if type(payload) is not bytes:
             payload = _as_bytes(payload)
-        loop = driver._loop
+        loop = driver.loop
         now = loop.time()
-        label = _BROADCAST_KIND if kind is Kind.BROADCAST else _SURVEY_KIND
+        label = BROADCAST_KIND if kind is Kind.BROADCAST else SURVEY_KIND
         try:
             sent = core.fanout(int(kind), cluster, payload, timeout, now)
         except MeshError as exc:
-            if self.recorder is not None:
-                self.recorder.request(cluster, None, 0.0, len(payload), _outcome(exc), label)
+            if self.telemetry is not None:
+                self.telemetry.refused(cluster, len(payload), exc, label)
             raise
         futures: dict[str, asyncio.Future[bytes]] = {}
         series = self.recorder.series(label, cluster) if self.recorder is not None else None
@@ -580,21 +579,20 @@ class Node:
 
     def _hedge_delay(self, cluster: str) -> float:
         """The cluster's measured p95 round trip (a power-of-two bound), or 10 ms unknown."""
-        recorder = self.recorder
-        p95 = recorder.percentile(_REQUEST_KIND, cluster, 0.95) if recorder is not None else None
-        return p95 / 1e6 if p95 else 0.010
+        delay = self.telemetry.hedge_delay(cluster) if self.telemetry is not None else None
+        return delay or 0.010
 
     async def wait_for_members(self, cluster: str, count: int = 1, *, timeout: float = 10.0) -> int:
         """Wait until `cluster` has at least `count` live members; returns how many it has."""
         core, driver = self._running()
         changed = self._membership_changed
         assert changed is not None
-        deadline = driver._loop.time() + timeout
+        deadline = driver.loop.time() + timeout
         while True:
             found = len(core.members(cluster))
             if found >= count:
                 return found
-            remaining = deadline - driver._loop.time()
+            remaining = deadline - driver.loop.time()
             if remaining <= 0:
                 raise MembershipTimeout(cluster, count, found, timeout)
             changed.clear()
@@ -639,10 +637,10 @@ class Node:
         stats["tunnels_open"] = self._tunnels.open_count
         return stats
 
-    def add_seed(self, endpoint: str) -> None:
-        core, driver = self._running()
-        core.add_candidate(_check_endpoint(endpoint), driver._loop.time(), seed=True)
-        driver.process()
+    def flush_telemetry(self) -> None:
+        """Hand the publishes and deliveries tallied so far to `recorder` (the node does this
+        every 1024 messages, every gauge interval, and as it closes)."""
+        self._pubsub.flush_tally()
 
     # ----------------------------------------------------------------- internals
 
@@ -653,154 +651,103 @@ class Node:
             raise Closed("node is not started: use `async with Node(...)` or `await node.start()`")
         return self._core, self._driver
 
+    def _listen(self, event_type: type[E], handler: Callable[[E], None]) -> None:
+        """Call `handler` with each event of `event_type`, after those registered before."""
+        earlier = self._handlers.get(event_type)
+        if earlier is None:
+            self._handlers[event_type] = handler
+            return
+
+        def both(event: E) -> None:
+            earlier(event)
+            handler(event)
+
+        self._handlers[event_type] = both
+
     def _on_events(self, events: list[Event]) -> None:
-        waiting = self._waiting
-        recorder = self.recorder
-        now = self._driver._loop.time() if self._driver is not None else 0.0
+        """The core's events, each to the handler of its type (none: the driver's own)."""
+        driver = self._driver
+        self._events_at = driver.loop.time() if driver is not None else 0.0
+        handlers = self._handlers
         for event in events:
-            if type(event) is MessagesArrived:
-                self._pubsub.deliver(event)
-            elif type(event) is ReplyArrived:
-                entry = waiting.pop(event.req_id, None)
-                if entry is None:
-                    continue
-                fut, cluster, started, series = entry
-                if event.status == STATUS_OK:
-                    if not fut.done():
-                        fut.set_result(event.payload)
-                    if series is not None:  # Series.observe inlined: the caller's hot path
-                        us = int((now - started) * 1e6)
-                        series.histogram[us.bit_length()] += 1
-                        n = series.countdown - 1
-                        if n:
-                            series.countdown = n
-                        else:
-                            series.sample(event.peer, us, len(event.payload), _OK)
+            handler = handlers.get(type(event))
+            if handler is not None:
+                handler(event)
+
+    def _on_reply(self, event: ReplyArrived) -> None:
+        entry = self._waiting.pop(event.req_id, None)
+        if entry is None:
+            return
+        fut, cluster, started, series = entry
+        if event.status == STATUS_OK:
+            if not fut.done():
+                fut.set_result(event.payload)
+            if series is not None:  # Series.observe inlined: the caller's hot path
+                us = int((self._events_at - started) * 1e6)
+                series.histogram[us.bit_length()] += 1
+                n = series.countdown - 1
+                if n:
+                    series.countdown = n
                 else:
-                    kind, message = unpack_error(event.payload)
-                    if not fut.done():
-                        fut.set_exception(RemoteError(cluster, kind, message))
-                    if series is not None:
-                        us = int((now - started) * 1e6)
-                        series.observe(event.peer, us, len(event.payload), _REMOTE_ERROR)
-            elif type(event) is RequestArrived:
-                if event.kind == _KIND_REQUEST:
-                    self._runner.run(event)
-                elif event.kind == _KIND_BROADCAST:
-                    self._broadcasts.run(event)
-                else:
-                    (self._surveys or self._runner).run(event)
-            elif type(event) is RequestFailed:
-                entry = waiting.pop(event.req_id, None)
-                if entry is not None:
-                    if not entry[0].done():
-                        entry[0].set_exception(event.error)
-                    if entry[3] is not None:
-                        us = int((now - entry[2]) * 1e6)
-                        entry[3].observe(None, us, 0, _outcome(event.error))
-            elif type(event) is TunnelFrame or type(event) is TunnelArrived:
-                self._tunnels.on_event(event)
-            elif type(event) is PeerSuspect:
-                if recorder is not None:
-                    state = MembershipEvent.SUSPECT if event.suspect else MembershipEvent.ALIVE
-                    recorder.membership(state, event.node_id)
-            elif type(event) is CreditArrived:
-                self._pubsub.credit_arrived()
-            elif type(event) is InterestChanged:
-                self._pubsub.interest_changed()
-            elif type(event) is PeerUp or type(event) is PeerDown:
-                self._note_departure(event)
-                if self._membership_changed is not None:
-                    self._membership_changed.set()
-                if recorder is not None:
-                    if isinstance(event, PeerUp):
-                        membership = MembershipEvent.JOIN
-                    elif event.reason == "left":
-                        membership = MembershipEvent.LEAVE
-                    else:
-                        membership = MembershipEvent.DEAD
-                    recorder.membership(membership, event.node_id)
-                for listener in self._peer_listeners:
-                    listener(event)
+                    series.sample(event.peer, us, len(event.payload), OK)
+        else:
+            kind, message = unpack_error(event.payload)
+            if not fut.done():
+                fut.set_exception(RemoteError(cluster, kind, message))
+            if series is not None:
+                us = int((self._events_at - started) * 1e6)
+                series.observe(event.peer, us, len(event.payload), REMOTE_ERROR)
 
-    def _record_message(
-        self, kind: str, topic: str, peer: bytes | None, count: int, size: int, missed: int
-    ) -> None:
-        recorder = self.recorder
-        if recorder is not None:
-            # By topic scope (the first segment): topics are unbounded, clusters of records not.
-            scope = topic.partition(".")[0]
-            recorder.tally(kind, scope, peer, size, _OK, count)
-            if missed:
-                recorder.drop("messages_missed", missed)
+    def _on_failed(self, event: RequestFailed) -> None:
+        entry = self._waiting.pop(event.req_id, None)
+        if entry is not None:
+            fut, _cluster, started, series = entry
+            if not fut.done():
+                fut.set_exception(event.error)
+            if series is not None:
+                us = int((self._events_at - started) * 1e6)
+                series.observe(None, us, 0, outcome(event.error))
 
-    def flush_telemetry(self) -> None:
-        """Hand the publishes and deliveries tallied so far to `recorder` (the node does this
-        every 1024 messages, every gauge interval, and as it closes)."""
-        self._pubsub.flush_tally()
+    def _on_request(self, event: RequestArrived) -> None:
+        if event.kind == _KIND_REQUEST:
+            self._runner.run(event)
+        elif event.kind == _KIND_BROADCAST:
+            self._broadcasts.run(event)
+        else:
+            (self._surveys or self._runner).run(event)
 
-    def _record_tunnel(self, tunnel: Tunnel) -> None:
-        recorder, driver = self.recorder, self._driver
-        if recorder is not None and driver is not None:
-            seconds = driver._loop.time() - tunnel.opened_at
-            outcome = _OK if tunnel.ended_cleanly else _DROPPED
-            size = tunnel.bytes_sent + tunnel.bytes_received
-            recorder.request(
-                tunnel.cluster, bytes.fromhex(tunnel.peer), seconds, size, outcome, _TUNNEL_KIND
-            )
-
-    def _note_departure(self, event: PeerUp | PeerDown) -> None:
+    def _on_membership(self, event: PeerUp | PeerDown) -> None:
+        """A peer came or went: `peers(departed=True)` and `wait_for_members` hear of it."""
         key = event.node_id.hex()
         self._departed.pop(key, None)
         if type(event) is PeerDown:
-            state = "left" if event.reason == "left" else "dead"
             self._departed[key] = PeerInfo(
                 node_id=key,
                 endpoint=event.endpoint,
                 rtt_ms=0.0,
                 latency_ms=0.0,
                 outstanding=0,
-                state=state,
+                state="left" if event.reason == "left" else "dead",
             )
             if len(self._departed) > 256:
                 del self._departed[next(iter(self._departed))]
+        if self._membership_changed is not None:
+            self._membership_changed.set()
 
-    def _record_gauges(self) -> None:
-        self._pubsub.flush_tally()
-        recorder, core = self.recorder, self._core
-        if recorder is None or core is None:
-            return
-        stats = core.stats
-        for name, count in stats.items():
-            if name.startswith("dropped_") or name == "replies_unroutable":
-                delta = count - self._reported_drops.get(name, 0)
-                if delta:
-                    self._reported_drops[name] = count
-                    recorder.drop(name.removeprefix("dropped_"), delta)
-        recorder.gauges(
-            {
-                "requests_in_flight": core.pending_count,
-                "handlers_running": self._runner.running,
-                "peers": len(core.peers()),
-                "reply_cache_entries": len(core.reply_cache),
-                "rss_bytes": _rss_bytes(),
-            }
-        )
-
-    async def _telemetry_loop(self, interval: float) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(interval)
-            self._record_gauges()
-            writer = self.recorder.writer if self.recorder is not None else None
-            if writer is not None:
-                await loop.run_in_executor(None, writer.flush)
-            if self._exporter is not None:
-                await self._exporter.export(self.publish)
+    def _gauges(self) -> dict[str, float]:
+        core = self._core
+        if core is None:
+            return {}
+        return {
+            "requests_in_flight": core.pending_count,
+            "handlers_running": self._runner.running,
+            "peers": len(core.peers()),
+            "reply_cache_entries": len(core.reply_cache),
+        }
 
     def _reply(self, token: Token, payload: bytes) -> None:
         if self._core is not None and not self._closing:
-            self._core.reply(token, payload)
+            self._core.calls.reply(token, payload)
 
     def _reply_error(self, token: Token, exc: BaseException) -> None:
         if self._core is not None and not self._closing:
@@ -817,7 +764,7 @@ class Node:
     def _on_candidate(self, node_id: bytes, endpoint: str) -> None:
         if self._core is None or self._driver is None or self._closing:
             return
-        self._core.add_candidate(endpoint, self._driver._loop.time())
+        self._core.add_candidate(endpoint, self._driver.loop.time())
         self._driver.process()
 
 
@@ -846,34 +793,6 @@ def _mdns_config(mdns: bool | MdnsConfig, keyring: Keyring) -> MdnsConfig | None
     return MdnsConfig(
         realm_key=keys[0].secret, accepted_realm_keys=tuple(k.secret for k in keys[1:])
     )
-
-
-_OK, _REMOTE_ERROR = str(Outcome.OK), str(Outcome.REMOTE_ERROR)
-_REQUEST_KIND, _BROADCAST_KIND = str(TelemetryKind.REQUEST), str(TelemetryKind.BROADCAST)
-_SURVEY_KIND = str(TelemetryKind.SURVEY)
-_TUNNEL_KIND = str(TelemetryKind.TUNNEL)
-_DROPPED = str(Outcome.DROPPED)
-_KIND_REQUEST, _KIND_BROADCAST = int(Kind.REQUEST), int(Kind.BROADCAST)
-
-
-def _outcome(error: BaseException) -> str:
-    if isinstance(error, RequestTimeout):
-        return str(Outcome.TIMEOUT)
-    if isinstance(error, NoResponders):
-        return str(Outcome.NO_RESPONDERS)
-    if isinstance(error, Closed):
-        return str(Outcome.CLOSED)
-    if isinstance(error, PayloadTooLarge):
-        return str(Outcome.TOO_LARGE)
-    return str(Outcome.DROPPED)
-
-
-def _rss_bytes() -> int:
-    try:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 def _as_bytes(payload: Any) -> bytes:

@@ -83,8 +83,8 @@ from irismesh.telemetry.spool import (
 if TYPE_CHECKING:
     import os
 
-    from irismesh.node import Node
     from irismesh.patterns.pubsub import Message, Policy, Subscription
+    from irismesh.telemetry.recorder import Recorder
 
 __all__ = [
     "CHUNK_BYTES",
@@ -97,6 +97,7 @@ __all__ = [
     "Publish",
     "TopicExporter",
     "attach_exporter",
+    "exporter_for",
     "topic_for",
 ]
 
@@ -120,6 +121,38 @@ class Publish(Protocol):
     """`Node.publish` (or anything called the same way)."""
 
     def __call__(self, topic: str, payload: bytes, *, timeout: float) -> Awaitable[int]: ...
+
+
+class TelemetrySource(Protocol):
+    """What an exporter needs of a node's telemetry (`NodeTelemetry` is one)."""
+
+    @property
+    def node_id(self) -> bytes: ...
+
+    @property
+    def recorder(self) -> Recorder: ...
+
+    @property
+    def max_payload(self) -> int: ...
+
+    def has_subscribers(self, topic: str) -> bool: ...
+
+    def can_send(self, topic: str) -> bool: ...
+
+
+class ExportingNode(Protocol):
+    """A node whose telemetry can be exported (`irismesh.Node` is one)."""
+
+    @property
+    def telemetry(self) -> TelemetrySource | None: ...
+
+
+class SubscribingNode(Protocol):
+    """A node a collector can subscribe through (`irismesh.Node` is one)."""
+
+    def subscribe(
+        self, pattern: str, *, policy: Policy = ..., maxsize: int = ...
+    ) -> Subscription: ...
 
 
 # ------------------------------------------------------------------------------------ export
@@ -290,7 +323,7 @@ class TopicExporter:
 
 
 def attach_exporter(
-    node: Node,
+    node: ExportingNode,
     *,
     capacity: int = 65_536,
     chunk_bytes: int = CHUNK_BYTES,
@@ -303,32 +336,36 @@ def attach_exporter(
     be called before or after `node.start()`. Raises ConfigurationError if the node records
     no telemetry (telemetry=False).
     """
-    recorder = node.recorder
-    if recorder is None:
+    source = node.telemetry
+    if source is None:
         raise ConfigurationError("this node records no telemetry (telemetry=False)")
+    return exporter_for(source, capacity=capacity, chunk_bytes=chunk_bytes, timeout=timeout)
+
+
+def exporter_for(
+    source: TelemetrySource,
+    *,
+    capacity: int = 65_536,
+    chunk_bytes: int = CHUNK_BYTES,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> TopicExporter:
+    """`attach_exporter` for a node's telemetry itself."""
+    recorder = source.recorder
     existing = recorder.exporter
     if isinstance(existing, TopicExporter):
         return existing
-    topic = topic_for(node.node_id.hex())
-
-    def has_subscribers() -> bool:
-        core = node._core
-        return core is not None and bool(core.subscribers(topic))
-
-    def can_send() -> bool:
-        core = node._core
-        return core is not None and not core.blocked_subscribers(topic)
+    topic = topic_for(source.node_id.hex())
 
     def on_drop(count: int) -> None:
         recorder.drop(EXPORT_DROP, count)
 
     exporter = TopicExporter(
-        node.node_id.hex(),
+        source.node_id.hex(),
         capacity=capacity,
-        chunk_bytes=min(chunk_bytes, node._config.max_payload),
+        chunk_bytes=min(chunk_bytes, source.max_payload),
         timeout=timeout,
-        has_subscribers=has_subscribers,
-        can_send=can_send,
+        has_subscribers=lambda: source.has_subscribers(topic),
+        can_send=lambda: source.can_send(topic),
         on_drop=on_drop,
     )
     recorder.exporter = exporter
@@ -365,7 +402,7 @@ class Collector:
 
     def __init__(
         self,
-        node: Node,
+        node: SubscribingNode,
         directory: str | os.PathLike[str],
         *,
         policy: Policy = "block",
