@@ -62,7 +62,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +72,7 @@ import msgpack
 from irismesh._core.topics import validate_topic
 from irismesh.errors import ConfigurationError
 from irismesh.telemetry.spool import (
+    RecordBuffer,
     SpoolWriter,
     check_node_name,
     decode_spool,
@@ -158,12 +158,13 @@ class SubscribingNode(Protocol):
 # ------------------------------------------------------------------------------------ export
 
 
-class TopicExporter:
+class TopicExporter(RecordBuffer):
     """A node's records, published on `_mesh.telemetry.<node>`; see the module docstring.
 
     `has_subscribers()` says whether some node subscribes to the topic (None: assume one
     does); `can_send()` whether every subscriber can take a message now (None: assume so);
-    `on_drop(count)` hears of records lost, once per export.
+    `on_drop(count)` hears of records lost, once per export. `dropped` counts the records
+    lost: buffer full, unpackable, no room, publish failed.
     """
 
     def __init__(
@@ -180,24 +181,21 @@ class TopicExporter:
         check_node_name(node)
         if capacity <= 0 or chunk_bytes <= 0 or not timeout > 0:
             raise ValueError("capacity, chunk_bytes and timeout must be positive")
+        super().__init__(capacity)
         self.node = node
         self.topic = validate_topic(topic_for(node))
         self._header = pack_header(node)
-        self.capacity = capacity
         self.chunk_bytes = chunk_bytes
         self.timeout = timeout
         self._has_subscribers = has_subscribers
         self._can_send = can_send
         self._on_drop = on_drop
-        self._buffer: list[Sequence[Any]] = []
-        self._drop_lock = threading.Lock()  # the counters append may change, from any thread
         # Whether some node subscribed at the last export: a full buffer loses records only
         # if so (else they count as unobserved, and make no `drop` record).
         self._observed = has_subscribers is None
         self._export_lock: asyncio.Lock | None = None  # one export at a time
         self._reported = 0  # drops already handed to on_drop
         self.exported = 0  # records published to at least one subscriber
-        self.dropped = 0  # records lost: buffer full, unpackable, no room, publish failed
         self.unobserved = 0  # records nobody subscribed to, discarded (not a loss)
         self.messages = 0  # chunks published to at least one subscriber
         self.errors = 0  # publishes that raised
@@ -223,15 +221,6 @@ class TopicExporter:
             return False
         buffer.append(record)
         return True
-
-    @property
-    def buffered(self) -> int:
-        return len(self._buffer)
-
-    def _count_dropped(self, count: int) -> None:
-        if count:
-            with self._drop_lock:
-                self.dropped += count
 
     # ---------------------------------------------------------------- export
 
