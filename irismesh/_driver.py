@@ -34,6 +34,7 @@ import zmq
 
 from irismesh._core.engine import MeshCore
 from irismesh._core.events import CloseLink, Event, OpenLink
+from irismesh.errors import ConfigurationError
 
 BATCH = 256
 # Plain ints: zmq's constants are IntFlag enums, and `NOBLOCK | SNDMORE` on enums costs an enum
@@ -57,6 +58,26 @@ def _configure(sock: zmq.Socket[bytes], max_frame: int) -> None:
     sock.setsockopt(zmq.MAXMSGSIZE, max_frame + 64)  # refuse oversize before allocating it
     sock.setsockopt(zmq.RECONNECT_IVL, 100)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+
+
+def listen(
+    ctx: zmq.Context[zmq.Socket[bytes]], bind: str, max_frame: int
+) -> tuple[zmq.Socket[bytes], str]:
+    """The node's listening ROUTER socket, bound at `bind`, and the endpoint it got; when it
+    cannot bind, ConfigurationError (and `ctx` is terminated)."""
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    router.setsockopt(zmq.LINGER, 0)
+    router.setsockopt(zmq.SNDHWM, 0)
+    router.setsockopt(zmq.RCVHWM, 0)
+    router.setsockopt(zmq.MAXMSGSIZE, max_frame + 64)
+    try:
+        router.bind(bind)
+    except zmq.ZMQError as exc:
+        router.close(0)
+        ctx.term()
+        raise ConfigurationError(f"cannot listen on {bind}: {exc}") from None
+    return router, router.get_string(zmq.LAST_ENDPOINT)
 
 
 class Driver:

@@ -8,10 +8,10 @@ async with irismesh.Node(keyring=keys, seeds=["tcp://127.0.0.1:7400"]) as client
     reply = await client.request("db", b"GET k", timeout=1.0)
 
 A `Node` is a facade: the protocol is the sans-I/O core (`irismesh._core`), sockets and the
-event loop are the driver's (`irismesh._driver`), handlers run in `patterns.reqrep`, messages
-in `patterns.pubsub`, tunnels in `patterns.tunnel`, telemetry in `telemetry.node_telemetry`.
-What stays here is the caller's side of a call (a future per request, resolved by the core's
-ReplyArrived or RequestFailed) and the membership the node reports (`members`, `peers`).
+event loop are the driver's (`irismesh._driver`), calls and handlers live in `patterns.reqrep`
+(`Caller`, `HandlerRunner`), messages in `patterns.pubsub`, tunnels in `patterns.tunnel`,
+telemetry in `telemetry.node_telemetry`. What stays here is the wiring, argument checks, and
+the membership the node reports (`members`, `peers`, `wait_for_members`).
 
 The core's events are dispatched by type (`_on_events`): each concern signs up for the types
 it handles with `listen`, so a node's event loop is one dict lookup and one call per event.
@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import hmac
 import os
 import random
 from collections.abc import Callable, Iterable, Mapping
@@ -38,25 +36,20 @@ from irismesh._core.events import (
     Event,
     PeerDown,
     PeerUp,
-    ReplyArrived,
     RequestArrived,
-    RequestFailed,
     Token,
 )
-from irismesh._core.frames import MAX_CLUSTERS, STATUS_OK, Kind, unpack_error
-from irismesh._driver import Driver
-from irismesh.discovery.mdns import MdnsConfig, MdnsDiscovery
-from irismesh.discovery.survey import SurveyConfig, SurveyDiscovery
+from irismesh._core.frames import MAX_CLUSTERS, Kind
+from irismesh._driver import Driver, listen
+from irismesh.discovery.mdns import MdnsConfig, MdnsDiscovery, mdns_config
+from irismesh.discovery.survey import SurveyConfig, SurveyDiscovery, survey_config
 from irismesh.errors import (
-    Closed,
     ConfigurationError,
     MembershipTimeout,
     MeshError,
-    RemoteError,
-    RequestTimeout,
 )
 from irismesh.patterns.pubsub import Message, Policy, PubSub, Subscription
-from irismesh.patterns.reqrep import HandlerRunner, RequestHandler
+from irismesh.patterns.reqrep import Caller, HandlerRunner, RequestHandler, as_bytes
 from irismesh.patterns.tunnel import (
     DEFAULT_MAX_MESSAGE,
     DEFAULT_WINDOW,
@@ -68,16 +61,10 @@ from irismesh.patterns.tunnel import (
 from irismesh.security.keyring import Keyring
 from irismesh.security.linksecurity import KeyedLinkSecurity
 from irismesh.telemetry.node_telemetry import (
-    BROADCAST_KIND,
-    OK,
-    REMOTE_ERROR,
-    REQUEST_KIND,
-    SURVEY_KIND,
     NodeTelemetry,
     TelemetryConfig,
-    outcome,
 )
-from irismesh.telemetry.recorder import Recorder, Series
+from irismesh.telemetry.recorder import Recorder
 
 H = TypeVar("H", bound=RequestHandler)
 B = TypeVar("B", bound=Callable[[bytes], Any])
@@ -152,7 +139,7 @@ class Node:
         self.node_id = os.urandom(16)
         self._bind = bind
         self._seeds = [_check_endpoint(s) for s in seeds]
-        self._survey_config = _survey_config(survey, keyring)
+        self._survey_config = survey_config(survey, keyring)
         self._config = config or CoreConfig()
         self._default_timeout = default_timeout
         self._sealing = sealing  # False only to measure what sealing costs
@@ -165,17 +152,17 @@ class Node:
         self._driver: Driver | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
-        self._mdns_config = _mdns_config(mdns, keyring)
+        self._mdns_config = mdns_config(mdns, keyring)
         self._discovery: list[MdnsDiscovery | SurveyDiscovery] = []  # started, in order
-        # req id -> (future, cluster, sent at, the telemetry series that times it, if any)
-        self._waiting: dict[int, tuple[asyncio.Future[bytes], str, float, Series | None]] = {}
-        self._events_at = 0.0  # when the batch of events being handled arrived
         # Exact counters and histograms unless telemetry=False; records only with a spool.
         spool = telemetry if isinstance(telemetry, TelemetryConfig) else None
         self.telemetry = (
             NodeTelemetry(self.node_id, spool, self._config.max_payload) if telemetry else None
         )
         self.recorder: Recorder | None = self.telemetry.recorder if self.telemetry else None
+        self._caller = Caller(
+            default_timeout=default_timeout, busy_poll=busy_poll, telemetry=self.telemetry
+        )
         serving = self.recorder.serving if self.recorder is not None else None
         self._runner = HandlerRunner(self._reply, self._reply_error, self._flush_soon, serving)
         self._broadcasts = HandlerRunner(
@@ -190,8 +177,7 @@ class Node:
         self.endpoint = ""
         # The core's events, by type: each concern signs up for its own.
         self._handlers: dict[type[Any], Callable[[Any], None]] = {}
-        self._listen(ReplyArrived, self._on_reply)
-        self._listen(RequestFailed, self._on_failed)
+        self._caller.listen(self._listen)
         self._listen(RequestArrived, self._on_request)
         self._listen(PeerUp, self._on_membership)
         self._listen(PeerDown, self._on_membership)
@@ -209,19 +195,7 @@ class Node:
             return self
         loop = asyncio.get_running_loop()
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        router = ctx.socket(zmq.ROUTER)
-        router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        router.setsockopt(zmq.LINGER, 0)
-        router.setsockopt(zmq.SNDHWM, 0)
-        router.setsockopt(zmq.RCVHWM, 0)
-        router.setsockopt(zmq.MAXMSGSIZE, self._config.max_frame + 64)
-        try:
-            router.bind(self._bind)
-        except zmq.ZMQError as exc:
-            router.close(0)
-            ctx.term()
-            raise ConfigurationError(f"cannot listen on {self._bind}: {exc}") from None
-        endpoint = router.get_string(zmq.LAST_ENDPOINT)
+        router, endpoint = listen(ctx, self._bind, self._config.max_frame)
         self.endpoint = endpoint
         self._ctx = ctx
         self._loop = loop
@@ -237,6 +211,7 @@ class Node:
         self._membership_changed = asyncio.Event()
         self._tunnels.attach(core)
         self._driver = driver = Driver(core, ctx, router, loop, self._on_events)
+        self._caller.attach(core, driver)
         self._pubsub.attach(core, driver.flush_soon)
         if self._busy_poll:
             driver.busy_poll = self._busy_poll
@@ -286,7 +261,7 @@ class Node:
         """Leave the mesh: say goodbye to peers, fail pending requests with Closed."""
         if self._closing:
             return
-        self._closing = True
+        self._closing = self._caller.closed = True
         for discovery in self._discovery:
             await discovery.close()
         if self.telemetry is not None:
@@ -298,10 +273,7 @@ class Node:
             self._driver.process()
             self._driver.close()
         await self._tunnels.close()
-        for fut, _cluster, _started, _series in self._waiting.values():
-            if not fut.done():
-                fut.set_exception(Closed("node closed"))
-        self._waiting.clear()
+        self._caller.close()
         if self._ctx is not None:
             ctx, self._ctx = self._ctx, None
             await asyncio.get_running_loop().run_in_executor(None, ctx.term)
@@ -381,53 +353,7 @@ class Node:
         `hedge` (for idempotent requests): if no reply came within `hedge` seconds (True: the
         cluster's measured p95 latency), send a copy to a second member; the first reply wins.
         """
-        core = self._core
-        driver = self._driver
-        if core is None or driver is None or self._closing:
-            core, driver = self._running()  # raises the right Closed
-        if timeout is None:
-            timeout = self._default_timeout
-        elif not timeout > 0:
-            raise ConfigurationError(f"timeout must be positive, got {timeout!r}")
-        if type(payload) is not bytes:
-            payload = _as_bytes(payload)
-        loop = driver.loop
-        now = loop.time()
-        if hedge is not None and hedge is not False:
-            hedge = self._hedge_delay(cluster) if hedge is True else float(hedge)
-            if not hedge > 0:
-                raise ConfigurationError(f"hedge must be a positive delay, got {hedge!r}")
-        else:
-            hedge = None
-        try:
-            req_id = core.calls.request(cluster, payload, timeout, now, hedge)
-        except MeshError as exc:
-            if self.telemetry is not None:
-                self.telemetry.refused(cluster, len(payload), exc, REQUEST_KIND)
-            raise
-        fut: asyncio.Future[bytes] = loop.create_future()
-        recorder = self.recorder
-        series = recorder.requests[cluster] if recorder is not None else None
-        self._waiting[req_id] = (fut, cluster, now, series)
-        if len(self._waiting) > 1:
-            # Others are in flight: send at the end of this loop iteration, together with the
-            # requests other tasks are about to make (one seal and one send for all of them).
-            driver.flush_soon()
-        else:
-            driver.flush()  # alone: no reason to wait
-            if self._busy_poll:  # opt-in: wait for the reply without a trip through the loop
-                driver.spin(core.request_link(req_id), self._busy_poll, fut.done)
-                if fut.done():
-                    return fut.result()
-        wake = now + (hedge if hedge is not None else timeout)
-        if wake < driver.timer_at:
-            driver.arm(wake)
-        try:
-            return await fut
-        except asyncio.CancelledError:
-            if self._waiting.pop(req_id, None) is not None:
-                core.cancel(req_id)
-            raise
+        return await self._caller.request(cluster, payload, timeout, hedge)
 
     async def broadcast(
         self, cluster: str, payload: bytes, *, timeout: float | None = None
@@ -437,63 +363,17 @@ class Node:
         Returns the hex ids of the members whose broadcast handler ran within `timeout`
         (members that left or timed out are not listed). NoResponders if there is none.
         """
-        answers, _errors, _missing = await self._fanout(Kind.BROADCAST, cluster, payload, timeout)
+        answers, _errors, _missing = await self._caller.fanout(
+            Kind.BROADCAST, cluster, payload, timeout
+        )
         return sorted(answers)
 
     async def survey(
         self, cluster: str, payload: bytes, *, timeout: float | None = None
     ) -> SurveyResult:
         """Ask every live member of `cluster`; return as soon as all answered, or at `timeout`."""
-        answers, errors, missing = await self._fanout(Kind.SURVEY, cluster, payload, timeout)
+        answers, errors, missing = await self._caller.fanout(Kind.SURVEY, cluster, payload, timeout)
         return SurveyResult(answers=answers, errors=errors, missing=sorted(missing))
-
-    async def _fanout(
-        self, kind: Kind, cluster: str, payload: bytes, timeout: float | None
-    ) -> tuple[dict[str, bytes], dict[str, MeshError], list[str]]:
-        core, driver = self._running()
-        timeout = self._default_timeout if timeout is None else timeout
-        if not timeout > 0:
-            raise ConfigurationError(f"timeout must be positive, got {timeout!r}")
-        if type(payload) is not bytes:
-            payload = _as_bytes(payload)
-        loop = driver.loop
-        now = loop.time()
-        label = BROADCAST_KIND if kind is Kind.BROADCAST else SURVEY_KIND
-        try:
-            sent = core.fanout(int(kind), cluster, payload, timeout, now)
-        except MeshError as exc:
-            if self.telemetry is not None:
-                self.telemetry.refused(cluster, len(payload), exc, label)
-            raise
-        futures: dict[str, asyncio.Future[bytes]] = {}
-        series = self.recorder.series(label, cluster) if self.recorder is not None else None
-        for req_id, member_id in sent:
-            fut: asyncio.Future[bytes] = loop.create_future()
-            self._waiting[req_id] = (fut, cluster, now, series)
-            futures[member_id.hex()] = fut
-        driver.flush()
-        driver.arm(now + timeout)
-        try:
-            await asyncio.wait(futures.values())
-        except asyncio.CancelledError:
-            for req_id, _member in sent:
-                if self._waiting.pop(req_id, None) is not None:
-                    core.cancel(req_id)
-            raise
-        answers: dict[str, bytes] = {}
-        errors: dict[str, MeshError] = {}
-        missing: list[str] = []
-        for member, fut in futures.items():
-            error = fut.exception()
-            if error is None:
-                answers[member] = fut.result()
-            elif isinstance(error, RequestTimeout):
-                missing.append(member)
-            elif isinstance(error, MeshError):
-                errors[member] = error
-            else:  # pragma: no cover - futures only ever get MeshErrors
-                raise error
-        return answers, errors, missing
 
     # ----------------------------------------------------------------- publish/subscribe
 
@@ -506,11 +386,11 @@ class Node:
         is sealed under the key of the topic's first segment (else the default key).
         """
         if self._closing or self._core is None:
-            self._running()  # raises Closed, saying why
+            self._caller.running()  # raises Closed, saying why
         if timeout is not None and not timeout > 0:
             raise ConfigurationError(f"timeout must be positive, got {timeout!r}")
         if type(payload) is not bytes:
-            payload = _as_bytes(payload)
+            payload = as_bytes(payload)
         pubsub = self._pubsub
         sent = pubsub.publish_now(topic, payload)  # the common case: no coroutine to wait on
         if sent is not None:
@@ -538,7 +418,7 @@ class Node:
         `maxsize` do not apply). It must not block; an exception it raises is logged and
         counted in `sub.errors`, and the messages after it still come. `sub.close()` ends it.
         """
-        self._running()
+        self._caller.running()
         return self._pubsub.subscribe(pattern, policy, maxsize, callback)
 
     def tunnel(
@@ -565,7 +445,7 @@ class Node:
             raise ConfigurationError(f"max_message must be a positive int, got {max_message!r}")
 
         async def opener() -> Tunnel:
-            self._running()
+            self._caller.running()
             return await self._tunnels.open(cluster, timeout, window, max_message)
 
         return TunnelOpening(opener)
@@ -574,17 +454,12 @@ class Node:
         self, topic: str, count: int = 1, *, timeout: float = 10.0
     ) -> int:
         """Wait until at least `count` other nodes subscribe to `topic`; returns how many."""
-        self._running()
+        self._caller.running()
         return await self._pubsub.wait_for_subscribers(topic, count, timeout)
-
-    def _hedge_delay(self, cluster: str) -> float:
-        """The cluster's measured p95 round trip (a power-of-two bound), or 10 ms unknown."""
-        delay = self.telemetry.hedge_delay(cluster) if self.telemetry is not None else None
-        return delay or 0.010
 
     async def wait_for_members(self, cluster: str, count: int = 1, *, timeout: float = 10.0) -> int:
         """Wait until `cluster` has at least `count` live members; returns how many it has."""
-        core, driver = self._running()
+        core, driver = self._caller.running()
         changed = self._membership_changed
         assert changed is not None
         deadline = driver.loop.time() + timeout
@@ -601,13 +476,13 @@ class Node:
 
     def members(self, cluster: str) -> list[str]:
         """Hex node ids of the live members of `cluster` this node knows of."""
-        core, _ = self._running()
+        core, _ = self._caller.running()
         return [link.peer_id.hex() for link in core.members(cluster)]
 
     def peers(self, *, departed: bool = False) -> list[PeerInfo]:
         """Live peers (state "alive" or "suspect"); with `departed`, also the peers that died
         or left lately (state "dead" or "left", the most recent 256, until they return)."""
-        core, _ = self._running()
+        core, _ = self._caller.running()
         gone = list(self._departed.values()) if departed else []
         return gone + [
             PeerInfo(
@@ -644,13 +519,6 @@ class Node:
 
     # ----------------------------------------------------------------- internals
 
-    def _running(self) -> tuple[MeshCore, Driver]:
-        if self._closing:
-            raise Closed("node is closed")
-        if self._core is None or self._driver is None:
-            raise Closed("node is not started: use `async with Node(...)` or `await node.start()`")
-        return self._core, self._driver
-
     def _listen(self, event_type: type[E], handler: Callable[[E], None]) -> None:
         """Call `handler` with each event of `event_type`, after those registered before."""
         earlier = self._handlers.get(event_type)
@@ -667,46 +535,12 @@ class Node:
     def _on_events(self, events: list[Event]) -> None:
         """The core's events, each to the handler of its type (none: the driver's own)."""
         driver = self._driver
-        self._events_at = driver.loop.time() if driver is not None else 0.0
+        self._caller.events_at = driver.loop.time() if driver is not None else 0.0
         handlers = self._handlers
         for event in events:
             handler = handlers.get(type(event))
             if handler is not None:
                 handler(event)
-
-    def _on_reply(self, event: ReplyArrived) -> None:
-        entry = self._waiting.pop(event.req_id, None)
-        if entry is None:
-            return
-        fut, cluster, started, series = entry
-        if event.status == STATUS_OK:
-            if not fut.done():
-                fut.set_result(event.payload)
-            if series is not None:  # Series.observe inlined: the caller's hot path
-                us = int((self._events_at - started) * 1e6)
-                series.histogram[us.bit_length()] += 1
-                n = series.countdown - 1
-                if n:
-                    series.countdown = n
-                else:
-                    series.sample(event.peer, us, len(event.payload), OK)
-        else:
-            kind, message = unpack_error(event.payload)
-            if not fut.done():
-                fut.set_exception(RemoteError(cluster, kind, message))
-            if series is not None:
-                us = int((self._events_at - started) * 1e6)
-                series.observe(event.peer, us, len(event.payload), REMOTE_ERROR)
-
-    def _on_failed(self, event: RequestFailed) -> None:
-        entry = self._waiting.pop(event.req_id, None)
-        if entry is not None:
-            fut, _cluster, started, series = entry
-            if not fut.done():
-                fut.set_exception(event.error)
-            if series is not None:
-                us = int((self._events_at - started) * 1e6)
-                series.observe(None, us, 0, outcome(event.error))
 
     def _on_request(self, event: RequestArrived) -> None:
         if event.kind == _KIND_REQUEST:
@@ -766,39 +600,6 @@ class Node:
             return
         self._core.add_candidate(endpoint, self._driver.loop.time())
         self._driver.process()
-
-
-def _survey_config(survey: bool | SurveyConfig, keyring: Keyring) -> SurveyConfig | None:
-    """survey=True: the realm is a tag under the mesh's '*' key, so other meshes stay apart."""
-    if isinstance(survey, SurveyConfig):
-        return survey
-    if not survey:
-        return None
-    key = keyring.primary("*")
-    if key is None:
-        return SurveyConfig()
-    realm = hmac.new(key.secret, b"irismesh/v1/survey-realm", hashlib.sha256).digest()[:16]
-    return SurveyConfig(realm=realm)
-
-
-def _mdns_config(mdns: bool | MdnsConfig, keyring: Keyring) -> MdnsConfig | None:
-    """mdns=True: records tagged with the default key, so only this mesh's nodes are candidates."""
-    if isinstance(mdns, MdnsConfig):
-        return mdns
-    if not mdns:
-        return None
-    keys = keyring.accepted("*")
-    if not keys:  # no mesh-wide key: any irismesh node is a candidate; the handshake decides
-        return MdnsConfig()
-    return MdnsConfig(
-        realm_key=keys[0].secret, accepted_realm_keys=tuple(k.secret for k in keys[1:])
-    )
-
-
-def _as_bytes(payload: Any) -> bytes:
-    if isinstance(payload, bytearray | memoryview):
-        return bytes(payload)
-    raise TypeError(f"payload must be bytes, not {type(payload).__name__}")
 
 
 def _check_cluster_name(name: str) -> None:
