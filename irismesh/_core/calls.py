@@ -135,7 +135,11 @@ class Calls(LinkObserver):
     def request(
         self, cluster: str, payload: bytes, timeout: float, now: float, hedge: float | None = None
     ) -> int:
-        """Send a request to one member of `cluster`; returns its id for the events."""
+        """Send a request to one member of `cluster`; returns its id for the events.
+
+        With `hedge`, a copy goes to a second member if no reply came within `hedge` seconds,
+        and the first reply wins (for idempotent requests: both may run).
+        """
         members = self._members.get(cluster)
         if (  # the hot path asks members_for only when it cannot go ahead at once
             not members

@@ -234,84 +234,64 @@ class MeshCore:
         return self.pubsub.blocked
 
     # ----------------------------------------------------------------- the concerns' API
+    # Each is the concern's method of (nearly) the same name: see its docstring there.
 
     def request(
         self, cluster: str, payload: bytes, timeout: float, now: float, hedge: float | None = None
     ) -> int:
-        """Send a request to one member of `cluster`; returns its id for the events.
-
-        With `hedge`, a copy goes to a second member if no reply came within `hedge` seconds,
-        and the first reply wins (for idempotent requests: both may run).
-        """
         return self.calls.request(cluster, payload, timeout, now, hedge)
 
     def fanout(
         self, kind: int, cluster: str, payload: bytes, timeout: float, now: float
     ) -> list[tuple[int, bytes]]:
-        """Send a BROADCAST or SURVEY to every live member: [(req id, member id), ...]."""
         return self.calls.fanout(kind, cluster, payload, timeout, now)
 
     def request_link(self, req_id: int) -> int:
-        """The link a pending request was sent on (0: none now)."""
         return self.calls.request_link(req_id)
 
     def cancel(self, req_id: int) -> None:
-        """Forget a request whose caller gave up; a late reply is then dropped and counted."""
         self.calls.cancel(req_id)
 
     def reply(self, token: Token, payload: bytes, *, error: bool = False) -> None:
-        """Answer the request `token` (from RequestArrived); errors carry pack_error bytes."""
         self.calls.reply(token, payload, error=error)
 
     def reply_error(self, token: Token, exc: BaseException) -> None:
         self.calls.reply_error(token, exc)
 
     def subscribe(self, pattern: str) -> None:
-        """One more local subscription to a (validated) pattern; peers hear of a new one."""
         self.pubsub.subscribe(pattern)
 
     def unsubscribe(self, pattern: str) -> None:
-        """One local subscription fewer; peers hear when a pattern has none left."""
         self.pubsub.unsubscribe(pattern)
 
     def subscribers(self, topic: str) -> list[bytes]:
-        """Node ids of the peers interested in a (validated) topic."""
         return self.pubsub.subscribers(topic)
 
     def blocked_subscribers(self, topic: str) -> list[bytes]:
-        """Node ids of the peers interested in a topic that grant no credit now."""
         return self.pubsub.blocked_subscribers(topic)
 
     def publish(self, topic: str, payload: bytes) -> int:
-        """Send a message to every interested peer: how many, or -1 if one has no credit."""
         return self.pubsub.publish(topic, payload)
 
     def release(self, routing_id: bytes, count: int = 1) -> bool:
-        """The application is done with `count` messages from a peer: grant them back."""
         return self.pubsub.release(routing_id, count)
 
     def open_tunnel(self, cluster: str, window: int) -> int:
-        """Open a tunnel to one member of `cluster`, granting it `window` bytes; a handle."""
         return self.tunnels.open(cluster, window)
 
     def tunnel_accept(self, handle: int, window: int) -> None:
-        """Accept a tunnel from TunnelArrived, granting the caller `window` bytes."""
         self.tunnels.accept(handle, window)
 
     def tunnel_send(self, handle: int, op: int, arg: int = 0, data: bytes = b"") -> None:
-        """Send an op on a tunnel: DATA needs `send_credit` for `data`; RESET forgets it."""
         self.tunnels.send(handle, op, arg, data)
 
     def tunnel_forget(self, handle: int) -> None:
-        """Both ends are done (FIN each way): forget the tunnel without a word."""
         self.tunnels.forget(handle)
 
     def tunnel_peer(self, handle: int) -> bytes:
-        """The node id of the tunnel's other end."""
         return self.tunnels.peer(handle)
 
     def tunnel_credit(self, handle: int) -> int:
-        """Bytes this end may send on the tunnel now."""
         return self.tunnels.credit(handle)
 
     @property
