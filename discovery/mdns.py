@@ -60,7 +60,7 @@ import re
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from zeroconf import (
     BadTypeInNameException,
@@ -73,6 +73,9 @@ from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZerocon
 
 from irismesh.errors import Closed, ConfigurationError, ProtocolError
 
+if TYPE_CHECKING:
+    from irismesh.security.keyring import Keyring
+
 __all__ = [
     "DEFAULT_SERVICE_TYPE",
     "MAX_RESOLVING",
@@ -80,6 +83,7 @@ __all__ = [
     "MdnsConfig",
     "MdnsDiscovery",
     "advert_properties",
+    "mdns_config",
     "parse_advert",
     "realm_tag",
     "verified_endpoints",
@@ -568,3 +572,18 @@ def _check_local(interfaces: tuple[str, ...]) -> None:
                 raise ConfigurationError(
                     f"mdns interface {address} is not an address of this host: {exc.strerror}"
                 ) from None
+
+
+def mdns_config(mdns: bool | MdnsConfig, keyring: Keyring) -> MdnsConfig | None:
+    """What `Node(mdns=...)` asks for. True: records tagged with the default key, so only this
+    mesh's nodes are candidates."""
+    if isinstance(mdns, MdnsConfig):
+        return mdns
+    if not mdns:
+        return None
+    keys = keyring.accepted("*")
+    if not keys:  # no mesh-wide key: any irismesh node is a candidate; the handshake decides
+        return MdnsConfig()
+    return MdnsConfig(
+        realm_key=keys[0].secret, accepted_realm_keys=tuple(k.secret for k in keys[1:])
+    )

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import hashlib
 import hmac
 import ipaddress
 import logging
@@ -42,11 +43,14 @@ import random
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 
 from irismesh.errors import Closed, ConfigurationError, ProtocolError
+
+if TYPE_CHECKING:
+    from irismesh.security.keyring import Keyring
 
 __all__ = [
     "MAX_DATAGRAM",
@@ -57,6 +61,7 @@ __all__ = [
     "decode",
     "encode_answer",
     "encode_question",
+    "survey_config",
 ]
 
 _log = logging.getLogger(__name__)
@@ -443,3 +448,17 @@ def _open_socket(cfg: SurveyConfig, *, listener: bool, asked: bool = False) -> s
             "the interface address exists here and no other program holds the port exclusively"
         ) from exc
     return sock
+
+
+def survey_config(survey: bool | SurveyConfig, keyring: Keyring) -> SurveyConfig | None:
+    """What `Node(survey=...)` asks for. True: the realm is a tag under the mesh's '*' key, so
+    other meshes stay apart."""
+    if isinstance(survey, SurveyConfig):
+        return survey
+    if not survey:
+        return None
+    key = keyring.primary("*")
+    if key is None:
+        return SurveyConfig()
+    realm = hmac.new(key.secret, b"irismesh/v1/survey-realm", hashlib.sha256).digest()[:16]
+    return SurveyConfig(realm=realm)

@@ -9,7 +9,6 @@ from irismesh._core.config import CoreConfig
 from irismesh.discovery.mdns import MdnsConfig
 from irismesh.discovery.survey import SurveyConfig
 from irismesh.errors import (
-    AuthenticationError,
     Closed,
     ConfigurationError,
     EndOfStream,
@@ -37,7 +36,6 @@ from irismesh.security.keyring import Keyring, ScopeKey
 __version__ = "0.1.0"
 
 __all__ = [
-    "AuthenticationError",
     "Closed",
     "ConfigurationError",
     "CoreConfig",

@@ -1,10 +1,10 @@
 """The asyncio driver: owns the zmq sockets, feeds frames to the core, flushes what it sends.
 
-Hot path, and why it looks like this (DESIGN.md section 2): `zmq.asyncio` creates a Future per
-received message, which costs more than all the rest of a request. Here each socket is a plain
-non-blocking pyzmq socket whose file descriptor is registered with `loop.add_reader`; when it
-fires, the driver drains up to `BATCH` messages with NOBLOCK, hands each to the core, then
-dispatches the core's events and sends its frames once for the whole batch.
+Hot path, and why it looks like this: `zmq.asyncio` creates a Future per received message,
+which costs more than all the rest of a request. Here each socket is a plain non-blocking
+pyzmq socket whose file descriptor is registered with `loop.add_reader`; when it fires, the
+driver drains up to `BATCH` messages with NOBLOCK, hands each to the core, then dispatches the
+core's events and sends its frames once for the whole batch.
 
 A zmq FD is edge-triggered and also signals after *sends* change the socket's state, so a
 wake-up can be consumed by a send: after sending on a socket, and after a batch cut short, the
@@ -34,6 +34,7 @@ import zmq
 
 from irismesh._core.engine import MeshCore
 from irismesh._core.events import CloseLink, Event, OpenLink
+from irismesh.errors import ConfigurationError
 
 BATCH = 256
 # Plain ints: zmq's constants are IntFlag enums, and `NOBLOCK | SNDMORE` on enums costs an enum
@@ -59,6 +60,26 @@ def _configure(sock: zmq.Socket[bytes], max_frame: int) -> None:
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
 
 
+def listen(
+    ctx: zmq.Context[zmq.Socket[bytes]], bind: str, max_frame: int
+) -> tuple[zmq.Socket[bytes], str]:
+    """The node's listening ROUTER socket, bound at `bind`, and the endpoint it got; when it
+    cannot bind, ConfigurationError (and `ctx` is terminated)."""
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    router.setsockopt(zmq.LINGER, 0)
+    router.setsockopt(zmq.SNDHWM, 0)
+    router.setsockopt(zmq.RCVHWM, 0)
+    router.setsockopt(zmq.MAXMSGSIZE, max_frame + 64)
+    try:
+        router.bind(bind)
+    except zmq.ZMQError as exc:
+        router.close(0)
+        ctx.term()
+        raise ConfigurationError(f"cannot listen on {bind}: {exc}") from None
+    return router, router.get_string(zmq.LAST_ENDPOINT)
+
+
 class Driver:
     """Connects one MeshCore to the network and the event loop."""
 
@@ -74,12 +95,12 @@ class Driver:
         core.batching = True  # seal what one flush sends on a link together
         self._ctx = context
         self._router = router
-        self._loop = loop
+        self.loop = loop  # the event loop it runs on (its clock is the core's)
         self._on_events = on_events
         self._dealers: dict[int, zmq.Socket[bytes]] = {}
         self._monitors: dict[int, zmq.Socket[bytes]] = {}
         self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = float("inf")
+        self.timer_at = float("inf")  # when the timer fires next (read it; `arm` sets it)
         self._flush_scheduled = False
         self._recheck: set[int] = set()  # link ids (0: the router) to re-check for input
         self._closed = False
@@ -95,7 +116,7 @@ class Driver:
     def _drain_router(self) -> None:
         router = self._router
         receive = self.core.receive_in
-        now = self._loop.time()
+        now = self.loop.time()
         recv = router.recv
         more = router.get
         for _ in range(BATCH):
@@ -139,7 +160,7 @@ class Driver:
                     router.recv(_NOBLOCK)
                 self.core.stats["dropped_multipart"] += 1
                 continue
-            receive(routing_id, frame, self._loop.time())
+            receive(routing_id, frame, self.loop.time())
             self.process()
             if not self.idle():
                 break  # a handler awaits: the loop must run it
@@ -159,7 +180,7 @@ class Driver:
                 frame = recv(_NOBLOCK)
             except zmq.Again:
                 continue
-            receive(link_id, frame, self._loop.time())
+            receive(link_id, frame, self.loop.time())
             self.process()
             if done():
                 break
@@ -172,7 +193,7 @@ class Driver:
             return
         receive = self.core.receive_out
         recv = sock.recv
-        now = self._loop.time()
+        now = self.loop.time()
         for _ in range(BATCH):
             try:
                 frame = recv(_NOBLOCK)
@@ -221,7 +242,7 @@ class Driver:
                 try:
                     sock.send(frame, _NOBLOCK)
                 except zmq.Again:
-                    core.link_failed(link_id, self._loop.time(), "unsendable")
+                    core.link_failed(link_id, self.loop.time(), "unsendable")
                 recheck.add(link_id)
         if core.in_frames:
             frames2 = core.in_frames
@@ -236,7 +257,7 @@ class Driver:
             recheck.add(0)
         if recheck and not self._flush_scheduled:
             self._flush_scheduled = True
-            self._loop.call_soon(self._recheck_input)
+            self.loop.call_soon(self._recheck_input)
         if core.events:  # link failures found while sending
             self.process()
 
@@ -244,7 +265,7 @@ class Driver:
         """Send what the core queued, once, at the end of this loop iteration."""
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            self._loop.call_soon(self._recheck_input)
+            self.loop.call_soon(self._recheck_input)
 
     def _recheck_input(self) -> None:
         self._flush_scheduled = False
@@ -269,24 +290,24 @@ class Driver:
             sock: zmq.Socket[bytes] = self._ctx.socket(zmq.DEALER)
         except zmq.ZMQError:  # out of sockets or descriptors: this dial fails, nothing else
             self.core.stats["dials_no_socket"] += 1
-            self.core.link_failed(event.link_id, self._loop.time(), "no_socket")
+            self.core.link_failed(event.link_id, self.loop.time(), "no_socket")
             return
         _configure(sock, self._max_frame)
         try:
             sock.connect(event.endpoint)
         except zmq.ZMQError:
             sock.close(0)
-            self.core.link_failed(event.link_id, self._loop.time(), "bad_endpoint")
+            self.core.link_failed(event.link_id, self.loop.time(), "bad_endpoint")
             return
         self._dealers[event.link_id] = sock
-        self._loop.add_reader(sock.FD, self._drain_dealer, event.link_id)
+        self.loop.add_reader(sock.FD, self._drain_dealer, event.link_id)
         try:
             monitor = sock.get_monitor_socket(_DISCONNECTED)
         except zmq.ZMQError:  # no socket left for the monitor: heartbeats still watch the link
             self.core.stats["monitors_unavailable"] += 1
             return
         self._monitors[event.link_id] = monitor
-        self._loop.add_reader(monitor.FD, self._drain_monitor, event.link_id)
+        self.loop.add_reader(monitor.FD, self._drain_monitor, event.link_id)
         # zmq signals a socket's FD only once a read has found it empty: read once now, or the
         # first event would never wake us.
         self._drain_monitor(event.link_id)
@@ -308,40 +329,40 @@ class Driver:
             ):
                 disconnected = True
         if disconnected:
-            self.core.link_failed(link_id, self._loop.time(), "disconnected")
+            self.core.link_failed(link_id, self.loop.time(), "disconnected")
             self.process()
 
     def _close_link(self, link_id: int) -> None:
         monitor = self._monitors.pop(link_id, None)
         sock = self._dealers.pop(link_id, None)
         if monitor is not None:
-            self._loop.remove_reader(monitor.FD)
+            self.loop.remove_reader(monitor.FD)
             if sock is not None:
                 # Stop the monitor before closing its socket: closing a monitored socket and
                 # its monitor without this left the context unable to accept new peers.
                 sock.disable_monitor()
             monitor.close(0)
         if sock is not None:
-            self._loop.remove_reader(sock.FD)
+            self.loop.remove_reader(sock.FD)
             sock.close(0)
 
     # ----------------------------------------------------------------- time
 
     def arm(self, when: float) -> None:
         """Make sure the timer fires no later than `when`."""
-        if when < self._timer_at and not self._closed:
+        if when < self.timer_at and not self._closed:
             if self._timer is not None:
                 self._timer.cancel()
-            self._timer_at = when
-            self._timer = self._loop.call_at(when, self._on_timer)
+            self.timer_at = when
+            self._timer = self.loop.call_at(when, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
-        self._timer_at = float("inf")
+        self.timer_at = float("inf")
         if self._closed:
             return
         self.drain_all()
-        now = self._loop.time()
+        now = self.loop.time()
         self.core.tick(now)
         self.process()
         wake = now + self.core.config.heartbeat_interval / 2
@@ -349,7 +370,7 @@ class Driver:
         self.arm(min(wake, deadline) if deadline is not None else wake)
 
     def start(self) -> None:
-        self.arm(self._loop.time())
+        self.arm(self.loop.time())
 
     def close(self, linger_ms: int = 200) -> None:
         """Flush goodbyes (given `linger_ms` to leave) and close every socket."""
@@ -359,16 +380,16 @@ class Driver:
         self._closed = True
         if self._timer is not None:
             self._timer.cancel()
-        self._loop.remove_reader(self._router.FD)
+        self.loop.remove_reader(self._router.FD)
         for link_id, monitor in self._monitors.items():
-            self._loop.remove_reader(monitor.FD)
+            self.loop.remove_reader(monitor.FD)
             dealer = self._dealers.get(link_id)
             if dealer is not None:
                 dealer.disable_monitor()
             monitor.close(0)
         self._monitors.clear()
         for sock in self._dealers.values():
-            self._loop.remove_reader(sock.FD)
+            self.loop.remove_reader(sock.FD)
             sock.close(linger_ms)
         self._dealers.clear()
         self._router.close(linger_ms)

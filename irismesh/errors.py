@@ -12,7 +12,6 @@
     │   ├── RequestTimeout      no reply within the caller's deadline
     │   ├── MemberLost          the member a broadcast or survey was sent to left before answering
     │   └── RemoteError         the member's handler raised; carries its message
-    ├── AuthenticationError     a peer failed to prove it holds a key
     └── ProtocolError           a peer sent bytes that are not a valid frame (dropped and counted;
                                 raised only by the pure codec, never out of a node)
 
@@ -22,7 +21,6 @@ Errors carry data as attributes so callers need not parse messages.
 from __future__ import annotations
 
 __all__ = [
-    "AuthenticationError",
     "Closed",
     "ConfigurationError",
     "MemberLost",
@@ -183,10 +181,6 @@ class TunnelReset(TunnelError):
 
 class EndOfStream(TunnelError):
     """The other end sent everything it will send (it closed its side) and it was all read."""
-
-
-class AuthenticationError(MeshError):
-    """A peer failed to prove possession of a key."""
 
 
 class ProtocolError(MeshError):

@@ -6,14 +6,21 @@ async with irismesh.Node(cluster="db", keyring=keys) as node:
 
 async with irismesh.Node(keyring=keys, seeds=["tcp://127.0.0.1:7400"]) as client:
     reply = await client.request("db", b"GET k", timeout=1.0)
+
+A `Node` is a facade: the protocol is the sans-I/O core (`irismesh._core`), sockets and the
+event loop are the driver's (`irismesh._driver`), calls and handlers live in `patterns.reqrep`
+(`Caller`, `HandlerRunner`), messages in `patterns.pubsub`, tunnels in `patterns.tunnel`,
+telemetry in `telemetry.node_telemetry`. What stays here is the wiring, argument checks, and
+the membership the node reports (`members`, `peers`, `wait_for_members`).
+
+The core's events are dispatched by type (`_on_events`): each concern signs up for the types
+it handles with `listen`, so a node's event loop is one dict lookup and one call per event.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import hmac
 import os
 import random
 from collections.abc import Callable, Iterable, Mapping
@@ -26,36 +33,23 @@ import zmq
 from irismesh._core.config import CoreConfig
 from irismesh._core.engine import MeshCore
 from irismesh._core.events import (
-    CreditArrived,
     Event,
-    InterestChanged,
-    MessagesArrived,
     PeerDown,
-    PeerSuspect,
     PeerUp,
-    ReplyArrived,
     RequestArrived,
-    RequestFailed,
     Token,
-    TunnelArrived,
-    TunnelFrame,
 )
-from irismesh._core.frames import MAX_CLUSTERS, STATUS_OK, Kind, unpack_error
-from irismesh._driver import Driver
-from irismesh.discovery.mdns import MdnsConfig, MdnsDiscovery
-from irismesh.discovery.survey import SurveyConfig, SurveyDiscovery
+from irismesh._core.frames import MAX_CLUSTERS, Kind
+from irismesh._driver import Driver, listen
+from irismesh.discovery.mdns import MdnsConfig, MdnsDiscovery, mdns_config
+from irismesh.discovery.survey import SurveyConfig, SurveyDiscovery, survey_config
 from irismesh.errors import (
-    Closed,
     ConfigurationError,
     MembershipTimeout,
     MeshError,
-    NoResponders,
-    PayloadTooLarge,
-    RemoteError,
-    RequestTimeout,
 )
 from irismesh.patterns.pubsub import Message, Policy, PubSub, Subscription
-from irismesh.patterns.reqrep import HandlerRunner, RequestHandler
+from irismesh.patterns.reqrep import Caller, HandlerRunner, RequestHandler, as_bytes
 from irismesh.patterns.tunnel import (
     DEFAULT_MAX_MESSAGE,
     DEFAULT_WINDOW,
@@ -66,31 +60,19 @@ from irismesh.patterns.tunnel import (
 )
 from irismesh.security.keyring import Keyring
 from irismesh.security.linksecurity import KeyedLinkSecurity
-from irismesh.telemetry.export import TopicExporter, attach_exporter
-from irismesh.telemetry.recorder import Recorder, Series
-from irismesh.telemetry.schema import Kind as TelemetryKind
-from irismesh.telemetry.schema import MembershipEvent, Outcome
-from irismesh.telemetry.spool import SpoolWriter
+from irismesh.telemetry.node_telemetry import (
+    NodeTelemetry,
+    TelemetryConfig,
+)
+from irismesh.telemetry.recorder import Recorder
 
 H = TypeVar("H", bound=RequestHandler)
 B = TypeVar("B", bound=Callable[[bytes], Any])
 T = TypeVar("T", bound=TunnelHandler)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TelemetryConfig:
-    """Where and how a node spools its telemetry records (see irismesh.telemetry)."""
-
-    spool_dir: str | os.PathLike[str]
-    # One per-message record in this many, per (kind, cluster); counters are exact whatever it
-    # is. At 1 in 10 the records cost 2-3% of request/reply throughput (bench/telemetry_cost.py)
-    # and a node serving 30k requests/s spools ~400 KB/s; at 1 in 100, a tenth of each.
-    sample_every: int = 100
-    gauge_interval: float = 2.0  # seconds between gauge records and spool flushes
-    max_file_age: float = 5.0  # a spool file is completed (renamed) at least this often
-
+E = TypeVar("E")
 
 DEFAULT_BIND = "tcp://127.0.0.1:0"
+_KIND_REQUEST, _KIND_BROADCAST = int(Kind.REQUEST), int(Kind.BROADCAST)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -157,7 +139,7 @@ class Node:
         self.node_id = os.urandom(16)
         self._bind = bind
         self._seeds = [_check_endpoint(s) for s in seeds]
-        self._survey_config = _survey_config(survey, keyring)
+        self._survey_config = survey_config(survey, keyring)
         self._config = config or CoreConfig()
         self._default_timeout = default_timeout
         self._sealing = sealing  # False only to measure what sealing costs
@@ -168,18 +150,19 @@ class Node:
         self._busy_poll = busy_poll
         self._core: MeshCore | None = None
         self._driver: Driver | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
-        self._survey: SurveyDiscovery | None = None
-        self._mdns_config = _mdns_config(mdns, keyring)
-        self._mdns: MdnsDiscovery | None = None
-        # req id -> (future, cluster, sent at, the telemetry series that times it, if any)
-        self._waiting: dict[int, tuple[asyncio.Future[bytes], str, float, Series | None]] = {}
-        self._telemetry = telemetry if isinstance(telemetry, TelemetryConfig) else None
+        self._mdns_config = mdns_config(mdns, keyring)
+        self._discovery: list[MdnsDiscovery | SurveyDiscovery] = []  # started, in order
         # Exact counters and histograms unless telemetry=False; records only with a spool.
-        self.recorder: Recorder | None = Recorder(self.node_id.hex()) if telemetry else None
-        self._telemetry_task: asyncio.Task[None] | None = None
-        self._exporter: TopicExporter | None = None  # publishes the records for collectors
-        self._reported_drops: dict[str, int] = {}
+        spool = telemetry if isinstance(telemetry, TelemetryConfig) else None
+        self.telemetry = (
+            NodeTelemetry(self.node_id, spool, self._config.max_payload) if telemetry else None
+        )
+        self.recorder: Recorder | None = self.telemetry.recorder if self.telemetry else None
+        self._caller = Caller(
+            default_timeout=default_timeout, busy_poll=busy_poll, telemetry=self.telemetry
+        )
         serving = self.recorder.serving if self.recorder is not None else None
         self._runner = HandlerRunner(self._reply, self._reply_error, self._flush_soon, serving)
         self._broadcasts = HandlerRunner(
@@ -188,14 +171,22 @@ class Node:
         self._surveys: HandlerRunner | None = None  # None: surveys go to the request handler
         self._pubsub = PubSub(self.node_id, self._flush_soon, self._flush_now)
         self._tunnels = Tunnels(self._flush_soon, self._flush_now)
-        if self.recorder is not None:
-            self._pubsub.record = self._record_message
-            self._tunnels.record = self._record_tunnel
         self._membership_changed: asyncio.Event | None = None
-        self._peer_listeners: list[Callable[[Event], None]] = []
         self._departed: dict[str, PeerInfo] = {}  # hex id -> the peer as it went
         self._closing = False
         self.endpoint = ""
+        # The core's events, by type: each concern signs up for its own.
+        self._handlers: dict[type[Any], Callable[[Any], None]] = {}
+        self._caller.listen(self._listen)
+        self._listen(RequestArrived, self._on_request)
+        self._listen(PeerUp, self._on_membership)
+        self._listen(PeerDown, self._on_membership)
+        self._pubsub.listen(self._listen)
+        self._tunnels.listen(self._listen)
+        if self.telemetry is not None:
+            self.telemetry.listen(self._listen)
+            self._pubsub.record = self.telemetry.record_message
+            self._tunnels.record = self.telemetry.record_tunnel
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -204,22 +195,11 @@ class Node:
             return self
         loop = asyncio.get_running_loop()
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        router = ctx.socket(zmq.ROUTER)
-        router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        router.setsockopt(zmq.LINGER, 0)
-        router.setsockopt(zmq.SNDHWM, 0)
-        router.setsockopt(zmq.RCVHWM, 0)
-        router.setsockopt(zmq.MAXMSGSIZE, self._config.max_frame + 64)
-        try:
-            router.bind(self._bind)
-        except zmq.ZMQError as exc:
-            router.close(0)
-            ctx.term()
-            raise ConfigurationError(f"cannot listen on {self._bind}: {exc}") from None
-        endpoint = router.get_string(zmq.LAST_ENDPOINT)
+        router, endpoint = listen(ctx, self._bind, self._config.max_frame)
         self.endpoint = endpoint
         self._ctx = ctx
-        self._core = MeshCore(
+        self._loop = loop
+        self._core = core = MeshCore(
             node_id=self.node_id,
             endpoint=endpoint,
             clusters=self.clusters,
@@ -229,67 +209,63 @@ class Node:
             config=self._config,
         )
         self._membership_changed = asyncio.Event()
-        self._tunnels.attach(self._core)
-        self._driver = Driver(self._core, ctx, router, loop, self._on_events)
-        self._pubsub.attach(self._core, self._driver.flush_soon)
+        self._tunnels.attach(core)
+        self._driver = driver = Driver(core, ctx, router, loop, self._on_events)
+        self._caller.attach(core, driver)
+        self._pubsub.attach(core, driver.flush_soon)
         if self._busy_poll:
-            self._driver.busy_poll = self._busy_poll
-            self._driver.idle = lambda: self._runner.running == 0
+            driver.busy_poll = self._busy_poll
+            driver.idle = lambda: self._runner.running == 0
         now = loop.time()
         for seed in self._seeds:
-            self._core.add_candidate(seed, now, seed=True)
-        self._driver.process()
-        self._driver.start()
-        if self._telemetry is not None and self.recorder is not None:
-            config = self._telemetry
-            self.recorder.writer = SpoolWriter(
-                config.spool_dir, self.node_id.hex(), max_age=config.max_file_age
+            core.add_candidate(seed, now, seed=True)
+        driver.process()
+        driver.start()
+        if self.telemetry is not None:
+            self.telemetry.start(
+                core,
+                clock=loop.time,
+                gauges=self._gauges,
+                flush_tally=self._pubsub.flush_tally,
+                publish=self.publish,
             )
-            self.recorder.set_sampling(config.sample_every)
-            self._exporter = attach_exporter(self)
-            self._telemetry_task = loop.create_task(self._telemetry_loop(config.gauge_interval))
         if self._mdns_config is not None:
-            self._mdns = MdnsDiscovery(
-                node_id=self.node_id,
-                endpoint=endpoint,
-                config=self._mdns_config,
-                on_candidate=self._on_candidate,
+            await self._start_discovery(
+                MdnsDiscovery(
+                    node_id=self.node_id,
+                    endpoint=endpoint,
+                    config=self._mdns_config,
+                    on_candidate=self._on_candidate,
+                )
             )
-            try:
-                await self._mdns.start()
-            except BaseException:
-                await self.close()
-                raise
         if self._survey_config is not None:
-            self._survey = SurveyDiscovery(
-                node_id=self.node_id,
-                endpoint=endpoint,
-                config=self._survey_config,
-                on_candidate=self._on_candidate,
+            await self._start_discovery(
+                SurveyDiscovery(
+                    node_id=self.node_id,
+                    endpoint=endpoint,
+                    config=self._survey_config,
+                    on_candidate=self._on_candidate,
+                )
             )
-            try:
-                await self._survey.start()
-            except BaseException:
-                await self.close()
-                raise
         return self
+
+    async def _start_discovery(self, discovery: MdnsDiscovery | SurveyDiscovery) -> None:
+        self._discovery.append(discovery)
+        try:
+            await discovery.start()
+        except BaseException:
+            await self.close()
+            raise
 
     async def close(self) -> None:
         """Leave the mesh: say goodbye to peers, fail pending requests with Closed."""
         if self._closing:
             return
-        self._closing = True
-        if self._mdns is not None:
-            await self._mdns.close()
-        if self._survey is not None:
-            await self._survey.close()
-        if self._telemetry_task is not None:
-            self._telemetry_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._telemetry_task
-        if self._exporter is not None and self._core is not None:
-            # The last interval's records leave with the goodbyes (never waits: see export).
-            await self._exporter.export(self._pubsub.publish)
+        self._closing = self._caller.closed = True
+        for discovery in self._discovery:
+            await discovery.close()
+        if self.telemetry is not None:
+            await self.telemetry.stop(self._pubsub.publish)
         await self._runner.close()
         self._pubsub.close()
         if self._core is not None and self._driver is not None:
@@ -297,17 +273,12 @@ class Node:
             self._driver.process()
             self._driver.close()
         await self._tunnels.close()
-        for fut, _cluster, _started, _series in self._waiting.values():
-            if not fut.done():
-                fut.set_exception(Closed("node closed"))
-        self._waiting.clear()
+        self._caller.close()
         if self._ctx is not None:
             ctx, self._ctx = self._ctx, None
             await asyncio.get_running_loop().run_in_executor(None, ctx.term)
-        writer = self.recorder.writer if self.recorder is not None else None
-        if writer is not None:
-            self._record_gauges()
-            await asyncio.get_running_loop().run_in_executor(None, writer.close)
+        if self.telemetry is not None:
+            await self.telemetry.close()
 
     async def __aenter__(self) -> Node:
         return await self.start()
@@ -382,53 +353,7 @@ class Node:
         `hedge` (for idempotent requests): if no reply came within `hedge` seconds (True: the
         cluster's measured p95 latency), send a copy to a second member; the first reply wins.
         """
-        core = self._core
-        driver = self._driver
-        if core is None or driver is None or self._closing:
-            core, driver = self._running()  # raises the right Closed
-        if timeout is None:
-            timeout = self._default_timeout
-        elif not timeout > 0:
-            raise ConfigurationError(f"timeout must be positive, got {timeout!r}")
-        if type(payload) is not bytes:
-            payload = _as_bytes(payload)
-        loop = driver._loop
-        now = loop.time()
-        if hedge is not None and hedge is not False:
-            hedge = self._hedge_delay(cluster) if hedge is True else float(hedge)
-            if not hedge > 0:
-                raise ConfigurationError(f"hedge must be a positive delay, got {hedge!r}")
-        else:
-            hedge = None
-        recorder = self.recorder
-        try:
-            req_id = core.request(cluster, payload, timeout, now, hedge)
-        except MeshError as exc:
-            if recorder is not None:
-                recorder.request(cluster, None, 0.0, len(payload), _outcome(exc))
-            raise
-        fut: asyncio.Future[bytes] = loop.create_future()
-        series = recorder.requests[cluster] if recorder is not None else None
-        self._waiting[req_id] = (fut, cluster, now, series)
-        if len(self._waiting) > 1:
-            # Others are in flight: send at the end of this loop iteration, together with the
-            # requests other tasks are about to make (one seal and one send for all of them).
-            driver.flush_soon()
-        else:
-            driver.flush()  # alone: no reason to wait
-            if self._busy_poll:  # opt-in: wait for the reply without a trip through the loop
-                driver.spin(core.request_link(req_id), self._busy_poll, fut.done)
-                if fut.done():
-                    return fut.result()
-        wake = now + (hedge if hedge is not None else timeout)
-        if wake < driver._timer_at:
-            driver.arm(wake)
-        try:
-            return await fut
-        except asyncio.CancelledError:
-            if self._waiting.pop(req_id, None) is not None:
-                core.cancel(req_id)
-            raise
+        return await self._caller.request(cluster, payload, timeout, hedge)
 
     async def broadcast(
         self, cluster: str, payload: bytes, *, timeout: float | None = None
@@ -438,63 +363,17 @@ class Node:
         Returns the hex ids of the members whose broadcast handler ran within `timeout`
         (members that left or timed out are not listed). NoResponders if there is none.
         """
-        answers, _errors, _missing = await self._fanout(Kind.BROADCAST, cluster, payload, timeout)
+        answers, _errors, _missing = await self._caller.fanout(
+            Kind.BROADCAST, cluster, payload, timeout
+        )
         return sorted(answers)
 
     async def survey(
         self, cluster: str, payload: bytes, *, timeout: float | None = None
     ) -> SurveyResult:
         """Ask every live member of `cluster`; return as soon as all answered, or at `timeout`."""
-        answers, errors, missing = await self._fanout(Kind.SURVEY, cluster, payload, timeout)
+        answers, errors, missing = await self._caller.fanout(Kind.SURVEY, cluster, payload, timeout)
         return SurveyResult(answers=answers, errors=errors, missing=sorted(missing))
-
-    async def _fanout(
-        self, kind: Kind, cluster: str, payload: bytes, timeout: float | None
-    ) -> tuple[dict[str, bytes], dict[str, MeshError], list[str]]:
-        core, driver = self._running()
-        timeout = self._default_timeout if timeout is None else timeout
-        if not timeout > 0:
-            raise ConfigurationError(f"timeout must be positive, got {timeout!r}")
-        if type(payload) is not bytes:
-            payload = _as_bytes(payload)
-        loop = driver._loop
-        now = loop.time()
-        label = _BROADCAST_KIND if kind is Kind.BROADCAST else _SURVEY_KIND
-        try:
-            sent = core.fanout(int(kind), cluster, payload, timeout, now)
-        except MeshError as exc:
-            if self.recorder is not None:
-                self.recorder.request(cluster, None, 0.0, len(payload), _outcome(exc), label)
-            raise
-        futures: dict[str, asyncio.Future[bytes]] = {}
-        series = self.recorder.series(label, cluster) if self.recorder is not None else None
-        for req_id, member_id in sent:
-            fut: asyncio.Future[bytes] = loop.create_future()
-            self._waiting[req_id] = (fut, cluster, now, series)
-            futures[member_id.hex()] = fut
-        driver.flush()
-        driver.arm(now + timeout)
-        try:
-            await asyncio.wait(futures.values())
-        except asyncio.CancelledError:
-            for req_id, _member in sent:
-                if self._waiting.pop(req_id, None) is not None:
-                    core.cancel(req_id)
-            raise
-        answers: dict[str, bytes] = {}
-        errors: dict[str, MeshError] = {}
-        missing: list[str] = []
-        for member, fut in futures.items():
-            error = fut.exception()
-            if error is None:
-                answers[member] = fut.result()
-            elif isinstance(error, RequestTimeout):
-                missing.append(member)
-            elif isinstance(error, MeshError):
-                errors[member] = error
-            else:  # pragma: no cover - futures only ever get MeshErrors
-                raise error
-        return answers, errors, missing
 
     # ----------------------------------------------------------------- publish/subscribe
 
@@ -507,11 +386,11 @@ class Node:
         is sealed under the key of the topic's first segment (else the default key).
         """
         if self._closing or self._core is None:
-            self._running()  # raises Closed, saying why
+            self._caller.running()  # raises Closed, saying why
         if timeout is not None and not timeout > 0:
             raise ConfigurationError(f"timeout must be positive, got {timeout!r}")
         if type(payload) is not bytes:
-            payload = _as_bytes(payload)
+            payload = as_bytes(payload)
         pubsub = self._pubsub
         sent = pubsub.publish_now(topic, payload)  # the common case: no coroutine to wait on
         if sent is not None:
@@ -539,7 +418,7 @@ class Node:
         `maxsize` do not apply). It must not block; an exception it raises is logged and
         counted in `sub.errors`, and the messages after it still come. `sub.close()` ends it.
         """
-        self._running()
+        self._caller.running()
         return self._pubsub.subscribe(pattern, policy, maxsize, callback)
 
     def tunnel(
@@ -566,7 +445,7 @@ class Node:
             raise ConfigurationError(f"max_message must be a positive int, got {max_message!r}")
 
         async def opener() -> Tunnel:
-            self._running()
+            self._caller.running()
             return await self._tunnels.open(cluster, timeout, window, max_message)
 
         return TunnelOpening(opener)
@@ -575,26 +454,20 @@ class Node:
         self, topic: str, count: int = 1, *, timeout: float = 10.0
     ) -> int:
         """Wait until at least `count` other nodes subscribe to `topic`; returns how many."""
-        self._running()
+        self._caller.running()
         return await self._pubsub.wait_for_subscribers(topic, count, timeout)
-
-    def _hedge_delay(self, cluster: str) -> float:
-        """The cluster's measured p95 round trip (a power-of-two bound), or 10 ms unknown."""
-        recorder = self.recorder
-        p95 = recorder.percentile(_REQUEST_KIND, cluster, 0.95) if recorder is not None else None
-        return p95 / 1e6 if p95 else 0.010
 
     async def wait_for_members(self, cluster: str, count: int = 1, *, timeout: float = 10.0) -> int:
         """Wait until `cluster` has at least `count` live members; returns how many it has."""
-        core, driver = self._running()
+        core, driver = self._caller.running()
         changed = self._membership_changed
         assert changed is not None
-        deadline = driver._loop.time() + timeout
+        deadline = driver.loop.time() + timeout
         while True:
             found = len(core.members(cluster))
             if found >= count:
                 return found
-            remaining = deadline - driver._loop.time()
+            remaining = deadline - driver.loop.time()
             if remaining <= 0:
                 raise MembershipTimeout(cluster, count, found, timeout)
             changed.clear()
@@ -603,13 +476,13 @@ class Node:
 
     def members(self, cluster: str) -> list[str]:
         """Hex node ids of the live members of `cluster` this node knows of."""
-        core, _ = self._running()
+        core, _ = self._caller.running()
         return [link.peer_id.hex() for link in core.members(cluster)]
 
     def peers(self, *, departed: bool = False) -> list[PeerInfo]:
         """Live peers (state "alive" or "suspect"); with `departed`, also the peers that died
         or left lately (state "dead" or "left", the most recent 256, until they return)."""
-        core, _ = self._running()
+        core, _ = self._caller.running()
         gone = list(self._departed.values()) if departed else []
         return gone + [
             PeerInfo(
@@ -639,168 +512,76 @@ class Node:
         stats["tunnels_open"] = self._tunnels.open_count
         return stats
 
-    def add_seed(self, endpoint: str) -> None:
-        core, driver = self._running()
-        core.add_candidate(_check_endpoint(endpoint), driver._loop.time(), seed=True)
-        driver.process()
-
-    # ----------------------------------------------------------------- internals
-
-    def _running(self) -> tuple[MeshCore, Driver]:
-        if self._closing:
-            raise Closed("node is closed")
-        if self._core is None or self._driver is None:
-            raise Closed("node is not started: use `async with Node(...)` or `await node.start()`")
-        return self._core, self._driver
-
-    def _on_events(self, events: list[Event]) -> None:
-        waiting = self._waiting
-        recorder = self.recorder
-        now = self._driver._loop.time() if self._driver is not None else 0.0
-        for event in events:
-            if type(event) is MessagesArrived:
-                self._pubsub.deliver(event)
-            elif type(event) is ReplyArrived:
-                entry = waiting.pop(event.req_id, None)
-                if entry is None:
-                    continue
-                fut, cluster, started, series = entry
-                if event.status == STATUS_OK:
-                    if not fut.done():
-                        fut.set_result(event.payload)
-                    if series is not None:  # Series.observe inlined: the caller's hot path
-                        us = int((now - started) * 1e6)
-                        series.histogram[us.bit_length()] += 1
-                        n = series.countdown - 1
-                        if n:
-                            series.countdown = n
-                        else:
-                            series.sample(event.peer, us, len(event.payload), _OK)
-                else:
-                    kind, message = unpack_error(event.payload)
-                    if not fut.done():
-                        fut.set_exception(RemoteError(cluster, kind, message))
-                    if series is not None:
-                        us = int((now - started) * 1e6)
-                        series.observe(event.peer, us, len(event.payload), _REMOTE_ERROR)
-            elif type(event) is RequestArrived:
-                if event.kind == _KIND_REQUEST:
-                    self._runner.run(event)
-                elif event.kind == _KIND_BROADCAST:
-                    self._broadcasts.run(event)
-                else:
-                    (self._surveys or self._runner).run(event)
-            elif type(event) is RequestFailed:
-                entry = waiting.pop(event.req_id, None)
-                if entry is not None:
-                    if not entry[0].done():
-                        entry[0].set_exception(event.error)
-                    if entry[3] is not None:
-                        us = int((now - entry[2]) * 1e6)
-                        entry[3].observe(None, us, 0, _outcome(event.error))
-            elif type(event) is TunnelFrame or type(event) is TunnelArrived:
-                self._tunnels.on_event(event)
-            elif type(event) is PeerSuspect:
-                if recorder is not None:
-                    state = MembershipEvent.SUSPECT if event.suspect else MembershipEvent.ALIVE
-                    recorder.membership(state, event.node_id)
-            elif type(event) is CreditArrived:
-                self._pubsub.credit_arrived()
-            elif type(event) is InterestChanged:
-                self._pubsub.interest_changed()
-            elif type(event) is PeerUp or type(event) is PeerDown:
-                self._note_departure(event)
-                if self._membership_changed is not None:
-                    self._membership_changed.set()
-                if recorder is not None:
-                    if isinstance(event, PeerUp):
-                        membership = MembershipEvent.JOIN
-                    elif event.reason == "left":
-                        membership = MembershipEvent.LEAVE
-                    else:
-                        membership = MembershipEvent.DEAD
-                    recorder.membership(membership, event.node_id)
-                for listener in self._peer_listeners:
-                    listener(event)
-
-    def _record_message(
-        self, kind: str, topic: str, peer: bytes | None, count: int, size: int, missed: int
-    ) -> None:
-        recorder = self.recorder
-        if recorder is not None:
-            # By topic scope (the first segment): topics are unbounded, clusters of records not.
-            scope = topic.partition(".")[0]
-            recorder.tally(kind, scope, peer, size, _OK, count)
-            if missed:
-                recorder.drop("messages_missed", missed)
-
     def flush_telemetry(self) -> None:
         """Hand the publishes and deliveries tallied so far to `recorder` (the node does this
         every 1024 messages, every gauge interval, and as it closes)."""
         self._pubsub.flush_tally()
 
-    def _record_tunnel(self, tunnel: Tunnel) -> None:
-        recorder, driver = self.recorder, self._driver
-        if recorder is not None and driver is not None:
-            seconds = driver._loop.time() - tunnel.opened_at
-            outcome = _OK if tunnel.ended_cleanly else _DROPPED
-            size = tunnel.bytes_sent + tunnel.bytes_received
-            recorder.request(
-                tunnel.cluster, bytes.fromhex(tunnel.peer), seconds, size, outcome, _TUNNEL_KIND
-            )
+    # ----------------------------------------------------------------- internals
 
-    def _note_departure(self, event: PeerUp | PeerDown) -> None:
+    def _listen(self, event_type: type[E], handler: Callable[[E], None]) -> None:
+        """Call `handler` with each event of `event_type`, after those registered before."""
+        earlier = self._handlers.get(event_type)
+        if earlier is None:
+            self._handlers[event_type] = handler
+            return
+
+        def both(event: E) -> None:
+            earlier(event)
+            handler(event)
+
+        self._handlers[event_type] = both
+
+    def _on_events(self, events: list[Event]) -> None:
+        """The core's events, each to the handler of its type (none: the driver's own)."""
+        driver = self._driver
+        self._caller.events_at = driver.loop.time() if driver is not None else 0.0
+        handlers = self._handlers
+        for event in events:
+            handler = handlers.get(type(event))
+            if handler is not None:
+                handler(event)
+
+    def _on_request(self, event: RequestArrived) -> None:
+        if event.kind == _KIND_REQUEST:
+            self._runner.run(event)
+        elif event.kind == _KIND_BROADCAST:
+            self._broadcasts.run(event)
+        else:
+            (self._surveys or self._runner).run(event)
+
+    def _on_membership(self, event: PeerUp | PeerDown) -> None:
+        """A peer came or went: `peers(departed=True)` and `wait_for_members` hear of it."""
         key = event.node_id.hex()
         self._departed.pop(key, None)
         if type(event) is PeerDown:
-            state = "left" if event.reason == "left" else "dead"
             self._departed[key] = PeerInfo(
                 node_id=key,
                 endpoint=event.endpoint,
                 rtt_ms=0.0,
                 latency_ms=0.0,
                 outstanding=0,
-                state=state,
+                state="left" if event.reason == "left" else "dead",
             )
             if len(self._departed) > 256:
                 del self._departed[next(iter(self._departed))]
+        if self._membership_changed is not None:
+            self._membership_changed.set()
 
-    def _record_gauges(self) -> None:
-        self._pubsub.flush_tally()
-        recorder, core = self.recorder, self._core
-        if recorder is None or core is None:
-            return
-        stats = core.stats
-        for name, count in stats.items():
-            if name.startswith("dropped_") or name == "replies_unroutable":
-                delta = count - self._reported_drops.get(name, 0)
-                if delta:
-                    self._reported_drops[name] = count
-                    recorder.drop(name.removeprefix("dropped_"), delta)
-        recorder.gauges(
-            {
-                "requests_in_flight": core.pending_count,
-                "handlers_running": self._runner.running,
-                "peers": len(core.peers()),
-                "reply_cache_entries": len(core.reply_cache),
-                "rss_bytes": _rss_bytes(),
-            }
-        )
-
-    async def _telemetry_loop(self, interval: float) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(interval)
-            self._record_gauges()
-            writer = self.recorder.writer if self.recorder is not None else None
-            if writer is not None:
-                await loop.run_in_executor(None, writer.flush)
-            if self._exporter is not None:
-                await self._exporter.export(self.publish)
+    def _gauges(self) -> dict[str, float]:
+        core = self._core
+        if core is None:
+            return {}
+        return {
+            "requests_in_flight": core.pending_count,
+            "handlers_running": self._runner.running,
+            "peers": len(core.peers()),
+            "reply_cache_entries": len(core.reply_cache),
+        }
 
     def _reply(self, token: Token, payload: bytes) -> None:
         if self._core is not None and not self._closing:
-            self._core.reply(token, payload)
+            self._core.calls.reply(token, payload)
 
     def _reply_error(self, token: Token, exc: BaseException) -> None:
         if self._core is not None and not self._closing:
@@ -817,69 +598,8 @@ class Node:
     def _on_candidate(self, node_id: bytes, endpoint: str) -> None:
         if self._core is None or self._driver is None or self._closing:
             return
-        self._core.add_candidate(endpoint, self._driver._loop.time())
+        self._core.add_candidate(endpoint, self._driver.loop.time())
         self._driver.process()
-
-
-def _survey_config(survey: bool | SurveyConfig, keyring: Keyring) -> SurveyConfig | None:
-    """survey=True: the realm is a tag under the mesh's '*' key, so other meshes stay apart."""
-    if isinstance(survey, SurveyConfig):
-        return survey
-    if not survey:
-        return None
-    key = keyring.primary("*")
-    if key is None:
-        return SurveyConfig()
-    realm = hmac.new(key.secret, b"irismesh/v1/survey-realm", hashlib.sha256).digest()[:16]
-    return SurveyConfig(realm=realm)
-
-
-def _mdns_config(mdns: bool | MdnsConfig, keyring: Keyring) -> MdnsConfig | None:
-    """mdns=True: records tagged with the default key, so only this mesh's nodes are candidates."""
-    if isinstance(mdns, MdnsConfig):
-        return mdns
-    if not mdns:
-        return None
-    keys = keyring.accepted("*")
-    if not keys:  # no mesh-wide key: any irismesh node is a candidate; the handshake decides
-        return MdnsConfig()
-    return MdnsConfig(
-        realm_key=keys[0].secret, accepted_realm_keys=tuple(k.secret for k in keys[1:])
-    )
-
-
-_OK, _REMOTE_ERROR = str(Outcome.OK), str(Outcome.REMOTE_ERROR)
-_REQUEST_KIND, _BROADCAST_KIND = str(TelemetryKind.REQUEST), str(TelemetryKind.BROADCAST)
-_SURVEY_KIND = str(TelemetryKind.SURVEY)
-_TUNNEL_KIND = str(TelemetryKind.TUNNEL)
-_DROPPED = str(Outcome.DROPPED)
-_KIND_REQUEST, _KIND_BROADCAST = int(Kind.REQUEST), int(Kind.BROADCAST)
-
-
-def _outcome(error: BaseException) -> str:
-    if isinstance(error, RequestTimeout):
-        return str(Outcome.TIMEOUT)
-    if isinstance(error, NoResponders):
-        return str(Outcome.NO_RESPONDERS)
-    if isinstance(error, Closed):
-        return str(Outcome.CLOSED)
-    if isinstance(error, PayloadTooLarge):
-        return str(Outcome.TOO_LARGE)
-    return str(Outcome.DROPPED)
-
-
-def _rss_bytes() -> int:
-    try:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def _as_bytes(payload: Any) -> bytes:
-    if isinstance(payload, bytearray | memoryview):
-        return bytes(payload)
-    raise TypeError(f"payload must be bytes, not {type(payload).__name__}")
 
 
 def _check_cluster_name(name: str) -> None:

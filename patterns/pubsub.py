@@ -30,7 +30,7 @@ from types import TracebackType
 from typing import Literal, NamedTuple
 
 from irismesh._core.engine import MeshCore
-from irismesh._core.events import MessagesArrived
+from irismesh._core.events import CreditArrived, InterestChanged, Listen, MessagesArrived
 from irismesh._core.topics import TopicTrie, validate_pattern, validate_topic
 from irismesh.errors import Closed, ConfigurationError, InterestTimeout, SlowConsumer
 
@@ -274,6 +274,12 @@ class PubSub:
         self._tally: dict[tuple[str, str, bytes | None], list[int]] = {}
         self._tallied = 0
         self.unmatched = 0  # messages that arrived for no subscription (one just ended)
+
+    def listen(self, on: Listen) -> None:
+        """Sign up for the core's events this handles: messages, credit, interest."""
+        on(MessagesArrived, self.deliver)
+        on(CreditArrived, lambda _event: self.credit_arrived())
+        on(InterestChanged, lambda _event: self.interest_changed())
 
     def attach(self, core: MeshCore, driver_flush_soon: Callable[[], None]) -> None:
         """Start with the node's core; the driver's `flush_soon` serves the publish hot path."""
@@ -528,7 +534,7 @@ class PubSub:
                     return None
         else:
             local = ()
-        sent = core.publish(topic, payload)
+        sent = core.pubsub.publish(topic, payload)  # the core's own: one call fewer
         if sent < 0:
             return None
         self.published += 1

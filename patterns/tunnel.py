@@ -30,7 +30,7 @@ from types import TracebackType
 from typing import Any
 
 from irismesh._core.engine import MeshCore
-from irismesh._core.events import TunnelArrived, TunnelFrame
+from irismesh._core.events import Listen, TunnelArrived, TunnelFrame
 from irismesh._core.frames import TunnelOp
 from irismesh.errors import (
     Closed,
@@ -375,6 +375,11 @@ class Tunnels:
             await tunnel.close()
             raise
         return tunnel
+
+    def listen(self, on: Listen) -> None:
+        """Sign up for the core's tunnel events."""
+        on(TunnelArrived, self.on_event)
+        on(TunnelFrame, self.on_event)
 
     def on_event(self, event: TunnelArrived | TunnelFrame) -> None:
         if type(event) is TunnelFrame:

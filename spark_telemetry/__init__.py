@@ -1,1 +1,1 @@
-"""Telemetry analysis on PySpark (see issue 6)."""
+"""Telemetry analysis on PySpark."""

@@ -15,8 +15,8 @@ deleted, or kept. Moving and deleting make compaction incremental: run it as oft
 A crash between writing a batch and moving its files compacts those files again on the next
 run (at least once, never lost); `keep` is for one-shot reports that must not touch the spool.
 
-pyarrow does this in one process faster than Spark does on two cores (DESIGN section 6), and it
-needs no JVM, so `mesh telemetry compact` can run on a node's own machine.
+pyarrow does this in one process faster than Spark does on two cores, and it needs no JVM, so
+`mesh telemetry compact` can run on a node's own machine.
 """
 
 from __future__ import annotations

@@ -7,9 +7,13 @@ The rest are frozen and keyword-only.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from irismesh.errors import MeshError
+
+E = TypeVar("E")
 
 # (caller node id, request id, link it came on, scope slot there): what a reply needs.
 Token = tuple[bytes, int, bytes, int]
@@ -138,3 +142,10 @@ Event = (
     | TunnelFrame
     | PeerSuspect
 )
+
+
+class Listen(Protocol):
+    """Registers `handler` for every event of `event_type` (how a node's concerns sign up for
+    the events they handle: each type has its handlers, called in the order registered)."""
+
+    def __call__(self, event_type: type[E], handler: Callable[[E], None], /) -> None: ...

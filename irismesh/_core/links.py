@@ -13,6 +13,10 @@ Link lifecycle, dialler side:
 
 The listener side has no handshake state of its own: an InLink exists once a valid HELLO has
 arrived and is forgotten when its peer says BYE or stays silent for long.
+
+The engine keeps the link table and walks every link through this lifecycle; each other
+concern of the core (calls, publish/subscribe, tunnels, liveness) hears of it through one
+small interface, `LinkObserver`, and keeps no link table of its own.
 """
 
 from __future__ import annotations
@@ -116,3 +120,28 @@ class DialRecord:
     failures: int = 0
     next_at: float = 0.0
     link_id: int = 0  # the live OutLink dialled to it, 0 if none
+
+
+class LinkObserver:
+    """What a concern of the core hears of the link table, in the engine's order.
+
+    `link_up`: a dialled link finished its handshake (PeerUp has been emitted).
+    `link_down`: a dialled link that was UP closed for `reason` (PeerDown has been emitted,
+    and the link is out of the table). `inbound_up`: a peer's HELLO was accepted and answered.
+    `inbound_gone`: a link a peer dialled is about to be forgotten (BYE or long silence).
+    Each does nothing unless a concern overrides it.
+    """
+
+    __slots__ = ()
+
+    def link_up(self, link: OutLink, now: float) -> None:
+        return None
+
+    def link_down(self, link: OutLink, reason: str, now: float) -> None:
+        return None
+
+    def inbound_up(self, link: InLink, now: float) -> None:
+        return None
+
+    def inbound_gone(self, link: InLink) -> None:
+        return None

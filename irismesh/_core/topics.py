@@ -407,35 +407,8 @@ class TopicTrie(Generic[V]):
         return found
 
     def matches_any(self, topic: str) -> bool:
-        """Whether any pattern matches `topic` (a valid topic); stops at the first it finds."""
-        active = self._start()
-        for segment in topic.split("."):
-            reached: list[_Node[V]] = []
-            looped: set[_Node[V]] | None = None
-            closing = False
-            for node in active:
-                if node.loops:
-                    if node.values is not None:  # a trailing `#`: it matches whatever follows
-                        return True
-                    reached.append(node)
-                    if looped is None:
-                        looped = set()
-                    looped.add(node)
-                    closing = closing or node.hash is not None
-                children = node.children
-                if children is not None:
-                    child = children.get(segment)
-                    if child is not None:
-                        reached.append(child)
-                        closing = closing or child.hash is not None
-                star = node.star
-                if star is not None:
-                    reached.append(star)
-                    closing = closing or star.hash is not None
-            if not reached:
-                return False
-            active = _close(reached, looped) if closing else reached
-        return any(node.values is not None for node in active)
+        """Whether any pattern matches `topic` (a valid topic)."""
+        return any(node.values is not None for node in self._walk(topic))
 
     def patterns(self) -> Iterator[tuple[str, V]]:
         """Every (pattern, value) pair; the trie must not change while this runs."""

@@ -62,7 +62,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +72,7 @@ import msgpack
 from irismesh._core.topics import validate_topic
 from irismesh.errors import ConfigurationError
 from irismesh.telemetry.spool import (
+    RecordBuffer,
     SpoolWriter,
     check_node_name,
     decode_spool,
@@ -83,8 +83,8 @@ from irismesh.telemetry.spool import (
 if TYPE_CHECKING:
     import os
 
-    from irismesh.node import Node
     from irismesh.patterns.pubsub import Message, Policy, Subscription
+    from irismesh.telemetry.recorder import Recorder
 
 __all__ = [
     "CHUNK_BYTES",
@@ -97,6 +97,7 @@ __all__ = [
     "Publish",
     "TopicExporter",
     "attach_exporter",
+    "exporter_for",
     "topic_for",
 ]
 
@@ -122,15 +123,48 @@ class Publish(Protocol):
     def __call__(self, topic: str, payload: bytes, *, timeout: float) -> Awaitable[int]: ...
 
 
+class TelemetrySource(Protocol):
+    """What an exporter needs of a node's telemetry (`NodeTelemetry` is one)."""
+
+    @property
+    def node_id(self) -> bytes: ...
+
+    @property
+    def recorder(self) -> Recorder: ...
+
+    @property
+    def max_payload(self) -> int: ...
+
+    def has_subscribers(self, topic: str) -> bool: ...
+
+    def can_send(self, topic: str) -> bool: ...
+
+
+class ExportingNode(Protocol):
+    """A node whose telemetry can be exported (`irismesh.Node` is one)."""
+
+    @property
+    def telemetry(self) -> TelemetrySource | None: ...
+
+
+class SubscribingNode(Protocol):
+    """A node a collector can subscribe through (`irismesh.Node` is one)."""
+
+    def subscribe(
+        self, pattern: str, *, policy: Policy = ..., maxsize: int = ...
+    ) -> Subscription: ...
+
+
 # ------------------------------------------------------------------------------------ export
 
 
-class TopicExporter:
+class TopicExporter(RecordBuffer):
     """A node's records, published on `_mesh.telemetry.<node>`; see the module docstring.
 
     `has_subscribers()` says whether some node subscribes to the topic (None: assume one
     does); `can_send()` whether every subscriber can take a message now (None: assume so);
-    `on_drop(count)` hears of records lost, once per export.
+    `on_drop(count)` hears of records lost, once per export. `dropped` counts the records
+    lost: buffer full, unpackable, no room, publish failed.
     """
 
     def __init__(
@@ -147,24 +181,21 @@ class TopicExporter:
         check_node_name(node)
         if capacity <= 0 or chunk_bytes <= 0 or not timeout > 0:
             raise ValueError("capacity, chunk_bytes and timeout must be positive")
+        super().__init__(capacity)
         self.node = node
         self.topic = validate_topic(topic_for(node))
         self._header = pack_header(node)
-        self.capacity = capacity
         self.chunk_bytes = chunk_bytes
         self.timeout = timeout
         self._has_subscribers = has_subscribers
         self._can_send = can_send
         self._on_drop = on_drop
-        self._buffer: list[Sequence[Any]] = []
-        self._drop_lock = threading.Lock()  # the counters append may change, from any thread
         # Whether some node subscribed at the last export: a full buffer loses records only
         # if so (else they count as unobserved, and make no `drop` record).
         self._observed = has_subscribers is None
         self._export_lock: asyncio.Lock | None = None  # one export at a time
         self._reported = 0  # drops already handed to on_drop
         self.exported = 0  # records published to at least one subscriber
-        self.dropped = 0  # records lost: buffer full, unpackable, no room, publish failed
         self.unobserved = 0  # records nobody subscribed to, discarded (not a loss)
         self.messages = 0  # chunks published to at least one subscriber
         self.errors = 0  # publishes that raised
@@ -190,15 +221,6 @@ class TopicExporter:
             return False
         buffer.append(record)
         return True
-
-    @property
-    def buffered(self) -> int:
-        return len(self._buffer)
-
-    def _count_dropped(self, count: int) -> None:
-        if count:
-            with self._drop_lock:
-                self.dropped += count
 
     # ---------------------------------------------------------------- export
 
@@ -290,7 +312,7 @@ class TopicExporter:
 
 
 def attach_exporter(
-    node: Node,
+    node: ExportingNode,
     *,
     capacity: int = 65_536,
     chunk_bytes: int = CHUNK_BYTES,
@@ -303,32 +325,36 @@ def attach_exporter(
     be called before or after `node.start()`. Raises ConfigurationError if the node records
     no telemetry (telemetry=False).
     """
-    recorder = node.recorder
-    if recorder is None:
+    source = node.telemetry
+    if source is None:
         raise ConfigurationError("this node records no telemetry (telemetry=False)")
+    return exporter_for(source, capacity=capacity, chunk_bytes=chunk_bytes, timeout=timeout)
+
+
+def exporter_for(
+    source: TelemetrySource,
+    *,
+    capacity: int = 65_536,
+    chunk_bytes: int = CHUNK_BYTES,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> TopicExporter:
+    """`attach_exporter` for a node's telemetry itself."""
+    recorder = source.recorder
     existing = recorder.exporter
     if isinstance(existing, TopicExporter):
         return existing
-    topic = topic_for(node.node_id.hex())
-
-    def has_subscribers() -> bool:
-        core = node._core
-        return core is not None and bool(core.subscribers(topic))
-
-    def can_send() -> bool:
-        core = node._core
-        return core is not None and not core.blocked_subscribers(topic)
+    topic = topic_for(source.node_id.hex())
 
     def on_drop(count: int) -> None:
         recorder.drop(EXPORT_DROP, count)
 
     exporter = TopicExporter(
-        node.node_id.hex(),
+        source.node_id.hex(),
         capacity=capacity,
-        chunk_bytes=min(chunk_bytes, node._config.max_payload),
+        chunk_bytes=min(chunk_bytes, source.max_payload),
         timeout=timeout,
-        has_subscribers=has_subscribers,
-        can_send=can_send,
+        has_subscribers=lambda: source.has_subscribers(topic),
+        can_send=lambda: source.can_send(topic),
         on_drop=on_drop,
     )
     recorder.exporter = exporter
@@ -365,7 +391,7 @@ class Collector:
 
     def __init__(
         self,
-        node: Node,
+        node: SubscribingNode,
         directory: str | os.PathLike[str],
         *,
         policy: Policy = "block",

@@ -193,11 +193,6 @@ def check_record(row: Any) -> Record | None:
     return Record(ts, *row[1 : len(FIELDS)])
 
 
-def _in_range(item: object) -> bool:
-    """msgpack decodes 64-bit unsigned integers that Arrow's int64 cannot hold."""
-    return not isinstance(item, int) or _INT64_MIN <= item <= _INT64_MAX
-
-
 def arrow_schema(*, partitions: bool = False) -> Any:
     """The pyarrow schema of the records (plus `date` and `hour` when `partitions`)."""
     import pyarrow as pa  # type: ignore[import-untyped]  # lazy: the node does not need it

@@ -124,8 +124,32 @@ def _temp_name(node: str, seq: int) -> str:
     return "." + spool_file_name(node, seq) + ".tmp"
 
 
-class SpoolWriter:
-    """Appends records to rotating spool files in `directory`; see the module docstring."""
+class RecordBuffer:
+    """A bounded list of records that any thread may append to; `dropped` counts the records
+    it had to refuse (a spool writer's, an exporter's)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._buffer: list[Sequence[Any]] = []
+        self._drop_lock = threading.Lock()  # the drop counters only; never held across I/O
+        self.dropped = 0
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    def _count_dropped(self, count: int) -> None:
+        # `+=` is a read and a write: two threads dropping at once could lose a count.
+        if count:
+            with self._drop_lock:
+                self.dropped += count
+
+
+class SpoolWriter(RecordBuffer):
+    """Appends records to rotating spool files in `directory`; see the module docstring.
+
+    `dropped` counts the records refused because the buffer was full or the disk failed.
+    """
 
     def __init__(
         self,
@@ -141,24 +165,21 @@ class SpoolWriter:
         check_node_name(node)
         if max_bytes <= 0 or max_age <= 0 or capacity <= 0:
             raise ValueError("max_bytes, max_age and capacity must be positive")
+        super().__init__(capacity)
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.node = node
         self.max_bytes = max_bytes
         self.max_age = max_age
-        self.capacity = capacity
         self.fsync = fsync
         self._clock = clock
-        self._buffer: list[Sequence[Any]] = []
         self._lock = threading.Lock()  # flush, rotate, close: one at a time
-        self._drop_lock = threading.Lock()  # `dropped` only; never held across I/O
         self._packer = msgpack.Packer(use_bin_type=True)
         self._file: IO[bytes] | None = None
         self._file_bytes = 0
         self._file_opened = 0.0
         self._seq = self._next_free_seq()
         self._closed = False
-        self.dropped = 0  # records refused because the buffer was full or the disk failed
         self.written = 0  # records handed to the OS
         self.files_completed = 0
         self.bytes_written = 0
@@ -175,15 +196,6 @@ class SpoolWriter:
             return False
         buffer.append(record)
         return True
-
-    @property
-    def buffered(self) -> int:
-        return len(self._buffer)
-
-    def _count_dropped(self, count: int) -> None:
-        # `+=` is a read and a write: two threads dropping at once could lose a count.
-        with self._drop_lock:
-            self.dropped += count
 
     # ---------------------------------------------------------------- owner side
 

@@ -71,7 +71,7 @@ def test_open_accept_data_credit_and_fin_flow_both_ways() -> None:
 def test_a_peer_that_ignores_the_window_gets_its_tunnel_reset() -> None:
     net, member, caller = setup(seed=1)
     mine, theirs = open_accepted(net, member, caller, window=10)
-    end = caller.core._tunnels[mine]
+    end = caller.core.tunnels.ends[mine]
     end.send_credit = 1000  # a caller that lies to itself about its credit
     caller.core.tunnel_send(mine, DATA, 0, b"x" * 11)
     flush(net, caller)

@@ -85,7 +85,7 @@ def test_nodes_find_each_other_by_mdns_alone(keys: irismesh.Keyring) -> None:
 
 def test_survey_realm_comes_from_the_mesh_key(keys: irismesh.Keyring) -> None:
     """survey=True tags questions with the mesh key: a node of another mesh is not a candidate."""
-    from irismesh.node import _survey_config
+    from irismesh.discovery.survey import survey_config as _survey_config
 
     ours = _survey_config(True, keys)
     theirs = _survey_config(True, irismesh.Keyring.generate())

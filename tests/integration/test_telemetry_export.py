@@ -1,4 +1,4 @@
-"""Telemetry exported over the mesh and collected into one spool directory (issue 6, point 2).
+"""Telemetry exported over the mesh and collected into one spool directory.
 
 Nodes run with telemetry on 127.0.0.1; `attach_exporter` hooks each one's exporter to its
 recorder, and a loop here calls `export` as the node's telemetry loop does (once node.py calls

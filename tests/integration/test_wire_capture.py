@@ -5,8 +5,8 @@ and a member (the client is seeded with the proxy), by a capture of every packet
 only: it also sees the member's dial-back link, which no proxy sits on), and by a socket joined
 to the survey's multicast group. Each confidentiality test has a control that runs the same
 exchange with `sealing=False` and finds the payload, so a capture that saw nothing cannot pass.
-Topics do not exist yet (publish/subscribe is a later issue); cluster names are what a request
-names, and they never travel at all: members prove them with keyed offer tags.
+Cluster names are what a request names, and they never travel at all: members prove them with
+keyed offer tags.
 """
 
 from __future__ import annotations

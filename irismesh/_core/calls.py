@@ -1,0 +1,411 @@
+"""Calls: requests, broadcasts and surveys, from the caller's side and from the member's.
+
+Theory of operation
+-------------------
+Caller. A node sends its requests on the links it dialled. `request` picks one live member of
+the cluster (`balancer.choose`, avoiding a suspect one where it can) and keeps the request in
+`PendingRequests` until its reply, its failure or its deadline; `fanout` sends a BROADCAST or
+SURVEY to every member, one pending request per member, each *pinned* to it. Their preludes are
+one (`members_for`): closed, payload too large, too many in flight, no member (NoKey without
+a key for the cluster, else NoResponders).
+
+A pending request moves to another member in three cases, all through `_send_to` (the same
+request id each time, so the member's reply cache can spot a duplicate): its link went down
+(`link_down`: resend to another member, or park it until one appears or the deadline passes;
+a pinned one fails with MemberLost), its link is vouched for by other peers but silent here
+(`migrate`: alive is not the same as useful), or no reply came within its hedge delay (`_hedge`:
+a copy goes to a second member, within a token-bucket budget, and the first reply wins).
+Replies are acknowledged on the next request or ping to that member (`OutLink.acks`) so it may
+forget them.
+
+Member. A request arrives on a link a peer dialled, in a scope slot that names the cluster
+(`on_request`). The member remembers each request id with its reply (`ReplyCache`): a resend of
+a request that already ran gets the remembered reply, and a resend of one still running waits
+for it; the reply goes out on the link the latest copy came on (`reply`). Acknowledged replies
+are forgotten, but only those answered on the very link the acknowledgement came on.
+
+Hot paths: `_send_request`, `on_reply`, `on_request` and `reply` run once per message; their
+encoding and staging are inlined, and what they call is bound once.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+from random import Random
+
+from irismesh._core import balancer
+from irismesh._core.config import CoreConfig
+from irismesh._core.events import ReplyArrived, RequestArrived, RequestFailed, Token
+from irismesh._core.frames import (
+    ACKS,
+    MAX_ACKS,
+    REQUEST_FIELDS,
+    STATUS_ERROR,
+    STATUS_OK,
+    Kind,
+    decode_reply,
+    decode_request,
+    encode_reply,
+    pack_error,
+)
+from irismesh._core.links import InLink, LinkObserver, OutLink
+from irismesh._core.outbox import Outbox
+from irismesh._core.pending import PendingRequest, PendingRequests
+from irismesh._core.replycache import ReplyCache
+from irismesh._core.sealing import LinkSecurity
+from irismesh.errors import (
+    Closed,
+    MemberLost,
+    NoKey,
+    NoResponders,
+    Overloaded,
+    PayloadTooLarge,
+    ProtocolError,
+    RequestTimeout,
+)
+
+_REQUEST, _REPLY = int(Kind.REQUEST), int(Kind.REPLY)
+_pack_request = REQUEST_FIELDS.pack
+
+
+def _release(request: PendingRequest) -> None:
+    """The request is over: its links carry one request fewer."""
+    if request.link is not None:
+        request.link.outstanding -= 1
+    if request.hedged is not None:
+        request.hedged.outstanding -= 1
+
+
+class Calls(LinkObserver):
+    """The node's calls in flight (as caller) and the replies it remembers (as member)."""
+
+    def __init__(
+        self,
+        *,
+        config: CoreConfig,
+        security: LinkSecurity,
+        rng: Random,
+        stats: Counter[str],
+        outbox: Outbox,
+        inbound: dict[bytes, InLink],
+        members: dict[str, list[OutLink]],
+        find_members: Callable[[str], list[OutLink]],
+    ) -> None:
+        self.config = config
+        self.closed = False
+        self.pending = PendingRequests()
+        self.replies = ReplyCache(config.reply_cache_entries, config.reply_cache_bytes)
+        self._security = security
+        self._rng = rng
+        self._stats = stats
+        self._outbox = outbox
+        self._stage_in = outbox.stage_in
+        self._inbound = inbound  # the engine's table of links peers dialled
+        self._members = members  # the engine's cache: cluster -> UP links serving it
+        self._find_members = find_members  # fills that cache (NoKey without a key)
+        self._max_payload = config.max_payload
+        self._max_pending = config.max_pending
+        self._next_req = 1
+        self._hedge_tokens = config.hedge_burst
+        self._hedge_refilled = 0.0
+
+    # ----------------------------------------------------------------- caller
+
+    def members_for(self, cluster: str, size: int, adding: int) -> list[OutLink]:
+        """The live members a call into `cluster` may go to, or the reason it may not:
+        Closed, PayloadTooLarge (`size` bytes), Overloaded (`adding` more requests in flight
+        would pass max_pending), NoKey, NoResponders; checked in that order."""
+        if self.closed:
+            raise Closed("node is closed")
+        if size > self._max_payload:
+            raise PayloadTooLarge(size, self._max_payload)
+        pending = len(self.pending.by_id)
+        if pending + adding > self._max_pending:
+            raise Overloaded(pending, self._max_pending)
+        members = self._members.get(cluster)
+        if members is None:
+            members = self._find_members(cluster)
+        if not members:
+            if not self._security.has_key(cluster):
+                raise NoKey(cluster)
+            raise NoResponders(cluster)
+        return members
+
+    def request(
+        self, cluster: str, payload: bytes, timeout: float, now: float, hedge: float | None = None
+    ) -> int:
+        """Send a request to one member of `cluster`; returns its id for the events.
+
+        With `hedge`, a copy goes to a second member if no reply came within `hedge` seconds,
+        and the first reply wins (for idempotent requests: both may run).
+        """
+        members = self._members.get(cluster)
+        if (  # the hot path asks members_for only when it cannot go ahead at once
+            not members
+            or self.closed
+            or len(payload) > self._max_payload
+            or len(self.pending.by_id) >= self._max_pending
+        ):
+            members = self.members_for(cluster, len(payload), 1)
+        link = balancer.choose(members, self._rng)
+        if link.suspect:  # silent lately: another member if there is one that is not
+            heard = [m for m in members if not m.suspect]
+            if heard:
+                link = balancer.choose(heard, self._rng)
+        req_id = self._next_req
+        self._next_req += 1
+        request = PendingRequest(req_id, cluster, payload, now + timeout, timeout, now, link)
+        self.pending.add(request)
+        if hedge is not None and hedge < timeout and len(members) > 1:
+            request.hedge_at = now + hedge
+            self.pending.add_hedge(request)
+            self._hedge_tokens = min(
+                self.config.hedge_burst, self._hedge_tokens + self.config.hedge_ratio
+            )
+        self._send_request(link, req_id, cluster, payload, timeout)
+        return req_id
+
+    def fanout(
+        self, kind: int, cluster: str, payload: bytes, timeout: float, now: float
+    ) -> list[tuple[int, bytes]]:
+        """Send a BROADCAST or SURVEY to every live member: [(req id, member id), ...]."""
+        members = self.members_for(cluster, len(payload), 0)
+        if len(self.pending.by_id) + len(members) > self._max_pending:
+            raise Overloaded(len(self.pending.by_id), self._max_pending)
+        sent = []
+        for link in members:
+            req_id = self._next_req
+            self._next_req += 1
+            request = PendingRequest(
+                req_id, cluster, payload, now + timeout, timeout, now, link, kind=kind, pinned=True
+            )
+            self.pending.add(request)
+            self._send_request(link, req_id, cluster, payload, timeout, kind)
+            sent.append((req_id, link.peer_id))
+        return sent
+
+    def request_link(self, req_id: int) -> int:
+        """The link a pending request was sent on (0: none now)."""
+        request = self.pending.get(req_id)
+        return request.link.link_id if request is not None and request.link is not None else 0
+
+    def cancel(self, req_id: int) -> None:
+        """Forget a request whose caller gave up; a late reply is then dropped and counted."""
+        request = self.pending.pop(req_id)
+        if request is not None:
+            _release(request)
+
+    def _send_request(
+        self,
+        link: OutLink,
+        req_id: int,
+        cluster: str,
+        payload: bytes,
+        timeout: float,
+        kind: int = _REQUEST,
+    ) -> None:
+        # The hot path: encode_header and encode_request inlined (measured).
+        link.outstanding += 1
+        slot = link.clusters[cluster]
+        timeout_ms = int(timeout * 1000) + 1
+        if timeout_ms > 0xFFFFFFFF:
+            timeout_ms = 0xFFFFFFFF
+        acks = link.acks
+        if acks:
+            acks, link.acks = acks[:MAX_ACKS], acks[MAX_ACKS:]
+            n = len(acks)
+            body = _pack_request(req_id, timeout_ms, n) + ACKS[n].pack(*acks) + payload
+        else:
+            body = _pack_request(req_id, timeout_ms, 0) + payload
+        outbox = self._outbox
+        if outbox.batching:  # Outbox.stage_out's staging, inlined: the hot path
+            if not link.staged:
+                outbox.staged_out.append(link)
+            link.staged.append((slot, kind, body))
+            return
+        outbox.stage_out(link, slot, kind, body)
+
+    def _send_to(
+        self, request: PendingRequest, link: OutLink, now: float, counter: str, *, hedge: bool
+    ) -> None:
+        """Send a pending request again, to member `link`: as a hedge (a second copy in
+        flight) or as its new attempt. Every resend, migration and hedge goes this way."""
+        if hedge:
+            request.hedged = link
+        else:
+            request.link = link
+            request.attempts += 1
+            request.sent_at = now
+        self._stats[counter] += 1
+        remaining = request.deadline - now
+        self._send_request(
+            link, request.req_id, request.cluster, request.payload, remaining, request.kind
+        )
+
+    def _resend(self, request: PendingRequest, now: float, failed: OutLink | None) -> None:
+        """Its link is gone: another member, or parked until one comes or the deadline."""
+        members = self._find_members(request.cluster)
+        if request.deadline <= now or not members:
+            request.link = None  # parked: a new member or the deadline decides
+            return
+        link = balancer.choose(members, self._rng, avoid=failed)
+        self._send_to(request, link, now, "requests_resent", hedge=False)
+
+    def migrate(self, link: OutLink, now: float) -> None:
+        """Requests waiting on a link that others vouch for but we cannot hear (TCP in
+        retransmission backoff, say) go to other members: alive is not the same as useful."""
+        for request in self.pending:
+            if request.link is not link or request.pinned:
+                continue
+            if request.hedged is not None:  # the hedge's copy carries on alone
+                request.link, request.hedged = request.hedged, None
+                link.outstanding -= 1
+                continue
+            members = self._find_members(request.cluster)
+            others = [m for m in members if m is not link and not m.suspect]
+            if not others or request.deadline <= now:
+                continue  # it stays: this member may yet answer
+            link.outstanding -= 1
+            target = balancer.choose(others, self._rng)
+            self._send_to(request, target, now, "requests_migrated", hedge=False)
+
+    def _hedge(self, request: PendingRequest, now: float) -> None:
+        """No reply within the hedge delay: a copy to a second member, if the budget allows."""
+        members = [m for m in self._find_members(request.cluster) if m is not request.link]
+        if not members:
+            return
+        cfg = self.config
+        self._hedge_tokens = min(
+            cfg.hedge_burst, self._hedge_tokens + (now - self._hedge_refilled) * cfg.hedge_rate
+        )
+        self._hedge_refilled = now
+        if self._hedge_tokens < 1.0:  # hedging must not double the load of a slow cluster
+            self._stats["hedges_over_budget"] += 1
+            return
+        self._hedge_tokens -= 1.0
+        link = balancer.choose(members, self._rng)
+        self._send_to(request, link, now, "requests_hedged", hedge=True)
+
+    def on_reply(self, link: OutLink, body: bytes, now: float) -> None:
+        req_id, status, payload = decode_reply(body)
+        link.acks.append(req_id)  # received: the member may forget it
+        pending = self.pending
+        request = pending.get(req_id)
+        if request is None or (request.link is not link and request.hedged is not link):
+            self._stats["replies_late"] += 1  # timed out, cancelled, or answered elsewhere
+            return
+        pending.pop(req_id)
+        _release(request)
+        balancer.observe(
+            link, now - (request.sent_at if request.link is link else request.hedge_at)
+        )
+        link.last_sample = now
+        self._outbox.events.append(ReplyArrived(req_id, status, payload, link.peer_id))
+
+    def link_up(self, link: OutLink, now: float) -> None:
+        """A member appeared: parked requests go out again."""
+        for request in self.pending:
+            if request.link is None:
+                self._resend(request, now, None)
+
+    def link_down(self, link: OutLink, reason: str, now: float) -> None:
+        """Requests in flight on a lost member: the hedge's copy carries on, a pinned one
+        fails with MemberLost, the others are resent (or parked)."""
+        link.outstanding = 0
+        for request in self.pending:
+            if request.hedged is link:
+                request.hedged = None
+            if request.link is not link:
+                continue
+            if request.hedged is not None:  # the hedge's copy carries on alone
+                request.link, request.hedged = request.hedged, None
+            elif request.pinned:  # meant for this member alone
+                self.pending.pop(request.req_id)
+                error = MemberLost(request.cluster, link.peer_id.hex())
+                self._outbox.events.append(RequestFailed(req_id=request.req_id, error=error))
+            else:
+                self._resend(request, now, link)
+
+    def tick(self, now: float) -> None:
+        """Hedges due, deadlines passed, replies remembered too long."""
+        for request in self.pending.pop_hedges(now):
+            self._hedge(request, now)
+        events = self._outbox.events
+        for request in self.pending.pop_expired(now):
+            _release(request)
+            self._stats["requests_timed_out"] += 1
+            error = RequestTimeout(request.cluster, request.timeout, request.attempts)
+            events.append(RequestFailed(req_id=request.req_id, error=error))
+        self.replies.expire(now)
+
+    def close(self) -> None:
+        """The node closes: every pending request fails with Closed."""
+        self.closed = True
+        events = self._outbox.events
+        for request in self.pending:
+            self.pending.pop(request.req_id)
+            events.append(RequestFailed(req_id=request.req_id, error=Closed("node closed")))
+
+    # ----------------------------------------------------------------- member
+
+    def on_request(self, link: InLink, slot: int, body: bytes, now: float, kind: int) -> None:
+        if slot == 0 or slot >= len(link.scopes) or link.scopes[slot] is None:
+            raise ProtocolError("bad_scope", str(slot))
+        req_id, timeout_ms, acks, payload = decode_request(body)
+        if acks:
+            self.forget_replies(link, acks)
+        if len(payload) > self._max_payload:
+            raise ProtocolError("oversize", f"payload of {len(payload)} bytes")
+        key = (link.peer_id, req_id)
+        cached = self.replies.get(key)
+        if cached is not None:
+            self._stats["requests_duplicate"] += 1
+            cached.routing_id = link.routing_id  # the resend's link is the one to answer on
+            cached.slot = slot
+            if cached.status >= 0:
+                self._send_reply(link, slot, req_id, cached.status, cached.payload)
+            return
+        self.replies.start(key, now + timeout_ms / 1000 + 1.0, link.routing_id, slot)
+        cluster = link.scopes[slot]
+        assert cluster is not None
+        self._outbox.events.append(
+            RequestArrived((link.peer_id, req_id, link.routing_id, slot), cluster, payload, kind)
+        )
+
+    def reply(self, token: Token, payload: bytes, *, error: bool = False) -> None:
+        """Answer the request `token` (from RequestArrived); errors carry pack_error bytes."""
+        status = STATUS_ERROR if error else STATUS_OK
+        if not error and len(payload) > self._max_payload:
+            status = STATUS_ERROR
+            payload = pack_error(
+                "PayloadTooLarge",
+                f"reply of {len(payload)} bytes exceeds the limit of {self._max_payload}",
+            )
+        peer_id, req_id, routing_id, slot = token
+        entry = self.replies.finish((peer_id, req_id), status, payload)
+        if entry is not None:  # a resend may have come on another link since
+            routing_id, slot = entry.routing_id, entry.slot
+        link = self._inbound.get(routing_id)
+        if link is None:  # the caller is gone; a resend gets the cached reply
+            self._stats["replies_unroutable"] += 1
+            return
+        self._send_reply(link, slot, req_id, status, payload)
+
+    def reply_error(self, token: Token, exc: BaseException) -> None:
+        self.reply(token, pack_error(type(exc).__name__, str(exc)), error=True)
+
+    def _send_reply(
+        self, link: InLink, slot: int, req_id: int, status: int, payload: bytes
+    ) -> None:
+        # In the request's scope, under its keys.
+        self._stage_in(link, slot, _REPLY, encode_reply(req_id, status, payload))
+
+    def forget_replies(self, link: InLink, acks: Iterable[int]) -> None:
+        """The caller has these replies: forget them (acks ride on its requests and pings)."""
+        # Only replies answered on this very link: its node id is merely claimed, and a PING
+        # needs no cluster key, but a reply bound to this link came from a request that did.
+        discard = self.replies.discard
+        peer_id, routing_id = link.peer_id, link.routing_id
+        for req_id in acks:
+            discard((peer_id, req_id), routing_id)

@@ -1,0 +1,161 @@
+"""The handshake: HELLO, WELCOME, REFUSE, and the scope slots a link's offers open.
+
+Theory of operation
+-------------------
+The dialler sends HELLO (its id, a fresh nonce, its endpoint, its key-agreement public key);
+the listener answers WELCOME (the same of its own, and one *offer tag* per key of each cluster
+it serves, then one per topic scope it holds a key for) or REFUSE (closing). A tag is a MAC
+under the cluster's key over both nonces (`LinkSecurity.offers`). Both ends then agree the link
+key; the link's own control frames (slot 0) are sealed under it.
+
+The dialler learns that a peer serves cluster X only by computing X's tag itself
+(`LinkSecurity.match`), which needs X's name and key: a node without the key learns nothing,
+and old tags are useless on a new link. The n-th offer becomes scope slot n of the link;
+requests and their replies name the slot, never the cluster, and are sealed under keys derived
+from the cluster key, so only holders of the key can read, forge or answer them. The dialler
+resolves a slot the first time it needs one (`cluster_slot`, `topic_slot`) and remembers it on
+the link, 0 when the peer offers none.
+
+This module builds and checks the handshake frames and fills in the link's keys and sealers;
+the engine decides what a handshake means for the link table (a node dialling itself, a
+second endpoint of a peer already linked) and who hears of it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from irismesh._core.frames import MAX_OFFERS, NONCE_SIZE, BodyCodec, Kind, encode_header
+from irismesh._core.links import InLink, LinkState, OutLink
+from irismesh._core.outbox import Outbox
+from irismesh._core.sealing import LinkSecurity
+from irismesh.errors import NoKey, ProtocolError
+
+_MAX_TOPIC_SCOPES = 4096  # topic scopes whose slots a link remembers at once
+
+
+class Handshake:
+    """Builds and checks handshake frames for one node."""
+
+    def __init__(
+        self,
+        *,
+        node_id: bytes,
+        endpoint: str,
+        clusters: tuple[str, ...],
+        security: LinkSecurity,
+        randbytes: Callable[[int], bytes],
+        codec: BodyCodec,
+        stats: Counter[str],
+        outbox: Outbox,
+    ) -> None:
+        self._node_id = node_id
+        self._endpoint = endpoint
+        self._clusters = clusters
+        self._security = security
+        self._randbytes = randbytes  # handshake nonces: must be unpredictable
+        self._codec = codec
+        self._stats = stats
+        self._outbox = outbox
+
+    # ----------------------------------------------------------------- dialler
+
+    def hello(self, link_id: int, endpoint: str, now: float) -> OutLink:
+        """A new dialled link to `endpoint`, its HELLO queued."""
+        nonce = self._randbytes(NONCE_SIZE)
+        link = OutLink(link_id, endpoint, nonce, opened=now, last_heard=now)
+        link.keys = keys = self._security.begin()
+        body = self._codec.pack([self._node_id, nonce, self._endpoint, {"kx": keys.public}])
+        self._outbox.out_frames.append((link_id, encode_header(Kind.HELLO, 0, 0) + body))
+        return link
+
+    def welcome(self, link: OutLink, env: list[Any]) -> None:
+        """The listener's WELCOME: agree the link key and take its offers; the link is UP."""
+        peer_id, peer_nonce, tags = env[0], env[1], env[3]
+        peer_public = env[4].get("kx")
+        keys = link.keys
+        if type(peer_public) is not bytes or keys is None:
+            raise ProtocolError("bad_handshake", "no key agreement")
+        keys.establish(peer_public, peer_nonce, link.nonce)
+        link.peer_id = peer_id
+        link.peer_nonce = peer_nonce
+        link.offers = {tag: slot for slot, tag in enumerate(tags, start=1)}
+        link.send_sealers[0] = keys.sealer(None, True)
+        link.recv_sealers[0] = keys.sealer(None, False)
+        link.state = LinkState.UP
+
+    def cluster_slot(self, link: OutLink, cluster: str) -> int:
+        """The slot of `link` serving `cluster` (0: the peer does not); NoKey without a key."""
+        slot = link.clusters.get(cluster)
+        if slot is None:
+            if not self._security.has_key(cluster):
+                raise NoKey(cluster)
+            found = self._security.match(cluster, link.peer_nonce, link.nonce, link.offers)
+            slot = self._open_slot(link, found, replies=True)
+            link.clusters[cluster] = slot
+        return slot
+
+    def topic_slot(self, link: OutLink, scope: str) -> int:
+        """The slot of `link` whose key seals topics of `scope` (0: the peer offers none)."""
+        found = self._security.match_topic(scope, link.peer_nonce, link.nonce, link.offers)
+        slot = self._open_slot(link, found, replies=False)
+        if len(link.topic_slots) >= _MAX_TOPIC_SCOPES:
+            link.topic_slots.clear()
+        link.topic_slots[scope] = slot
+        return slot
+
+    @staticmethod
+    def _open_slot(link: OutLink, found: tuple[int, object] | None, *, replies: bool) -> int:
+        """Sealers for a matched offer (`replies`: also to open what comes back in it)."""
+        if found is None or link.keys is None:
+            return 0
+        slot, handle = found
+        link.send_sealers[slot] = link.keys.sealer(handle, True)
+        if replies:
+            link.recv_sealers[slot] = link.keys.sealer(handle, False)
+        return slot
+
+    # ----------------------------------------------------------------- listener
+
+    def accept(self, routing_id: bytes, env: list[Any], now: float) -> InLink:
+        """A peer's HELLO: the new link with its scope slots, its WELCOME queued."""
+        peer_id, peer_nonce, peer_endpoint = env[0], env[1], env[2]
+        peer_public = env[3].get("kx")
+        if type(peer_public) is not bytes:
+            raise ProtocolError("bad_handshake", "no key agreement")
+        security = self._security
+        nonce = self._randbytes(NONCE_SIZE)
+        keys = security.begin()
+        keys.establish(peer_public, nonce, peer_nonce)
+        scopes: list[str | None] = [None]
+        handles: list[object | None] = [None]
+        tags: list[bytes] = []
+        for cluster in self._clusters:
+            for tag, handle in security.offers(cluster, nonce, peer_nonce):
+                scopes.append(cluster)
+                handles.append(handle)
+                tags.append(tag)
+        topic_slots: dict[int, str] = {}
+        for tag, handle, topic_scope in security.topic_offers(nonce, peer_nonce):
+            if len(tags) >= MAX_OFFERS:  # a huge keyring: the remaining topic scopes go unread
+                self._stats["topic_offers_dropped"] += 1
+                break
+            topic_slots[len(scopes)] = topic_scope
+            scopes.append(None)  # no cluster: requests in this slot are refused
+            handles.append(handle)
+            tags.append(tag)
+        link = InLink(routing_id, peer_id, peer_endpoint, nonce, peer_nonce, now, scopes)
+        link.topic_slots = topic_slots
+        for slot, handle in enumerate(handles):
+            link.send_sealers[slot] = keys.sealer(handle, False)
+            link.recv_sealers[slot] = keys.sealer(handle, True)
+        body = self._codec.pack([self._node_id, nonce, self._endpoint, tags, {"kx": keys.public}])
+        self._outbox.in_frames.append((routing_id, encode_header(Kind.WELCOME, 0, 0) + body))
+        return link
+
+    def refuse(self, routing_id: bytes, reason: str) -> None:
+        """Answer a HELLO with REFUSE (this node is closing)."""
+        frame = encode_header(Kind.REFUSE, 0, 0) + self._codec.pack([reason])
+        self._outbox.in_frames.append((routing_id, frame))

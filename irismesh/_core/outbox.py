@@ -1,0 +1,180 @@
+"""What the core hands its driver: events, and frames sealed per link.
+
+Theory of operation
+-------------------
+Every concern of the core appends its events to `Outbox.events` and its frames here; the
+driver takes them (it swaps each list for a fresh one, so nothing may keep a reference to
+`events`, `out_frames` or `in_frames`: always go through the outbox).
+
+A frame is a header (kind, scope slot, the link's next sequence number) and a body sealed under
+the link's sealer for that slot (`frame`). Control frames (slot 0) are msgpack envelopes sealed
+at once (`send_out`, `send_in`).
+
+Calls, replies and tunnel data are staged rather than sealed at once when `batching` is on (the
+driver turns it on): each link collects `(slot, kind, body)` entries in `link.staged` and is
+listed once in `staged_out` / `staged_in`; `seal_staged`, called by the driver once per flush,
+seals one frame per link and slot, a BATCH of several entries where there are several
+(`seal_batches`). A batch stays below `batch_limit` (96 KiB, below the sizes malloc serves by
+mmap, and below the peer's frame limit). With batching off (the tests), everything is sealed
+into `out_frames` / `in_frames` at once.
+
+Publishes are staged separately, straight into the link's BATCH body for one slot
+(`OutLink.pub_parts`, written by the publish hot path in `pubsub`), and the link is listed in
+`published`; `seal_published` closes such a body into one frame. The staging lists are never
+replaced, only cleared, so the hot paths of other concerns may hold them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from irismesh._core.events import Event
+from irismesh._core.frames import (
+    HEADER,
+    MAGIC,
+    MAX_BATCH,
+    VERSION,
+    BodyCodec,
+    Kind,
+    encode_batch,
+)
+from irismesh._core.links import InLink, LinkState, OutLink
+
+_BATCH = int(Kind.BATCH)
+_BATCH_BYTES = 96 << 10
+_pack_header = HEADER.pack
+
+
+class Outbox:
+    """The core's output: events, frames, and what is staged to be sealed into frames."""
+
+    def __init__(
+        self,
+        *,
+        codec: BodyCodec,
+        stats: Counter[str],
+        inbound: dict[bytes, InLink],
+        max_payload: int,
+    ) -> None:
+        self.events: list[Event] = []
+        # Frames to send: (link_id, frame) on dialled links, (routing_id, frame) on the others.
+        self.out_frames: list[tuple[int, bytes]] = []
+        self.in_frames: list[tuple[bytes, bytes]] = []
+        # Off: every call and reply is sealed into out_frames/in_frames at once. On (the
+        # driver): they are staged per link and sealed by seal_staged(), several to a frame.
+        self.batching = False
+        self.staged_out: list[OutLink] = []
+        self.staged_in: list[InLink] = []
+        self.published: list[OutLink] = []  # links with publishes in OutLink.pub_parts
+        self.batch_limit = min(max_payload, _BATCH_BYTES)
+        self._codec = codec
+        self._stats = stats
+        self._inbound = inbound  # the engine's table: a link forgotten meanwhile gets nothing
+
+    # ----------------------------------------------------------------- staging
+
+    def stage_out(self, link: OutLink, slot: int, kind: int, body: bytes) -> None:
+        """A call or tunnel frame for a dialled link: staged, or sealed now."""
+        if self.batching:
+            if not link.staged:
+                self.staged_out.append(link)
+            link.staged.append((slot, kind, body))
+            return
+        self.out_frames.append((link.link_id, self.frame(link, slot, kind, body)))
+
+    def stage_in(self, link: InLink, slot: int, kind: int, body: bytes) -> None:
+        """A reply or tunnel frame for a link a peer dialled: staged, or sealed now."""
+        if self.batching:
+            if not link.staged:
+                self.staged_in.append(link)
+            link.staged.append((slot, kind, body))
+            return
+        self.in_frames.append((link.routing_id, self.frame(link, slot, kind, body)))
+
+    def send_out(self, link: OutLink, kind: int, env: list[Any]) -> None:
+        """A control frame (slot 0) on a dialled link, sealed now."""
+        self.out_frames.append((link.link_id, self.frame(link, 0, kind, self._codec.pack(env))))
+
+    def send_in(self, link: InLink, kind: int, env: list[Any]) -> None:
+        """A control frame (slot 0) on a link a peer dialled, sealed now."""
+        self.in_frames.append((link.routing_id, self.frame(link, 0, kind, self._codec.pack(env))))
+
+    # ----------------------------------------------------------------- sealing
+
+    def seal_staged(self) -> None:
+        """Seal what `batching` staged: one frame per link and scope (BATCH if several)."""
+        published = self.published
+        if published:
+            for link in published:
+                self.seal_published(link)
+            published.clear()
+        staged_out = self.staged_out
+        if staged_out:
+            out_frames = self.out_frames
+            for link in staged_out:
+                staged, link.staged = link.staged, []
+                if link.state is LinkState.UP:
+                    for frame in self.seal_batches(link, staged):
+                        out_frames.append((link.link_id, frame))
+            staged_out.clear()
+        staged_in = self.staged_in
+        if staged_in:
+            in_frames, inbound = self.in_frames, self._inbound
+            for inlink in staged_in:
+                staged, inlink.staged = inlink.staged, []
+                if inbound.get(inlink.routing_id) is inlink:
+                    for frame in self.seal_batches(inlink, staged):
+                        in_frames.append((inlink.routing_id, frame))
+            staged_in.clear()
+
+    def seal_published(self, link: OutLink) -> None:
+        """Seal the publishes staged for `link` as one BATCH frame."""
+        parts = link.pub_parts
+        if not parts:
+            return
+        body = b"".join(parts)
+        count = len(parts) >> 1
+        parts.clear()
+        link.pub_size = 0
+        if link.state is not LinkState.UP:
+            return
+        if count > 1:
+            self._stats["batches_sent"] += 1
+        self.out_frames.append((link.link_id, self.frame(link, link.pub_slot, _BATCH, body)))
+
+    def seal_batches(
+        self, link: OutLink | InLink, staged: list[tuple[int, int, bytes]]
+    ) -> list[bytes]:
+        """The frames for `staged` entries: one per slot, a BATCH where several fit together."""
+        by_slot: dict[int, list[tuple[int, bytes]]] = {}
+        for slot, kind, body in staged:
+            by_slot.setdefault(slot, []).append((kind, body))
+        frames = []
+        # A batch fits the peer's frame limit (like any one body) and stays below the sizes
+        # malloc serves by mmap (one batch frame per 64 KiB tunnel chunk or so, not a MiB).
+        limit = self.batch_limit
+        for slot, entries in by_slot.items():
+            start, count = 0, len(entries)
+            while start < count:
+                end, size = start + 1, len(entries[start][1])
+                while end < count and end - start < MAX_BATCH:
+                    size += len(entries[end][1]) + 5
+                    if size > limit:
+                        break
+                    end += 1
+                if end - start == 1:
+                    kind, body = entries[start]
+                else:
+                    kind, body = _BATCH, encode_batch(entries[start:end])
+                    self._stats["batches_sent"] += 1
+                start = end
+                frames.append(self.frame(link, slot, kind, body))
+        return frames
+
+    def frame(self, link: OutLink | InLink, slot: int, kind: int, body: bytes) -> bytes:
+        """The link's next frame: header (its next seq) and `body` sealed in `slot`."""
+        link.send_seq += 1
+        seq = link.send_seq
+        header = _pack_header(MAGIC, VERSION, kind, 0, slot, seq)
+        return header + link.send_sealers[slot].seal(header, seq, body)

@@ -1,0 +1,339 @@
+"""Publish/subscribe in the core: interest, publishing, credit, topic scopes.
+
+Theory of operation
+-------------------
+Interest flows against the messages. A node tells every peer that dialled it (its inbound
+links) which patterns it subscribes to (SUBSCRIBE / UNSUBSCRIBE), the first of them with a
+window of credit (`inbound_up`); the peer keeps each pattern against its dialled link to the
+node (`_on_interest`, into a `TopicTrie`) and forgets them when that link goes down. So a
+publisher sends on its dialled links, to the peers whose interest matches the topic.
+
+Flow control is per link, in messages: each PUBLISH uses one credit; the subscriber grants
+them back as the application releases messages, a quarter window at a time (`release`, CREDIT).
+A publish that finds an interested peer without credit sends nothing and returns -1
+(`publish_blocked`); a CreditArrived event says when to try again. A message that arrives over
+its credit, out of order or on the wrong key is dropped and counted, never delivered.
+
+Topic scopes. A message is sealed once, under the key of its topic's first segment (else the
+default key "*"), in the link slot whose offer matched that key (`Handshake.topic_slot`). The
+receiver accepts a topic only in the slot of the key it expects for it: its own key for a
+scope it has one for, so a holder of the default key cannot inject there.
+
+Hot paths: `publish` writes straight into the link's BATCH body (`OutLink.pub_parts`, sealed
+by the outbox), and `on_publish_batch` walks a BATCH with the entry checks inlined, making one
+MessagesArrived event per frame.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from irismesh._core.config import CoreConfig
+from irismesh._core.events import CreditArrived, InterestChanged, MessagesArrived
+from irismesh._core.frames import (
+    BATCH_ENTRY,
+    MAX_BATCH,
+    MAX_PATTERNS_PER_FRAME,
+    PUBLISH_ENTRY,
+    PUBLISH_FIELDS,
+    Kind,
+)
+from irismesh._core.handshake import Handshake
+from irismesh._core.links import InLink, LinkObserver, OutLink
+from irismesh._core.outbox import Outbox
+from irismesh._core.sealing import LinkSecurity
+from irismesh._core.topics import TopicTrie, parse_pattern_from_peer, parse_topic_from_peer
+from irismesh.errors import Closed, NoKey, PayloadTooLarge, ProtocolError
+
+_SUBSCRIBE, _UNSUBSCRIBE = int(Kind.SUBSCRIBE), int(Kind.UNSUBSCRIBE)
+_CREDIT, _PUBLISH = int(Kind.CREDIT), int(Kind.PUBLISH)
+_MAX_CREDIT = 1 << 30
+_MAX_TOPIC_SCOPES = 4096  # topics whose checks a node remembers at once
+_MAX_PARTS = 2 * MAX_BATCH  # a staged publish is two parts: its entry's header and its body
+_pack_publish = PUBLISH_FIELDS.pack
+_PUBLISH_SIZE = PUBLISH_FIELDS.size
+_pack_entry = BATCH_ENTRY.pack
+_ENTRY_SIZE = BATCH_ENTRY.size
+_pack_publish_entry = PUBLISH_ENTRY.pack
+_unpack_publish_entry = PUBLISH_ENTRY.unpack_from
+_PUBLISH_ENTRY_SIZE = PUBLISH_ENTRY.size
+
+
+class PubSubCore(LinkObserver):
+    """This node's subscriptions, its peers' interest, and the messages between them."""
+
+    def __init__(
+        self,
+        *,
+        config: CoreConfig,
+        security: LinkSecurity,
+        stats: Counter[str],
+        outbox: Outbox,
+        handshake: Handshake,
+        inbound: dict[bytes, InLink],
+    ) -> None:
+        self.config = config
+        self.closed = False
+        self.blocked = False  # a publish found a peer without credit: tell when it has
+        self._security = security
+        self._stats = stats
+        self._outbox = outbox
+        self._topic_slot = handshake.topic_slot
+        self._inbound = inbound  # the engine's table of links peers dialled
+        self._max_payload = config.max_payload
+        # The peers' interest (pattern -> their dialled links) and this node's own.
+        self._interest: TopicTrie[OutLink] = TopicTrie()
+        self._subscribed: Counter[str] = Counter()
+        # Topics checked: as heard -> (topic, scope, whether its key is our own), and as
+        # published -> (UTF-8, scope).
+        self._topics_heard: dict[bytes, tuple[str, str, bool]] = {}
+        self._topics_out: dict[str, tuple[bytes, str]] = {}
+
+    # ----------------------------------------------------------------- own subscriptions
+
+    def subscribe(self, pattern: str) -> None:
+        """One more local subscription to a (validated) pattern; peers hear of a new one."""
+        self._subscribed[pattern] += 1
+        if self._subscribed[pattern] == 1:
+            for inlink in self._inbound.values():
+                self._outbox.send_in(inlink, _SUBSCRIBE, [0, [pattern.encode()]])
+
+    def unsubscribe(self, pattern: str) -> None:
+        """One local subscription fewer; peers hear when a pattern has none left."""
+        count = self._subscribed.get(pattern, 0)
+        if count > 1:
+            self._subscribed[pattern] = count - 1
+        elif count == 1:
+            del self._subscribed[pattern]
+            for inlink in self._inbound.values():
+                self._outbox.send_in(inlink, _UNSUBSCRIBE, [[pattern.encode()]])
+
+    def inbound_up(self, link: InLink, now: float) -> None:
+        """A new link from a peer: grant it a window and tell it every pattern we want."""
+        link.credit_out = self.config.pubsub_window
+        patterns = [p.encode() for p in self._subscribed]
+        chunks = [
+            patterns[i : i + MAX_PATTERNS_PER_FRAME]
+            for i in range(0, len(patterns), MAX_PATTERNS_PER_FRAME)
+        ] or [[]]
+        self._outbox.send_in(link, _SUBSCRIBE, [link.credit_out, chunks[0]])
+        for chunk in chunks[1:]:
+            self._outbox.send_in(link, _SUBSCRIBE, [0, chunk])
+
+    def release(self, routing_id: bytes, count: int = 1) -> bool:
+        """The application is done with `count` messages from a peer: grant them back.
+
+        Grants go out a quarter window at a time; returns True when one was queued.
+        """
+        link = self._inbound.get(routing_id)
+        if link is None:
+            return False
+        link.to_grant += count
+        if link.to_grant < self.config.pubsub_window // 4:
+            return False
+        grant, link.to_grant = link.to_grant, 0
+        link.credit_out += grant
+        self._outbox.send_in(link, _CREDIT, [grant])
+        return True
+
+    # ----------------------------------------------------------------- the peers' interest
+
+    def subscribers(self, topic: str) -> list[bytes]:
+        """Node ids of the peers interested in a (validated) topic."""
+        return [link.peer_id for link in self._interest.match(topic)]
+
+    def blocked_subscribers(self, topic: str) -> list[bytes]:
+        """Node ids of the peers interested in a topic that grant no credit now."""
+        return [link.peer_id for link in self._interest.match(topic) if link.credit <= 0]
+
+    def on_interest(self, link: OutLink, patterns: list[bytes], add: bool, grant: int = 0) -> None:
+        """SUBSCRIBE (`add`, with a `grant` of credit) or UNSUBSCRIBE from the peer at the
+        other end of `link`."""
+        link.credit = min(link.credit + grant, _MAX_CREDIT)
+        for raw in patterns:
+            try:
+                pattern = parse_pattern_from_peer(raw)
+            except ProtocolError as exc:
+                self._stats["dropped_" + exc.reason] += 1
+                continue
+            if add:
+                if pattern in link.interest:
+                    continue
+                if len(link.interest) >= self.config.max_interest:
+                    self._stats["dropped_interest_overflow"] += 1
+                    continue
+                link.interest.add(pattern)
+                self._interest.add(pattern, link)
+            elif pattern in link.interest:
+                link.interest.discard(pattern)
+                self._interest.remove(pattern, link)
+        self._outbox.events.append(InterestChanged())
+        self._unblock_publishers()
+
+    def on_credit(self, link: OutLink, grant: int) -> None:
+        """CREDIT from a subscriber: `grant` more messages may go to it."""
+        link.credit = min(link.credit + grant, _MAX_CREDIT)
+        self._unblock_publishers()
+
+    def link_down(self, link: OutLink, reason: str, now: float) -> None:
+        """A peer's link is gone, and with it the interest it carried."""
+        if link.interest:
+            for pattern in link.interest:
+                self._interest.remove(pattern, link)
+            link.interest.clear()
+            self._outbox.events.append(InterestChanged())
+            self._unblock_publishers()
+
+    def _unblock_publishers(self) -> None:
+        if self.blocked:
+            self.blocked = False
+            self._outbox.events.append(CreditArrived())
+
+    # ----------------------------------------------------------------- publishing
+
+    def publish(self, topic: str, payload: bytes) -> int:
+        """Send a message on a (validated) topic to every peer interested in it.
+
+        Returns how many peers it went to, or -1 without sending anything when one of them has
+        granted no credit (`blocked` is set; a CreditArrived event says when to retry).
+        The payload is sealed once, under the topic scope's key (the topic's first segment,
+        else the default key); raises NoKey without one.
+        """
+        if self.closed:
+            raise Closed("node is closed")
+        if len(payload) > self._max_payload:
+            raise PayloadTooLarge(len(payload), self._max_payload)
+        known = self._topics_out.get(topic)
+        if known is None:
+            known = self._topic_out(topic)
+        targets = self._interest.match_cached(topic)
+        if not targets:
+            return 0
+        encoded, scope = known
+        for link in targets:
+            slot = link.topic_slots.get(scope)
+            if slot is None:
+                slot = self._topic_slot(link, scope)
+            if slot and link.credit <= 0:
+                self.blocked = True
+                self._stats["publish_blocked"] += 1
+                return -1
+        tail = encoded + payload
+        size = len(encoded)
+        length = _PUBLISH_SIZE + len(tail)
+        outbox = self._outbox
+        batching = outbox.batching
+        sent = 0
+        for link in targets:
+            slot = link.topic_slots[scope]
+            if not slot:  # interested, but it holds no key we publish this scope under
+                self._stats["publish_unreadable"] += 1
+                continue
+            link.credit -= 1
+            seq = link.pub_seq = link.pub_seq + 1
+            if batching:
+                # Straight into the link's BATCH body for this slot: no entry list to walk
+                # and encode at flush time (the publish hot path).
+                parts = link.pub_parts
+                if parts:
+                    if (
+                        slot != link.pub_slot
+                        or link.pub_size + length > outbox.batch_limit
+                        or len(parts) >= _MAX_PARTS
+                    ):
+                        outbox.seal_published(link)  # the link stays listed in published
+                        link.pub_slot = slot
+                else:
+                    outbox.published.append(link)
+                    link.pub_slot = slot
+                parts.append(_pack_publish_entry(_PUBLISH, length, seq, size))
+                parts.append(tail)
+                link.pub_size += _ENTRY_SIZE + length
+            else:
+                outbox.stage_out(link, slot, _PUBLISH, _pack_publish(seq, size) + tail)
+            sent += 1
+        return sent
+
+    def _topic_out(self, topic: str) -> tuple[bytes, str]:
+        scope = topic.partition(".")[0]
+        if not self._security.has_key(scope):
+            raise NoKey(scope)
+        if len(self._topics_out) >= _MAX_TOPIC_SCOPES:
+            self._topics_out.clear()
+        known = self._topics_out[topic] = (topic.encode(), scope)
+        return known
+
+    # ----------------------------------------------------------------- receiving
+
+    def on_publish(self, link: InLink, body: bytes, slot_scope: str) -> None:
+        """One PUBLISH frame: a batch of one."""
+        self.on_publish_batch(link, _pack_entry(_PUBLISH, len(body)) + body, slot_scope)
+
+    def on_publish_batch(self, link: InLink, body: bytes, slot_scope: str) -> None:
+        """The PUBLISH entries of a BATCH: one MessagesArrived event for all of them.
+
+        The subscriber's hot path, so decode_batch's walk and each entry's checks are inlined.
+        A bad message is counted and dropped (the credit it used is the sender's again); a
+        broken envelope ends the walk, and the messages before it are still delivered.
+        """
+        messages: list[tuple[str, bytes]] = []
+        gaps: dict[int, int] | None = None
+        offset, size, count = 0, len(body), 0
+        heard, unpack, stats = self._topics_heard, _unpack_publish_entry, self._stats
+        try:
+            while offset < size:
+                if size - offset < _PUBLISH_ENTRY_SIZE or count >= MAX_BATCH:
+                    raise ProtocolError("bad_envelope", "BATCH")
+                kind, length, stream_seq, topic_size = unpack(body, offset)
+                start = offset + _PUBLISH_ENTRY_SIZE
+                topic_end = start + topic_size
+                offset += _ENTRY_SIZE + length
+                if kind != _PUBLISH or offset > size or topic_size == 0 or topic_end > offset:
+                    raise ProtocolError("bad_envelope", "PUBLISH entry")
+                count += 1
+                if link.credit_out <= 0:
+                    stats["dropped_over_credit"] += 1
+                    continue
+                link.credit_out -= 1
+                gap = stream_seq - link.pub_seq - 1
+                if gap:
+                    if gap < 0:
+                        stats["dropped_replay"] += 1
+                        self.release(link.routing_id)
+                        continue
+                    stats["publish_gaps"] += gap
+                    if gaps is None:
+                        gaps = {}
+                    at = len(messages)
+                    gaps[at] = gaps.get(at, 0) + gap
+                link.pub_seq = stream_seq
+                encoded = body[start:topic_end]
+                known = heard.get(encoded)
+                if known is None:
+                    try:
+                        known = self._topic_heard(encoded)
+                    except ProtocolError as exc:
+                        stats["dropped_" + exc.reason] += 1
+                        self.release(link.routing_id)
+                        continue
+                topic, scope, owned = known
+                # The slot's key must be the one this node expects for the topic: its own key
+                # for a scope it has one for (a holder of the default key cannot inject there).
+                if scope != slot_scope and (slot_scope != "*" or owned):
+                    stats["dropped_bad_scope"] += 1
+                    self.release(link.routing_id)
+                    continue
+                messages.append((topic, body[topic_end:offset]))
+        finally:
+            if messages:
+                self._outbox.events.append(
+                    MessagesArrived(link.routing_id, link.peer_id, messages, gaps)
+                )
+
+    def _topic_heard(self, encoded: bytes) -> tuple[str, str, bool]:
+        topic = parse_topic_from_peer(encoded)
+        scope = topic.partition(".")[0]
+        if len(self._topics_heard) >= _MAX_TOPIC_SCOPES:
+            self._topics_heard.clear()
+        known = self._topics_heard[encoded] = (topic, scope, self._security.owns(scope))
+        return known
