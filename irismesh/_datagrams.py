@@ -37,15 +37,7 @@ def join_address(host: str, port: int) -> str:
 class DatagramSocket:
     """A bound, non-blocking UDP socket feeding `on_datagram(source, data)`."""
 
-    def __init__(
-        self,
-        host: str,
-        port: int,
-        loop: asyncio.AbstractEventLoop,
-        on_datagram: Callable[[str, bytes], None],
-        on_batch: Callable[[], None],
-        stats: Counter[str],
-    ) -> None:
+    def __init__(self, host: str, port: int) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_DGRAM)
         sock.setblocking(False)
@@ -59,14 +51,27 @@ class DatagramSocket:
                 raise
             sock.bind((host, 0))  # the link's port number is taken for UDP here: any other
         self._sock = sock
+        self._addresses: dict[str, tuple[str, int]] = {}
+        self.address = join_address(host, sock.getsockname()[1])
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._on_datagram: Callable[[str, bytes], None] = lambda source, data: None
+        self._on_batch: Callable[[], None] = lambda: None
+        self._stats: Counter[str] = Counter()
+        self._closed = False
+
+    def start(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        on_datagram: Callable[[str, bytes], None],
+        on_batch: Callable[[], None],
+        stats: Counter[str],
+    ) -> None:
+        """Read from the loop: each datagram to `on_datagram`, then `on_batch()` once."""
         self._loop = loop
         self._on_datagram = on_datagram
         self._on_batch = on_batch
         self._stats = stats
-        self._addresses: dict[str, tuple[str, int]] = {}
-        self.address = join_address(host, sock.getsockname()[1])
-        self._closed = False
-        loop.add_reader(sock.fileno(), self.drain)
+        loop.add_reader(self._sock.fileno(), self.drain)
 
     def drain(self) -> None:
         """Read what is waiting (up to BATCH datagrams), then let the driver act once."""
@@ -85,7 +90,8 @@ class DatagramSocket:
             got += 1
             on_datagram(join_address(source[0], source[1]), data)
         else:
-            self._loop.call_soon(self.drain)  # more may wait: after others had a turn
+            if self._loop is not None:
+                self._loop.call_soon(self.drain)  # more may wait: after others had a turn
         if got:
             self._on_batch()
 
@@ -109,5 +115,6 @@ class DatagramSocket:
         if self._closed:
             return
         self._closed = True
-        self._loop.remove_reader(self._sock.fileno())
+        if self._loop is not None:
+            self._loop.remove_reader(self._sock.fileno())
         self._sock.close()

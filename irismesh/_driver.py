@@ -9,18 +9,19 @@ core's events and sends its frames once for the whole batch.
 A zmq FD is edge-triggered and also signals after *sends* change the socket's state, so a
 wake-up can be consumed by a send: after sending on a socket, and after a batch cut short, the
 driver checks `EVENTS` and drains again soon if input is waiting. That is the "no lost
-wake-up" rule. One timer (`call_at`) serves heartbeats and the earliest request deadline; before
-the core's tick, all sockets are drained so that frames that arrived during a stall of this
-loop count as heard, not as silence.
+wake-up" rule. One timer (`call_at`) fires when the core next has something to do (a probe,
+a deadline, a ping, housekeeping: `MeshCore.next_deadline`); before the core's tick, all sockets
+are drained so that what arrived during a stall of this loop counts as heard, not as silence.
 
-Sockets: one ROUTER bound at the node's endpoint (links peers dialled) and one DEALER per link
-this node dialled. Each DEALER has a zmq monitor: when its TCP connection drops (a peer killed
-by SIGKILL closes its sockets at once) the link fails within milliseconds instead of after the
-heartbeat timeout; a link cannot survive zmq's silent reconnect anyway (the peer would see a new
-connection with no handshake). Heartbeats remain for what TCP does not show: a stopped process,
-a silent network. Replies go out with ROUTER_MANDATORY so an unroutable reply is an error we
-count, not a silent drop. Send queues are unbounded in zmq; the core bounds them by its limits
-on requests in flight.
+Sockets: one ROUTER bound at the node's endpoint (links peers dialled), one DEALER per link
+this node dialled, and one UDP socket for membership (`_datagrams`). Each DEALER has a zmq
+monitor: when its TCP connection drops (a peer killed by SIGKILL closes its sockets at once)
+the link fails within milliseconds, and membership is asked to probe the peer; a link cannot
+survive zmq's silent reconnect anyway (the peer would see a new connection with no handshake).
+What TCP does not show (a stopped process, a silent network) membership's probes find.
+Replies go out with ROUTER_MANDATORY so an unroutable reply is an error we count, not a silent
+drop. Send queues are unbounded in zmq; the core bounds them by its limits on requests in
+flight.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import zmq
 
 from irismesh._core.engine import MeshCore
 from irismesh._core.events import CloseLink, Event, OpenLink
+from irismesh._datagrams import DatagramSocket
 from irismesh.errors import ConfigurationError
 
 BATCH = 256
@@ -90,6 +92,7 @@ class Driver:
         router: zmq.Socket[bytes],
         loop: asyncio.AbstractEventLoop,
         on_events: Callable[[list[Event]], None],
+        datagrams: DatagramSocket,
     ) -> None:
         self.core = core
         core.batching = True  # seal what one flush sends on a link together
@@ -110,6 +113,11 @@ class Driver:
         self.busy_poll = 0.0
         self.idle: Callable[[], bool] = lambda: True
         loop.add_reader(router.FD, self._drain_router)
+        self._datagrams = datagrams
+        receive = core.receive_datagram
+        datagrams.start(
+            loop, lambda source, data: receive(source, data, loop.time()), self.process, core.stats
+        )
 
     # ----------------------------------------------------------------- input
 
@@ -207,6 +215,7 @@ class Driver:
         self.process()
 
     def drain_all(self) -> None:
+        self._datagrams.drain()
         self._drain_router()
         for link_id in list(self._dealers):
             self._drain_dealer(link_id)
@@ -230,6 +239,10 @@ class Driver:
     def flush(self) -> None:
         core = self.core
         core.seal_staged()  # returns at once when nothing is staged
+        if core.membership.outbox:
+            send_datagram = self._datagrams.send
+            for address, datagram in core.take_datagrams():
+                send_datagram(address, datagram)
         recheck = self._recheck
         if core.out_frames:
             frames = core.out_frames
@@ -365,9 +378,7 @@ class Driver:
         now = self.loop.time()
         self.core.tick(now)
         self.process()
-        wake = now + self.core.config.heartbeat_interval / 2
-        deadline = self.core.next_deadline()
-        self.arm(min(wake, deadline) if deadline is not None else wake)
+        self.arm(max(self.core.next_deadline(now), now + 0.001))
 
     def start(self) -> None:
         self.arm(self.loop.time())
@@ -393,3 +404,4 @@ class Driver:
             sock.close(linger_ms)
         self._dealers.clear()
         self._router.close(linger_ms)
+        self._datagrams.close()

@@ -34,12 +34,15 @@ from irismesh._core.config import CoreConfig
 from irismesh._core.engine import MeshCore
 from irismesh._core.events import (
     Event,
+    LinksChanged,
     PeerDown,
     PeerUp,
     RequestArrived,
     Token,
 )
 from irismesh._core.frames import MAX_CLUSTERS, Kind
+from irismesh._core.records import MemberState
+from irismesh._datagrams import DatagramSocket
 from irismesh._driver import Driver, listen
 from irismesh.discovery.mdns import MdnsConfig, MdnsDiscovery, mdns_config
 from irismesh.discovery.survey import SurveyConfig, SurveyDiscovery, survey_config
@@ -90,13 +93,14 @@ class PeerInfo:
 
     node_id: str
     endpoint: str
-    rtt_ms: float
+    rtt_ms: float  # the link's ping, else membership's last probe (0: not measured yet)
     latency_ms: float
     outstanding: int
-    # "alive"; "suspect": silent lately, other peers are asked whether they hear it; and, from
-    # peers(departed=True), "dead" (silent, unreachable or disconnected) or "left" (said bye).
+    # "alive"; "suspect": a probe went unanswered, the mesh waits for it to refute; and, from
+    # peers(departed=True), "dead" (declared by membership) or "left" (said goodbye).
     state: str = "alive"
     load: int = 0  # replies the peer still holds for its callers, as it last reported
+    linked: bool = False  # this node has a link to it (the figures above are the link's)
 
 
 class Node:
@@ -181,6 +185,7 @@ class Node:
         self._listen(RequestArrived, self._on_request)
         self._listen(PeerUp, self._on_membership)
         self._listen(PeerDown, self._on_membership)
+        self._listen(LinksChanged, self._on_links)
         self._pubsub.listen(self._listen)
         self._tunnels.listen(self._listen)
         if self.telemetry is not None:
@@ -196,6 +201,13 @@ class Node:
         loop = asyncio.get_running_loop()
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         router, endpoint = listen(ctx, self._bind, self._config.max_frame)
+        host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
+        try:  # membership's datagrams: the same host, the same port number if it is free
+            datagrams = DatagramSocket(host.strip("[]"), int(port))
+        except OSError as exc:
+            router.close(0)
+            ctx.term()
+            raise ConfigurationError(f"cannot take datagrams on {host}: {exc}") from None
         self.endpoint = endpoint
         self._ctx = ctx
         self._loop = loop
@@ -207,10 +219,12 @@ class Node:
             rng=random.Random(os.urandom(16)),
             randbytes=os.urandom,
             config=self._config,
+            address=datagrams.address,
+            now=loop.time(),
         )
         self._membership_changed = asyncio.Event()
         self._tunnels.attach(core)
-        self._driver = driver = Driver(core, ctx, router, loop, self._on_events)
+        self._driver = driver = Driver(core, ctx, router, loop, self._on_events, datagrams)
         self._caller.attach(core, driver)
         self._pubsub.attach(core, driver.flush_soon)
         if self._busy_poll:
@@ -363,6 +377,7 @@ class Node:
         Returns the hex ids of the members whose broadcast handler ran within `timeout`
         (members that left or timed out are not listed). NoResponders if there is none.
         """
+        timeout = await self._linked(cluster, timeout)
         answers, _errors, _missing = await self._caller.fanout(
             Kind.BROADCAST, cluster, payload, timeout
         )
@@ -372,6 +387,7 @@ class Node:
         self, cluster: str, payload: bytes, *, timeout: float | None = None
     ) -> SurveyResult:
         """Ask every live member of `cluster`; return as soon as all answered, or at `timeout`."""
+        timeout = await self._linked(cluster, timeout)
         answers, errors, missing = await self._caller.fanout(Kind.SURVEY, cluster, payload, timeout)
         return SurveyResult(answers=answers, errors=errors, missing=sorted(missing))
 
@@ -446,7 +462,8 @@ class Node:
 
         async def opener() -> Tunnel:
             self._caller.running()
-            return await self._tunnels.open(cluster, timeout, window, max_message)
+            remaining = await self._linked(cluster, timeout, every=False)
+            return await self._tunnels.open(cluster, remaining, window, max_message)
 
         return TunnelOpening(opener)
 
@@ -464,6 +481,8 @@ class Node:
         assert changed is not None
         deadline = driver.loop.time() + timeout
         while True:
+            core.want(cluster, driver.loop.time())  # link to its members, if not yet
+            driver.flush_soon()
             found = len(core.members(cluster))
             if found >= count:
                 return found
@@ -474,28 +493,55 @@ class Node:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), remaining)
 
+    async def connect(self, cluster: str, *, timeout: float = 5.0) -> list[str]:
+        """Link to every live member of `cluster` membership knows, waiting at most `timeout`
+        for the links; returns the hex ids of the members linked. Calls open their links on
+        demand anyway: this only spares the first calls the wait."""
+        await self._linked(cluster, 2 * timeout)
+        return self.members(cluster)
+
     def members(self, cluster: str) -> list[str]:
-        """Hex node ids of the live members of `cluster` this node knows of."""
-        core, _ = self._caller.running()
+        """Hex node ids of the live members of `cluster` this node is linked to (asking opens
+        links to the others, which `wait_for_members` waits for)."""
+        core, driver = self._caller.running()
+        core.want(cluster, driver.loop.time())
+        driver.flush_soon()
         return [link.peer_id.hex() for link in core.members(cluster)]
 
     def peers(self, *, departed: bool = False) -> list[PeerInfo]:
-        """Live peers (state "alive" or "suspect"); with `departed`, also the peers that died
-        or left lately (state "dead" or "left", the most recent 256, until they return)."""
+        """Every node of the mesh that membership holds alive (state "alive" or "suspect"),
+        with its link's figures where this node has a link to it; with `departed`, also the
+        nodes that died or left lately (state "dead" or "left", the most recent 256)."""
         core, _ = self._caller.running()
         gone = list(self._departed.values()) if departed else []
-        return gone + [
-            PeerInfo(
-                node_id=link.peer_id.hex(),
-                endpoint=link.endpoint,
-                rtt_ms=link.rtt * 1000,
-                latency_ms=link.latency * 1000,
-                outstanding=link.outstanding,
-                state="suspect" if link.suspect else "alive",
-                load=link.peer_load,
-            )
-            for link in core.peers()
-        ]
+        live = []
+        for member, link in core.known():
+            if member.state > MemberState.SUSPECT:
+                continue
+            state = "suspect" if member.state is MemberState.SUSPECT else "alive"
+            if link is None:
+                rtt = core.membership.rtt(member.record.node_id) or 0.0
+                info = PeerInfo(
+                    node_id=member.record.node_id.hex(),
+                    endpoint=member.record.endpoint,
+                    rtt_ms=rtt * 1000,
+                    latency_ms=0.0,
+                    outstanding=0,
+                    state=state,
+                )
+            else:
+                info = PeerInfo(
+                    node_id=link.peer_id.hex(),
+                    endpoint=link.endpoint,
+                    rtt_ms=(link.rtt or core.membership.rtt(link.peer_id) or 0.0) * 1000,
+                    latency_ms=link.latency * 1000,
+                    outstanding=link.outstanding,
+                    state=state,
+                    load=link.peer_load,
+                    linked=True,
+                )
+            live.append(info)
+        return gone + live
 
     @property
     def stats(self) -> Mapping[str, int]:
@@ -568,6 +614,35 @@ class Node:
         if self._membership_changed is not None:
             self._membership_changed.set()
 
+    def _on_links(self, event: LinksChanged) -> None:
+        if self._membership_changed is not None:
+            self._membership_changed.set()
+
+    async def _linked(self, cluster: str, timeout: float | None, *, every: bool = True) -> float:
+        """Wait until this node is linked to every member of `cluster` membership knows (or,
+        not `every`, to one), within half of `timeout`; returns what is left of `timeout`."""
+        core, driver = self._caller.running()
+        timeout = self._default_timeout if timeout is None else timeout
+        if not timeout > 0:
+            raise ConfigurationError(f"timeout must be positive, got {timeout!r}")
+        loop = driver.loop
+        start = loop.time()
+        changed = self._membership_changed
+        assert changed is not None
+        while True:
+            known = core.want(cluster, loop.time())
+            linked = len(core.members(cluster))
+            if linked >= (known if every else min(known, 1)):
+                break
+            driver.flush_soon()
+            remaining = start + timeout / 2 - loop.time()
+            if remaining <= 0:
+                break
+            changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), remaining)
+        return timeout - (loop.time() - start)
+
     def _gauges(self) -> dict[str, float]:
         core = self._core
         if core is None:
@@ -575,7 +650,8 @@ class Node:
         return {
             "requests_in_flight": core.pending_count,
             "handlers_running": self._runner.running,
-            "peers": len(core.peers()),
+            "peers": len(core.membership),
+            "links": len(core.peers()),
             "reply_cache_entries": len(core.reply_cache),
         }
 

@@ -33,9 +33,11 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from irismesh._core.gossip import DatagramSealer
 from irismesh._core.sealing import NULL_SEALER, Sealer
 from irismesh.errors import ProtocolError
 from irismesh.security.keyring import MESH_SCOPE, Keyring, ScopeKey
+from irismesh.security.meshkey import KeyedMembershipSecurity, datagram_sealer
 
 _OFFER_DOMAIN = b"irismesh/v1/offer\x00"
 _LINK_DOMAIN = b"irismesh/v1/link\x00"
@@ -119,14 +121,18 @@ class X25519LinkKeys:
         return sealer
 
 
-class KeyedLinkSecurity:
-    """Link security from a keyring; `sealing=False` keeps tags but seals nothing."""
+class KeyedLinkSecurity(KeyedMembershipSecurity):
+    """A node's security from a keyring: its links' and its membership's (`meshkey`);
+    `sealing=False` keeps tags and proofs but seals nothing."""
 
-    __slots__ = ("_keyring", "_sealing")
+    __slots__ = ("_sealing",)
 
     def __init__(self, keyring: Keyring, *, sealing: bool = True) -> None:
-        self._keyring = keyring
+        super().__init__(keyring)
         self._sealing = sealing
+
+    def datagram_sealer(self, node_id: bytes) -> DatagramSealer:
+        return datagram_sealer(self._keyring, node_id, sealing=self._sealing)
 
     def begin(self) -> X25519LinkKeys:
         return X25519LinkKeys(self._sealing)

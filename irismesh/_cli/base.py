@@ -278,8 +278,9 @@ async def wait_for_cluster(node: irismesh.Node, args: argparse.Namespace, cluste
 async def settle(node: irismesh.Node, wait: float) -> list[irismesh.PeerInfo]:
     """The peers once the mesh seen from here stops changing, or when `wait` seconds are up.
 
-    Settled means: some peers, each heard back from (a measured RTT), and none new for
-    SETTLED_FOR seconds. Peers share their peer lists, so one seed soon gives the whole mesh.
+    Settled means: some peers, each heard back from (a measured round trip: membership
+    probes every member in turn), and none new for SETTLED_FOR seconds. Membership spreads
+    every node's record to every other, so one seed soon gives the whole mesh.
     """
     deadline = time.monotonic() + wait
     known: set[str] = set()

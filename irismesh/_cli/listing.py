@@ -32,6 +32,7 @@ from irismesh._cli.base import (
     stdout_console,
     where,
 )
+from irismesh.security.keyring import MESH_SCOPE
 
 GATHER_WAIT = 2.0
 
@@ -106,7 +107,7 @@ def add_cluster_option(parser: MeshArgumentParser) -> None:
 
 def cluster_names(keys: irismesh.Keyring, extra: Iterable[str]) -> list[str]:
     """The clusters this node can recognise: keyring scopes but '*', then --cluster names."""
-    names = [scope for scope in keys.scopes if scope != "*"]
+    names = [scope for scope in keys.scopes if scope not in ("*", MESH_SCOPE)]
     for name in extra:
         keys.require(name)  # raises NoKey: without a key the cluster is invisible
         names.append(name)
@@ -236,7 +237,10 @@ async def run_peers(args: argparse.Namespace) -> int:
     keys = load_keyring(args.keys)
     names = cluster_names(keys, [])
     async with make_node(args, keys) as node:
-        peers = await settle(node, args.wait)
+        await settle(node, args.wait)
+        for name in names:  # which peer serves what: its offer tags, on a link
+            await node.connect(name, timeout=args.wait)
+        peers = node.peers()
         served = served_by(view_clusters(node, names, peers))
         peers = node.peers(departed=True)  # and those seen to go while gathering
     if not peers and args.seed:
@@ -259,7 +263,10 @@ async def run_clusters(args: argparse.Namespace) -> int:
             USAGE_ERROR,
         )
     async with make_node(args, keys) as node:
-        peers = await settle(node, args.wait)
+        await settle(node, args.wait)
+        for name in names:  # link to each cluster's members, to measure them
+            await node.connect(name, timeout=args.wait)
+        peers = node.peers()
         views = view_clusters(node, names, peers)
     if not peers and args.seed:
         raise nobody_answered(args)

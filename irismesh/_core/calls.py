@@ -91,6 +91,7 @@ class Calls(LinkObserver):
         inbound: dict[bytes, InLink],
         members: dict[str, list[OutLink]],
         find_members: Callable[[str], list[OutLink]],
+        want: Callable[[str, float], int],
     ) -> None:
         self.config = config
         self.closed = False
@@ -104,6 +105,7 @@ class Calls(LinkObserver):
         self._inbound = inbound  # the engine's table of links peers dialled
         self._members = members  # the engine's cache: cluster -> UP links serving it
         self._find_members = find_members  # fills that cache (NoKey without a key)
+        self._want = want  # links to the cluster's members; how many membership knows
         self._max_payload = config.max_payload
         self._max_pending = config.max_pending
         self._next_req = 1
@@ -112,10 +114,11 @@ class Calls(LinkObserver):
 
     # ----------------------------------------------------------------- caller
 
-    def members_for(self, cluster: str, size: int, adding: int) -> list[OutLink]:
-        """The live members a call into `cluster` may go to, or the reason it may not:
+    def members_for(self, cluster: str, size: int, adding: int, now: float) -> list[OutLink]:
+        """The linked members a call into `cluster` may go to, or the reason it may not:
         Closed, PayloadTooLarge (`size` bytes), Overloaded (`adding` more requests in flight
-        would pass max_pending), NoKey, NoResponders; checked in that order."""
+        would pass max_pending), NoKey, NoResponders; checked in that order. Empty when
+        membership knows members but no link to one is up yet (they are being dialled)."""
         if self.closed:
             raise Closed("node is closed")
         if size > self._max_payload:
@@ -129,7 +132,8 @@ class Calls(LinkObserver):
         if not members:
             if not self._security.has_key(cluster):
                 raise NoKey(cluster)
-            raise NoResponders(cluster)
+            if not self._want(cluster, now):
+                raise NoResponders(cluster)
         return members
 
     def request(
@@ -147,7 +151,9 @@ class Calls(LinkObserver):
             or len(payload) > self._max_payload
             or len(self.pending.by_id) >= self._max_pending
         ):
-            members = self.members_for(cluster, len(payload), 1)
+            members = self.members_for(cluster, len(payload), 1, now)
+            if not members:  # its members' links are opening: it waits for one
+                return self._park(cluster, payload, timeout, now)
         link = balancer.choose(members, self._rng)
         if link.suspect:  # silent lately: another member if there is one that is not
             heard = [m for m in members if not m.suspect]
@@ -170,7 +176,9 @@ class Calls(LinkObserver):
         self, kind: int, cluster: str, payload: bytes, timeout: float, now: float
     ) -> list[tuple[int, bytes]]:
         """Send a BROADCAST or SURVEY to every live member: [(req id, member id), ...]."""
-        members = self.members_for(cluster, len(payload), 0)
+        members = self.members_for(cluster, len(payload), 0, now)
+        if not members:
+            raise NoResponders(cluster)
         if len(self.pending.by_id) + len(members) > self._max_pending:
             raise Overloaded(len(self.pending.by_id), self._max_pending)
         sent = []
@@ -243,14 +251,27 @@ class Calls(LinkObserver):
             link, request.req_id, request.cluster, request.payload, remaining, request.kind
         )
 
+    def _park(self, cluster: str, payload: bytes, timeout: float, now: float) -> int:
+        """A request that waits for a member's link to come up (`link_up`) or its deadline."""
+        req_id = self._next_req
+        self._next_req += 1
+        request = PendingRequest(req_id, cluster, payload, now + timeout, timeout, now, None)
+        request.attempts = 0  # not sent yet
+        self.pending.add(request)
+        self._stats["requests_parked"] += 1
+        return req_id
+
     def _resend(self, request: PendingRequest, now: float, failed: OutLink | None) -> None:
         """Its link is gone: another member, or parked until one comes or the deadline."""
         members = self._find_members(request.cluster)
         if request.deadline <= now or not members:
             request.link = None  # parked: a new member or the deadline decides
+            if request.deadline > now:
+                self._want(request.cluster, now)  # other members, not linked yet
             return
         link = balancer.choose(members, self._rng, avoid=failed)
-        self._send_to(request, link, now, "requests_resent", hedge=False)
+        counter = "requests_resent" if request.attempts else "requests_unparked"
+        self._send_to(request, link, now, counter, hedge=False)
 
     def migrate(self, link: OutLink, now: float) -> None:
         """Requests waiting on a link that others vouch for but we cannot hear (TCP in

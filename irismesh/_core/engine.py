@@ -1,30 +1,41 @@
-"""The sans-I/O node: frames in, events and frames out.
+"""The sans-I/O node: frames and datagrams in, events, frames and datagrams out.
 
 Theory of operation
 -------------------
-A node listens on one endpoint and dials every peer it learns of (seeds, discovery, the peer
-lists its peers send, the endpoint in a peer's HELLO), so two nodes that know each other hold
-two links, one dialled by each (see `links`). A node sends its requests on the links it
-dialled and serves requests on the links dialled to it.
+Who is in the mesh is `membership`'s to say: SWIM over datagrams, each node probing one other
+per period, so the cost per node stays flat however large the mesh grows. Each member's record
+says where it listens and, through tags only holders of the right key can read, which clusters
+it serves and which topic scopes it reads; the `directory` keeps those answers for the clusters
+and scopes this node uses.
+
+Links carry the traffic, and only where there is traffic: `MeshCore` dials a member when this
+node calls a cluster it serves (`want`), publishes in a scope it reads, or joins the mesh
+through it (seeds, discovery), and closes a link nothing has needed for `idle_link_after`,
+least recently needed first when it reaches `max_links`. A node sends its requests on the
+links it dialled and serves requests on the links dialled to it. Membership's verdicts act on
+the links: a member declared dead or gone has its links closed, and its requests in flight are
+resent to other members within their deadlines.
 
 `MeshCore` keeps the link table and walks each link through its lifecycle (`links`): it dials,
-runs the handshake (`handshake`), closes, redials with backoff and forgets. Everything else is
-a concern of its own, told of the link table through one interface, `LinkObserver` (link up,
-link down with its reason, inbound link up, inbound link gone), in this order:
+runs the handshake (`handshake`, which also proves the mesh key and exchanges membership
+records), closes and forgets. Everything else is a concern of its own, told of the link table
+through one interface, `LinkObserver` (link up, link down with its reason, inbound link up,
+inbound link gone), in this order:
 
-- `liveness`: heartbeats, suspicion, indirect probes, loop stalls, peer-list gossip;
+- `liveness`: heartbeats of busy links, and what their silence means;
 - `pubsub`: interest, publishing, credit;
 - `tunnels`: tunnel ends and their ops;
 - `calls`: requests as caller (resends, hedges, deadlines) and as member (the reply cache).
 
 `outbox` holds what the core hands its driver: events, and frames sealed per link (staged and
-batched while the driver flushes).
+batched while the driver flushes); `take_datagrams` hands it membership's datagrams.
 
-Every frame from a peer is checked (header, sequence, seal, envelope shape) before it changes
-any state; a bad frame is dropped and counted under its reason in `stats`, never raised.
-The driver calls `receive_*`, `tick`, `request`, `reply`, ..., then takes `events`,
-`out_frames` and `in_frames`. The public methods of this class are the core's whole API; the
-hot ones (`request`, `reply`, `publish`) may also be called on the concern directly.
+Every frame or datagram from a peer is checked (header, sequence, seal, envelope shape) before
+it changes any state; a bad one is dropped and counted under its reason in `stats`, never
+raised. The driver calls `receive_*`, `tick`, `request`, `reply`, ..., then takes `events`,
+`out_frames`, `in_frames` and `take_datagrams()`. The public methods of this class are the
+core's whole API; the hot ones (`request`, `reply`, `publish`) may also be called on the
+concern directly.
 """
 
 from __future__ import annotations
@@ -36,7 +47,17 @@ from typing import Any
 
 from irismesh._core.calls import Calls
 from irismesh._core.config import CoreConfig
-from irismesh._core.events import CloseLink, Event, OpenLink, PeerDown, PeerUp, Token
+from irismesh._core.directory import Directory
+from irismesh._core.events import (
+    CloseLink,
+    Event,
+    LinksChanged,
+    OpenLink,
+    PeerDown,
+    PeerSuspect,
+    PeerUp,
+    Token,
+)
 from irismesh._core.frames import (
     HEADER_SIZE,
     MAX_CLUSTERS,
@@ -47,11 +68,19 @@ from irismesh._core.frames import (
 )
 from irismesh._core.handshake import Handshake
 from irismesh._core.links import DialRecord, InLink, LinkObserver, LinkState, OutLink
-from irismesh._core.liveness import Liveness
+from irismesh._core.liveness import LinkWatch
+from irismesh._core.membership import Membership
 from irismesh._core.outbox import Outbox
 from irismesh._core.pubsub import PubSubCore
+from irismesh._core.records import (
+    Member,
+    MemberDown,
+    MemberRecord,
+    MemberSuspect,
+    MemberUp,
+)
 from irismesh._core.replycache import ReplyCache
-from irismesh._core.sealing import LinkSecurity
+from irismesh._core.sealing import NodeSecurity
 from irismesh._core.tunnels import TunnelTable
 from irismesh.errors import ConfigurationError, ProtocolError
 
@@ -59,12 +88,17 @@ _PING, _PONG, _REQUEST, _REPLY = int(Kind.PING), int(Kind.PONG), int(Kind.REQUES
 _BROADCAST, _SURVEY, _BATCH = int(Kind.BROADCAST), int(Kind.SURVEY), int(Kind.BATCH)
 _SUBSCRIBE, _UNSUBSCRIBE = int(Kind.SUBSCRIBE), int(Kind.UNSUBSCRIBE)
 _CREDIT, _PUBLISH, _TUNNEL = int(Kind.CREDIT), int(Kind.PUBLISH), int(Kind.TUNNEL)
-_PROBE, _PROBE_ACK = int(Kind.PROBE), int(Kind.PROBE_ACK)
-_PEERS, _BYE = int(Kind.PEERS), int(Kind.BYE)
+_BYE = int(Kind.BYE)
 _CALL_KINDS = frozenset((_REQUEST, _BROADCAST, _SURVEY, _TUNNEL))
 _REPLY_KINDS = frozenset((_REPLY, _TUNNEL))
 _MAX_INBOUND = 4096  # links peers dialled to this node at once
 _MAX_DIAL_RECORDS = 4096  # endpoints remembered (seeds always are)
+_HOUSEKEEPING = 0.5  # idle links, wanted clusters and redials are looked at this often
+
+
+def address_of(endpoint: str) -> str:
+    """The datagram address a node at `endpoint` takes by default: same host, same port."""
+    return endpoint.removeprefix("tcp://")
 
 
 class MeshCore:
@@ -76,13 +110,16 @@ class MeshCore:
         node_id: bytes,
         endpoint: str,
         clusters: Iterable[str],
-        security: LinkSecurity,
+        security: NodeSecurity,
         rng: Random,
         randbytes: Callable[[int], bytes],
         config: CoreConfig | None = None,
+        address: str | None = None,
+        now: float = 0.0,
     ) -> None:
         self.node_id = node_id
         self.endpoint = endpoint
+        self.address = address or address_of(endpoint)
         self.clusters = tuple(dict.fromkeys(clusters))
         if len(self.clusters) > MAX_CLUSTERS:
             raise ConfigurationError(
@@ -90,10 +127,12 @@ class MeshCore:
             )
         self.config = config = config or CoreConfig()
         self.stats: Counter[str] = Counter()
+        self._security = security
         self._rng = rng  # balancing, jitter and gossip: need not be unpredictable
         self._codec = codec = BodyCodec(config.max_payload)
         self._max_frame = config.max_frame
         self._closed = False
+        self._now = now  # the latest time the driver gave (or the start)
         # The link table. Concerns get these very dicts to read; only the engine changes them.
         self._out: dict[int, OutLink] = {}
         self._in: dict[bytes, InLink] = {}
@@ -103,8 +142,23 @@ class MeshCore:
         self._dials: dict[str, DialRecord] = {}
         self._dials[endpoint] = DialRecord(endpoint, seed=False, next_at=float("inf"))
         self._next_link = 1
-        # The concerns.
+        # What this node uses: cluster or topic scope -> when it last needed links for it.
+        self._wanted_clusters: dict[str, float] = {}
+        self._wanted_scopes: dict[str, float] = {}
+        self._next_housekeeping = now
+        self._tick_due = now  # when the last tick asked for the next one
+        # Membership, and what its records say this node can reach.
         stats = self.stats
+        record = MemberRecord(node_id, endpoint, self.address, self._tags(()))
+        self.membership = membership = Membership(
+            record,
+            sealer=security.datagram_sealer(node_id),
+            rng=rng,
+            config=config.membership,
+            stats=stats,
+        )
+        self.directory = Directory(security)
+        # The concerns.
         self.outbox = outbox = Outbox(
             codec=codec, stats=stats, inbound=self._in, max_payload=config.max_payload
         )
@@ -117,6 +171,7 @@ class MeshCore:
             codec=codec,
             stats=stats,
             outbox=outbox,
+            record=lambda: (membership.incarnation, self.address, membership.me.tags),
         )
         self.calls = calls = Calls(
             config=config,
@@ -127,6 +182,7 @@ class MeshCore:
             inbound=self._in,
             members=self._members,
             find_members=self.members,
+            want=self.want,
         )
         self.pubsub = pubsub = PubSubCore(
             config=config,
@@ -135,24 +191,22 @@ class MeshCore:
             outbox=outbox,
             handshake=self._handshake,
             inbound=self._in,
+            peers=self._peers,
+            readers=self._readers,
+            interest_changed=self._interest_changed,
         )
         self.tunnels = tunnels = TunnelTable(
             config=config, rng=rng, stats=stats, outbox=outbox, members_for=calls.members_for
         )
-        self._liveness = liveness = Liveness(
-            node_id=node_id,
+        self._watch = watch = LinkWatch(
             config=config,
-            rng=rng,
             stats=stats,
             outbox=outbox,
             out=self._out,
-            inbound=self._in,
-            peers=self._peers,
-            in_by_peer=self._in_by_peer,
-            add_candidate=self.add_candidate,
             migrate=calls.migrate,
+            probe_soon=membership.probe_soon,
         )
-        self._observers: tuple[LinkObserver, ...] = (liveness, pubsub, tunnels, calls)
+        self._observers: tuple[LinkObserver, ...] = (watch, pubsub, tunnels, calls)
         # Frame dispatch, bound once: these run once per message.
         self._on_reply = calls.on_reply
         self._on_request = calls.on_request
@@ -204,10 +258,14 @@ class MeshCore:
     def pending_count(self) -> int:
         return len(self.calls.pending)
 
-    def next_deadline(self) -> float | None:
-        return self.calls.pending.next_deadline()
+    def next_deadline(self, now: float) -> float:
+        """When `tick` must next run: a deadline, a probe, a ping, or housekeeping."""
+        due = min(self.membership.next_deadline(), self._watch.next_deadline(now))
+        pending = self.calls.pending.next_deadline()
+        return due if pending is None else min(due, pending)
 
     def peers(self) -> list[OutLink]:
+        """The UP links this node dialled, one per peer."""
         return list(self._peers.values())
 
     def links(self) -> list[OutLink]:
@@ -216,10 +274,18 @@ class MeshCore:
     def inbound(self) -> list[InLink]:
         return list(self._in.values())
 
+    def known(self) -> list[tuple[Member, OutLink | None]]:
+        """Every member membership knows (any state), with this node's link to it if any."""
+        peers = self._peers
+        return [(m, peers.get(m.record.node_id)) for m in self.membership.members()]
+
     def members(self, cluster: str) -> list[OutLink]:
-        """UP links to members of `cluster`; raises NoKey without a key for it."""
+        """UP links to members of `cluster` (linking to those membership knows and this node
+        is not linked to yet); raises NoKey without a key for it."""
         members = self._members.get(cluster)
         if members is None:
+            if self._security.has_key(cluster):
+                self.want(cluster, self._now)
             slot = self._handshake.cluster_slot
             members = [link for link in self._peers.values() if slot(link, cluster)]
             self._members[cluster] = members
@@ -277,7 +343,7 @@ class MeshCore:
         return self.pubsub.release(routing_id, count)
 
     def open_tunnel(self, cluster: str, window: int) -> int:
-        return self.tunnels.open(cluster, window)
+        return self.tunnels.open(cluster, window, self._now)
 
     def tunnel_accept(self, handle: int, window: int) -> None:
         self.tunnels.accept(handle, window)
@@ -298,11 +364,115 @@ class MeshCore:
     def tunnel_count(self) -> int:
         return len(self.tunnels.ends)
 
+    # ----------------------------------------------------------------- membership
+
+    def receive_datagram(self, source: str, datagram: bytes, now: float) -> None:
+        """A membership datagram arrived from `source` (host:port)."""
+        self._now = now
+        self.membership.receive(source, datagram, now)
+        if self.membership.events:
+            self._after_membership(now)
+
+    def take_datagrams(self) -> list[tuple[str, bytes]]:
+        """Membership's datagrams to send: (address, datagram) each."""
+        datagrams = self.membership.outbox
+        if datagrams:
+            self.membership.outbox = []
+        return datagrams
+
+    def want(self, cluster: str, now: float) -> int:
+        """This node calls `cluster`: link to its members (dialling those not linked yet);
+        how many live members membership knows it has."""
+        self._wanted_clusters[cluster] = now
+        return len(self._link_to(self.directory.servers(cluster), now))
+
+    def _readers(self, scope: str) -> dict[bytes, MemberRecord]:
+        """Live members that read topic `scope`: this node publishes there, so it links to
+        each of them (dialling those not linked yet)."""
+        self._wanted_scopes[scope] = self._now
+        return self._link_to(self.directory.readers(scope), self._now)
+
+    def _link_to(self, records: dict[bytes, MemberRecord], now: float) -> dict[bytes, MemberRecord]:
+        peers = self._peers
+        for node_id, record in records.items():
+            if node_id not in peers:
+                self._dial_member(record, now)
+        return records
+
+    def _interest_changed(self) -> None:
+        """This node's subscriptions now reach other topic scopes: a new record says so."""
+        tags = self._tags(self.pubsub.subscribed)
+        if tags != self.membership.me.tags:
+            self.membership.update(self._now, tags=tags)
+
+    def _tags(self, patterns: Iterable[str]) -> bytes:
+        scopes = {pattern.partition(".")[0] for pattern in patterns}
+        every = bool(scopes & {"*", "#"})
+        tags = self._security.member_tags(self.node_id, self.clusters)
+        if scopes:
+            tags += self._security.interest_tags(self.node_id, scopes - {"*", "#"}, every)
+        return tags
+
+    def _after_membership(self, now: float) -> None:
+        """Act on what membership decided: peers up, suspect or down; new nodes to link to."""
+        membership, events, directory = self.membership, self.outbox.events, self.directory
+        gained = False
+        while membership.events:
+            changes, membership.events = membership.events, []
+            for change in changes:
+                gained |= directory.on_event(change)
+                kind = type(change)
+                if kind is MemberUp:
+                    assert isinstance(change, MemberUp)
+                    record = change.record
+                    self.stats["peers_up"] += 1
+                    events.append(PeerUp(node_id=record.node_id, endpoint=record.endpoint))
+                elif kind is MemberDown:
+                    assert isinstance(change, MemberDown)
+                    self._peer_gone(change.record, change.reason, now)
+                elif kind is MemberSuspect:
+                    assert isinstance(change, MemberSuspect)
+                    link = self._peers.get(change.node_id)
+                    if link is not None:
+                        link.suspect = change.suspect
+                    events.append(PeerSuspect(node_id=change.node_id, suspect=change.suspect))
+            self.pubsub.readers_changed()
+        if gained:
+            self._dial_wanted(now)
+
+    def _peer_gone(self, record: MemberRecord, reason: str, now: float) -> None:
+        """Membership declared a peer dead (its links go, and its requests move), or it left.
+
+        A node that leaves says BYE on each of its links after what it still had to send, but
+        its leave travels as a datagram and may overtake that: its links close on their BYE.
+        """
+        node_id = record.node_id
+        self.stats["peers_down_" + reason] += 1
+        if reason == "dead":
+            link = self._peers.get(node_id)
+            if link is not None:
+                self._close_out(link, now, reason)
+            for inlink in [x for x in self._in.values() if x.peer_id == node_id]:
+                self._forget_in(inlink)
+        dial = self._dials.get(record.endpoint)
+        if dial is not None and not dial.seed and not dial.link_id:
+            del self._dials[record.endpoint]
+        self.outbox.events.append(
+            PeerDown(node_id=node_id, endpoint=record.endpoint, reason=reason)
+        )
+
+    def _dial_wanted(self, now: float) -> None:
+        directory = self.directory
+        for cluster in self._wanted_clusters:
+            self._link_to(directory.servers(cluster), now)
+        for scope in self._wanted_scopes:
+            self._link_to(directory.readers(scope), now)
+
     # ----------------------------------------------------------------- dialling
 
     def add_candidate(self, endpoint: str, now: float, *, seed: bool = False) -> None:
-        """An endpoint worth dialling (from seeds, discovery or a peer)."""
-        if self._closed:
+        """An endpoint to join the mesh through (a seed, or one discovery found)."""
+        if self._closed or (not seed and self.directory.knows_endpoint(endpoint)):
             return
         record = self._dials.get(endpoint)
         if record is None:
@@ -312,16 +482,29 @@ class MeshCore:
             record = self._dials[endpoint] = DialRecord(endpoint, seed=False)
         if endpoint == self.endpoint:
             return  # never dial ourselves, even when listed as a seed
+        record.join = True
         if seed:
             record.seed = True
         if record.link_id or now < record.next_at:
             return
         self._dial(record, now)
 
+    def _dial_member(self, member: MemberRecord, now: float) -> None:
+        """Link to a member this node needs (it serves a cluster called, reads a scope)."""
+        record = self._dials.get(member.endpoint)
+        if record is None:
+            if len(self._dials) >= _MAX_DIAL_RECORDS:
+                self.stats["candidates_dropped"] += 1
+                return
+            record = self._dials[member.endpoint] = DialRecord(member.endpoint, seed=False)
+            record.join = False
+        if not record.link_id and now >= record.next_at and not self._closed:
+            self._dial(record, now)
+
     def _dial(self, record: DialRecord, now: float) -> None:
-        if len(self._out) >= self.config.max_links:
-            # Each dialled link costs sockets and file descriptors: a peer list cannot make us
-            # open more than max_links at once. The record waits for its turn.
+        if len(self._out) >= self.config.max_links and not self._close_least_needed(now):
+            # Each dialled link costs sockets and file descriptors, and all are needed now.
+            # The record waits for its turn.
             self.stats["dials_deferred"] += 1
             record.next_at = now + self.config.redial_max * (0.5 + self._rng.random())
             if not record.seed:  # a deferral counts as a failed try: floods drain away
@@ -335,6 +518,65 @@ class MeshCore:
         record.link_id = link_id
         self.outbox.events.append(OpenLink(link_id=link_id, endpoint=record.endpoint))
         self.stats["dials"] += 1
+
+    def _needed(self, link: OutLink, now: float) -> bool:
+        """Whether a link carries, or will soon carry, something: else it may close."""
+        if link.outstanding or link.acks or link.busy:
+            return True
+        if link.pub_seq != link.pub_seen:  # published to since the last look
+            link.pub_seen = link.pub_seq
+            link.last_sample = now
+        if now - link.last_sample < self.config.idle_link_after:
+            return True
+        if self.tunnels.uses(link):
+            return True
+        wanted = self._wanted_clusters
+        if any(slot and cluster in wanted for cluster, slot in link.clusters.items()):
+            return True
+        readers = self.directory.readers
+        return any(link.peer_id in readers(scope) for scope in self._wanted_scopes)
+
+    def _close_least_needed(self, now: float) -> bool:
+        """At max_links: close the idle link used longest ago, if there is one."""
+        idle = [x for x in self._peers.values() if not self._needed(x, now)]
+        if not idle:
+            return False
+        oldest = min(idle, key=lambda x: x.last_sample)
+        self._goodbye(oldest, now, "idle")
+        return True
+
+    def _goodbye(self, link: OutLink, now: float, reason: str) -> None:
+        self.outbox.send_out(link, _BYE, [reason])
+        self._close_out(link, now, reason)
+
+    def _housekeep(self, now: float) -> None:
+        """Forget what is no longer used, close idle links, dial what is missing."""
+        idle = self.config.idle_link_after
+        for cluster, at in list(self._wanted_clusters.items()):
+            if now - at > idle:
+                del self._wanted_clusters[cluster]
+                self.directory.forget(cluster=cluster)
+        for scope, at in list(self._wanted_scopes.items()):
+            if now - at > idle:
+                del self._wanted_scopes[scope]
+                self.directory.forget(scope=scope)
+        for link in list(self._peers.values()):
+            if link.outstanding or now - link.last_sample < idle:
+                for cluster, slot in link.clusters.items():
+                    if slot and cluster in self._wanted_clusters:
+                        self._wanted_clusters[cluster] = now
+            elif not self._needed(link, now):
+                self.stats["links_idle_closed"] += 1
+                self._goodbye(link, now, "idle")
+        self._dial_wanted(now)
+        alone = len(self.membership) == 0
+        for record in list(self._dials.values()):
+            if record.link_id or now < record.next_at or record.endpoint == self.endpoint:
+                continue
+            if record.seed and not alone:
+                continue  # seeds are for joining: once in the mesh, membership keeps us in
+            if record.join:
+                self._dial(record, now)
 
     # ----------------------------------------------------------------- frames in
 
@@ -361,8 +603,8 @@ class MeshCore:
                 return
             body = self._open(link, scope, seq, frame)
             link.last_heard = now
-            if link.suspect:  # heard again: the suspicion is refuted
-                self._liveness.heard(link)
+            if link.suspect and link.busy:  # a silent busy link spoke again
+                link.suspect = False
             if kind == _REPLY:
                 self._on_reply(link, body, now)
                 return
@@ -378,19 +620,15 @@ class MeshCore:
                 return
             env = self._codec.unpack(body, kind)
             if kind == _PONG:
-                self._liveness.on_pong(link, env, now)
-            elif kind == _PROBE_ACK:
-                self._liveness.on_probe_ack(env, now)
+                self._watch.on_pong(link, env, now)
             elif kind == _CREDIT:
                 self.pubsub.on_credit(link, env[0])
             elif kind == _SUBSCRIBE:
                 self.pubsub.on_interest(link, env[1], add=True, grant=env[0])
             elif kind == _UNSUBSCRIBE:
                 self.pubsub.on_interest(link, env[0], add=False)
-            elif kind == _PEERS:
-                self._liveness.on_peers(env, now)
             elif kind == _BYE:
-                self._close_out(link, now, "left")
+                self._close_out(link, now, "bye")
             else:
                 raise ProtocolError("unexpected", Kind(kind).name)
         except ProtocolError as exc:
@@ -434,11 +672,7 @@ class MeshCore:
             env = self._codec.unpack(body, kind)
             if kind == _PING:
                 self.calls.forget_replies(link, env[1])  # the caller's acks ride on its pings
-                self._liveness.on_ping(link, env[0], len(self.calls.replies))
-            elif kind == _PROBE:
-                self._liveness.on_probe(link, env, now)
-            elif kind == _PEERS:
-                self._liveness.on_peers(env, now)
+                self._watch.on_ping(link, env[0], len(self.calls.replies))
             elif kind == _BYE:
                 self._forget_in(link)
             else:
@@ -465,14 +699,15 @@ class MeshCore:
         if self._closed:
             self._handshake.refuse(routing_id, "closing")
             return
-        link = self._handshake.accept(routing_id, env, now)
+        link, (record, incarnation) = self._handshake.accept(routing_id, env, now)
         # An older link of the same peer is kept: the peer may still use it (it reached us under
-        # two names and kept the first) or it is dead and falls silent; replies follow requests.
+        # two names and kept the first) or it is gone, and then membership says so.
         self._in[routing_id] = link
         self._in_by_peer[link.peer_id] = link
         for observer in self._observers:
             observer.inbound_up(link, now)
-        self.add_candidate(link.peer_endpoint, now)  # dial back: requests flow on dialled links
+        self.membership.learn(record, incarnation, now)
+        self._after_membership(now)
 
     def _on_welcome(self, link: OutLink, env: list[Any], now: float) -> None:
         peer_id = env[0]
@@ -482,17 +717,22 @@ class MeshCore:
         if peer_id in self._peers:  # another endpoint of a peer already linked
             self._close_out(link, now, "duplicate")
             return
-        self._handshake.welcome(link, env)
-        link.last_heard = now
+        record, incarnation = self._handshake.welcome(link, env)
+        link.last_heard = link.last_sample = now
         self._peers[peer_id] = link
-        record = self._dials.get(link.endpoint)
-        if record is not None:
-            record.failures = 0
+        dial = self._dials.get(link.endpoint)
+        if dial is not None:
+            dial.failures = 0
         self._members.clear()
-        self.stats["peers_up"] += 1
-        self.outbox.events.append(PeerUp(node_id=peer_id, endpoint=link.endpoint))
+        self.stats["links_up"] += 1
+        self.outbox.events.append(LinksChanged())
         for observer in self._observers:
             observer.link_up(link, now)
+        self.membership.learn(record, incarnation, now)
+        if dial is not None and dial.join:  # joining the mesh through it: exchange tables
+            dial.join = dial.seed
+            self.membership.join(record.address, now)
+        self._after_membership(now)
 
     def _close_out(self, link: OutLink, now: float, reason: str) -> None:
         was_up = link.state is LinkState.UP
@@ -505,25 +745,31 @@ class MeshCore:
             record.link_id = 0
             if reason in ("self", "duplicate"):
                 record.next_at = float("inf")  # never useful to dial again
-            elif not was_up or reason != "left":
+            elif was_up and reason in ("bye", "idle", "dead", "left"):
+                if record.seed:  # dialled again only if this node finds itself alone
+                    record.next_at = now + self.config.redial_max
+                else:
+                    del self._dials[link.endpoint]
+            else:
                 record.failures += not was_up
                 cfg = self.config
                 backoff = min(cfg.redial_max, cfg.redial_min * 2 ** min(record.failures, 10))
                 record.next_at = now + backoff * (0.5 + self._rng.random())
                 if not record.seed and record.failures >= cfg.forget_after_failures:
                     del self._dials[link.endpoint]
-            elif not record.seed:
-                del self._dials[link.endpoint]
         if not was_up:
             self.stats["dials_failed"] += 1
             return
-        self.stats["peers_down_" + reason] += 1
+        self.stats["links_down_" + reason] += 1
         if self._peers.get(link.peer_id) is link:
             del self._peers[link.peer_id]
         self._members.clear()
-        events.append(PeerDown(node_id=link.peer_id, endpoint=link.endpoint, reason=reason))
+        events.append(LinksChanged())
         for observer in self._observers:
             observer.link_down(link, reason, now)
+        if reason not in ("bye", "idle", "dead", "left"):
+            # The transport broke (a peer killed closes its sockets at once): ask membership.
+            self.membership.probe_soon(link.peer_id, now)
 
     def _forget_in(self, link: InLink) -> None:
         for observer in self._observers:
@@ -541,26 +787,26 @@ class MeshCore:
     # ----------------------------------------------------------------- time
 
     def tick(self, now: float) -> None:
-        """Heartbeats, failure detection, redials, gossip and request deadlines."""
-        liveness = self._liveness
-        liveness.tick_started(now)
+        """Membership's protocol period, busy links' heartbeats, housekeeping, deadlines."""
+        self._now = now
+        self.membership.tick(now)
+        if self.membership.events:
+            self._after_membership(now)
+        watch = self._watch
+        watch.tick_started(now, now - self._tick_due)
         handshake_timeout = self.config.handshake_timeout
         for link in list(self._out.values()):
             if link.state is LinkState.UP:
-                dead = liveness.watch(link, now)
-                if dead is not None:
-                    self._close_out(link, now, dead)
+                reason = watch.watch(link, now)
+                if reason is not None:
+                    self._close_out(link, now, reason)
             elif now - link.opened > handshake_timeout:
                 self._close_out(link, now, "handshake_timeout")
-        for inlink in list(self._in.values()):
-            if liveness.inbound_dead(inlink, now):
-                self._forget_in(inlink)
-        for record in list(self._dials.values()):
-            # Seeds are redialled forever; other endpoints until forget_after_failures.
-            if not record.link_id and now >= record.next_at and record.endpoint != self.endpoint:
-                self._dial(record, now)
-        liveness.gossip(now)
+        if now >= self._next_housekeeping:
+            self._next_housekeeping = now + _HOUSEKEEPING
+            self._housekeep(now)
         self.calls.tick(now)
+        self._tick_due = self.next_deadline(now)
 
     def close(self) -> None:
         """Say goodbye on every link and fail what is pending; the driver then flushes."""
@@ -572,6 +818,7 @@ class MeshCore:
         # drops a link's later frames once it has heard BYE.
         outbox = self.outbox
         outbox.seal_staged()
+        self.membership.leave(self._now)  # every member hears it at once
         for link in list(self._out.values()):
             if link.state is LinkState.UP:
                 outbox.send_out(link, _BYE, ["closing"])

@@ -95,23 +95,32 @@ class RequestFailed:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PeerUp:
+    """Membership: a node joined the mesh (or came back from a false death)."""
+
     node_id: bytes
     endpoint: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PeerDown:
+    """Membership: a node was declared dead, or left (`reason` "dead" or "left")."""
+
     node_id: bytes
     endpoint: str
-    reason: str  # "silent" (missed heartbeats), "left" (said goodbye), "transport", ...
+    reason: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PeerSuspect:
-    """A peer fell silent (`suspect` True: others are asked about it) or was heard again."""
+    """Membership: a node is suspected (`suspect` True), or the suspicion was refuted."""
 
     node_id: bytes
     suspect: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinksChanged:
+    """A link to a peer came up or closed: who can be called right now may have changed."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -141,6 +150,7 @@ Event = (
     | TunnelArrived
     | TunnelFrame
     | PeerSuspect
+    | LinksChanged
 )
 
 

@@ -61,7 +61,7 @@ class Kind(enum.IntEnum):
     PONG = 4  # listener -> dialler: [token, load]
     REQUEST = 5  # dialler -> listener: fixed layout, see the module docstring
     REPLY = 6  # listener -> dialler: fixed layout, see the module docstring
-    PEERS = 7  # either way: [[node_id, endpoint], ...]
+    # 7 was PEERS, 18 and 19 PROBE and PROBE_ACK: membership travels as datagrams now.
     BYE = 8  # either way: [reason]
     REFUSE = 9  # listener -> dialler: [reason]  (handshake refused; retried with backoff)
     BROADCAST = 10  # dialler -> listener: REQUEST's layout; answered by an empty REPLY (an ack)
@@ -72,8 +72,6 @@ class Kind(enum.IntEnum):
     CREDIT = 15  # listener -> dialler: [messages the dialler may publish to us, in addition]
     PUBLISH = 16  # dialler -> listener, in a topic scope: fixed layout, see the module docstring
     TUNNEL = 17  # either way, in a cluster's scope: fixed layout, see the module docstring
-    PROBE = 18  # dialler -> listener: [suspect node id, token] (is it alive, as you hear it?)
-    PROBE_ACK = 19  # listener -> dialler: [suspect node id, token, ms since heard, -1 never]
 
 
 KINDS: Final = frozenset(int(k) for k in Kind)
@@ -85,7 +83,6 @@ STATUS_ERROR: Final = 1  # payload is msgpack [type name, message]
 NODE_ID_SIZE: Final = 16
 NONCE_SIZE: Final = 16
 MAX_ENDPOINT: Final = 256
-MAX_PEERS_PER_FRAME: Final = 128  # x (16 B id + 256 B endpoint) fits CONTROL_ALLOWANCE
 MAX_OFFERS: Final = 128  # two keys (a rotation) for each of at most 64 clusters
 MAX_CLUSTERS: Final = 64
 
@@ -215,10 +212,10 @@ class BodyCodec:
     def __init__(self, max_payload: int) -> None:
         # Control envelopes carry ids, nonces, tags and endpoints, never payloads.
         self._limits = {
-            "max_bin_len": 256,  # patterns are at most 255 bytes
+            "max_bin_len": 1024,  # patterns are at most 255 bytes, a record's tags 1 KiB
             "max_str_len": 4096,
             # Above every shape's own limit, so _check_shape names the offence.
-            "max_array_len": 2 * max(MAX_PEERS_PER_FRAME, MAX_OFFERS),
+            "max_array_len": 2 * max(MAX_PATTERNS_PER_FRAME, MAX_OFFERS),
             "max_map_len": 64,
             "max_ext_len": 0,
         }
@@ -272,10 +269,6 @@ def _check_shape(kind: int, env: list[Any]) -> list[Any]:
             and all(type(t) is bytes and len(t) == 16 for t in env[3])
             and type(env[4]) is dict
         )
-    elif kind == Kind.PEERS:
-        ok = len(env) <= MAX_PEERS_PER_FRAME and all(
-            type(p) is list and len(p) == 2 and _is_id(p[0]) and _is_endpoint(p[1]) for p in env
-        )
     elif kind == Kind.SUBSCRIBE:
         ok = (
             len(env) == 2 and type(env[0]) is int and 0 <= env[0] < 1 << 31 and _is_patterns(env[1])
@@ -284,10 +277,6 @@ def _check_shape(kind: int, env: list[Any]) -> list[Any]:
         ok = len(env) == 1 and _is_patterns(env[0])
     elif kind == Kind.CREDIT:
         ok = len(env) == 1 and type(env[0]) is int and 0 < env[0] < 1 << 31
-    elif kind == Kind.PROBE:
-        ok = len(env) == 2 and _is_id(env[0]) and type(env[1]) is int
-    elif kind == Kind.PROBE_ACK:
-        ok = len(env) == 3 and _is_id(env[0]) and type(env[1]) is int and type(env[2]) is int
     elif kind in (Kind.BYE, Kind.REFUSE):
         ok = len(env) == 1 and type(env[0]) is str
     else:  # REQUEST and REPLY have fixed layouts and never come through msgpack

@@ -2,13 +2,19 @@
 
 Theory of operation
 -------------------
-The dialler sends HELLO (its id, a fresh nonce, its endpoint, its key-agreement public key);
-the listener answers WELCOME (the same of its own, and one *offer tag* per key of each cluster
-it serves, then one per topic scope it holds a key for) or REFUSE (closing). A tag is a MAC
-under the cluster's key over both nonces (`LinkSecurity.offers`). Both ends then agree the link
-key; the link's own control frames (slot 0) are sealed under it.
+The dialler sends HELLO (its id, a fresh nonce, its endpoint, its key-agreement public key and
+its membership record); the listener answers WELCOME (the same of its own, and one *offer tag*
+per key of each cluster it serves, then one per topic scope it holds a key for) or REFUSE
+(closing). Each side proves it holds the mesh key with a MAC over everything the handshake has
+said so far, its role named (`MembershipSecurity.mesh_proof`): a node without the mesh key
+cannot complete a handshake, so it never becomes a peer, and a man in the middle cannot swap
+the key-agreement keys, so it learns and changes nothing. A handshake that fails its proof is
+dropped and counted (`dropped_bad_proof`), never answered. Both ends then agree the link key;
+the link's own control frames (slot 0) are sealed under it. The records go to membership: a
+handshake is also how a node joins the mesh.
 
-The dialler learns that a peer serves cluster X only by computing X's tag itself
+An offer tag is a MAC under the cluster's key over both nonces (`LinkSecurity.offers`). The
+dialler learns that a peer serves cluster X only by computing X's tag itself
 (`LinkSecurity.match`), which needs X's name and key: a node without the key learns nothing,
 and old tags are useless on a new link. The n-th offer becomes scope slot n of the link;
 requests and their replies name the slot, never the cluster, and are sealed under keys derived
@@ -28,10 +34,16 @@ from collections.abc import Callable
 from typing import Any
 
 from irismesh._core.frames import MAX_OFFERS, NONCE_SIZE, BodyCodec, Kind, encode_header
+from irismesh._core.gossip import MAX_ADDRESS, MAX_TAGS
 from irismesh._core.links import InLink, LinkState, OutLink
 from irismesh._core.outbox import Outbox
-from irismesh._core.sealing import LinkSecurity
+from irismesh._core.records import MemberRecord
+from irismesh._core.sealing import NodeSecurity
 from irismesh.errors import NoKey, ProtocolError
+
+# What a node says of itself in a handshake: (incarnation, datagram address, tags).
+SelfRecord = Callable[[], tuple[int, str, bytes]]
+Learned = tuple[MemberRecord, int]  # a peer's record and incarnation
 
 _MAX_TOPIC_SCOPES = 4096  # topic scopes whose slots a link remembers at once
 
@@ -45,11 +57,12 @@ class Handshake:
         node_id: bytes,
         endpoint: str,
         clusters: tuple[str, ...],
-        security: LinkSecurity,
+        security: NodeSecurity,
         randbytes: Callable[[int], bytes],
         codec: BodyCodec,
         stats: Counter[str],
         outbox: Outbox,
+        record: SelfRecord,
     ) -> None:
         self._node_id = node_id
         self._endpoint = endpoint
@@ -59,6 +72,7 @@ class Handshake:
         self._codec = codec
         self._stats = stats
         self._outbox = outbox
+        self._record = record
 
     # ----------------------------------------------------------------- dialler
 
@@ -67,17 +81,27 @@ class Handshake:
         nonce = self._randbytes(NONCE_SIZE)
         link = OutLink(link_id, endpoint, nonce, opened=now, last_heard=now)
         link.keys = keys = self._security.begin()
-        body = self._codec.pack([self._node_id, nonce, self._endpoint, {"kx": keys.public}])
+        record = list(self._record())
+        said = [self._node_id, nonce, self._endpoint, keys.public, record]
+        proof = self._security.mesh_proof(b"hello", self._codec.pack(said))
+        caps = {"kx": keys.public, "rec": record, "proof": proof}
+        body = self._codec.pack([self._node_id, nonce, self._endpoint, caps])
         self._outbox.out_frames.append((link_id, encode_header(Kind.HELLO, 0, 0) + body))
         return link
 
-    def welcome(self, link: OutLink, env: list[Any]) -> None:
-        """The listener's WELCOME: agree the link key and take its offers; the link is UP."""
-        peer_id, peer_nonce, tags = env[0], env[1], env[3]
-        peer_public = env[4].get("kx")
+    def welcome(self, link: OutLink, env: list[Any]) -> Learned:
+        """The listener's WELCOME: check its proof, agree the link key and take its offers;
+        the link is UP. Returns the listener's record."""
+        peer_id, peer_nonce, peer_endpoint, tags, caps = env
+        peer_public, record = caps.get("kx"), caps.get("rec")
         keys = link.keys
         if type(peer_public) is not bytes or keys is None:
             raise ProtocolError("bad_handshake", "no key agreement")
+        learned = _learned(peer_id, peer_endpoint, record)
+        said = [peer_id, peer_nonce, peer_endpoint, tags, peer_public, record]
+        said += [link.nonce, keys.public]
+        if not self._proven(b"welcome", said, caps):
+            raise ProtocolError("bad_proof", "WELCOME")
         keys.establish(peer_public, peer_nonce, link.nonce)
         link.peer_id = peer_id
         link.peer_nonce = peer_nonce
@@ -85,6 +109,7 @@ class Handshake:
         link.send_sealers[0] = keys.sealer(None, True)
         link.recv_sealers[0] = keys.sealer(None, False)
         link.state = LinkState.UP
+        return learned
 
     def cluster_slot(self, link: OutLink, cluster: str) -> int:
         """The slot of `link` serving `cluster` (0: the peer does not); NoKey without a key."""
@@ -119,12 +144,17 @@ class Handshake:
 
     # ----------------------------------------------------------------- listener
 
-    def accept(self, routing_id: bytes, env: list[Any], now: float) -> InLink:
-        """A peer's HELLO: the new link with its scope slots, its WELCOME queued."""
-        peer_id, peer_nonce, peer_endpoint = env[0], env[1], env[2]
-        peer_public = env[3].get("kx")
+    def accept(self, routing_id: bytes, env: list[Any], now: float) -> tuple[InLink, Learned]:
+        """A peer's HELLO: check its proof; the new link with its scope slots, its WELCOME
+        queued, and the dialler's record."""
+        peer_id, peer_nonce, peer_endpoint, caps = env
+        peer_public, peer_record = caps.get("kx"), caps.get("rec")
         if type(peer_public) is not bytes:
             raise ProtocolError("bad_handshake", "no key agreement")
+        learned = _learned(peer_id, peer_endpoint, peer_record)
+        said = [peer_id, peer_nonce, peer_endpoint, peer_public, peer_record]
+        if not self._proven(b"hello", said, caps):
+            raise ProtocolError("bad_proof", "HELLO")
         security = self._security
         nonce = self._randbytes(NONCE_SIZE)
         keys = security.begin()
@@ -151,11 +181,38 @@ class Handshake:
         for slot, handle in enumerate(handles):
             link.send_sealers[slot] = keys.sealer(handle, False)
             link.recv_sealers[slot] = keys.sealer(handle, True)
-        body = self._codec.pack([self._node_id, nonce, self._endpoint, tags, {"kx": keys.public}])
+        record = list(self._record())
+        said = [self._node_id, nonce, self._endpoint, tags, keys.public, record]
+        said += [peer_nonce, peer_public]
+        proof = security.mesh_proof(b"welcome", self._codec.pack(said))
+        caps = {"kx": keys.public, "rec": record, "proof": proof}
+        body = self._codec.pack([self._node_id, nonce, self._endpoint, tags, caps])
         self._outbox.in_frames.append((routing_id, encode_header(Kind.WELCOME, 0, 0) + body))
-        return link
+        return link, learned
+
+    def _proven(self, label: bytes, said: list[Any], caps: dict[Any, Any]) -> bool:
+        proof = caps.get("proof")
+        if type(proof) is not bytes:
+            return False
+        return self._security.mesh_proof_ok(label, self._codec.pack(said), proof)
 
     def refuse(self, routing_id: bytes, reason: str) -> None:
         """Answer a HELLO with REFUSE (this node is closing)."""
         frame = encode_header(Kind.REFUSE, 0, 0) + self._codec.pack([reason])
         self._outbox.in_frames.append((routing_id, frame))
+
+
+def _learned(node_id: bytes, endpoint: str, record: object) -> Learned:
+    """A peer's record from its handshake: [incarnation, datagram address, tags]."""
+    if (
+        type(record) is not list
+        or len(record) != 3
+        or type(record[0]) is not int
+        or not 0 <= record[0] < 1 << 63
+        or type(record[1]) is not str
+        or not 2 < len(record[1]) <= MAX_ADDRESS
+        or type(record[2]) is not bytes
+        or len(record[2]) > MAX_TAGS
+    ):
+        raise ProtocolError("bad_handshake", "no membership record")
+    return MemberRecord(node_id, endpoint, record[1], record[2]), record[0]

@@ -1,22 +1,23 @@
 """The state of one link, seen from either end.
 
 A link is one transport connection that this node dialled (`OutLink`: its requests go out
-and replies come back on it) or that a peer dialled (`InLink`: its requests come in). Every
-pair of nodes that know each other holds one of each, so each side measures the other's
-liveness and latency on the link it sends on.
+and replies come back on it) or that a peer dialled (`InLink`: its requests come in). Links are
+opened on demand, to the peers a node actually talks to: members of the clusters it calls,
+subscribers of the topics it publishes, nodes it joins the mesh through; a link nothing needs
+is closed after a while. Whether a peer is alive is membership's to say, not the links'.
 
 Link lifecycle, dialler side:
 
-    HANDSHAKING --WELCOME--> UP --(silent for dead_after | BYE | transport error)--> CLOSED
+    HANDSHAKING --WELCOME--> UP --(BYE | transport error | idle | peer dead | silent)--> CLOSED
          |                                                                         ^
-         +------------(handshake_timeout | REFUSE | self or duplicate)-------------+
+         +--------(handshake_timeout | REFUSE | bad proof | self or duplicate)-----+
 
 The listener side has no handshake state of its own: an InLink exists once a valid HELLO has
-arrived and is forgotten when its peer says BYE or stays silent for long.
+arrived and is forgotten when its peer says BYE, or membership says the peer died or left.
 
 The engine keeps the link table and walks every link through this lifecycle; each other
-concern of the core (calls, publish/subscribe, tunnels, liveness) hears of it through one
-small interface, `LinkObserver`, and keeps no link table of its own.
+concern of the core (calls, publish/subscribe, tunnels, the links' own watch) hears of it
+through one small interface, `LinkObserver`, and keeps no link table of its own.
 """
 
 from __future__ import annotations
@@ -53,10 +54,9 @@ class OutLink:
     latency: float = 0.0  # EWMA of request round trips (read by the balancer)
     last_sample: float = 0.0
     peer_load: int = 0
-    suspect: bool = False  # silent for suspect_after: others are asked whether they hear it
-    vouched_at: float = float("-inf")  # when a peer last said it hears this one
-    probe_token: int = 0
-    probed_at: float = float("-inf")
+    suspect: bool = False  # membership suspects the peer, or the link fell silent while busy
+    busy: bool = False  # had requests in flight (or replies to acknowledge) at the last tick
+    subscribed: bool = False  # the peer has told us its subscriptions (and granted credit)
     acks: list[int] = field(default_factory=list)  # replies received, not yet acknowledged
     keys: LinkKeys | None = None
     staged: list[tuple[int, int, bytes]] = field(default_factory=list)  # (slot, kind, body)
@@ -66,6 +66,7 @@ class OutLink:
     interest: set[str] = field(default_factory=set)  # the peer's subscription patterns
     credit: int = 0  # messages the peer lets us send now
     pub_seq: int = 0  # our PUBLISH stream to the peer
+    pub_seen: int = 0  # pub_seq when the engine last looked (was it published to since?)
     # Staged PUBLISH entries of one BATCH body (header, body, header, ...), their size, and
     # the slot they are sealed in.
     pub_parts: list[bytes] = field(default_factory=list)
@@ -120,15 +121,16 @@ class DialRecord:
     failures: int = 0
     next_at: float = 0.0
     link_id: int = 0  # the live OutLink dialled to it, 0 if none
+    join: bool = True  # exchange membership tables with it once linked (seeds, discovery)
 
 
 class LinkObserver:
     """What a concern of the core hears of the link table, in the engine's order.
 
-    `link_up`: a dialled link finished its handshake (PeerUp has been emitted).
-    `link_down`: a dialled link that was UP closed for `reason` (PeerDown has been emitted,
-    and the link is out of the table). `inbound_up`: a peer's HELLO was accepted and answered.
-    `inbound_gone`: a link a peer dialled is about to be forgotten (BYE or long silence).
+    `link_up`: a dialled link finished its handshake.
+    `link_down`: a dialled link that was UP closed for `reason` (it is out of the table).
+    `inbound_up`: a peer's HELLO was accepted and answered.
+    `inbound_gone`: a link a peer dialled is about to be forgotten (BYE, or its peer is gone).
     Each does nothing unless a concern overrides it.
     """
 

@@ -134,6 +134,10 @@ class Membership:
     def members(self) -> Iterator[Member]:
         return iter(self._members.values())
 
+    def rtt(self, node_id: bytes) -> float | None:
+        """The round trip of this node's last direct probe of `node_id`, if any."""
+        return self._prober.rtt.get(node_id)
+
     @property
     def health(self) -> int:
         """The local health score: 0 is healthy."""
@@ -288,7 +292,7 @@ class Membership:
                 return
             self._send(source, [[_ACK, message[1]]])
         elif kind == _ACK:
-            self._prober.on_ack(message[1])
+            self._prober.on_ack(message[1], sender, now)
         elif kind == _PING_REQ:
             self._prober.on_ping_req(source, message[1], message[2], message[3], now)
         elif kind == _NACK:
@@ -528,6 +532,7 @@ class Membership:
         for node_id in gone:
             del self._members[node_id]
             self._windows.forget(node_id)
+            self._prober.rtt.pop(node_id, None)
 
     # ----------------------------------------------------------------- datagrams out
 

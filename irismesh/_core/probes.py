@@ -41,6 +41,7 @@ SuspectCallback = Callable[[Member, float], None]
 class _Probe:
     target: bytes
     seq: int
+    sent_at: float
     timeout_at: float
     end_at: float
     acked: bool = False
@@ -85,6 +86,7 @@ class Prober:
         self._relays: dict[int, _Relay] = {}
         self._seq = 0
         self.next_probe = 0.0
+        self.rtt: dict[bytes, float] = {}  # member -> round trip of its last direct probe
 
     # ----------------------------------------------------------------- the ring
 
@@ -162,12 +164,14 @@ class Prober:
 
     # ----------------------------------------------------------------- messages in
 
-    def on_ack(self, seq: int) -> None:
+    def on_ack(self, seq: int, sender: bytes, now: float) -> None:
         probe = self._probe
         if probe is not None and probe.seq == seq:
             if not probe.acked:
                 probe.acked = True
                 self.awareness.apply(-1)
+                if sender == probe.target:  # direct, not relayed: a round trip to it
+                    self.rtt[sender] = now - probe.sent_at
             return
         relay = self._relays.pop(seq, None)
         if relay is not None:
@@ -198,7 +202,7 @@ class Prober:
             return
         seq = self._next_seq()
         timeout_at = now + self.awareness.scale(cfg.probe_timeout)
-        self._probe = _Probe(target.record.node_id, seq, timeout_at, self.next_probe)
+        self._probe = _Probe(target.record.node_id, seq, now, timeout_at, self.next_probe)
         self._stats["probes"] += 1
         self._send(target.record.address, [[_PING, seq, target.record.node_id]])
 

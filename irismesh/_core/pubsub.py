@@ -2,11 +2,19 @@
 
 Theory of operation
 -------------------
-Interest flows against the messages. A node tells every peer that dialled it (its inbound
-links) which patterns it subscribes to (SUBSCRIBE / UNSUBSCRIBE), the first of them with a
-window of credit (`inbound_up`); the peer keeps each pattern against its dialled link to the
-node (`_on_interest`, into a `TopicTrie`) and forgets them when that link goes down. So a
-publisher sends on its dialled links, to the peers whose interest matches the topic.
+Interest flows against the messages, in two steps. Coarsely, through membership: a node's
+record carries a tag for each topic scope it subscribes in (the first segment of its patterns;
+"every scope" for a pattern that starts with a wildcard), readable only under the key the scope
+is sealed with, so a publisher learns who may want its scope, and no one else learns anything.
+A publisher links to each of them (`readers`, dialled on demand). Exactly, over the link: a
+node tells every peer that dialled it (its inbound links) which patterns it subscribes to
+(SUBSCRIBE / UNSUBSCRIBE), the first of them with a window of credit (`inbound_up`); the peer
+keeps each pattern against its dialled link to the node (`on_interest`, into a `TopicTrie`) and
+forgets them when that link goes down. So a publisher sends on its dialled links, to the peers
+whose interest matches the topic. Publishing to a scope waits (as for credit, below) until
+every reader membership knows of is linked and has said what it wants: none is skipped for
+being new. The cost: one link per (publisher, reader of its scopes) pair, and per node a tag
+per scope it reads in its record (past 64 scopes, one "every scope" tag per key).
 
 Flow control is per link, in messages: each PUBLISH uses one credit; the subscriber grants
 them back as the application releases messages, a quarter window at a time (`release`, CREDIT).
@@ -27,6 +35,7 @@ MessagesArrived event per frame.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 from irismesh._core.config import CoreConfig
 from irismesh._core.events import CreditArrived, InterestChanged, MessagesArrived
@@ -41,6 +50,7 @@ from irismesh._core.frames import (
 from irismesh._core.handshake import Handshake
 from irismesh._core.links import InLink, LinkObserver, OutLink
 from irismesh._core.outbox import Outbox
+from irismesh._core.records import MemberRecord
 from irismesh._core.sealing import LinkSecurity
 from irismesh._core.topics import TopicTrie, parse_pattern_from_peer, parse_topic_from_peer
 from irismesh.errors import Closed, NoKey, PayloadTooLarge, ProtocolError
@@ -71,6 +81,9 @@ class PubSubCore(LinkObserver):
         outbox: Outbox,
         handshake: Handshake,
         inbound: dict[bytes, InLink],
+        peers: dict[bytes, OutLink],
+        readers: Callable[[str], dict[bytes, MemberRecord]],
+        interest_changed: Callable[[], None],
     ) -> None:
         self.config = config
         self.closed = False
@@ -80,6 +93,10 @@ class PubSubCore(LinkObserver):
         self._outbox = outbox
         self._topic_slot = handshake.topic_slot
         self._inbound = inbound  # the engine's table of links peers dialled
+        self._peers = peers  # and of its UP dialled links, by node id
+        self._readers = readers  # who reads a scope (membership), each linked or dialled
+        self._interest_changed = interest_changed  # our own scopes changed: a new record
+        self._ready: set[str] = set()  # scopes whose every reader is linked and subscribed
         self._max_payload = config.max_payload
         # The peers' interest (pattern -> their dialled links) and this node's own.
         self._interest: TopicTrie[OutLink] = TopicTrie()
@@ -91,12 +108,18 @@ class PubSubCore(LinkObserver):
 
     # ----------------------------------------------------------------- own subscriptions
 
+    @property
+    def subscribed(self) -> list[str]:
+        """The patterns this node subscribes to."""
+        return list(self._subscribed)
+
     def subscribe(self, pattern: str) -> None:
         """One more local subscription to a (validated) pattern; peers hear of a new one."""
         self._subscribed[pattern] += 1
         if self._subscribed[pattern] == 1:
             for inlink in self._inbound.values():
                 self._outbox.send_in(inlink, _SUBSCRIBE, [0, [pattern.encode()]])
+            self._interest_changed()
 
     def unsubscribe(self, pattern: str) -> None:
         """One local subscription fewer; peers hear when a pattern has none left."""
@@ -107,6 +130,7 @@ class PubSubCore(LinkObserver):
             del self._subscribed[pattern]
             for inlink in self._inbound.values():
                 self._outbox.send_in(inlink, _UNSUBSCRIBE, [[pattern.encode()]])
+            self._interest_changed()
 
     def inbound_up(self, link: InLink, now: float) -> None:
         """A new link from a peer: grant it a window and tell it every pattern we want."""
@@ -139,7 +163,9 @@ class PubSubCore(LinkObserver):
     # ----------------------------------------------------------------- the peers' interest
 
     def subscribers(self, topic: str) -> list[bytes]:
-        """Node ids of the peers interested in a (validated) topic."""
+        """Node ids of the peers interested in a (validated) topic (linking to the readers of
+        its scope that are not linked yet, so that they are counted once they are)."""
+        self._readers(topic.partition(".")[0])
         return [link.peer_id for link in self._interest.match(topic)]
 
     def blocked_subscribers(self, topic: str) -> list[bytes]:
@@ -150,6 +176,9 @@ class PubSubCore(LinkObserver):
         """SUBSCRIBE (`add`, with a `grant` of credit) or UNSUBSCRIBE from the peer at the
         other end of `link`."""
         link.credit = min(link.credit + grant, _MAX_CREDIT)
+        if add and not link.subscribed:
+            link.subscribed = True
+            self._ready.clear()
         for raw in patterns:
             try:
                 pattern = parse_pattern_from_peer(raw)
@@ -175,8 +204,14 @@ class PubSubCore(LinkObserver):
         link.credit = min(link.credit + grant, _MAX_CREDIT)
         self._unblock_publishers()
 
+    def readers_changed(self) -> None:
+        """Membership changed: who reads which scope may have; a waiting publish tries again."""
+        self._ready.clear()
+        self._unblock_publishers()
+
     def link_down(self, link: OutLink, reason: str, now: float) -> None:
         """A peer's link is gone, and with it the interest it carried."""
+        self._ready.clear()
         if link.interest:
             for pattern in link.interest:
                 self._interest.remove(pattern, link)
@@ -206,10 +241,14 @@ class PubSubCore(LinkObserver):
         known = self._topics_out.get(topic)
         if known is None:
             known = self._topic_out(topic)
+        encoded, scope = known
+        if scope not in self._ready and not self._settled(scope):
+            self.blocked = True
+            self._stats["publish_awaiting_readers"] += 1
+            return -1
         targets = self._interest.match_cached(topic)
         if not targets:
             return 0
-        encoded, scope = known
         for link in targets:
             slot = link.topic_slots.get(scope)
             if slot is None:
@@ -253,6 +292,16 @@ class PubSubCore(LinkObserver):
                 outbox.stage_out(link, slot, _PUBLISH, _pack_publish(seq, size) + tail)
             sent += 1
         return sent
+
+    def _settled(self, scope: str) -> bool:
+        """Whether every node that reads `scope` is linked and has told its patterns."""
+        peers = self._peers
+        for node_id in self._readers(scope):
+            link = peers.get(node_id)
+            if link is None or not link.subscribed:
+                return False
+        self._ready.add(scope)
+        return True
 
     def _topic_out(self, topic: str) -> tuple[bytes, str]:
         scope = topic.partition(".")[0]

@@ -27,6 +27,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
+from irismesh._core.gossip import DatagramSealer
+from irismesh._core.records import MembershipSecurity
+
 
 class Sealer(Protocol):
     """Seals and opens the body of frames of one direction of one scope of one link."""
@@ -110,3 +113,11 @@ class NullSealer:
 
 
 NULL_SEALER = NullSealer()
+
+
+class NodeSecurity(LinkSecurity, MembershipSecurity, Protocol):
+    """Every key-dependent decision of a node: its links', and its membership's."""
+
+    def datagram_sealer(self, node_id: bytes) -> DatagramSealer:
+        """The sealer of this node's membership datagrams (under the mesh key)."""
+        ...

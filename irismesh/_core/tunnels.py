@@ -29,7 +29,7 @@ from irismesh._core.events import TunnelArrived, TunnelFrame
 from irismesh._core.frames import Kind, TunnelOp, decode_tunnel, encode_tunnel
 from irismesh._core.links import InLink, LinkObserver, OutLink, TunnelEnd
 from irismesh._core.outbox import Outbox
-from irismesh.errors import Closed, ProtocolError, TunnelError
+from irismesh.errors import Closed, NoResponders, ProtocolError, TunnelError
 
 _TUNNEL = int(Kind.TUNNEL)
 _OPEN, _ACCEPT, _DATA = int(TunnelOp.OPEN), int(TunnelOp.ACCEPT), int(TunnelOp.DATA)
@@ -47,7 +47,7 @@ class TunnelTable(LinkObserver):
         rng: Random,
         stats: Counter[str],
         outbox: Outbox,
-        members_for: Callable[[str, int, int], list[OutLink]],
+        members_for: Callable[[str, int, int, float], list[OutLink]],
     ) -> None:
         self.config = config
         self.closed = False
@@ -62,7 +62,7 @@ class TunnelTable(LinkObserver):
 
     # ----------------------------------------------------------------- the application's
 
-    def open(self, cluster: str, window: int) -> int:
+    def open(self, cluster: str, window: int, now: float) -> int:
         """Open a tunnel to one member of `cluster`, granting it `window` bytes; a handle.
 
         A TunnelFrame ACCEPT (or RESET) follows; until ACCEPT nothing may be sent.
@@ -73,7 +73,10 @@ class TunnelTable(LinkObserver):
             raise TunnelError(f"a tunnel window must be 1 byte to 1 GiB, not {window}")
         if len(self.ends) >= self.config.max_tunnels:
             raise TunnelError(f"{len(self.ends)} tunnels open, the limit is max_tunnels")
-        link = balancer.choose(self._members_for(cluster, 0, 0), self._rng)
+        members = self._members_for(cluster, 0, 0, now)
+        if not members:  # known, not linked yet: the node waits for a link, then opens
+            raise NoResponders(cluster)
+        link = balancer.choose(members, self._rng)
         handle = self._next_handle
         self._next_handle += 1
         slot = link.clusters[cluster]
@@ -144,11 +147,15 @@ class TunnelTable(LinkObserver):
 
     # ----------------------------------------------------------------- links going away
 
+    def uses(self, link: OutLink) -> bool:
+        """Whether a tunnel this node opened runs on `link`."""
+        return any(end.out is link for end in self.ends.values())
+
     def link_down(self, link: OutLink, reason: str, now: float) -> None:
+        # Tunnels this node serves for the same peer run on the peer's own link to us: they
+        # end when that link goes (`inbound_gone`), when the peer is gone from membership.
         if self.ends:
-            peer = link.peer_id.hex()[:12]
-            self._break(f"member {peer} is gone ({reason})", out=link)
-            self._break(f"caller {peer} is gone ({reason})", peer=link.peer_id)
+            self._break(f"member {link.peer_id.hex()[:12]} is gone ({reason})", out=link)
 
     def inbound_gone(self, link: InLink) -> None:
         if self.ends:
@@ -159,15 +166,12 @@ class TunnelTable(LinkObserver):
         reason: str,
         *,
         out: OutLink | None = None,
-        peer: bytes = b"",
         inlink: InLink | None = None,
     ) -> None:
         """The link under some tunnels died: they are reset, and their owners told."""
         for end in list(self.ends.values()):
-            if (
-                (out is not None and end.out is out)
-                or (inlink is not None and end.inlink is inlink)
-                or (peer and end.inlink is not None and end.peer_id == peer)
+            if (out is not None and end.out is out) or (
+                inlink is not None and end.inlink is inlink
             ):
                 self._forget(end)
                 self._stats["tunnels_broken"] += 1

@@ -1,10 +1,11 @@
 """Hostile frames for cores: real frames captured in memory, their mutations, and a verdict.
 
 A `Scene` is a small mesh on the in-memory network (`memnet`): a member of "db", a client with
-the same keys, and a rogue holding another keyring (linked to the member, but a member of
-nothing it can prove). Its `corpus` holds every frame those cores really exchanged, by kind:
-HELLO, WELCOME, PING, PONG, REQUEST, REPLY, PEERS, BROADCAST, SURVEY, BATCH, BYE (from a node that
-left), REFUSE (from a closed core), and REQUESTs the rogue sealed with its own key for "db".
+the same keys, and a rogue holding the mesh key but other keys for everything else (linked to
+the member, but a member of nothing it can prove). Its `corpus` holds every frame those cores
+really exchanged, by kind: HELLO, WELCOME, PING, PONG, REQUEST, REPLY, BROADCAST, SURVEY, BATCH,
+BYE (from a node that left), REFUSE (from a closed core), and REQUESTs the rogue sealed with
+its own key for "db".
 
 `mutate` turns one frame into a hostile one (bit flips, truncation, rewritten header fields,
 splices, replays, random bytes), drawing every choice from the `random.Random` it is given, so
@@ -46,7 +47,7 @@ from irismesh._core.frames import (
 )
 from irismesh._core.links import InLink, OutLink
 from irismesh._core.sealing import Sealer
-from irismesh.security.keyring import Keyring
+from irismesh.security.keyring import MESH_SCOPE, Keyring, ScopeKey
 from irismesh.security.linksecurity import KeyedLinkSecurity
 
 # A config whose largest frame is small enough to allocate an oversize one per case cheaply.
@@ -135,10 +136,17 @@ class Scene:
         self.net = net = MemNet(seed=seed, config=config)
         self.member = net.add("member", clusters=["db"])
         self.client = net.add("client", seeds=[self.member])
-        self.rogue_keys = Keyring.generate(["*"], randbytes=net.rng.randbytes)
+        mesh = net.keyring.mesh_keys()[0].secret
+        self.rogue_keys = Keyring(
+            [
+                ScopeKey(scope=MESH_SCOPE, secret=mesh),
+                ScopeKey(scope="*", secret=net.rng.randbytes(32)),
+            ]
+        )
         self.rogue = net.add("rogue", seeds=[self.member], keyring=self.rogue_keys)
-        net.advance(0.5)  # handshakes, peer lists, pings and pongs
+        net.advance(0.5)  # handshakes and membership
         net.request(self.client, "db", b"warm-up")
+        net.advance(0.5)  # the reply's acknowledgement rides on a ping, answered by a pong
         for kind in (Kind.BROADCAST, Kind.SURVEY):
             self.client.core.fanout(int(kind), "db", b"fan-out", 1.0, net.now)
             net.settle()
@@ -280,11 +288,11 @@ class Scene:
         """A frame `target` has not seen yet, sealed by its real sender (valid as it is)."""
         link = self._senders[target]
         if target == "member<-client":
-            kind = rng.choice((Kind.PING, Kind.PEERS, Kind.REQUEST, Kind.BROADCAST, Kind.SURVEY))
+            kind = rng.choice((Kind.PING, Kind.REQUEST, Kind.BROADCAST, Kind.SURVEY))
         elif target == "client<-member":
-            kind = rng.choice((Kind.PONG, Kind.PEERS, Kind.REPLY))
+            kind = rng.choice((Kind.PONG, Kind.REPLY))
         else:  # all the rogue may validly send the member is its link's own control traffic
-            kind = rng.choice((Kind.PING, Kind.PEERS))
+            kind = Kind.PING
         scope = 0
         if kind in (Kind.REQUEST, Kind.BROADCAST, Kind.SURVEY):
             scope, body = 1, encode_request(rng.getrandbits(32), 1000, [], rng.randbytes(8))

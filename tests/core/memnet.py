@@ -3,7 +3,8 @@
 `MemNet` plays the driver for every core at once. It carries frames from `core.out_frames`
 (link id -> the listener's `receive_in` under that link's routing id) and `core.in_frames`
 (routing id -> the dialler's `receive_out`), opens and closes links on `OpenLink`/`CloseLink`,
-and keeps a virtual clock. Like TCP, a link delivers its frames in order; different links may
+carries membership datagrams (`take_datagrams` -> `receive_datagram` at their address), and
+keeps a virtual clock. Like TCP, a link delivers its frames in order; different links may
 be delayed independently (so frames reorder *between* links), frames may be lost, nodes may
 be killed, paused (a stalled loop) or partitioned from each other. Everything random comes
 from one seeded `random.Random`, so a failing run replays exactly.
@@ -109,6 +110,7 @@ class MemNode:
     alive: bool = True
     paused: bool = False
     backlog: list[tuple[Conn, bool, bytes, float]] = field(default_factory=list)
+    datagram_backlog: list[tuple[str, bytes]] = field(default_factory=list)
     log: list[tuple[float, Event]] = field(default_factory=list)
     arrived: list[RequestArrived] = field(default_factory=list)
     held: list[Token] = field(default_factory=list)
@@ -165,6 +167,9 @@ class MemNet:
         self.security = security
         self.nodes: dict[str, MemNode] = {}  # name -> current incarnation
         self.listeners: dict[str, MemNode] = {}  # endpoint -> current incarnation
+        self.by_address: dict[str, MemNode] = {}  # datagram address -> current incarnation
+        self.datagrams_sent = 0
+        self._datagrams: list[tuple[float, int, str, str, bytes]] = []
         self.routes: dict[bytes, Conn] = {}
         self.partitions: set[frozenset[str]] = set()
         self.delivered: list[Delivery] = []
@@ -204,10 +209,12 @@ class MemNet:
             rng=random.Random(self.rng.random()),
             randbytes=random.Random(self.rng.random()).randbytes,
             config=spec.config,
+            now=self.now,
         )
         node = MemNode(name, endpoint, core, handler, spec)
         self.nodes[name] = node
         self.listeners[endpoint] = node
+        self.by_address[core.address] = node
         for seed in spec.seeds:
             core.add_candidate(seed, self.now, seed=True)
         self.collect(node)
@@ -245,6 +252,10 @@ class MemNet:
             backlog, node.backlog = node.backlog, []
             for conn, to_listener, frame, sent in backlog:
                 self._deliver(conn, to_listener, frame, sent)
+            datagrams, node.datagram_backlog = node.datagram_backlog, []
+            for source, data in datagrams:
+                node.core.receive_datagram(source, data, self.now)
+                self.collect(node)
         self.run(self.now)
 
     def break_link(self, node: MemNode, link_id: int, reason: str = "transport") -> None:
@@ -277,7 +288,7 @@ class MemNet:
     def collect(self, node: MemNode) -> None:
         """Act on a core's events and put its frames on the wire, as the driver does."""
         core = node.core
-        while core.events or core.out_frames or core.in_frames:
+        while core.events or core.out_frames or core.in_frames or core.membership.outbox:
             events, core.events = core.events, []
             for event in events:
                 self._on_event(node, event)
@@ -291,6 +302,8 @@ class MemNet:
                 route = self.routes.get(routing_id)
                 if route is not None and route.listener is node:
                     self._send(route, False, frame)
+            for address, data in core.take_datagrams():
+                self._send_datagram(node, address, data)
 
     def _on_event(self, node: MemNode, event: Event) -> None:
         node.log.append((self.now, event))
@@ -331,6 +344,30 @@ class MemNet:
         conn.last_due[to_listener] = due
         heapq.heappush(self._queue, (due, next(self._order), self.now, conn, to_listener, frame))
 
+    def _send_datagram(self, node: MemNode, address: str, data: bytes) -> None:
+        self.datagrams_sent += 1
+        if self.loss and self.rng.random() < self.loss:
+            self.lost["datagram_loss"] += 1
+            return
+        delay = self.rng.uniform(0.0, self.max_delay) if self.max_delay else 0.0
+        heapq.heappush(
+            self._datagrams, (self.now + delay, next(self._order), node.core.address, address, data)
+        )
+
+    def _deliver_datagram(self, source: str, address: str, data: bytes) -> None:
+        src, dst = self.by_address.get(source), self.by_address.get(address)
+        if src is None or dst is None or not src.alive or not dst.alive:
+            self.lost["datagram_dead"] += 1
+            return
+        if frozenset((src.name, dst.name)) in self.partitions:
+            self.lost["datagram_partition"] += 1
+            return
+        if dst.paused:
+            dst.datagram_backlog.append((source, data))
+            return
+        dst.core.receive_datagram(source, data, self.now)
+        self.collect(dst)
+
     def _deliver(self, conn: Conn, to_listener: bool, frame: bytes, sent: float) -> None:
         src, dst = (conn.dialler, conn.listener) if to_listener else (conn.listener, conn.dialler)
         if not conn.open or src is None or dst is None or not src.alive or not dst.alive:
@@ -350,15 +387,24 @@ class MemNet:
         self.collect(dst)
 
     def in_flight(self) -> int:
-        return len(self._queue)
+        return len(self._queue) + len(self._datagrams)
 
     def run(self, until: float) -> None:
         """Deliver every frame due by `until`, in order, then set the clock to `until`."""
-        queue = self._queue
-        while queue and queue[0][0] <= until:
-            due, _order, sent, conn, to_listener, frame = heapq.heappop(queue)
-            self.now = max(self.now, due)
-            self._deliver(conn, to_listener, frame, sent)
+        queue, datagrams = self._queue, self._datagrams
+        while True:
+            frame_due = queue[0][0] if queue else float("inf")
+            datagram_due = datagrams[0][0] if datagrams else float("inf")
+            if min(frame_due, datagram_due) > until:
+                break
+            if frame_due <= datagram_due:
+                due, _order, sent, conn, to_listener, frame = heapq.heappop(queue)
+                self.now = max(self.now, due)
+                self._deliver(conn, to_listener, frame, sent)
+            else:
+                due, _order, source, address, data = heapq.heappop(datagrams)
+                self.now = max(self.now, due)
+                self._deliver_datagram(source, address, data)
         self.now = max(self.now, until)
 
     def settle(self) -> None:

@@ -53,11 +53,13 @@ def test_fresh_core_is_idle() -> None:
     assert core.out_frames == []
     assert core.in_frames == []
     assert core.pending_count == 0
-    assert core.next_deadline() is None
+    assert core.next_deadline(0.0) == 0.0  # membership's first period starts at once
     assert core.peers() == []
     core.tick(0.0)
+    assert 0.0 < core.next_deadline(0.0) <= 0.5
     core.tick(10.0)
     assert core.events == []
+    assert core.take_datagrams() == []  # alone: nobody to probe or gossip to
     assert core.out_frames == []
 
 
@@ -100,8 +102,10 @@ def test_a_candidate_is_dialled_once_with_a_hello() -> None:
     assert (kind, scope, seq) == (Kind.HELLO, 0, 0)
     node_id, nonce, endpoint, caps = BodyCodec(1000).unpack(frame[HEADER_SIZE:], kind)
     assert (node_id, endpoint) == (core.node_id, ENDPOINT)
-    assert set(caps) == {"kx"}
+    assert set(caps) == {"kx", "rec", "proof"}
     assert len(caps["kx"]) == 32  # an X25519 public key: the link's key agreement
+    assert caps["rec"] == [0, "self:7000", core.membership.me.tags]  # its membership record
+    assert len(caps["proof"]) == 16  # a MAC under the mesh key over all of the above
     assert len(nonce) == 16
     assert [link.state for link in core.links()] == [LinkState.HANDSHAKING]
 
@@ -250,16 +254,17 @@ def test_a_small_max_payload_still_allows_handshakes() -> None:
     assert net.nodes["client"].events(PeerUp)
 
 
-def test_peer_exchange_works_with_a_small_max_payload() -> None:
+def test_membership_works_with_a_small_max_payload() -> None:
     net = MemNet(seed=5, config=CoreConfig(max_payload=1000))
     hub = net.add("hub")
     for i in range(40):
         net.add(f"node-with-a-longish-name-{i:03d}", seeds=[hub])
-    net.advance(1.0)
+    net.advance(2.0)
     newcomer = net.add("newcomer", seeds=[hub])
-    net.advance(1.0)
+    net.advance(2.0)
     assert newcomer.core.stats["dropped_oversize"] == 0
-    assert len(newcomer.core.peers()) == 41
+    assert len(newcomer.core.membership) == 41
+    assert [link.peer_id for link in newcomer.core.peers()] == [hub.node_id]  # the join's link
 
 
 def test_max_pending_is_enforced() -> None:

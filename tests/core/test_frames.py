@@ -19,7 +19,6 @@ from irismesh._core.frames import (
     MAX_ENDPOINT,
     MAX_OFFERS,
     MAX_PATTERNS_PER_FRAME,
-    MAX_PEERS_PER_FRAME,
     REPLY_FIELDS,
     REQUEST_FIELDS,
     STATUS_ERROR,
@@ -38,7 +37,7 @@ from irismesh._core.frames import (
 )
 from irismesh.errors import ProtocolError
 
-MAX_PAYLOAD = 1 << 17  # room for the largest control frames (a full PEERS list)
+MAX_PAYLOAD = 1 << 17  # room for the largest control frames
 MAX_FRAME = MAX_PAYLOAD + 1024
 CODEC = BodyCodec(MAX_PAYLOAD)
 
@@ -64,14 +63,11 @@ ENVELOPES: dict[Kind, st.SearchStrategy[list[Any]]] = {
     ).map(list),
     Kind.PING: st.tuples(msgpack_ints, st.lists(msgpack_ints, max_size=200)).map(list),
     Kind.PONG: st.tuples(msgpack_ints, msgpack_ints).map(list),
-    Kind.PEERS: st.lists(st.tuples(ids, endpoints).map(list), max_size=20),
     Kind.BYE: st.tuples(reasons).map(list),
     Kind.REFUSE: st.tuples(reasons).map(list),
     Kind.SUBSCRIBE: st.tuples(credits | st.just(0), patterns).map(list),
     Kind.UNSUBSCRIBE: st.tuples(patterns).map(list),
     Kind.CREDIT: st.tuples(credits).map(list),
-    Kind.PROBE: st.tuples(ids, msgpack_ints).map(list),
-    Kind.PROBE_ACK: st.tuples(ids, msgpack_ints, msgpack_ints).map(list),
 }
 envelopes = st.sampled_from(MSGPACK_KINDS).flatmap(
     lambda kind: st.tuples(st.just(kind), ENVELOPES[kind])
@@ -142,9 +138,15 @@ def test_replies_round_trip(
 
 
 def test_limits_in_the_shapes_are_inclusive() -> None:
-    peers = [[bytes(16), "tcp://" + "x" * (MAX_ENDPOINT - 6)]] * MAX_PEERS_PER_FRAME
-    assert decode(encode_header(Kind.PEERS, 0, 1) + CODEC.pack(peers))[3] == peers
-    welcome = [bytes(16), bytes(16), "tcp://a", [bytes(16)] * MAX_OFFERS, {}]
+    patterns = [b"x" * 255] * MAX_PATTERNS_PER_FRAME
+    assert decode(encode_header(Kind.UNSUBSCRIBE, 0, 1) + CODEC.pack([patterns]))[3] == [patterns]
+    welcome = [
+        bytes(16),
+        bytes(16),
+        "tcp://" + "x" * (MAX_ENDPOINT - 6),
+        [bytes(16)] * MAX_OFFERS,
+        {},
+    ]
     assert decode(encode_header(Kind.WELCOME, 0, 0) + CODEC.pack(welcome))[3] == welcome
     body = encode_request(2**64 - 1, 2**32 - 1, [2**64 - 1] * MAX_ACKS, bytes(MAX_PAYLOAD))
     request = decode(encode_header(Kind.REQUEST, 1, 1) + body)[3]
@@ -273,7 +275,9 @@ def test_bad_magic_version_kind() -> None:
         b"\x91" * 5000 + b"\xc0",  # nested deeper than any unpacker stack
         msgpack.packb([b"x" * (MAX_PAYLOAD + 1)], use_bin_type=True),  # bin over the limit
         msgpack.packb(["x" * 4097]),  # str over the limit
-        msgpack.packb([0] * (2 * max(MAX_PEERS_PER_FRAME, MAX_OFFERS) + 1)),  # array over the limit
+        msgpack.packb(
+            [0] * (2 * max(MAX_PATTERNS_PER_FRAME, MAX_OFFERS) + 1)
+        ),  # array over the limit
     ],
 )
 def test_bad_body(body: bytes) -> None:
@@ -298,8 +302,6 @@ def test_bad_body(body: bytes) -> None:
         (Kind.HELLO, [bytes(16), bytes(16), "tcp://a", []]),
         (Kind.WELCOME, [bytes(16), bytes(16), "tcp://a", [bytes(15)], {}]),
         (Kind.WELCOME, [bytes(16), bytes(16), "tcp://a", [bytes(16)] * (MAX_OFFERS + 1), {}]),
-        (Kind.PEERS, [[bytes(16)]]),
-        (Kind.PEERS, [[bytes(16), "http://a"]]),
         (Kind.BYE, []),
         (Kind.BYE, [b"bytes"]),
         (Kind.REFUSE, ["a", "b"]),

@@ -22,7 +22,6 @@ from memnet import MemNet, hold
 from irismesh._core.config import CoreConfig
 from irismesh._core.frames import (
     HEADER_SIZE,
-    MAX_PEERS_PER_FRAME,
     STATUS_OK,
     BodyCodec,
     Kind,
@@ -30,8 +29,8 @@ from irismesh._core.frames import (
     encode_reply,
     encode_request,
 )
-from irismesh.security.keyring import Keyring
-from irismesh.security.linksecurity import X25519LinkKeys
+from irismesh.security.keyring import MESH_SCOPE, Keyring, ScopeKey
+from irismesh.security.linksecurity import KeyedLinkSecurity, X25519LinkKeys
 
 # The engine's own caps (engine.py: `_on_hello` and `add_candidate`); a flood stops there.
 IN_LINK_LIMIT = 4096
@@ -138,19 +137,11 @@ JUNK_IN_A_SEAL: dict[str, tuple[str, Build]] = {
         "bad_envelope",
         lambda s: _authentic(s, Kind.PING, 0, CODEC.pack([1])),
     ),
-    "peers over the limit": (
+    "bye of the wrong shape": (
         "bad_envelope",
-        lambda s: _authentic(
-            s,
-            Kind.PEERS,
-            0,
-            CODEC.pack([[bytes(16), "tcp://x:1"]] * (MAX_PEERS_PER_FRAME + 1)),
-        ),
+        lambda s: _authentic(s, Kind.BYE, 0, CODEC.pack([1])),
     ),
-    "peers with a foreign endpoint": (
-        "bad_envelope",
-        lambda s: _authentic(s, Kind.PEERS, 0, CODEC.pack([[bytes(16), "http://x:1"]])),
-    ),
+    "credit of nothing": ("bad_envelope", lambda s: _to_client(s, Kind.CREDIT, 0, CODEC.pack([0]))),
     "request in the link's scope": (
         "bad_scope",
         lambda s: _authentic(s, Kind.REQUEST, 0, encode_request(7, 1000, [], b"x")),
@@ -236,12 +227,10 @@ def test_every_bit_flip_of_a_captured_frame_is_dropped(kind: int) -> None:
 
 FRESH = [
     ("member<-client", Kind.PING, 0),
-    ("member<-client", Kind.PEERS, 0),
     ("member<-client", Kind.REQUEST, 1),
     ("member<-client", Kind.BROADCAST, 1),
     ("member<-client", Kind.SURVEY, 1),
     ("client<-member", Kind.PONG, 0),
-    ("client<-member", Kind.PEERS, 0),
     ("client<-member", Kind.REPLY, 1),
 ]
 
@@ -256,7 +245,6 @@ def test_every_bit_flip_of_an_unseen_sealed_frame_fails_its_seal(
     body = {
         Kind.PING: CODEC.pack([5, []]),
         Kind.PONG: CODEC.pack([5, 0]),
-        Kind.PEERS: CODEC.pack([]),
         Kind.REPLY: encode_reply(12345, STATUS_OK, b"fresh reply"),
     }.get(kind, encode_request(777, 1000, [], b"fresh request"))
     make = _authentic if target == "member<-client" else _to_client
@@ -301,51 +289,44 @@ def test_random_bytes_are_dropped_and_counted(target: str, frame: bytes) -> None
 # ---------------------------------------------------------------------- bounded memory
 
 
-def test_five_thousand_hellos_from_strangers_stop_at_the_in_link_limit() -> None:
+def _hello(scene: Scene, i: int, *, proven: bool) -> bytes:
+    """A stranger's HELLO: with a proof under the mesh key (an insider), or a made-up one."""
+    ident = i.to_bytes(16, "big")
+    endpoint, public = f"tcp://stranger-{i}:7000", X25519LinkKeys(sealing=True).public
+    record = [0, f"stranger-{i}:7000", b""]
+    said = CODEC.pack([ident, ident, endpoint, public, record])
+    keys = KeyedLinkSecurity(scene.net.keyring)
+    proof = keys.mesh_proof(b"hello", said) if proven else bytes(16)
+    caps = {"kx": public, "rec": record, "proof": proof}
+    return encode_header(Kind.HELLO, 0, 0) + CODEC.pack([ident, ident, endpoint, caps])
+
+
+def test_five_thousand_hellos_without_the_mesh_key_leave_no_trace() -> None:
     scene = Scene(seed=6)
     member = scene.member.core
     before = Footprint.of(member)
-    public = X25519LinkKeys(sealing=True).public
+    known = len(member.membership)
     for i in range(5000):
-        ident = i.to_bytes(16, "big")
-        hello = CODEC.pack([ident, ident, f"tcp://stranger-{i}:7000", {"kx": public}])
-        member.receive_in(b"s%d" % i, encode_header(Kind.HELLO, 0, 0) + hello, scene.net.now)
-        scene.net.collect(scene.member)  # WELCOMEs to nowhere, dial-backs that fail later
+        member.receive_in(b"s%d" % i, _hello(scene, i, proven=False), scene.net.now)
+        assert not member.in_frames, "a stranger without the mesh key was answered"
+    assert member.stats["dropped_bad_proof"] == 5000
+    assert Footprint.of(member) == before
+    assert len(member.membership) == known
+    serves_after(scene, "after the flood")
+
+
+def test_five_thousand_hellos_from_insiders_stop_at_the_in_link_limit() -> None:
+    scene = Scene(seed=6)
+    member = scene.member.core
+    before = Footprint.of(member)
+    for i in range(5000):
+        member.receive_in(b"s%d" % i, _hello(scene, i, proven=True), scene.net.now)
+        scene.net.collect(scene.member)  # WELCOMEs to nowhere
     flooded = Footprint.of(member)
     assert flooded.in_links == IN_LINK_LIMIT
     assert member.stats["dropped_too_many_links"] == 5000 - (IN_LINK_LIMIT - before.in_links)
-    assert flooded.out_links <= flooded.dial_records <= DIAL_RECORD_LIMIT
+    assert flooded.out_links == before.out_links  # no dialling back: links are on demand
     assert scene.round_trip(b"under a flood") == b"re:under a flood"
-    # Strangers that fall silent are forgotten, and so are the endpoints they announced.
-    scene.net.advance(12.0, step=0.2)
-    assert Footprint.of(member) == before
-    serves_after(scene, "after the flood")
-
-
-def test_five_thousand_candidates_from_a_peer_stop_at_the_dial_record_limit() -> None:
-    """The rogue holds no key of the member's, but a link is all peer exchange needs."""
-    scene = Scene(seed=7)
-    member = scene.member.core
-    before = Footprint.of(member)
-    link = scene.out_link(scene.rogue, scene.member)
-    sent = 0
-    while sent < 5000:
-        entries = [
-            [(sent + i).to_bytes(16, "big"), f"tcp://candidate-{sent + i}:7000"]
-            for i in range(MAX_PEERS_PER_FRAME)
-        ]
-        sent += len(entries)
-        frame = seal_on(link, Kind.PEERS, 0, CODEC.pack(entries), link.send_sealers[0])
-        assert scene.feed_valid("member<-rogue", frame)
-        scene.net.collect(scene.member)
-    flooded = Footprint.of(member)
-    assert flooded.dial_records == DIAL_RECORD_LIMIT
-    assert member.stats["candidates_dropped"] == sent - (DIAL_RECORD_LIMIT - before.dial_records)
-    assert flooded.out_links <= DIAL_RECORD_LIMIT
-    assert scene.round_trip(b"under a flood") == b"re:under a flood"
-    scene.net.advance(12.0, step=0.2)  # three failed dials each, then forgotten
-    assert Footprint.of(member) == before
-    serves_after(scene, "after the flood")
 
 
 def test_a_caller_that_never_acknowledges_cannot_grow_the_reply_cache() -> None:
@@ -374,9 +355,12 @@ def test_a_keyless_node_cannot_make_a_member_forget_a_callers_reply() -> None:
     member.core.reply(member.held[0], b"charged")  # queued on the member's side...
     net.break_link(client, client.conn_to(member).link_id)  # ...when the connection dies
     net.settle()
-    # A rogue with another keyring says it is the client (node ids travel in clear in HELLO)
-    # and acknowledges the reply the client never got.
-    rogue = net.add("rogue", keyring=Keyring.generate(["*"], randbytes=net.rng.randbytes))
+    # A rogue with the mesh key but another key for everything else says it is the client
+    # (a holder of the mesh key may claim any node id) and acknowledges the reply the client
+    # never got.
+    mesh = net.keyring.mesh_keys()[0].secret
+    other = ScopeKey(scope="*", secret=net.rng.randbytes(32))
+    rogue = net.add("rogue", keyring=Keyring([ScopeKey(scope=MESH_SCOPE, secret=mesh), other]))
     rogue.core.node_id = client.node_id
     rogue.core.add_candidate(member.endpoint, net.now, seed=True)
     net.settle()

@@ -20,8 +20,11 @@ CONFIG = CoreConfig(pubsub_window=WINDOW)
 
 
 def pair(net: MemNet) -> tuple[MemNode, MemNode]:
+    """Two nodes linked both ways (each joined through the other): what each publishes goes
+    out on its own link at once, with no wait for membership to spread the interest."""
     pub = net.add("pub")
     sub = net.add("sub", seeds=[pub])
+    pub.core.add_candidate(sub.endpoint, net.now, seed=True)
     net.advance(0.5)
     return pub, sub
 
@@ -36,6 +39,14 @@ def subscribe(net: MemNet, node: MemNode, pattern: str) -> None:
     node.core.subscribe(pattern)
     net.collect(node)
     deliver(net)
+
+
+def linked_for(net: MemNet, publisher: MemNode, topic: str) -> None:
+    """Membership spreads the subscribers' interest; the publisher links to them."""
+    net.advance(0.6)
+    publisher.core.subscribers(topic)
+    net.collect(publisher)
+    net.advance(0.3)
 
 
 def publish(net: MemNet, node: MemNode, topic: str, payload: bytes = b"x") -> int:
@@ -191,6 +202,7 @@ def test_a_topic_with_a_key_of_its_own_reaches_only_holders_of_that_key() -> Non
     subscribe(net, insider, "secret.#")
     subscribe(net, outsider, "secret.#")  # interest alone is not a key
     subscribe(net, outsider, "public.#")
+    linked_for(net, pub, "secret.plans")
     for _ in range(WINDOW * 3):  # more than a window: the outsider holds no credit hostage
         assert publish(net, pub, "secret.plans", b"classified") == 1
         sub_msgs = messages(insider)
@@ -198,12 +210,20 @@ def test_a_topic_with_a_key_of_its_own_reaches_only_holders_of_that_key() -> Non
         net.collect(insider)
     assert len(messages(insider)) == WINDOW * 3
     assert messages(outsider) == []
-    assert pub.core.stats["publish_unreadable"] == WINDOW * 3
+    # The outsider's record shows no interest in "secret" under the publisher's key (its tag
+    # is under the default key): the publisher never even linked to it for these.
+    assert pub.core.stats["publish_unreadable"] == 0
+    assert outsider.node_id not in pub.peer_ids()
     # Every PUBLISH frame went to the insider: the outsider saw none, sealed or not.
     frames = net.kinds_delivered(Kind.PUBLISH) + net.kinds_delivered(Kind.BATCH)
     assert all(d.conn.listener is insider for d in frames)
+    linked_for(net, pub, "public.news")
     assert publish(net, pub, "public.news", b"for all") == 1
     assert [m.payload for m in messages(outsider)] == [b"for all"]
+    # Linked now, for "public": its interest in "secret" shows, and is still refused a key.
+    assert publish(net, pub, "secret.plans", b"classified") == 1
+    assert pub.core.stats["publish_unreadable"] == 1
+    assert messages(outsider)[-1].payload == b"for all"
 
 
 def test_a_default_key_holder_cannot_inject_into_a_scope_keyed_apart() -> None:
@@ -213,6 +233,7 @@ def test_a_default_key_holder_cannot_inject_into_a_scope_keyed_apart() -> None:
     insider = net.add("insider", seeds=[intruder], keyring=insider_keys)
     net.advance(0.5)
     subscribe(net, insider, "#")
+    linked_for(net, intruder, "secret.orders")
     [link] = intruder.core.peers()
     # The intruder publishes "secret.*" under the default key (all it has); the insider's
     # interest makes it try. It must be refused, and cost the intruder nothing it can use.
@@ -232,6 +253,7 @@ def test_a_batch_delivers_its_good_messages_in_order_around_the_refused_ones() -
     insider = net.add("insider", seeds=[intruder], keyring=insider_keys)
     net.advance(0.5)
     subscribe(net, insider, "#")
+    linked_for(net, intruder, "secret.orders")
     intruder.core.batching = True
     # Both scopes go in the default key's slot, so they share one BATCH frame.
     for i in range(WINDOW):

@@ -328,7 +328,18 @@ def test_a_node_with_another_key_can_neither_see_nor_serve_the_cluster(
             ):
                 rogue.on_request(lambda payload: b"rogue:" + payload)
                 await client.wait_for_members("db", timeout=5)
-                await wait_until(lambda: len(client.peers()) == 2, 5, "the client to link both")
+                # The rogue holds another mesh key: its handshake fails its proof both ways,
+                # so it never becomes a peer of either node, let alone a member.
+                await wait_until(
+                    lambda: (
+                        member.stats.get("dropped_bad_proof", 0) >= 1
+                        and rogue.stats.get("dropped_bad_proof", 0) >= 1
+                    ),
+                    5,
+                    "the handshakes with the rogue refused",
+                )
+                assert [p.node_id for p in client.peers()] == [member.node_id.hex()]
+                assert rogue.peers() == []
                 assert client.members("db") == [member.node_id.hex()]
                 assert rogue.members("db") == []
                 for i in range(30):
