@@ -266,7 +266,12 @@ class Agent:
         # Every node looks at its own phase: the times are late by 0 to one period each, not
         # all by the same amount.
         await asyncio.sleep(random.uniform(0.0, 1.0 / WATCH_HZ))
+        routed = True
         while True:
+            if routed and victim not in self.node.members(cluster):
+                # Out of this node's routing for the cluster: no request goes to it any more.
+                routed = False
+                emit("unrouted", seq=seq, at=time.monotonic())
             state = self.alive(cluster, victim)
             if state is not None:
                 at = time.monotonic()
@@ -861,7 +866,7 @@ class Run:
         how = Counter(
             "+".join(e["how"]) or "unknown" for n in survivors if (e := n.got("gone", seq))
         )
-        gone = caller.got("gone", seq)
+        gone = caller.got("unrouted", seq) or caller.got("gone", seq)
         out.update(
             {
                 "survivors": len(survivors),

@@ -70,7 +70,7 @@ _PING, _PING_REQ, _ACK, _NACK = 1, 2, 3, 4
 _ALIVE, _SUSPECT, _DEAD, _STATE = 5, 6, 7, 8
 _MAX_STATE_ENTRIES = 4096
 _MAX_INT = 1 << 63
-_WINDOW = 64
+_WINDOW = 1024  # a table exchange arrives as a burst of datagrams, in any order
 _WINDOW_MASK = (1 << _WINDOW) - 1
 
 
@@ -131,7 +131,7 @@ def _array_head(count: int) -> bytes:
 
 
 class ReplayWindows:
-    """Per sender, which datagram counters were seen: a sliding window of 64, as IPsec's.
+    """Per sender, which datagram counters were seen: a sliding window, as IPsec's (1024 wide).
 
     A counter above the highest seen moves the window; one inside it is new once; one below it
     is too old. Bounded: past `capacity` senders, the oldest window is forgotten.

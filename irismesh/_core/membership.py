@@ -355,6 +355,8 @@ class Membership:
             self._prober.add(node_id)
             self.stats["members_revived"] += 1
             self.events.append(MemberUp(record=record))
+            # Back from a partition, perhaps: what each side learnt meanwhile, the other hears.
+            self._send_state(record.address, reply=True)
         if was is not _DEAD_STATE and record != member.record:
             self.events.append(MemberChanged(record=record))
         if spread:
@@ -516,9 +518,14 @@ class Membership:
             self.stats["joins_retried"] += 1
 
     def _reconnect(self) -> None:
+        """Tell one member held dead that it is: if it lives (a partition healed, a long
+        stall ended), it refutes at once, and the refutation revives it here."""
         dead = [m for m in self._members.values() if m.state is _DEAD_STATE]
         if dead:
-            self._send_state(self._rng.choice(dead).record.address, reply=True)
+            member = self._rng.choice(dead)
+            record = member.record
+            notice = [_DEAD, record.node_id, member.incarnation, self.me.node_id]
+            self._send_packed(record.address, [encode_message(notice)], piggyback=False)
             self.stats["reconnects"] += 1
 
     def _reap(self, now: float) -> None:

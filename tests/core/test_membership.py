@@ -100,8 +100,10 @@ def test_a_healed_partition_brings_both_sides_back() -> None:
     )
     net.advance(2 * net.config.gossip_to_dead)  # long enough that gossip to the dead has stopped
     net.heal()
-    net.run_until(lambda: converged(nodes), limit=30)
-    assert all(n.state_of(m) is ALIVE for n in nodes for m in nodes if m is not n)
+    net.run_until(
+        lambda: all(n.state_of(m) is ALIVE for n in nodes for m in nodes if m is not n), limit=30
+    )
+    assert converged(nodes)
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -264,3 +266,19 @@ def test_a_node_whose_own_loop_stalled_does_not_accuse_the_peer_it_was_probing()
     assert suspected == []
     assert nodes[0].membership.stats["probes_late"] > 0
     assert deaths(nodes) == []
+
+
+def test_members_held_dead_cost_little_to_keep_trying() -> None:
+    net = SwimNet(seed=14)
+    nodes = cluster(net, 30)
+    for victim in nodes[-3:]:
+        net.kill(victim)
+    live = nodes[:-3]
+    net.run_until(lambda: all(n.state_of(v) is DEAD for n in live for v in nodes[-3:]), limit=10)
+    net.advance(5.0)  # the deaths have spread
+    sent = net.sent
+    net.advance(10.0)
+    per_node_period = (net.sent - sent) / len(live) / (10.0 / net.config.probe_interval)
+    # A probe, an ack, and now and then a one-datagram notice to a member held dead.
+    assert per_node_period < 2.6, per_node_period
+    assert all(n.membership.stats["reconnects"] > 0 for n in live)
