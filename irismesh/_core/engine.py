@@ -47,6 +47,7 @@ from typing import Any
 
 from irismesh._core.calls import Calls
 from irismesh._core.config import CoreConfig
+from irismesh._core.demand import MAX_DIAL_RECORDS, LinkDemand
 from irismesh._core.directory import Directory
 from irismesh._core.events import (
     CloseLink,
@@ -92,7 +93,6 @@ _BYE = int(Kind.BYE)
 _CALL_KINDS = frozenset((_REQUEST, _BROADCAST, _SURVEY, _TUNNEL))
 _REPLY_KINDS = frozenset((_REPLY, _TUNNEL))
 _MAX_INBOUND = 4096  # links peers dialled to this node at once
-_MAX_DIAL_RECORDS = 4096  # endpoints remembered (seeds always are)
 _HOUSEKEEPING = 0.5  # idle links, wanted clusters and redials are looked at this often
 
 
@@ -142,9 +142,6 @@ class MeshCore:
         self._dials: dict[str, DialRecord] = {}
         self._dials[endpoint] = DialRecord(endpoint, seed=False, next_at=float("inf"))
         self._next_link = 1
-        # What this node uses: cluster or topic scope -> when it last needed links for it.
-        self._wanted_clusters: dict[str, float] = {}
-        self._wanted_scopes: dict[str, float] = {}
         self._next_housekeeping = now
         self._tick_due = now  # when the last tick asked for the next one
         # Membership, and what its records say this node can reach.
@@ -157,7 +154,7 @@ class MeshCore:
             config=config.membership,
             stats=stats,
         )
-        self.directory = Directory(security)
+        self.directory = directory = Directory(security)
         # The concerns.
         self.outbox = outbox = Outbox(
             codec=codec, stats=stats, inbound=self._in, max_payload=config.max_payload
@@ -192,7 +189,7 @@ class MeshCore:
             handshake=self._handshake,
             inbound=self._in,
             peers=self._peers,
-            readers=self._readers,
+            readers=lambda scope: self._demand.readers(scope),
             interest_changed=self._interest_changed,
         )
         self.tunnels = tunnels = TunnelTable(
@@ -205,6 +202,19 @@ class MeshCore:
             out=self._out,
             migrate=calls.migrate,
             probe_soon=membership.probe_soon,
+        )
+        self._demand = LinkDemand(
+            config=config,
+            stats=stats,
+            directory=directory,
+            peers=self._peers,
+            dials=self._dials,
+            own_endpoint=endpoint,
+            dial=self._dial,
+            goodbye=self._goodbye,
+            tunnels_use=tunnels.uses,
+            alone=lambda: len(membership) == 0,
+            clock=lambda: self._now,
         )
         self._observers: tuple[LinkObserver, ...] = (watch, pubsub, tunnels, calls)
         # Frame dispatch, bound once: these run once per message.
@@ -380,25 +390,6 @@ class MeshCore:
             self.membership.outbox = []
         return datagrams
 
-    def want(self, cluster: str, now: float) -> int:
-        """This node calls `cluster`: link to its members (dialling those not linked yet);
-        how many live members membership knows it has."""
-        self._wanted_clusters[cluster] = now
-        return len(self._link_to(self.directory.servers(cluster), now))
-
-    def _readers(self, scope: str) -> dict[bytes, MemberRecord]:
-        """Live members that read topic `scope`: this node publishes there, so it links to
-        each of them (dialling those not linked yet)."""
-        self._wanted_scopes[scope] = self._now
-        return self._link_to(self.directory.readers(scope), self._now)
-
-    def _link_to(self, records: dict[bytes, MemberRecord], now: float) -> dict[bytes, MemberRecord]:
-        peers = self._peers
-        for node_id, record in records.items():
-            if node_id not in peers:
-                self._dial_member(record, now)
-        return records
-
     def _interest_changed(self) -> None:
         """This node's subscriptions now reach other topic scopes: a new record says so."""
         tags = self._tags(self.pubsub.subscribed)
@@ -438,7 +429,7 @@ class MeshCore:
                     events.append(PeerSuspect(node_id=change.node_id, suspect=change.suspect))
             self.pubsub.readers_changed()
         if gained:
-            self._dial_wanted(now)
+            self._demand.dial_wanted(now)
 
     def _peer_gone(self, record: MemberRecord, reason: str, now: float) -> None:
         """Membership declared a peer dead (its links go, and its requests move), or it left.
@@ -461,13 +452,6 @@ class MeshCore:
             PeerDown(node_id=node_id, endpoint=record.endpoint, reason=reason)
         )
 
-    def _dial_wanted(self, now: float) -> None:
-        directory = self.directory
-        for cluster in self._wanted_clusters:
-            self._link_to(directory.servers(cluster), now)
-        for scope in self._wanted_scopes:
-            self._link_to(directory.readers(scope), now)
-
     # ----------------------------------------------------------------- dialling
 
     def add_candidate(self, endpoint: str, now: float, *, seed: bool = False) -> None:
@@ -476,7 +460,7 @@ class MeshCore:
             return
         record = self._dials.get(endpoint)
         if record is None:
-            if len(self._dials) >= _MAX_DIAL_RECORDS and not seed:
+            if len(self._dials) >= MAX_DIAL_RECORDS and not seed:
                 self.stats["candidates_dropped"] += 1
                 return
             record = self._dials[endpoint] = DialRecord(endpoint, seed=False)
@@ -489,20 +473,8 @@ class MeshCore:
             return
         self._dial(record, now)
 
-    def _dial_member(self, member: MemberRecord, now: float) -> None:
-        """Link to a member this node needs (it serves a cluster called, reads a scope)."""
-        record = self._dials.get(member.endpoint)
-        if record is None:
-            if len(self._dials) >= _MAX_DIAL_RECORDS:
-                self.stats["candidates_dropped"] += 1
-                return
-            record = self._dials[member.endpoint] = DialRecord(member.endpoint, seed=False)
-            record.join = False
-        if not record.link_id and now >= record.next_at and not self._closed:
-            self._dial(record, now)
-
     def _dial(self, record: DialRecord, now: float) -> None:
-        if len(self._out) >= self.config.max_links and not self._close_least_needed(now):
+        if len(self._out) >= self.config.max_links and not self._demand.close_least_needed(now):
             # Each dialled link costs sockets and file descriptors, and all are needed now.
             # The record waits for its turn.
             self.stats["dials_deferred"] += 1
@@ -519,64 +491,13 @@ class MeshCore:
         self.outbox.events.append(OpenLink(link_id=link_id, endpoint=record.endpoint))
         self.stats["dials"] += 1
 
-    def _needed(self, link: OutLink, now: float) -> bool:
-        """Whether a link carries, or will soon carry, something: else it may close."""
-        if link.outstanding or link.acks or link.busy:
-            return True
-        if link.pub_seq != link.pub_seen:  # published to since the last look
-            link.pub_seen = link.pub_seq
-            link.last_sample = now
-        if now - link.last_sample < self.config.idle_link_after:
-            return True
-        if self.tunnels.uses(link):
-            return True
-        wanted = self._wanted_clusters
-        if any(slot and cluster in wanted for cluster, slot in link.clusters.items()):
-            return True
-        readers = self.directory.readers
-        return any(link.peer_id in readers(scope) for scope in self._wanted_scopes)
-
-    def _close_least_needed(self, now: float) -> bool:
-        """At max_links: close the idle link used longest ago, if there is one."""
-        idle = [x for x in self._peers.values() if not self._needed(x, now)]
-        if not idle:
-            return False
-        oldest = min(idle, key=lambda x: x.last_sample)
-        self._goodbye(oldest, now, "idle")
-        return True
+    def want(self, cluster: str, now: float) -> int:
+        """This node calls `cluster`: link to its members; how many membership knows."""
+        return self._demand.want(cluster, now)
 
     def _goodbye(self, link: OutLink, now: float, reason: str) -> None:
         self.outbox.send_out(link, _BYE, [reason])
         self._close_out(link, now, reason)
-
-    def _housekeep(self, now: float) -> None:
-        """Forget what is no longer used, close idle links, dial what is missing."""
-        idle = self.config.idle_link_after
-        for cluster, at in list(self._wanted_clusters.items()):
-            if now - at > idle:
-                del self._wanted_clusters[cluster]
-                self.directory.forget(cluster=cluster)
-        for scope, at in list(self._wanted_scopes.items()):
-            if now - at > idle:
-                del self._wanted_scopes[scope]
-                self.directory.forget(scope=scope)
-        for link in list(self._peers.values()):
-            if link.outstanding or now - link.last_sample < idle:
-                for cluster, slot in link.clusters.items():
-                    if slot and cluster in self._wanted_clusters:
-                        self._wanted_clusters[cluster] = now
-            elif not self._needed(link, now):
-                self.stats["links_idle_closed"] += 1
-                self._goodbye(link, now, "idle")
-        self._dial_wanted(now)
-        alone = len(self.membership) == 0
-        for record in list(self._dials.values()):
-            if record.link_id or now < record.next_at or record.endpoint == self.endpoint:
-                continue
-            if record.seed and not alone:
-                continue  # seeds are for joining: once in the mesh, membership keeps us in
-            if record.join:
-                self._dial(record, now)
 
     # ----------------------------------------------------------------- frames in
 
@@ -804,7 +725,7 @@ class MeshCore:
                 self._close_out(link, now, "handshake_timeout")
         if now >= self._next_housekeeping:
             self._next_housekeeping = now + _HOUSEKEEPING
-            self._housekeep(now)
+            self._demand.housekeep(now)
         self.calls.tick(now)
         self._tick_due = self.next_deadline(now)
 

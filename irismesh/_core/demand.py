@@ -1,0 +1,156 @@
+"""Links on demand: which peers this node links to, and when it lets a link go.
+
+Theory of operation
+-------------------
+A node links only to the peers it talks to. It *wants* a cluster when it calls it (`want`,
+from a call, a member list, a wait), and a topic scope when it publishes there (`readers`);
+the directory says which live members serve the one or read the other, and each not linked yet
+is dialled (`link_to`, through a dial record so that failures back off). A link is *needed*
+while it carries requests, replies to acknowledge, tunnels or publishes, while it was used
+within `idle_link_after`, or while its peer serves a cluster or reads a scope still wanted; a
+want lapses `idle_link_after` after its last use. Every half second `housekeep` forgets lapsed
+wants, closes the links no longer needed (with a goodbye, so the peer forgets its end too),
+dials the wanted members still missing, and redials seeds while this node finds itself alone
+(once in the mesh, membership keeps it there). At `max_links` the least recently needed link
+closes to make room (`close_least_needed`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+from irismesh._core.config import CoreConfig
+from irismesh._core.directory import Directory
+from irismesh._core.links import DialRecord, OutLink
+from irismesh._core.records import MemberRecord
+
+MAX_DIAL_RECORDS = 4096  # endpoints remembered (seeds always are)
+
+
+class LinkDemand:
+    """What this node wants links for, kept against the engine's tables (read here)."""
+
+    def __init__(
+        self,
+        *,
+        config: CoreConfig,
+        stats: Counter[str],
+        directory: Directory,
+        peers: dict[bytes, OutLink],
+        dials: dict[str, DialRecord],
+        own_endpoint: str,
+        dial: Callable[[DialRecord, float], None],
+        goodbye: Callable[[OutLink, float, str], None],
+        tunnels_use: Callable[[OutLink], bool],
+        alone: Callable[[], bool],
+        clock: Callable[[], float],
+    ) -> None:
+        self._config = config
+        self._stats = stats
+        self._directory = directory
+        self._peers = peers  # the engine's UP dialled links, by node id
+        self._dials = dials  # and its dial records, by endpoint
+        self._own = own_endpoint
+        self._dial = dial
+        self._goodbye = goodbye
+        self._tunnels_use = tunnels_use
+        self._alone = alone
+        self._clock = clock
+        # Cluster or topic scope -> when this node last needed links for it.
+        self.clusters: dict[str, float] = {}
+        self.scopes: dict[str, float] = {}
+
+    def want(self, cluster: str, now: float) -> int:
+        """This node calls `cluster`: link to its members (dialling those not linked yet);
+        how many live members membership knows it has."""
+        self.clusters[cluster] = now
+        return len(self.link_to(self._directory.servers(cluster), now))
+
+    def readers(self, scope: str) -> dict[bytes, MemberRecord]:
+        """Live members that read topic `scope`: this node publishes there, so it links to
+        each of them (dialling those not linked yet)."""
+        now = self._clock()
+        self.scopes[scope] = now
+        return self.link_to(self._directory.readers(scope), now)
+
+    def link_to(self, records: dict[bytes, MemberRecord], now: float) -> dict[bytes, MemberRecord]:
+        peers = self._peers
+        for node_id, record in records.items():
+            if node_id not in peers:
+                self.dial_member(record, now)
+        return records
+
+    def dial_member(self, member: MemberRecord, now: float) -> None:
+        """Link to a member this node needs (it serves a cluster called, reads a scope)."""
+        record = self._dials.get(member.endpoint)
+        if record is None:
+            if len(self._dials) >= MAX_DIAL_RECORDS:
+                self._stats["candidates_dropped"] += 1
+                return
+            record = self._dials[member.endpoint] = DialRecord(member.endpoint, seed=False)
+            record.join = False
+        if not record.link_id and now >= record.next_at:
+            self._dial(record, now)
+
+    def dial_wanted(self, now: float) -> None:
+        """Dial the members of what is wanted that are not linked yet."""
+        directory = self._directory
+        for cluster in self.clusters:
+            self.link_to(directory.servers(cluster), now)
+        for scope in self.scopes:
+            self.link_to(directory.readers(scope), now)
+
+    def needed(self, link: OutLink, now: float) -> bool:
+        """Whether a link carries, or will soon carry, something: else it may close."""
+        if link.outstanding or link.acks or link.busy:
+            return True
+        if link.pub_seq != link.pub_seen:  # published to since the last look
+            link.pub_seen = link.pub_seq
+            link.last_sample = now
+        if now - link.last_sample < self._config.idle_link_after:
+            return True
+        if self._tunnels_use(link):
+            return True
+        wanted = self.clusters
+        if any(slot and cluster in wanted for cluster, slot in link.clusters.items()):
+            return True
+        readers = self._directory.readers
+        return any(link.peer_id in readers(scope) for scope in self.scopes)
+
+    def close_least_needed(self, now: float) -> bool:
+        """At max_links: close the idle link used longest ago, if there is one."""
+        idle = [x for x in self._peers.values() if not self.needed(x, now)]
+        if not idle:
+            return False
+        self._goodbye(min(idle, key=lambda x: x.last_sample), now, "idle")
+        return True
+
+    def housekeep(self, now: float) -> None:
+        """Forget what is no longer used, close idle links, dial what is missing."""
+        idle = self._config.idle_link_after
+        for cluster, at in list(self.clusters.items()):
+            if now - at > idle:
+                del self.clusters[cluster]
+                self._directory.forget(cluster=cluster)
+        for scope, at in list(self.scopes.items()):
+            if now - at > idle:
+                del self.scopes[scope]
+                self._directory.forget(scope=scope)
+        for link in list(self._peers.values()):
+            if link.outstanding or now - link.last_sample < idle:
+                for cluster, slot in link.clusters.items():
+                    if slot and cluster in self.clusters:
+                        self.clusters[cluster] = now
+            elif not self.needed(link, now):
+                self._stats["links_idle_closed"] += 1
+                self._goodbye(link, now, "idle")
+        self.dial_wanted(now)
+        alone = self._alone()
+        for record in list(self._dials.values()):
+            if record.link_id or now < record.next_at or record.endpoint == self._own:
+                continue
+            if record.seed and not alone:
+                continue  # seeds are for joining: once in the mesh, membership keeps us in
+            if record.join:
+                self._dial(record, now)
