@@ -127,6 +127,7 @@ class Driver:
         now = self.loop.time()
         recv = router.recv
         more = router.get
+        got = 0
         for _ in range(BATCH):
             try:
                 routing_id = recv(_NOBLOCK)
@@ -144,10 +145,12 @@ class Driver:
                     recv(_NOBLOCK)
                 self.core.stats["dropped_multipart"] += 1
                 continue
+            got += 1
             receive(routing_id, frame, now)
         else:
             self._recheck.add(0)  # batch cut short: come back after others had a turn
-        self.process()
+        if got:
+            self.process()
         if self.busy_poll and self.idle():
             self._spin_router()
 
@@ -202,6 +205,7 @@ class Driver:
         receive = self.core.receive_out
         recv = sock.recv
         now = self.loop.time()
+        got = 0
         for _ in range(BATCH):
             try:
                 frame = recv(_NOBLOCK)
@@ -209,16 +213,22 @@ class Driver:
                 break
             # No RCVMORE check (it costs as much as the recv): on a dialled link every part is
             # judged as a frame of its own, so a peer gains nothing by sending several parts.
+            got += 1
             receive(link_id, frame, now)
         else:
             self._recheck.add(link_id)
-        self.process()
+        if got:
+            self.process()
 
     def drain_all(self) -> None:
-        self._datagrams.drain()
-        self._drain_router()
-        for link_id in list(self._dealers):
-            self._drain_dealer(link_id)
+        """Read the zmq sockets that have input waiting (their FDs are edge-triggered: a
+        wake-up may have been consumed). The datagram socket needs no look: asyncio runs the
+        callbacks of readable sockets before the timers due in the same turn of the loop."""
+        if _readable(self._router):
+            self._drain_router()
+        for link_id, sock in list(self._dealers.items()):
+            if _readable(sock):
+                self._drain_dealer(link_id)
 
     # ----------------------------------------------------------------- output
 

@@ -8,7 +8,7 @@ the directory says which live members serve the one or read the other, and each 
 is dialled (`link_to`, through a dial record so that failures back off). A link is *needed*
 while it carries requests, replies to acknowledge, tunnels or publishes, while it was used
 within `idle_link_after`, or while its peer serves a cluster or reads a scope still wanted; a
-want lapses `idle_link_after` after its last use. Every half second `housekeep` forgets lapsed
+want lapses `idle_link_after` after its last use. Every second `housekeep` forgets lapsed
 wants, closes the links no longer needed (with a goodbye, so the peer forgets its end too),
 dials the wanted members still missing, and redials seeds while this node finds itself alone
 (once in the mesh, membership keeps it there). At `max_links` the least recently needed link

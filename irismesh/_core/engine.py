@@ -93,7 +93,7 @@ _BYE = int(Kind.BYE)
 _CALL_KINDS = frozenset((_REQUEST, _BROADCAST, _SURVEY, _TUNNEL))
 _REPLY_KINDS = frozenset((_REPLY, _TUNNEL))
 _MAX_INBOUND = 4096  # links peers dialled to this node at once
-_HOUSEKEEPING = 0.5  # idle links, wanted clusters and redials are looked at this often
+_HOUSEKEEPING = 1.0  # idle links, wanted clusters and redials are looked at this often
 
 
 def address_of(endpoint: str) -> str:

@@ -33,7 +33,7 @@ from irismesh._core.links import InLink, LinkObserver, OutLink
 from irismesh._core.outbox import Outbox
 
 _PING, _PONG = int(Kind.PING), int(Kind.PONG)
-_HOUSEKEEPING = 0.5  # an idle node still looks at its links this often
+_HOUSEKEEPING = 1.0  # an idle node still looks at its links this often
 
 
 class LinkWatch(LinkObserver):

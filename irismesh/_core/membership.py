@@ -355,8 +355,6 @@ class Membership:
             self._prober.add(node_id)
             self.stats["members_revived"] += 1
             self.events.append(MemberUp(record=record))
-            # Back from a partition, perhaps: what each side learnt meanwhile, the other hears.
-            self._send_state(record.address, reply=True)
         if was is not _DEAD_STATE and record != member.record:
             self.events.append(MemberChanged(record=record))
         if spread:
@@ -519,7 +517,9 @@ class Membership:
 
     def _reconnect(self) -> None:
         """Tell one member held dead that it is: if it lives (a partition healed, a long
-        stall ended), it refutes at once, and the refutation revives it here."""
+        stall ended), it refutes at once, and the refutation revives it here and spreads.
+        (Not a table exchange with every revived member: after a false death, every node
+        would exchange tables with that one node at once.)"""
         dead = [m for m in self._members.values() if m.state is _DEAD_STATE]
         if dead:
             member = self._rng.choice(dead)

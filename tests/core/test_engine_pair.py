@@ -381,7 +381,9 @@ def test_an_idle_mesh_sends_nothing_on_its_links_and_closes_them() -> None:
     byes = [d for d in net.delivered[frames:] if d.kind != Kind.BYE]
     assert byes == []  # nothing but goodbyes on the links
     # Membership costs each node about a probe and an ack per period, whatever the mesh.
-    per_node_period = (net.datagrams_sent - datagrams) / 3 / (10.0 / 0.2)
+    per_node_period = (
+        (net.datagrams_sent - datagrams) / 3 / (10.0 / config.membership.probe_interval)
+    )
     assert 1.0 <= per_node_period <= 3.0, per_node_period
     assert net.request(client, "db", b"y") in client.replies or client.core.pending_count == 1
     net.advance(0.5)  # the request waited for its link to open again
