@@ -13,6 +13,8 @@ offer tags they exchange, remain the proof that a node serves a cluster.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from irismesh._core.records import (
     MemberChanged,
     MemberDown,
@@ -49,28 +51,28 @@ class Directory:
 
     def servers(self, cluster: str) -> dict[bytes, MemberRecord]:
         """Live members whose tags show they serve `cluster` (under a key we hold)."""
-        table = self._servers.get(cluster)
-        if table is None:
-            serves = self._security.serves
-            table = {
-                node_id: record
-                for node_id, record in self._records.items()
-                if serves(node_id, record.tags, cluster)
-            }
-            self._remember(self._servers, cluster, table)
-        return table
+        return self._table(self._servers, cluster, self._security.serves)
 
     def readers(self, scope: str) -> dict[bytes, MemberRecord]:
         """Live members whose tags show interest in topic `scope` (under our key for it)."""
-        table = self._readers.get(scope)
+        return self._table(self._readers, scope, self._security.reads)
+
+    def _table(
+        self,
+        tables: dict[str, dict[bytes, MemberRecord]],
+        name: str,
+        holds: Callable[[bytes, bytes, str], bool],
+    ) -> dict[bytes, MemberRecord]:
+        table = tables.get(name)
         if table is None:
-            reads = self._security.reads
             table = {
                 node_id: record
                 for node_id, record in self._records.items()
-                if reads(node_id, record.tags, scope)
+                if holds(node_id, record.tags, name)
             }
-            self._remember(self._readers, scope, table)
+            if len(tables) >= _MAX_TABLES:
+                del tables[next(iter(tables))]
+            tables[name] = table
         return table
 
     def forget(self, *, cluster: str | None = None, scope: str | None = None) -> None:
@@ -120,11 +122,3 @@ class Directory:
             table.pop(node_id, None)
         for table in self._readers.values():
             table.pop(node_id, None)
-
-    @staticmethod
-    def _remember(
-        tables: dict[str, dict[bytes, MemberRecord]], name: str, table: dict[bytes, MemberRecord]
-    ) -> None:
-        if len(tables) >= _MAX_TABLES:
-            del tables[next(iter(tables))]
-        tables[name] = table

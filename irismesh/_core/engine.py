@@ -412,17 +412,13 @@ class MeshCore:
             changes, membership.events = membership.events, []
             for change in changes:
                 gained |= directory.on_event(change)
-                kind = type(change)
-                if kind is MemberUp:
-                    assert isinstance(change, MemberUp)
+                if isinstance(change, MemberUp):
                     record = change.record
                     self.stats["peers_up"] += 1
                     events.append(PeerUp(node_id=record.node_id, endpoint=record.endpoint))
-                elif kind is MemberDown:
-                    assert isinstance(change, MemberDown)
+                elif isinstance(change, MemberDown):
                     self._peer_gone(change.record, change.reason, now)
-                elif kind is MemberSuspect:
-                    assert isinstance(change, MemberSuspect)
+                elif isinstance(change, MemberSuspect):
                     link = self._peers.get(change.node_id)
                     if link is not None:
                         link.suspect = change.suspect
