@@ -124,13 +124,11 @@ class Agent:
         }
 
     async def converge(self) -> None:
-        """Until this node knows all N-1 others; nothing once converged.
+        """Until membership knows all N-1 others; nothing once converged.
 
-        It looks (peers() and members(), each a list of N ids) at most 4 times a second, plus
-        once each time a cluster completes: in between it waits inside `wait_for_members` for
-        an incomplete cluster to complete, which only counts that cluster's members on each
-        membership change. So the time of "full" is exact when a member arrives last, and late
-        by up to 0.25 s when a client does (clients serve no cluster to wait on).
+        Convergence is membership's alone: the node waits on membership changes and opens no
+        link (a node links only to the members it calls), so the idle mesh measured next holds
+        the links an idle mesh holds: none but the few its joins left.
         """
         node, target = self.node, self.args.expect
         last = -1
@@ -142,16 +140,8 @@ class Agent:
             if live != last:
                 emit("count", peers=live)
                 last = live
-            counts = {c: len(node.members(c)) for c in self.expected}
-            missing = [
-                (want - counts[c], c) for c, want in self.expected.items() if counts[c] < want
-            ]
-            if missing:
-                _, cluster = max(missing)
-                with contextlib.suppress(self.irismesh.MembershipTimeout):
-                    await node.wait_for_members(cluster, self.expected[cluster], timeout=0.25)
-            else:
-                await asyncio.sleep(0.25)
+            with contextlib.suppress(self.irismesh.MembershipTimeout):
+                await node.wait_for_peers(live + 1, timeout=1.0)
 
     def command(self, line: str) -> None:
         words = line.split()

@@ -62,19 +62,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from zeroconf import (
-    BadTypeInNameException,
-    DNSQuestionType,
-    IPVersion,
-    ServiceStateChange,
-    Zeroconf,
-)
-from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
-
 from irismesh.errors import Closed, ConfigurationError, ProtocolError
 
 if TYPE_CHECKING:
+    from zeroconf import ServiceStateChange, Zeroconf
+    from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
+
     from irismesh.security.keyring import Keyring
+
+# zeroconf is imported when a node first starts mDNS, not with irismesh: it is a fifth of the
+# import time of the package, and most nodes never use it.
 
 __all__ = [
     "DEFAULT_SERVICE_TYPE",
@@ -107,7 +104,6 @@ _SERVICE_TYPE = re.compile(
     r"_(?=[A-Za-z0-9-]*[A-Za-z])[A-Za-z0-9](?:[A-Za-z0-9-]{0,13}[A-Za-z0-9])?\._tcp\.local\."
 )
 _HEX_TAG = re.compile(rb"[0-9a-f]{%d}" % (2 * REALM_TAG_LEN))
-_QM = DNSQuestionType.QM
 
 
 # ---------------------------------------------------------------------------------------------
@@ -276,11 +272,12 @@ _STAT_NAMES = (
     "reoffered",
 )
 
-# Every zeroconf that pyproject allows (>= 0.130) has the argument (added in 2020); the check
-# keeps an older install working, with probing.
-_COOPERATING = (
-    "cooperating_responders" in inspect.signature(AsyncZeroconf.async_register_service).parameters
-)
+
+def _cooperating(aiozc: AsyncZeroconf) -> bool:
+    """Every zeroconf that pyproject allows (>= 0.130) has the argument (added in 2020); the
+    check keeps an older install working, with probing."""
+    signature = inspect.signature(aiozc.async_register_service)
+    return "cooperating_responders" in signature.parameters
 
 
 class MdnsDiscovery:
@@ -302,6 +299,8 @@ class MdnsDiscovery:
         self._address, self._port = _own_endpoint(endpoint, config.interfaces)
         self._endpoint = endpoint
         prefix = node_id.hex()[:INSTANCE_PREFIX_LEN]
+        from zeroconf.asyncio import AsyncServiceInfo
+
         self._info = AsyncServiceInfo(
             config.service_type,
             f"{prefix}.{config.service_type}",
@@ -374,6 +373,9 @@ class MdnsDiscovery:
             self._close_done.set()
 
     async def _open(self) -> None:
+        from zeroconf import DNSQuestionType, IPVersion
+        from zeroconf.asyncio import AsyncServiceBrowser, AsyncZeroconf
+
         cfg = self._config
         _check_local(cfg.interfaces)
         try:
@@ -395,9 +397,9 @@ class MdnsDiscovery:
                 "multicast-capable here"
             )
         self._browser = AsyncServiceBrowser(
-            zc, cfg.service_type, handlers=[self._on_state_change], question_type=_QM
+            zc, cfg.service_type, handlers=[self._on_state_change], question_type=DNSQuestionType.QM
         )
-        if _COOPERATING:
+        if _cooperating(aiozc):
             announcing = await aiozc.async_register_service(
                 self._info, cooperating_responders=True, allow_name_change=True
             )
@@ -466,6 +468,8 @@ class MdnsDiscovery:
         state_change: ServiceStateChange,
     ) -> None:
         # Runs inside zeroconf's record processing on our loop: no awaiting, no raising.
+        from zeroconf import ServiceStateChange
+
         if self._closed:
             return
         if state_change is ServiceStateChange.Removed:
@@ -502,6 +506,9 @@ class MdnsDiscovery:
                 del self._resolving[name]
 
     async def _resolve_once(self, service_type: str, name: str) -> None:
+        from zeroconf import BadTypeInNameException, DNSQuestionType, IPVersion
+        from zeroconf.asyncio import AsyncServiceInfo
+
         aiozc = self._aiozc
         if aiozc is None:
             return
@@ -511,7 +518,9 @@ class MdnsDiscovery:
             self._count("dropped_malformed")
             return
         timeout_ms = self._config.resolve_timeout * 1000
-        if not await info.async_request(aiozc.zeroconf, timeout_ms, question_type=_QM):
+        if not await info.async_request(
+            aiozc.zeroconf, timeout_ms, question_type=DNSQuestionType.QM
+        ):
             self._count("unresolved")
             return
         try:

@@ -61,12 +61,12 @@ class Closed(MeshError):
 
 
 class MembershipTimeout(MeshError, TimeoutError):
-    """A cluster did not reach the awaited number of live members in time."""
+    """A cluster (or, `cluster` None, the mesh) did not reach the awaited number of live
+    members in time."""
 
-    def __init__(self, cluster: str, wanted: int, found: int, timeout: float) -> None:
-        super().__init__(
-            f"cluster {cluster!r} has {found} live member(s) after {timeout:g} s, wanted {wanted}"
-        )
+    def __init__(self, cluster: str | None, wanted: int, found: int, timeout: float) -> None:
+        what = "the mesh" if cluster is None else f"cluster {cluster!r}"
+        super().__init__(f"{what} has {found} live member(s) after {timeout:g} s, wanted {wanted}")
         self.cluster = cluster
         self.wanted = wanted
         self.found = found

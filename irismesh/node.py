@@ -493,6 +493,24 @@ class Node:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), remaining)
 
+    async def wait_for_peers(self, count: int = 1, *, timeout: float = 10.0) -> int:
+        """Wait until membership knows at least `count` other live nodes (alive or suspect),
+        whatever clusters they serve; returns how many it knows. Opens no link."""
+        core, driver = self._caller.running()
+        changed = self._membership_changed
+        assert changed is not None
+        deadline = driver.loop.time() + timeout
+        while True:
+            found = len(core.membership)
+            if found >= count:
+                return found
+            remaining = deadline - driver.loop.time()
+            if remaining <= 0:
+                raise MembershipTimeout(None, count, found, timeout)
+            changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), remaining)
+
     async def connect(self, cluster: str, *, timeout: float = 5.0) -> list[str]:
         """Link to every live member of `cluster` membership knows, waiting at most `timeout`
         for the links; returns the hex ids of the members linked. Calls open their links on

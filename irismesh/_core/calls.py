@@ -89,9 +89,10 @@ class Calls(LinkObserver):
         stats: Counter[str],
         outbox: Outbox,
         inbound: dict[bytes, InLink],
-        members: dict[str, list[OutLink]],
-        find_members: Callable[[str], list[OutLink]],
+        peers: dict[bytes, OutLink],
+        cluster_slot: Callable[[OutLink, str], int],
         want: Callable[[str, float], int],
+        clock: Callable[[], float],
     ) -> None:
         self.config = config
         self.closed = False
@@ -103,9 +104,13 @@ class Calls(LinkObserver):
         self._outbox = outbox
         self._stage_in = outbox.stage_in
         self._inbound = inbound  # the engine's table of links peers dialled
-        self._members = members  # the engine's cache: cluster -> UP links serving it
-        self._find_members = find_members  # fills that cache (NoKey without a key)
+        self._peers = peers  # the engine's UP dialled links, by node id
+        self._cluster_slot = cluster_slot  # whether a link serves a cluster (NoKey without key)
         self._want = want  # links to the cluster's members; how many membership knows
+        self._clock = clock
+        # Cluster -> UP links serving it: a cache the engine clears whenever a link comes up or
+        # goes down.
+        self.linked: dict[str, list[OutLink]] = {}
         self._max_payload = config.max_payload
         self._max_pending = config.max_pending
         self._next_req = 1
@@ -113,6 +118,18 @@ class Calls(LinkObserver):
         self._hedge_refilled = 0.0
 
     # ----------------------------------------------------------------- caller
+
+    def members(self, cluster: str) -> list[OutLink]:
+        """UP links to members of `cluster` (linking to those membership knows and this node
+        is not linked to yet); raises NoKey without a key for it."""
+        members = self.linked.get(cluster)
+        if members is None:
+            if self._security.has_key(cluster):
+                self._want(cluster, self._clock())
+            slot = self._cluster_slot
+            members = [link for link in self._peers.values() if slot(link, cluster)]
+            self.linked[cluster] = members
+        return members
 
     def members_for(self, cluster: str, size: int, adding: int, now: float) -> list[OutLink]:
         """The linked members a call into `cluster` may go to, or the reason it may not:
@@ -126,9 +143,9 @@ class Calls(LinkObserver):
         pending = len(self.pending.by_id)
         if pending + adding > self._max_pending:
             raise Overloaded(pending, self._max_pending)
-        members = self._members.get(cluster)
+        members = self.linked.get(cluster)
         if members is None:
-            members = self._find_members(cluster)
+            members = self.members(cluster)
         if not members:
             if not self._security.has_key(cluster):
                 raise NoKey(cluster)
@@ -144,7 +161,7 @@ class Calls(LinkObserver):
         With `hedge`, a copy goes to a second member if no reply came within `hedge` seconds,
         and the first reply wins (for idempotent requests: both may run).
         """
-        members = self._members.get(cluster)
+        members = self.linked.get(cluster)
         if (  # the hot path asks members_for only when it cannot go ahead at once
             not members
             or self.closed
@@ -263,7 +280,7 @@ class Calls(LinkObserver):
 
     def _resend(self, request: PendingRequest, now: float, failed: OutLink | None) -> None:
         """Its link is gone: another member, or parked until one comes or the deadline."""
-        members = self._find_members(request.cluster)
+        members = self.members(request.cluster)
         if request.deadline <= now or not members:
             request.link = None  # parked: a new member or the deadline decides
             if request.deadline > now:
@@ -283,7 +300,7 @@ class Calls(LinkObserver):
                 request.link, request.hedged = request.hedged, None
                 link.outstanding -= 1
                 continue
-            members = self._find_members(request.cluster)
+            members = self.members(request.cluster)
             others = [m for m in members if m is not link and not m.suspect]
             if not others or request.deadline <= now:
                 continue  # it stays: this member may yet answer
@@ -293,7 +310,7 @@ class Calls(LinkObserver):
 
     def _hedge(self, request: PendingRequest, now: float) -> None:
         """No reply within the hedge delay: a copy to a second member, if the budget allows."""
-        members = [m for m in self._find_members(request.cluster) if m is not request.link]
+        members = [m for m in self.members(request.cluster) if m is not request.link]
         if not members:
             return
         cfg = self.config

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from random import Random
 
 from irismesh._core.config import CoreConfig
 from irismesh._core.directory import Directory
@@ -40,7 +41,9 @@ class LinkDemand:
         peers: dict[bytes, OutLink],
         dials: dict[str, DialRecord],
         own_endpoint: str,
-        dial: Callable[[DialRecord, float], None],
+        rng: Random,
+        open_link: Callable[[DialRecord, float], None],
+        link_count: Callable[[], int],
         goodbye: Callable[[OutLink, float, str], None],
         tunnels_use: Callable[[OutLink], bool],
         alone: Callable[[], bool],
@@ -52,7 +55,9 @@ class LinkDemand:
         self._peers = peers  # the engine's UP dialled links, by node id
         self._dials = dials  # and its dial records, by endpoint
         self._own = own_endpoint
-        self._dial = dial
+        self._rng = rng
+        self._open_link = open_link
+        self._link_count = link_count
         self._goodbye = goodbye
         self._tunnels_use = tunnels_use
         self._alone = alone
@@ -91,7 +96,64 @@ class LinkDemand:
             record = self._dials[member.endpoint] = DialRecord(member.endpoint, seed=False)
             record.join = False
         if not record.link_id and now >= record.next_at:
-            self._dial(record, now)
+            self.dial(record, now)
+
+    def candidate(self, endpoint: str, now: float, *, seed: bool) -> None:
+        """An endpoint to join the mesh through: a seed, or one discovery found (ignored when
+        membership already knows a member there)."""
+        if not seed and self._directory.knows_endpoint(endpoint):
+            return
+        record = self._dials.get(endpoint)
+        if record is None:
+            if len(self._dials) >= MAX_DIAL_RECORDS and not seed:
+                self._stats["candidates_dropped"] += 1
+                return
+            record = self._dials[endpoint] = DialRecord(endpoint, seed=False)
+        if endpoint == self._own:
+            return  # never dial ourselves, even when listed as a seed
+        record.join = True
+        if seed:
+            record.seed = True
+        if not record.link_id and now >= record.next_at:
+            self.dial(record, now)
+
+    def dial(self, record: DialRecord, now: float) -> None:
+        """Open a link through `record`; at `max_links`, only if an idle link can make room."""
+        if self._link_count() >= self._config.max_links and not self.close_least_needed(now):
+            # Each dialled link costs sockets and file descriptors, and all are needed now.
+            # The record waits for its turn.
+            self._stats["dials_deferred"] += 1
+            record.next_at = now + self._config.redial_max * (0.5 + self._rng.random())
+            if not record.seed:  # a deferral counts as a failed try: floods drain away
+                record.failures += 1
+                if record.failures >= self._config.forget_after_failures:
+                    del self._dials[record.endpoint]
+            return
+        self._open_link(record, now)
+
+    def dial_ended(self, record: DialRecord, reason: str, was_up: bool, now: float) -> None:
+        """The link dialled through `record` closed for `reason`: when to dial again, if ever."""
+        record.link_id = 0
+        cfg = self._config
+        if reason in ("self", "duplicate"):
+            record.next_at = float("inf")  # never useful to dial again
+        elif was_up and reason in ("bye", "idle", "dead", "left"):
+            if record.seed:  # dialled again only if this node finds itself alone
+                record.next_at = now + cfg.redial_max
+            else:
+                del self._dials[record.endpoint]
+        else:
+            record.failures += not was_up
+            backoff = min(cfg.redial_max, cfg.redial_min * 2 ** min(record.failures, 10))
+            record.next_at = now + backoff * (0.5 + self._rng.random())
+            if not record.seed and record.failures >= cfg.forget_after_failures:
+                del self._dials[record.endpoint]
+
+    def forget(self, endpoint: str) -> None:
+        """A member there died or left: its record goes, unless a seed's or dialled now."""
+        record = self._dials.get(endpoint)
+        if record is not None and not record.seed and not record.link_id:
+            del self._dials[endpoint]
 
     def dial_wanted(self, now: float) -> None:
         """Dial the members of what is wanted that are not linked yet."""
@@ -153,4 +215,4 @@ class LinkDemand:
             if record.seed and not alone:
                 continue  # seeds are for joining: once in the mesh, membership keeps us in
             if record.join:
-                self._dial(record, now)
+                self.dial(record, now)

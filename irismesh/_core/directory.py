@@ -13,7 +13,7 @@ offer tags they exchange, remain the proof that a node serves a cluster.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from irismesh._core.records import (
     MemberChanged,
@@ -38,6 +38,16 @@ class Directory:
         self._by_endpoint: dict[str, bytes] = {}
         self._servers: dict[str, dict[bytes, MemberRecord]] = {}
         self._readers: dict[str, dict[bytes, MemberRecord]] = {}
+
+    def own_tags(self, node_id: bytes, clusters: Iterable[str], patterns: Iterable[str]) -> bytes:
+        """The tags of this node's own record: the clusters it serves, and the topic scopes its
+        subscription `patterns` read (a pattern whose first word is a wildcard reads them all)."""
+        scopes = {pattern.partition(".")[0] for pattern in patterns}
+        every = bool(scopes & {"*", "#"})
+        tags = self._security.member_tags(node_id, clusters)
+        if scopes:
+            tags += self._security.interest_tags(node_id, scopes - {"*", "#"}, every)
+        return tags
 
     def __len__(self) -> int:
         return len(self._records)

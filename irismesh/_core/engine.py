@@ -45,19 +45,18 @@ from collections.abc import Callable, Iterable
 from random import Random
 from typing import Any
 
+from irismesh._core.api import CoreApi
 from irismesh._core.calls import Calls
 from irismesh._core.config import CoreConfig
-from irismesh._core.demand import MAX_DIAL_RECORDS, LinkDemand
+from irismesh._core.demand import LinkDemand
 from irismesh._core.directory import Directory
 from irismesh._core.events import (
     CloseLink,
-    Event,
     LinksChanged,
     OpenLink,
     PeerDown,
     PeerSuspect,
     PeerUp,
-    Token,
 )
 from irismesh._core.frames import (
     HEADER_SIZE,
@@ -74,13 +73,11 @@ from irismesh._core.membership import Membership
 from irismesh._core.outbox import Outbox
 from irismesh._core.pubsub import PubSubCore
 from irismesh._core.records import (
-    Member,
     MemberDown,
     MemberRecord,
     MemberSuspect,
     MemberUp,
 )
-from irismesh._core.replycache import ReplyCache
 from irismesh._core.sealing import NodeSecurity
 from irismesh._core.tunnels import TunnelTable
 from irismesh.errors import ConfigurationError, ProtocolError
@@ -101,7 +98,7 @@ def address_of(endpoint: str) -> str:
     return endpoint.removeprefix("tcp://")
 
 
-class MeshCore:
+class MeshCore(CoreApi):
     """One node's protocol state. Not thread-safe; the driver owns it."""
 
     def __init__(
@@ -138,7 +135,6 @@ class MeshCore:
         self._in: dict[bytes, InLink] = {}
         self._in_by_peer: dict[bytes, InLink] = {}
         self._peers: dict[bytes, OutLink] = {}  # node id -> its UP dialled link
-        self._members: dict[str, list[OutLink]] = {}  # cluster -> UP links serving it (cache)
         self._dials: dict[str, DialRecord] = {}
         self._dials[endpoint] = DialRecord(endpoint, seed=False, next_at=float("inf"))
         self._next_link = 1
@@ -146,7 +142,9 @@ class MeshCore:
         self._tick_due = now  # when the last tick asked for the next one
         # Membership, and what its records say this node can reach.
         stats = self.stats
-        record = MemberRecord(node_id, endpoint, self.address, self._tags(()))
+        self.directory = directory = Directory(security)
+        tags = directory.own_tags(node_id, self.clusters, ())
+        record = MemberRecord(node_id, endpoint, self.address, tags)
         self.membership = membership = Membership(
             record,
             sealer=security.datagram_sealer(node_id),
@@ -154,7 +152,6 @@ class MeshCore:
             config=config.membership,
             stats=stats,
         )
-        self.directory = directory = Directory(security)
         # The concerns.
         self.outbox = outbox = Outbox(
             codec=codec, stats=stats, inbound=self._in, max_payload=config.max_payload
@@ -177,9 +174,10 @@ class MeshCore:
             stats=stats,
             outbox=outbox,
             inbound=self._in,
-            members=self._members,
-            find_members=self.members,
+            peers=self._peers,
+            cluster_slot=self._handshake.cluster_slot,
             want=self.want,
+            clock=lambda: self._now,
         )
         self.pubsub = pubsub = PubSubCore(
             config=config,
@@ -210,7 +208,9 @@ class MeshCore:
             peers=self._peers,
             dials=self._dials,
             own_endpoint=endpoint,
-            dial=self._dial,
+            rng=rng,
+            open_link=self._open_link,
+            link_count=lambda: len(self._out),
             goodbye=self._goodbye,
             tunnels_use=tunnels.uses,
             alone=lambda: len(membership) == 0,
@@ -224,49 +224,7 @@ class MeshCore:
         self._on_tunnel_out = tunnels.on_out
         self._on_tunnel_in = tunnels.on_in
 
-    # ----------------------------------------------------------------- what the driver takes
-
-    @property
-    def events(self) -> list[Event]:
-        return self.outbox.events
-
-    @events.setter
-    def events(self, events: list[Event]) -> None:
-        self.outbox.events = events
-
-    @property
-    def out_frames(self) -> list[tuple[int, bytes]]:
-        return self.outbox.out_frames
-
-    @out_frames.setter
-    def out_frames(self, frames: list[tuple[int, bytes]]) -> None:
-        self.outbox.out_frames = frames
-
-    @property
-    def in_frames(self) -> list[tuple[bytes, bytes]]:
-        return self.outbox.in_frames
-
-    @in_frames.setter
-    def in_frames(self, frames: list[tuple[bytes, bytes]]) -> None:
-        self.outbox.in_frames = frames
-
-    @property
-    def batching(self) -> bool:
-        """Off: frames are sealed at once. On (the driver): staged until `seal_staged`."""
-        return self.outbox.batching
-
-    @batching.setter
-    def batching(self, on: bool) -> None:
-        self.outbox.batching = on
-
-    def seal_staged(self) -> None:
-        self.outbox.seal_staged()
-
     # ----------------------------------------------------------------- introspection
-
-    @property
-    def pending_count(self) -> int:
-        return len(self.calls.pending)
 
     def next_deadline(self, now: float) -> float:
         """When `tick` must next run: a deadline, a probe, a ping, or housekeeping."""
@@ -284,96 +242,6 @@ class MeshCore:
     def inbound(self) -> list[InLink]:
         return list(self._in.values())
 
-    def known(self) -> list[tuple[Member, OutLink | None]]:
-        """Every member membership knows (any state), with this node's link to it if any."""
-        peers = self._peers
-        return [(m, peers.get(m.record.node_id)) for m in self.membership.members()]
-
-    def members(self, cluster: str) -> list[OutLink]:
-        """UP links to members of `cluster` (linking to those membership knows and this node
-        is not linked to yet); raises NoKey without a key for it."""
-        members = self._members.get(cluster)
-        if members is None:
-            if self._security.has_key(cluster):
-                self.want(cluster, self._now)
-            slot = self._handshake.cluster_slot
-            members = [link for link in self._peers.values() if slot(link, cluster)]
-            self._members[cluster] = members
-        return members
-
-    @property
-    def reply_cache(self) -> ReplyCache:
-        return self.calls.replies
-
-    @property
-    def publish_blocked(self) -> bool:
-        return self.pubsub.blocked
-
-    # ----------------------------------------------------------------- the concerns' API
-    # Each is the concern's method of (nearly) the same name: see its docstring there.
-
-    def request(
-        self, cluster: str, payload: bytes, timeout: float, now: float, hedge: float | None = None
-    ) -> int:
-        return self.calls.request(cluster, payload, timeout, now, hedge)
-
-    def fanout(
-        self, kind: int, cluster: str, payload: bytes, timeout: float, now: float
-    ) -> list[tuple[int, bytes]]:
-        return self.calls.fanout(kind, cluster, payload, timeout, now)
-
-    def request_link(self, req_id: int) -> int:
-        return self.calls.request_link(req_id)
-
-    def cancel(self, req_id: int) -> None:
-        self.calls.cancel(req_id)
-
-    def reply(self, token: Token, payload: bytes, *, error: bool = False) -> None:
-        self.calls.reply(token, payload, error=error)
-
-    def reply_error(self, token: Token, exc: BaseException) -> None:
-        self.calls.reply_error(token, exc)
-
-    def subscribe(self, pattern: str) -> None:
-        self.pubsub.subscribe(pattern)
-
-    def unsubscribe(self, pattern: str) -> None:
-        self.pubsub.unsubscribe(pattern)
-
-    def subscribers(self, topic: str) -> list[bytes]:
-        return self.pubsub.subscribers(topic)
-
-    def blocked_subscribers(self, topic: str) -> list[bytes]:
-        return self.pubsub.blocked_subscribers(topic)
-
-    def publish(self, topic: str, payload: bytes) -> int:
-        return self.pubsub.publish(topic, payload)
-
-    def release(self, routing_id: bytes, count: int = 1) -> bool:
-        return self.pubsub.release(routing_id, count)
-
-    def open_tunnel(self, cluster: str, window: int) -> int:
-        return self.tunnels.open(cluster, window, self._now)
-
-    def tunnel_accept(self, handle: int, window: int) -> None:
-        self.tunnels.accept(handle, window)
-
-    def tunnel_send(self, handle: int, op: int, arg: int = 0, data: bytes = b"") -> None:
-        self.tunnels.send(handle, op, arg, data)
-
-    def tunnel_forget(self, handle: int) -> None:
-        self.tunnels.forget(handle)
-
-    def tunnel_peer(self, handle: int) -> bytes:
-        return self.tunnels.peer(handle)
-
-    def tunnel_credit(self, handle: int) -> int:
-        return self.tunnels.credit(handle)
-
-    @property
-    def tunnel_count(self) -> int:
-        return len(self.tunnels.ends)
-
     # ----------------------------------------------------------------- membership
 
     def receive_datagram(self, source: str, datagram: bytes, now: float) -> None:
@@ -383,26 +251,11 @@ class MeshCore:
         if self.membership.events:
             self._after_membership(now)
 
-    def take_datagrams(self) -> list[tuple[str, bytes]]:
-        """Membership's datagrams to send: (address, datagram) each."""
-        datagrams = self.membership.outbox
-        if datagrams:
-            self.membership.outbox = []
-        return datagrams
-
     def _interest_changed(self) -> None:
         """This node's subscriptions now reach other topic scopes: a new record says so."""
-        tags = self._tags(self.pubsub.subscribed)
+        tags = self.directory.own_tags(self.node_id, self.clusters, self.pubsub.subscribed)
         if tags != self.membership.me.tags:
             self.membership.update(self._now, tags=tags)
-
-    def _tags(self, patterns: Iterable[str]) -> bytes:
-        scopes = {pattern.partition(".")[0] for pattern in patterns}
-        every = bool(scopes & {"*", "#"})
-        tags = self._security.member_tags(self.node_id, self.clusters)
-        if scopes:
-            tags += self._security.interest_tags(self.node_id, scopes - {"*", "#"}, every)
-        return tags
 
     def _after_membership(self, now: float) -> None:
         """Act on what membership decided: peers up, suspect or down; new nodes to link to."""
@@ -441,9 +294,7 @@ class MeshCore:
                 self._close_out(link, now, reason)
             for inlink in [x for x in self._in.values() if x.peer_id == node_id]:
                 self._forget_in(inlink)
-        dial = self._dials.get(record.endpoint)
-        if dial is not None and not dial.seed and not dial.link_id:
-            del self._dials[record.endpoint]
+        self._demand.forget(record.endpoint)
         self.outbox.events.append(
             PeerDown(node_id=node_id, endpoint=record.endpoint, reason=reason)
         )
@@ -452,34 +303,10 @@ class MeshCore:
 
     def add_candidate(self, endpoint: str, now: float, *, seed: bool = False) -> None:
         """An endpoint to join the mesh through (a seed, or one discovery found)."""
-        if self._closed or (not seed and self.directory.knows_endpoint(endpoint)):
-            return
-        record = self._dials.get(endpoint)
-        if record is None:
-            if len(self._dials) >= MAX_DIAL_RECORDS and not seed:
-                self.stats["candidates_dropped"] += 1
-                return
-            record = self._dials[endpoint] = DialRecord(endpoint, seed=False)
-        if endpoint == self.endpoint:
-            return  # never dial ourselves, even when listed as a seed
-        record.join = True
-        if seed:
-            record.seed = True
-        if record.link_id or now < record.next_at:
-            return
-        self._dial(record, now)
+        if not self._closed:
+            self._demand.candidate(endpoint, now, seed=seed)
 
-    def _dial(self, record: DialRecord, now: float) -> None:
-        if len(self._out) >= self.config.max_links and not self._demand.close_least_needed(now):
-            # Each dialled link costs sockets and file descriptors, and all are needed now.
-            # The record waits for its turn.
-            self.stats["dials_deferred"] += 1
-            record.next_at = now + self.config.redial_max * (0.5 + self._rng.random())
-            if not record.seed:  # a deferral counts as a failed try: floods drain away
-                record.failures += 1
-                if record.failures >= self.config.forget_after_failures:
-                    del self._dials[record.endpoint]
-            return
+    def _open_link(self, record: DialRecord, now: float) -> None:
         link_id = self._next_link
         self._next_link += 1
         self._out[link_id] = self._handshake.hello(link_id, record.endpoint, now)
@@ -640,7 +467,7 @@ class MeshCore:
         dial = self._dials.get(link.endpoint)
         if dial is not None:
             dial.failures = 0
-        self._members.clear()
+        self.calls.linked.clear()
         self.stats["links_up"] += 1
         self.outbox.events.append(LinksChanged())
         for observer in self._observers:
@@ -659,28 +486,14 @@ class MeshCore:
         events.append(CloseLink(link_id=link.link_id))
         record = self._dials.get(link.endpoint)
         if record is not None and record.link_id == link.link_id:
-            record.link_id = 0
-            if reason in ("self", "duplicate"):
-                record.next_at = float("inf")  # never useful to dial again
-            elif was_up and reason in ("bye", "idle", "dead", "left"):
-                if record.seed:  # dialled again only if this node finds itself alone
-                    record.next_at = now + self.config.redial_max
-                else:
-                    del self._dials[link.endpoint]
-            else:
-                record.failures += not was_up
-                cfg = self.config
-                backoff = min(cfg.redial_max, cfg.redial_min * 2 ** min(record.failures, 10))
-                record.next_at = now + backoff * (0.5 + self._rng.random())
-                if not record.seed and record.failures >= cfg.forget_after_failures:
-                    del self._dials[link.endpoint]
+            self._demand.dial_ended(record, reason, was_up, now)
         if not was_up:
             self.stats["dials_failed"] += 1
             return
         self.stats["links_down_" + reason] += 1
         if self._peers.get(link.peer_id) is link:
             del self._peers[link.peer_id]
-        self._members.clear()
+        self.calls.linked.clear()
         events.append(LinksChanged())
         for observer in self._observers:
             observer.link_down(link, reason, now)

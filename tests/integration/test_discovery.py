@@ -6,6 +6,7 @@ import asyncio
 import random
 import socket
 
+import pytest
 from helpers import wait_until
 
 import irismesh
@@ -95,3 +96,26 @@ def test_survey_realm_comes_from_the_mesh_key(keys: irismesh.Keyring) -> None:
     assert ours.realm != theirs.realm
     assert ours.realm == _survey_config(True, keys).realm  # stable for one key
     assert _survey_config(True, irismesh.Keyring.generate(["db"])) == irismesh.SurveyConfig()
+
+
+def test_wait_for_peers_counts_membership_and_opens_no_link(keys: irismesh.Keyring) -> None:
+    async def main() -> None:
+        first = await irismesh.Node("db", keyring=keys).start()
+        others = [
+            await irismesh.Node(cluster, keyring=keys, seeds=[first.endpoint]).start()
+            for cluster in ("db", "search", None)
+        ]
+        watcher = others[-1]
+        try:
+            assert await watcher.wait_for_peers(3, timeout=5.0) == 3
+            assert {p.node_id for p in watcher.peers()} == {
+                n.node_id.hex() for n in (first, *others[:2])
+            }
+            # Membership only: the watcher linked to nobody but the seed it joined through.
+            assert sum(p.linked for p in watcher.peers()) <= 1
+            with pytest.raises(irismesh.MembershipTimeout, match="the mesh has 3 live"):
+                await watcher.wait_for_peers(4, timeout=0.2)
+        finally:
+            await asyncio.gather(*(n.close() for n in [*others, first]))
+
+    asyncio.run(asyncio.wait_for(main(), 30))

@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+import zeroconf.asyncio
 from helpers import wait_until
 from zeroconf import IPVersion, ServiceStateChange, Zeroconf
 from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
 
-import irismesh.discovery.mdns as mdns
 from irismesh.discovery.mdns import (
     DEFAULT_SERVICE_TYPE,
     MdnsAdvert,
@@ -112,7 +112,8 @@ def zeroconf_calls(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
         calls.append({"args": args, **kwargs})
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(mdns, "AsyncZeroconf", spy)
+    # The module imports zeroconf when it first opens it: patch where it imports from.
+    monkeypatch.setattr(zeroconf.asyncio, "AsyncZeroconf", spy)
     return calls
 
 
