@@ -30,6 +30,7 @@ from irismesh.errors import (
 )
 from irismesh.node import Node, PeerInfo, SurveyResult, TelemetryConfig
 from irismesh.patterns.pubsub import Message, Subscription
+from irismesh.patterns.reqrep import deadline, time_left
 from irismesh.patterns.tunnel import Tunnel
 from irismesh.security.keyring import Keyring, ScopeKey
 
@@ -67,4 +68,6 @@ __all__ = [
     "TunnelError",
     "TunnelReset",
     "__version__",
+    "deadline",
+    "time_left",
 ]

@@ -83,15 +83,52 @@ class PayloadTooLarge(MeshError, ValueError):
 
 
 class Overloaded(MeshError):
-    """This node already has its maximum of requests in flight."""
+    """Too much work now; the request did not run, so retrying later or elsewhere is safe.
 
-    def __init__(self, pending: int, limit: int) -> None:
-        super().__init__(
-            f"{pending} requests in flight, the limit is {limit}: wait for replies, or raise "
-            "CoreConfig.max_pending"
-        )
+    `reason` says whose limit it met:
+
+    - "in_flight": this node already has its maximum of requests in flight (`pending`, `limit`:
+      CoreConfig.max_pending);
+    - "throttled": this node turned the request away itself, at once, because the cluster's
+      members have lately been turning requests away or letting them time out (adaptive
+      throttling: the caller backs off instead of hammering a saturated cluster);
+    - "member": a member turned it away unrun, because it could not have answered within the
+      request's deadline (`detail` says why: "queue", "deadline", "sojourn", ...), and no other
+      member could take it in time.
+    """
+
+    retriable = True
+
+    def __init__(
+        self,
+        pending: int = 0,
+        limit: int = 0,
+        *,
+        reason: str = "in_flight",
+        cluster: str | None = None,
+        detail: str = "",
+    ) -> None:
+        if reason == "throttled":
+            message = (
+                f"cluster {cluster!r} is turning requests away: this node throttles itself "
+                "and rejected this request without sending it; retry later"
+            )
+        elif reason == "member":
+            message = (
+                f"cluster {cluster!r}: the member could not answer within the deadline"
+                f"{f' ({detail})' if detail else ''} and no other member could take it"
+            )
+        else:
+            message = (
+                f"{pending} requests in flight, the limit is {limit}: wait for replies, or "
+                "raise CoreConfig.max_pending"
+            )
+        super().__init__(message)
         self.pending = pending
         self.limit = limit
+        self.reason = reason
+        self.cluster = cluster
+        self.detail = detail
 
 
 class RequestError(MeshError):

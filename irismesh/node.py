@@ -23,13 +23,16 @@ import asyncio
 import contextlib
 import os
 import random
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import zmq
 
+from irismesh._core.admission import Admission
 from irismesh._core.config import CoreConfig
 from irismesh._core.engine import MeshCore
 from irismesh._core.events import (
@@ -38,6 +41,7 @@ from irismesh._core.events import (
     PeerDown,
     PeerUp,
     RequestArrived,
+    RequestCancelled,
     Token,
 )
 from irismesh._core.frames import MAX_CLUSTERS, Kind
@@ -67,7 +71,7 @@ from irismesh.telemetry.node_telemetry import (
     NodeTelemetry,
     TelemetryConfig,
 )
-from irismesh.telemetry.recorder import Recorder
+from irismesh.telemetry.recorder import Recorder, Series
 
 H = TypeVar("H", bound=RequestHandler)
 B = TypeVar("B", bound=Callable[[bytes], Any])
@@ -121,6 +125,7 @@ class Node:
         sealing: bool = True,
         telemetry: TelemetryConfig | bool = True,
         busy_poll: float = 0.0,
+        handler_threads: int = 8,
     ) -> None:
         if keyring is None:
             keyring = Keyring.from_env()
@@ -167,8 +172,12 @@ class Node:
         self._caller = Caller(
             default_timeout=default_timeout, busy_poll=busy_poll, telemetry=self.telemetry
         )
+        if not 1 <= handler_threads <= 1024:
+            raise ConfigurationError(f"handler_threads must be 1 to 1024, got {handler_threads!r}")
+        self._handler_threads = handler_threads
         serving = self.recorder.serving if self.recorder is not None else None
-        self._runner = HandlerRunner(self._reply, self._reply_error, self._flush_soon, serving)
+        self._serving_stats: Counter[str] = Counter()  # admission's counters, both runners'
+        self._runner = self._serving_runner(serving)
         self._broadcasts = HandlerRunner(
             self._reply, self._reply_error, self._flush_soon, serving, ack_only=True
         )
@@ -183,6 +192,7 @@ class Node:
         self._handlers: dict[type[Any], Callable[[Any], None]] = {}
         self._caller.listen(self._listen)
         self._listen(RequestArrived, self._on_request)
+        self._listen(RequestCancelled, self._on_cancelled)
         self._listen(PeerUp, self._on_membership)
         self._listen(PeerDown, self._on_membership)
         self._listen(LinksChanged, self._on_links)
@@ -307,16 +317,49 @@ class Node:
 
     # ----------------------------------------------------------------- serving
 
-    def on_request(self, handler: H) -> H:
-        """Decorator: `handler(payload) -> bytes` (sync or async) answers this node's requests.
+    @overload
+    def on_request(self, handler: H, *, blocking: bool = False) -> H: ...
 
-        A plain function runs on the event loop and must not block; an `async def` handler may
-        await freely.
+    @overload
+    def on_request(self, handler: None = None, *, blocking: bool = False) -> Callable[[H], H]: ...
+
+    def on_request(
+        self, handler: H | None = None, *, blocking: bool = False
+    ) -> H | Callable[[H], H]:
+        """Decorator: `handler(payload) -> bytes` (sync or async) answers this node's requests;
+        `@node.on_request` or `@node.on_request(blocking=True)`.
+
+        A plain function runs on the event loop, a few milliseconds of them at a time, and must
+        not block; an `async def` handler may await freely. A handler that calls blocking code
+        (a database driver, file I/O, a long computation in a C library) is declared
+        `blocking=True`: it runs in the node's thread pool (`handler_threads` threads, which is
+        then the most handlers that run at once), and the event loop stays free.
+
+        Every request carries its caller's deadline: a handler reads it with
+        `irismesh.deadline()` or `irismesh.time_left()`, requests it makes inherit what is left,
+        and an `async def` handler still running when the caller gives up is cancelled. Requests
+        beyond what the member can finish in time are turned away before they start (the caller
+        gets `Overloaded`, or another member takes them): see "Deadlines and overload" in the
+        README.
         """
         if not self.clusters:
             raise ConfigurationError("a node without a cluster serves no requests: pass cluster=")
-        self._runner.handler = handler
-        return handler
+
+        def register(handler: H) -> H:
+            runner = self._runner
+            runner.handler = handler
+            runner.blocking = blocking
+            if blocking:
+                if runner.pool is None:
+                    runner.pool = ThreadPoolExecutor(
+                        self._handler_threads, thread_name_prefix="irismesh-handler"
+                    )
+                if runner.admission is not None:
+                    runner.admission.max_limit = self._handler_threads
+                    runner.admission.limit = min(runner.admission.limit, self._handler_threads)
+            return handler
+
+        return register if handler is None else register(handler)
 
     def on_broadcast(self, handler: B) -> B:
         """Decorator: `handler(payload)` (sync or async) gets every broadcast to this member.
@@ -333,10 +376,24 @@ class Node:
         if not self.clusters:
             raise ConfigurationError("a node without a cluster answers no surveys: pass cluster=")
         serving = self.recorder.serving if self.recorder is not None else None
-        runner = HandlerRunner(self._reply, self._reply_error, self._flush_soon, serving)
+        runner = self._serving_runner(serving)
         runner.handler = handler
         self._surveys = runner
         return handler
+
+    def _serving_runner(self, serving: Mapping[str, Series] | None) -> HandlerRunner:
+        """A runner for requests (or surveys): within admission, answering Overloaded."""
+        return HandlerRunner(
+            self._reply,
+            self._reply_error,
+            self._flush_soon,
+            serving,
+            admission=Admission(
+                max_limit=self._config.max_concurrency, max_queue=self._config.max_waiting
+            ),
+            turn_away=self._turn_away,
+            stats=self._serving_stats,
+        )
 
     def on_tunnel(self, handler: T) -> T:
         """Decorator: `async def handler(tunnel)` serves each tunnel a caller opens to this member.
@@ -569,6 +626,11 @@ class Node:
         stats = dict(self._core.stats)
         stats["requests_pending"] = self._core.pending_count
         stats["handlers_running"] = self._runner.running
+        stats.update(self._serving_stats)
+        admission = self._runner.admission
+        if admission is not None:
+            stats["requests_waiting"] = len(admission.queue)
+            stats["handler_limit"] = int(admission.limit)
         stats["reply_cache_entries"] = len(self._core.reply_cache)
         stats["messages_published"] = self._pubsub.published
         stats["messages_delivered"] = self._pubsub.delivered
@@ -613,6 +675,11 @@ class Node:
             self._broadcasts.run(event)
         else:
             (self._surveys or self._runner).run(event)
+
+    def _on_cancelled(self, event: RequestCancelled) -> None:
+        self._runner.cancel(event)
+        if self._surveys is not None:
+            self._surveys.cancel(event)
 
     def _on_membership(self, event: PeerUp | PeerDown) -> None:
         """A peer came or went: `peers(departed=True)` and `wait_for_members` hear of it."""
@@ -671,11 +738,29 @@ class Node:
             "peers": len(core.membership),
             "links": len(core.peers()),
             "reply_cache_entries": len(core.reply_cache),
+            **self._overload_counters(),
         }
+
+    def _overload_counters(self) -> dict[str, float]:
+        """Admission's and the throttle's counters so far (cumulative), for the gauges."""
+        counters: dict[str, float] = dict(self._serving_stats)
+        stats = self._core.stats if self._core is not None else {}
+        for name in ("requests_throttled", "requests_turned_away", "cancels_received"):
+            counters[name] = stats.get(name, 0)
+        counters.update((k, v) for k, v in stats.items() if k.startswith("requests_shed_"))
+        admission = self._runner.admission
+        if admission is not None:
+            counters["requests_waiting"] = len(admission.queue)
+            counters["handler_limit"] = admission.limit
+        return counters
 
     def _reply(self, token: Token, payload: bytes) -> None:
         if self._core is not None and not self._closing:
             self._core.calls.reply(token, payload)
+
+    def _turn_away(self, token: Token, reason: str) -> None:
+        if self._core is not None and not self._closing:
+            self._core.calls.turn_away(token, reason)
 
     def _reply_error(self, token: Token, exc: BaseException) -> None:
         if self._core is not None and not self._closing:

@@ -23,10 +23,11 @@ from irismesh import node as _async
 from irismesh._core.config import CoreConfig
 from irismesh.discovery.mdns import MdnsConfig
 from irismesh.discovery.survey import SurveyConfig
-from irismesh.errors import Closed, ConfigurationError, EndOfStream
+from irismesh.errors import Closed, ConfigurationError, EndOfStream, RequestTimeout
 from irismesh.patterns import pubsub as _pubsub
 from irismesh.patterns import tunnel as _tunnel
 from irismesh.patterns.pubsub import Policy
+from irismesh.patterns.reqrep import time_left
 from irismesh.security.keyring import Keyring
 
 T = TypeVar("T")
@@ -61,7 +62,9 @@ class Node:
             mdns=mdns,
             config=config,
             default_timeout=default_timeout,
+            handler_threads=handler_threads,
         )
+        self._default_timeout = default_timeout
         self._pool = concurrent.futures.ThreadPoolExecutor(
             handler_threads, thread_name_prefix="irismesh-handler"
         )
@@ -127,16 +130,11 @@ class Node:
         return self._node.stats
 
     def on_request(self, handler: F) -> F:
-        """Decorator: `handler(payload) -> bytes`, run in the node's handler thread pool."""
+        """Decorator: `handler(payload) -> bytes`, run in the node's handler thread pool (a
+        blocking handler: at most `handler_threads` run at once, within admission)."""
         if asyncio.iscoroutinefunction(handler):
             raise ConfigurationError("irismesh.sync.Node takes plain functions as handlers")
-        pool = self._pool
-
-        async def run_in_pool(payload: bytes) -> bytes:
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(pool, handler, payload)
-
-        self._node.on_request(run_in_pool)
+        self._node.on_request(handler, blocking=True)
         return handler
 
     def on_broadcast(self, handler: Callable[[bytes], object]) -> Callable[[bytes], object]:
@@ -178,6 +176,11 @@ class Node:
         timeout: float | None = None,
         hedge: float | bool | None = None,
     ) -> bytes:
+        left = time_left()  # called from a handler: within its caller's deadline
+        if left is not None:
+            if left <= 0:
+                raise RequestTimeout(cluster, 0.0, 0)
+            timeout = min(self._default_timeout if timeout is None else timeout, left)
         return self._call(self._node.request(cluster, payload, timeout=timeout, hedge=hedge))
 
     def broadcast(self, cluster: str, payload: bytes, *, timeout: float | None = None) -> list[str]:

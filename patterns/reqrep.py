@@ -16,12 +16,25 @@ handler, reported to the caller the same way.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
+import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
+from irismesh._core.admission import Admission
 from irismesh._core.engine import MeshCore
-from irismesh._core.events import Listen, ReplyArrived, RequestArrived, RequestFailed, Token
+from irismesh._core.events import (
+    Listen,
+    ReplyArrived,
+    RequestArrived,
+    RequestCancelled,
+    RequestFailed,
+    Token,
+)
 from irismesh._core.frames import STATUS_OK, Kind, unpack_error
 from irismesh._driver import Driver
 from irismesh.errors import Closed, ConfigurationError, MeshError, RemoteError, RequestTimeout
@@ -36,10 +49,46 @@ RequestHandler = Callable[[bytes], Awaitable[bytes | bytearray | memoryview] | b
 Reply = Callable[[Token, bytes], None]
 ReplyError = Callable[[Token, BaseException], None]
 _OK, _REMOTE_ERROR = str(Outcome.OK), str(Outcome.REMOTE_ERROR)
+_Timer = asyncio.TimerHandle | None
+SLICE = 0.005  # seconds of plain-function handlers run in a row before the loop gets a turn
+
+_deadline: ContextVar[float] = ContextVar("irismesh_deadline", default=float("inf"))
+
+
+def deadline() -> float | None:
+    """The deadline of the request being handled, as event loop time (`loop.time()`): when
+    its caller gives up. None outside a request handler, or for a request without one.
+
+    Requests a handler makes in turn inherit it: their timeout is at most what is left."""
+    at = _deadline.get()
+    return None if at == float("inf") else at
+
+
+def time_left() -> float | None:
+    """Seconds left until `deadline()` (negative once passed); None outside a handler. Safe
+    in a blocking handler's thread too: the loop's clock is the monotonic clock."""
+    at = _deadline.get()
+    if at == float("inf"):
+        return None
+    return at - time.monotonic()
 
 
 class HandlerRunner:
-    """Runs one node's request handler for each RequestArrived."""
+    """Runs one node's request handler for each RequestArrived, within admission.
+
+    With an `admission` (the request and survey handlers), each request is offered to it on
+    arrival: started at once, queued, or turned away (`turn_away`, with the reason); whatever
+    waits starts as running handlers finish, in the order admission chooses, and requests that
+    can no longer be served in time are turned away before they start. Plain-function handlers
+    run on the event loop, at most `SLICE` seconds of them in a row: then the runner yields to
+    the loop (the rest wait in the queue), so membership's probes and other clusters' traffic
+    are answered between slices however busy the handlers keep the node. Blocking handlers run
+    in the runner's thread pool, whose size caps admission's limit.
+
+    A handler's deadline (`deadline()`) is the request's: an `async def` handler still running
+    at its deadline, or whose caller gives up (`cancel`), is cancelled. A blocking handler
+    cannot be interrupted: its caller is answered at once, and its thread runs on to its end.
+    """
 
     def __init__(
         self,
@@ -49,6 +98,9 @@ class HandlerRunner:
         serving: Mapping[str, Series] | None = None,
         *,
         ack_only: bool = False,
+        admission: Admission[RequestArrived] | None = None,
+        turn_away: Callable[[Token, str], None] | None = None,
+        stats: Counter[str] | None = None,
     ) -> None:
         self._reply = reply
         self._reply_error = reply_error
@@ -56,11 +108,123 @@ class HandlerRunner:
         # Telemetry: cluster -> the series that times its handler runs (a Recorder's `serving`)
         self._serving = serving
         self._ack_only = ack_only  # broadcasts: the reply only says the handler ran
+        self.admission = admission
+        self._turn_away = turn_away
+        self.stats: Counter[str] = Counter() if stats is None else stats
         self.handler: RequestHandler | None = None
-        self.tasks: set[asyncio.Task[None]] = set()
-        self.running = 0  # handlers suspended in a Task
+        self.blocking = False  # the handler blocks: it runs in `pool`
+        self.pool: ThreadPoolExecutor | None = None
+        self.tasks: set[asyncio.Future[None]] = set()
+        self.running = 0  # handlers suspended in a Task (or running in a thread)
+        # (caller id, request id) -> (the handler's task, its deadline timer), while it runs
+        self._active: dict[
+            tuple[bytes, int], tuple[asyncio.Future[None], asyncio.Handle | None]
+        ] = {}
+        self._waiting: dict[tuple[bytes, int], RequestArrived] = {}  # queued, by request
+        self._spent = 0.0  # seconds of inline handler runs since the runner last yielded
+        self._pumping = False  # a pump is scheduled on the loop
+        self._expiring: asyncio.TimerHandle | None = None
+
+    # ----------------------------------------------------------------- admission
 
     def run(self, event: RequestArrived) -> None:
+        admission = self.admission
+        if admission is None:
+            self._start(event, 0.0)
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        shed: list[tuple[RequestArrived, str]] = []
+        verdict = admission.offer(event, event.deadline, now, shed, may_start=self._spent < SLICE)
+        if verdict is None:
+            self._start(event, now)
+        elif verdict == "queued":
+            self.stats["requests_queued"] += 1
+            self._waiting[event.token[:2]] = event
+            self._schedule(loop)
+        else:
+            self._reject(event, verdict)
+        for item, reason in shed:
+            self._reject(item, reason)
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start what waits: on the loop's next turn (after it has polled for I/O)."""
+        if not self._pumping:
+            self._pumping = True
+            loop.call_soon(self._pump)
+        if self._expiring is None and self.admission is not None:
+            standing = self.admission.standing
+            self._expiring = loop.call_later(standing / 2, self._expire)
+
+    def _pump(self) -> None:
+        self._pumping = False
+        self._spent = 0.0
+        admission = self.admission
+        if admission is None:
+            return
+        loop = asyncio.get_running_loop()
+        shed: list[tuple[RequestArrived, str]] = []
+        while self._spent < SLICE:
+            now = loop.time()
+            event = admission.take(now, shed)
+            if event is None:
+                break
+            self._waiting.pop(event.token[:2], None)
+            self._start(event, now)
+        for item, reason in shed:
+            self._reject(item, reason)
+        if admission.queue and admission.can_start:  # the slice is over: the rest next turn
+            self._schedule(loop)
+
+    def _expire(self) -> None:
+        """While requests wait, those that can no longer be served in time go at once."""
+        self._expiring = None
+        admission = self.admission
+        if admission is None or not admission.queue:
+            return
+        loop = asyncio.get_running_loop()
+        shed: list[tuple[RequestArrived, str]] = []
+        admission.expire(loop.time(), shed)
+        for item, reason in shed:
+            self._reject(item, reason)
+        if admission.queue:
+            self._expiring = loop.call_later(admission.standing / 2, self._expire)
+        if shed:
+            self._after_async()
+
+    def _reject(self, event: RequestArrived, reason: str) -> None:
+        self._waiting.pop(event.token[:2], None)
+        if self._turn_away is not None:
+            self._turn_away(event.token, reason)
+
+    def cancel(self, event: RequestCancelled) -> None:
+        """The caller gave up: a waiting request goes, a running `async def` handler is
+        cancelled (a blocking one runs on, unheard)."""
+        key = event.token[:2]
+        waiting = self._waiting.pop(key, None)
+        if waiting is not None and self.admission is not None:
+            if self.admission.remove(waiting):
+                self.stats["requests_cancelled"] += 1
+                if self._turn_away is not None:
+                    self._turn_away(waiting.token, "cancelled")
+            return
+        active = self._active.get(key)
+        if active is not None and not self.blocking:
+            self.stats["requests_cancelled"] += 1
+            active[0].cancel()
+
+    def _finished(self, started_at: float) -> None:
+        admission = self.admission
+        if admission is None:
+            return
+        loop = asyncio.get_running_loop()
+        admission.finished(loop.time() - started_at)
+        if admission.queue:
+            self._schedule(loop)
+
+    # ----------------------------------------------------------------- running
+
+    def _start(self, event: RequestArrived, now: float) -> None:
         # Telemetry times one run in `sample_every` (see Series): `started` is 0 for the others.
         serving = self._serving
         if serving is None:
@@ -78,29 +242,88 @@ class HandlerRunner:
         if handler is None:
             self._fail(event, started, LookupError("this member has no request handler"))
             return
+        admission = self.admission
+        if admission is not None:
+            admission.started()
+            self.stats["requests_admitted"] += 1
+        mark = _deadline.set(event.deadline)
+        began = time.perf_counter()
         try:
+            if self.blocking:
+                self._run_blocking(event, started, handler, now)
+                return
             result = handler(event.payload)
             if inspect.iscoroutine(result):
                 try:
                     yielded = result.send(None)
                 except StopIteration as stop:
                     self._finish(event, started, stop.value)
+                    self._inline_done(began, now)
                     return
                 loop = asyncio.get_running_loop()
-                self._track(loop.create_task(self._resume(event, started, result, yielded)))
+                task = loop.create_task(self._resume(event, started, result, yielded, now))
+                self._track(event, task)
+                self._spent += time.perf_counter() - began
                 return
             if inspect.isawaitable(result):
-                self._track(asyncio.ensure_future(self._await(event, started, result)))
+                task = asyncio.ensure_future(self._await(event, started, result, now))
+                self._track(event, task)
+                self._spent += time.perf_counter() - began
                 return
         except Exception as exc:
             self._fail(event, started, exc)
+            self._inline_done(began, now)
             return
+        finally:
+            _deadline.reset(mark)
         self._finish(event, started, result)
+        self._inline_done(began, now)
 
-    def _track(self, task: asyncio.Future[None]) -> None:
+    def _inline_done(self, began: float, now: float) -> None:
+        """A handler ran start to end inline: it counts against the slice, and as a run."""
+        took = time.perf_counter() - began
+        self._spent += took
+        if self.admission is not None:
+            self.admission.finished(took)
+            if not self._pumping and self._spent >= SLICE:
+                self._pumping = True  # a fresh slice once the loop has polled for I/O
+                asyncio.get_running_loop().call_soon(self._pump)
+
+    def _run_blocking(
+        self, event: RequestArrived, started: int, handler: RequestHandler, now: float
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        if self.pool is None:
+            raise ConfigurationError("a blocking handler needs the node's thread pool")
+        context = contextvars.copy_context()  # the handler reads its deadline in the thread
+        future = loop.run_in_executor(self.pool, context.run, handler, event.payload)
+        self._track(event, asyncio.ensure_future(self._await(event, started, future, now)))
+
+    def _track(self, event: RequestArrived, task: asyncio.Future[None]) -> None:
         self.running += 1
-        self.tasks.add(task)  # type: ignore[arg-type]
+        self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        key = event.token[:2]
+        loop = asyncio.get_running_loop()
+        timer = None
+        if not self.blocking and event.deadline != float("inf"):
+            # Its caller gives up then: the handler stops too.
+            timer = loop.call_at(event.deadline, self._overdue, key)
+        self._active[key] = (task, timer)
+
+    def _overdue(self, key: tuple[bytes, int]) -> None:
+        active = self._active.get(key)
+        if active is not None:
+            self.stats["requests_deadline_cancelled"] += 1
+            active[0].cancel()
+
+    def _untrack(self, event: RequestArrived, began: float) -> None:
+        self.running -= 1
+        active = self._active.pop(event.token[:2], None)
+        if active is not None and active[1] is not None:
+            active[1].cancel()
+        self._finished(began)
+        self._after_async()
 
     async def _resume(
         self,
@@ -108,9 +331,11 @@ class HandlerRunner:
         started: int,
         coro: Coroutine[Any, Any, Any],
         yielded: Any,
+        began: float,
     ) -> None:
         try:
             while True:
+                cancelled = False
                 try:
                     # Wait on what the handler waits on; its outcome (even an exception or a
                     # cancellation) reaches the handler when it is resumed below.
@@ -121,34 +346,39 @@ class HandlerRunner:
                         # marked it as blocking, and a second await of it must clear that.
                         yielded._asyncio_future_blocking = False
                         await yielded
+                except asyncio.CancelledError:
+                    # This task was cancelled (the caller gave up, the deadline passed, the
+                    # node closes): the handler is, too, where it waits.
+                    cancelled = yielded is None or not yielded.cancelled()
                 except BaseException:
                     pass
                 try:
-                    yielded = coro.send(None)
+                    yielded = coro.throw(asyncio.CancelledError()) if cancelled else coro.send(None)
                 except StopIteration as stop:
                     self._finish(event, started, stop.value)
                     return
                 except asyncio.CancelledError:
-                    error = ConnectionAbortedError("member is shutting down")
-                    self._fail(event, started, error)
+                    self._fail(event, started, _cancelled(event))
                     return
                 except Exception as exc:
                     self._fail(event, started, exc)
                     return
         finally:
-            self.running -= 1
-            self._after_async()
+            self._untrack(event, began)
 
-    async def _await(self, event: RequestArrived, started: int, awaitable: Awaitable[Any]) -> None:
+    async def _await(
+        self, event: RequestArrived, started: int, awaitable: Awaitable[Any], began: float
+    ) -> None:
         try:
             value = await awaitable
+        except asyncio.CancelledError:
+            self._fail(event, started, _cancelled(event))
         except Exception as exc:
             self._fail(event, started, exc)
         else:
             self._finish(event, started, value)
         finally:
-            self.running -= 1
-            self._after_async()
+            self._untrack(event, began)
 
     def _finish(self, event: RequestArrived, started: int, value: object) -> None:
         if self._ack_only:
@@ -170,10 +400,23 @@ class HandlerRunner:
             self._serving[event.cluster].finish(event.token[0], started, 0, _REMOTE_ERROR)
 
     async def close(self) -> None:
+        if self._expiring is not None:
+            self._expiring.cancel()
+            self._expiring = None
         for task in list(self.tasks):
             task.cancel()
         if self.tasks:
             await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _cancelled(event: RequestArrived) -> BaseException:
+    """What a cancelled handler answers (its caller has given up or the node is closing)."""
+    loop = asyncio.get_running_loop()
+    if loop.time() >= event.deadline:
+        return TimeoutError("the request's deadline passed while its handler ran")
+    return ConnectionAbortedError("the caller gave up, or the member is shutting down")
 
 
 class Caller:
@@ -239,6 +482,11 @@ class Caller:
             payload = as_bytes(payload)
         loop = driver.loop
         now = loop.time()
+        inherited = _deadline.get()
+        if inherited < now + timeout:  # called from a handler: within its caller's deadline
+            timeout = inherited - now
+            if timeout <= 0:
+                raise RequestTimeout(cluster, 0.0, 0)
         if hedge is not None and hedge is not False:
             hedge = self._hedge_delay(cluster) if hedge is True else float(hedge)
             if not hedge > 0:
@@ -293,6 +541,11 @@ class Caller:
             payload = as_bytes(payload)
         loop = driver.loop
         now = loop.time()
+        inherited = _deadline.get()
+        if inherited < now + timeout:  # called from a handler: within its caller's deadline
+            timeout = inherited - now
+            if timeout <= 0:
+                raise RequestTimeout(cluster, 0.0, 0)
         label = BROADCAST_KIND if kind is Kind.BROADCAST else SURVEY_KIND
         try:
             sent = core.fanout(int(kind), cluster, payload, timeout, now)

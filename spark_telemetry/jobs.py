@@ -117,7 +117,7 @@ def latency_percentiles(records: DataFrame, *, accuracy: int = 10_000) -> DataFr
 def error_rates(records: DataFrame) -> DataFrame:
     """Calls, failures by outcome, drops and errors per cluster, with error and timeout rates.
 
-    Columns: cluster, calls, ok, failed, timeouts, remote_errors, no_responders, drops,
+    Columns: cluster, calls, ok, failed, timeouts, remote_errors, no_responders, overloaded, drops,
     errors, error_rate, timeout_rate. Every cluster named by any record appears, so a cluster
     seen only in membership records has calls = 0 and NULL rates.
     """
@@ -133,6 +133,7 @@ def error_rates(records: DataFrame) -> DataFrame:
             _weight_if(call & (outcome == str(Outcome.TIMEOUT))).alias("timeouts"),
             _weight_if(call & (outcome == str(Outcome.REMOTE_ERROR))).alias("remote_errors"),
             _weight_if(call & (outcome == str(Outcome.NO_RESPONDERS))).alias("no_responders"),
+            _weight_if(call & (outcome == str(Outcome.OVERLOADED))).alias("overloaded"),
             _weight_if(F.col("kind") == str(Kind.DROP)).alias("drops"),
             _weight_if(F.col("kind") == str(Kind.ERROR)).alias("errors"),
         )

@@ -54,7 +54,15 @@ from irismesh._cli.listing import (
     view_clusters,
 )
 
-GAUGES = frozenset({"requests_pending", "handlers_running", "reply_cache_entries"})
+GAUGES = frozenset(
+    {
+        "requests_pending",
+        "handlers_running",
+        "reply_cache_entries",
+        "requests_waiting",
+        "handler_limit",
+    }
+)
 
 
 def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:

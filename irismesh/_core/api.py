@@ -10,8 +10,9 @@ concern directly, sparing a call.
 from __future__ import annotations
 
 from irismesh._core.calls import Calls
+from irismesh._core.demand import LinkDemand
 from irismesh._core.events import Event, Token
-from irismesh._core.links import OutLink
+from irismesh._core.links import InLink, OutLink
 from irismesh._core.membership import Membership
 from irismesh._core.outbox import Outbox
 from irismesh._core.pubsub import PubSubCore
@@ -28,7 +29,11 @@ class CoreApi:
     pubsub: PubSubCore
     tunnels: TunnelTable
     membership: Membership
+    _demand: LinkDemand
+    _out: dict[int, OutLink]
+    _in: dict[bytes, InLink]
     _peers: dict[bytes, OutLink]
+    _closed: bool
     _now: float
 
     # ----------------------------------------------------------------- what the driver takes
@@ -68,6 +73,25 @@ class CoreApi:
 
     def seal_staged(self) -> None:
         self.outbox.seal_staged()
+
+    def peers(self) -> list[OutLink]:
+        """The UP links this node dialled, one per peer."""
+        return list(self._peers.values())
+
+    def links(self) -> list[OutLink]:
+        return list(self._out.values())
+
+    def inbound(self) -> list[InLink]:
+        return list(self._in.values())
+
+    def add_candidate(self, endpoint: str, now: float, *, seed: bool = False) -> None:
+        """An endpoint to join the mesh through (a seed, or one discovery found)."""
+        if not self._closed:
+            self._demand.candidate(endpoint, now, seed=seed)
+
+    def want(self, cluster: str, now: float) -> int:
+        """This node calls `cluster`: link to its members; how many membership knows."""
+        return self._demand.want(cluster, now)
 
     def take_datagrams(self) -> list[tuple[str, bytes]]:
         """Membership's datagrams to send: (address, datagram) each."""

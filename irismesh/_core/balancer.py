@@ -69,3 +69,17 @@ def observe(member: Candidate, sample: float) -> None:
     if sample > 2 * latency:
         sample = 2 * latency
     member.latency = latency + EWMA_WEIGHT * (sample - latency)
+
+
+PENALTY = 1.5  # a member that turned a request away looks this much slower (per refusal)
+PENALTY_FLOOR = 0.001  # the estimate penalised, for a member refusing before it was measured
+PENALTY_CAP = 0.25  # seconds: the most a penalty makes a member look; its queue still counts
+
+
+def penalise(member: Candidate) -> None:
+    """The member turned a request away (overloaded): it looks slower, so it gets less of the
+    load until its replies bring the estimate back down (each reply moves it EWMA_WEIGHT). The
+    cap keeps a member that refused in a burst from being starved afterwards: once its peers
+    hold a queue of their own, it costs less than they do again."""
+    latency = max(member.latency, PENALTY_FLOOR) * PENALTY
+    member.latency = min(latency, max(PENALTY_CAP, member.latency))

@@ -36,24 +36,32 @@ from random import Random
 
 from irismesh._core import balancer
 from irismesh._core.config import CoreConfig
-from irismesh._core.events import ReplyArrived, RequestArrived, RequestFailed, Token
+from irismesh._core.events import (
+    ReplyArrived,
+    RequestArrived,
+    RequestCancelled,
+    RequestFailed,
+    Token,
+)
 from irismesh._core.frames import (
     ACKS,
     MAX_ACKS,
     REQUEST_FIELDS,
     STATUS_ERROR,
     STATUS_OK,
+    STATUS_OVERLOADED,
     Kind,
     decode_reply,
     decode_request,
     encode_reply,
     pack_error,
 )
-from irismesh._core.links import InLink, LinkObserver, OutLink
+from irismesh._core.links import InLink, LinkObserver, LinkState, OutLink
 from irismesh._core.outbox import Outbox
 from irismesh._core.pending import PendingRequest, PendingRequests
 from irismesh._core.replycache import ReplyCache
 from irismesh._core.sealing import LinkSecurity
+from irismesh._core.throttle import Throttle
 from irismesh.errors import (
     Closed,
     MemberLost,
@@ -65,7 +73,7 @@ from irismesh.errors import (
     RequestTimeout,
 )
 
-_REQUEST, _REPLY = int(Kind.REQUEST), int(Kind.REPLY)
+_REQUEST, _REPLY, _CANCEL = int(Kind.REQUEST), int(Kind.REPLY), int(Kind.CANCEL)
 _pack_request = REQUEST_FIELDS.pack
 
 
@@ -116,6 +124,7 @@ class Calls(LinkObserver):
         self._next_req = 1
         self._hedge_tokens = config.hedge_burst
         self._hedge_refilled = 0.0
+        self.throttle = Throttle()
 
     # ----------------------------------------------------------------- caller
 
@@ -171,6 +180,9 @@ class Calls(LinkObserver):
             members = self.members_for(cluster, len(payload), 1, now)
             if not members:  # its members' links are opening: it waits for one
                 return self._park(cluster, payload, timeout, now)
+        if not self.throttle.admit(cluster, now, self._rng):
+            self._stats["requests_throttled"] += 1
+            raise Overloaded(reason="throttled", cluster=cluster)
         link = balancer.choose(members, self._rng)
         if link.suspect:  # silent lately: another member if there is one that is not
             heard = [m for m in members if not m.suspect]
@@ -216,10 +228,19 @@ class Calls(LinkObserver):
         return request.link.link_id if request is not None and request.link is not None else 0
 
     def cancel(self, req_id: int) -> None:
-        """Forget a request whose caller gave up; a late reply is then dropped and counted."""
+        """Forget a request whose caller gave up; a late reply is then dropped and counted.
+        The members it was sent to hear of it, so that they drop it or cancel its handler."""
         request = self.pending.pop(req_id)
         if request is not None:
             _release(request)
+            for link in (request.link, request.hedged):
+                if link is not None:
+                    self._send_cancel(link, req_id)
+
+    def _send_cancel(self, link: OutLink, req_id: int) -> None:
+        if link.state is LinkState.UP:
+            self._outbox.send_out(link, _CANCEL, [[req_id]])
+            self._stats["cancels_sent"] += 1
 
     def _send_request(
         self,
@@ -333,13 +354,48 @@ class Calls(LinkObserver):
         if request is None or (request.link is not link and request.hedged is not link):
             self._stats["replies_late"] += 1  # timed out, cancelled, or answered elsewhere
             return
+        if status == STATUS_OVERLOADED:
+            self._turned_away(request, link, payload, now)
+            return
         pending.pop(req_id)
         _release(request)
         balancer.observe(
             link, now - (request.sent_at if request.link is link else request.hedge_at)
         )
         link.last_sample = now
+        if not request.pinned:
+            self.throttle.accepted(request.cluster, now)
+            other = request.hedged if request.link is link else request.link
+            if other is not None:  # the hedge's other copy: its member may drop it
+                self._send_cancel(other, req_id)
         self._outbox.events.append(ReplyArrived(req_id, status, payload, link.peer_id))
+
+    def _turned_away(self, request: PendingRequest, link: OutLink, why: bytes, now: float) -> None:
+        """A member turned the request away unrun (it could not have answered in time): its
+        other copy carries on, or another member not asked yet takes it within the deadline;
+        else it fails with Overloaded. The member weighs less in the balance for a while."""
+        self._stats["requests_turned_away"] += 1
+        balancer.penalise(link)
+        link.outstanding -= 1
+        if request.hedged is link:
+            request.hedged = None
+            return
+        if request.hedged is not None:
+            request.link, request.hedged = request.hedged, None
+            return
+        request.refused.append(link.peer_id)
+        if not request.pinned and request.deadline > now:
+            members = self.linked.get(request.cluster) or self.members(request.cluster)
+            others = [m for m in members if m.peer_id not in request.refused]
+            if others:
+                target = balancer.choose(others, self._rng)
+                self._send_to(request, target, now, "requests_retried_elsewhere", hedge=False)
+                return
+        self.pending.pop(request.req_id)
+        self.throttle.refused(request.cluster, now)
+        reason = why.decode("ascii", "replace")[:40]
+        error = Overloaded(reason="member", cluster=request.cluster, detail=reason)
+        self._outbox.events.append(RequestFailed(req_id=request.req_id, error=error))
 
     def link_up(self, link: OutLink, now: float) -> None:
         """A member appeared: parked requests go out again."""
@@ -373,6 +429,8 @@ class Calls(LinkObserver):
         for request in self.pending.pop_expired(now):
             _release(request)
             self._stats["requests_timed_out"] += 1
+            if not request.pinned:
+                self.throttle.refused(request.cluster, now)
             error = RequestTimeout(request.cluster, request.timeout, request.attempts)
             events.append(RequestFailed(req_id=request.req_id, error=error))
         self.replies.expire(now)
@@ -404,12 +462,32 @@ class Calls(LinkObserver):
             if cached.status >= 0:
                 self._send_reply(link, slot, req_id, cached.status, cached.payload)
             return
-        self.replies.start(key, now + timeout_ms / 1000 + 1.0, link.routing_id, slot)
+        deadline = now + timeout_ms / 1000
+        self.replies.start(key, deadline + 1.0, link.routing_id, slot)
         cluster = link.scopes[slot]
         assert cluster is not None
         self._outbox.events.append(
-            RequestArrived((link.peer_id, req_id, link.routing_id, slot), cluster, payload, kind)
+            RequestArrived(
+                (link.peer_id, req_id, link.routing_id, slot), cluster, payload, kind, deadline
+            )
         )
+
+    def turn_away(self, token: Token, reason: str) -> None:
+        """Answer request `token` with STATUS_OVERLOADED: not run, and it will not be (the
+        member could not answer it in time); `reason` names why, for the caller's error."""
+        self._stats["requests_shed_" + reason] += 1
+        self._answer(token, STATUS_OVERLOADED, reason.encode("ascii", "replace"))
+
+    def on_cancel(self, link: InLink, req_ids: list[int]) -> None:
+        """The caller gave up on these requests: those still waiting or running here are
+        reported (RequestCancelled); the others are done or unknown, and nothing happens."""
+        peer_id = link.peer_id
+        events = self._outbox.events
+        for req_id in req_ids:
+            entry = self.replies.get((peer_id, req_id))
+            if entry is not None and entry.status < 0:
+                self._stats["cancels_received"] += 1
+                events.append(RequestCancelled((peer_id, req_id, entry.routing_id, entry.slot)))
 
     def reply(self, token: Token, payload: bytes, *, error: bool = False) -> None:
         """Answer the request `token` (from RequestArrived); errors carry pack_error bytes."""
@@ -420,6 +498,9 @@ class Calls(LinkObserver):
                 "PayloadTooLarge",
                 f"reply of {len(payload)} bytes exceeds the limit of {self._max_payload}",
             )
+        self._answer(token, status, payload)
+
+    def _answer(self, token: Token, status: int, payload: bytes) -> None:
         peer_id, req_id, routing_id, slot = token
         entry = self.replies.finish((peer_id, req_id), status, payload)
         if entry is not None:  # a resend may have come on another link since

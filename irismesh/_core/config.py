@@ -32,6 +32,10 @@ class CoreConfig:
     reply_cache_entries: int = 50_000
     reply_cache_bytes: int = 64 << 20
     max_pending: int = 100_000
+    # Handlers a member runs at once, at most (admission finds the limit below it by measuring
+    # their latency), and requests that may wait for one.
+    max_concurrency: int = 256
+    max_waiting: int = 4096
     max_links: int = 256  # links this node dials at once (least recently needed close first)
     pubsub_window: int = 1024  # messages a publisher may have in flight to this node
     max_interest: int = 10_000  # subscription patterns this node keeps for one peer
@@ -57,6 +61,8 @@ class CoreConfig:
             raise ConfigurationError("pubsub_window must be at least 4, max_interest at least 1")
         if self.max_pending < 1 or self.max_links < 1:
             raise ConfigurationError("max_pending and max_links must be at least 1")
+        if self.max_concurrency < 8 or self.max_waiting < 1:
+            raise ConfigurationError("max_concurrency must be at least 8, max_waiting at least 1")
 
     @property
     def max_frame(self) -> int:

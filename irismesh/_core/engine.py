@@ -33,9 +33,8 @@ batched while the driver flushes); `take_datagrams` hands it membership's datagr
 Every frame or datagram from a peer is checked (header, sequence, seal, envelope shape) before
 it changes any state; a bad one is dropped and counted under its reason in `stats`, never
 raised. The driver calls `receive_*`, `tick`, `request`, `reply`, ..., then takes `events`,
-`out_frames`, `in_frames` and `take_datagrams()`. The public methods of this class are the
-core's whole API; the hot ones (`request`, `reply`, `publish`) may also be called on the
-concern directly.
+`out_frames`, `in_frames` and `take_datagrams()`. The public methods of this class (with those
+it inherits from `api.CoreApi`, which delegate to the concerns) are the core's whole API.
 """
 
 from __future__ import annotations
@@ -67,7 +66,14 @@ from irismesh._core.frames import (
     decode_header,
 )
 from irismesh._core.handshake import Handshake
-from irismesh._core.links import DialRecord, InLink, LinkObserver, LinkState, OutLink
+from irismesh._core.links import (
+    DialRecord,
+    InLink,
+    LinkObserver,
+    LinkState,
+    OutLink,
+    open_frame,
+)
 from irismesh._core.liveness import LinkWatch
 from irismesh._core.membership import Membership
 from irismesh._core.outbox import Outbox
@@ -86,7 +92,7 @@ _PING, _PONG, _REQUEST, _REPLY = int(Kind.PING), int(Kind.PONG), int(Kind.REQUES
 _BROADCAST, _SURVEY, _BATCH = int(Kind.BROADCAST), int(Kind.SURVEY), int(Kind.BATCH)
 _SUBSCRIBE, _UNSUBSCRIBE = int(Kind.SUBSCRIBE), int(Kind.UNSUBSCRIBE)
 _CREDIT, _PUBLISH, _TUNNEL = int(Kind.CREDIT), int(Kind.PUBLISH), int(Kind.TUNNEL)
-_BYE = int(Kind.BYE)
+_BYE, _CANCEL = int(Kind.BYE), int(Kind.CANCEL)
 _CALL_KINDS = frozenset((_REQUEST, _BROADCAST, _SURVEY, _TUNNEL))
 _REPLY_KINDS = frozenset((_REPLY, _TUNNEL))
 _MAX_INBOUND = 4096  # links peers dialled to this node at once
@@ -232,16 +238,6 @@ class MeshCore(CoreApi):
         pending = self.calls.pending.next_deadline()
         return due if pending is None else min(due, pending)
 
-    def peers(self) -> list[OutLink]:
-        """The UP links this node dialled, one per peer."""
-        return list(self._peers.values())
-
-    def links(self) -> list[OutLink]:
-        return list(self._out.values())
-
-    def inbound(self) -> list[InLink]:
-        return list(self._in.values())
-
     # ----------------------------------------------------------------- membership
 
     def receive_datagram(self, source: str, datagram: bytes, now: float) -> None:
@@ -301,11 +297,6 @@ class MeshCore(CoreApi):
 
     # ----------------------------------------------------------------- dialling
 
-    def add_candidate(self, endpoint: str, now: float, *, seed: bool = False) -> None:
-        """An endpoint to join the mesh through (a seed, or one discovery found)."""
-        if not self._closed:
-            self._demand.candidate(endpoint, now, seed=seed)
-
     def _open_link(self, record: DialRecord, now: float) -> None:
         link_id = self._next_link
         self._next_link += 1
@@ -313,10 +304,6 @@ class MeshCore(CoreApi):
         record.link_id = link_id
         self.outbox.events.append(OpenLink(link_id=link_id, endpoint=record.endpoint))
         self.stats["dials"] += 1
-
-    def want(self, cluster: str, now: float) -> int:
-        """This node calls `cluster`: link to its members; how many membership knows."""
-        return self._demand.want(cluster, now)
 
     def _goodbye(self, link: OutLink, now: float, reason: str) -> None:
         self.outbox.send_out(link, _BYE, [reason])
@@ -345,7 +332,7 @@ class MeshCore(CoreApi):
                 else:
                     raise ProtocolError("unexpected", Kind(kind).name)
                 return
-            body = self._open(link, scope, seq, frame)
+            body = open_frame(link, scope, seq, frame)
             link.last_heard = now
             if link.suspect and link.busy:  # a silent busy link spoke again
                 link.suspect = False
@@ -388,7 +375,7 @@ class MeshCore(CoreApi):
                     raise ProtocolError("unknown_link", Kind(kind).name)
                 self._on_hello(routing_id, self._codec.unpack(frame[HEADER_SIZE:], kind), now)
                 return
-            body = self._open(link, scope, seq, frame)
+            body = open_frame(link, scope, seq, frame)
             link.last_heard = now
             if kind in (_REQUEST, _BROADCAST, _SURVEY):
                 self._on_request(link, scope, body, now, kind)
@@ -417,23 +404,14 @@ class MeshCore(CoreApi):
             if kind == _PING:
                 self.calls.forget_replies(link, env[1])  # the caller's acks ride on its pings
                 self._watch.on_ping(link, env[0], len(self.calls.replies))
+            elif kind == _CANCEL:
+                self.calls.on_cancel(link, env[0])
             elif kind == _BYE:
                 self._forget_in(link)
             else:
                 raise ProtocolError("unexpected", Kind(kind).name)
         except ProtocolError as exc:
             self.stats["dropped_" + exc.reason] += 1
-
-    def _open(self, link: OutLink | InLink, scope: int, seq: int, frame: bytes) -> bytes:
-        """Check sequence and seal of a frame on an established link; return its body."""
-        if seq <= link.recv_seq:
-            raise ProtocolError("replay", f"seq {seq} after {link.recv_seq}")
-        sealer = link.recv_sealers.get(scope)
-        if sealer is None:
-            raise ProtocolError("bad_scope", str(scope))
-        body = sealer.open(frame[:HEADER_SIZE], seq, frame[HEADER_SIZE:])
-        link.recv_seq = seq  # only an authentic frame may advance the window
-        return body
 
     # ----------------------------------------------------------------- link lifecycle
 

@@ -27,6 +27,17 @@ class RequestArrived:
     cluster: str
     payload: bytes
     kind: int = 5  # Kind.REQUEST, BROADCAST or SURVEY: which handler answers
+    # When the caller gives up, on this node's clock: the budget the request carried, from
+    # the moment it arrived.
+    deadline: float = float("inf")
+
+
+@dataclass(slots=True)
+class RequestCancelled:
+    """The caller of request `token` gave up on it (cancelled it, or a hedge's other copy won):
+    if it still waits, drop it; if its handler runs, cancel it."""
+
+    token: Token
 
 
 @dataclass(slots=True)
@@ -138,6 +149,7 @@ class CloseLink:
 
 Event = (
     RequestArrived
+    | RequestCancelled
     | ReplyArrived
     | RequestFailed
     | PeerUp

@@ -21,7 +21,7 @@ msgpack and its shape checks were a quarter of the core's cost per request (meas
 
     REQUEST  !QIB  req_id, timeout_ms, n_acks | n_acks x !Q acknowledged req ids | payload
              (BROADCAST and SURVEY have the same layout)
-    REPLY    !QB   req_id, status | payload
+    REPLY    !QB   req_id, status (STATUS_OK, _ERROR or _OVERLOADED) | payload
     PUBLISH  !QB   stream seq, topic length | topic (UTF-8) | payload
              (in the scope slot of the topic's key, offered like a cluster's: `LinkSecurity`)
     TUNNEL   !IBI  tunnel id, op, argument | data  (ops and their argument: `TunnelOp`)
@@ -72,6 +72,7 @@ class Kind(enum.IntEnum):
     CREDIT = 15  # listener -> dialler: [messages the dialler may publish to us, in addition]
     PUBLISH = 16  # dialler -> listener, in a topic scope: fixed layout, see the module docstring
     TUNNEL = 17  # either way, in a cluster's scope: fixed layout, see the module docstring
+    CANCEL = 20  # dialler -> listener: [[req ids the caller gave up on]] (at most MAX_CANCELS)
 
 
 KINDS: Final = frozenset(int(k) for k in Kind)
@@ -79,6 +80,10 @@ KINDS: Final = frozenset(int(k) for k in Kind)
 # REPLY status values.
 STATUS_OK: Final = 0
 STATUS_ERROR: Final = 1  # payload is msgpack [type name, message]
+# The member did not run the request and will not: it could not have answered in time. The
+# payload is the reason (ASCII); the caller may send the request to another member.
+STATUS_OVERLOADED: Final = 2
+MAX_CANCELS: Final = 64
 
 NODE_ID_SIZE: Final = 16
 NONCE_SIZE: Final = 16
@@ -178,7 +183,7 @@ def decode_reply(body: bytes) -> tuple[int, int, bytes]:
     if len(body) < REPLY_FIELDS.size:
         raise ProtocolError("bad_envelope", "REPLY")
     req_id, status = REPLY_FIELDS.unpack_from(body)
-    if status not in (STATUS_OK, STATUS_ERROR):
+    if status > STATUS_OVERLOADED:
         raise ProtocolError("bad_envelope", "REPLY status")
     return req_id, status, body[REPLY_FIELDS.size :]
 
@@ -245,6 +250,13 @@ def _check_shape(kind: int, env: list[Any]) -> list[Any]:
             and type(env[0]) is int
             and type(env[1]) is list
             and all(type(a) is int for a in env[1])
+        )
+    elif kind == Kind.CANCEL:
+        ok = (
+            len(env) == 1
+            and type(env[0]) is list
+            and 0 < len(env[0]) <= MAX_CANCELS
+            and all(type(a) is int and 0 <= a < 1 << 64 for a in env[0])
         )
     elif kind == Kind.PONG:
         ok = len(env) == 2 and type(env[0]) is int and type(env[1]) is int

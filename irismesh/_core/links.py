@@ -25,7 +25,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from irismesh._core.frames import HEADER_SIZE
 from irismesh._core.sealing import LinkKeys, Sealer
+from irismesh.errors import ProtocolError
 
 
 class LinkState(enum.Enum):
@@ -147,3 +149,15 @@ class LinkObserver:
 
     def inbound_gone(self, link: InLink) -> None:
         return None
+
+
+def open_frame(link: OutLink | InLink, scope: int, seq: int, frame: bytes) -> bytes:
+    """Check sequence and seal of a frame on an established link; return its body."""
+    if seq <= link.recv_seq:
+        raise ProtocolError("replay", f"seq {seq} after {link.recv_seq}")
+    sealer = link.recv_sealers.get(scope)
+    if sealer is None:
+        raise ProtocolError("bad_scope", str(scope))
+    body = sealer.open(frame[:HEADER_SIZE], seq, frame[HEADER_SIZE:])
+    link.recv_seq = seq  # only an authentic frame may advance the window
+    return body

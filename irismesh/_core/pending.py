@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from irismesh._core.links import OutLink
 
@@ -31,6 +31,7 @@ class PendingRequest:
     pinned: bool = False  # meant for one member (broadcast, survey): never resent elsewhere
     hedged: OutLink | None = None  # a second copy in flight there (hedged requests)
     hedge_at: float = float("inf")
+    refused: list[bytes] = field(default_factory=list)  # members that turned it away unrun
 
 
 class PendingRequests:

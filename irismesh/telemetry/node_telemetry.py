@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from irismesh._core.engine import MeshCore
 from irismesh._core.events import Listen, PeerDown, PeerSuspect, PeerUp
-from irismesh.errors import Closed, NoResponders, PayloadTooLarge, RequestTimeout
+from irismesh.errors import Closed, NoResponders, Overloaded, PayloadTooLarge, RequestTimeout
 from irismesh.telemetry.export import Publish, TopicExporter, exporter_for
 from irismesh.telemetry.recorder import Recorder
 from irismesh.telemetry.schema import Kind, MembershipEvent, Outcome
@@ -69,6 +69,8 @@ def outcome(error: BaseException) -> str:
         return str(Outcome.CLOSED)
     if isinstance(error, PayloadTooLarge):
         return str(Outcome.TOO_LARGE)
+    if isinstance(error, Overloaded):
+        return str(Outcome.OVERLOADED)
     return str(Outcome.DROPPED)
 
 

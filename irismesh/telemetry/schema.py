@@ -91,6 +91,7 @@ class Outcome(enum.StrEnum):
     DROPPED = "dropped"
     CLOSED = "closed"
     TOO_LARGE = "too_large"
+    OVERLOADED = "overloaded"  # turned away unrun: by a member, or by the caller's throttle
     NONE = ""  # kinds without an outcome (membership, gauge, deliver, ...)
 
 

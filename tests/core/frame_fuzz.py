@@ -4,7 +4,7 @@ A `Scene` is a small mesh on the in-memory network (`memnet`): a member of "db",
 the same keys, and a rogue holding the mesh key but other keys for everything else (linked to
 the member, but a member of nothing it can prove). Its `corpus` holds every frame those cores
 really exchanged, by kind: HELLO, WELCOME, PING, PONG, REQUEST, REPLY, BROADCAST, SURVEY, BATCH,
-BYE (from a node that left), REFUSE (from a closed core), and REQUESTs the rogue sealed with
+CANCEL, BYE (from a node that left), REFUSE (from a closed core), and REQUESTs the rogue sealed with
 its own key for "db".
 
 `mutate` turns one frame into a hostile one (bit flips, truncation, rewritten header fields,
@@ -150,6 +150,11 @@ class Scene:
         for kind in (Kind.BROADCAST, Kind.SURVEY):
             self.client.core.fanout(int(kind), "db", b"fan-out", 1.0, net.now)
             net.settle()
+        # CANCEL: a caller that gives up on a request it sent.
+        req_id = self.client.core.request("db", b"given up", 1.0, net.now)
+        self.client.core.cancel(req_id)
+        net.collect(self.client)
+        net.settle()
         # BATCH both ways, as the driver batches: requests staged by the client, then the
         # replies the member stages while answering them.
         client_core, member_core = self.client.core, self.member.core

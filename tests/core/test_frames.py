@@ -16,6 +16,7 @@ from irismesh._core.frames import (
     HEADER_SIZE,
     MAGIC,
     MAX_ACKS,
+    MAX_CANCELS,
     MAX_ENDPOINT,
     MAX_OFFERS,
     MAX_PATTERNS_PER_FRAME,
@@ -68,6 +69,7 @@ ENVELOPES: dict[Kind, st.SearchStrategy[list[Any]]] = {
     Kind.SUBSCRIBE: st.tuples(credits | st.just(0), patterns).map(list),
     Kind.UNSUBSCRIBE: st.tuples(patterns).map(list),
     Kind.CREDIT: st.tuples(credits).map(list),
+    Kind.CANCEL: st.tuples(st.lists(u64, min_size=1, max_size=MAX_CANCELS)).map(list),
 }
 envelopes = st.sampled_from(MSGPACK_KINDS).flatmap(
     lambda kind: st.tuples(st.just(kind), ENVELOPES[kind])
@@ -293,6 +295,10 @@ def test_bad_body(body: bytes) -> None:
         (Kind.PING, [1, ["not an id"]]),
         (Kind.PING, [1, {}]),
         (Kind.PONG, [1]),
+        (Kind.CANCEL, [[]]),  # at least one request
+        (Kind.CANCEL, [list(range(MAX_CANCELS + 1))]),
+        (Kind.CANCEL, [[-1]]),
+        (Kind.CANCEL, [1]),
         (Kind.REQUEST, [1, 1, []]),  # REQUEST and REPLY never come through msgpack
         (Kind.REPLY, [1, 0, b""]),
         (Kind.HELLO, [bytes(15), bytes(16), "tcp://a", {}]),
@@ -324,7 +330,7 @@ def test_bad_envelope(kind: Kind, env: list[Any]) -> None:
         (Kind.REQUEST, REQUEST_FIELDS.pack(1, 1, 255)),
         (Kind.REPLY, b""),
         (Kind.REPLY, REPLY_FIELDS.pack(1, 0)[:-1]),
-        (Kind.REPLY, REPLY_FIELDS.pack(1, 2)),  # no such status
+        (Kind.REPLY, REPLY_FIELDS.pack(1, 3)),  # no such status
         (Kind.REPLY, REPLY_FIELDS.pack(1, 255) + b"payload"),
     ],
 )

@@ -28,8 +28,8 @@ def edge_records() -> list[Record]:
       Requests 3, 1, 0: Jain (4^2)/(3*(9+1)) = 0.5333, max/mean 3/(4/3) = 2.25.
     - "solo": one member, all requests: Jain 1, max/mean 1.
     - "quiet": members but no requests (membership only): rates and fairness NULL.
-    - "void": requests to a cluster without members (no_responders): error rate 1,
-      and no fairness row (no members).
+    - "void": requests to a cluster without members (no_responders, then one the caller's
+      throttle turned away: overloaded): error rate 1, and no fairness row (no members).
     - a drop and an error record in "fair"; a late request 2 h before the rest.
     """
     t = START
@@ -45,6 +45,7 @@ def edge_records() -> list[Record]:
         Record(t + 8, CLIENT_2, "membership", "", "quiet", NODE_B, name="join"),
         Record(t + 68, CLIENT_2, "membership", "", "quiet", NODE_B, name="dead"),
         Record(t + 9, CLIENT_1, "request", "reqrep", "void", None, 15, 8, "no_responders"),
+        Record(t + 9.5, CLIENT_1, "request", "reqrep", "void", None, 1, 8, "overloaded"),
         Record(t - 7200, CLIENT_1, "request", "reqrep", "solo", NODE_C, 60, 5, "ok", 1),
     ]
 

@@ -109,6 +109,7 @@ def errors(df: pd.DataFrame) -> pd.DataFrame:
                 "timeouts": timeouts,
                 "remote_errors": _wsum(g, call & (g["outcome"] == "remote_error")),
                 "no_responders": _wsum(g, call & (g["outcome"] == "no_responders")),
+                "overloaded": _wsum(g, call & (g["outcome"] == "overloaded")),
                 "drops": _wsum(g, g["kind"] == "drop"),
                 "errors": _wsum(g, g["kind"] == "error"),
                 "error_rate": _ratio(failed, calls),

@@ -72,7 +72,8 @@ def test_a_cluster_without_requests_gets_null_ratios_not_an_error(results: Any) 
 
 def test_a_cluster_without_members(results: Any) -> None:
     void = row(results, "errors", cluster="void")
-    assert (void["calls"], void["no_responders"], void["error_rate"]) == (1, 1, 1.0)
+    assert (void["calls"], void["no_responders"], void["error_rate"]) == (2, 1, 1.0)
+    assert void["overloaded"] == 1  # the caller's throttle turned the second away
     assert "void" not in set(results.tables["fairness"]["cluster"])
 
 

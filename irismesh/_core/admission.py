@@ -1,0 +1,198 @@
+"""Admission at the member: how many handlers run at once, which requests wait, which are shed.
+
+Theory of operation
+-------------------
+Every request carries the time its caller has left: its budget, which the member turns into a
+deadline of its own clock when the request arrives. A handler started after that deadline, or
+too late to finish before it, is wasted work: nobody waits for its reply. Under overload such
+work makes every later request late as well, until nothing is answered in time. So a member
+admits work only while it can finish it in time, and turns the rest away early and cheaply with
+`Overloaded`, which tells the caller to go elsewhere or back off. Three parts:
+
+Concurrency. At most `limit` handlers run at once, and the limit is found by measuring, with
+the gradient method of Netflix's concurrency-limits: the latency of each handler run is compared
+with the best latency seen lately; while they stay within `TOLERANCE` of each other the limit
+grows by about its square root per run, and when runs slow down (the handlers now queue for the
+CPU, a database, a lock) the limit shrinks in proportion. A handler that runs inline on the
+event loop counts as running while it runs; handlers declared blocking run in a thread pool,
+whose size caps the limit.
+
+Queue. Requests beyond the limit wait, first in, first out, at most `max_queue` of them. A
+request is rejected on arrival (reason "queue") when the requests ahead of it, at the measured
+service rate, would leave it too little budget to be served. A queue that has not emptied for
+`standing` seconds (CoDel's test of a standing queue, with CoDel's 100 ms interval) means
+overload rather than a burst: then a newcomer is also rejected when it would wait longer than
+`standing`, however long its budget, so that the member answers quickly what it serves and
+turns the rest away at once instead of building a backlog that outlives the overload. A burst
+that arrives while the queue is young waits its turn if its budget allows. Whatever waits, a
+request whose remaining budget no longer covers the service time is shed before it starts
+(reason "deadline"), and never started. (Facebook's "Fail at Scale" pairs CoDel's test with
+serving last in, first out under a standing queue; with arrivals capped as above the queue stays
+shorter than `standing`, and first in, first out serves everything admitted in time.)
+
+Criticality. Each waiting request carries a criticality (higher is more important). Today every
+request has the same one, so the order above decides alone; shedding takes the least critical
+first as soon as there are classes of service to tell requests apart (`_victim`).
+
+Everything here is pure: the caller passes the clock, and gets back what to start and what to
+reject (with the reason, which names the counter `requests_shed_<reason>`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+TOLERANCE = 2.0  # latency up to this multiple of the best lately counts as unloaded
+SMOOTHING = 0.2  # weight of one run in the limit's moving average
+SERVICE_WEIGHT = 0.1  # weight of one run in the service-time estimate
+LONG_WEIGHT = 0.01  # weight of one run in the long-term latency (the "best lately")
+
+
+@dataclass(slots=True)
+class Waiting(Generic[T]):
+    """A request admitted to the queue."""
+
+    item: T
+    deadline: float
+    arrived: float
+    criticality: int = 0
+
+
+class Admission(Generic[T]):
+    """One member's admission: its concurrency limit and its queue."""
+
+    def __init__(
+        self,
+        *,
+        initial_limit: int = 8,
+        min_limit: int = 1,
+        max_limit: int = 256,
+        max_queue: int = 4096,
+        standing: float = 0.1,
+    ) -> None:
+        if not 1 <= min_limit <= initial_limit <= max_limit:
+            raise ValueError("want 1 <= min_limit <= initial_limit <= max_limit")
+        self.limit = float(initial_limit)
+        self.min_limit = min_limit
+        self.max_limit = max_limit
+        self.max_queue = max_queue
+        self.standing = standing
+        self.running = 0
+        self.queue: deque[Waiting[T]] = deque()
+        self.service = 0.0  # moving average of a handler run, seconds (0: none measured yet)
+        self._long = 0.0  # long-term average latency, the gradient's reference
+        self._nonempty_since: float | None = None  # when the queue last stopped being empty
+
+    @property
+    def can_start(self) -> bool:
+        return self.running < self.limit
+
+    def standing_queue(self, now: float) -> bool:
+        """Whether the queue has not emptied for `standing` seconds: overload, not a burst."""
+        since = self._nonempty_since
+        return since is not None and now - since >= self.standing
+
+    def offer(
+        self,
+        item: T,
+        deadline: float,
+        now: float,
+        shed: list[tuple[T, str]],
+        criticality: int = 0,
+        *,
+        may_start: bool = True,
+    ) -> str | None:
+        """A request arrived: None if it may start now (the caller starts it and calls
+        `started`), "queued" if it waits, else the reason it is rejected. A full queue makes
+        room by shedding (into `shed`) a waiting request that matters less. Not `may_start`
+        (the caller's turn is over), it waits in any case."""
+        service = self.service
+        if now + service >= deadline:
+            return "deadline"
+        queue = self.queue
+        if not queue and self.running < self.limit and may_start:
+            return None
+        wait = len(queue) * service / max(1.0, min(self.limit, float(self.running)))
+        if now + wait + service >= deadline:
+            return "queue"
+        if wait >= self.standing and self.standing_queue(now):
+            return "queue"
+        if len(queue) >= self.max_queue:
+            victim = self._victim()
+            if victim is None or victim.criticality >= criticality:
+                return "queue"
+            queue.remove(victim)
+            shed.append((victim.item, "queue"))
+        if not queue:
+            self._nonempty_since = now
+        queue.append(Waiting(item, deadline, now, criticality))
+        return "queued"
+
+    def take(self, now: float, shed: list[tuple[T, str]]) -> T | None:
+        """The next request to start, if the limit allows one and one is waiting; requests
+        that can no longer be served in time are appended to `shed` with their reason."""
+        queue = self.queue
+        service = self.service
+        while queue and self.running < self.limit:
+            entry = queue.popleft()
+            if not queue:
+                self._nonempty_since = None
+            if now + service >= entry.deadline:
+                shed.append((entry.item, "deadline"))
+                continue
+            return entry.item
+        return None
+
+    def expire(self, now: float, shed: list[tuple[T, str]]) -> None:
+        """Shed what waits past its deadline without being taken (the limit is full)."""
+        queue = self.queue
+        service = self.service
+        if not queue:
+            return
+        kept = [w for w in queue if now + service < w.deadline]
+        if len(kept) != len(queue):
+            shed.extend((w.item, "deadline") for w in queue if now + service >= w.deadline)
+            queue.clear()
+            queue.extend(kept)
+            if not queue:
+                self._nonempty_since = None
+
+    def remove(self, item: T) -> bool:
+        """A waiting request was cancelled by its caller: it leaves the queue."""
+        for i, entry in enumerate(self.queue):
+            if entry.item is item:
+                del self.queue[i]
+                if not self.queue:
+                    self._nonempty_since = None
+                return True
+        return False
+
+    def started(self) -> None:
+        self.running += 1
+
+    def finished(self, latency: float) -> None:
+        """A handler run ended after `latency` seconds: measure, and move the limit."""
+        self.running -= 1
+        if self.service == 0.0:
+            self.service = self._long = latency
+            return
+        self.service += SERVICE_WEIGHT * (latency - self.service)
+        self._long += LONG_WEIGHT * (latency - self._long)
+        if self._long > 2 * self.service:  # recovered from a slow period: forget it sooner
+            self._long = 2 * self.service
+        gradient = max(0.5, min(1.0, TOLERANCE * self._long / max(self.service, 1e-9)))
+        wanted = self.limit * gradient + math.sqrt(self.limit)
+        limit = self.limit + SMOOTHING * (wanted - self.limit)
+        self.limit = max(float(self.min_limit), min(float(self.max_limit), limit))
+
+    def _victim(self) -> Waiting[T] | None:
+        """The waiting request to shed first when room is needed: the least critical, and
+        among those the oldest."""
+        if not self.queue:
+            return None
+        return min(self.queue, key=lambda w: (w.criticality, w.arrived))
