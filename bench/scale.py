@@ -116,7 +116,7 @@ class Agent:
         self.tasks: set[asyncio.Task[None]] = set()
 
     def counters(self) -> dict[str, int]:
-        keep = ("peers_suspected", "suspicions_refuted", "requests_resent", "requests_migrated")
+        keep = ("members_suspected", "suspicions_refuted", "requests_resent", "requests_migrated")
         return {
             k: int(v)
             for k, v in self.node.stats.items()
@@ -676,7 +676,7 @@ class Run:
                 if key.startswith("peers_down_"):
                     down[key.removeprefix("peers_down_")] += value
                     lost += value
-            suspected += delta.get("peers_suspected", 0)
+            suspected += delta.get("members_suspected", 0)
             missing += max(0, self.size - 1 - event["peers"])
             affected += lost > 0 or event["peers"] < self.size - 1
         return {

@@ -17,18 +17,18 @@ CPU, a database, a lock) the limit shrinks in proportion. A handler that runs in
 event loop counts as running while it runs; handlers declared blocking run in a thread pool,
 whose size caps the limit.
 
-Queue. Requests beyond the limit wait, first in, first out, at most `max_queue` of them. A
-request is rejected on arrival (reason "queue") when the requests ahead of it, at the measured
-service rate, would leave it too little budget to be served. A queue that has not emptied for
-`standing` seconds (CoDel's test of a standing queue, with CoDel's 100 ms interval) means
-overload rather than a burst: then a newcomer is also rejected when it would wait longer than
-`standing`, however long its budget, so that the member answers quickly what it serves and
-turns the rest away at once instead of building a backlog that outlives the overload. A burst
-that arrives while the queue is young waits its turn if its budget allows. Whatever waits, a
-request whose remaining budget no longer covers the service time is shed before it starts
-(reason "deadline"), and never started. (Facebook's "Fail at Scale" pairs CoDel's test with
-serving last in, first out under a standing queue; with arrivals capped as above the queue stays
-shorter than `standing`, and first in, first out serves everything admitted in time.)
+Queue. Requests beyond the limit wait, at most `max_queue` of them. A request is rejected on
+arrival (reason "queue") when the requests ahead of it, at the measured service rate, would
+leave it too little budget to be served. A queue that has not emptied for `standing` seconds
+(CoDel's test of a standing queue, with CoDel's 100 ms interval) means overload rather than a
+burst, and two things change, as in Facebook's "Fail at Scale": a newcomer is also rejected
+when it would wait longer than `standing`, however long its budget, so the member turns the
+excess away at once instead of building a backlog that outlives the overload; and the queue is
+served last in, first out, so what is served is served quickly, while the backlog built before
+the queue was known to stand waits its turn or its deadline. A young queue is first in, first
+out: a burst waits its turn if its budget allows. Whatever waits, a request whose remaining
+budget no longer covers the service time is shed before it starts (reason "deadline"), and is
+never started.
 
 Criticality. Each waiting request carries a criticality (higher is more important). Today every
 request has the same one, so the order above decides alone; shedding takes the least critical
@@ -139,7 +139,7 @@ class Admission(Generic[T]):
         queue = self.queue
         service = self.service
         while queue and self.running < self.limit:
-            entry = queue.popleft()
+            entry = queue.pop() if self.standing_queue(now) else queue.popleft()
             if not queue:
                 self._nonempty_since = None
             if now + service >= entry.deadline:

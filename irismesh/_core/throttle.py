@@ -19,7 +19,10 @@ window is never throttled: a handful of failures says little, and the caller's o
 (timeouts, no responders) then reach it unchanged.
 
 The counts decay exponentially (time constant `window`), computed lazily, so the cost per
-request is a dictionary lookup and a few float operations.
+request is a dictionary lookup and a few float operations. Decay alone would keep the ratio,
+and with it the throttling, long after the cluster recovered (the requests rejected here keep
+counting); so once no request to the cluster has ended unanswered for `QUIET` seconds, the
+counts start afresh.
 """
 
 from __future__ import annotations
@@ -30,16 +33,18 @@ from random import Random
 K = 2.0
 WINDOW = 10.0  # seconds: how long a caller remembers requests and accepts
 MIN_REQUESTS = 20.0  # a caller with fewer requests in its window is never throttled
+QUIET = 1.0  # seconds without an unanswered request after which the counts start afresh
 _DECAY_EVERY = 0.05  # seconds between two decays of one cluster's counts
 
 
 class _Counts:
-    __slots__ = ("accepts", "at", "requests")
+    __slots__ = ("accepts", "at", "refused_at", "requests")
 
     def __init__(self, now: float) -> None:
         self.requests = 0.0
         self.accepts = 0.0
         self.at = now
+        self.refused_at = now  # the last request that ended unanswered
 
 
 class Throttle:
@@ -74,6 +79,9 @@ class Throttle:
         requests = counts.requests
         if requests < MIN_REQUESTS:
             return True
+        if now - counts.refused_at > QUIET:  # the cluster answers again: start afresh
+            counts.requests = counts.accepts = 0.0
+            return True
         excess = requests - self.k * counts.accepts
         if excess <= 0.0 or rng.random() >= excess / (requests + 1.0):
             return True
@@ -88,7 +96,9 @@ class Throttle:
 
     def refused(self, cluster: str, now: float) -> None:
         """A request to `cluster` ended unanswered: it timed out, or was turned away."""
-        self._counts(cluster, now).requests += 1.0
+        counts = self._counts(cluster, now)
+        counts.requests += 1.0
+        counts.refused_at = now
 
     def probability(self, cluster: str) -> float:
         """The probability of rejecting the next request to `cluster` now."""

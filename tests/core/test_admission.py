@@ -56,7 +56,7 @@ def test_a_waiting_request_whose_budget_no_longer_covers_the_service_is_shed() -
     assert shed == [("short", "deadline")]
 
 
-def test_a_burst_waits_its_turn_but_a_standing_queue_caps_the_wait() -> None:
+def test_a_burst_waits_its_turn_and_a_standing_queue_caps_the_wait_and_turns_lifo() -> None:
     admission: Admission[str] = Admission(initial_limit=1, max_limit=1, standing=0.1)
     measured(admission, 0.010)
     admission.started()
@@ -67,9 +67,9 @@ def test_a_burst_waits_its_turn_but_a_standing_queue_caps_the_wait() -> None:
     assert admission.standing_queue(0.1)  # not empty for the whole interval: overload
     # Now a newcomer that would wait longer than the interval is turned away at once.
     assert admission.offer("late", 10.0, 0.15, shed) == "queue"
-    # The burst itself is served in order, nothing shed.
+    # Served newest first now: what is served is served quickly; the older wait their turn.
     admission.finished(0.010)
-    assert admission.take(0.15, shed) == "b0"
+    assert admission.take(0.15, shed) == "b29"
     assert shed == []
     # Once the queue drains the interval starts again.
     admission.queue.clear()

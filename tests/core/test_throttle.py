@@ -65,3 +65,25 @@ def test_bad_parameters_are_refused() -> None:
         Throttle(k=0.5)
     with pytest.raises(ValueError, match="positive window"):
         Throttle(window=0)
+
+
+def test_a_cluster_that_stops_refusing_is_no_longer_throttled_a_moment_later() -> None:
+    throttle, rng = Throttle(), Random(5)
+    for i in range(1000):  # a long overload: most requests refused
+        now = i * 0.001
+        if throttle.admit("db", now, rng):
+            if i % 10:
+                throttle.refused("db", now)
+            else:
+                throttle.accepted("db", now)
+    assert throttle.probability("db") > 0.5
+    # The overload ends at 1 s: whatever is sent is answered. A second later nothing is
+    # rejected here any more, though the decayed counts alone would still say so.
+    rejected_late = 0
+    for i in range(2000):
+        now = 1.0 + i * 0.001
+        if throttle.admit("db", now, rng):
+            throttle.accepted("db", now)
+        elif now > 2.0 + 0.001:
+            rejected_late += 1
+    assert rejected_late == 0
