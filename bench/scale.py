@@ -239,16 +239,13 @@ class Agent:
             migrated=after.get("requests_migrated", 0) - before.get("requests_migrated", 0),
         )
 
-    def alive(self, cluster: str, victim: str) -> str | None:
-        """None while `victim` is alive for this node; else how it looks ("dead", "left", or
-        "absent": in neither list). The cheap test first: its cluster's members (a few ids);
-        peers() only to confirm, so watching costs little in a big mesh."""
-        if victim in self.node.members(cluster):
+    def alive(self, victim: str) -> str | None:
+        """None while `victim` is alive (or suspect) for this node; else how it looks ("dead",
+        "left", or "absent": forgotten). One lookup: watching costs little in a big mesh."""
+        state = self.node.peer_state(victim)
+        if state in ("alive", "suspect"):
             return None
-        for peer in self.node.peers(departed=True):
-            if peer.node_id == victim:
-                return None if peer.state in ("alive", "suspect") else str(peer.state)
-        return "absent"
+        return state or "absent"
 
     async def watch(self, seq: int, cluster: str, victim: str) -> None:
         before = self.counters()
@@ -256,13 +253,15 @@ class Agent:
         # Every node looks at its own phase: the times are late by 0 to one period each, not
         # all by the same amount.
         await asyncio.sleep(random.uniform(0.0, 1.0 / WATCH_HZ))
-        routed = True
+        # Only the node calling the cluster routes to it: the others watch membership alone
+        # (asking the others for the cluster's members would link them all to it).
+        routed = self.call_stop is not None
         while True:
             if routed and victim not in self.node.members(cluster):
                 # Out of this node's routing for the cluster: no request goes to it any more.
                 routed = False
                 emit("unrouted", seq=seq, at=time.monotonic())
-            state = self.alive(cluster, victim)
+            state = self.alive(victim)
             if state is not None:
                 at = time.monotonic()
                 # How it learnt: the peers_down_<reason> counters that moved meanwhile.

@@ -107,6 +107,14 @@ class PeerInfo:
     linked: bool = False  # this node has a link to it (the figures above are the link's)
 
 
+_STATES = {
+    MemberState.ALIVE: "alive",
+    MemberState.SUSPECT: "suspect",
+    MemberState.DEAD: "dead",
+    MemberState.LEFT: "left",
+}
+
+
 class Node:
     """A node of the mesh: member of `cluster` (or a pure client when None)."""
 
@@ -617,6 +625,19 @@ class Node:
                 )
             live.append(info)
         return gone + live
+
+    def peer_state(self, node_id: str) -> str | None:
+        """How membership holds the node with hex id `node_id` now: "alive", "suspect",
+        "dead" or "left"; None if it does not know it (never heard of, or forgotten). Costs
+        one lookup, whatever the size of the mesh (`peers()` lists them all)."""
+        core, _ = self._caller.running()
+        try:
+            member = core.membership.get(bytes.fromhex(node_id))
+        except ValueError:
+            raise ConfigurationError(f"bad node id {node_id!r}: expected hex") from None
+        if member is None:
+            return None
+        return _STATES[member.state]
 
     @property
     def stats(self) -> Mapping[str, int]:

@@ -119,3 +119,22 @@ def test_wait_for_peers_counts_membership_and_opens_no_link(keys: irismesh.Keyri
             await asyncio.gather(*(n.close() for n in [*others, first]))
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_peer_state_follows_a_member_from_alive_to_left(keys: irismesh.Keyring) -> None:
+    async def main() -> None:
+        first = await irismesh.Node("db", keyring=keys).start()
+        second = await irismesh.Node("db", keyring=keys, seeds=[first.endpoint]).start()
+        try:
+            await first.wait_for_peers(1, timeout=5.0)
+            key = second.node_id.hex()
+            assert first.peer_state(key) == "alive"
+            assert first.peer_state("00" * 16) is None
+            with pytest.raises(irismesh.ConfigurationError, match="bad node id"):
+                first.peer_state("not hex")
+            await second.close()
+            await wait_until(lambda: first.peer_state(key) == "left", 3.0, "the leave")
+        finally:
+            await asyncio.gather(first.close(), second.close())
+
+    asyncio.run(asyncio.wait_for(main(), 30))
