@@ -3,17 +3,22 @@
     python -m irismesh.spark_telemetry compact --spool DIR --out DIR [--keep | --delete]
     python -m irismesh.spark_telemetry report (--spool DIR | --parquet DIR) --out DIR
                                               [--master spark://host:port] [--top N]
+                                              [--bucket 10s]
     python -m irismesh.spark_telemetry live --spool DIR [--window 10] [--duration S]
     python -m irismesh.spark_telemetry synth --spool DIR [--calls N] [--sample-every K]
     python -m irismesh.spark_telemetry delay [--files N]
 
-`mesh telemetry ...` will call `main` with the same arguments. Spark is imported only by the
-subcommands that need it, so `compact` and `synth` start in well under a second.
+`mesh telemetry ...` calls `main` with the same arguments. Spark is imported only by the
+subcommands that need it, so `compact` and `synth` start in well under a second. Failures the
+user can act on (the `spark` extra or Java missing, a missing spool, Spark failing, a file that
+cannot be read or written) are one line on stderr and exit status 1 or 2, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
 import shutil
 import statistics
 import sys
@@ -30,16 +35,46 @@ __all__ = ["build_parser", "main"]
 
 # Kept here rather than imported from jobs.py, which imports pyspark; a test checks they agree.
 JOB_NAMES = (
+    "overview",
     "totals",
     "throughput",
     "latency",
+    "latency_time",
     "errors",
+    "drops",
     "fairness",
     "member_load",
     "churn",
+    "events",
     "top_talkers",
     "gauges",
 )
+# What each subcommand imports: the `spark` extra's packages.
+_NEEDS = {
+    "compact": ("pyarrow",),
+    "report": ("pyspark", "pyarrow", "pandas", "matplotlib"),
+    "live": ("pyspark", "pyarrow", "pandas"),
+    "delay": ("pyspark", "pyarrow", "pandas"),
+    "synth": ("numpy",),
+}
+USAGE, FAILED = 2, 1
+
+
+class CommandFailed(Exception):
+    """A failure to report in one line, with the exit status."""
+
+    def __init__(self, message: str, status: int = FAILED) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _bucket(text: str) -> int:
+    from irismesh.spark_telemetry.units import parse_bucket
+
+    try:
+        return parse_bucket(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,6 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--out", required=True, type=Path, help="report directory")
     report.add_argument("--master", default="local[*]", help="local[*] or spark://host:port")
     report.add_argument("--top", type=int, default=10, help="top talkers to list")
+    report.add_argument(
+        "--bucket",
+        type=_bucket,
+        default=None,
+        help="width of a point over time (1s, 30s, 5min, 1h); default: chosen from the span",
+    )
     report.add_argument("--quiet", action="store_true", help="no terminal summary")
     report.add_argument(
         "--quick-jvm",
@@ -98,20 +139,55 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     command: str = args.command
-    if command == "compact":
-        return _compact(args)
-    if command == "report":
-        return _report(args)
-    if command == "live":
-        return _live(args)
-    if command == "synth":
-        return _synth(args)
-    return _delay(args)
+    run = {"compact": _compact, "report": _report, "live": _live, "synth": _synth}
+    try:
+        _require(command)
+        return run.get(command, _delay)(args)
+    except CommandFailed as exc:
+        _fail(command, str(exc))
+        return exc.status
+    except OSError as exc:  # a spool or report file that cannot be read or written
+        _fail(command, f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))
+        return FAILED
+
+
+def _fail(command: str, message: str) -> None:
+    # One line, whatever the message holds: scripts read stderr line by line.
+    print(f"spark_telemetry {command}: {' '.join(message.split())}", file=sys.stderr, flush=True)
+
+
+def _require(command: str) -> None:
+    """The packages and the Java the command needs, or CommandFailed saying what to do."""
+    missing = [name for name in _NEEDS[command] if importlib.util.find_spec(name) is None]
+    if missing:
+        names = " and ".join(missing)
+        raise CommandFailed(f"{names} not installed: pip install 'irismesh[spark]'", USAGE)
+    if "pyspark" in _NEEDS[command]:
+        home = os.environ.get("JAVA_HOME")
+        if home and not os.access(os.path.join(home, "bin", "java"), os.X_OK):
+            raise CommandFailed(f"JAVA_HOME={home} has no bin/java: fix or unset it", USAGE)
+        if not home and shutil.which("java") is None:
+            raise CommandFailed(
+                "Java not found on PATH: Spark needs a JRE 17 or later "
+                "(apt-get install openjdk-17-jre-headless), or set JAVA_HOME",
+                USAGE,
+            )
+
+
+def _spark_failures() -> tuple[type[Exception], ...]:
+    """The exceptions by which PySpark says Spark failed (no JVM, a job, the master)."""
+    from py4j.protocol import Py4JError  # type: ignore[import-untyped]  # no stubs
+    from pyspark.errors import PySparkException
+
+    return (PySparkException, Py4JError)
 
 
 def _compact(args: argparse.Namespace) -> int:
     from irismesh.spark_telemetry.compact import Done, compact
 
+    if not args.spool.is_dir():
+        what = "is not a directory" if args.spool.exists() else "does not exist"
+        raise CommandFailed(f"spool directory {args.spool} {what}", USAGE)
     done: Done = "keep" if args.keep else "delete" if args.delete else "move"
     result = compact(args.spool, args.out, done=done, batch_records=args.batch_records)
     print(
@@ -135,11 +211,16 @@ def _report(args: argparse.Namespace) -> int:
     only = args.jobs.split(",") if args.jobs else None
     unknown = set(only or ()) - set(JOB_NAMES)
     if unknown:
-        print(f"unknown jobs: {', '.join(sorted(unknown))}; known: {', '.join(JOB_NAMES)}")
-        return 2
+        known = ", ".join(JOB_NAMES)
+        raise CommandFailed(f"unknown jobs: {', '.join(sorted(unknown))}; known: {known}", USAGE)
     if args.parquet is not None and not args.parquet.is_dir():
-        print(f"no compacted dataset at {args.parquet} (make one with the compact subcommand)")
-        return 2
+        message = f"no compacted dataset at {args.parquet} (make one with the compact subcommand)"
+        raise CommandFailed(message, USAGE)
+    if args.spool is not None and not args.spool.is_dir():
+        what = "is not a directory" if args.spool.exists() else "does not exist"
+        raise CommandFailed(f"spool directory {args.spool} {what}", USAGE)
+    if args.out.exists() and not args.out.is_dir():
+        raise CommandFailed(f"--out {args.out} exists and is not a directory", USAGE)
     meta: dict[str, object] = {"master": args.master}
     dataset = args.parquet
     if args.spool is not None:
@@ -148,9 +229,13 @@ def _report(args: argparse.Namespace) -> int:
         shutil.rmtree(dataset, ignore_errors=True)
         result = compact(args.spool, dataset, done="keep")
         meta.update(spool_files=result.files, corrupt_records=result.corrupt)
-    spark = make_session(
-        args.master, jvm_options=JVM_OPTIONS if args.quick_jvm else THROUGHPUT_JVM_OPTIONS
-    )
+    failures = _spark_failures()
+    try:
+        spark = make_session(
+            args.master, jvm_options=JVM_OPTIONS if args.quick_jvm else THROUGHPUT_JVM_OPTIONS
+        )
+    except failures as exc:
+        raise CommandFailed(f"Spark did not start: {_first_line(exc)}") from None
     try:
         started = time.perf_counter()
         build_report(
@@ -160,12 +245,20 @@ def _report(args: argparse.Namespace) -> int:
             meta=meta,
             quiet=args.quiet,
             only=only,
+            bucket=args.bucket,
         )
         if not args.quiet:
             print(f"report: {args.out / 'index.html'} ({time.perf_counter() - started:.1f} s)")
+    except failures as exc:
+        raise CommandFailed(f"Spark failed: {_first_line(exc)}") from None
     finally:
         spark.stop()
     return 0
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 def _live(args: argparse.Namespace) -> int:

@@ -14,7 +14,13 @@ and returns a new DataFrame; none of them reads, writes, caches or collects. Rul
 - Spark 4 runs SQL in ANSI mode, where x / 0 raises: every ratio uses `try_divide`, so a
   cluster with no calls gets NULL rates, not an error and not a made-up 0.
 - Sums of squares are taken in double: a long would overflow, and ANSI mode raises on that too.
-- Time buckets are computed from `ts` in UTC (the session's time zone, see session.py).
+- Time buckets are `bucket` seconds wide, aligned on the epoch, from `ts` in UTC (the
+  session's time zone, see session.py); column `time` holds each bucket's start. The report
+  chooses the width from the span of the data (`units.choose_bucket`).
+- Membership records name no cluster when the node recording them does not know it (SWIM is
+  mesh-wide): such a record counts for every cluster its peer is seen serving (as the peer of a
+  request, the recorder of a serve, the peer of a membership record that names a cluster), and
+  for cluster NULL when the peer serves none (a pure client).
 """
 
 from __future__ import annotations
@@ -28,13 +34,19 @@ from pyspark.sql import functions as F
 from irismesh.telemetry.schema import CALL_KINDS, Kind, Outcome
 
 __all__ = [
+    "BUCKETED",
     "JOBS",
+    "drops_by_reason",
     "error_rates",
     "fairness",
     "gauge_summary",
+    "latency_over_time",
     "latency_percentiles",
+    "member_clusters",
     "member_load",
     "membership_churn",
+    "membership_events",
+    "overview",
     "throughput",
     "top_talkers",
     "totals",
@@ -53,25 +65,83 @@ def _weight_if(condition: Column) -> Column:
     return F.sum(F.when(condition, F.col("weight")).otherwise(F.lit(0)))
 
 
-def _bucket(width: str) -> Column:
-    return F.window(F.timestamp_seconds(F.col("ts")), width)["start"]
+def _bucket(seconds: int) -> Column:
+    """The start of the `seconds`-wide bucket holding `ts`, as a UTC timestamp."""
+    if seconds < 1:
+        raise ValueError(f"a time bucket is at least 1 second wide, not {seconds}")
+    return F.timestamp_seconds(F.floor(F.col("ts") / F.lit(seconds)) * F.lit(seconds))
 
 
-def throughput(records: DataFrame, *, bucket: str = "1 minute") -> DataFrame:
+def overview(records: DataFrame) -> DataFrame:
+    """One row: records, events, recording nodes, first and last ts, calls and failed calls.
+
+    Columns: records, events, nodes, first_ts, last_ts, calls, failed.
+    """
+    call = _is_call()
+    return records.agg(
+        F.count(F.lit(1)).alias("records"),
+        F.coalesce(F.sum("weight"), F.lit(0)).alias("events"),
+        F.countDistinct("node").alias("nodes"),
+        F.min("ts").alias("first_ts"),
+        F.max("ts").alias("last_ts"),
+        F.coalesce(_weight_if(call), F.lit(0)).alias("calls"),
+        F.coalesce(_weight_if(call & (F.col("outcome") != str(Outcome.OK))), F.lit(0)).alias(
+            "failed"
+        ),
+    )
+
+
+def throughput(records: DataFrame, *, bucket: int = 60) -> DataFrame:
     """Calls per cluster, pattern and time bucket: events, ok, bytes, and events per second.
 
-    Columns: cluster, pattern, minute (bucket start, UTC), events, ok, bytes, per_second.
+    Columns: cluster, pattern, time (bucket start, UTC), events, ok, bytes, per_second.
     """
-    seconds = _bucket_seconds(bucket)
     calls = records.where(_is_call())
     return (
-        calls.groupBy("cluster", "pattern", _bucket(bucket).alias("minute"))
+        calls.groupBy("cluster", "pattern", _bucket(bucket).alias("time"))
         .agg(
             F.sum("weight").alias("events"),
             _weight_if(F.col("outcome") == str(Outcome.OK)).alias("ok"),
             F.sum(F.coalesce(F.col("size"), F.lit(0)) * F.col("weight")).alias("bytes"),
         )
-        .withColumn("per_second", F.col("events") / F.lit(float(seconds)))
+        .withColumn("per_second", F.col("events") / F.lit(float(bucket)))
+    )
+
+
+def latency_over_time(records: DataFrame, *, bucket: int = 60, accuracy: int = 1000) -> DataFrame:
+    """p50 and p99 latency of successful calls, serves and deliveries per time bucket.
+
+    Columns: cluster, kind, time (bucket start, UTC), samples, events, p50_us, p99_us. The
+    accuracy is lower than `latency_percentiles`' (1/1000 of the rank): hundreds of buckets
+    each hold a sketch, and a line on a chart needs no more.
+    """
+    quantiles = F.percentile_approx(F.col("latency_us"), [0.5, 0.99], accuracy)
+    return (
+        _timed(records)
+        .groupBy("cluster", "kind", _bucket(bucket).alias("time"))
+        .agg(
+            F.count(F.lit(1)).alias("samples"),
+            F.sum("weight").alias("events"),
+            quantiles.alias("q"),
+        )
+        .select(
+            "cluster",
+            "kind",
+            "time",
+            "samples",
+            "events",
+            F.col("q")[0].alias("p50_us"),
+            F.col("q")[1].alias("p99_us"),
+        )
+    )
+
+
+def _timed(records: DataFrame) -> DataFrame:
+    """Successful calls, serves and deliveries that carry a latency."""
+    return records.where(
+        F.col("kind").isin([*_CALLS, str(Kind.SERVE), str(Kind.DELIVER)])
+        & (F.col("outcome") == str(Outcome.OK))
+        & F.col("latency_us").isNotNull()
     )
 
 
@@ -82,11 +152,7 @@ def latency_percentiles(records: DataFrame, *, accuracy: int = 10_000) -> DataFr
     p50_us, p95_us, p99_us, max_us. Failed calls are left out: a timeout's latency is the
     caller's deadline, not the service's.
     """
-    timed = records.where(
-        F.col("kind").isin([*_CALLS, str(Kind.SERVE), str(Kind.DELIVER)])
-        & (F.col("outcome") == str(Outcome.OK))
-        & F.col("latency_us").isNotNull()
-    )
+    timed = _timed(records)
     quantiles = F.percentile_approx(F.col("latency_us"), list(PERCENTILES), accuracy)
     return (
         timed.groupBy("cluster", "pattern", "kind")
@@ -140,6 +206,53 @@ def error_rates(records: DataFrame) -> DataFrame:
         .withColumn("error_rate", F.try_divide(F.col("failed"), F.col("calls")))
         .withColumn("timeout_rate", F.try_divide(F.col("timeouts"), F.col("calls")))
     )
+
+
+def drops_by_reason(records: DataFrame) -> DataFrame:
+    """Drops and errors not tied to a call, by kind, reason (`name`) and cluster.
+
+    Columns: kind (drop or error), reason, cluster, events (weighted), records, nodes
+    (distinct recorders), first_ts, last_ts.
+    """
+    return (
+        records.where(F.col("kind").isin(str(Kind.DROP), str(Kind.ERROR)))
+        .groupBy("kind", F.col("name").alias("reason"), "cluster")
+        .agg(
+            F.sum("weight").alias("events"),
+            F.count(F.lit(1)).alias("records"),
+            F.countDistinct("node").alias("nodes"),
+            F.min("ts").alias("first_ts"),
+            F.max("ts").alias("last_ts"),
+        )
+    )
+
+
+def member_clusters(records: DataFrame) -> DataFrame:
+    """Each (member, cluster) seen: a request's peer, a serve's recorder, a membership peer."""
+    kind = F.col("kind")
+    member = (
+        F.when(kind == str(Kind.REQUEST), F.col("peer"))
+        .when(kind == str(Kind.SERVE), F.col("node"))
+        .when(kind == str(Kind.MEMBERSHIP), F.col("peer"))
+    )
+    return (
+        records.where(F.col("cluster").isNotNull())
+        .select(member.alias("member"), "cluster")
+        .where(F.col("member").isNotNull())
+        .distinct()
+    )
+
+
+def _membership(records: DataFrame) -> DataFrame:
+    """Membership records, those without a cluster once per cluster their peer serves."""
+    changes = records.where(F.col("kind") == str(Kind.MEMBERSHIP)).select(
+        "ts", "node", "peer", "name", "weight", "cluster"
+    )
+    known = changes.where(F.col("cluster").isNotNull())
+    unknown = changes.where(F.col("cluster").isNull()).drop("cluster")
+    clusters = F.broadcast(member_clusters(records))  # a few rows per member
+    resolved = unknown.join(clusters, unknown["peer"] == clusters["member"], "left")
+    return known.unionByName(resolved.drop("member"))
 
 
 def member_load(records: DataFrame) -> DataFrame:
@@ -204,18 +317,36 @@ def fairness(records: DataFrame) -> DataFrame:
     )
 
 
-def membership_churn(records: DataFrame, *, bucket: str = "1 minute") -> DataFrame:
+def membership_churn(records: DataFrame, *, bucket: int = 60) -> DataFrame:
     """Membership changes per cluster, time bucket and event (join, suspect, alive, dead, leave).
 
-    Columns: cluster, minute, event, observations (weighted records: every node that saw a
+    Columns: cluster, time, event, observations (weighted records: every node that saw a
     change records it), peers (distinct members concerned), observers (distinct recorders).
     """
     return (
-        records.where(F.col("kind") == str(Kind.MEMBERSHIP))
-        .groupBy("cluster", _bucket(bucket).alias("minute"), F.col("name").alias("event"))
+        _membership(records)
+        .groupBy("cluster", _bucket(bucket).alias("time"), F.col("name").alias("event"))
         .agg(
             F.sum("weight").alias("observations"),
             F.countDistinct("peer").alias("peers"),
+            F.countDistinct("node").alias("observers"),
+        )
+    )
+
+
+def membership_events(records: DataFrame, *, bucket: int = 60) -> DataFrame:
+    """Each member's membership changes, once per cluster, event and time bucket.
+
+    Every observer records the same change: this is one row for all of them, at the first
+    observation, for marks on a time axis. Columns: cluster, peer, event, time (bucket start),
+    first_ts, last_ts, observers.
+    """
+    return (
+        _membership(records)
+        .groupBy("cluster", "peer", F.col("name").alias("event"), _bucket(bucket).alias("time"))
+        .agg(
+            F.min("ts").alias("first_ts"),
+            F.max("ts").alias("last_ts"),
             F.countDistinct("node").alias("observers"),
         )
     )
@@ -275,22 +406,21 @@ def gauge_summary(records: DataFrame) -> DataFrame:
     )
 
 
-def _bucket_seconds(bucket: str) -> int:
-    """Seconds in a bucket such as "1 minute" or "30 seconds"."""
-    amount, _, unit = bucket.strip().partition(" ")
-    scale = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}[unit.rstrip("s")]
-    return int(amount) * scale
-
-
 # Name -> job with its default arguments, in report order.
 JOBS: Final[dict[str, Callable[[DataFrame], DataFrame]]] = {
+    "overview": overview,
     "totals": totals,
     "throughput": throughput,
     "latency": latency_percentiles,
+    "latency_time": latency_over_time,
     "errors": error_rates,
+    "drops": drops_by_reason,
     "fairness": fairness,
     "member_load": member_load,
     "churn": membership_churn,
+    "events": membership_events,
     "top_talkers": top_talkers,
     "gauges": gauge_summary,
 }
+# The jobs that take a `bucket` (seconds) argument.
+BUCKETED: Final = frozenset({"throughput", "latency_time", "churn", "events"})

@@ -31,6 +31,9 @@ def edge_records() -> list[Record]:
     - "void": requests to a cluster without members (no_responders, then one the caller's
       throttle turned away: overloaded): error rate 1, and no fairness row (no members).
     - a drop and an error record in "fair"; a late request 2 h before the rest.
+    - membership records without a cluster, as real nodes write them: A's death counts for
+      "fair" and "quiet" (A serves both), CLIENT_2's leave for no cluster (a pure client);
+      a drop without a cluster.
     """
     t = START
     return [
@@ -47,6 +50,9 @@ def edge_records() -> list[Record]:
         Record(t + 9, CLIENT_1, "request", "reqrep", "void", None, 15, 8, "no_responders"),
         Record(t + 9.5, CLIENT_1, "request", "reqrep", "void", None, 1, 8, "overloaded"),
         Record(t - 7200, CLIENT_1, "request", "reqrep", "solo", NODE_C, 60, 5, "ok", 1),
+        Record(t + 70, CLIENT_1, "membership", "", None, NODE_A, name="dead"),
+        Record(t + 71, CLIENT_1, "membership", "", None, CLIENT_2, name="leave"),
+        Record(t + 72, CLIENT_2, "drop", "", None, None, name="slow_consumer", weight=2),
     ]
 
 

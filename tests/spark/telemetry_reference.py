@@ -25,35 +25,47 @@ def frame(records: Iterable[Record]) -> pd.DataFrame:
     return df
 
 
-def _minute(ts: pd.Series) -> pd.Series:
-    return pd.to_datetime(np.floor(ts.to_numpy() / 60.0) * 60.0, unit="s")
+def _bucket(ts: pd.Series, seconds: int) -> pd.Series:
+    return pd.to_datetime(np.floor(ts.to_numpy() / seconds) * seconds, unit="s")
 
 
 def _wsum(df: pd.DataFrame, mask: pd.Series) -> float:
     return float(df.loc[mask, "weight"].sum())
 
 
-def throughput(df: pd.DataFrame) -> pd.DataFrame:
+def overview(df: pd.DataFrame) -> pd.DataFrame:
+    call = df["kind"].isin(CALLS)
+    row = {
+        "records": len(df),
+        "events": df["weight"].sum(),
+        "nodes": df["node"].nunique(),
+        "first_ts": df["ts"].min(),
+        "last_ts": df["ts"].max(),
+        "calls": _wsum(df, call),
+        "failed": _wsum(df, call & (df["outcome"] != "ok")),
+    }
+    return pd.DataFrame([row])
+
+
+def throughput(df: pd.DataFrame, bucket: int = 60) -> pd.DataFrame:
     calls = df[df["kind"].isin(CALLS)].copy()
-    calls["minute"] = _minute(calls["ts"])
+    calls["time"] = _bucket(calls["ts"], bucket)
     rows = []
-    for (cluster, pattern, minute), g in calls.groupby(
-        ["cluster", "pattern", "minute"], dropna=False
-    ):
+    for (cluster, pattern, time), g in calls.groupby(["cluster", "pattern", "time"], dropna=False):
         events = g["weight"].sum()
         rows.append(
             {
                 "cluster": cluster,
                 "pattern": pattern,
-                "minute": minute,
+                "time": time,
                 "events": events,
                 "ok": _wsum(g, g["outcome"] == "ok"),
                 "bytes": float((g["size"].fillna(0).astype(float) * g["weight"]).sum()),
-                "per_second": events / 60.0,
+                "per_second": events / bucket,
             }
         )
     return pd.DataFrame(
-        rows, columns=["cluster", "pattern", "minute", "events", "ok", "bytes", "per_second"]
+        rows, columns=["cluster", "pattern", "time", "events", "ok", "bytes", "per_second"]
     )
 
 
@@ -61,12 +73,57 @@ def _exact(values: np.ndarray, q: float) -> float:
     return float(np.quantile(values, q, method="inverted_cdf"))
 
 
-def latency(df: pd.DataFrame) -> pd.DataFrame:
-    timed = df[
+def _timed(df: pd.DataFrame) -> pd.DataFrame:
+    return df[
         df["kind"].isin([*CALLS, "serve", "deliver"])
         & (df["outcome"] == "ok")
         & df["latency_us"].notna()
     ]
+
+
+def latency_time(df: pd.DataFrame, bucket: int = 60) -> pd.DataFrame:
+    timed = _timed(df).copy()
+    timed["time"] = _bucket(timed["ts"], bucket)
+    rows = []
+    for (cluster, kind, time), g in timed.groupby(["cluster", "kind", "time"], dropna=False):
+        lat = g["latency_us"].astype(float).to_numpy()
+        rows.append(
+            {
+                "cluster": cluster,
+                "kind": kind,
+                "time": time,
+                "samples": len(g),
+                "events": g["weight"].sum(),
+                "p50_us": _exact(lat, 0.5),
+                "p99_us": _exact(lat, 0.99),
+            }
+        )
+    columns = ["cluster", "kind", "time", "samples", "events", "p50_us", "p99_us"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def drops(df: pd.DataFrame) -> pd.DataFrame:
+    picked = df[df["kind"].isin(["drop", "error"])]
+    rows = []
+    for (kind, reason, cluster), g in picked.groupby(["kind", "name", "cluster"], dropna=False):
+        rows.append(
+            {
+                "kind": kind,
+                "reason": reason,
+                "cluster": cluster,
+                "events": g["weight"].sum(),
+                "records": len(g),
+                "nodes": g["node"].nunique(),
+                "first_ts": g["ts"].min(),
+                "last_ts": g["ts"].max(),
+            }
+        )
+    columns = ["kind", "reason", "cluster", "events", "records", "nodes", "first_ts", "last_ts"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def latency(df: pd.DataFrame) -> pd.DataFrame:
+    timed = _timed(df)
     rows = []
     for (cluster, pattern, kind), g in timed.groupby(["cluster", "pattern", "kind"], dropna=False):
         lat = g["latency_us"].astype(float).to_numpy()
@@ -119,6 +176,33 @@ def errors(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _members(df: pd.DataFrame) -> dict[str, set[str]]:
+    """cluster -> members: requests' peers, serves' recorders, membership records' peers."""
+    members: dict[str, set[str]] = {}
+    for kind, column in (("request", "peer"), ("serve", "node"), ("membership", "peer")):
+        rows = df[(df["kind"] == kind) & df["cluster"].notna() & df[column].notna()]
+        for cluster, member in zip(rows["cluster"], rows[column], strict=True):
+            members.setdefault(cluster, set()).add(member)
+    return members
+
+
+def _membership(df: pd.DataFrame) -> pd.DataFrame:
+    """Membership records; one without a cluster once per cluster its peer serves (or None)."""
+    changes = df[df["kind"] == "membership"]
+    serves: dict[str, list[str]] = {}
+    for cluster, names in _members(df).items():
+        for name in names:
+            serves.setdefault(name, []).append(cluster)
+    rows = []
+    for record in changes.to_dict(orient="records"):
+        if record["cluster"] is not None:
+            rows.append(record)
+        else:
+            for cluster in serves.get(record["peer"], [None]):
+                rows.append({**record, "cluster": cluster})
+    return pd.DataFrame(rows, columns=list(df.columns))
+
+
 def member_load(df: pd.DataFrame) -> pd.DataFrame:
     members: dict[str, set[str]] = {}
     requests = df[(df["kind"] == "request") & df["cluster"].notna() & df["peer"].notna()]
@@ -167,15 +251,15 @@ def fairness(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=[*columns, "jain_index", "max_over_mean"])
 
 
-def churn(df: pd.DataFrame) -> pd.DataFrame:
-    changes = df[df["kind"] == "membership"].copy()
-    changes["minute"] = _minute(changes["ts"])
+def churn(df: pd.DataFrame, bucket: int = 60) -> pd.DataFrame:
+    changes = _membership(df)
+    changes["time"] = _bucket(changes["ts"], bucket)
     rows = []
-    for (cluster, minute, event), g in changes.groupby(["cluster", "minute", "name"], dropna=False):
+    for (cluster, time, event), g in changes.groupby(["cluster", "time", "name"], dropna=False):
         rows.append(
             {
                 "cluster": cluster,
-                "minute": minute,
+                "time": time,
                 "event": event,
                 "observations": g["weight"].sum(),
                 "peers": g["peer"].nunique(),
@@ -183,8 +267,29 @@ def churn(df: pd.DataFrame) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(
-        rows, columns=["cluster", "minute", "event", "observations", "peers", "observers"]
+        rows, columns=["cluster", "time", "event", "observations", "peers", "observers"]
     )
+
+
+def events(df: pd.DataFrame, bucket: int = 60) -> pd.DataFrame:
+    changes = _membership(df)
+    changes["time"] = _bucket(changes["ts"], bucket)
+    rows = []
+    keys = ["cluster", "peer", "name", "time"]
+    for (cluster, peer, event, time), g in changes.groupby(keys, dropna=False):
+        rows.append(
+            {
+                "cluster": cluster,
+                "peer": peer,
+                "event": event,
+                "time": time,
+                "first_ts": g["ts"].min(),
+                "last_ts": g["ts"].max(),
+                "observers": g["node"].nunique(),
+            }
+        )
+    columns = ["cluster", "peer", "event", "time", "first_ts", "last_ts", "observers"]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def top_talkers(df: pd.DataFrame, limit: int = 10) -> pd.DataFrame:
@@ -234,13 +339,17 @@ def gauges(df: pd.DataFrame) -> pd.DataFrame:
 
 
 REFERENCES = {
+    "overview": overview,
     "totals": totals,
     "throughput": throughput,
     "latency": latency,
+    "latency_time": latency_time,
     "errors": errors,
+    "drops": drops,
     "fairness": fairness,
     "member_load": member_load,
     "churn": churn,
+    "events": events,
     "top_talkers": top_talkers,
     "gauges": gauges,
 }

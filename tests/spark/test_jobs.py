@@ -13,13 +13,14 @@ import pytest
 
 pytest.importorskip("pyspark", reason="PySpark not installed: pip install -e '.[spark]'")
 
+import functools
 import math
 
 import telemetry_reference as reference
 from pyspark.sql import SparkSession
 from telemetry_data import NODE_A, NODE_B, NODE_C, START, Dataset
 
-from irismesh.spark_telemetry.jobs import JOBS, fairness, throughput
+from irismesh.spark_telemetry.jobs import BUCKETED, JOBS, fairness, throughput
 from irismesh.spark_telemetry.report import KEYS, run_jobs
 from irismesh.telemetry.schema import spark_schema
 
@@ -31,7 +32,10 @@ def test_spark_runs_sql_in_ansi_mode(spark: SparkSession) -> None:
 
 @pytest.mark.parametrize("name", list(JOBS))
 def test_job_agrees_with_pandas(name: str, results: Any, dataset: Dataset) -> None:
-    expected = reference.REFERENCES[name](dataset.frame)
+    compute = reference.REFERENCES[name]
+    if name in BUCKETED:
+        compute = functools.partial(compute, bucket=results.meta["bucket_seconds"])
+    expected = compute(dataset.frame)
     assert len(expected) > 0, "the data set must exercise every job"
     reference.assert_same(results.tables[name], expected, KEYS[name])
 
@@ -86,20 +90,50 @@ def test_sampled_records_count_by_weight(results: Any) -> None:
     assert totals["events"].sum() > totals["records"].sum()  # the synthetic traffic is sampled
 
 
-def test_throughput_puts_late_records_in_their_own_minute(results: Any) -> None:
-    rate = results.tables["throughput"]
-    solo = rate[rate["cluster"] == "solo"].sort_values("minute")
-    minutes = [m.timestamp() for m in solo["minute"].dt.tz_localize("UTC")]
+def test_throughput_puts_late_records_in_their_own_bucket(dataset: Dataset) -> None:
+    rate = throughput(dataset.df, bucket=60).toPandas()
+    solo = rate[rate["cluster"] == "solo"].sort_values("time")
+    minutes = [m.timestamp() for m in solo["time"].dt.tz_localize("UTC")]
     first = (START + 6) // 60 * 60
     assert minutes == [first - 7200, first, first + 60]
     assert list(solo["events"]) == [1, 2, 1]
     assert list(solo["per_second"]) == pytest.approx([1 / 60, 2 / 60, 1 / 60])
 
 
+def test_the_bucket_fits_the_span(results: Any) -> None:
+    # Ten minutes of traffic and one record 2 h early: 2 h 10 min over at most 300 points.
+    assert results.meta["bucket_seconds"] == 30
+    assert results.meta["bucket_chosen"] is True
+    times = results.tables["throughput"]["time"]
+    assert all(t.second % 30 == 0 and t.microsecond == 0 for t in times)
+
+
+def test_membership_without_a_cluster_counts_for_the_clusters_its_member_serves(
+    results: Any,
+) -> None:
+    events = results.tables["events"]
+    dead = events[(events["event"] == "dead") & (events["peer"] == NODE_A)]
+    assert sorted(dead["cluster"]) == ["fair", "quiet"]  # A served both
+    left = events[events["event"] == "leave"]
+    assert list(left["cluster"]) == [None]  # a pure client serves no cluster
+    churn = results.tables["churn"]
+    assert not churn[churn["cluster"] == "fair"].query("event == 'dead'").empty
+
+
+def test_drops_by_reason(results: Any) -> None:
+    drops = results.tables["drops"].set_index(["kind", "reason"])
+    assert drops.loc[("drop", "queue_full"), "events"] == 7
+    assert drops.loc[("drop", "slow_consumer"), "events"] == 2
+    assert drops.loc[("error", "bad_frame"), "cluster"] == "fair"
+
+
 def test_every_job_runs_on_no_records(spark: SparkSession) -> None:
     empty = spark.createDataFrame([], spark_schema())
     out = run_jobs(empty, cache=False)
-    assert {name: len(frame) for name, frame in out.tables.items()} == dict.fromkeys(JOBS, 0)
+    rows = {name: len(frame) for name, frame in out.tables.items()}
+    assert rows == dict.fromkeys(JOBS, 0) | {"overview": 1}
+    assert out.tables["overview"].iloc[0]["records"] == 0
+    assert out.meta["bucket_seconds"] == 1
 
 
 def test_jobs_are_pure_and_take_extra_columns(dataset: Dataset) -> None:
@@ -108,5 +142,5 @@ def test_jobs_are_pure_and_take_extra_columns(dataset: Dataset) -> None:
     assert {"date", "hour"} <= set(df.columns)
     before = df.columns
     fairness(df)
-    throughput(df, bucket="30 seconds").count()
+    throughput(df, bucket=30).count()
     assert df.columns == before
