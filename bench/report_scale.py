@@ -19,6 +19,7 @@ package's) runs the same aggregations in SQL on the same Parquet, as a reference
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import shutil
 import subprocess
@@ -170,8 +171,10 @@ def write_parquet(millions: float, out: Path) -> int:
     shape = MeshShape(clients=4, seed=0)
     rng = np.random.default_rng(0)
     written = 0
-    tables = [side_records(shape), *call_tables(int(millions * MILLION), shape, rng)]
-    for number, table in enumerate(tables):
+    tables = itertools.chain(
+        [side_records(shape)], call_tables(int(millions * MILLION), shape, rng)
+    )
+    for number, table in enumerate(tables):  # one chunk in memory at a time
         ds.write_dataset(
             add_partitions(table),
             out,

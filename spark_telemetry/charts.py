@@ -130,7 +130,10 @@ def time_chart(
         ax.set_ylabel(ylabel)
         ax.grid(True, color="#e5e5e5", linewidth=0.6)
         ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
-        return _svg(fig, prefix)
+        # Fixed margins, not tight_layout: every time chart's plot area has the same left and
+        # right edges, so a mark at one time sits at one x down the page.
+        fig.subplots_adjust(left=0.08, right=0.83, top=0.96, bottom=0.16)
+        return _svg(fig, prefix, tight=False)
 
 
 def _draw_marks(ax: Any, marks: Sequence[Mark]) -> None:
@@ -193,8 +196,9 @@ def shares_chart(prefix: str, clusters: Sequence[tuple[str, Sequence[tuple[str, 
         return _svg(fig, prefix)
 
 
-def _svg(fig: Any, prefix: str) -> str:
-    fig.tight_layout()
+def _svg(fig: Any, prefix: str, *, tight: bool = True) -> str:
+    if tight:
+        fig.tight_layout()
     buffer = io.StringIO()
     fig.savefig(buffer, format="svg", metadata={"Date": None})
     text = buffer.getvalue()
