@@ -13,7 +13,8 @@ Then it runs `python -m irismesh.spark_telemetry report --parquet ... --quiet` o
 as an operator would, and samples the resident memory of that process and its JVM every 0.2 s:
 wall time (JVM start included) and the peak RSS of the driver (Python + JVM; in local mode the
 executors are threads of that JVM). Last, DuckDB (`pip install duckdb`: the bench's, not the
-package's) runs the same aggregations in SQL on the same Parquet, as a reference.
+package's) runs the same aggregations in SQL on the same Parquet, as a reference, in a process of
+its own whose peak RSS is sampled the same way.
 """
 
 from __future__ import annotations
@@ -267,16 +268,26 @@ DUCKDB_QUERIES = {
 
 
 def duckdb_reference(parquet: Path, bucket: int) -> tuple[float, int]:
+    """Wall time and peak RSS of DuckDB running every query, in a process of its own."""
+    started = time.perf_counter()
+    command = [sys.executable, __file__, "--duckdb-only", str(parquet), str(bucket)]
+    process = subprocess.Popen(command)
+    peak = PeakRss(process.pid)
+    status = process.wait()
+    rss = peak.stop()
+    if status != 0:
+        raise SystemExit(f"DuckDB failed (exit {status}): pip install duckdb")
+    return time.perf_counter() - started, rss
+
+
+def run_duckdb(parquet: Path, bucket: int) -> None:
     import duckdb
 
-    started = time.perf_counter()
     con = duckdb.connect()
     files = f"{parquet}/**/*.parquet"
     con.execute(f"CREATE VIEW r AS SELECT * FROM read_parquet('{files}', hive_partitioning=1)")
     for query in DUCKDB_QUERIES.values():
         con.execute(query.format(b=bucket)).fetchall()
-    seconds = time.perf_counter() - started
-    return seconds, psutil.Process().memory_info().rss
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -285,7 +296,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--master", default="local[*]")
     parser.add_argument("--dir", type=Path, default=None, help="where the Parquet goes")
     parser.add_argument("--keep", action="store_true", help="keep (and reuse) the Parquet")
+    parser.add_argument(
+        "--engines",
+        default="spark,duckdb",
+        help="spark, duckdb or both (DuckDB needs Spark's"
+        " bucket width: without spark it uses 15 s)",
+    )
+    parser.add_argument("--duckdb-only", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.duckdb_only:
+        run_duckdb(Path(args.duckdb_only[0]), int(args.duckdb_only[1]))
+        return 0
+    engines = set(args.engines.split(","))
     base = args.dir or Path(tempfile.gettempdir()) / "irismesh-report-scale"
     rows = []
     for millions in (float(s) for s in args.sizes.split(",")):
@@ -295,26 +317,32 @@ def main(argv: list[str] | None = None) -> int:
             started = time.perf_counter()
             records = write_parquet(millions, parquet)
             progress(f"  {records:,} records in {time.perf_counter() - started:.0f} s")
-        progress(f"{millions:g}M: Spark report on {args.master}")
-        out = base / f"report-{millions:g}M"
-        spark_s, spark_rss = spark_report(parquet, out, args.master)
-        meta = json.loads((out / "summary.json").read_text())["meta"]
-        bucket = int(meta["bucket_seconds"])
-        progress(f"  {spark_s:.1f} s, peak RSS {spark_rss / 2**30:.2f} GiB; DuckDB next")
-        duck_s, duck_rss = duckdb_reference(parquet, bucket)
+        spark_s = spark_rss = duck_s = duck_rss = float("nan")
+        bucket = 15
+        if "spark" in engines:
+            progress(f"{millions:g}M: Spark report on {args.master}")
+            out = base / f"report-{millions:g}M"
+            spark_s, spark_rss = spark_report(parquet, out, args.master)
+            meta = json.loads((out / "summary.json").read_text())["meta"]
+            bucket = int(meta["bucket_seconds"])
+            progress(f"  {spark_s:.1f} s, peak RSS {spark_rss / 2**30:.2f} GiB")
+        if "duckdb" in engines:
+            progress(f"{millions:g}M: DuckDB, the same aggregations")
+            duck_s, duck_rss = duckdb_reference(parquet, bucket)
+            progress(f"  {duck_s:.1f} s, peak RSS {duck_rss / 2**30:.2f} GiB")
         rows.append((millions, spark_s, spark_rss, duck_s, duck_rss))
         if not args.keep:
             shutil.rmtree(parquet)
     print(
         "| records | Spark report (wall, JVM start included) | driver peak RSS (Python + JVM) |"
-        " DuckDB, same aggregations | bench process RSS after DuckDB |"
+        " DuckDB, same aggregations | DuckDB peak RSS |"
     )
     print("| --- | --- | --- | --- | --- |")
     for millions, spark_s, spark_rss, duck_s, duck_rss in rows:
-        print(
-            f"| {millions:g} M | {spark_s:.1f} s | {spark_rss / 2**30:.2f} GiB | {duck_s:.1f} s |"
-            f" {duck_rss / 2**30:.2f} GiB |"
-        )
+        cells = [f"{spark_s:.1f} s", f"{spark_rss / 2**30:.2f} GiB", f"{duck_s:.1f} s",
+                 f"{duck_rss / 2**30:.2f} GiB"]  # fmt: skip
+        shown = ["-" if cell.startswith("nan") else cell for cell in cells]  # engine not run
+        print(f"| {millions:g} M | {' | '.join(shown)} |")
     return 0
 
 
