@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -493,6 +493,12 @@ async def client_async(args: argparse.Namespace, plan: Plan) -> None:
         emit("result", scenario="sustained", **sustained)
 
 
+def irismesh_run(main: Coroutine[Any, Any, None]) -> None:
+    from irismesh import run
+
+    run(main)
+
+
 def run_child(args: argparse.Namespace) -> None:
     exit_after(args.max_seconds)
     if args.role == "server":
@@ -502,14 +508,16 @@ def run_child(args: argparse.Namespace) -> None:
             asyncio.run(serve_raw_asyncio())
         elif args.system == "nats":
             asyncio.run(serve_nats(args.endpoint))
-        else:
-            asyncio.run(serve_mesh(args.keyring, parse_mesh_opts(args.mesh_opt)))
+        else:  # on irismesh's own loop: uvloop where installed (IRISMESH_LOOP=asyncio: not)
+            irismesh_run(serve_mesh(args.keyring, parse_mesh_opts(args.mesh_opt)))
         return
     on_stdin_eof(lambda: os._exit(1))
     plan = Plan(**json.loads(args.plan))
     try:
         if args.system == "raw":
             client_raw(args.endpoint, plan)
+        elif args.system == "mesh":
+            irismesh_run(client_async(args, plan))
         else:
             asyncio.run(client_async(args, plan))
     except BaseException as exc:

@@ -116,7 +116,15 @@ class Agent:
         self.tasks: set[asyncio.Task[None]] = set()
 
     def counters(self) -> dict[str, int]:
-        keep = ("members_suspected", "suspicions_refuted", "requests_resent", "requests_migrated")
+        keep = (
+            "members_suspected",
+            "suspicions_refuted",
+            "requests_resent",
+            "requests_migrated",
+            "requests_parked",
+            "requests_unparked",
+            "links_down_disconnected",
+        )
         return {
             k: int(v)
             for k, v in self.node.stats.items()
@@ -237,6 +245,10 @@ class Agent:
             over_100ms=sum(v > 0.1 for v in ordered),
             resent=after.get("requests_resent", 0) - before.get("requests_resent", 0),
             migrated=after.get("requests_migrated", 0) - before.get("requests_migrated", 0),
+            # Parked: no member linked when a request was sent or had to move; unparked when
+            # a link to one came up.
+            parked=after.get("requests_parked", 0) - before.get("requests_parked", 0),
+            unparked=after.get("requests_unparked", 0) - before.get("requests_unparked", 0),
         )
 
     def alive(self, victim: str) -> str | None:
@@ -880,7 +892,8 @@ class Run:
             + (
                 f"; requests {calls['ok']} ok, {calls['failed']} failed "
                 f"({(calls['ok'] + calls['failed']) / calls['seconds']:.0f}/s achieved), "
-                f"slowest {calls['max_ms']:.0f} ms, {calls['resent']} resent"
+                f"slowest {calls['max_ms']:.0f} ms, {calls['resent']} resent, "
+                f"{calls.get('unparked', 0)} waited for a link"
                 if calls and calls.get("max_ms") is not None
                 else "; no report of its requests"
             )

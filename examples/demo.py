@@ -265,7 +265,7 @@ def main() -> int:
     parser.add_argument("--spool", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        asyncio.run(run_worker(args.worker, args.seed, args.spool))
+        irismesh.run(run_worker(args.worker, args.seed, args.spool))
         return 0
     if args.requests < 30:
         parser.error("--requests must be at least 30")
@@ -287,7 +287,7 @@ def main() -> int:
         procs["w1"], first = start_worker("w1", [], env, spool)
         for name in ("w2", "w3"):
             procs[name], _ = start_worker(name, [first], env, spool)
-        outcome = asyncio.run(run_client(args, keys, first, procs, spool))
+        outcome = irismesh.run(run_client(args, keys, first, procs, spool))
     finally:
         for proc in procs.values():
             if proc.poll() is None:

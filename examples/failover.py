@@ -170,11 +170,11 @@ def main() -> int:
     parser.add_argument("--seed", action="append", default=[], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        asyncio.run(run_worker(args.worker, args.seed, args.delay))
+        irismesh.run(run_worker(args.worker, args.seed, args.delay))
         return 0
     if args.workers < 2:
         parser.error("--workers must be at least 2 (one of them is killed)")
-    return asyncio.run(run_client(args))
+    return irismesh.run(run_client(args))
 
 
 if __name__ == "__main__":

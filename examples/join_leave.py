@@ -145,7 +145,7 @@ def main() -> int:
         keys.save(keyfile)
         env = dict(os.environ, IRISMESH_KEYFILE=str(keyfile))
         env.pop("IRISMESH_KEYS", None)
-        return asyncio.run(play(args, keys, env))
+        return irismesh.run(play(args, keys, env))
 
 
 if __name__ == "__main__":

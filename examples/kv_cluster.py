@@ -146,7 +146,7 @@ def main() -> int:
     parser.add_argument("--seed", action="append", default=[], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.replica:
-        asyncio.run(run_replica(args.replica, args.seed))
+        irismesh.run(run_replica(args.replica, args.seed))
         return 0
     return run_client(args)
 

@@ -414,14 +414,14 @@ def main() -> int:
         for sig in loop_signals:  # a child stops quietly when the coordinator says so
             signal.signal(sig, lambda *_: sys.exit(0))
         if args.role == "desk":
-            asyncio.run(run_desk(args.name, args.plan))
+            irismesh.run(run_desk(args.name, args.plan))
         else:
-            asyncio.run(run_reader(args.name, args.plan, args.archive_delay))
+            irismesh.run(run_reader(args.name, args.plan, args.archive_delay))
         return 0
     if args.stories < 1 or args.corrections_every < 1:
         parser.error("--stories and --corrections-every must be at least 1")
     try:
-        return asyncio.run(run_newsroom(args))
+        return irismesh.run(run_newsroom(args))
     except (TimeoutError, RuntimeError) as exc:
         print(f"newsroom: {exc or 'timed out'}", file=sys.stderr)
         return 1

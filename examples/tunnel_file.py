@@ -174,7 +174,7 @@ def main() -> int:
     parser.add_argument("--member", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.member:
-        asyncio.run(run_member())
+        irismesh.run(run_member())
         return 0
     if args.file is not None and not args.file.is_file():
         parser.error(f"no such file: {args.file}")
@@ -194,7 +194,7 @@ def main() -> int:
         if len(line) != 2 or line[0] != "READY":
             print("tunnel_file: the member did not start", file=sys.stderr)
             return 1
-        return asyncio.run(send(args, line[1], member))
+        return irismesh.run(send(args, line[1], member))
     except irismesh.MeshError as exc:
         print(f"tunnel_file: {exc}", file=sys.stderr)
         return 1

@@ -6,6 +6,7 @@ API for code that does not run asyncio. See the README for a tour.
 """
 
 from irismesh._core.config import CoreConfig
+from irismesh._loop import loop_factory, new_event_loop, run
 from irismesh.discovery.mdns import MdnsConfig
 from irismesh.discovery.survey import SurveyConfig
 from irismesh.errors import (
@@ -69,5 +70,8 @@ __all__ = [
     "TunnelReset",
     "__version__",
     "deadline",
+    "loop_factory",
+    "new_event_loop",
+    "run",
     "time_left",
 ]

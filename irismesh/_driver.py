@@ -248,6 +248,9 @@ class Driver:
 
     def flush(self) -> None:
         core = self.core
+        if core.events:  # links to open first (a request may dial), or their HELLOs are lost
+            self.process()
+            return
         core.seal_staged()  # returns at once when nothing is staged
         if core.membership.outbox:
             send_datagram = self._datagrams.send
@@ -260,8 +263,9 @@ class Driver:
             dealers = self._dealers
             for link_id, frame in frames:
                 sock = dealers.get(link_id)
-                if sock is None:
-                    continue  # the link closed meanwhile; the core has already moved on
+                if sock is None:  # the link closed meanwhile; the core has already moved on
+                    core.stats["frames_for_closed_links"] += 1
+                    continue
                 try:
                     sock.send(frame, _NOBLOCK)
                 except zmq.Again:

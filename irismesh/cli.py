@@ -10,7 +10,6 @@ boundary.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import inspect
 import os
 import sys
@@ -30,6 +29,7 @@ from irismesh._cli import (
     tunnel,
 )
 from irismesh._cli.base import MESH_ERROR, USAGE_ERROR, CommandError, MeshArgumentParser
+from irismesh._loop import run
 from irismesh.errors import ConfigurationError, MeshError
 
 # In `mesh --help` order; `telemetry collect` will join with publish/subscribe.
@@ -75,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         status = args.run(args)
         if inspect.iscoroutine(status):
-            status = asyncio.run(status)
+            status = run(status)
         assert isinstance(status, int)
         return status
     except CommandError as exc:

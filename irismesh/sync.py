@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from irismesh import node as _async
 from irismesh._core.config import CoreConfig
+from irismesh._loop import new_event_loop
 from irismesh.discovery.mdns import MdnsConfig
 from irismesh.discovery.survey import SurveyConfig
 from irismesh.errors import Closed, ConfigurationError, EndOfStream, RequestTimeout
@@ -68,7 +69,7 @@ class Node:
         self._pool = concurrent.futures.ThreadPoolExecutor(
             handler_threads, thread_name_prefix="irismesh-handler"
         )
-        self._loop = asyncio.new_event_loop()
+        self._loop = new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="irismesh", daemon=True)
         self._started = False
         self._closed = threading.Event()

@@ -21,8 +21,9 @@ if TYPE_CHECKING:
 __all__ = ["Headline", "Thresholds", "cluster_health"]
 
 # Round trips that stand for a cluster's latency, busiest first; a tunnel's life is no
-# round trip, and a member's service time is not what its callers wait for.
-_ROUND_TRIPS: Final = ("request", "survey", "broadcast", "publish")
+# round trip, a publish waits for no answer, and a member's service time is not what its
+# callers wait for.
+_ROUND_TRIPS: Final = ("request", "survey", "broadcast")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -105,6 +106,7 @@ class Headline:
     last_ts: float | None
     nodes: int | None
     clusters: int | None
+    topics: int
     calls: int
     failed: int
     worst_p99_us: float | None
@@ -134,7 +136,8 @@ class Headline:
         rate = tables.get("throughput", pd.DataFrame())
         if not rate.empty:
             topics = set(rate.loc[rate["pattern"] == "pubsub", "cluster"])
-        clusters = len(set(errors["cluster"]) - topics) if not errors.empty else None
+        named = set(errors["cluster"]) if not errors.empty else set()
+        clusters = len(named - topics) if not errors.empty else None
         dead = _dead_members(tables)
         return cls(
             records=total("records", totals),
@@ -142,12 +145,19 @@ class Headline:
             last_ts=results.meta.get("last_ts", first["last_ts"] if first is not None else None),
             nodes=int(first["nodes"]) if first is not None else None,
             clusters=clusters,
+            topics=len(named & topics),
             calls=total("calls", errors),
             failed=total("failed", errors),
             worst_p99_us=worst,
             worst_where=where,
             deaths=sorted({label(peer) for peer in dead["peer"]}),
         )
+
+    def clusters_text(self) -> str:
+        if self.clusters is None:
+            return units.MISSING
+        topics = f" + {self.topics} topic{'s' * (self.topics != 1)}" if self.topics else ""
+        return units.count(self.clusters) + topics
 
     @property
     def failed_ratio(self) -> float | None:

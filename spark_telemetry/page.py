@@ -101,7 +101,7 @@ def _headline(head: Headline) -> str:
     items = [
         ("span", head.span_text()),
         ("nodes", units.count(head.nodes)),
-        ("clusters", units.count(head.clusters) if head.clusters is not None else units.MISSING),
+        ("clusters", head.clusters_text()),
         ("calls", units.count(head.calls)),
         ("failed", units.percent(head.failed_ratio)),
         ("worst p99", head.worst_p99_text()),
@@ -173,6 +173,10 @@ def _over_time(results: JobResults, names: _Names) -> list[str]:
     )
     marks = _marks(tables.get("events"), names)
     rate = tables.get("throughput")
+    latency = tables.get("latency_time")
+    # One colour per cluster on every chart, whatever clusters each chart shows.
+    seen = [frame["cluster"].fillna("(none)") for frame in (rate, latency) if frame is not None]
+    colours = charts.palette(sorted({str(c) for column in seen for c in column}))
     if rate is not None and not rate.empty:
         per = rate.assign(cluster=rate["cluster"].fillna("(none)"))
         per = per.groupby(["cluster", "time"])["per_second"].sum().unstack("cluster")
@@ -180,7 +184,6 @@ def _over_time(results: JobResults, names: _Names) -> list[str]:
         if len(full) <= 5000:  # zero where nothing was called: silence is a value here
             per = per.reindex(full, fill_value=0.0).fillna(0.0)
         busiest = per.sum().sort_values(ascending=False).index[:_MAX_LINES]
-        colours = charts.palette([str(c) for c in per.columns])
         lines = [
             charts.Series(
                 label=str(c), times=_naive(per.index), values=list(per[c]), color=colours[str(c)]
@@ -193,14 +196,27 @@ def _over_time(results: JobResults, names: _Names) -> list[str]:
         out.append(_figure("throughput", "Throughput per cluster (calls per second)", svg))
     elif rate is not None:
         out.append("<p class='empty'>No calls were recorded, so there is no throughput.</p>")
-    latency = tables.get("latency_time")
     if latency is not None and not latency.empty:
         kinds = sorted(set(latency["kind"]), key=lambda k: (_order(k), k))
+        unmeasured = [kind for kind in kinds if _unmeasured(latency[latency["kind"] == kind])]
         for kind in kinds:
-            out.append(_latency_chart(latency[latency["kind"] == kind], kind, span, marks))
+            if kind not in unmeasured:
+                chart = _latency_chart(latency[latency["kind"] == kind], kind, span, marks, colours)
+                out.append(chart)
+        if unmeasured:
+            out.append(
+                f"<p class='note'>No latency measured for {html.escape(', '.join(unmeasured))}: "
+                "every record of that kind carries 0 us.</p>"
+            )
     elif latency is not None:
         out.append("<p class='empty'>No successful call carried a latency.</p>")
     return out
+
+
+def _unmeasured(frame: pd.DataFrame) -> bool:
+    """A kind whose every latency is 0: the nodes recorded none (not a zero latency)."""
+    column = "max_us" if "max_us" in frame.columns else "p99_us"
+    return bool((frame[column].fillna(0) == 0).all())
 
 
 def _order(kind: str) -> int:
@@ -208,11 +224,14 @@ def _order(kind: str) -> int:
 
 
 def _latency_chart(
-    frame: pd.DataFrame, kind: str, span: tuple[dt.datetime, dt.datetime], marks: list[Any]
+    frame: pd.DataFrame,
+    kind: str,
+    span: tuple[dt.datetime, dt.datetime],
+    marks: list[Any],
+    colours: Mapping[str, str],
 ) -> str:
     frame = frame.assign(cluster=frame["cluster"].fillna("(none)"))
     busiest = frame.groupby("cluster")["events"].sum().sort_values(ascending=False)
-    colours = charts.palette([str(c) for c in busiest.index])
     lines = []
     for cluster in busiest.index[:_MAX_LINES]:
         rows = frame[frame["cluster"] == cluster].sort_values("time")
@@ -303,6 +322,10 @@ def _sections(results: JobResults, names: _Names) -> list[str]:
         ],
     )
     latency = tables.get("latency", pd.DataFrame())
+    if not latency.empty:  # 0 us on every record means not measured: show none
+        timed = ["mean_us", "p50_us", "p95_us", "p99_us", "max_us"]
+        latency = latency.astype(dict.fromkeys(timed, float))
+        latency.loc[latency["max_us"] == 0, timed] = float("nan")
     section(
         "latency",
         "Latency of successful calls",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from helpers import Workers
 
 import irismesh
+
+if irismesh.loop_factory() is not asyncio.new_event_loop:
+    # irismesh's own loop (uvloop where installed) for the tests' asyncio.run too, unless
+    # IRISMESH_LOOP=asyncio: CI runs the integration tests both ways.
+    import uvloop
+
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
 @pytest.fixture

@@ -467,6 +467,7 @@ class MeshCore(CoreApi):
             self._demand.dial_ended(record, reason, was_up, now)
         if not was_up:
             self.stats["dials_failed"] += 1
+            self.stats["dials_failed_" + reason.partition(":")[0]] += 1
             return
         self.stats["links_down_" + reason] += 1
         if self._peers.get(link.peer_id) is link:

@@ -30,7 +30,7 @@ from irismesh._core.frames import (
     encode_header,
     unpack_error,
 )
-from irismesh.errors import Closed, NoResponders, RequestTimeout
+from irismesh.errors import Closed, NoResponders, Overloaded, RequestTimeout
 from irismesh.security.keyring import Keyring
 
 
@@ -706,6 +706,12 @@ class MeshMachine(RuleBasedStateMachine):
                 req_id = self.net.request(self.client, "db", payload, timeout)
             except NoResponders:
                 assert self.client.core.members("db") == []
+                return
+            except Overloaded as exc:
+                # Members held requests past their deadlines: the caller throttles itself.
+                reason = exc.reason
+                assert reason == "throttled"
+                assert self.client.core.calls.throttle.probability("db") > 0
                 return
             self.requests[req_id] = (payload, self.net.now + timeout)
 

@@ -127,14 +127,42 @@ def test_peer_state_follows_a_member_from_alive_to_left(keys: irismesh.Keyring) 
         second = await irismesh.Node("db", keyring=keys, seeds=[first.endpoint]).start()
         try:
             await first.wait_for_peers(1, timeout=5.0)
+            await second.wait_for_peers(1, timeout=5.0)  # its leave goes to those it knows
             key = second.node_id.hex()
             assert first.peer_state(key) == "alive"
             assert first.peer_state("00" * 16) is None
             with pytest.raises(irismesh.ConfigurationError, match="bad node id"):
                 first.peer_state("not hex")
             await second.close()
-            await wait_until(lambda: first.peer_state(key) == "left", 3.0, "the leave")
+            await wait_until(
+                lambda: first.peer_state(key) == "left", 3.0, f"the leave {dict(first.stats)}"
+            )
         finally:
             await asyncio.gather(first.close(), second.close())
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_the_first_request_to_a_cluster_not_linked_yet_dials_once(keys: irismesh.Keyring) -> None:
+    """Membership knows the members, no link is open: the request opens the links and waits
+    for one; every HELLO goes out at once (none waits for a handshake timeout and a redial)."""
+
+    async def main() -> None:
+        members = [await irismesh.Node("db", keyring=keys).start()]
+        for _ in range(3):
+            members.append(
+                await irismesh.Node("db", keyring=keys, seeds=[members[0].endpoint]).start()
+            )
+        for member in members:
+            member.on_request(lambda payload: payload)
+        client = await irismesh.Node(keyring=keys, seeds=[members[0].endpoint]).start()
+        try:
+            await client.wait_for_peers(4, timeout=5.0)
+            assert await client.request("db", b"first", timeout=5.0) == b"first"
+            await wait_until(lambda: len(client.members("db")) == 4, 3.0, "links to all")
+            assert client.stats.get("dials_failed", 0) == 0, dict(client.stats)
+            assert client.stats.get("frames_for_closed_links", 0) == 0
+        finally:
+            await asyncio.gather(*(n.close() for n in [client, *members]))
 
     asyncio.run(asyncio.wait_for(main(), 30))

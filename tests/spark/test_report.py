@@ -203,3 +203,33 @@ def test_node_names_replace_ids_when_records_carry_them(results: Any, tmp_path: 
     )
     html = write_report(named, tmp_path).read_text()
     assert f"<span title='{NODE_A}'>db-1</span>" in html
+
+
+def test_a_kind_whose_every_latency_is_zero_is_not_measured(tmp_path: Path) -> None:
+    """Publish records carry 0 us (nothing is timed): no chart of zeros, no 0 us p99."""
+    start = pd.Timestamp("2026-11-25 12:00:00")
+    times = [start + pd.Timedelta(seconds=s) for s in range(3)]
+    zero = {"samples": 1, "events": 1, "p50_us": 0, "p99_us": 0}
+    latency_time = pd.DataFrame(
+        [{"cluster": "orders", "kind": "publish", "time": t, **zero} for t in times]
+        + [{"cluster": "work", "kind": "request", "time": t, **zero, "p99_us": 900} for t in times]
+    )
+    latency = pd.DataFrame(
+        [
+            {"cluster": "orders", "pattern": "pubsub", "kind": "publish", "samples": 3,
+             "events": 3, "mean_us": 0.0, "p50_us": 0, "p95_us": 0, "p99_us": 0, "max_us": 0},
+            {"cluster": "work", "pattern": "reqrep", "kind": "request", "samples": 3,
+             "events": 3, "mean_us": 600.0, "p50_us": 0, "p95_us": 900, "p99_us": 900,
+             "max_us": 900},
+        ]
+    )  # fmt: skip
+    meta = {"first_ts": start.timestamp(), "last_ts": start.timestamp() + 2, "bucket_seconds": 1}
+    results = JobResults(
+        tables={"latency": latency, "latency_time": latency_time}, seconds={}, meta=meta
+    )
+    html = write_report(results, tmp_path).read_text()
+    assert "data-chart='latency-request'" in html
+    assert "data-chart='latency-publish'" not in html
+    assert "No latency measured for publish" in html
+    row = html[html.index("<td class='text'>orders</td>") :].split("</tr>")[0]
+    assert "0 us" not in row
