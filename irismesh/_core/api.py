@@ -95,10 +95,7 @@ class CoreApi:
 
     def take_datagrams(self) -> list[tuple[str, bytes]]:
         """Membership's datagrams to send: (address, datagram) each."""
-        datagrams = self.membership.outbox
-        if datagrams:
-            self.membership.outbox = []
-        return datagrams
+        return self.membership.take_outbox()
 
     def known(self) -> list[tuple[Member, OutLink | None]]:
         """Every member membership knows (any state), with this node's link to it if any."""

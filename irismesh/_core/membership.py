@@ -38,24 +38,20 @@ its own.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from random import Random
 from typing import Any
 
-from irismesh._core.broadcasts import TransmitQueue, transmit_limit
+from irismesh._core.datagram_out import DatagramOut, push_pull_interval, state_entry
 from irismesh._core.gossip import (
-    HEADER_SIZE,
     MAX_DATAGRAM,
     DatagramSealer,
     ReplayWindows,
-    encode_compound,
     encode_message,
-    encode_single,
-    encode_state,
     open_datagram,
-    seal_datagram,
 )
 from irismesh._core.probes import Prober
 from irismesh._core.records import (
@@ -95,13 +91,20 @@ class Membership:
         self.incarnation = 0
         self.stats: Counter[str] = stats if stats is not None else Counter()
         self.events: list[MemberEvent] = []
-        self.outbox: list[tuple[str, bytes]] = []  # (address, datagram)
         self._sealer = sealer
+        self._out = DatagramOut(
+            me.node_id,
+            sealer=sealer,
+            config=self.config,
+            population=lambda: self._live + 1,
+            stats=self.stats,
+        )
+        self._queue = self._out.queue
+        self._send, self._send_packed = self._out.send, self._out.send_packed
         self._rng = rng
         self._members: dict[bytes, Member] = {}
         self._live = 0  # members ALIVE or SUSPECT
         self._suspicions: dict[bytes, Suspicion] = {}
-        self._queue = TransmitQueue()
         self._prober = Prober(
             self._members,
             config=self.config,
@@ -114,7 +117,6 @@ class Membership:
         self._next_join = math.inf
         self._settling = 0  # table exchanges still due soon after joining
         self._windows = ReplayWindows(2 * self.config.max_members)
-        self._counter = 0
         self._next_gossip = 0.0
         self._next_push_pull = 0.0
         self._next_reconnect = 0.0
@@ -123,6 +125,14 @@ class Membership:
         self.left = False
 
     # ----------------------------------------------------------------- queries
+
+    @property
+    def outbox(self) -> list[tuple[str, bytes]]:
+        """Datagrams waiting for the driver: (address, datagram) each."""
+        return self._out.outbox
+
+    def take_outbox(self) -> list[tuple[str, bytes]]:
+        return self._out.take()
 
     def __len__(self) -> int:
         """Members alive or suspect, this node not counted."""
@@ -153,7 +163,7 @@ class Membership:
         """
         self._joins[address] = self.config.probe_interval
         self._next_join = min(self._next_join, now + self.config.probe_interval)
-        self._send_state(address, reply=True)
+        self._send_state_to(address, reply=True)
         self.stats["joins_sent"] += 1
 
     def adopt(self, members: Iterable[Member]) -> None:
@@ -253,7 +263,7 @@ class Membership:
                 interval = self._push_pull_interval()
                 self._next_push_pull = now + interval * (0.5 + self._rng.random())
             for target in self._prober.sample(1, exclude=b""):
-                self._send_state(target.record.address, reply=True)
+                self._send_state_to(target.record.address, reply=True)
                 self.stats["push_pulls"] += 1
         if now >= self._next_reconnect:
             self._next_reconnect = now + cfg.reconnect_interval * (0.5 + self._rng.random())
@@ -310,7 +320,7 @@ class Membership:
         else:  # STATE
             self._merge_state(sender, message[2], now)
             if message[1]:
-                self._send_state(source, reply=False)
+                self._send_state_to(source, reply=False)
             elif self._joins:  # a table came back: this node has joined
                 self._joins.clear()
                 self._next_join = math.inf
@@ -484,27 +494,13 @@ class Membership:
                 break
             self._send_packed(member.record.address, [], piggyback=True)
 
-    def _send_state(self, address: str, *, reply: bool) -> None:
-        entries = [self._state_entry(self.me, self.incarnation, 0)]
-        for member in self._members.values():
-            record = member.record
-            entries.append(self._state_entry(record, member.incarnation, int(member.state)))
-        flag = reply
-        budget = self.config.max_datagram - HEADER_SIZE - self._sealer.overhead - 16
-        chunk: list[bytes] = []
-        size = 0
-        for entry in entries:
-            if chunk and size + len(entry) > budget:
-                self._send_packed(address, [encode_state(flag, chunk)], piggyback=False)
-                chunk, size, flag = [], 0, False  # one reply for the whole table
-            chunk.append(entry)
-            size += len(entry)
-        self._send_packed(address, [encode_state(flag, chunk)], piggyback=False)
+    def _push_pull_interval(self) -> float:
+        return push_pull_interval(self.config.push_pull_interval, self._live + 1)
 
-    @staticmethod
-    def _state_entry(record: MemberRecord, incarnation: int, state: int) -> bytes:
-        entry = [record.node_id, incarnation, state, record.endpoint, record.address, record.tags]
-        return encode_message(entry)
+    def _send_state_to(self, address: str, *, reply: bool) -> None:
+        me = state_entry(self.me, self.incarnation, 0)
+        table = (state_entry(m.record, m.incarnation, int(m.state)) for m in self._members.values())
+        self._out.send_state(address, itertools.chain((me,), table), reply=reply)
 
     def _retry_joins(self, now: float) -> None:
         self._next_join = math.inf
@@ -512,7 +508,7 @@ class Membership:
             backoff = min(2 * backoff, 5.0)
             self._joins[address] = backoff
             self._next_join = min(self._next_join, now + backoff)
-            self._send_state(address, reply=True)
+            self._send_state_to(address, reply=True)
             self.stats["joins_retried"] += 1
 
     def _reconnect(self) -> None:
@@ -540,34 +536,6 @@ class Membership:
             del self._members[node_id]
             self._windows.forget(node_id)
             self._prober.rtt.pop(node_id, None)
-
-    # ----------------------------------------------------------------- datagrams out
-
-    def _send(self, address: str, messages: list[list[Any]]) -> None:
-        self._send_packed(address, [encode_message(m) for m in messages], piggyback=True)
-
-    def _send_packed(self, address: str, packed: list[bytes], *, piggyback: bool) -> None:
-        if piggyback and self._queue:
-            used = sum(len(p) + 2 for p in packed)
-            budget = self.config.max_datagram - HEADER_SIZE - self._sealer.overhead - 3 - used
-            limit = transmit_limit(self.config.retransmit_multiplier, self._live + 1)
-            packed = packed + self._queue.take(budget, limit)
-        if not packed:
-            return
-        body = encode_compound(packed) if len(packed) > 1 else encode_single(packed[0])
-        self._counter += 1
-        datagram = seal_datagram(self._sealer, self.me.node_id, self._counter, body)
-        self.outbox.append((address, datagram))
-        self.stats["datagrams_sent"] += 1
-
-    # ----------------------------------------------------------------- internals
-
-    def _push_pull_interval(self) -> float:
-        """memberlist's scaling: longer as the mesh grows past 32 nodes, so that the cost of
-        whole-table exchanges stays flat per node."""
-        n = self._live + 1
-        scale = 1 if n <= 32 else math.ceil(math.log2(n) - math.log2(32)) + 1
-        return self.config.push_pull_interval * scale
 
 
 __all__ = ["Membership"]

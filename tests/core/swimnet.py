@@ -204,7 +204,7 @@ class SwimNet:
                 if self.on_event is not None:
                     self.on_event(node, event)
         if membership.outbox:
-            outbox, membership.outbox = membership.outbox, []
+            outbox = membership.take_outbox()
             for address, data in outbox:
                 self._send(node, address, data)
         due = membership.next_deadline()
