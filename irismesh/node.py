@@ -209,6 +209,9 @@ class Node:
         if self.telemetry is not None:
             self.telemetry.listen(self._listen)
             self._pubsub.record = self.telemetry.record_message
+            self._pubsub.record_delivery = self.telemetry.record_delivery
+            recorder = self.telemetry.recorder
+            self._pubsub.stamp_every = lambda: recorder.sample_every
             self._tunnels.record = self.telemetry.record_tunnel
 
     # ----------------------------------------------------------------- lifecycle

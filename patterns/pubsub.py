@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from types import TracebackType
@@ -273,6 +274,11 @@ class PubSub:
         self.record: Callable[[str, str, bytes | None, int, int, int], None] | None = None
         self._tally: dict[tuple[str, str, bytes | None], list[int]] = {}
         self._tallied = 0
+        # Publish-to-deliver latency: one publish in `stamp_every()` carries this node's clock
+        # (the telemetry's sampling rate), and subscribers time it with `record_delivery`.
+        self.stamp_every: Callable[[], int] | None = None
+        self._stamp_countdown = 1
+        self.record_delivery: Callable[[str, bytes, float, int], None] | None = None
         self.unmatched = 0  # messages that arrived for no subscription (one just ended)
 
     def listen(self, on: Listen) -> None:
@@ -347,6 +353,9 @@ class PubSub:
             publisher = self._name(event.publisher)
         routing_id = event.routing_id
         gaps = event.gaps
+        stamps = event.stamps
+        if stamps is not None:
+            self._time_deliveries(event, stamps)
         routes = self._routes
         counting = self.record is not None
         free = 0  # messages no blocking subscription holds: their credit goes back now
@@ -375,12 +384,18 @@ class PubSub:
                         callback(message)
                     except Exception:
                         only._failed()
-                if counting:
+                if counting and (stamps is None or index not in stamps):
                     self._count("deliver", topic, event.publisher, len(payload), 0)
                 continue
             slow += 1
             free += self._deliver_one(
-                route, topic, payload, publisher, event, gaps.get(index, 0) if gaps else 0
+                route,
+                topic,
+                payload,
+                publisher,
+                event,
+                gaps.get(index, 0) if gaps else 0,
+                counting and (stamps is None or index not in stamps),
             )
         self.delivered += index + 1 - slow
         for sub in touched:
@@ -396,8 +411,10 @@ class PubSub:
         publisher: str,
         event: MessagesArrived,
         gap: int,
+        count: bool,
     ) -> int:
-        """One message, whatever its subscriptions; returns 1 if its credit can go back now."""
+        """One message, whatever its subscriptions; returns 1 if its credit can go back now.
+        `count`: tally its delivery (not if it was timed)."""
         subs, blocking, _only = route
         if not subs:
             self.unmatched += 1
@@ -414,9 +431,23 @@ class PubSub:
         for sub in subs:
             dropped += sub._put(message, hold if sub._blocking else None, gap)
         self.delivered += len(subs)
-        if self.record is not None:
+        if count:
             self._count("deliver", topic, event.publisher, len(payload), gap + dropped)
+        elif (gap or dropped) and self.record is not None:  # timed: only what it missed here
+            self.record("deliver", topic, event.publisher, 0, 0, gap + dropped)
         return 0 if blocking else 1
+
+    def _time_deliveries(self, event: MessagesArrived, stamps: dict[int, float]) -> None:
+        """Messages their publisher stamped: the time from its clock to ours, each (counted
+        there instead of in the tally)."""
+        timed = self.record_delivery
+        if timed is None or self.record is None:
+            return
+        now = time.time()
+        messages = event.messages
+        for index, stamp in stamps.items():
+            topic, payload = messages[index]
+            timed(topic, event.publisher, now - stamp, len(payload))
 
     def _route(self, topic: str) -> tuple[tuple[Subscription, ...], int, Subscription | None]:
         """The subscriptions a topic goes to, how many of them block, and the one subscription
@@ -534,7 +565,15 @@ class PubSub:
                     return None
         else:
             local = ()
-        sent = core.pubsub.publish(topic, payload)  # the core's own: one call fewer
+        stamp = 0.0
+        if self.stamp_every is not None:
+            n = self._stamp_countdown - 1
+            if n:
+                self._stamp_countdown = n
+            else:
+                self._stamp_countdown = self.stamp_every()
+                stamp = time.time()
+        sent = core.pubsub.publish(topic, payload, stamp)  # the core's own: one call fewer
         if sent < 0:
             return None
         self.published += 1

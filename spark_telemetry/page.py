@@ -44,7 +44,10 @@ _KIND_ORDER: Final = ("request", "survey", "broadcast", "tunnel", "publish", "se
 _KIND_TITLES: Final = {
     "request": "Request round trip (caller)",
     "serve": "Service time (member's handler)",
-    "deliver": "Publish to delivery",
+    "deliver": (
+        "Publish to delivery per topic scope (publisher's clock to subscriber's: across hosts,"
+        " their clock skew is in it)"
+    ),
     "tunnel": "Tunnel (open to close)",
     "survey": "Survey round trip",
     "broadcast": "Broadcast",

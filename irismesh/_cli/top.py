@@ -81,7 +81,8 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
         examples=(
             "  mesh top --keys mesh.keys --seed tcp://127.0.0.1:7400\n"
             "  mesh top --seed tcp://127.0.0.1:7400 --cluster echo --interval 0.5\n"
-            "  mesh top --seed tcp://127.0.0.1:7400 --once --json | jq '.peers | length'"
+            "  mesh top --seed tcp://127.0.0.1:7400 --once --json | jq '.peers | length'\n"
+            "  mesh top --seed tcp://127.0.0.1:7400 --subscribe 'orders.#'"
         ),
         run=run_top,
     )
@@ -93,6 +94,16 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
         help="seconds between frames (default: %(default)s)",
     )
     parser.add_argument("--once", action="store_true", help="print one frame and exit")
+    parser.add_argument(
+        "--subscribe",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help=(
+            "also subscribe to PATTERN (repeatable; messages are counted, then dropped), so the"
+            " latency table shows publish-to-deliver times per topic scope"
+        ),
+    )
     add_cluster_option(parser)
     add_joining_options(parser, wait=2.0, wait_help="--once: most seconds to gather peers")
     add_json_option(parser, "JSON lines, one object per frame")
@@ -113,6 +124,18 @@ class Frame:
     peers: list[irismesh.PeerInfo]
     clusters: list[ClusterView]
     counters: list[Rate]
+    latency: list[Latency]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Latency:
+    """What this node timed of one kind and cluster (a topic scope for deliveries)."""
+
+    kind: str
+    cluster: str
+    timed: int
+    p50_us: float
+    p99_us: float
 
 
 class Sampler:
@@ -137,6 +160,7 @@ class Sampler:
             peers=peers,
             clusters=view_clusters(node, self.names, peers),
             counters=rates(self._last, stats, now - self._last_at),
+            latency=latencies(node),
         )
         self._last, self._last_at = stats, now
         return frame
@@ -149,6 +173,23 @@ def counters(node: irismesh.Node) -> dict[str, int]:
         for (kind, cluster, outcome), count in node.recorder.counts.items():
             values[f"{kind} {cluster} {outcome}"] = count
     return values
+
+
+def latencies(node: irismesh.Node) -> list[Latency]:
+    """p50 and p99 of what this node timed: round trips of its calls, its handlers' service
+    times, and publish-to-deliver times of the messages it received that their publishers
+    stamped (publisher's clock to this node's: across hosts, their skew is in it)."""
+    recorder = node.recorder
+    if recorder is None:
+        return []
+    out = []
+    for (kind, cluster), histogram in sorted(recorder.histograms.items()):
+        timed = sum(histogram)
+        p50 = recorder.percentile(kind, cluster, 0.5)
+        p99 = recorder.percentile(kind, cluster, 0.99)
+        if timed and p50 is not None and p99 is not None:
+            out.append(Latency(kind=kind, cluster=cluster, timed=timed, p50_us=p50, p99_us=p99))
+    return out
 
 
 def rates(before: Mapping[str, int], after: Mapping[str, int], elapsed: float) -> list[Rate]:
@@ -178,6 +219,16 @@ def frame_json(frame: Frame) -> dict[str, object]:
             }
             for r in frame.counters
         },
+        "latency": [
+            {
+                "kind": x.kind,
+                "cluster": x.cluster,
+                "timed": x.timed,
+                "p50_us": round(x.p50_us, 1),
+                "p99_us": round(x.p99_us, 1),
+            }
+            for x in frame.latency
+        ],
     }
 
 
@@ -196,8 +247,30 @@ def render(frame: Frame, args: argparse.Namespace, live: bool) -> RenderableType
         parts.append(Text(f"no peers yet: looking via {where(args)}", style="yellow"))
     if frame.clusters:
         parts.append(clusters_table(frame.clusters))
+    if frame.latency:
+        parts.append(latency_table(frame.latency))
     parts.append(counters_table(frame.counters))
     return Group(*parts)
+
+
+def latency_table(rows: Sequence[Latency]) -> Table:
+    table = Table(title="this node's latency", title_justify="left")
+    table.add_column("kind")
+    table.add_column("cluster or topic scope")
+    table.add_column("timed", justify="right")
+    table.add_column("p50", justify="right")
+    table.add_column("p99", justify="right")
+    for x in rows:
+        table.add_row(x.kind, x.cluster, f"{x.timed:,}", _duration(x.p50_us), _duration(x.p99_us))
+    return table
+
+
+def _duration(us: float) -> str:
+    if us < 1000:
+        return f"{us:.0f} us"
+    if us < 1_000_000:
+        return f"{us / 1000:.1f} ms"
+    return f"{us / 1e6:.2f} s"
 
 
 def counters_table(counters: Sequence[Rate]) -> Table:
@@ -242,6 +315,8 @@ async def run_top(args: argparse.Namespace) -> int:
     keys = load_keyring(args.keys)
     names = cluster_names(keys, args.cluster)
     async with make_node(args, keys) as node:
+        for pattern in args.subscribe:
+            node.subscribe(pattern, policy="drop_oldest", maxsize=1, callback=lambda _m: None)
         sampler = Sampler(node, names)
         console = stdout_console()
         if args.once:

@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -53,11 +53,12 @@ SERVICE_WEIGHT = 0.1  # weight of one run in the service-time estimate
 LONG_WEIGHT = 0.01  # weight of one run in the long-term latency (the "best lately")
 
 
-@dataclass(slots=True)
-class Waiting(Generic[T]):
-    """A request admitted to the queue."""
+@dataclass
+class Waiting:
+    """A request admitted to the queue (its item is the runner's: untyped here so that the
+    class compiles as a native one)."""
 
-    item: T
+    item: Any
     deadline: float
     arrived: float
     criticality: int = 0
@@ -83,7 +84,7 @@ class Admission(Generic[T]):
         self.max_queue = max_queue
         self.standing = standing
         self.running = 0
-        self.queue: deque[Waiting[T]] = deque()
+        self.queue: deque[Waiting] = deque()
         self.service = 0.0  # moving average of a handler run, seconds (0: none measured yet)
         self._long = 0.0  # long-term average latency, the gradient's reference
         self._nonempty_since: float | None = None  # when the queue last stopped being empty
@@ -145,7 +146,8 @@ class Admission(Generic[T]):
             if now + service >= entry.deadline:
                 shed.append((entry.item, "deadline"))
                 continue
-            return entry.item
+            item: T = entry.item
+            return item
         return None
 
     def expire(self, now: float, shed: list[tuple[T, str]]) -> None:
@@ -190,7 +192,7 @@ class Admission(Generic[T]):
         limit = self.limit + SMOOTHING * (wanted - self.limit)
         self.limit = max(float(self.min_limit), min(float(self.max_limit), limit))
 
-    def _victim(self) -> Waiting[T] | None:
+    def _victim(self) -> Waiting | None:
         """The waiting request to shed first when room is needed: the least critical, and
         among those the oldest."""
         if not self.queue:

@@ -153,8 +153,8 @@ class CoreApi:
     def blocked_subscribers(self, topic: str) -> list[bytes]:
         return self.pubsub.blocked_subscribers(topic)
 
-    def publish(self, topic: str, payload: bytes) -> int:
-        return self.pubsub.publish(topic, payload)
+    def publish(self, topic: str, payload: bytes, stamp: float = 0.0) -> int:
+        return self.pubsub.publish(topic, payload, stamp)
 
     def release(self, routing_id: bytes, count: int = 1) -> bool:
         return self.pubsub.release(routing_id, count)

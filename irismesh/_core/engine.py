@@ -92,6 +92,7 @@ _PING, _PONG, _REQUEST, _REPLY = int(Kind.PING), int(Kind.PONG), int(Kind.REQUES
 _BROADCAST, _SURVEY, _BATCH = int(Kind.BROADCAST), int(Kind.SURVEY), int(Kind.BATCH)
 _SUBSCRIBE, _UNSUBSCRIBE = int(Kind.SUBSCRIBE), int(Kind.UNSUBSCRIBE)
 _CREDIT, _PUBLISH, _TUNNEL = int(Kind.CREDIT), int(Kind.PUBLISH), int(Kind.TUNNEL)
+_PUBLISH_STAMPED = int(Kind.PUBLISH_STAMPED)
 _BYE, _CANCEL = int(Kind.BYE), int(Kind.CANCEL)
 _CALL_KINDS = frozenset((_REQUEST, _BROADCAST, _SURVEY, _TUNNEL))
 _REPLY_KINDS = frozenset((_REPLY, _TUNNEL))
@@ -383,11 +384,11 @@ class MeshCore(CoreApi):
             if kind == _TUNNEL:
                 self._on_tunnel_in(link, scope, body)
                 return
-            if kind == _PUBLISH:
+            if kind in (_PUBLISH, _PUBLISH_STAMPED):
                 slot_scope = link.topic_slots.get(scope)
                 if slot_scope is None:
                     raise ProtocolError("bad_scope", "PUBLISH")
-                self.pubsub.on_publish(link, body, slot_scope)
+                self.pubsub.on_publish(link, body, slot_scope, kind)
                 return
             if kind == _BATCH:
                 slot_scope = link.topic_slots.get(scope)

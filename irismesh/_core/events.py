@@ -55,13 +55,16 @@ class MessagesArrived:
     """Published messages from one peer, for this node's interest: (topic, payload) each.
 
     `release(routing_id, n)` them once handled. `gaps` maps an index in `messages` to how many
-    messages of this publisher's stream were lost in transit just before that one (None: none).
+    messages of this publisher's stream were lost in transit just before that one (None: none);
+    `stamps` an index to the publisher's wall clock when it published that message (the
+    messages it sampled for publish-to-deliver latency; None: none).
     """
 
     routing_id: bytes
     publisher: bytes
     messages: list[tuple[str, bytes]]
     gaps: dict[int, int] | None = None
+    stamps: dict[int, float] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -24,6 +24,9 @@ msgpack and its shape checks were a quarter of the core's cost per request (meas
     REPLY    !QB   req_id, status (STATUS_OK, _ERROR or _OVERLOADED) | payload
     PUBLISH  !QB   stream seq, topic length | topic (UTF-8) | payload
              (in the scope slot of the topic's key, offered like a cluster's: `LinkSecurity`)
+    PUBLISH_STAMPED  !QBd  stream seq, topic length, publish time | topic | payload
+             (one publish in `sample_every` when the publisher records telemetry: the
+             publisher's wall clock, seconds since the epoch, for publish-to-deliver latency)
     TUNNEL   !IBI  tunnel id, op, argument | data  (ops and their argument: `TunnelOp`)
 
 Acks name replies the caller has received, so the member can forget them at once (see
@@ -73,6 +76,7 @@ class Kind(enum.IntEnum):
     PUBLISH = 16  # dialler -> listener, in a topic scope: fixed layout, see the module docstring
     TUNNEL = 17  # either way, in a cluster's scope: fixed layout, see the module docstring
     CANCEL = 20  # dialler -> listener: [[req ids the caller gave up on]] (at most MAX_CANCELS)
+    PUBLISH_STAMPED = 21  # PUBLISH with the publisher's clock: fixed layout, see the docstring
 
 
 KINDS: Final = frozenset(int(k) for k in Kind)
@@ -93,6 +97,8 @@ MAX_CLUSTERS: Final = 64
 
 
 PUBLISH_FIELDS: Final = struct.Struct("!QB")
+PUBLISH_STAMP: Final = struct.Struct("!d")
+MAX_STAMP: Final = 1e11  # seconds since the epoch: a publish time past this is not one
 TUNNEL_FIELDS: Final = struct.Struct("!IBI")
 MAX_PATTERNS_PER_FRAME: Final = 128  # x 255 B patterns fits CONTROL_ALLOWANCE
 

@@ -43,8 +43,10 @@ from irismesh._core.frames import (
     BATCH_ENTRY,
     MAX_BATCH,
     MAX_PATTERNS_PER_FRAME,
+    MAX_STAMP,
     PUBLISH_ENTRY,
     PUBLISH_FIELDS,
+    PUBLISH_STAMP,
     Kind,
 )
 from irismesh._core.handshake import Handshake
@@ -57,6 +59,7 @@ from irismesh.errors import Closed, NoKey, PayloadTooLarge, ProtocolError
 
 _SUBSCRIBE, _UNSUBSCRIBE = int(Kind.SUBSCRIBE), int(Kind.UNSUBSCRIBE)
 _CREDIT, _PUBLISH = int(Kind.CREDIT), int(Kind.PUBLISH)
+_PUBLISH_STAMPED = int(Kind.PUBLISH_STAMPED)
 _MAX_CREDIT = 1 << 30
 _MAX_TOPIC_SCOPES = 4096  # topics whose checks a node remembers at once
 _MAX_PARTS = 2 * MAX_BATCH  # a staged publish is two parts: its entry's header and its body
@@ -67,6 +70,9 @@ _ENTRY_SIZE = BATCH_ENTRY.size
 _pack_publish_entry = PUBLISH_ENTRY.pack
 _unpack_publish_entry = PUBLISH_ENTRY.unpack_from
 _PUBLISH_ENTRY_SIZE = PUBLISH_ENTRY.size
+_pack_stamp = PUBLISH_STAMP.pack
+_unpack_stamp = PUBLISH_STAMP.unpack_from
+_STAMP_SIZE = PUBLISH_STAMP.size
 
 
 class PubSubCore(LinkObserver):
@@ -226,13 +232,15 @@ class PubSubCore(LinkObserver):
 
     # ----------------------------------------------------------------- publishing
 
-    def publish(self, topic: str, payload: bytes) -> int:
+    def publish(self, topic: str, payload: bytes, stamp: float = 0.0) -> int:
         """Send a message on a (validated) topic to every peer interested in it.
 
         Returns how many peers it went to, or -1 without sending anything when one of them has
         granted no credit (`blocked` is set; a CreditArrived event says when to retry).
         The payload is sealed once, under the topic scope's key (the topic's first segment,
-        else the default key); raises NoKey without one.
+        else the default key); raises NoKey without one. A `stamp` (the publisher's wall
+        clock, seconds since the epoch) travels with the message (PUBLISH_STAMPED), so that
+        subscribers can measure publish-to-deliver latency.
         """
         if self.closed:
             raise Closed("node is closed")
@@ -257,7 +265,12 @@ class PubSubCore(LinkObserver):
                 self.blocked = True
                 self._stats["publish_blocked"] += 1
                 return -1
-        tail = encoded + payload
+        if stamp:
+            kind = _PUBLISH_STAMPED
+            tail = _pack_stamp(stamp) + encoded + payload
+        else:
+            kind = _PUBLISH
+            tail = encoded + payload
         size = len(encoded)
         length = _PUBLISH_SIZE + len(tail)
         outbox = self._outbox
@@ -285,11 +298,11 @@ class PubSubCore(LinkObserver):
                 else:
                     outbox.published.append(link)
                     link.pub_slot = slot
-                parts.append(_pack_publish_entry(_PUBLISH, length, seq, size))
+                parts.append(_pack_publish_entry(kind, length, seq, size))
                 parts.append(tail)
                 link.pub_size += _ENTRY_SIZE + length
             else:
-                outbox.stage_out(link, slot, _PUBLISH, _pack_publish(seq, size) + tail)
+                outbox.stage_out(link, slot, kind, _pack_publish(seq, size) + tail)
             sent += 1
         return sent
 
@@ -314,9 +327,9 @@ class PubSubCore(LinkObserver):
 
     # ----------------------------------------------------------------- receiving
 
-    def on_publish(self, link: InLink, body: bytes, slot_scope: str) -> None:
-        """One PUBLISH frame: a batch of one."""
-        self.on_publish_batch(link, _pack_entry(_PUBLISH, len(body)) + body, slot_scope)
+    def on_publish(self, link: InLink, body: bytes, slot_scope: str, kind: int = _PUBLISH) -> None:
+        """One PUBLISH (or PUBLISH_STAMPED) frame: a batch of one."""
+        self.on_publish_batch(link, _pack_entry(kind, len(body)) + body, slot_scope)
 
     def on_publish_batch(self, link: InLink, body: bytes, slot_scope: str) -> None:
         """The PUBLISH entries of a BATCH: one MessagesArrived event for all of them.
@@ -327,6 +340,7 @@ class PubSubCore(LinkObserver):
         """
         messages: list[tuple[str, bytes]] = []
         gaps: dict[int, int] | None = None
+        stamps: dict[int, float] | None = None
         offset, size, count = 0, len(body), 0
         heard, unpack, stats = self._topics_heard, _unpack_publish_entry, self._stats
         try:
@@ -335,9 +349,17 @@ class PubSubCore(LinkObserver):
                     raise ProtocolError("bad_envelope", "BATCH")
                 kind, length, stream_seq, topic_size = unpack(body, offset)
                 start = offset + _PUBLISH_ENTRY_SIZE
-                topic_end = start + topic_size
                 offset += _ENTRY_SIZE + length
-                if kind != _PUBLISH or offset > size or topic_size == 0 or topic_end > offset:
+                stamp = 0.0
+                if kind == _PUBLISH_STAMPED and start + _STAMP_SIZE <= offset <= size:
+                    stamp = _unpack_stamp(body, start)[0]
+                    start += _STAMP_SIZE
+                    if not 0.0 < stamp < MAX_STAMP:  # NaN, infinity, or no time at all
+                        raise ProtocolError("bad_envelope", "PUBLISH stamp")
+                elif kind != _PUBLISH:
+                    raise ProtocolError("bad_envelope", "PUBLISH entry")
+                topic_end = start + topic_size
+                if offset > size or topic_size == 0 or topic_end > offset:
                     raise ProtocolError("bad_envelope", "PUBLISH entry")
                 count += 1
                 if link.credit_out <= 0:
@@ -372,11 +394,15 @@ class PubSubCore(LinkObserver):
                     stats["dropped_bad_scope"] += 1
                     self.release(link.routing_id)
                     continue
+                if stamp:
+                    if stamps is None:
+                        stamps = {}
+                    stamps[len(messages)] = stamp
                 messages.append((topic, body[topic_end:offset]))
         finally:
             if messages:
                 self._outbox.events.append(
-                    MessagesArrived(link.routing_id, link.peer_id, messages, gaps)
+                    MessagesArrived(link.routing_id, link.peer_id, messages, gaps, stamps)
                 )
 
     def _topic_heard(self, encoded: bytes) -> tuple[str, str, bool]:

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 OK, REMOTE_ERROR, DROPPED = str(Outcome.OK), str(Outcome.REMOTE_ERROR), str(Outcome.DROPPED)
 REQUEST_KIND, BROADCAST_KIND = str(Kind.REQUEST), str(Kind.BROADCAST)
 SURVEY_KIND, TUNNEL_KIND = str(Kind.SURVEY), str(Kind.TUNNEL)
+DELIVER_KIND = str(Kind.DELIVER)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -194,6 +195,11 @@ class NodeTelemetry:
         self.recorder.tally(kind, scope, peer, size, OK, count)
         if missed:
             self.recorder.drop("messages_missed", missed)
+
+    def record_delivery(self, topic: str, publisher: bytes, latency: float, size: int) -> None:
+        """One delivered message its publisher stamped: `latency` seconds from the publisher's
+        clock to this node's (across hosts, their skew is in it), by topic scope."""
+        self.recorder.timed(DELIVER_KIND, topic.partition(".")[0], publisher, latency, size)
 
     def record_tunnel(self, tunnel: Tunnel) -> None:
         """A tunnel ended: its lifetime, the bytes both ways, and whether it ended cleanly."""

@@ -229,6 +229,11 @@ class Recorder:
         self._exporter = exporter
         self._sinks_changed()
 
+    @property
+    def sample_every(self) -> int:
+        """One event in this many is timed (member side) and makes a record."""
+        return self._every
+
     def set_sampling(self, sample_every: int) -> None:
         if sample_every < 1:
             raise ValueError("sample_every must be at least 1")
@@ -268,12 +273,12 @@ class Recorder:
         self,
         series: Series,
         peer: bytes | None,
-        us: int,
+        us: int | None,
         size: int,
         outcome: str,
         weight: int,
     ) -> None:
-        """One record standing for `weight` events of `series`."""
+        """One record standing for `weight` events of `series` (`us` None: not timed)."""
         record = (
             self._clock(),
             self.node,
@@ -296,18 +301,29 @@ class Recorder:
     def tally(
         self, kind: str, cluster: str, peer: bytes | None, size: int, outcome: str, count: int
     ) -> None:
-        """`count` events of no latency at once (publishes, deliveries), `size` bytes in all.
+        """`count` events that carry no latency at once (publishes, deliveries), `size` bytes
+        in all.
 
-        Exact counts as ever; one record of weight `count` stands for them all, with their mean
-        size, so Spark's weighted counts stay exact.
+        Exact counts as ever, untimed (a latency of 0 would drag every percentile down); one
+        record of weight `count` and no latency stands for them all, with their mean size, so
+        Spark's weighted counts stay exact.
         """
         series = self.series(kind, cluster)
         if outcome != _OK:
             counts = series.counts
             counts[outcome] = counts.get(outcome, 0) + count
-        series.histogram[0] += count
+        series.untimed += count
         if count and self._sampling:
-            self._sample(series, peer, 0, size // count, outcome, count)
+            self._sample(series, peer, None, size // count, outcome, count)
+
+    def timed(self, kind: str, cluster: str, peer: bytes | None, latency: float, size: int) -> None:
+        """One successful event that took `latency` seconds, sampled already by its source (a
+        delivery whose publisher stamped it): timed, and recorded with weight 1."""
+        series = self.series(kind, cluster)
+        us = max(0, int(latency * 1e6))  # clocks of two hosts can disagree
+        series._add(us, _OK)
+        if self._sampling:
+            self._sample(series, peer, us, size, _OK, 1)
 
     def membership(self, event: MembershipEvent, peer: bytes) -> None:
         self._event(str(Kind.MEMBERSHIP), "", None, peer.hex(), str(event), None)

@@ -14,7 +14,8 @@ name.
     pattern     string   no    one of `Pattern`, or "" for membership and gauges
     cluster     string   yes   the cluster addressed (the topic for pub/sub)
     peer        string   yes   hex id of the other node (e.g. the member that served a request)
-    latency_us  int64    yes   caller round trip (request) or member service time (serve)
+    latency_us  int64    yes   caller round trip (request), member service time (serve) or
+                               publish-to-deliver (deliver); null when not timed (tallies)
     size        int64    yes   payload bytes
     outcome     string   no    one of `Outcome`, or "" when the kind has no outcome
     weight      int64    no    events this record stands for (1 unless sampled)

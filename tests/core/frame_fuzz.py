@@ -174,10 +174,11 @@ class Scene:
         net.collect(self.member)
         net.settle()
         client_core.publish("feeds.news.1", b"published")
+        client_core.publish("feeds.news.1", b"stamped", stamp=1.8e9)
         net.collect(self.client)
         client_core.batching = True
         for i in range(3):
-            client_core.publish(f"feeds.news.{i}", b"batched")
+            client_core.publish(f"feeds.news.{i}", b"batched", stamp=1.8e9 if i == 1 else 0.0)
         client_core.seal_staged()
         client_core.batching = False
         net.collect(self.client)

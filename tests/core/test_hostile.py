@@ -13,6 +13,7 @@ import random
 from collections import Counter
 from collections.abc import Callable
 
+import msgpack
 import pytest
 from frame_fuzz import ESTABLISHED, FUZZ_CONFIG, TARGETS, Footprint, Scene, seal_on
 from hypothesis import HealthCheck, given, settings
@@ -22,6 +23,8 @@ from memnet import MemNet, hold
 from irismesh._core.config import CoreConfig
 from irismesh._core.frames import (
     HEADER_SIZE,
+    PUBLISH_FIELDS,
+    PUBLISH_STAMP,
     STATUS_OK,
     BodyCodec,
     Kind,
@@ -70,6 +73,21 @@ def _to_client(scene: Scene, kind: Kind, scope: int, body: bytes) -> tuple[str, 
 
 def _captured(scene: Scene, kind: Kind) -> bytes:
     return scene.corpus[kind][-1]
+
+
+def _stamped(scene: Scene, stamp: bytes, *, cut: bool = False) -> tuple[str, bytes]:
+    """A PUBLISH_STAMPED frame in the client's slot for "feeds", its time as given."""
+    link = scene.out_link(scene.client, scene.member)
+    slot = link.topic_slots["feeds"]
+    topic = b"feeds.news.9"
+    body = PUBLISH_FIELDS.pack(link.pub_seq + 1, len(topic)) + stamp
+    if cut:
+        body += b"\x00" * 3  # a stamp needs eight bytes: three and nothing after
+    else:
+        body += topic + b"payload"
+    return "member<-client", seal_on(
+        link, Kind.PUBLISH_STAMPED, slot, body, link.send_sealers[slot]
+    )
 
 
 def _reordered(scene: Scene) -> tuple[str, bytes]:
@@ -132,7 +150,7 @@ BAD_FRAMES: dict[str, tuple[str, Build]] = {
 # Sealed correctly by a peer holding the keys (a buggy or compromised one), nonsense inside.
 JUNK_IN_A_SEAL: dict[str, tuple[str, Build]] = {
     "ping not msgpack": ("bad_body", lambda s: _authentic(s, Kind.PING, 0, b"\xc1")),
-    "ping not an array": ("bad_body", lambda s: _authentic(s, Kind.PING, 0, CODEC.pack({}))),  # type: ignore[arg-type]
+    "ping not an array": ("bad_body", lambda s: _authentic(s, Kind.PING, 0, msgpack.packb({}))),
     "ping of the wrong shape": (
         "bad_envelope",
         lambda s: _authentic(s, Kind.PING, 0, CODEC.pack([1])),
@@ -169,6 +187,15 @@ JUNK_IN_A_SEAL: dict[str, tuple[str, Build]] = {
         "bad_envelope",
         lambda s: _to_client(s, Kind.REPLY, 1, encode_reply(1, STATUS_OK, b"")[:-1] + b"\x07"),
     ),
+    "stamped publish with a NaN time": (
+        "bad_envelope",
+        lambda s: _stamped(s, PUBLISH_STAMP.pack(float("nan"))),
+    ),
+    "stamped publish with no time": (
+        "bad_envelope",
+        lambda s: _stamped(s, PUBLISH_STAMP.pack(0.0)),
+    ),
+    "stamped publish cut inside its time": ("bad_envelope", lambda s: _stamped(s, b"", cut=True)),
     "the link's goodbye of the wrong shape": (
         "bad_envelope",
         lambda s: _authentic(s, Kind.BYE, 0, CODEC.pack([1])),

@@ -316,6 +316,30 @@ def test_top_once_prints_one_frame(mesh: Mesh) -> None:
     assert frame["stats"]["requests_pending"]["per_second"] is None  # a gauge
 
 
+def test_top_subscribes_and_shows_publish_to_deliver_latency(mesh: Mesh) -> None:
+    """A publisher stamps its first publish with its clock; `mesh top --subscribe` times it."""
+    top, first = mesh.procs.start(
+        "top", "--seed", mesh.seed, "--json", "--interval", "0.2", "--subscribe", "stamped.#"
+    )
+    assert "peers" in json.loads(first)
+    mesh.ok("publish", "--seed", mesh.seed, "stamped.x", "hi", "--wait-subscribers", "1")
+    assert top.stdout is not None
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        line = top.stdout.readline()
+        assert line, f"mesh top ended: {mesh.procs.report()}"
+        rows = [r for r in json.loads(line)["latency"] if r["kind"] == "deliver"]
+        if rows:
+            [row] = rows
+            assert row["cluster"] == "stamped"
+            assert row["timed"] == 1
+            assert 0 < row["p50_us"] < 5e6
+            break
+    else:
+        pytest.fail("no publish-to-deliver latency within 20 s")
+    top.kill()
+
+
 # ----------------------------------------------------------------- bench
 
 

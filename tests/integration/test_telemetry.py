@@ -244,3 +244,42 @@ def test_publishes_deliveries_misses_and_tunnels_are_recorded(keys: irismesh.Key
             await asyncio.gather(caller.close(), member.close())
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_stamped_publishes_time_their_delivery_and_keep_counts_exact(
+    keys: irismesh.Keyring, tmp_path: Path
+) -> None:
+    """One publish in `sample_every` carries the publisher's clock: the subscriber times it,
+    spools it with its latency, and counts each delivery once (timed or tallied)."""
+    spool = tmp_path / "spool"
+
+    async def main() -> None:
+        config = TelemetryConfig(spool_dir=spool, sample_every=10, gauge_interval=0.2)
+        member = await irismesh.Node(keyring=keys, telemetry=config).start()
+        caller = irismesh.Node(keyring=keys, seeds=[member.endpoint], telemetry=config)
+        await caller.start()
+        try:
+            sub = member.subscribe("orders.#", maxsize=1000)
+            await caller.wait_for_subscribers("orders.x", 1, timeout=5)
+            for i in range(200):
+                await caller.publish(f"orders.{i % 7}", b"x" * 10)
+            await wait_until(lambda: sub.received == 200, 5, "every message")
+            assert member.recorder is not None
+            member.flush_telemetry()
+            assert member.recorder.total("deliver", "orders", "ok") == 200
+            series = member.recorder.series("deliver", "orders")
+            timed = sum(series.histogram)
+            assert timed == 20  # the publisher stamped one in 10
+            assert series.untimed == 180
+            p50 = member.recorder.percentile("deliver", "orders", 0.5)
+            assert p50 is not None
+            assert 0 < p50 < 5e6
+        finally:
+            await asyncio.gather(caller.close(), member.close())
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+    delivered = [r for r in SpoolReader(spool) if r.kind == "deliver"]
+    timed = [r for r in delivered if r.latency_us is not None]
+    assert len(timed) == 20
+    assert all(r.weight == 1 and r.latency_us is not None and r.latency_us > 0 for r in timed)
+    assert sum(r.weight for r in delivered) == 200  # timed and tallied, each delivery once
