@@ -253,7 +253,8 @@ class HandlerRunner:
                 self._run_blocking(event, started, handler, now)
                 return
             result = handler(event.payload)
-            if inspect.iscoroutine(result):
+            # A plain function's bytes (the common case) skip the awaitable checks.
+            if type(result) is not bytes and inspect.iscoroutine(result):
                 try:
                     yielded = result.send(None)
                 except StopIteration as stop:
@@ -265,7 +266,7 @@ class HandlerRunner:
                 self._track(event, task)
                 self._spent += time.perf_counter() - began
                 return
-            if inspect.isawaitable(result):
+            if type(result) is not bytes and inspect.isawaitable(result):
                 task = asyncio.ensure_future(self._await(event, started, result, now))
                 self._track(event, task)
                 self._spent += time.perf_counter() - began
