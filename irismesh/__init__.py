@@ -26,6 +26,7 @@ from irismesh.errors import (
     RequestError,
     RequestTimeout,
     SlowConsumer,
+    StorageError,
     TunnelError,
     TunnelReset,
 )
@@ -61,6 +62,7 @@ __all__ = [
     "RequestTimeout",
     "ScopeKey",
     "SlowConsumer",
+    "StorageError",
     "Subscription",
     "SurveyConfig",
     "SurveyResult",

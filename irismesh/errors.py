@@ -4,6 +4,7 @@
     ├── ConfigurationError      the caller's misuse: a bad argument, option or file, raised at once
     │   └── NoKey               no key in the keyring for a cluster or topic this node must use
     ├── Closed                  the node (or tunnel, subscription) is closed
+    ├── StorageError            the memory's database cannot be opened, read or written
     ├── MembershipTimeout       a cluster did not reach the awaited number of members in time
     ├── PayloadTooLarge         a payload above the configured limit, refused before sending
     ├── Overloaded              too many requests in flight on this node (CoreConfig.max_pending)
@@ -34,6 +35,7 @@ __all__ = [
     "RemoteError",
     "RequestError",
     "RequestTimeout",
+    "StorageError",
 ]
 
 
@@ -58,6 +60,16 @@ class NoKey(ConfigurationError):
 
 class Closed(MeshError):
     """The node, or the object used, is closed."""
+
+
+class StorageError(MeshError, OSError):
+    """The memory's database at `path` cannot be opened, read or written (`reason`: a full
+    disk, a directory that is not writable, a file that is not a database, ...)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"memory store {path}: {reason}")
+        self.path = path
+        self.reason = reason
 
 
 class MembershipTimeout(MeshError, TimeoutError):

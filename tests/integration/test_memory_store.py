@@ -1,0 +1,247 @@
+"""The memory's store: retained messages at rest, found again by pattern, sealed, trimmed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from irismesh import ConfigurationError, Keyring, NoKey, StorageError
+from irismesh.memory import MemoryStore, Retention, message_id
+from irismesh.memory.store import id_time
+from irismesh.security.keyring import ScopeKey
+
+NODE = bytes(range(16))
+
+
+def ids(n: int, start: float = 1_800_000_000.0) -> list[bytes]:
+    """`n` ids of one publisher, a millisecond apart."""
+    return [message_id(NODE, i, start + i / 1000) for i in range(n)]
+
+
+def fill(store: MemoryStore, paths: int, each: int) -> dict[str, list[bytes]]:
+    """`each` messages on each of `paths` topics news.<p>; payloads say which."""
+    made: dict[str, list[bytes]] = {}
+    all_ids = iter(ids(paths * each))
+    batch = []
+    for round_ in range(each):
+        for p in range(paths):
+            topic = f"news.{p:04d}"
+            msg_id = next(all_ids)
+            made.setdefault(topic, []).append(msg_id)
+            batch.append((topic, f"{topic}#{round_}".encode(), id_time(msg_id), msg_id))
+    assert store.put_many(batch) == paths * each
+    return made
+
+
+@pytest.fixture
+def keys() -> Keyring:
+    return Keyring.generate()
+
+
+def test_ids_are_unique_and_ordered_by_time() -> None:
+    made = [message_id(NODE, i, 1_800_000_000 + i // 3) for i in range(9)]
+    assert len(set(made)) == 9
+    assert made == sorted(made)
+    assert id_time(made[3]) == 1_800_000_001.0
+    other = message_id(bytes(16), 0, 1_800_000_000)
+    assert other != made[0]
+
+
+def test_latest_answers_every_matching_path_newest_first(tmp_path: Path, keys: Keyring) -> None:
+    store = MemoryStore(tmp_path, keys)
+    made = fill(store, paths=30, each=5)
+    store.put("sport.x", b"other scope", 1.0, message_id(NODE, 999, 1.0))
+
+    latest = store.latest("news.#")
+    assert [s.topic for s in latest] == sorted(made)
+    assert all(s.payload == f"{s.topic}#4".encode() for s in latest)
+    assert all(s.id == made[s.topic][-1] for s in latest)
+
+    three = store.latest("news.0007", latest=3)
+    assert [s.payload for s in three] == [b"news.0007#4", b"news.0007#3", b"news.0007#2"]
+    assert [s.published_at for s in three] == sorted((s.published_at for s in three), reverse=True)
+
+    assert [s.topic for s in store.latest("*.x")] == ["sport.x"]
+    assert len(store.latest("#")) == 31
+    assert store.latest("weather.#") == []
+
+
+def test_the_same_message_twice_is_stored_once(tmp_path: Path, keys: Keyring) -> None:
+    store = MemoryStore(tmp_path, keys)
+    msg_id = message_id(NODE, 1)
+    assert store.put("news.a", b"one", 1.0, msg_id)
+    assert not store.put("news.a", b"one", 1.0, msg_id)
+    assert store.figures()["messages"] == 1
+    assert store.stats["duplicates"] == 1
+
+
+def test_retention_trims_each_path_by_count_bytes_and_age(tmp_path: Path, keys: Keyring) -> None:
+    rules = [
+        ("news.big.#", Retention(max_per_path=100, max_bytes=250)),
+        ("news.#", Retention(max_per_path=3)),
+        ("logs.#", Retention(max_per_path=100, max_age=60)),
+    ]
+    store = MemoryStore(tmp_path, keys, retention=rules)
+    fill(store, paths=4, each=10)
+    assert store.figures()["messages"] == 12  # 3 kept of each path's 10
+    assert store.stats["trimmed_count"] == 28
+    assert [s.payload for s in store.latest("news.0001", latest=10)] == [
+        b"news.0001#9",
+        b"news.0001#8",
+        b"news.0001#7",
+    ]
+
+    for i, msg_id in enumerate(ids(5, start=1_800_000_100)):
+        store.put("news.big.x", bytes(100), id_time(msg_id), msg_id)  # the first rule governs
+        assert i < 2 or len(store.latest("news.big.x", latest=10)) == 2
+    assert store.stats["trimmed_bytes"] == 3
+
+    now = 1_800_000_000.0
+    store.put("logs.a", b"old", now - 61, message_id(NODE, 1, now - 61))
+    store.put("logs.a", b"new", now - 1, message_id(NODE, 2, now - 1))
+    assert store.expire(now) == 1
+    assert [s.payload for s in store.latest("logs.a", latest=5)] == [b"new"]
+    assert store.stats["trimmed_age"] == 1
+
+
+def test_a_reopened_store_holds_the_same_messages(tmp_path: Path, keys: Keyring) -> None:
+    store = MemoryStore(tmp_path, keys)
+    fill(store, paths=5, each=3)
+    before = store.latest("#", latest=3)
+    store.close()
+    again = MemoryStore(tmp_path, keys)
+    assert again.latest("#", latest=3) == before
+    assert again.figures()["messages"] == 15
+
+
+def test_nothing_is_in_clear_on_disk(tmp_path: Path, keys: Keyring) -> None:
+    store = MemoryStore(tmp_path, keys)
+    store.put("secret.plans.alpha", b"PAYLOAD-IN-CLEAR-0123456789", 1.0, message_id(NODE, 1))
+    store.close()
+    on_disk = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.is_file())
+    assert on_disk  # the database (and its log) are there
+    for clear in (b"PAYLOAD-IN-CLEAR", b"secret", b"plans", b"alpha"):
+        assert clear not in on_disk
+
+
+def test_without_the_key_paths_are_kept_but_not_served(tmp_path: Path, keys: Keyring) -> None:
+    store = MemoryStore(tmp_path, keys)
+    fill(store, paths=2, each=2)
+    store.close()
+    stranger = MemoryStore(tmp_path, Keyring.generate())
+    assert stranger.latest("#") == []
+    assert stranger.stats["paths_locked"] == 2
+    with pytest.raises(NoKey):
+        MemoryStore(tmp_path / "other", Keyring()).put("news.a", b"x", 1.0, message_id(NODE, 1))
+
+
+def test_a_rotated_key_reads_the_old_messages_and_seals_new_ones(tmp_path: Path) -> None:
+    old = ScopeKey(scope="*", secret=os.urandom(32))
+    new = ScopeKey(scope="*", secret=os.urandom(32))
+    store = MemoryStore(tmp_path, Keyring([old]))
+    store.put("news.a", b"before", 1.0, message_id(NODE, 1, 1.0))
+    store.close()
+    rotated = MemoryStore(tmp_path, Keyring([new, old]))  # new first: the primary
+    rotated.put("news.a", b"after", 2.0, message_id(NODE, 2, 2.0))
+    assert [s.payload for s in rotated.latest("news.a", latest=5)] == [b"after", b"before"]
+    rotated.close()
+    only_new = MemoryStore(tmp_path, Keyring([new]))
+    assert [s.payload for s in only_new.latest("news.a", latest=5)] == [b"after"]
+    assert only_new.stats["paths_locked"] == 1
+
+
+def test_bad_input_is_a_clear_error(tmp_path: Path, keys: Keyring) -> None:
+    store = MemoryStore(tmp_path, keys)
+    with pytest.raises(ConfigurationError):
+        store.latest("news..x")
+    with pytest.raises(ConfigurationError):
+        store.latest("news.#", latest=0)
+    with pytest.raises(ConfigurationError):
+        store.put("news..a", b"x", 1.0, message_id(NODE, 1))
+    with pytest.raises(ConfigurationError):
+        store.put("news.a", b"x", 1.0, b"short")
+    with pytest.raises(ConfigurationError):
+        Retention(max_per_path=0)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.raises(StorageError, match="cannot create its directory"):
+        MemoryStore(blocker / "memory", keys)
+    garbage = tmp_path / "garbage"
+    garbage.mkdir()
+    (garbage / "memory.sqlite3").write_bytes(b"this is not a database at all" * 100)
+    with pytest.raises(StorageError, match="not a database"):
+        MemoryStore(garbage, keys)
+
+
+def test_a_full_disk_is_a_storage_error_and_the_store_stays_whole(
+    tmp_path: Path, keys: Keyring
+) -> None:
+    store = MemoryStore(tmp_path, keys, default=Retention(max_per_path=10_000))
+    fill(store, paths=3, each=2)
+    pages = store._db.execute("PRAGMA page_count").fetchone()[0]
+    store._db.execute(f"PRAGMA max_page_count = {pages + 2}")  # the disk is full from here
+    batch = [("news.big", os.urandom(4000), 1.0, m) for m in ids(50, start=1_900_000_000)]
+    with pytest.raises(StorageError, match="full"):
+        store.put_many(batch)
+    assert store.figures()["messages"] == 6  # the whole batch rolled back
+    assert len(store.latest("news.#")) == 3
+    store.close()
+    check = sqlite3.connect(tmp_path / "memory.sqlite3")
+    assert check.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
+WRITER = textwrap.dedent(
+    """
+    import os, sys
+    from irismesh import Keyring
+    from irismesh.memory import MemoryStore, Retention, message_id
+    store = MemoryStore(sys.argv[1], Keyring.load(sys.argv[2]),
+                        default=Retention(max_per_path=100_000))
+    node = os.urandom(16)
+    for i in range(1_000_000):
+        store.put(f"jobs.{i % 10}", b"payload %d" % i, 1.0, message_id(node, i))
+        print(i, flush=True)  # after put returned: on disk
+    """
+)
+
+
+def test_a_store_killed_mid_write_reopens_whole_with_what_it_acknowledged(
+    tmp_path: Path, keys: Keyring
+) -> None:
+    keyfile = tmp_path / "keys"
+    keys.save(keyfile)
+    data = tmp_path / "data"
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(data), str(keyfile)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert writer.stdout is not None
+    acknowledged = -1
+    deadline = time.monotonic() + 30
+    while acknowledged < 200 and time.monotonic() < deadline:
+        line = writer.stdout.readline()
+        assert line, "the writer ended early"
+        acknowledged = int(line)
+    writer.send_signal(signal.SIGKILL)
+    writer.wait(timeout=10)
+    assert acknowledged >= 200
+
+    check = sqlite3.connect(data / "memory.sqlite3")
+    assert check.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    check.close()
+    store = MemoryStore(data, keys, default=Retention(max_per_path=100_000))
+    figures = store.figures()
+    assert figures["messages"] >= acknowledged + 1
+    every = store.latest("jobs.#", latest=100_000)
+    assert len(every) == figures["messages"]
+    assert store.stats["messages_unreadable"] == 0
+    assert {s.payload for s in every} >= {b"payload %d" % i for i in range(acknowledged + 1)}
