@@ -30,6 +30,8 @@ from irismesh.errors import (
     TunnelError,
     TunnelReset,
 )
+from irismesh.memory.store import Retention
+from irismesh.memory.store import Stored as Remembered
 from irismesh.node import Node, PeerInfo, SurveyResult, TelemetryConfig
 from irismesh.patterns.pubsub import Message, Subscription
 from irismesh.patterns.reqrep import deadline, time_left
@@ -57,9 +59,11 @@ __all__ = [
     "PayloadTooLarge",
     "PeerInfo",
     "ProtocolError",
+    "Remembered",
     "RemoteError",
     "RequestError",
     "RequestTimeout",
+    "Retention",
     "ScopeKey",
     "SlowConsumer",
     "StorageError",

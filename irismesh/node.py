@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import random
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import TracebackType
@@ -55,6 +56,9 @@ from irismesh.errors import (
     MembershipTimeout,
     MeshError,
 )
+from irismesh.memory.service import MEMORY_CLUSTER, MemoryMember, NodeMemory
+from irismesh.memory.store import Retention
+from irismesh.memory.store import Stored as Remembered
 from irismesh.patterns.pubsub import Message, Policy, PubSub, Subscription
 from irismesh.patterns.reqrep import Caller, HandlerRunner, RequestHandler, as_bytes
 from irismesh.patterns.tunnel import (
@@ -79,6 +83,8 @@ T = TypeVar("T", bound=TunnelHandler)
 E = TypeVar("E")
 
 DEFAULT_BIND = "tcp://127.0.0.1:0"
+CATCH_UP_WAIT = 2.0  # seconds a starting memory member waits to find another to copy from
+_log = logging.getLogger("irismesh")
 _KIND_REQUEST, _KIND_BROADCAST = int(Kind.REQUEST), int(Kind.BROADCAST)
 
 
@@ -134,6 +140,9 @@ class Node:
         telemetry: TelemetryConfig | bool = True,
         busy_poll: float = 0.0,
         handler_threads: int = 8,
+        memory: str | os.PathLike[str] | None = None,
+        memory_retention: Sequence[tuple[str, Retention]] = (),
+        replicas: int = 2,
     ) -> None:
         if keyring is None:
             keyring = Keyring.from_env()
@@ -143,6 +152,8 @@ class Node:
                 " (create one with `mesh keygen mesh.keys`)"
             )
         names = ([cluster] if cluster else []) + list(clusters)
+        if memory is not None:
+            names.append(MEMORY_CLUSTER)  # a memory member serves the memory's cluster too
         if len(set(names)) > MAX_CLUSTERS:
             raise ConfigurationError(f"a node serves at most {MAX_CLUSTERS} clusters")
         for name in names:
@@ -191,6 +202,23 @@ class Node:
         )
         self._surveys: HandlerRunner | None = None  # None: surveys go to the request handler
         self._pubsub = PubSub(self.node_id, self._flush_soon, self._flush_now)
+        # The memory: retained publishes and rereads; with `memory=DIR`, a store served here
+        # (opened now, so a directory that cannot hold it is an error at once).
+        member = None
+        if memory is not None:
+            member = MemoryMember(memory, keyring, retention=memory_retention)
+        self.memory = NodeMemory(
+            self.node_id, self._memory_survey, replicas=replicas, member=member
+        )
+        self._memory_runner: HandlerRunner | None = None
+        self._catching_up: asyncio.Task[None] | None = None
+        if member is not None:
+            self._memory_runner = HandlerRunner(
+                self._reply, self._reply_error, self._flush_soon, serving
+            )
+            self._memory_runner.handler = member.handle
+            self._memory_runner.blocking = True
+            self._memory_runner.pool = self.memory.pool
         self._tunnels = Tunnels(self._flush_soon, self._flush_now)
         self._membership_changed: asyncio.Event | None = None
         self._departed: dict[str, PeerInfo] = {}  # hex id -> the peer as it went
@@ -256,6 +284,8 @@ class Node:
             core.add_candidate(seed, now, seed=True)
         driver.process()
         driver.start()
+        if self.memory.member is not None:  # copy what the other memory members hold
+            self._catching_up = loop.create_task(self._memory_catch_up())
         if self.telemetry is not None:
             self.telemetry.start(
                 core,
@@ -302,6 +332,13 @@ class Node:
         if self.telemetry is not None:
             await self.telemetry.stop(self._pubsub.publish)
         await self._runner.close()
+        if self._catching_up is not None:
+            self._catching_up.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._catching_up
+        if self._memory_runner is not None:
+            await self._memory_runner.close()
+        self.memory.close()
         self._pubsub.close()
         if self._core is not None and self._driver is not None:
             self._core.close()
@@ -461,13 +498,19 @@ class Node:
 
     # ----------------------------------------------------------------- publish/subscribe
 
-    async def publish(self, topic: str, payload: bytes, *, timeout: float | None = None) -> int:
+    async def publish(
+        self, topic: str, payload: bytes, *, timeout: float | None = None, retain: bool = False
+    ) -> int:
         """Send `payload` to every subscription matching `topic`, here and on other nodes.
 
         Returns how many nodes it went to (this one included when it has a matching
         subscription); 0 is not an error. A subscriber whose policy is "block" and whose buffer
         is full makes this wait for room, up to `timeout`, then raise SlowConsumer. The payload
         is sealed under the key of the topic's first segment (else the default key).
+
+        `retain=True` first stores the message with the mesh's memory under its path (the
+        topic), for `reread`: it is sent once `replicas` memory members (or every one there
+        is, if fewer) hold it, and raises NoResponders at once when there is none.
         """
         if self._closing or self._core is None:
             self._caller.running()  # raises Closed, saying why
@@ -475,6 +518,8 @@ class Node:
             raise ConfigurationError(f"timeout must be positive, got {timeout!r}")
         if type(payload) is not bytes:
             payload = as_bytes(payload)
+        if retain:
+            await self.memory.retain(topic, payload, timeout)
         pubsub = self._pubsub
         sent = pubsub.publish_now(topic, payload)  # the common case: no coroutine to wait on
         if sent is not None:
@@ -482,6 +527,32 @@ class Node:
         return await pubsub.publish_later(
             topic, payload, self._default_timeout if timeout is None else timeout
         )
+
+    async def reread(
+        self, pattern: str, *, latest: int = 1, timeout: float | None = None
+    ) -> list[Remembered]:
+        """What the mesh's memory holds for `pattern` (the grammar of `subscribe`): for every
+        stored path that matches, its `latest` newest retained messages, newest first, each
+        with its topic, payload, publish time and unique, time-ordered id. NoResponders when
+        no memory member is running."""
+        return await self.memory.reread(pattern, latest, timeout)
+
+    async def _memory_catch_up(self) -> None:
+        """A memory member that starts copies what the others hold, once membership has had a
+        moment to find them (those that join later copy from it in turn)."""
+        with contextlib.suppress(MembershipTimeout):
+            await self.wait_for_members(MEMORY_CLUSTER, 1, timeout=CATCH_UP_WAIT)
+        try:
+            await self.memory.catch_up(timeout=self._default_timeout)
+        except MeshError as exc:
+            self.memory.stats["catch_up_failed"] += 1
+            _log.warning("memory catch-up failed: %s", exc)
+
+    async def _memory_survey(
+        self, payload: bytes, timeout: float | None
+    ) -> tuple[dict[str, bytes], dict[str, MeshError], list[str]]:
+        timeout = await self._linked(MEMORY_CLUSTER, timeout)
+        return await self._caller.fanout(Kind.SURVEY, MEMORY_CLUSTER, payload, timeout)
 
     def subscribe(
         self,
@@ -660,6 +731,10 @@ class Node:
         stats["messages_delivered"] = self._pubsub.delivered
         stats["messages_unmatched"] = self._pubsub.unmatched
         stats["tunnels_open"] = self._tunnels.open_count
+        stats.update(self.memory.stats)
+        if self.memory.member is not None:
+            for name, value in self.memory.member.figures().items():
+                stats["memory_" + name] = value
         return stats
 
     def flush_telemetry(self) -> None:
@@ -693,6 +768,9 @@ class Node:
                 handler(event)
 
     def _on_request(self, event: RequestArrived) -> None:
+        if self._memory_runner is not None and event.cluster == MEMORY_CLUSTER:
+            self._memory_runner.run(event)
+            return
         if event.kind == _KIND_REQUEST:
             self._runner.run(event)
         elif event.kind == _KIND_BROADCAST:
@@ -702,6 +780,8 @@ class Node:
 
     def _on_cancelled(self, event: RequestCancelled) -> None:
         self._runner.cancel(event)
+        if self._memory_runner is not None:
+            self._memory_runner.cancel(event)
         if self._surveys is not None:
             self._surveys.cancel(event)
 

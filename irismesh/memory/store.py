@@ -189,7 +189,8 @@ class MemoryStore:
         if not os.access(directory, os.W_OK | os.X_OK):
             raise StorageError(self.path, "its directory is not writable")
         try:
-            db = sqlite3.connect(self.path, isolation_level=None)
+            # One thread at a time (a member serialises its store on a thread of its own).
+            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
             db.executescript(_SCHEMA)

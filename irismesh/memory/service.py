@@ -1,0 +1,304 @@
+"""Memory members and what callers say to them: the `_memory` cluster's protocol.
+
+A node started with a memory directory serves the cluster `_memory` beside its own, with a
+`MemoryStore` behind it. Callers reach every memory member at once with a survey (a retained
+publish must be held by several of them, a reread must hear from all of them), so the protocol
+is two msgpack requests, each answered by every member:
+
+    ["store", [[topic, payload, published_at, id], ...]]  ->  [stored, new]
+    ["latest", pattern, n]  ->  [[topic, payload, published_at, id], ...]
+
+Every member stores every retained message: a publish returns once `replicas` of them (or all
+there are, if fewer) have it on disk, so one crash loses nothing. A reread merges the members'
+answers by message id, so a member that missed messages while it was down does not hide them,
+and a member that starts again first copies what the others hold (`catch_up`).
+
+Store access is serialised on one thread of the member's own (SQLite writes wait for the disk
+and must not stall the node's loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Final
+
+import msgpack
+
+from irismesh._core.topics import validate_pattern, validate_topic
+from irismesh.errors import (
+    ConfigurationError,
+    MeshError,
+    NoResponders,
+    ProtocolError,
+    RequestTimeout,
+)
+from irismesh.memory.store import ID_SIZE, MemoryStore, Retention, Stored, message_id
+from irismesh.security.keyring import Keyring
+
+# A survey of the `_memory` cluster: (answers, errors, missing) by member, as Node.survey.
+Survey = Callable[
+    [bytes, float | None], Awaitable[tuple[dict[str, bytes], dict[str, MeshError], list[str]]]
+]
+
+MEMORY_CLUSTER: Final = "_memory"
+_STORE, _LATEST = "store", "latest"
+_MAX_BATCH: Final = 4096
+_MAX_LATEST: Final = 100_000
+
+
+def encode_store(messages: Iterable[tuple[str, bytes, float, bytes]]) -> bytes:
+    rows = [[topic, payload, at, msg_id] for topic, payload, at, msg_id in messages]
+    return _pack([_STORE, rows])
+
+
+def encode_latest(pattern: str, latest: int) -> bytes:
+    return _pack([_LATEST, pattern, latest])
+
+
+def decode_stored(answer: bytes) -> list[Stored]:
+    """A member's answer to "latest"; ProtocolError if it is not one."""
+    try:
+        rows = _unpack(answer)
+    except ConfigurationError:
+        raise ProtocolError("bad_body", "memory answer") from None
+    if type(rows) is not list:
+        raise ProtocolError("bad_body", "memory answer")
+    out = []
+    for row in rows:
+        if not _is_row(row):
+            raise ProtocolError("bad_body", "memory row")
+        topic, payload, published_at, msg_id = row
+        out.append(Stored(topic, payload, float(published_at), msg_id))
+    return out
+
+
+def merge(answers: Iterable[Sequence[Stored]], latest: int) -> list[Stored]:
+    """Several members' answers as one: each path's `latest` newest messages (by id, each
+    once), newest first, paths in topic order."""
+    by_topic: dict[str, dict[bytes, Stored]] = {}
+    for answer in answers:
+        for stored in answer:
+            by_topic.setdefault(stored.topic, {})[stored.id] = stored
+    out: list[Stored] = []
+    for topic in sorted(by_topic):
+        newest = sorted(by_topic[topic].values(), key=lambda s: s.id, reverse=True)
+        out.extend(newest[:latest])
+    return out
+
+
+class MemoryMember:
+    """The member's side: a store, and the answers to what callers ask of it."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        keyring: Keyring,
+        *,
+        retention: Sequence[tuple[str, Retention]] = (),
+        default: Retention | None = None,
+    ) -> None:
+        self.store = MemoryStore(directory, keyring, retention=retention, default=default)
+        self._lock = threading.Lock()
+
+    def handle(self, payload: bytes) -> bytes:
+        """One request to `_memory` (in the member's store thread)."""
+        request = _unpack(payload)
+        if type(request) is not list or not request:
+            raise ConfigurationError("a memory request is a msgpack array: [op, ...]")
+        op = request[0]
+        if op == _STORE and len(request) == 2 and type(request[1]) is list:
+            rows = request[1]
+            if len(rows) > _MAX_BATCH or not all(_is_row(row) for row in rows):
+                raise ConfigurationError("store takes up to 4096 [topic, payload, time, id] rows")
+            with self._lock:
+                added = self.store.put_many(
+                    (topic, payload, float(at), msg_id) for topic, payload, at, msg_id in rows
+                )
+            return _pack([len(rows), added])
+        if op == _LATEST and len(request) == 3 and type(request[1]) is str:
+            latest = request[2]
+            if type(latest) is not int or not 1 <= latest <= _MAX_LATEST:
+                raise ConfigurationError(f"latest must be 1 to {_MAX_LATEST}, not {latest!r}")
+            with self._lock:
+                found = self.store.latest(request[1], latest)
+            return _pack([[s.topic, s.payload, s.published_at, s.id] for s in found])
+        raise ConfigurationError(f"unknown memory request {op!r}")
+
+    def absorb(self, answers: Iterable[Sequence[Stored]]) -> int:
+        """What other members hold, copied here (catching up after a restart); how many
+        messages were new."""
+        rows = [(s.topic, s.payload, s.published_at, s.id) for answer in answers for s in answer]
+        added = 0
+        with self._lock:
+            for start in range(0, len(rows), _MAX_BATCH):
+                added += self.store.put_many(rows[start : start + _MAX_BATCH])
+        return added
+
+    def figures(self) -> Mapping[str, int]:
+        with self._lock:
+            return self.store.figures()
+
+    def close(self) -> None:
+        with self._lock:
+            self.store.close()
+
+
+class NodeMemory:
+    """A node's side of the memory: its retained publishes and rereads, and, on a memory
+    member, its own store (which counts as one of the replicas and answers as one member)."""
+
+    def __init__(
+        self,
+        node_id: bytes,
+        survey: Survey,
+        *,
+        replicas: int = 2,
+        member: MemoryMember | None = None,
+    ) -> None:
+        if type(replicas) is not int or replicas < 1:
+            raise ConfigurationError(f"replicas must be a positive integer, not {replicas!r}")
+        self.replicas = replicas
+        self.member = member
+        self.stats: Counter[str] = Counter()
+        self._node_id = node_id
+        self._survey = survey
+        self._counter = 0
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="irismesh-memory") if member else None
+
+    @property
+    def pool(self) -> ThreadPoolExecutor | None:
+        """The member's store thread (None on a node that holds no memory)."""
+        return self._pool
+
+    async def retain(self, topic: str, payload: bytes, timeout: float | None) -> bytes:
+        """Store a message with the memory members; its id once `replicas` of them (or every
+        member there is, if fewer) hold it. Raises NoResponders with no memory member."""
+        topic = validate_topic(topic)
+        self._counter += 1
+        msg_id = message_id(self._node_id, self._counter)
+        request = encode_store([(topic, payload, time.time(), msg_id)])
+        try:
+            answers, errors, missing = await self._ask(request, timeout)
+            held = len(answers)
+            if not held:
+                raise _failure(errors, missing, timeout)
+        except MeshError:
+            self.stats["retained_failed"] += 1
+            raise
+        if held < min(self.replicas, held + len(errors) + len(missing)):
+            self.stats["retained_underreplicated"] += 1  # fewer copies than asked: counted
+        self.stats["retained"] += 1
+        return msg_id
+
+    async def reread(self, pattern: str, latest: int, timeout: float | None) -> list[Stored]:
+        """Every stored path matching `pattern`, its `latest` newest messages, newest first,
+        merged from every memory member's answer."""
+        pattern = validate_pattern(pattern)
+        if type(latest) is not int or not 1 <= latest <= _MAX_LATEST:
+            raise ConfigurationError(f"latest must be 1 to {_MAX_LATEST}, not {latest!r}")
+        answers, errors, missing = await self._ask(encode_latest(pattern, latest), timeout)
+        if not answers:
+            raise _failure(errors, missing, timeout)
+        found = []
+        for answer in answers.values():
+            try:
+                found.append(decode_stored(answer))
+            except ProtocolError:
+                self.stats["memory_answers_malformed"] += 1
+        if missing or errors:
+            self.stats["rereads_partial"] += 1
+        self.stats["rereads"] += 1
+        return merge(found, latest)
+
+    async def catch_up(self, timeout: float) -> int:
+        """A member that starts copies what the other members hold; how many were new."""
+        if self.member is None:
+            return 0
+        latest = self.member.store.retention("#").max_per_path
+        try:
+            answers, _errors, _missing = await self._survey(encode_latest("#", latest), timeout)
+        except NoResponders:
+            return 0  # the only memory member: nothing to copy
+        found = [decode_stored(answer) for answer in answers.values()]
+        loop = asyncio.get_running_loop()
+        added = await loop.run_in_executor(self._pool, self.member.absorb, found)
+        self.stats["caught_up"] += added
+        return added
+
+    async def _ask(
+        self, request: bytes, timeout: float | None
+    ) -> tuple[dict[str, bytes], dict[str, MeshError], list[str]]:
+        """Every memory member's answer, this node's own store's included."""
+        answers: dict[str, bytes] = {}
+        errors: dict[str, MeshError] = {}
+        missing: list[str] = []
+        own = None
+        if self.member is not None:
+            loop = asyncio.get_running_loop()
+            own = loop.run_in_executor(self._pool, self.member.handle, request)
+        try:
+            answers, errors, missing = await self._survey(request, timeout)
+        except NoResponders:
+            if own is None:
+                raise
+        if own is not None:
+            try:
+                answers = {**answers, self._node_id.hex(): await own}
+            except MeshError as exc:
+                errors = {**errors, self._node_id.hex(): exc}
+        return answers, errors, missing
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        if self.member is not None:
+            self.member.close()
+
+
+def _failure(
+    errors: Mapping[str, MeshError], missing: Sequence[str], timeout: float | None
+) -> MeshError:
+    if errors:
+        return next(iter(errors.values()))
+    return RequestTimeout(MEMORY_CLUSTER, timeout or 0.0, 1)
+
+
+def _is_row(row: Any) -> bool:
+    return (
+        type(row) is list
+        and len(row) == 4
+        and type(row[0]) is str
+        and type(row[1]) is bytes
+        and type(row[2]) in (int, float)
+        and type(row[3]) is bytes
+        and len(row[3]) == ID_SIZE
+    )
+
+
+def _pack(value: object) -> bytes:
+    packed: bytes = msgpack.packb(value, use_bin_type=True)
+    return packed
+
+
+def _unpack(data: bytes) -> Any:
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=True, max_ext_len=0)
+    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+        raise ConfigurationError("a memory request or answer is not msgpack") from None
+
+
+__all__ = [
+    "MEMORY_CLUSTER",
+    "MemoryMember",
+    "NodeMemory",
+    "decode_stored",
+    "encode_latest",
+    "encode_store",
+    "merge",
+]

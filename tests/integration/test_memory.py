@@ -1,0 +1,123 @@
+"""The mesh's memory: retained publishes held by memory members, reread by pattern."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from helpers import wait_until
+
+import irismesh
+
+
+def run(main: object, limit: float = 30) -> object:
+    return asyncio.run(asyncio.wait_for(main, limit))  # type: ignore[arg-type]
+
+
+def test_a_late_reader_rereads_the_latest_message_of_every_path(
+    keys: irismesh.Keyring, tmp_path: Path
+) -> None:
+    async def main() -> None:
+        first = irismesh.Node(keyring=keys, memory=tmp_path / "m1")
+        await first.start()
+        second = irismesh.Node(keyring=keys, memory=tmp_path / "m2", seeds=[first.endpoint])
+        await second.start()
+        publisher = irismesh.Node(keyring=keys, seeds=[first.endpoint])
+        await publisher.start()
+        try:
+            await publisher.wait_for_members("_memory", 2, timeout=10)
+            for round_ in range(5):
+                for path in range(40):
+                    payload = f"story {path} v{round_}".encode()
+                    await publisher.publish(f"news.{path}", payload, retain=True)
+            await publisher.publish("sport.final", b"2-1", retain=True)
+            assert publisher.stats["retained"] == 201
+            assert publisher.stats.get("retained_underreplicated", 0) == 0
+            for member in (first, second):  # each member holds every message
+                assert member.stats["memory_messages"] == 201
+
+            reader = irismesh.Node(keyring=keys, seeds=[second.endpoint])
+            await reader.start()
+            try:
+                await reader.wait_for_members("_memory", 2, timeout=10)
+                latest = await reader.reread("news.#")
+                assert [m.topic for m in latest] == sorted(f"news.{p}" for p in range(40))
+                assert all(m.payload.endswith(b"v4") for m in latest)
+                three = await reader.reread("news.7", latest=3)
+                assert [m.payload for m in three] == [b"story 7 v4", b"story 7 v3", b"story 7 v2"]
+                assert three[0].id > three[1].id > three[2].id  # ids are time-ordered
+                assert three[0].published_at >= three[1].published_at
+                assert [m.payload for m in await reader.reread("*.final")] == [b"2-1"]
+                assert await reader.reread("weather.#") == []
+                with pytest.raises(irismesh.ConfigurationError):
+                    await reader.reread("news..x")
+            finally:
+                await reader.close()
+        finally:
+            await asyncio.gather(publisher.close(), second.close(), first.close())
+
+    run(main())
+
+
+def test_retain_without_a_memory_member_fails_at_once(keys: irismesh.Keyring) -> None:
+    async def main() -> None:
+        async with irismesh.Node(keyring=keys) as node:
+            started = time.monotonic()
+            with pytest.raises(irismesh.NoResponders):
+                await node.publish("news.a", b"x", retain=True)
+            with pytest.raises(irismesh.NoResponders):
+                await node.reread("news.#")
+            assert time.monotonic() - started < 1.0
+            assert node.stats["retained_failed"] == 1
+
+    run(main())
+
+
+def test_a_restarted_member_catches_up_and_then_answers_alone(
+    keys: irismesh.Keyring, tmp_path: Path
+) -> None:
+    async def main() -> None:
+        steady = irismesh.Node(keyring=keys, memory=tmp_path / "steady")
+        await steady.start()
+        flaky = irismesh.Node(keyring=keys, memory=tmp_path / "flaky", seeds=[steady.endpoint])
+        await flaky.start()
+        publisher = irismesh.Node(keyring=keys, seeds=[steady.endpoint])
+        await publisher.start()
+        try:
+            await publisher.wait_for_members("_memory", 2, timeout=10)
+            for i in range(20):
+                await publisher.publish(f"jobs.{i}", b"before %d" % i, retain=True)
+            await flaky.close()  # down while more is published
+            for i in range(20, 30):
+                await publisher.publish(f"jobs.{i}", b"while down %d" % i, retain=True)
+            assert publisher.stats.get("retained_underreplicated", 0) == 0  # one was all there was
+
+            again = irismesh.Node(keyring=keys, memory=tmp_path / "flaky", seeds=[steady.endpoint])
+            await again.start()
+            try:
+                await wait_until(
+                    lambda: again.stats.get("memory_messages", 0) == 30, 10, "the catch-up"
+                )
+                assert again.stats["caught_up"] == 10
+                await steady.close()
+                await publisher.wait_for_members("_memory", 1, timeout=10)
+                found = await publisher.reread("jobs.#")
+                assert len(found) == 30
+                assert {m.payload for m in found} >= {b"while down 25", b"before 3"}
+            finally:
+                await again.close()
+        finally:
+            await asyncio.gather(publisher.close(), steady.close())
+
+    run(main())
+
+
+def test_a_member_that_cannot_open_its_store_fails_at_construction(
+    keys: irismesh.Keyring, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("in the way")
+    with pytest.raises(irismesh.StorageError, match="cannot create its directory"):
+        irismesh.Node(keyring=keys, memory=blocker / "memory")
