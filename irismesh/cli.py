@@ -21,6 +21,7 @@ from irismesh._cli import (
     fanout,
     keys,
     listing,
+    memory,
     pubsub,
     request,
     serve,
@@ -33,7 +34,7 @@ from irismesh._loop import run
 from irismesh.errors import ConfigurationError, MeshError
 
 # In `mesh --help` order; `telemetry collect` will join with publish/subscribe.
-FAMILIES = (keys, serve, request, fanout, pubsub, tunnel, listing, top, bench, telemetry)
+FAMILIES = (keys, serve, request, fanout, pubsub, memory, tunnel, listing, top, bench, telemetry)
 
 EXAMPLES = """five-minute tour (four terminals: two members, a subscriber, and commands):
   mesh keygen mesh.keys

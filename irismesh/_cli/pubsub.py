@@ -43,10 +43,12 @@ from irismesh._cli.base import (
     topic_name,
     topic_pattern,
     topic_scope,
+    wait_for_cluster,
     where,
 )
 from irismesh._cli.listing import nobody_answered
 from irismesh.errors import InterestTimeout, PayloadTooLarge, SlowConsumer
+from irismesh.memory.service import MEMORY_CLUSTER
 from irismesh.patterns.pubsub import POLICIES, Message, Subscription
 
 
@@ -91,6 +93,14 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
         type=positive_int,
         metavar="N",
         help="publish PAYLOAD N times (with '-': at most N lines)",
+    )
+    publish.add_argument(
+        "--retain",
+        action="store_true",
+        help=(
+            "also remember each message under TOPIC with the mesh's memory members (`mesh"
+            " memory`), for `mesh reread`; fails if no memory member runs"
+        ),
     )
     publish.add_argument(
         "--rate",
@@ -186,13 +196,19 @@ async def run_publish(args: argparse.Namespace) -> int:
             f"PAYLOAD is {len(args.payload.encode())} bytes, above the {limit} limit", USAGE_ERROR
         )
     async with make_node(args, keys) as node:
+        if args.retain:
+            await wait_for_cluster(node, args, MEMORY_CLUSTER)
         await find_subscribers(node, args)
         reached: list[int] = []
         started = time.perf_counter()
         with publish_progress(args) as progress:
             async for payload in payloads(args):
                 try:
-                    reached.append(await node.publish(args.topic, payload, timeout=args.timeout))
+                    reached.append(
+                        await node.publish(
+                            args.topic, payload, timeout=args.timeout, retain=args.retain
+                        )
+                    )
                 except SlowConsumer as exc:
                     raise CommandError(f"{exc} ({len(reached)} published before)") from None
                 except PayloadTooLarge as exc:
