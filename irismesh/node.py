@@ -208,7 +208,11 @@ class Node:
         if memory is not None:
             member = MemoryMember(memory, keyring, retention=memory_retention)
         self.memory = NodeMemory(
-            self.node_id, self._memory_survey, replicas=replicas, member=member
+            self.node_id,
+            self._memory_survey,
+            replicas=replicas,
+            member=member,
+            max_payload=self._config.max_payload,
         )
         self._memory_runner: HandlerRunner | None = None
         self._catching_up: asyncio.Task[None] | None = None

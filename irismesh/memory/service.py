@@ -6,7 +6,11 @@ publish must be held by several of them, a reread must hear from all of them), s
 is two msgpack requests, each answered by every member:
 
     ["store", [[topic, payload, published_at, id], ...]]  ->  [stored, new]
-    ["latest", pattern, n]  ->  [[topic, payload, published_at, id], ...]
+    ["latest", pattern, n, after]  ->  [[[topic, payload, published_at, id], ...], next]
+
+An answer to "latest" is one page: the paths after the topic `after` (None: from the first),
+as many as fit in PAGE_BYTES, and `next`, the last topic of the page, to ask for the next
+one (None: that was the last). A caller asks every member for each page.
 
 Every member stores every retained message: a publish returns once `replicas` of them (or all
 there are, if fewer) have it on disk, so one crash loses nothing. A reread merges the members'
@@ -35,6 +39,7 @@ from irismesh.errors import (
     ConfigurationError,
     MeshError,
     NoResponders,
+    PayloadTooLarge,
     ProtocolError,
     RequestTimeout,
 )
@@ -50,6 +55,9 @@ MEMORY_CLUSTER: Final = "_memory"
 _STORE, _LATEST = "store", "latest"
 _MAX_BATCH: Final = 4096
 _MAX_LATEST: Final = 100_000
+RETAINED_ROOM: Final = 4096  # what a retained payload leaves of a frame for its envelope
+PAGE_BYTES: Final = 512 << 10  # an answer's payloads, well below a frame's limit
+_PAGE_PATHS: Final = 256  # paths read from the store at a time while filling a page
 
 
 def encode_store(messages: Iterable[tuple[str, bytes, float, bytes]]) -> bytes:
@@ -57,17 +65,21 @@ def encode_store(messages: Iterable[tuple[str, bytes, float, bytes]]) -> bytes:
     return _pack([_STORE, rows])
 
 
-def encode_latest(pattern: str, latest: int) -> bytes:
-    return _pack([_LATEST, pattern, latest])
+def encode_latest(pattern: str, latest: int, after: str | None = None) -> bytes:
+    return _pack([_LATEST, pattern, latest, after])
 
 
-def decode_stored(answer: bytes) -> list[Stored]:
-    """A member's answer to "latest"; ProtocolError if it is not one."""
+def decode_page(answer: bytes) -> tuple[list[Stored], str | None]:
+    """A member's answer to "latest": its page, and the topic to ask after for the next one
+    (None: no more); ProtocolError if it is not one."""
     try:
-        rows = _unpack(answer)
+        page = _unpack(answer)
     except ConfigurationError:
         raise ProtocolError("bad_body", "memory answer") from None
-    if type(rows) is not list:
+    if type(page) is not list or len(page) != 2 or type(page[0]) is not list:
+        raise ProtocolError("bad_body", "memory answer")
+    rows, following = page
+    if following is not None and type(following) is not str:
         raise ProtocolError("bad_body", "memory answer")
     out = []
     for row in rows:
@@ -75,7 +87,7 @@ def decode_stored(answer: bytes) -> list[Stored]:
             raise ProtocolError("bad_body", "memory row")
         topic, payload, published_at, msg_id = row
         out.append(Stored(topic, payload, float(published_at), msg_id))
-    return out
+    return out, following
 
 
 def merge(answers: Iterable[Sequence[Stored]], latest: int) -> list[Stored]:
@@ -121,14 +133,34 @@ class MemoryMember:
                     (topic, payload, float(at), msg_id) for topic, payload, at, msg_id in rows
                 )
             return _pack([len(rows), added])
-        if op == _LATEST and len(request) == 3 and type(request[1]) is str:
-            latest = request[2]
+        if op == _LATEST and len(request) == 4 and type(request[1]) is str:
+            _op, pattern, latest, after = request
             if type(latest) is not int or not 1 <= latest <= _MAX_LATEST:
                 raise ConfigurationError(f"latest must be 1 to {_MAX_LATEST}, not {latest!r}")
-            with self._lock:
-                found = self.store.latest(request[1], latest)
-            return _pack([[s.topic, s.payload, s.published_at, s.id] for s in found])
+            if after is not None and type(after) is not str:
+                raise ConfigurationError("latest's `after` is a topic or nil")
+            rows, following = self.page(pattern, latest, after)
+            return _pack([[[s.topic, s.payload, s.published_at, s.id] for s in rows], following])
         raise ConfigurationError(f"unknown memory request {op!r}")
+
+    def page(self, pattern: str, latest: int, after: str | None) -> tuple[list[Stored], str | None]:
+        """The paths after `after` whose messages fit in PAGE_BYTES (at least one message),
+        and the topic to ask after next (None: these were the last)."""
+        rows: list[Stored] = []
+        size = 0
+        cursor = after
+        while True:
+            with self._lock:
+                chunk = self.store.latest(pattern, latest, after=cursor, paths=_PAGE_PATHS)
+            if not chunk:
+                return rows, None
+            for stored in chunk:
+                grown = size + len(stored.payload) + len(stored.topic) + 64
+                if rows and grown > PAGE_BYTES and stored.topic != rows[-1].topic:
+                    return rows, rows[-1].topic
+                rows.append(stored)
+                size = grown
+            cursor = chunk[-1].topic
 
     def absorb(self, answers: Iterable[Sequence[Stored]]) -> int:
         """What other members hold, copied here (catching up after a restart); how many
@@ -160,11 +192,14 @@ class NodeMemory:
         *,
         replicas: int = 2,
         member: MemoryMember | None = None,
+        max_payload: int = 1 << 20,
     ) -> None:
         if type(replicas) is not int or replicas < 1:
             raise ConfigurationError(f"replicas must be a positive integer, not {replicas!r}")
         self.replicas = replicas
         self.member = member
+        # A retained message travels again in rereads, with its topic and id beside it.
+        self.max_retained = max_payload - RETAINED_ROOM
         self.stats: Counter[str] = Counter()
         self._node_id = node_id
         self._survey = survey
@@ -180,6 +215,8 @@ class NodeMemory:
         """Store a message with the memory members; its id once `replicas` of them (or every
         member there is, if fewer) hold it. Raises NoResponders with no memory member."""
         topic = validate_topic(topic)
+        if len(payload) > self.max_retained:
+            raise PayloadTooLarge(len(payload), self.max_retained)
         self._counter += 1
         msg_id = message_id(self._node_id, self._counter)
         request = encode_store([(topic, payload, time.time(), msg_id)])
@@ -202,15 +239,7 @@ class NodeMemory:
         pattern = validate_pattern(pattern)
         if type(latest) is not int or not 1 <= latest <= _MAX_LATEST:
             raise ConfigurationError(f"latest must be 1 to {_MAX_LATEST}, not {latest!r}")
-        answers, errors, missing = await self._ask(encode_latest(pattern, latest), timeout)
-        if not answers:
-            raise _failure(errors, missing, timeout)
-        found = []
-        for answer in answers.values():
-            try:
-                found.append(decode_stored(answer))
-            except ProtocolError:
-                self.stats["memory_answers_malformed"] += 1
+        found, errors, missing = await self._pages(pattern, latest, timeout)
         if missing or errors:
             self.stats["rereads_partial"] += 1
         self.stats["rereads"] += 1
@@ -222,34 +251,67 @@ class NodeMemory:
             return 0
         latest = self.member.store.retention("#").max_per_path
         try:
-            answers, _errors, _missing = await self._survey(encode_latest("#", latest), timeout)
+            found, _errors, _missing = await self._pages("#", latest, timeout, own=False)
         except NoResponders:
             return 0  # the only memory member: nothing to copy
-        found = [decode_stored(answer) for answer in answers.values()]
         loop = asyncio.get_running_loop()
         added = await loop.run_in_executor(self._pool, self.member.absorb, found)
         self.stats["caught_up"] += added
         return added
 
+    async def _pages(
+        self, pattern: str, latest: int, timeout: float | None, *, own: bool = True
+    ) -> tuple[list[list[Stored]], dict[str, MeshError], list[str]]:
+        """Every member's answer to "latest", page after page (all members asked for each
+        page, each answering what it holds after the same topic) until none has more."""
+        found: list[list[Stored]] = []
+        errors: dict[str, MeshError] = {}
+        missing: set[str] = set()
+        after: str | None = None
+        while True:
+            answers, failed, silent = await self._ask(
+                encode_latest(pattern, latest, after), timeout, own=own
+            )
+            errors.update(failed)
+            missing.update(silent)
+            if not answers:
+                if not found:
+                    raise _failure(errors, sorted(missing), timeout)
+                break
+            cursors = []
+            for answer in answers.values():
+                try:
+                    rows, following = decode_page(answer)
+                except ProtocolError:
+                    self.stats["memory_answers_malformed"] += 1
+                    continue
+                found.append(rows)
+                if following is not None:
+                    cursors.append(following)
+            if not cursors:
+                break
+            after = min(cursors)  # no member skips a path another has not sent yet
+        return found, errors, sorted(missing)
+
     async def _ask(
-        self, request: bytes, timeout: float | None
+        self, request: bytes, timeout: float | None, *, own: bool = True
     ) -> tuple[dict[str, bytes], dict[str, MeshError], list[str]]:
-        """Every memory member's answer, this node's own store's included."""
+        """Every memory member's answer, this node's own store's included (`own`)."""
         answers: dict[str, bytes] = {}
         errors: dict[str, MeshError] = {}
         missing: list[str] = []
-        own = None
-        if self.member is not None:
+        own_answer = None
+        if self.member is not None and own:
             loop = asyncio.get_running_loop()
-            own = loop.run_in_executor(self._pool, self.member.handle, request)
+            own_answer = loop.run_in_executor(self._pool, self.member.handle, request)
         try:
             answers, errors, missing = await self._survey(request, timeout)
         except NoResponders:
-            if own is None:
+            if own_answer is None:
                 raise
-        if own is not None:
+        if own_answer is not None:
             try:
-                answers = {**answers, self._node_id.hex(): await own}
+                answers = {**answers, self._node_id.hex(): await own_answer}
             except MeshError as exc:
                 errors = {**errors, self._node_id.hex(): exc}
         return answers, errors, missing
@@ -297,7 +359,7 @@ __all__ = [
     "MEMORY_CLUSTER",
     "MemoryMember",
     "NodeMemory",
-    "decode_stored",
+    "decode_page",
     "encode_latest",
     "encode_store",
     "merge",

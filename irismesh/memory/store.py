@@ -390,13 +390,20 @@ class MemoryStore:
 
     # ----------------------------------------------------------------- reading
 
-    def latest(self, pattern: str, latest: int = 1) -> list[Stored]:
+    def latest(
+        self, pattern: str, latest: int = 1, *, after: str | None = None, paths: int | None = None
+    ) -> list[Stored]:
         """For every stored path `pattern` matches, its `latest` newest messages, newest first
-        (paths in topic order)."""
+        (paths in topic order); only paths after the topic `after`, and at most `paths` of
+        them, to read a long answer a page at a time."""
         pattern = validate_pattern(pattern)
         if type(latest) is not int or latest < 1:
             raise ConfigurationError(f"latest must be a positive integer, not {latest!r}")
-        topics = sorted(t for t in self._paths if topic_matches(pattern, t))
+        topics = sorted(
+            t for t in self._paths if (after is None or t > after) and topic_matches(pattern, t)
+        )
+        if paths is not None:
+            topics = topics[:paths]
         by_path = {path_id: topic for topic in topics for path_id in self._paths[topic]}
         found: dict[str, list[Stored]] = {topic: [] for topic in topics}
         ids = list(by_path)

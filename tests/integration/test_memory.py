@@ -10,6 +10,8 @@ import pytest
 from helpers import wait_until
 
 import irismesh
+from irismesh.memory import MemoryStore, message_id
+from irismesh.memory.service import MemoryMember, decode_page, encode_latest
 
 
 def run(main: object, limit: float = 30) -> object:
@@ -97,10 +99,9 @@ def test_a_restarted_member_catches_up_and_then_answers_alone(
             again = irismesh.Node(keyring=keys, memory=tmp_path / "flaky", seeds=[steady.endpoint])
             await again.start()
             try:
-                await wait_until(
-                    lambda: again.stats.get("memory_messages", 0) == 30, 10, "the catch-up"
-                )
+                await wait_until(lambda: "caught_up" in again.stats, 10, "the catch-up")
                 assert again.stats["caught_up"] == 10
+                assert again.stats["memory_messages"] == 30
                 await steady.close()
                 await publisher.wait_for_members("_memory", 1, timeout=10)
                 found = await publisher.reread("jobs.#")
@@ -121,3 +122,47 @@ def test_a_member_that_cannot_open_its_store_fails_at_construction(
     blocker.write_text("in the way")
     with pytest.raises(irismesh.StorageError, match="cannot create its directory"):
         irismesh.Node(keyring=keys, memory=blocker / "memory")
+
+
+def test_a_long_answer_comes_a_page_at_a_time_and_whole(
+    keys: irismesh.Keyring, tmp_path: Path
+) -> None:
+    """3,000 paths of 400 B (1.2 MB, above a frame's limit) reread through two members."""
+    rows = [
+        (f"big.{p:05d}", bytes([p % 251]) * 400, 1.0, message_id(b"x" * 16, p)) for p in range(3000)
+    ]
+    for name in ("one", "two"):
+        store = MemoryStore(tmp_path / name, keys)
+        store.put_many(rows)
+        store.close()
+    member = MemoryMember(tmp_path / "one", keys)
+    pages, after = [], None
+    while True:
+        answer = member.handle(encode_latest("big.#", 1, after))
+        assert len(answer) < 1 << 20
+        page, after = decode_page(answer)
+        pages.append(page)
+        if after is None:
+            break
+    member.close()
+    assert len(pages) >= 3
+    assert [s.topic for page in pages for s in page] == [r[0] for r in rows]  # no gap, no repeat
+
+    async def main() -> None:
+        one = irismesh.Node(keyring=keys, memory=tmp_path / "one")
+        await one.start()
+        two = irismesh.Node(keyring=keys, memory=tmp_path / "two", seeds=[one.endpoint])
+        await two.start()
+        reader = irismesh.Node(keyring=keys, seeds=[one.endpoint])
+        await reader.start()
+        try:
+            await reader.wait_for_members("_memory", 2, timeout=10)
+            found = await reader.reread("big.#")
+            assert [m.topic for m in found] == [r[0] for r in rows]
+            assert all(m.payload == r[1] for m, r in zip(found, rows, strict=True))
+            with pytest.raises(irismesh.PayloadTooLarge):
+                await reader.publish("big.x", bytes(reader.memory.max_retained + 1), retain=True)
+        finally:
+            await asyncio.gather(reader.close(), two.close(), one.close())
+
+    run(main())
