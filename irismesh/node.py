@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import os
 import random
+import socket
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -45,7 +46,8 @@ from irismesh._core.events import (
     Token,
 )
 from irismesh._core.frames import MAX_CLUSTERS, Kind
-from irismesh._core.records import MemberState
+from irismesh._core.gossip import MAX_NAME
+from irismesh._core.records import MemberState, validate_name
 from irismesh._datagrams import DatagramSocket
 from irismesh._driver import Driver, listen
 from irismesh.discovery.mdns import MdnsConfig, MdnsDiscovery, mdns_config
@@ -105,6 +107,7 @@ class PeerInfo:
     state: str = "alive"
     load: int = 0  # replies the peer still holds for its callers, as it last reported
     linked: bool = False  # this node has a link to it (the figures above are the link's)
+    name: str = ""  # what it is called (`Node(name=...)`; "" for a node that gave none)
 
 
 _STATES = {
@@ -116,7 +119,13 @@ _STATES = {
 
 
 class Node:
-    """A node of the mesh: member of `cluster` (or a pure client when None)."""
+    """A node of the mesh: member of `cluster` (or a pure client when None).
+
+    `name` labels the node for people: its peers (`peers()`, `mesh peers`, `mesh top`) and its
+    telemetry show it. 1 to 64 printable characters without whitespace; by default this host's
+    name and this process's id. Names need not be unique (the node id is the identity), and
+    travel only under the mesh key.
+    """
 
     def __init__(
         self,
@@ -134,7 +143,9 @@ class Node:
         telemetry: TelemetryConfig | bool = True,
         busy_poll: float = 0.0,
         handler_threads: int = 8,
+        name: str | None = None,
     ) -> None:
+        self.name = default_name() if name is None else validate_name(name)
         if keyring is None:
             keyring = Keyring.from_env()
         if keyring is None:
@@ -239,6 +250,7 @@ class Node:
             config=self._config,
             address=datagrams.address,
             now=loop.time(),
+            name=self.name,
         )
         self._membership_changed = asyncio.Event()
         self._tunnels.attach(core)
@@ -611,6 +623,7 @@ class Node:
                     latency_ms=0.0,
                     outstanding=0,
                     state=state,
+                    name=member.record.name,
                 )
             else:
                 info = PeerInfo(
@@ -622,6 +635,7 @@ class Node:
                     state=state,
                     load=link.peer_load,
                     linked=True,
+                    name=member.record.name,
                 )
             live.append(info)
         return gone + live
@@ -714,6 +728,7 @@ class Node:
                 latency_ms=0.0,
                 outstanding=0,
                 state="left" if event.reason == "left" else "dead",
+                name=event.name,
             )
             if len(self._departed) > 256:
                 del self._departed[next(iter(self._departed))]
@@ -800,6 +815,14 @@ class Node:
             return
         self._core.add_candidate(endpoint, self._driver.loop.time())
         self._driver.process()
+
+
+def default_name() -> str:
+    """This host's name (its first label) and this process's id: "web-3-4711"."""
+    suffix = f"-{os.getpid()}"
+    host = socket.gethostname().partition(".")[0]
+    host = "".join(c for c in host if c.isprintable() and not c.isspace()) or "node"
+    return host[: MAX_NAME - len(suffix)] + suffix
 
 
 def _check_cluster_name(name: str) -> None:

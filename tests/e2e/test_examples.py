@@ -116,4 +116,5 @@ def test_the_demo_runs_every_pattern_and_its_report_agrees(tmp_path: Path) -> No
     assert "1000 received, 0 out of order" in out
     assert "SHA-256 verified" in out
     assert "report agrees with the client's counters" in out
+    assert re.search(r"tunnel to worker w[12] in", out)  # the worker by its name
     assert (tmp_path / "run" / "report" / "index.html").exists()
