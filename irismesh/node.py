@@ -185,7 +185,9 @@ class Node:
         # Exact counters and histograms unless telemetry=False; records only with a spool.
         spool = telemetry if isinstance(telemetry, TelemetryConfig) else None
         self.telemetry = (
-            NodeTelemetry(self.node_id, spool, self._config.max_payload) if telemetry else None
+            NodeTelemetry(self.node_id, spool, self._config.max_payload, name=self.name)
+            if telemetry
+            else None
         )
         self.recorder: Recorder | None = self.telemetry.recorder if self.telemetry else None
         self._caller = Caller(
