@@ -47,7 +47,9 @@ def say(text: str) -> None:
 async def run_worker(name: str, seeds: list[str], spool: Path) -> None:
     telemetry = TelemetryConfig(spool_dir=spool, sample_every=1, gauge_interval=1.0)
     keys = irismesh.Keyring.from_env()
-    async with irismesh.Node(CLUSTER, keyring=keys, seeds=seeds, telemetry=telemetry) as node:
+    async with irismesh.Node(
+        CLUSTER, keyring=keys, seeds=seeds, telemetry=telemetry, name=name
+    ) as node:
         prefix = name.encode() + b":"
         flushed = 0
 
@@ -120,7 +122,9 @@ async def run_client(
     spool: Path,
 ) -> dict[str, object]:
     telemetry = TelemetryConfig(spool_dir=spool, sample_every=1, gauge_interval=1.0)
-    async with irismesh.Node(keyring=keys, seeds=[first], telemetry=telemetry) as client:
+    async with irismesh.Node(
+        keyring=keys, seeds=[first], telemetry=telemetry, name="client"
+    ) as client:
         await client.wait_for_members(CLUSTER, len(procs), timeout=10)
         say(f"[1/6] {len(procs)} workers up; {args.requests} requests with 64 in flight")
         served: Counter[str] = Counter()
@@ -208,8 +212,9 @@ async def run_client(
             answer = (await tunnel.recv()).decode()
         tunnel_s = time.perf_counter() - tunnel_started
         verified = answer == hashlib.sha256(blob).hexdigest()
+        worker = next((p.name for p in client.peers() if p.node_id == tunnel.peer), tunnel.peer)
         say(
-            f"[6/6] 16 MiB through a tunnel to worker {tunnel.peer[:8]} in {tunnel_s:.2f} s: "
+            f"[6/6] 16 MiB through a tunnel to worker {worker} in {tunnel_s:.2f} s: "
             f"SHA-256 {'verified' if verified else 'MISMATCH'}"
         )
         if not verified:

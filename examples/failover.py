@@ -32,7 +32,7 @@ CLUSTER = "work"
 
 async def run_worker(name: str, seeds: list[str], delay: float) -> None:
     keys = irismesh.Keyring.from_env()
-    async with irismesh.Node(CLUSTER, keyring=keys, seeds=seeds) as node:
+    async with irismesh.Node(CLUSTER, keyring=keys, seeds=seeds, name=name) as node:
         prefix = name.encode() + b":"
 
         @node.on_request
@@ -77,7 +77,7 @@ async def run_client(args: argparse.Namespace) -> int:
         procs["w1"] = first_proc
         for i in range(2, args.workers + 1):
             procs[f"w{i}"], _ = start_worker(f"w{i}", [first], env, args.delay)
-        async with irismesh.Node(keyring=keys, seeds=[first]) as client:
+        async with irismesh.Node(keyring=keys, seeds=[first], name="client") as client:
             await client.wait_for_members(CLUSTER, args.workers, timeout=10)
             say(
                 args,

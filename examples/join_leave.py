@@ -4,8 +4,9 @@
     python examples/join_leave.py --json
 
 The members are `mesh node` processes of the cluster "chat" (the command-line tool; any node
-would do). The watcher is a node in this process that polls `node.members("chat")` and
-`node.peers()` and prints each change. The script then plays a day in the life of a cluster:
+would do), each named with `--name`. The watcher is a node in this process that polls
+`node.members("chat")` and `node.peers()` and prints each change, naming each member by the
+name membership brought with it. The script then plays a day in the life of a cluster:
 
     n1, n2, n3 join            each is a member within milliseconds of starting
     n2 leaves cleanly          SIGTERM: it closes and says goodbye, so peers drop it at once
@@ -34,13 +35,13 @@ CLUSTER = "chat"
 
 
 class Watcher:
-    """Prints the members of CLUSTER whenever they change, by the names the script gave them."""
+    """Prints the members of CLUSTER whenever they change, by the names they gave themselves."""
 
     def __init__(self, node: irismesh.Node, started: float, quiet: bool) -> None:
         self.node = node
         self.started = started
         self.quiet = quiet
-        self.names: dict[str, str] = {}  # node id (hex) -> n1, n2, ...
+        self.names: dict[str, str] = {}  # node id (hex) -> n1, n2, ... (from peers())
         self.members: set[str] = set()
         self.events: list[dict[str, object]] = []
 
@@ -58,10 +59,11 @@ class Watcher:
         endpoints: dict[str, str] = {}
         while True:
             # Membership is what this node knows: peers that proved they hold the key of
-            # CLUSTER. peers() also gives each peer's endpoint, RTT and latency. (A member is
-            # reported once the script has read its node id, a moment after it starts.)
+            # CLUSTER. peers() also gives each peer's name, endpoint, RTT and latency.
+            for peer in self.node.peers():
+                self.names[peer.node_id] = peer.name
+                endpoints[peer.node_id] = peer.endpoint
             members = {m for m in self.node.members(CLUSTER) if m in self.names}
-            endpoints.update((p.node_id, p.endpoint) for p in self.node.peers())
             joined, left = members - self.members, self.members - members
             self.members = members
             for m in sorted(joined):
@@ -83,7 +85,8 @@ async def until(condition: Callable[[], bool], timeout: float = 10.0) -> float:
 
 async def play(args: argparse.Namespace, keys: irismesh.Keyring, env: dict[str, str]) -> int:
     procs: dict[str, asyncio.subprocess.Process] = {}
-    async with irismesh.Node(keyring=keys) as node:  # a pure client: it serves no cluster
+    # A pure client: it serves no cluster.
+    async with irismesh.Node(keyring=keys, name="watcher") as node:
         watcher = Watcher(node, time.monotonic(), quiet=args.json)
         watching = asyncio.create_task(watcher.run())
 
@@ -92,12 +95,12 @@ async def play(args: argparse.Namespace, keys: irismesh.Keyring, env: dict[str, 
             # clusters. `mesh node --json` says where it listens and its node id.
             cmd = [sys.executable, "-m", "irismesh", "node", "--cluster", CLUSTER, "--json"]
             proc = await asyncio.create_subprocess_exec(
-                *cmd, "--seed", node.endpoint, stdout=asyncio.subprocess.PIPE, env=env
-            )
+                *cmd, "--name", name, "--seed", node.endpoint, stdout=asyncio.subprocess.PIPE,
+                env=env,
+            )  # fmt: skip
             procs[name] = proc
             assert proc.stdout is not None
             node_id = json.loads(await proc.stdout.readline())["node_id"]
-            watcher.names[node_id] = name
             await until(lambda: node_id in watcher.members)
 
         async def leave(name: str, sig: signal.Signals) -> float:

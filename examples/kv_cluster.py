@@ -36,7 +36,9 @@ REPLICAS = ["r1", "r2", "r3"]
 async def run_replica(name: str, seeds: list[str]) -> None:
     store: dict[bytes, bytes] = {}
     keys = irismesh.Keyring.from_env()  # IRISMESH_KEYFILE, set by the client below
-    async with irismesh.Node("kv", clusters=[f"kv.{name}"], keyring=keys, seeds=seeds) as node:
+    async with irismesh.Node(
+        "kv", clusters=[f"kv.{name}"], keyring=keys, seeds=seeds, name=name
+    ) as node:
 
         @node.on_request
         async def handle(payload: bytes) -> bytes:
@@ -92,7 +94,7 @@ def run_client(args: argparse.Namespace) -> int:
         procs += [start_replica(name, [first], env) for name in REPLICAS[1:]]
         for proc in procs[1:]:
             endpoint_of(proc)
-        with sync.Node(keyring=keys, seeds=[first]) as client:
+        with sync.Node(keyring=keys, seeds=[first], name="client") as client:
             client.wait_for_members("kv", len(REPLICAS), timeout=10)
             say(args, f"{len(REPLICAS)} replicas up; setting {args.keys} keys")
             for i in range(args.keys):

@@ -103,7 +103,7 @@ def headline(desk: str, topic: str, kind: str) -> str:
 async def run_desk(name: str, plan: dict[str, Any]) -> None:
     readers: dict[str, str] = plan["readers"]
     published = desk_plan(name, plan["stories"], plan["corrections_every"])
-    async with irismesh.Node(seeds=plan["seeds"]) as node:
+    async with irismesh.Node(seeds=plan["seeds"], name=f"desk-{name}") as node:
         print("READY", node.endpoint, flush=True)
         # Every reader interested in this desk's topics must have subscribed first: one of
         # its stories, one of its corrections, and its "done" (which every reader wants).
@@ -154,7 +154,7 @@ async def run_desk(name: str, plan: dict[str, Any]) -> None:
 async def run_reader(name: str, plan: dict[str, Any], delay: float) -> None:
     pattern: str = plan["readers"][name]
     desks: list[str] = plan["desks"]
-    async with irismesh.Node(seeds=plan["seeds"]) as node:
+    async with irismesh.Node(seeds=plan["seeds"], name=name) as node:
         feed = node.subscribe(pattern, maxsize=64)  # "block": a slow reader loses nothing
         done = node.subscribe(f"{DONE}.*")
         print("READY", node.endpoint, flush=True)

@@ -66,7 +66,7 @@ def peak_rss_mb() -> float:
 
 async def run_member() -> None:
     keys = irismesh.Keyring.from_env()
-    async with irismesh.Node(CLUSTER, keyring=keys, telemetry=False) as node:
+    async with irismesh.Node(CLUSTER, keyring=keys, telemetry=False, name="receiver") as node:
 
         @node.on_tunnel
         async def receive(tunnel: irismesh.Tunnel) -> None:
@@ -112,7 +112,9 @@ def blocks(args: argparse.Namespace) -> tuple[int, object]:
 
 async def send(args: argparse.Namespace, endpoint: str, member: subprocess.Popen[str]) -> int:
     keys = irismesh.Keyring.from_env()
-    async with irismesh.Node(keyring=keys, seeds=[endpoint], telemetry=False) as node:
+    async with irismesh.Node(
+        keyring=keys, seeds=[endpoint], telemetry=False, name="sender"
+    ) as node:
         await node.wait_for_members(CLUSTER, 1, timeout=10)
         total, source = blocks(args)
         digest = hashlib.sha256()

@@ -24,6 +24,7 @@ import contextlib
 import logging
 import os
 import random
+import socket
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -46,7 +47,8 @@ from irismesh._core.events import (
     Token,
 )
 from irismesh._core.frames import MAX_CLUSTERS, Kind
-from irismesh._core.records import MemberState
+from irismesh._core.gossip import MAX_NAME
+from irismesh._core.records import MemberState, validate_name
 from irismesh._datagrams import DatagramSocket
 from irismesh._driver import Driver, listen
 from irismesh.discovery.mdns import MdnsConfig, MdnsDiscovery, mdns_config
@@ -111,6 +113,7 @@ class PeerInfo:
     state: str = "alive"
     load: int = 0  # replies the peer still holds for its callers, as it last reported
     linked: bool = False  # this node has a link to it (the figures above are the link's)
+    name: str = ""  # what it is called (`Node(name=...)`; "" for a node that gave none)
 
 
 _STATES = {
@@ -122,7 +125,13 @@ _STATES = {
 
 
 class Node:
-    """A node of the mesh: member of `cluster` (or a pure client when None)."""
+    """A node of the mesh: member of `cluster` (or a pure client when None).
+
+    `name` labels the node for people: its peers (`peers()`, `mesh peers`, `mesh top`) and its
+    telemetry show it. 1 to 64 printable characters without whitespace; by default this host's
+    name and this process's id. Names need not be unique (the node id is the identity), and
+    travel only under the mesh key.
+    """
 
     def __init__(
         self,
@@ -143,7 +152,9 @@ class Node:
         memory: str | os.PathLike[str] | None = None,
         memory_retention: Sequence[tuple[str, Retention]] = (),
         replicas: int = 2,
+        name: str | None = None,
     ) -> None:
+        self.name = default_name() if name is None else validate_name(name)
         if keyring is None:
             keyring = Keyring.from_env()
         if keyring is None:
@@ -185,7 +196,9 @@ class Node:
         # Exact counters and histograms unless telemetry=False; records only with a spool.
         spool = telemetry if isinstance(telemetry, TelemetryConfig) else None
         self.telemetry = (
-            NodeTelemetry(self.node_id, spool, self._config.max_payload) if telemetry else None
+            NodeTelemetry(self.node_id, spool, self._config.max_payload, name=self.name)
+            if telemetry
+            else None
         )
         self.recorder: Recorder | None = self.telemetry.recorder if self.telemetry else None
         self._caller = Caller(
@@ -274,6 +287,7 @@ class Node:
             config=self._config,
             address=datagrams.address,
             now=loop.time(),
+            name=self.name,
         )
         self._membership_changed = asyncio.Event()
         self._tunnels.attach(core)
@@ -689,6 +703,7 @@ class Node:
                     latency_ms=0.0,
                     outstanding=0,
                     state=state,
+                    name=member.record.name,
                 )
             else:
                 info = PeerInfo(
@@ -700,6 +715,7 @@ class Node:
                     state=state,
                     load=link.peer_load,
                     linked=True,
+                    name=member.record.name,
                 )
             live.append(info)
         return gone + live
@@ -801,6 +817,7 @@ class Node:
                 latency_ms=0.0,
                 outstanding=0,
                 state="left" if event.reason == "left" else "dead",
+                name=event.name,
             )
             if len(self._departed) > 256:
                 del self._departed[next(iter(self._departed))]
@@ -887,6 +904,14 @@ class Node:
             return
         self._core.add_candidate(endpoint, self._driver.loop.time())
         self._driver.process()
+
+
+def default_name() -> str:
+    """This host's name (its first label) and this process's id: "web-3-4711"."""
+    suffix = f"-{os.getpid()}"
+    host = socket.gethostname().partition(".")[0]
+    host = "".join(c for c in host if c.isprintable() and not c.isspace()) or "node"
+    return host[: MAX_NAME - len(suffix)] + suffix
 
 
 def _check_cluster_name(name: str) -> None:

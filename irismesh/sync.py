@@ -52,6 +52,7 @@ class Node:
         config: CoreConfig | None = None,
         default_timeout: float = 5.0,
         handler_threads: int = 8,
+        name: str | None = None,
     ) -> None:
         self._node = _async.Node(
             cluster,
@@ -64,6 +65,7 @@ class Node:
             config=config,
             default_timeout=default_timeout,
             handler_threads=handler_threads,
+            name=name,
         )
         self._default_timeout = default_timeout
         self._pool = concurrent.futures.ThreadPoolExecutor(
@@ -125,6 +127,10 @@ class Node:
     @property
     def node_id(self) -> bytes:
         return self._node.node_id
+
+    @property
+    def name(self) -> str:
+        return self._node.name
 
     @property
     def stats(self) -> Mapping[str, int]:

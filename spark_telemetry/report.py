@@ -8,8 +8,11 @@ page: see page.py), `summary.json` (every table's rows, sorted, for scripts and 
 compare a run on a standalone cluster with a local one) and `tables/<job>.parquet`.
 `print_summary` prints the headline figures with rich. `build_report` does all three.
 
-Node names: when the records carry a `node_name` column, the report shows each node by its
-latest name; otherwise by the first 8 hex digits of its id.
+Node names: when the records carry names, the report shows each node by its latest name: the
+one it recorded itself (`node_name`, on its gauges, drops and membership records), else the one
+its peers recorded of it (`peer_name`, on their membership records: a node killed before it
+spooled anything is still named). A node without a name shows as the first 8 hex digits of
+its id.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ KEYS: Final[dict[str, list[str]]] = {
     "gauges": ["name"],
 }
 NAME_COLUMN: Final = "node_name"
+PEER_NAME_COLUMN: Final = "peer_name"
 
 
 @dataclass(slots=True, kw_only=True)
@@ -132,17 +136,25 @@ def run_jobs(
 
 
 def node_names(records: DataFrame) -> dict[str, str]:
-    """Node id -> its latest name, when the records carry names (else empty)."""
+    """Node id -> its latest name, its own before its peers', when the records carry names
+    (else empty)."""
     from pyspark.sql import functions as F
 
-    if NAME_COLUMN not in records.columns:
+    said = []  # (id, name, ts, 1 when the node said it of itself)
+    if NAME_COLUMN in records.columns:
+        said.append(records.select(F.col("node").alias("id"), NAME_COLUMN, "ts", F.lit(1)))
+    if PEER_NAME_COLUMN in records.columns:
+        said.append(records.select(F.col("peer").alias("id"), PEER_NAME_COLUMN, "ts", F.lit(0)))
+    if not said:
         return {}
+    names = said[0] if len(said) == 1 else said[0].union(said[1])
+    names = names.toDF("id", "name", "ts", "own")
     latest = (
-        records.where(F.col(NAME_COLUMN).isNotNull() & (F.col(NAME_COLUMN) != ""))
-        .groupBy("node")
-        .agg(F.max_by(NAME_COLUMN, "ts").alias("name"))
+        names.where(F.col("id").isNotNull() & F.col("name").isNotNull() & (F.col("name") != ""))
+        .groupBy("id")
+        .agg(F.max_by("name", F.struct("own", "ts")).alias("name"))
     )
-    return {str(row["node"]): str(row["name"]) for row in latest.collect()}
+    return {str(row["id"]): str(row["name"]) for row in latest.collect()}
 
 
 def table_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:

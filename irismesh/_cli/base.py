@@ -24,6 +24,7 @@ from typing import IO, Any, NoReturn
 from rich.console import Console
 
 import irismesh
+from irismesh._core.records import validate_name
 from irismesh._core.topics import validate_pattern, validate_topic
 from irismesh.errors import ConfigurationError, MembershipTimeout
 from irismesh.node import DEFAULT_BIND
@@ -151,6 +152,14 @@ def bind_endpoint(text: str) -> str:
     return text
 
 
+def node_name(text: str) -> str:
+    """--name: what peers, `mesh peers`, `mesh top` and the telemetry report call the node."""
+    try:
+        return validate_name(text)
+    except ConfigurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def cluster_name(text: str) -> str:
     if not text or len(text) > 200 or any(c.isspace() for c in text) or text == "*":
         raise argparse.ArgumentTypeError(
@@ -235,9 +244,13 @@ def load_keyring(path: Path | None) -> irismesh.Keyring:
 
 
 def make_node(
-    args: argparse.Namespace, keys: irismesh.Keyring, clusters: Sequence[str] = ()
+    args: argparse.Namespace,
+    keys: irismesh.Keyring,
+    clusters: Sequence[str] = (),
+    name: str | None = None,
 ) -> irismesh.Node:
-    """The command's own node; a pure client unless `clusters` are given."""
+    """The command's own node; a pure client unless `clusters` are given; named `name`, else
+    by host and process id."""
     return irismesh.Node(
         clusters[0] if clusters else None,
         keyring=keys,
@@ -245,6 +258,7 @@ def make_node(
         bind=args.bind,
         seeds=args.seed,
         survey=args.survey,
+        name=name,
     )
 
 

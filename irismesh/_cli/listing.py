@@ -8,9 +8,10 @@ scopes plus those named with --cluster.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from rich.markup import escape
 from rich.table import Table
 
 import irismesh
@@ -55,7 +56,8 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
         summary="list the peers a node finds, with RTT and latency",
         description=(
             "Joins the mesh as a client, gathers peers until the mesh seen from here stops\n"
-            "changing (at most --wait seconds) and prints them: node id, endpoint, state\n"
+            "changing (at most --wait seconds) and prints them: node id, name (`mesh node\n"
+            "--name`; '-' for a node without one), endpoint, state\n"
             "(alive; suspect when it fell silent and other peers are asked about it; dead or\n"
             "left for peers seen to go while gathering),\n"
             "heartbeat RTT, the balancer's latency estimate, this node's requests in flight,\n"
@@ -155,6 +157,7 @@ def _mean(values: Iterable[float]) -> float | None:
 def peer_json(p: irismesh.PeerInfo, clusters: Sequence[str]) -> dict[str, object]:
     return {
         "node_id": p.node_id,
+        "name": p.name,
         "endpoint": p.endpoint,
         "state": p.state,
         "rtt_ms": round(p.rtt_ms, 3),
@@ -186,6 +189,7 @@ _STATE_STYLE = {
 def peers_table(peers: Sequence[irismesh.PeerInfo], served: dict[str, list[str]]) -> Table:
     table = Table(title=f"peers ({len(peers)})", title_justify="left")
     table.add_column("node")
+    table.add_column("name", no_wrap=True)
     table.add_column("endpoint", no_wrap=True)
     table.add_column("state")
     table.add_column("rtt ms", justify="right")
@@ -195,6 +199,7 @@ def peers_table(peers: Sequence[irismesh.PeerInfo], served: dict[str, list[str]]
     for p in sorted(peers, key=lambda p: p.endpoint):
         table.add_row(
             short_id(p.node_id),
+            escape(p.name) or "-",
             p.endpoint,
             _STATE_STYLE.get(p.state, p.state),
             ms(p.rtt_ms),
@@ -205,7 +210,8 @@ def peers_table(peers: Sequence[irismesh.PeerInfo], served: dict[str, list[str]]
     return table
 
 
-def clusters_table(views: Sequence[ClusterView]) -> Table:
+def clusters_table(views: Sequence[ClusterView], names: Mapping[str, str]) -> Table:
+    """`names`: node id -> name, to show members by (by short id where they have none)."""
     table = Table(title=f"clusters ({len(views)})", title_justify="left")
     table.add_column("cluster")
     table.add_column("members", justify="right")
@@ -220,7 +226,7 @@ def clusters_table(views: Sequence[ClusterView]) -> Table:
             str(view.outstanding),
             ms(view.latency_ms),
             ms(view.rtt_ms),
-            " ".join(short_id(m) for m in view.members) or "-",
+            " ".join(escape(names.get(m, "")) or short_id(m) for m in view.members) or "-",
         )
     return table
 
@@ -273,5 +279,5 @@ async def run_clusters(args: argparse.Namespace) -> int:
     if args.json:
         print_json([cluster_json(view) for view in views])
     else:
-        stdout_console().print(clusters_table(views))
+        stdout_console().print(clusters_table(views, {p.node_id: p.name for p in peers}))
     return 0

@@ -29,6 +29,7 @@ from irismesh._cli.base import (
     cluster_name,
     load_keyring,
     make_node,
+    node_name,
     positive_int,
     print_json,
     seconds,
@@ -59,12 +60,14 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
             "tunnel into its stdin (closed at the caller's end of stream), its stdout back into\n"
             "the tunnel; CMD exiting 0 ends the stream, non-zero resets the tunnel with the\n"
             "last line of its stderr. No time limit applies: a tunnel lasts as long as CMD, and\n"
-            "at most --concurrency run at once (a tunnel beyond that is refused). The first line\n"
-            "printed says where the node listens (--json: an object with `endpoint` and\n"
-            "`node_id`)."
+            "at most --concurrency run at once (a tunnel beyond that is refused). --name names\n"
+            "the node for its peers, `mesh peers`, `mesh top` and the telemetry report (1-64\n"
+            "printable characters, no whitespace; default: host name and process id). The\n"
+            "first line printed says where the node listens (--json: an object with\n"
+            "`endpoint`, `node_id` and `name`)."
         ),
         examples=(
-            "  mesh node --keys mesh.keys --cluster echo --bind tcp://127.0.0.1:7400\n"
+            "  mesh node --keys mesh.keys --cluster echo --bind tcp://127.0.0.1:7400 --name a1\n"
             "  mesh node --keys mesh.keys --cluster echo --seed tcp://127.0.0.1:7400 --prefix B:\n"
             "  mesh node --keys mesh.keys --cluster upper --seed tcp://127.0.0.1:7400 \\\n"
             "      --exec 'tr a-z A-Z' --concurrency 4 --exec-timeout 2\n"
@@ -104,6 +107,12 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
         default=10.0,
         metavar="SECONDS",
         help="--exec: kill a command running longer and fail its request (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--name",
+        type=node_name,
+        metavar="NAME",
+        help="what peers and reports call this node (default: host name and process id)",
     )
     add_joining_options(parser, wait=None, wait_help="")
     add_json_option(parser, "print the listening line as JSON")
@@ -207,7 +216,7 @@ async def run_node(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with make_node(args, keys, clusters) as node:
+    async with make_node(args, keys, clusters, args.name) as node:
         if handler is not None:
             node.on_request(_logging(handler))
         else:
@@ -217,13 +226,18 @@ async def run_node(args: argparse.Namespace) -> int:
         node.on_tunnel(tunnels)
         if args.json:
             print_json(
-                {"endpoint": node.endpoint, "node_id": node.node_id.hex(), "clusters": clusters}
+                {
+                    "endpoint": node.endpoint,
+                    "node_id": node.node_id.hex(),
+                    "name": node.name,
+                    "clusters": clusters,
+                }
             )
         else:
             names = ", ".join(map(repr, clusters))
             me = short_id(node.node_id.hex())
             print(
-                f"member of {names} listening on {node.endpoint} (node {me})",
+                f"member of {names} listening on {node.endpoint} (node {me}, {node.name})",
                 flush=True,
             )
         await stop.wait()

@@ -72,9 +72,9 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
         summary="a live view of peers, clusters and message rates",
         description=(
             "Joins the mesh as a client and redraws every --interval seconds: this node's\n"
-            "peers (endpoint, RTT, latency, requests in flight, clusters served), the clusters\n"
-            "it can name (members, load, latency; see `mesh clusters --help` for why only\n"
-            "those), and its counters with their rates per second. q or Ctrl-C quits.\n"
+            "peers (name, endpoint, RTT, latency, requests in flight, clusters served), the\n"
+            "clusters it can name (members, load, latency; see `mesh clusters --help` for why\n"
+            "only those), and its counters with their rates per second. q or Ctrl-C quits.\n"
             "--once gathers for at most --wait seconds, prints one frame and exits; --json\n"
             "prints one JSON object per frame (JSON lines) instead of drawing."
         ),
@@ -246,7 +246,7 @@ def render(frame: Frame, args: argparse.Namespace, live: bool) -> RenderableType
     else:
         parts.append(Text(f"no peers yet: looking via {where(args)}", style="yellow"))
     if frame.clusters:
-        parts.append(clusters_table(frame.clusters))
+        parts.append(clusters_table(frame.clusters, {p.node_id: p.name for p in frame.peers}))
     if frame.latency:
         parts.append(latency_table(frame.latency))
     parts.append(counters_table(frame.counters))

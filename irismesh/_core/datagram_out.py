@@ -3,7 +3,8 @@
 Every datagram membership sends goes through one `DatagramOut`: it fills what room a datagram
 has left with queued updates (each retransmitted about λ·log N times), splits a whole-table
 exchange into datagrams that fit, numbers each datagram for the receivers' replay windows and
-seals it under the mesh key. Sans I/O: datagrams wait in `outbox` for the driver.
+seals it under the mesh key; it also seals the node's name for its handshakes, from the same
+sequence of counters. Sans I/O: datagrams wait in `outbox` for the driver.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from irismesh._core.gossip import (
     encode_single,
     encode_state,
     seal_datagram,
+    seal_name,
 )
 from irismesh._core.records import MemberRecord, MembershipConfig
 
@@ -72,6 +74,12 @@ class DatagramOut:
         self.outbox.append((address, datagram))
         self._stats["datagrams_sent"] += 1
 
+    def seal_name(self, name: str) -> bytes:
+        """`name` sealed for this node's handshake records, its counter the next datagram's
+        (a nonce is never used twice under the node's key)."""
+        self._counter += 1
+        return seal_name(self._sealer, self._sender, self._counter, name)
+
     def send_state(self, address: str, entries: Iterable[bytes], *, reply: bool) -> None:
         """A whole table (`state_entry`s) to one address, in as many datagrams as it takes;
         only the first asks for the partner's table in return."""
@@ -91,7 +99,7 @@ class DatagramOut:
 def state_entry(record: MemberRecord, incarnation: int, state: int) -> bytes:
     """One member's line in a table exchange."""
     entry = [record.node_id, incarnation, state, record.endpoint, record.address, record.tags]
-    return encode_message(entry)
+    return encode_message([*entry, record.name])
 
 
 def push_pull_interval(base: float, nodes: int) -> float:

@@ -83,6 +83,7 @@ from irismesh._core.records import (
     MemberRecord,
     MemberSuspect,
     MemberUp,
+    validate_name,
 )
 from irismesh._core.sealing import NodeSecurity
 from irismesh._core.tunnels import TunnelTable
@@ -120,8 +121,10 @@ class MeshCore(CoreApi):
         config: CoreConfig | None = None,
         address: str | None = None,
         now: float = 0.0,
+        name: str = "",
     ) -> None:
         self.node_id = node_id
+        self.name = validate_name(name) if name else ""
         self.endpoint = endpoint
         self.address = address or address_of(endpoint)
         self.clusters = tuple(dict.fromkeys(clusters))
@@ -151,7 +154,7 @@ class MeshCore(CoreApi):
         stats = self.stats
         self.directory = directory = Directory(security)
         tags = directory.own_tags(node_id, self.clusters, ())
-        record = MemberRecord(node_id, endpoint, self.address, tags)
+        record = MemberRecord(node_id, endpoint, self.address, tags, self.name)
         self.membership = membership = Membership(
             record,
             sealer=security.datagram_sealer(node_id),
@@ -172,7 +175,13 @@ class MeshCore(CoreApi):
             codec=codec,
             stats=stats,
             outbox=outbox,
-            record=lambda: (membership.incarnation, self.address, membership.me.tags),
+            record=lambda: (
+                membership.incarnation,
+                self.address,
+                membership.me.tags,
+                membership.sealed_name(),
+            ),
+            open_name=membership.open_name,
         )
         self.calls = calls = Calls(
             config=config,
@@ -265,7 +274,9 @@ class MeshCore(CoreApi):
                 if isinstance(change, MemberUp):
                     record = change.record
                     self.stats["peers_up"] += 1
-                    events.append(PeerUp(node_id=record.node_id, endpoint=record.endpoint))
+                    events.append(
+                        PeerUp(node_id=record.node_id, endpoint=record.endpoint, name=record.name)
+                    )
                 elif isinstance(change, MemberDown):
                     self._peer_gone(change.record, change.reason, now)
                 elif isinstance(change, MemberSuspect):
@@ -293,7 +304,7 @@ class MeshCore(CoreApi):
                 self._forget_in(inlink)
         self._demand.forget(record.endpoint)
         self.outbox.events.append(
-            PeerDown(node_id=node_id, endpoint=record.endpoint, reason=reason)
+            PeerDown(node_id=node_id, endpoint=record.endpoint, reason=reason, name=record.name)
         )
 
     # ----------------------------------------------------------------- dialling

@@ -113,6 +113,7 @@ class PeerUp:
 
     node_id: bytes
     endpoint: str
+    name: str = ""  # what the node is called ("": it has no name)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -122,6 +123,7 @@ class PeerDown:
     node_id: bytes
     endpoint: str
     reason: str
+    name: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -16,15 +16,25 @@ datagram. Each message is a msgpack array whose first element is its `Message` t
     PING_REQ  [2, seq, target id, target address]  probe target for me, relay its ACK or a NACK
     ACK       [3, seq]
     NACK      [4, seq]                             the relay heard nothing from the target
-    ALIVE     [5, node id, incarnation, endpoint, address, tags]
+    ALIVE     [5, node id, incarnation, endpoint, address, tags, name]
     SUSPECT   [6, node id, incarnation, suspecter id]
     DEAD      [7, node id, incarnation, declarer id]   declarer == node id: the node left
-    STATE     [8, reply wanted, [[node id, incarnation, state, endpoint, address, tags], ...]]
+    STATE     [8, reply wanted, [[node id, incarnation, state, endpoint, address, tags, name],
+                                 ...]]
 
 `endpoint` is where the node listens for links (tcp://host:port), `address` where it takes
-datagrams (host:port), `tags` the opaque proofs of what it serves and reads (`records`). Shapes
-are checked here, completely, before the membership state machine sees a message; anything
-wrong raises `ProtocolError(reason)`, never anything else.
+datagrams (host:port), `tags` the opaque proofs of what it serves and reads (`records`), `name`
+the label its operator gave it (`is_name`: up to 64 printable characters without whitespace,
+"" for none). Shapes are checked here, completely, before the membership state machine sees a
+message; anything wrong raises `ProtocolError(reason)`, never anything else: `bad_name` for a
+name that breaks the rule (which keeps what `mesh peers` prints to one plain cell), else
+`bad_envelope`.
+
+A node's record also travels in its link handshakes, whose frames are not sealed. There its
+name travels sealed apart (`seal_name`): under the node's own datagram key, with a header of its
+own (magic 'N') as associated data and a counter taken from its datagrams' sequence, so a
+sealed name can neither pass for a datagram nor share a nonce with one. Names, like the rest of
+membership, are read only by holders of the mesh key.
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ import msgpack
 from irismesh.errors import ProtocolError
 
 MAGIC: Final = 0x53
+NAME_MAGIC: Final = 0x4E  # 'N': the header of a sealed name, never a datagram's
 VERSION: Final = 1
 HEADER: Final = struct.Struct("!BB16sQ")
 HEADER_SIZE: Final = HEADER.size
@@ -45,6 +56,8 @@ NODE_ID_SIZE: Final = 16
 MAX_ENDPOINT: Final = 256
 MAX_ADDRESS: Final = 262
 MAX_TAGS: Final = 1024  # bytes of tags in one record
+MAX_NAME: Final = 64  # characters of a node's name (up to 256 bytes of UTF-8)
+MAX_SEALED_NAME: Final = 8 + 4 * MAX_NAME + 64  # counter, UTF-8, the seal's overhead and more
 MAX_MESSAGES: Final = 512  # messages in one compound
 MAX_DATAGRAM: Final = 65507  # what one UDP datagram can carry
 
@@ -69,6 +82,7 @@ STATE_LEFT: Final = 3
 _PING, _PING_REQ, _ACK, _NACK = 1, 2, 3, 4
 _ALIVE, _SUSPECT, _DEAD, _STATE = 5, 6, 7, 8
 _MAX_STATE_ENTRIES = 4096
+_MAX_STR = max(MAX_ENDPOINT, MAX_ADDRESS, 4 * MAX_NAME)  # bytes of the longest string field
 _MAX_INT = 1 << 63
 _WINDOW = 1024  # a table exchange arrives as a burst of datagrams, in any order
 _WINDOW_MASK = (1 << _WINDOW) - 1
@@ -171,6 +185,27 @@ def seal_datagram(sealer: DatagramSealer, sender: bytes, counter: int, body: byt
     return header + sealer.seal(header, counter, body)
 
 
+def seal_name(sealer: DatagramSealer, sender: bytes, counter: int, name: str) -> bytes:
+    """`name` sealed for a handshake record: the counter (8 bytes), then the sealed UTF-8."""
+    header = HEADER.pack(NAME_MAGIC, VERSION, sender, counter)
+    return header[18:] + sealer.seal(header, counter, name.encode())
+
+
+def open_name(sealer: DatagramSealer, sender: bytes, sealed: object) -> str:
+    """The name `sender` sealed with `seal_name`; ProtocolError unless it opens to a name."""
+    if type(sealed) is not bytes or not 8 <= len(sealed) <= MAX_SEALED_NAME:
+        raise ProtocolError("bad_name", "sealed name")
+    counter = int.from_bytes(sealed[:8], "big")
+    header = HEADER.pack(NAME_MAGIC, VERSION, sender, counter)
+    try:
+        name = sealer.open(sender, header, counter, sealed[8:]).decode()
+    except UnicodeDecodeError:
+        raise ProtocolError("bad_name", "not UTF-8") from None
+    if not is_name(name):
+        raise ProtocolError("bad_name", "sealed name")
+    return name
+
+
 def open_datagram(
     sealer: DatagramSealer, datagram: bytes, max_datagram: int
 ) -> tuple[bytes, int, list[list[Any]]]:
@@ -196,7 +231,7 @@ def decode_compound(body: bytes) -> list[list[Any]]:
             raw=False,
             strict_map_key=True,
             max_bin_len=MAX_TAGS,
-            max_str_len=MAX_ADDRESS,
+            max_str_len=_MAX_STR,
             max_array_len=_MAX_STATE_ENTRIES,
             max_map_len=0,
             max_ext_len=0,
@@ -225,23 +260,36 @@ def check_message(message: object) -> None:
     elif kind in (_ACK, _NACK):
         ok = n == 2 and _is_uint(message[1])
     elif kind == _ALIVE:
-        ok = n == 6 and _is_id(message[1]) and _is_uint(message[2]) and _is_record(message, 3)
+        ok = n == 7 and _is_id(message[1]) and _is_uint(message[2]) and _is_record(message, 3)
+        if ok and not is_name(message[6]):
+            raise ProtocolError("bad_name", "ALIVE")
     elif kind in (_SUSPECT, _DEAD):
         ok = n == 4 and _is_id(message[1]) and _is_uint(message[2]) and _is_id(message[3])
     elif kind == _STATE:
         ok = n == 3 and type(message[1]) is bool and type(message[2]) is list
         if ok:
             ok = all(_is_state_entry(entry) for entry in message[2])
+        if ok and not all(is_name(entry[6]) for entry in message[2]):
+            raise ProtocolError("bad_name", "STATE")
     else:
         raise ProtocolError("bad_kind", f"message {kind}")
     if not ok:
         raise ProtocolError("bad_envelope", Message(kind).name)
 
 
+def is_name(value: object) -> bool:
+    """Whether `value` may name a node: a str of up to MAX_NAME printable characters and no
+    whitespace ("" for a node without a name)."""
+    # Every whitespace character but the space is unprintable to str.isprintable.
+    return (
+        type(value) is str and len(value) <= MAX_NAME and value.isprintable() and " " not in value
+    )
+
+
 def _is_state_entry(entry: object) -> bool:
     return (
         type(entry) is list
-        and len(entry) == 6
+        and len(entry) == 7
         and _is_id(entry[0])
         and _is_uint(entry[1])
         and type(entry[2]) is int
@@ -251,6 +299,7 @@ def _is_state_entry(entry: object) -> bool:
 
 
 def _is_record(fields: list[Any], at: int) -> bool:
+    """endpoint, address, tags and (its type only: `is_name` judges it) name, from `at`."""
     endpoint, address, tags = fields[at], fields[at + 1], fields[at + 2]
     return (
         type(endpoint) is str
@@ -259,6 +308,7 @@ def _is_record(fields: list[Any], at: int) -> bool:
         and _is_address(address)
         and type(tags) is bytes
         and len(tags) <= MAX_TAGS
+        and type(fields[at + 3]) is str
     )
 
 

@@ -11,7 +11,9 @@ cannot complete a handshake, so it never becomes a peer, and a man in the middle
 the key-agreement keys, so it learns and changes nothing. A handshake that fails its proof is
 dropped and counted (`dropped_bad_proof`), never answered. Both ends then agree the link key;
 the link's own control frames (slot 0) are sealed under it. The records go to membership: a
-handshake is also how a node joins the mesh.
+handshake is also how a node joins the mesh. Handshake frames are not sealed, so a record's
+name travels sealed under the mesh key apart (`gossip.seal_name`), opened only once the proof
+holds: a node without the mesh key learns no name, and costs no more than a MAC.
 
 An offer tag is a MAC under the cluster's key over both nonces (`LinkSecurity.offers`). The
 dialler learns that a peer serves cluster X only by computing X's tag itself
@@ -34,15 +36,16 @@ from collections.abc import Callable
 from typing import Any
 
 from irismesh._core.frames import MAX_OFFERS, NONCE_SIZE, BodyCodec, Kind, encode_header
-from irismesh._core.gossip import MAX_ADDRESS, MAX_TAGS
+from irismesh._core.gossip import MAX_ADDRESS, MAX_SEALED_NAME, MAX_TAGS
 from irismesh._core.links import InLink, LinkState, OutLink
 from irismesh._core.outbox import Outbox
 from irismesh._core.records import MemberRecord
 from irismesh._core.sealing import NodeSecurity
 from irismesh.errors import NoKey, ProtocolError
 
-# What a node says of itself in a handshake: (incarnation, datagram address, tags).
-SelfRecord = Callable[[], tuple[int, str, bytes]]
+# What a node says of itself in a handshake: (incarnation, datagram address, tags, sealed name).
+SelfRecord = Callable[[], tuple[int, str, bytes, bytes]]
+OpenName = Callable[[bytes, bytes], str]  # (peer id, its sealed name) -> the name
 Learned = tuple[MemberRecord, int]  # a peer's record and incarnation
 
 _MAX_TOPIC_SCOPES = 4096  # topic scopes whose slots a link remembers at once
@@ -63,6 +66,7 @@ class Handshake:
         stats: Counter[str],
         outbox: Outbox,
         record: SelfRecord,
+        open_name: OpenName,
     ) -> None:
         self._node_id = node_id
         self._endpoint = endpoint
@@ -73,6 +77,7 @@ class Handshake:
         self._stats = stats
         self._outbox = outbox
         self._record = record
+        self._open_name = open_name
 
     # ----------------------------------------------------------------- dialler
 
@@ -97,11 +102,12 @@ class Handshake:
         keys = link.keys
         if type(peer_public) is not bytes or keys is None:
             raise ProtocolError("bad_handshake", "no key agreement")
-        learned = _learned(peer_id, peer_endpoint, record)
+        _check_record(record)
         said = [peer_id, peer_nonce, peer_endpoint, tags, peer_public, record]
         said += [link.nonce, keys.public]
         if not self._proven(b"welcome", said, caps):
             raise ProtocolError("bad_proof", "WELCOME")
+        learned = self._learned(peer_id, peer_endpoint, record)
         keys.establish(peer_public, peer_nonce, link.nonce)
         link.peer_id = peer_id
         link.peer_nonce = peer_nonce
@@ -151,10 +157,11 @@ class Handshake:
         peer_public, peer_record = caps.get("kx"), caps.get("rec")
         if type(peer_public) is not bytes:
             raise ProtocolError("bad_handshake", "no key agreement")
-        learned = _learned(peer_id, peer_endpoint, peer_record)
+        _check_record(peer_record)
         said = [peer_id, peer_nonce, peer_endpoint, peer_public, peer_record]
         if not self._proven(b"hello", said, caps):
             raise ProtocolError("bad_proof", "HELLO")
+        learned = self._learned(peer_id, peer_endpoint, peer_record)
         security = self._security
         nonce = self._randbytes(NONCE_SIZE)
         keys = security.begin()
@@ -190,6 +197,11 @@ class Handshake:
         self._outbox.in_frames.append((routing_id, encode_header(Kind.WELCOME, 0, 0) + body))
         return link, learned
 
+    def _learned(self, node_id: bytes, endpoint: str, record: list[Any]) -> Learned:
+        """A proven peer's record (checked by `_check_record`), its name opened."""
+        name = self._open_name(node_id, record[3])
+        return MemberRecord(node_id, endpoint, record[1], record[2], name), record[0]
+
     def _proven(self, label: bytes, said: list[Any], caps: dict[Any, Any]) -> bool:
         proof = caps.get("proof")
         if type(proof) is not bytes:
@@ -202,17 +214,18 @@ class Handshake:
         self._outbox.in_frames.append((routing_id, frame))
 
 
-def _learned(node_id: bytes, endpoint: str, record: object) -> Learned:
-    """A peer's record from its handshake: [incarnation, datagram address, tags]."""
+def _check_record(record: object) -> None:
+    """A peer's record in its handshake: [incarnation, datagram address, tags, sealed name]."""
     if (
         type(record) is not list
-        or len(record) != 3
+        or len(record) != 4
         or type(record[0]) is not int
         or not 0 <= record[0] < 1 << 63
         or type(record[1]) is not str
         or not 2 < len(record[1]) <= MAX_ADDRESS
         or type(record[2]) is not bytes
         or len(record[2]) > MAX_TAGS
+        or type(record[3]) is not bytes
+        or len(record[3]) > MAX_SEALED_NAME
     ):
         raise ProtocolError("bad_handshake", "no membership record")
-    return MemberRecord(node_id, endpoint, record[1], record[2]), record[0]

@@ -52,6 +52,7 @@ from irismesh._core.gossip import (
     ReplayWindows,
     encode_message,
     open_datagram,
+    open_name,
 )
 from irismesh._core.probes import Prober
 from irismesh._core.records import (
@@ -122,6 +123,7 @@ class Membership:
         self._next_reconnect = 0.0
         self._next_reap = 0.0
         self._started = False
+        self._sealed_name: bytes | None = None
         self.left = False
 
     # ----------------------------------------------------------------- queries
@@ -152,6 +154,16 @@ class Membership:
     def health(self) -> int:
         """The local health score: 0 is healthy."""
         return self._prober.awareness.score
+
+    def sealed_name(self) -> bytes:
+        """This node's name as its handshakes carry it: sealed under the mesh key."""
+        if self._sealed_name is None:
+            self._sealed_name = self._out.seal_name(self.me.name)
+        return self._sealed_name
+
+    def open_name(self, sender: bytes, sealed: object) -> str:
+        """The name in a peer's handshake record; ProtocolError if it is not one."""
+        return open_name(self._sealer, sender, sealed)
 
     # ----------------------------------------------------------------- inputs
 
@@ -189,6 +201,7 @@ class Membership:
             record.endpoint if endpoint is None else endpoint,
             record.address,
             record.tags if tags is None else tags,
+            record.name,
         )
         self.incarnation += 1
         self._announce_self()
@@ -308,7 +321,7 @@ class Membership:
         elif kind == _NACK:
             self._prober.on_nack(message[1])
         elif kind == _ALIVE:
-            record = MemberRecord(message[1], message[3], message[4], message[5])
+            record = MemberRecord(message[1], message[3], message[4], message[5], message[6])
             self._on_alive(record, message[2], now)
         elif kind in (_SUSPECT, _DEAD):
             node_id, incarnation = message[1], message[2]
@@ -446,15 +459,15 @@ class Membership:
                 return
             record, current = member.record, member.incarnation
         alive = [_ALIVE, node_id, current, record.endpoint, record.address, record.tags]
-        self._send(source, [alive])
+        self._send(source, [[*alive, record.name]])
         self.stats["corrections_sent"] += 1
 
     def _merge_state(self, sender: bytes, entries: list[list[Any]], now: float) -> None:
-        for node_id, incarnation, state, endpoint, address, tags in entries:
+        for node_id, incarnation, state, endpoint, address, tags, name in entries:
             if state == 0:
                 # The partner's table is not spread again (a node spreads its own news), except
                 # the partner itself when it is new here: it is joining through this node.
-                record = MemberRecord(node_id, endpoint, address, tags)
+                record = MemberRecord(node_id, endpoint, address, tags, name)
                 joining = node_id == sender and node_id not in self._members
                 self._on_alive(record, incarnation, now, spread=joining)
             elif state == 3:
@@ -484,7 +497,7 @@ class Membership:
 
     def _broadcast_alive(self, record: MemberRecord, incarnation: int) -> None:
         message = [_ALIVE, record.node_id, incarnation, record.endpoint, record.address]
-        self._queue.queue(record.node_id, encode_message([*message, record.tags]))
+        self._queue.queue(record.node_id, encode_message([*message, record.tags, record.name]))
 
     def _gossip(self, now: float) -> None:
         dead_since = now - self.config.gossip_to_dead

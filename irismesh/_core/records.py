@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from irismesh._core.gossip import MAX_DATAGRAM
+from irismesh._core.gossip import MAX_DATAGRAM, MAX_NAME, is_name
 from irismesh.errors import ConfigurationError
 
 
@@ -22,12 +22,24 @@ class MemberState(enum.IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class MemberRecord:
-    """What a node says about itself: where to reach it and what it serves (opaque tags)."""
+    """What a node says about itself: where to reach it, what it serves (opaque tags), and
+    what to call it (a label for people: names need not be unique; the id is the identity)."""
 
     node_id: bytes
     endpoint: str  # links: tcp://host:port
     address: str  # datagrams: host:port
     tags: bytes = b""
+    name: str = ""  # "": none given (cores built without a name, simulations)
+
+
+def validate_name(name: object) -> str:
+    """`name` if it may name a node (1 to MAX_NAME printable characters, no whitespace: one
+    cell of a table, one word on a command line); ConfigurationError otherwise."""
+    if isinstance(name, str) and name and is_name(name):
+        return name
+    raise ConfigurationError(
+        f"bad node name {name!r}: 1-{MAX_NAME} printable characters, no whitespace"
+    )
 
 
 class Member(NamedTuple):
@@ -148,4 +160,5 @@ __all__ = [
     "MemberUp",
     "MembershipConfig",
     "MembershipSecurity",
+    "validate_name",
 ]

@@ -9,7 +9,8 @@ Theory of operation
   the outcome its error means (`outcome`). A handler's run is timed by the handler runner.
 - Messages and tunnels. The node's publish/subscribe tallies messages and hands them over in
   bulk (`record_message`, per topic scope); a tunnel is recorded as it ends (`record_tunnel`).
-- Membership. PeerUp, PeerDown and PeerSuspect events become membership records (`listen`).
+- Membership. PeerUp, PeerDown and PeerSuspect events become membership records (`listen`),
+  with the peer's name; every record made outside the hot path carries the node's own.
 - Gauges and drops, every `gauge_interval` and as the node closes: requests in flight,
   handlers running, peers, reply-cache entries, RSS; and the core's drop counters, as deltas.
 - With a spool (`TelemetryConfig`), `start` attaches a `SpoolWriter` and an exporter
@@ -78,9 +79,11 @@ def outcome(error: BaseException) -> str:
 class NodeTelemetry:
     """One node's recorder, spool, exporter and telemetry loop."""
 
-    def __init__(self, node_id: bytes, spool: TelemetryConfig | None, max_payload: int) -> None:
+    def __init__(
+        self, node_id: bytes, spool: TelemetryConfig | None, max_payload: int, *, name: str = ""
+    ) -> None:
         self.node_id = node_id
-        self.recorder = Recorder(node_id.hex())
+        self.recorder = Recorder(node_id.hex(), name=name)
         self.max_payload = max_payload  # an exported chunk is one message
         self._spool = spool
         self._core: MeshCore | None = None
@@ -166,7 +169,9 @@ class NodeTelemetry:
 
     def _on_suspect(self, event: PeerSuspect) -> None:
         state = MembershipEvent.SUSPECT if event.suspect else MembershipEvent.ALIVE
-        self.recorder.membership(state, event.node_id)
+        core = self._core
+        member = core.membership.get(event.node_id) if core is not None else None
+        self.recorder.membership(state, event.node_id, member.record.name if member else "")
 
     def _on_membership(self, event: PeerUp | PeerDown) -> None:
         if isinstance(event, PeerUp):
@@ -175,7 +180,7 @@ class NodeTelemetry:
             membership = MembershipEvent.LEAVE
         else:
             membership = MembershipEvent.DEAD
-        self.recorder.membership(membership, event.node_id)
+        self.recorder.membership(membership, event.node_id, event.name)
 
     def refused(self, cluster: str, size: int, error: BaseException, kind: str) -> None:
         """A call that never left: no member, closed, too large, ..."""

@@ -12,8 +12,9 @@ message (see `Series` for the inlined form the hot paths use):
   in practice `irismesh.telemetry.export.TopicExporter`) gets the very same records, so that
   they can also be published to the mesh; either sink alone turns record-making on.
 
-Membership changes and gauges are rare and always recorded. The node flushes the writer to
-disk off the event loop (see `Node`).
+Membership changes and gauges are rare and always recorded; they carry the node's `name` (and
+a membership record its peer's), which per-message records leave out to stay short. The node
+flushes the writer to disk off the event loop (see `Node`).
 """
 
 from __future__ import annotations
@@ -185,6 +186,7 @@ class Recorder:
         "_sampling",
         "_series",
         "_writer",
+        "name",
         "node",
         "requests",
         "serving",
@@ -197,10 +199,12 @@ class Recorder:
         *,
         sample_every: int = 100,
         clock: Callable[[], float] = time.time,
+        name: str = "",
     ) -> None:
         if sample_every < 1:
             raise ValueError("sample_every must be at least 1")
         self.node = node
+        self.name = name  # the node's name for people ("": none)
         self._writer = writer
         self._exporter: RecordSink | None = None  # a second sink for the same records
         self._sampling = writer is not None  # whether records are made at all
@@ -292,6 +296,8 @@ class Recorder:
             weight,
             None,
             None,
+            None,
+            None,
         )
         if self._writer is not None:
             self._writer.append(record)
@@ -325,8 +331,9 @@ class Recorder:
         if self._sampling:
             self._sample(series, peer, us, size, _OK, 1)
 
-    def membership(self, event: MembershipEvent, peer: bytes) -> None:
-        self._event(str(Kind.MEMBERSHIP), "", None, peer.hex(), str(event), None)
+    def membership(self, event: MembershipEvent, peer: bytes, peer_name: str = "") -> None:
+        membership = str(Kind.MEMBERSHIP)
+        self._event(membership, "", None, peer.hex(), str(event), None, peer_name=peer_name)
 
     def drop(self, reason: str, count: int = 1) -> None:
         counts = self.series(_DROP, "").counts
@@ -346,11 +353,13 @@ class Recorder:
         name: str | None,
         value: float | None,
         weight: int = 1,
+        peer_name: str = "",
     ) -> None:
         writer, exporter = self._writer, self._exporter
         if writer is not None or exporter is not None:
             head = (self._clock(), self.node, kind, pattern, cluster, peer)
-            record = (*head, None, None, str(Outcome.NONE), weight, name, value)
+            names = (self.name or None, peer_name or None)
+            record = (*head, None, None, str(Outcome.NONE), weight, name, value, *names)
             if writer is not None:
                 writer.append(record)
             if exporter is not None:

@@ -21,9 +21,17 @@ name.
     weight      int64    no    events this record stands for (1 unless sampled)
     name        string   yes   membership event, gauge name or drop reason
     value       float64  yes   gauge value
+    node_name   string   yes   the recording node's name (`Node(name=...)`), on its gauge,
+                               drop and membership records; null on per-message records,
+                               which it would only lengthen
+    peer_name   string   yes   the peer's name, on membership records
 
 Counting always sums `weight`, never rows: a node that records one request in ten writes
 weight=10, and every count, rate and throughput stays an estimate of the true total.
+
+Fields are only ever appended, nullable, after the first `BASE_FIELDS` (which every writer has
+written): a record of an older writer that ends before them reads as null there, so old spools
+still load. Names are labels for people; `node` and `peer` stay the identities.
 
 Compacted Parquet adds two partition columns derived from `ts` in UTC: `date` (string,
 YYYY-MM-DD) and `hour` (int32, 0-23).
@@ -43,6 +51,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 __all__ = [
+    "BASE_FIELDS",
     "CALL_KINDS",
     "FIELDS",
     "FIELD_NAMES",
@@ -124,6 +133,8 @@ class Record(NamedTuple):
     weight: int = 1
     name: str | None = None
     value: float | None = None
+    node_name: str | None = None
+    peer_name: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -148,8 +159,11 @@ FIELDS: Final = (
     Field(name="weight", type="int64", nullable=False),
     Field(name="name", type="string", nullable=True),
     Field(name="value", type="float64", nullable=True),
+    Field(name="node_name", type="string", nullable=True),
+    Field(name="peer_name", type="string", nullable=True),
 )
 FIELD_NAMES: Final = tuple(f.name for f in FIELDS)
+BASE_FIELDS: Final = 12  # ts ... value: the fields of the first writers; the rest may be absent
 PARTITION_FIELDS: Final = (
     Field(name="date", type="string", nullable=False),
     Field(name="hour", type="int32", nullable=False),
@@ -172,11 +186,14 @@ def check_record(row: Any) -> Record | None:
 
     Only structure, types, a finite `ts` and a positive `weight` are checked; values such as
     kinds and outcomes are an open set, so that records from newer nodes survive. Extra
-    trailing items (fields a newer writer appended) are ignored; missing ones make the record
-    malformed.
+    trailing items (fields a newer writer appended) are ignored; fields appended after the
+    first BASE_FIELDS may be missing (an older writer's record) and read as None; any other
+    missing field makes the record malformed.
     """
-    if not isinstance(row, list | tuple) or len(row) < len(FIELDS):
+    if not isinstance(row, list | tuple) or len(row) < BASE_FIELDS:
         return None
+    if len(row) < len(FIELDS):
+        row = (*row, *(None,) * (len(FIELDS) - len(row)))
     for item, (types, nullable) in zip(row, _CHECKS, strict=False):
         if item is None:
             if not nullable:

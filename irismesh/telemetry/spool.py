@@ -18,12 +18,14 @@ Spark and glob from listing the temporary one. `close()` flushes and completes.
 A file is a sequence of msgpack objects: one header map, then records as positional arrays:
 
     {"irismesh_spool": 1, "node": "<hex>", "fields": ["ts", "node", ...]}
-    [ts, node, kind, pattern, cluster, peer, latency_us, size, outcome, weight, name, value]
+    [ts, node, kind, pattern, cluster, peer, latency_us, size, outcome, weight, name, value,
+     node_name, peer_name]
     ...
 
 The header names the fields in the order the writer used, so a reader maps the columns of an
 older or newer writer by name (missing nullable fields become None, missing required ones
-their defaults). Files without a header are read in `FIELDS` order. `pack_header` and
+their defaults). Files without a header are read in `FIELDS` order, a record that ends before
+the fields appended after the first `BASE_FIELDS` with None there. `pack_header` and
 `pack_records` are the one encoding of both: the exporter (`irismesh.telemetry.export`) uses
 them too, so each chunk of records a node publishes is the bytes of a small spool file.
 
@@ -52,7 +54,7 @@ from typing import IO, Any, Final
 
 import msgpack
 
-from irismesh.telemetry.schema import FIELD_NAMES, FIELDS, Record, check_record
+from irismesh.telemetry.schema import BASE_FIELDS, FIELD_NAMES, FIELDS, Record, check_record
 
 __all__ = [
     "HEADER_KEY",
@@ -353,8 +355,9 @@ def gc_paused() -> Iterator[None]:
 def decode_spool(data: bytes) -> SpoolContents:
     """Decode one spool file's bytes into rows in FIELDS order, without type checks.
 
-    Rows come out as sequences of at least len(FIELDS) items; a row of another shape is
-    counted as corrupt here. Types are checked by the caller (`check_record`, or decode.py).
+    Rows come out as sequences of at least len(FIELDS) items (an older writer's, padded with
+    None); a row of another shape is counted as corrupt here. Types are checked by the caller
+    (`check_record`, or decode.py).
     """
     with gc_paused():
         objects, broken = _unpack(data)
@@ -370,7 +373,11 @@ def decode_spool(data: bytes) -> SpoolContents:
     if not objects or (set(map(type, objects)) == {tuple} and min(map(len, objects)) >= width):
         rows = objects  # the usual case, checked by two loops in C
     else:
-        rows = [obj for obj in objects if type(obj) is tuple and len(obj) >= width]
+        rows = [
+            obj if len(obj) >= width else (*obj, *(None,) * (width - len(obj)))
+            for obj in objects
+            if type(obj) is tuple and len(obj) >= BASE_FIELDS
+        ]
         corrupt += len(objects) - len(rows)
     return SpoolContents(rows=rows, corrupt=corrupt, node=node)
 

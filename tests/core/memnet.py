@@ -210,6 +210,7 @@ class MemNet:
             randbytes=random.Random(self.rng.random()).randbytes,
             config=spec.config,
             now=self.now,
+            name=name,
         )
         node = MemNode(name, endpoint, core, handler, spec)
         self.nodes[name] = node

@@ -97,7 +97,7 @@ class SwimNet:
 
     def add(self, name: str, *, join: Iterable[SwimNode] = (), tags: bytes = b"") -> SwimNode:
         node_id = self.rng.randbytes(16)
-        record = MemberRecord(node_id, f"tcp://{name}:7000", f"{name}:7000", tags)
+        record = MemberRecord(node_id, f"tcp://{name}:7000", f"{name}:7000", tags, name)
         membership = Membership(
             record,
             sealer=self.sealer(node_id),

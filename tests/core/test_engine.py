@@ -29,7 +29,10 @@ ENDPOINT = "tcp://self:7000"
 
 
 def make_core(
-    clusters: tuple[str, ...] = (), config: CoreConfig | None = None, keyring: Keyring | None = None
+    clusters: tuple[str, ...] = (),
+    config: CoreConfig | None = None,
+    keyring: Keyring | None = None,
+    name: str = "",
 ) -> MeshCore:
     rng = random.Random(7)
     return MeshCore(
@@ -40,6 +43,7 @@ def make_core(
         rng=rng,
         randbytes=random.Random(8).randbytes,
         config=config,
+        name=name,
     )
 
 
@@ -92,7 +96,7 @@ def test_request_after_close_raises_closed() -> None:
 
 
 def test_a_candidate_is_dialled_once_with_a_hello() -> None:
-    core = make_core()
+    core = make_core(name="orders-7")
     core.add_candidate("tcp://peer:7000", 0.0)
     core.add_candidate("tcp://peer:7000", 0.0)
     assert core.events == [OpenLink(link_id=1, endpoint="tcp://peer:7000")]
@@ -104,7 +108,10 @@ def test_a_candidate_is_dialled_once_with_a_hello() -> None:
     assert (node_id, endpoint) == (core.node_id, ENDPOINT)
     assert set(caps) == {"kx", "rec", "proof"}
     assert len(caps["kx"]) == 32  # an X25519 public key: the link's key agreement
-    assert caps["rec"] == [0, "self:7000", core.membership.me.tags]  # its membership record
+    incarnation, address, tags, sealed_name = caps["rec"]  # its membership record
+    assert (incarnation, address, tags) == (0, "self:7000", core.membership.me.tags)
+    assert core.membership.open_name(core.node_id, sealed_name) == "orders-7"
+    assert b"orders-7" not in frame  # the name is sealed under the mesh key: HELLO is not
     assert len(caps["proof"]) == 16  # a MAC under the mesh key over all of the above
     assert len(nonce) == 16
     assert [link.state for link in core.links()] == [LinkState.HANDSHAKING]

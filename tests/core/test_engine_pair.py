@@ -58,9 +58,9 @@ def outcome_count(node: MemNode, req_id: int) -> int:
 def test_handshake_brings_the_peer_up_on_both_sides() -> None:
     net = MemNet(seed=1)
     client, member = pair(net)
-    assert client.ups() == [PeerUp(node_id=member.node_id, endpoint=member.endpoint)]
-    # Membership: the member learnt the client from its HELLO (a proven record).
-    assert member.ups() == [PeerUp(node_id=client.node_id, endpoint=client.endpoint)]
+    # Each learnt the other's record, name included, from the handshake (a proven record).
+    assert client.ups() == [PeerUp(node_id=member.node_id, endpoint=member.endpoint, name="member")]
+    assert member.ups() == [PeerUp(node_id=client.node_id, endpoint=client.endpoint, name="client")]
     [link] = client.core.members("db")
     assert link.peer_id == member.node_id
     assert member.core.members("db") == []  # the client serves nothing

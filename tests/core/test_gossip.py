@@ -13,19 +13,26 @@ from hypothesis import strategies as st
 
 from irismesh._core.broadcasts import TransmitQueue, transmit_limit
 from irismesh._core.gossip import (
+    HEADER,
+    MAX_NAME,
+    NAME_MAGIC,
+    VERSION,
     NullDatagramSealer,
     ReplayWindows,
     decode_compound,
     encode_compound,
     encode_message,
     encode_state,
+    is_name,
     open_datagram,
+    open_name,
     seal_datagram,
+    seal_name,
 )
 from irismesh._core.membership import Membership
-from irismesh._core.records import MemberRecord
+from irismesh._core.records import MemberRecord, validate_name
 from irismesh._core.suspicion import Awareness, Suspicion, suspicion_bounds
-from irismesh.errors import ProtocolError
+from irismesh.errors import ConfigurationError, ProtocolError
 from irismesh.security.meshkey import MeshDatagramSealer
 
 ID_A, ID_B = b"a" * 16, b"b" * 16
@@ -34,7 +41,7 @@ MESSAGES: list[list[object]] = [
     [2, 8, ID_B, "127.0.0.1:7001"],
     [3, 7],
     [4, 7],
-    [5, ID_B, 3, "tcp://127.0.0.1:7001", "127.0.0.1:7001", b"\x01" * 16],
+    [5, ID_B, 3, "tcp://127.0.0.1:7001", "127.0.0.1:7001", b"\x01" * 16, "w2"],
     [6, ID_B, 3, ID_A],
     [7, ID_B, 3, ID_A],
 ]
@@ -42,7 +49,7 @@ MESSAGES: list[list[object]] = [
 
 def test_every_message_round_trips_through_a_sealed_datagram() -> None:
     sealer = MeshDatagramSealer([b"k" * 32], ID_A)
-    state_entry = encode_message([ID_B, 3, 1, "tcp://h:1", "h:1", b""])
+    state_entry = encode_message([ID_B, 3, 1, "tcp://h:1", "h:1", b"", "bée-2"])
     packed = [encode_message(m) for m in MESSAGES] + [encode_state(True, [state_entry] * 20)]
     datagram = seal_datagram(sealer, ID_A, 5, encode_compound(packed))
     opener = MeshDatagramSealer([b"k" * 32], ID_B)
@@ -90,6 +97,91 @@ def test_mutated_messages_are_rejected_or_well_formed(data: st.DataObject) -> No
     except ProtocolError:
         return
     assert checked == message  # what passes has exactly a valid shape
+
+
+NAMES_OK = ["", "w1", "db-7.eu", "bée", "東京-1", "x" * MAX_NAME, "a/b:c@d"]
+NAMES_BAD = ["w 1", "tab\there", "line\n", "\x1b[31mred", "nbsp\xa0", "zw\u200bsp", "x" * 65]
+
+
+def test_names_are_short_printable_and_without_whitespace() -> None:
+    assert all(is_name(name) for name in NAMES_OK)
+    assert not any(is_name(name) for name in NAMES_BAD)
+    assert not is_name(b"w1")
+    assert not is_name(None)
+    assert validate_name("w1") == "w1"
+    for bad in ["", *NAMES_BAD, b"w1", None]:
+        with pytest.raises(ConfigurationError, match="bad node name"):
+            validate_name(bad)
+
+
+@pytest.mark.parametrize("bad", [*NAMES_BAD, b"w1", None, 7])
+def test_a_datagram_with_a_bad_name_is_dropped_whole_and_counted(bad: object) -> None:
+    me = MemberRecord(ID_A, "tcp://127.0.0.1:1", "127.0.0.1:1", name="a")
+    stats: Counter[str] = Counter()
+    membership = Membership(me, sealer=NullDatagramSealer(), rng=random.Random(1), stats=stats)
+    good = [5, ID_B, 3, "tcp://127.0.0.1:7001", "127.0.0.1:7001", b"", "w2"]
+    third = [5, b"c" * 16, 1, "tcp://127.0.0.1:7002", "127.0.0.1:7002", b"", "w3"]
+    alive = [*good[:6], bad]
+    entry = [b"c" * 16, 1, 0, "tcp://127.0.0.1:7002", "127.0.0.1:7002", b"", bad]
+    compounds = [[third, alive], [third, [8, False, [[*good[1:2], 3, 0, *good[3:]], entry]]]]
+    for counter, messages in enumerate(compounds, start=1):
+        body = encode_compound([encode_message(m) for m in messages])
+        membership.receive(
+            "127.0.0.1:9", seal_datagram(NullDatagramSealer(), ID_B, counter, body), 0.0
+        )
+    # A text that is not a name: `bad_name`; another type: the record's shape is wrong.
+    reason = "bad_name" if isinstance(bad, str) else "bad_envelope"
+    assert stats["dropped_" + reason] == 2
+    assert stats["datagrams_received"] == 0
+    assert list(membership.members()) == []  # nothing of either datagram was believed
+    membership.receive(
+        "127.0.0.1:9",
+        seal_datagram(NullDatagramSealer(), ID_B, 3, encode_compound([encode_message(good)])),
+        0.0,
+    )
+    [member] = membership.members()
+    assert member.record.name == "w2"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=80))
+def test_any_text_in_a_name_field_is_a_name_or_bad_name(name: str) -> None:
+    message = [*MESSAGES[4][:6], name]
+    state = [8, False, [[ID_B, 3, 1, "tcp://h:1", "h:1", b"", name]]]
+    for checked in (message, state):
+        packed = encode_compound([encode_message(checked)])
+        if is_name(name):
+            assert decode_compound(packed) == [checked]
+        else:
+            with pytest.raises(ProtocolError, match="bad_name"):
+                decode_compound(packed)
+
+
+def test_a_sealed_name_opens_only_as_its_senders_name() -> None:
+    sealer = MeshDatagramSealer([b"k" * 32], ID_A)
+    sealed = seal_name(sealer, ID_A, 9, "bée-1")
+    assert b"b\xc3\xa9e-1" not in sealed
+    opener = MeshDatagramSealer([b"k" * 32], ID_B)
+    assert open_name(opener, ID_A, sealed) == "bée-1"
+    with pytest.raises(ProtocolError, match="bad_seal"):
+        open_name(opener, ID_B, sealed)  # claimed by another node
+    with pytest.raises(ProtocolError, match="bad_seal"):
+        open_name(MeshDatagramSealer([b"x" * 32], ID_B), ID_A, sealed)
+    # A sealed name is never a datagram: its header differs, so the seal fails as one.
+    as_datagram = HEADER.pack(0x53, VERSION, ID_A, 9) + sealed[8:]
+    with pytest.raises(ProtocolError, match="bad_seal"):
+        open_datagram(opener, as_datagram, 65507)
+    null = NullDatagramSealer()
+    raw = HEADER.pack(NAME_MAGIC, VERSION, ID_A, 1)[18:]
+    for body, reason in [(b"\xff\xfe", "bad_name"), (b"w 1", "bad_name"), (b"w1", None)]:
+        if reason is None:
+            assert open_name(null, ID_A, raw + body) == "w1"
+        else:
+            with pytest.raises(ProtocolError, match=reason):
+                open_name(null, ID_A, raw + body)
+    for junk in (None, "w1", b"short", bytes(1000)):
+        with pytest.raises(ProtocolError, match="bad_name"):
+            open_name(null, ID_A, junk)
 
 
 def test_a_member_counts_hostile_datagrams_and_stays_well() -> None:

@@ -32,6 +32,7 @@ from irismesh._core.frames import (
     encode_reply,
     encode_request,
 )
+from irismesh._core.gossip import seal_name
 from irismesh.security.keyring import MESH_SCOPE, Keyring, ScopeKey
 from irismesh.security.linksecurity import KeyedLinkSecurity, X25519LinkKeys
 
@@ -316,13 +317,16 @@ def test_random_bytes_are_dropped_and_counted(target: str, frame: bytes) -> None
 # ---------------------------------------------------------------------- bounded memory
 
 
-def _hello(scene: Scene, i: int, *, proven: bool) -> bytes:
-    """A stranger's HELLO: with a proof under the mesh key (an insider), or a made-up one."""
+def _hello(scene: Scene, i: int, *, proven: bool, name: bytes | None = None) -> bytes:
+    """A stranger's HELLO: with a proof under the mesh key (an insider), or a made-up one;
+    its name sealed as a node's own would be, unless `name` gives the field's bytes."""
     ident = i.to_bytes(16, "big")
     endpoint, public = f"tcp://stranger-{i}:7000", X25519LinkKeys(sealing=True).public
-    record = [0, f"stranger-{i}:7000", b""]
-    said = CODEC.pack([ident, ident, endpoint, public, record])
     keys = KeyedLinkSecurity(scene.net.keyring)
+    if name is None:
+        name = seal_name(keys.datagram_sealer(ident), ident, 1, f"stranger-{i}")
+    record = [0, f"stranger-{i}:7000", b"", name]
+    said = CODEC.pack([ident, ident, endpoint, public, record])
     proof = keys.mesh_proof(b"hello", said) if proven else bytes(16)
     caps = {"kx": public, "rec": record, "proof": proof}
     return encode_header(Kind.HELLO, 0, 0) + CODEC.pack([ident, ident, endpoint, caps])
@@ -354,6 +358,32 @@ def test_five_thousand_hellos_from_insiders_stop_at_the_in_link_limit() -> None:
     assert member.stats["dropped_too_many_links"] == 5000 - (IN_LINK_LIMIT - before.in_links)
     assert flooded.out_links == before.out_links  # no dialling back: links are on demand
     assert scene.round_trip(b"under a flood") == b"re:under a flood"
+
+
+def test_an_insiders_hello_names_it_and_a_bad_name_drops_the_hello() -> None:
+    scene = Scene(seed=6)
+    assert scene.feed("member<-stranger", _hello(scene, 1, proven=True)) == "hello_accepted"
+    member = scene.member.core.membership.get((1).to_bytes(16, "big"))
+    assert member is not None
+    assert member.record.name == "stranger-1"
+    ident = (2).to_bytes(16, "big")
+    sealer = KeyedLinkSecurity(scene.net.keyring).datagram_sealer(ident)
+    other = KeyedLinkSecurity(Keyring.generate()).datagram_sealer(ident)
+    bad = {
+        "unprintable": ("bad_name", seal_name(sealer, ident, 1, "w1\x1b[2J")),
+        "whitespace": ("bad_name", seal_name(sealer, ident, 1, "w 1")),
+        "too long": ("bad_name", seal_name(sealer, ident, 1, "w" * 65)),
+        "sealed for another node": ("bad_seal", seal_name(sealer, bytes(16), 1, "w1")),
+        "sealed under another mesh key": ("bad_seal", seal_name(other, ident, 1, "w1")),
+        "in clear": ("bad_seal", (1).to_bytes(8, "big") + b"w1"),
+        "no counter": ("bad_name", b"w1"),
+        "oversize": ("bad_handshake", bytes(400)),
+    }
+    for what, (reason, field) in bad.items():
+        verdict = scene.feed("member<-stranger", _hello(scene, 2, proven=True, name=field))
+        assert verdict == "dropped_" + reason, what
+    assert scene.member.core.membership.get(ident) is None
+    assert scene.round_trip(b"after bad names") == b"re:after bad names"
 
 
 def test_a_caller_that_never_acknowledges_cannot_grow_the_reply_cache() -> None:

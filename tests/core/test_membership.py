@@ -46,6 +46,10 @@ def test_nodes_joining_through_one_seed_all_learn_each_other() -> None:
     nodes = cluster(net, 12)
     assert converged(nodes)
     assert deaths(nodes) == []
+    # Each knows each other's name, though most only ever heard of each other by gossip.
+    for node in nodes:
+        names = {m.record.node_id: m.record.name for m in node.membership.members()}
+        assert names == {n.node_id: n.name for n in nodes if n is not node}
 
 
 def test_a_crashed_node_is_declared_dead_by_every_other_within_seconds() -> None:
@@ -176,7 +180,7 @@ def test_without_the_mesh_key_nobody_can_be_made_suspect_dead_or_departed() -> N
         [7, victim.node_id, 99, stranger],  # DEAD, by a stranger
         [7, victim.node_id, 99, victim.node_id],  # "it left"
         [6, victim.node_id, 99, stranger],  # SUSPECT
-        [5, stranger, 1, "tcp://evil:1", "evil:1", b""],  # ALIVE: join as a peer
+        [5, stranger, 1, "tcp://evil:1", "evil:1", b"", "evil"],  # ALIVE: join as a peer
     ]
     for counter, attack in enumerate(attacks, 1):
         # Under the wrong key, and under the wrong key while claiming the victim's own id.

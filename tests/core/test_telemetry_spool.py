@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from irismesh.telemetry.schema import (
+    BASE_FIELDS,
     FIELD_NAMES,
     FIELDS,
     Kind,
@@ -72,7 +73,8 @@ def files_in(directory: Path) -> list[str]:
 
 def test_the_record_tuple_and_the_field_table_agree() -> None:
     assert Record._fields == FIELD_NAMES
-    assert len(FIELDS) == 12
+    assert len(FIELDS) == 14
+    assert FIELD_NAMES[BASE_FIELDS:] == ("node_name", "peer_name")
     defaults = Record(1.0, NODE, "gauge")
     assert check_record(list(defaults)) == defaults
     assert (defaults.weight, defaults.outcome, defaults.pattern) == (1, "", "")
@@ -102,6 +104,8 @@ def test_the_schema_and_the_spool_import_without_pyspark_or_pyarrow() -> None:
         (9, 0),  # weight must be >= 1
         (9, None),
         (11, "high"),
+        (12, 7),  # node_name is text
+        (13, b"w1"),
     ],
 )
 def test_check_record_refuses_wrong_types(index: int, value: Any) -> None:
@@ -117,8 +121,11 @@ def test_check_record_accepts_nulls_ints_for_floats_and_extra_fields() -> None:
     assert record is not None
     assert record.ts == 1_700_000_000.0
     assert isinstance(record.ts, float)
-    assert check_record(row[:-1]) is None  # a missing field
+    assert check_record(row[: BASE_FIELDS - 1]) is None  # a missing field
     assert check_record({"ts": 1.0}) is None
+    # An older writer's record, without the fields appended since: they read as None.
+    assert check_record(row[:BASE_FIELDS]) == record
+    assert record.node_name is None
 
 
 # ------------------------------------------------------------------------------------ writer
@@ -319,6 +326,18 @@ def test_a_header_maps_fields_by_name(tmp_path: Path) -> None:
 def test_files_without_a_header_are_read_in_field_order(tmp_path: Path) -> None:
     write_raw(tmp_path, spool_file_name(NODE, 0), [list(request(1)), list(request(2))])
     assert [r.latency_us for r in SpoolReader(tmp_path)] == [251, 252]
+
+
+def test_spools_of_writers_older_than_node_names_still_load(tmp_path: Path) -> None:
+    old = [list(request(i))[:BASE_FIELDS] for i in range(3)]
+    header = {HEADER_KEY: 1, "node": NODE, "fields": list(FIELD_NAMES[:BASE_FIELDS])}
+    write_raw(tmp_path, spool_file_name(NODE, 0), [header, *old])
+    write_raw(tmp_path, spool_file_name(NODE, 1), old)  # and without a header
+    named = request(3, node_name="db-1", peer_name="w2")
+    write_raw(tmp_path, spool_file_name(NODE, 2), [list(named)])
+    reader = SpoolReader(tmp_path)
+    assert list(reader) == [request(i) for i in (0, 1, 2, 0, 1, 2)] + [named]
+    assert reader.corrupt == 0
 
 
 def test_salvage_completes_stale_temporary_files_only(tmp_path: Path) -> None:

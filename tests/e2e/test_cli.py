@@ -1,7 +1,8 @@
 """`mesh` as a user runs it: every command as a subprocess against a real mesh on 127.0.0.1.
 
 One small mesh serves the whole module: members A and B of "echo" (B also of "db") and X of
-"ex", whose `--exec` command upper-cases, fails or hangs depending on the payload. Each
+"ex", whose `--exec` command upper-cases, fails or hangs depending on the payload; A and B are
+named (`--name`), X goes by its default name (host and process id). Each
 command's human output, `--json` output and error paths are checked; an error is always one
 line `mesh: ...` on stderr, exit status 2 for the user's mistakes and 1 for the mesh's refusals.
 """
@@ -128,11 +129,11 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
     procs = Processes(env, workdir)
     try:
         node = ["node", "--bind", "tcp://127.0.0.1:0", "--json"]
-        _, line = procs.start(*node, "--cluster", "echo", "--prefix", "A:")
+        _, line = procs.start(*node, "--cluster", "echo", "--prefix", "A:", "--name", "alpha")
         a = json.loads(line)
         seed = str(a["endpoint"])
         _, line = procs.start(*node, "--cluster", "echo", "--cluster", "db", "--prefix", "B:",
-                              "--seed", seed)  # fmt: skip
+                              "--seed", seed, "--name", "brävo-2")  # fmt: skip
         b = json.loads(line)
         command = f"sh {workdir / 'exec.sh'}"
         _, line = procs.start(*node, "--cluster", "ex", "--exec", command, "--exec-timeout",
@@ -212,6 +213,7 @@ def test_node_prints_where_it_listens_and_leaves_cleanly_on_sigterm(
     try:
         proc, line = procs.start("node", "--cluster", "echo", "--seed", mesh.seed)
         assert line.startswith("member of 'echo' listening on tcp://127.0.0.1:"), line
+        assert line.rstrip().endswith(f"-{proc.pid})"), line  # named by host and process id
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=10)
         err = procs.procs[0][1].read_text()
@@ -225,6 +227,7 @@ def test_node_json_line_names_endpoint_and_node_id(mesh: Mesh) -> None:
     a = mesh.members["A"]
     assert str(a["endpoint"]).startswith("tcp://127.0.0.1:")
     assert len(str(a["node_id"])) == 32
+    assert a["name"] == "alpha"
     assert mesh.members["B"]["clusters"] == ["echo", "db"]
 
 
@@ -281,11 +284,17 @@ def test_peers_lists_every_member_alive(mesh: Mesh) -> None:
     for member in mesh.members.values():
         assert str(member["endpoint"]) in out
         assert str(member["node_id"])[:12] in out
+        row = next(line for line in out.splitlines() if str(member["endpoint"]) in line)
+        assert f" {member['name']} " in row  # the name column, on the member's own row
     assert out.count("alive") == 3
+    header = next(line for line in out.splitlines() if " node " in line)
+    assert " name " in header  # a column of its own
     peers = mesh.json("peers", "--seed", mesh.seed)
     assert isinstance(peers, list)
     by_id = {p["node_id"]: p for p in peers}
     assert set(by_id) == {str(m["node_id"]) for m in mesh.members.values()}
+    assert {p["name"] for p in peers} >= {"alpha", "brävo-2"}
+    assert by_id[mesh.members["X"]["node_id"]]["name"] == mesh.members["X"]["name"]
     assert all(p["state"] == "alive" and p["rtt_ms"] > 0 for p in peers)
     assert by_id[mesh.members["B"]["node_id"]]["clusters"] == ["db"]  # the keyring's own scopes
 
@@ -295,6 +304,8 @@ def test_clusters_shows_members_load_and_latency(mesh: Mesh) -> None:
     assert "clusters (2)" in out  # db (the keyring's scope) and echo
     row = next(line for line in out.splitlines() if " echo " in line)
     assert " 2 " in row
+    assert "alpha" in row  # its members, by name
+    assert "brävo-2" in row
     views = mesh.json("clusters", "--seed", mesh.seed, "--cluster", "echo", "--cluster", "ex")
     assert isinstance(views, list)
     echo = next(v for v in views if v["cluster"] == "echo")
@@ -307,11 +318,12 @@ def test_clusters_shows_members_load_and_latency(mesh: Mesh) -> None:
 
 def test_top_once_prints_one_frame(mesh: Mesh) -> None:
     out = mesh.ok("top", "--seed", mesh.seed, "--once", "--cluster", "echo")
-    for part in ("peers (3)", "clusters (2)", "peers_up"):
+    for part in ("peers (3)", "clusters (2)", "peers_up", " alpha ", " brävo-2 "):
         assert part in out
     frame = mesh.json("top", "--seed", mesh.seed, "--once")
     assert isinstance(frame, dict)
     assert len(frame["peers"]) == 3
+    assert {p["name"] for p in frame["peers"]} >= {"alpha", "brävo-2"}
     assert frame["stats"]["peers_up"]["value"] == 3
     assert frame["stats"]["requests_pending"]["per_second"] is None  # a gauge
 
@@ -409,6 +421,8 @@ def test_more_user_mistakes(
         (["node", "--cluster", "echo", "--exec", "cat", "--prefix", "x"], "not allowed"),
         (["node", "--cluster", "echo", "--exec", "'unclosed"], "bad --exec command"),
         (["node", "--cluster", "two words"], "bad cluster name"),
+        (["node", "--cluster", "echo", "--name", "two words"], "--name: bad node name"),
+        (["node", "--cluster", "echo", "--name", "x" * 65], "1-64 printable characters"),
         (["request", *seed, "echo", "x", "--count", "-1"], "--count: must be at least 1"),
         (["request", "--seed", "localhost:7400", "echo", "x"], "bad endpoint"),
         (["request", "echo", "x"], "nothing to join"),

@@ -36,7 +36,8 @@ def member(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Member]:
     keyfile = tmp_path_factory.mktemp("top") / "mesh.keys"
     irismesh.Keyring.generate().save(keyfile)
     cmd = [sys.executable, "-m", "irismesh", "node", "--keys", str(keyfile), "--json"]
-    proc = subprocess.Popen([*cmd, "--cluster", "echo"], stdout=subprocess.PIPE, text=True)
+    cmd += ["--cluster", "echo", "--name", "echo-one"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
         started = json.loads(proc.stdout.readline())
@@ -108,8 +109,11 @@ def test_top_shows_the_member_and_quits_cleanly(
         raise
     assert "peers (1)" in screen
     assert member.endpoint in screen
+    peer = next(line for line in screen.splitlines() if member.endpoint in line)
+    assert member.node_id[:12] in peer
+    assert "echo-one" in peer  # its name, in a column of its own
     row = next(line for line in screen.splitlines() if line.startswith("│ echo "))
-    assert member.node_id[:12] in row  # the clusters table: echo and its one member
+    assert "echo-one" in row  # the clusters table: echo and its one member, by name
     assert "q or Ctrl-C quits" in screen
 
     tmux("send-keys", "-t", "top", key)

@@ -116,4 +116,14 @@ def test_the_demo_runs_every_pattern_and_its_report_agrees(tmp_path: Path) -> No
     assert "1000 received, 0 out of order" in out
     assert "SHA-256 verified" in out
     assert "report agrees with the client's counters" in out
-    assert (tmp_path / "run" / "report" / "index.html").exists()
+    assert re.search(r"tunnel to worker w[12] in", out)  # the worker by its name
+    report = tmp_path / "run" / "report"
+    # Every node by its name; w3's may come from its peers' records only (it is SIGKILLed,
+    # usually before its first spool flush).
+    summary = json.loads((report / "summary.json").read_text())
+    assert sorted(summary["names"].values()) == ["client", "w1", "w2", "w3"]
+    page = (report / "index.html").read_text()
+    assert "deaths<b>1: w3</b>" in page
+    shown = re.findall(r"<span title='([0-9a-f]{32})'>([^<]*)</span>", page)
+    assert shown
+    assert {label for _, label in shown} <= {"client", "w1", "w2", "w3"}

@@ -33,7 +33,7 @@ from irismesh._core.frames import (
     encode_header,
     encode_request,
 )
-from irismesh._core.gossip import encode_compound, encode_message, seal_datagram
+from irismesh._core.gossip import encode_compound, encode_message, seal_datagram, seal_name
 from irismesh._core.sealing import Sealer
 from irismesh.security.keyring import MESH_SCOPE, ScopeKey
 from irismesh.security.linksecurity import KeyedLinkSecurity
@@ -162,7 +162,8 @@ class RawPeer:
     def hello(self, node_id: bytes | None = None) -> bytes:
         """A HELLO with a record and a proof under this peer's mesh key."""
         node_id = node_id or os.urandom(16)
-        record = [0, NOWHERE.removeprefix("tcp://"), b""]
+        name = seal_name(self.security.datagram_sealer(node_id), node_id, 1, "rogue")
+        record = [0, NOWHERE.removeprefix("tcp://"), b"", name]
         said = CODEC.pack([node_id, self.nonce, NOWHERE, self.keys.public, record])
         caps = {"kx": self.keys.public, "rec": record}
         caps["proof"] = self.security.mesh_proof(b"hello", said)
@@ -328,7 +329,7 @@ def test_forged_membership_datagrams_make_no_member_suspect_dead_or_departed(
                 [7, victim, 99, stranger],  # DEAD, declared by a stranger
                 [7, victim, 99, victim],  # "it left"
                 [6, victim, 99, stranger],  # SUSPECT
-                [5, stranger, 1, "tcp://127.0.0.1:9", "127.0.0.1:9", b""],  # ALIVE: a new peer
+                [5, stranger, 1, "tcp://127.0.0.1:9", "127.0.0.1:9", b"", "evil"],  # a new peer
             ]
             sender = MeshDatagramSealer([os.urandom(32)], victim)  # another mesh's key
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:

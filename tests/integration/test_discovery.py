@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import socket
 
@@ -10,6 +11,7 @@ import pytest
 from helpers import wait_until
 
 import irismesh
+import irismesh.sync
 
 
 def survey_config() -> irismesh.SurveyConfig:
@@ -119,6 +121,55 @@ def test_wait_for_peers_counts_membership_and_opens_no_link(keys: irismesh.Keyri
             await asyncio.gather(*(n.close() for n in [*others, first]))
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_names_reach_peers_that_never_linked_and_stay_after_a_leave(
+    keys: irismesh.Keyring,
+) -> None:
+    async def main() -> None:
+        seed = await irismesh.Node("db", keyring=keys, name="seed-1").start()
+        member = await irismesh.Node("db", keyring=keys, seeds=[seed.endpoint], name="db-2").start()
+        watcher = await irismesh.Node(keyring=keys, seeds=[seed.endpoint], name="watcher").start()
+        try:
+
+            def names() -> dict[str, tuple[str, bool]]:
+                return {p.node_id: (p.name, p.linked) for p in watcher.peers()}
+
+            expected = {seed.node_id.hex(): "seed-1", member.node_id.hex(): "db-2"}
+            await wait_until(
+                lambda: (
+                    {k: name for k, (name, _) in names().items()} == expected
+                    and sorted(p.name for p in member.peers()) == ["seed-1", "watcher"]
+                ),
+                10,
+                "the watcher and db-2 to know each other by name",
+            )
+            # They reached each other by membership alone: the two never linked.
+            assert names()[member.node_id.hex()] == ("db-2", False)
+            await member.close()
+            await wait_until(
+                lambda: watcher.peer_state(member.node_id.hex()) == "left", 10, "the leave"
+            )
+            [gone] = [p for p in watcher.peers(departed=True) if p.state == "left"]
+            assert (gone.node_id, gone.name) == (member.node_id.hex(), "db-2")
+        finally:
+            await asyncio.gather(*(n.close() for n in (watcher, member, seed)))
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_a_node_is_named_by_its_host_and_pid_unless_told(keys: irismesh.Keyring) -> None:
+    node = irismesh.Node(keyring=keys)
+    host, pid = socket.gethostname().partition(".")[0], f"-{os.getpid()}"
+    assert node.name.endswith(pid)
+    assert host.startswith(node.name.removesuffix(pid))  # cut short for a long host name
+    assert len(node.name) <= 64
+    assert irismesh.Node(keyring=keys, name="bée-7").name == "bée-7"
+    for bad in ("", "w 1", "tab\t", "\x1b[2J", "x" * 65, b"w1", 7):
+        with pytest.raises(irismesh.ConfigurationError, match="bad node name"):
+            irismesh.Node(keyring=keys, name=bad)  # type: ignore[arg-type]
+    with pytest.raises(irismesh.ConfigurationError, match="bad node name"):
+        irismesh.sync.Node(keyring=keys, name="two words")
 
 
 def test_peer_state_follows_a_member_from_alive_to_left(keys: irismesh.Keyring) -> None:

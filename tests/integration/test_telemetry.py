@@ -25,7 +25,7 @@ def test_spooled_records_agree_with_the_node_counters(
 
     async def main() -> tuple[dict[str, int], dict[str, int]]:
         config = TelemetryConfig(spool_dir=spool, sample_every=1, gauge_interval=0.2)
-        async with irismesh.Node("db", keyring=keys, telemetry=config) as member:
+        async with irismesh.Node("db", keyring=keys, telemetry=config, name="db-1") as member:
 
             @member.on_request
             def handle(payload: bytes) -> bytes:
@@ -34,7 +34,7 @@ def test_spooled_records_agree_with_the_node_counters(
                 return payload
 
             async with irismesh.Node(
-                keyring=keys, seeds=[member.endpoint], telemetry=config
+                keyring=keys, seeds=[member.endpoint], telemetry=config, name="client-1"
             ) as client:
                 await client.wait_for_members("db", timeout=5)
                 await asyncio.gather(*(client.request("db", b"%d" % i) for i in range(200)))
@@ -71,6 +71,16 @@ def test_spooled_records_agree_with_the_node_counters(
     assert kinds["membership"] >= 2  # each side saw the other join (and leave at close)
     assert kinds["gauge"] >= 5
     assert not [p for p in spool.iterdir() if not p.name.endswith(".msgpack")], "temp files left"
+    # Names: each node's on its gauges and membership records, the peer's on the latter.
+    names = {r.node: "db-1" if r.kind == "serve" else "client-1" for r in served}
+    names |= {r.peer: "db-1" for r in served}
+    for r in records:
+        if r.kind in ("gauge", "membership"):
+            assert r.node_name == names[r.node]
+        if r.kind == "membership":
+            assert r.peer_name == names[r.peer]  # type: ignore[index]
+        if r.kind in ("request", "serve"):
+            assert (r.node_name, r.peer_name) == (None, None)  # per-message records stay short
 
 
 def test_sampling_keeps_counts_exact_and_records_weighted(

@@ -6,7 +6,8 @@ only: it also sees the member's dial-back link, which no proxy sits on), and by 
 to the survey's multicast group. Each confidentiality test has a control that runs the same
 exchange with `sealing=False` and finds the payload, so a capture that saw nothing cannot pass.
 Cluster names are what a request names, and they never travel at all: members prove them with
-keyed offer tags.
+keyed offer tags. Node names travel, sealed under the mesh key (handshakes carry them sealed
+apart), so no capture shows them either.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from irismesh.discovery.survey import (
 )
 
 CLUSTER = "vault-7f3a"
+MEMBER_NAME, CLIENT_NAME = "keeper-of-the-vault", "visitor-of-the-vault"  # the nodes' names
 MARK = b"TOPSECRET"  # every payload, reply, broadcast and survey below starts with it
 REQUESTS = 20
 TEST_TIMEOUT = 30.0
@@ -56,6 +58,8 @@ def secrets_in(captured: bytes) -> list[bytes]:
         b"SURVEY-ANSWER",
         CLUSTER.encode(),
         CLUSTER.encode("utf-16-le"),
+        MEMBER_NAME.encode(),
+        CLIENT_NAME.encode(),
     ]
     return [needle for needle in needles if needle in captured]
 
@@ -75,7 +79,7 @@ async def exchange(client: irismesh.Node, member: irismesh.Node) -> None:
 
 
 def member_of_the_vault(keys: irismesh.Keyring, **options: Any) -> irismesh.Node:
-    member = irismesh.Node(CLUSTER, keyring=keys, **options)
+    member = irismesh.Node(CLUSTER, keyring=keys, name=MEMBER_NAME, **options)
 
     @member.on_request
     def answer(payload: bytes) -> bytes:
@@ -93,7 +97,10 @@ def member_of_the_vault(keys: irismesh.Keyring, **options: Any) -> irismesh.Node
 async def proxied_run(keys: irismesh.Keyring, *, sealing: bool) -> RecordingProxy:
     async with (
         member_of_the_vault(keys, sealing=sealing) as member,
-        proxied_client(member, CLUSTER, keyring=keys, sealing=sealing) as (client, proxy),
+        proxied_client(member, CLUSTER, keyring=keys, sealing=sealing, name=CLIENT_NAME) as (
+            client,
+            proxy,
+        ),
     ):
         await exchange(client, member)
     return proxy
@@ -123,6 +130,7 @@ def test_the_control_run_without_sealing_shows_the_payload(keys: irismesh.Keyrin
         assert b"PAYLOAD-0000" in found
         assert b"REPLY-0000" in found
         assert CLUSTER.encode() not in found  # offer tags, not names, even without sealing
+        assert MEMBER_NAME.encode() in found  # node names are sealed, or in clear like the rest
 
     run(main)
 
@@ -148,7 +156,11 @@ def test_a_capture_of_every_packet_on_lo_shows_no_secret(
                 keys, bind=f"tcp://{LOOPBACK}:{member_port}", sealing=sealing, survey=survey
             )
             client = irismesh.Node(  # found by the multicast survey: no seed at all
-                keyring=keys, bind=f"tcp://{LOOPBACK}:{client_port}", sealing=sealing, survey=survey
+                keyring=keys,
+                bind=f"tcp://{LOOPBACK}:{client_port}",
+                sealing=sealing,
+                survey=survey,
+                name=CLIENT_NAME,
             )
             async with member, client:
                 await exchange(client, member)

@@ -9,7 +9,9 @@ import pytest
 pytest.importorskip("pyspark", reason="PySpark not installed: pip install -e '.[spark]'")
 
 import pandas as pd
+import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 from telemetry_data import Dataset
 
@@ -19,7 +21,8 @@ from irismesh.spark_telemetry.compact import (
     read_compacted,
     read_spool_table,
 )
-from irismesh.telemetry.schema import FIELD_NAMES, Record, spark_schema
+from irismesh.spark_telemetry.report import node_names
+from irismesh.telemetry.schema import BASE_FIELDS, FIELD_NAMES, Record, arrow_schema, spark_schema
 from irismesh.telemetry.spool import SpoolWriter, complete_files, spool_file_name
 
 
@@ -106,3 +109,28 @@ def test_an_empty_spool_gives_an_empty_frame_with_the_schema(
     df = read_compacted(spark, tmp_path / "out")
     assert df.schema.names == spark_schema(partitions=True).names
     assert df.count() == 0
+
+
+def test_parquet_compacted_before_node_names_loads_and_names_come_from_either_side(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    old = tmp_path / "old" / "date=2023-11-14" / "hour=22"
+    old.mkdir(parents=True)
+    gauge = Record(1_700_000_000.0, "aa", "gauge", name="g", value=1.0)
+    older_schema = pa.schema(list(arrow_schema())[:BASE_FIELDS])
+    table = pa.Table.from_pylist([gauge._asdict()], schema=older_schema)
+    pq.write_table(table, old / "part-0.parquet")
+    df = read_compacted(spark, tmp_path / "old")
+    [row] = df.collect()
+    assert (row["node"], row["node_name"], row["peer_name"]) == ("aa", None, None)
+    assert node_names(df) == {}
+    # "aa" names itself db-1 (and its peers call it by an older name), "cc" was killed before
+    # it spooled anything: its name comes from the peers' membership records.
+    named = [
+        Record(1.0, "aa", "gauge", name="g", value=1.0, node_name="db-1"),
+        Record(2.0, "bb", "membership", peer="aa", name="join", node_name="w2", peer_name="x"),
+        Record(3.0, "bb", "membership", peer="cc", name="join", node_name="w2", peer_name="w3"),
+        Record(4.0, "bb", "request", "reqrep", "db", "cc", 10, 1, "ok"),
+    ]
+    frame = spark.createDataFrame([tuple(r) for r in named], spark_schema())
+    assert node_names(frame) == {"aa": "db-1", "bb": "w2", "cc": "w3"}
