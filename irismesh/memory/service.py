@@ -8,9 +8,14 @@ is two msgpack requests, each answered by every member:
     ["store", [[topic, payload, published_at, id], ...]]  ->  [stored, new]
     ["latest", pattern, n, after]  ->  [[[topic, payload, published_at, id], ...], next]
 
-An answer to "latest" is one page: the paths after the topic `after` (None: from the first),
-as many as fit in PAGE_BYTES, and `next`, the last topic of the page, to ask for the next
-one (None: that was the last). A caller asks every member for each page.
+    ["since", id]  ->  [[[topic, payload, published_at, id], ...], next]
+
+An answer to "since" holds messages with ids after `id`, oldest first, up to PAGE_BYTES, and
+`next`, the id to ask after for more (None: no more): how a member that starts catches up with
+what was stored while it was away. An answer to "latest" is one page: the paths after the
+topic `after` (None: from the first), as many as fit in PAGE_BYTES, and `next`, the last topic
+of the page, to ask for the next one (None: that was the last). A caller asks every member for
+each page.
 
 Every member stores every retained message: a publish returns once `replicas` of them (or all
 there are, if fewer) have it on disk, so one crash loses nothing. A reread merges the members'
@@ -43,7 +48,14 @@ from irismesh.errors import (
     ProtocolError,
     RequestTimeout,
 )
-from irismesh.memory.store import ID_SIZE, MemoryStore, Retention, Stored, message_id
+from irismesh.memory.store import (
+    ID_SIZE,
+    MemoryStore,
+    Retention,
+    Stored,
+    id_time,
+    message_id,
+)
 from irismesh.security.keyring import Keyring
 
 # A survey of the `_memory` cluster: (answers, errors, missing) by member, as Node.survey.
@@ -52,7 +64,8 @@ Survey = Callable[
 ]
 
 MEMORY_CLUSTER: Final = "_memory"
-_STORE, _LATEST = "store", "latest"
+_STORE, _LATEST, _SINCE = "store", "latest", "since"
+CATCH_UP_MARGIN: Final = 60.0  # seconds before its newest message a starting member asks from
 _MAX_BATCH: Final = 4096
 _MAX_LATEST: Final = 100_000
 RETAINED_ROOM: Final = 4096  # what a retained payload leaves of a frame for its envelope
@@ -69,7 +82,11 @@ def encode_latest(pattern: str, latest: int, after: str | None = None) -> bytes:
     return _pack([_LATEST, pattern, latest, after])
 
 
-def decode_page(answer: bytes) -> tuple[list[Stored], str | None]:
+def encode_since(after: bytes) -> bytes:
+    return _pack([_SINCE, after])
+
+
+def decode_page(answer: bytes) -> tuple[list[Stored], str | bytes | None]:
     """A member's answer to "latest": its page, and the topic to ask after for the next one
     (None: no more); ProtocolError if it is not one."""
     try:
@@ -79,7 +96,7 @@ def decode_page(answer: bytes) -> tuple[list[Stored], str | None]:
     if type(page) is not list or len(page) != 2 or type(page[0]) is not list:
         raise ProtocolError("bad_body", "memory answer")
     rows, following = page
-    if following is not None and type(following) is not str:
+    if following is not None and type(following) not in (str, bytes):
         raise ProtocolError("bad_body", "memory answer")
     out = []
     for row in rows:
@@ -141,6 +158,10 @@ class MemoryMember:
                 raise ConfigurationError("latest's `after` is a topic or nil")
             rows, following = self.page(pattern, latest, after)
             return _pack([[[s.topic, s.payload, s.published_at, s.id] for s in rows], following])
+        if op == _SINCE and len(request) == 2 and type(request[1]) is bytes:
+            with self._lock:
+                newer, last = self.store.since(request[1], PAGE_BYTES)
+            return _pack([[[s.topic, s.payload, s.published_at, s.id] for s in newer], last])
         raise ConfigurationError(f"unknown memory request {op!r}")
 
     def page(self, pattern: str, latest: int, after: str | None) -> tuple[list[Stored], str | None]:
@@ -246,16 +267,38 @@ class NodeMemory:
         return merge(found, latest)
 
     async def catch_up(self, timeout: float) -> int:
-        """A member that starts copies what the other members hold; how many were new."""
-        if self.member is None:
+        """A member that starts copies what the others stored while it was away (from a
+        minute before its newest message, for publishers' clocks that disagree), a page at a
+        time; how many messages were new."""
+        member = self.member
+        if member is None:
             return 0
-        latest = self.member.store.retention("#").max_per_path
-        try:
-            found, _errors, _missing = await self._pages("#", latest, timeout, own=False)
-        except NoResponders:
-            return 0  # the only memory member: nothing to copy
         loop = asyncio.get_running_loop()
-        added = await loop.run_in_executor(self._pool, self.member.absorb, found)
+        newest = await loop.run_in_executor(self._pool, member.store.newest_id)
+        after = b"" if newest is None else _before(newest, CATCH_UP_MARGIN)
+        added = 0
+        while True:
+            try:
+                answers, _errors, _missing = await self._ask(
+                    encode_since(after), timeout, own=False
+                )
+            except NoResponders:
+                break  # the only memory member: nothing to copy
+            cursors: list[bytes] = []
+            pages = []
+            for answer in answers.values():
+                try:
+                    rows, following = decode_page(answer)
+                except ProtocolError:
+                    self.stats["memory_answers_malformed"] += 1
+                    continue
+                pages.append(rows)
+                if isinstance(following, bytes):
+                    cursors.append(following)
+            added += await loop.run_in_executor(self._pool, member.absorb, pages)
+            if not cursors:
+                break
+            after = min(cursors)
         self.stats["caught_up"] += added
         return added
 
@@ -286,7 +329,7 @@ class NodeMemory:
                     self.stats["memory_answers_malformed"] += 1
                     continue
                 found.append(rows)
-                if following is not None:
+                if isinstance(following, str):
                     cursors.append(following)
             if not cursors:
                 break
@@ -321,6 +364,11 @@ class NodeMemory:
             self._pool.shutdown(wait=True)
         if self.member is not None:
             self.member.close()
+
+
+def _before(msg_id: bytes, seconds: float) -> bytes:
+    """An id `seconds` before the one given (nothing after it in its other fields)."""
+    return message_id(bytes(4), 0, id_time(msg_id) - seconds)[:8]
 
 
 def _failure(

@@ -84,6 +84,7 @@ CREATE TABLE IF NOT EXISTS messages (
     PRIMARY KEY (path_id, id)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS messages_by_age ON messages (published_at);
+CREATE INDEX IF NOT EXISTS messages_by_id ON messages (id);
 """
 
 
@@ -442,6 +443,44 @@ class MemoryStore:
                 return Stored(topic, payload, published_at, msg_id)
         self.stats["messages_unreadable"] += 1
         return None
+
+    def newest_id(self) -> bytes | None:
+        """The id of the newest message held (None: none)."""
+        try:
+            row = self._db.execute("SELECT max(id) FROM messages").fetchone()
+        except sqlite3.Error as exc:
+            raise StorageError(self.path, _reason(exc)) from None
+        return bytes(row[0]) if row and row[0] is not None else None
+
+    def since(self, after: bytes, max_bytes: int) -> tuple[list[Stored], bytes | None]:
+        """Messages with ids after `after`, oldest first, about `max_bytes` of payload of them
+        (at least one), and the id to ask after for the rest (None: there is no more)."""
+        topics = {path_id: topic for topic, ids in self._paths.items() for path_id in ids}
+        out: list[Stored] = []
+        size = 0
+        cursor = after
+        try:
+            while True:
+                rows = self._db.execute(
+                    "SELECT path_id, id, published_at, sealed, size FROM messages"
+                    " WHERE id > ? ORDER BY id LIMIT 256",
+                    (cursor,),
+                ).fetchall()
+                for path_id, msg_id, published_at, sealed, length in rows:
+                    if out and size + length > max_bytes:
+                        return out, out[-1].id
+                    cursor = msg_id
+                    topic = topics.get(path_id)
+                    if topic is None:
+                        continue  # a path this keyring cannot open
+                    stored = self._open_row(topic, path_id, msg_id, published_at, sealed)
+                    if stored is not None:
+                        out.append(stored)
+                        size += length
+                if len(rows) < 256:
+                    return out, None
+        except sqlite3.Error as exc:
+            raise StorageError(self.path, _reason(exc)) from None
 
     # ----------------------------------------------------------------- figures
 
