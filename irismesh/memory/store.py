@@ -23,8 +23,9 @@ but not served (`paths_locked`). A copied database without the keyring reveals n
 payload.
 
 Why SQLite: the standard library's, with transactions that survive a crash, secondary indexes
-and window queries (the newest messages of each path in one statement), so the store needs no
-dependency and no index code of its own; LMDB would be faster per key and need both.
+and correlated queries (the newest messages of each of 500 paths in one statement, reading
+only those rows), so the store needs no dependency and no index code of its own; LMDB would be
+faster per key and need both.
 
 Durability. SQLite in write-ahead-log mode with full synchronisation: a message `put` has
 returned for is on disk, and a process killed in the middle of a write leaves the database as
@@ -39,6 +40,7 @@ counted by reason in `stats`.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import hmac
 import os
@@ -175,6 +177,7 @@ class MemoryStore:
         self._writing: dict[str, tuple[int, _Sealing]] = {}  # topic -> path for new messages
         self._tags: dict[int, bytes] = {}  # path id -> path tag (what payloads are bound to)
         self._path_keys: dict[int, str] = {}  # path id -> the id of the key it is sealed under
+        self._matches: dict[str, tuple[int, list[str]]] = {}  # pattern -> (paths then, topics)
         self._counts: dict[int, int] = {}  # path id -> messages stored
         self._bytes: dict[int, int] = {}  # path id -> payload bytes stored
         self._db = self._open(Path(directory))
@@ -400,23 +403,25 @@ class MemoryStore:
         pattern = validate_pattern(pattern)
         if type(latest) is not int or latest < 1:
             raise ConfigurationError(f"latest must be a positive integer, not {latest!r}")
-        topics = sorted(
-            t for t in self._paths if (after is None or t > after) and topic_matches(pattern, t)
-        )
-        if paths is not None:
-            topics = topics[:paths]
+        topics = self._matching(pattern)
+        start = 0 if after is None else bisect.bisect_right(topics, after)
+        topics = topics[start : None if paths is None else start + paths]
         by_path = {path_id: topic for topic in topics for path_id in self._paths[topic]}
         found: dict[str, list[Stored]] = {topic: [] for topic in topics}
         ids = list(by_path)
         try:
             for start in range(0, len(ids), _CHUNK):
                 chunk = ids[start : start + _CHUNK]
-                marks = ",".join("?" * len(chunk))
+                # Per path, the id of its `latest`-th newest message bounds a range scan of
+                # the primary key: only the rows returned are read.
+                wanted = ",".join(["(?)"] * len(chunk))
                 rows = self._db.execute(
-                    "SELECT path_id, id, published_at, sealed FROM ("
-                    " SELECT *, row_number() OVER (PARTITION BY path_id ORDER BY id DESC) AS n"
-                    f" FROM messages WHERE path_id IN ({marks})) WHERE n <= ?",
-                    (*chunk, latest),
+                    f"WITH wanted(path_id) AS (VALUES {wanted})"
+                    " SELECT m.path_id, m.id, m.published_at, m.sealed FROM wanted w"
+                    " JOIN messages m ON m.path_id = w.path_id AND m.id >= coalesce("
+                    "  (SELECT id FROM messages WHERE path_id = w.path_id"
+                    "   ORDER BY id DESC LIMIT 1 OFFSET ?), x'')",
+                    (*chunk, latest - 1),
                 ).fetchall()
                 for path_id, msg_id, published_at, sealed in rows:
                     stored = self._open_row(by_path[path_id], path_id, msg_id, published_at, sealed)
@@ -429,6 +434,18 @@ class MemoryStore:
             # A topic stored under two keys (a rotation) has two paths: merge them.
             out.extend(sorted(found[topic], key=lambda s: s.id, reverse=True)[:latest])
         return out
+
+    def _matching(self, pattern: str) -> list[str]:
+        """The stored topics `pattern` matches, sorted; kept per pattern until a path is added
+        (a reread a page at a time asks again for each page)."""
+        known = self._matches.get(pattern)
+        if known is not None and known[0] == len(self._paths):
+            return known[1]
+        topics = sorted(t for t in self._paths if topic_matches(pattern, t))
+        if len(self._matches) >= 64:
+            self._matches.clear()
+        self._matches[pattern] = (len(self._paths), topics)
+        return topics
 
     def _open_row(
         self, topic: str, path_id: int, msg_id: bytes, published_at: float, sealed: bytes
