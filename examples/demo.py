@@ -343,7 +343,21 @@ def check_agreement(outcome: dict[str, object], summary: dict[str, object], repo
         + ", ".join(f"{k}={v}" for k, v in sorted(counts.items()))
     )
     say(f"open {report / 'index.html'}")
+    shot = screenshot(report)
+    if shot is not None:
+        say(f"screenshot of it (headless Chromium): {shot}")
     return 0
+
+
+def screenshot(report: Path) -> Path | None:
+    """The report as a person sees it, when Chromium is installed; problems in one line."""
+    try:
+        from irismesh.spark_telemetry.browser import screenshot_page
+
+        return screenshot_page(report / "index.html", report / "screenshot.png")
+    except Exception as exc:  # a screenshot is a courtesy: say why there is none, go on
+        say(f"no screenshot: {type(exc).__name__}: {exc}")
+        return None
 
 
 if __name__ == "__main__":

@@ -17,8 +17,7 @@ import pytest
 
 pytest.importorskip("pyspark", reason="PySpark not installed: pip install -e '.[spark]'")
 
-from browser import Browser, chromium, find_chromium
-
+from irismesh.spark_telemetry.browser import Browser, chromium, find_chromium
 from irismesh.spark_telemetry.report import run_jobs, write_report
 
 _CHROMIUM = find_chromium()

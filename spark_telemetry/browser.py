@@ -5,6 +5,9 @@ replies and events on 4, each a JSON object ended by a NUL byte (what Puppeteer'
 uses). That needs no WebSocket client and opens no socket, so it also keeps this machine's
 network rules. `Browser.open(url)` loads a page and records what a person would notice: console
 errors, uncaught exceptions, failed or outside requests. Every wait has a deadline.
+
+The browser test renders the report with it and keeps a screenshot; the demo takes the same
+screenshot of its report (`screenshot_page`) when Chromium is installed.
 """
 
 from __future__ import annotations
@@ -211,3 +214,13 @@ def chromium(executable: str) -> Iterator[Browser]:
             process.wait(timeout=10)
             os.close(commands_write)
             os.close(replies_read)
+
+
+def screenshot_page(page: Path, shot: Path, *, timeout: float = 30.0) -> Path | None:
+    """A full-page screenshot of an HTML file in headless Chromium; None without Chromium."""
+    executable = find_chromium()
+    if executable is None:
+        return None
+    with chromium(executable) as browser:
+        browser.open(page.resolve().as_uri(), timeout=timeout)
+        return browser.screenshot(shot)
