@@ -86,6 +86,9 @@ E = TypeVar("E")
 
 DEFAULT_BIND = "tcp://127.0.0.1:0"
 CATCH_UP_WAIT = 2.0  # seconds a starting memory member waits to find another to copy from
+# A rereading subscription reads the memory again after this long: its interest has reached
+# every publisher by then (membership spreads a record change in about a second).
+REREAD_AGAIN_AFTER = 2.0
 _log = logging.getLogger("irismesh")
 _KIND_REQUEST, _KIND_BROADCAST = int(Kind.REQUEST), int(Kind.BROADCAST)
 
@@ -229,6 +232,7 @@ class Node:
         )
         self._memory_runner: HandlerRunner | None = None
         self._catching_up: asyncio.Task[None] | None = None
+        self._priming: set[asyncio.Task[None]] = set()  # subscriptions rereading the memory
         if member is not None:
             self._memory_runner = HandlerRunner(
                 self._reply, self._reply_error, self._flush_soon, serving
@@ -350,6 +354,8 @@ class Node:
         if self.telemetry is not None:
             await self.telemetry.stop(self._pubsub.publish)
         await self._runner.close()
+        for task in list(self._priming):
+            task.cancel()
         if self._catching_up is not None:
             self._catching_up.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -536,14 +542,15 @@ class Node:
             raise ConfigurationError(f"timeout must be positive, got {timeout!r}")
         if type(payload) is not bytes:
             payload = as_bytes(payload)
+        msg_id = b""
         if retain:
-            await self.memory.retain(topic, payload, timeout)
+            msg_id = await self.memory.retain(topic, payload, timeout)
         pubsub = self._pubsub
-        sent = pubsub.publish_now(topic, payload)  # the common case: no coroutine to wait on
+        sent = pubsub.publish_now(topic, payload, msg_id)  # the common case: no coroutine
         if sent is not None:
             return sent
         return await pubsub.publish_later(
-            topic, payload, self._default_timeout if timeout is None else timeout
+            topic, payload, self._default_timeout if timeout is None else timeout, msg_id
         )
 
     async def reread(
@@ -579,6 +586,7 @@ class Node:
         policy: Policy = "block",
         maxsize: int = 1024,
         callback: Callable[[Message], object] | None = None,
+        reread: bool | int = False,
     ) -> Subscription:
         """Receive messages on topics matching `pattern` (`*` one segment, `#` any number).
 
@@ -590,9 +598,54 @@ class Node:
         event loop, instead of being buffered (the fastest way to receive; `policy` and
         `maxsize` do not apply). It must not block; an exception it raises is logged and
         counted in `sub.errors`, and the messages after it still come. `sub.close()` ends it.
+
+        `reread=True` (or a number N) first delivers what the mesh's memory holds for the
+        pattern (each path's newest message, or N newest, oldest first, with `Message.id`
+        and an empty `publisher`), then the live messages, with no gap and no duplicate
+        between them: live messages wait while the memory is read, a retained message comes
+        once whether it was reread or live, and the memory is read again once the new
+        interest has had time to reach every publisher. Without a memory member the
+        subscription is live only and `sub.reread_error` says why.
         """
         self._caller.running()
-        return self._pubsub.subscribe(pattern, policy, maxsize, callback)
+        if type(reread) is not bool and (type(reread) is not int or not 1 <= reread <= 100_000):
+            raise ConfigurationError(f"reread must be a bool or 1 to 100000, not {reread!r}")
+        sub = self._pubsub.subscribe(pattern, policy, maxsize, callback, priming=bool(reread))
+        if reread:
+            latest = 1 if reread is True else int(reread)
+            task = asyncio.get_running_loop().create_task(self._prime(sub, latest))
+            self._priming.add(task)
+            task.add_done_callback(self._priming.discard)
+        return sub
+
+    async def _prime(self, sub: Subscription, latest: int) -> None:
+        """Reread the memory into a new subscription, then let its live messages through;
+        read again once the subscription's interest has spread (a retained message published
+        before a publisher knew of it is in the memory by then)."""
+        try:
+            found = await self.memory.reread(sub.pattern, latest, None)
+        except MeshError as exc:
+            found = []
+            sub.reread_error = exc
+            self.memory.stats["rereads_failed"] += 1
+        except BaseException:  # cancelled (the node closes): the live messages go through
+            self._pubsub.end_priming(sub, [])
+            raise
+        remembered = sorted(found, key=lambda m: m.id)
+        newest = {m.topic: m.id for m in remembered}  # ascending: the last is the newest
+        self._pubsub.end_priming(sub, [_remembered(m) for m in remembered])
+        if sub.reread_error is not None or sub.closed:
+            return
+        await asyncio.sleep(REREAD_AGAIN_AFTER)
+        try:
+            again = await self.memory.reread(sub.pattern, latest, None)
+        except MeshError:
+            self.memory.stats["rereads_failed"] += 1
+            return
+        for m in sorted(again, key=lambda m: m.id):
+            if not sub.closed and m.id > newest.get(m.topic, b""):
+                sub._put(_remembered(m), None, 0)
+        sub._wake()
 
     def tunnel(
         self,
@@ -912,6 +965,11 @@ def default_name() -> str:
     host = socket.gethostname().partition(".")[0]
     host = "".join(c for c in host if c.isprintable() and not c.isspace()) or "node"
     return host[: MAX_NAME - len(suffix)] + suffix
+
+
+def _remembered(stored: Remembered) -> Message:
+    """A message reread from the memory, as a subscription delivers it."""
+    return Message(stored.topic, stored.payload, "", 0, stored.id)
 
 
 def _check_cluster_name(name: str) -> None:

@@ -33,7 +33,13 @@ from typing import Literal, NamedTuple
 from irismesh._core.engine import MeshCore
 from irismesh._core.events import CreditArrived, InterestChanged, Listen, MessagesArrived
 from irismesh._core.topics import TopicTrie, validate_pattern, validate_topic
-from irismesh.errors import Closed, ConfigurationError, InterestTimeout, SlowConsumer
+from irismesh.errors import (
+    Closed,
+    ConfigurationError,
+    InterestTimeout,
+    MeshError,
+    SlowConsumer,
+)
 
 _log = logging.getLogger("irismesh.pubsub")
 
@@ -44,6 +50,7 @@ TALLY_EVERY = 1024  # messages tallied before they are handed to the telemetry
 CACHED_TOPICS = 4096  # topics (and publishers) whose routes and names a node remembers
 RELEASE_EVERY = 32  # messages read from one peer before their credit goes back (or none left)
 _new = tuple.__new__  # Message(...) without its __new__'s keyword handling: once per message
+SEEN_IDS = 65536  # retained messages a rereading subscription remembers having delivered
 
 
 class Message(NamedTuple):
@@ -51,8 +58,9 @@ class Message(NamedTuple):
 
     topic: str
     payload: bytes
-    publisher: str  # the publishing node's hex id
+    publisher: str  # the publishing node's hex id ("" for a message reread from the memory)
     missed: int = 0  # messages this subscription lost just before this one
+    id: bytes | None = None  # a retained message's id (the memory holds it too), else None
 
 
 class _Hold:
@@ -98,6 +106,13 @@ class Subscription:
         self._owed_to: bytes | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._closed = False
+        # A subscription that rereads the memory: live messages wait in `_priming` until the
+        # remembered ones are in, and a retained message is delivered once, live or reread.
+        self._priming: list[tuple[Message, _Hold | bytes | None, int]] | None = None
+        self._seen: set[bytes] | None = None
+        self._seen_order: deque[bytes] = deque()
+        self.duplicates = 0  # retained messages that came twice (reread and live): dropped once
+        self.reread_error: MeshError | None = None  # why the memory could not be reread
 
     def __repr__(self) -> str:
         return f"<Subscription {self.pattern!r} {self.policy} {len(self._queue)}/{self.maxsize}>"
@@ -204,8 +219,54 @@ class Subscription:
         if self._blocking:
             self._hub._room_made()
 
+    def _begin_priming(self) -> None:
+        self._priming = []
+        self._seen = set()
+
+    def _end_priming(self, remembered: list[Message]) -> None:
+        """The remembered messages first, then the live ones that came meanwhile (each
+        retained message once)."""
+        pending, self._priming = self._priming or [], None
+        for message in remembered:
+            self._put(message, None, 0)
+        for message, hold, gap in pending:
+            self._put(message, hold, gap)
+
+    def _seen_before(self, msg_id: bytes) -> bool:
+        seen = self._seen
+        if seen is None:
+            return False
+        if msg_id in seen:
+            return True
+        seen.add(msg_id)
+        self._seen_order.append(msg_id)
+        if len(self._seen_order) > SEEN_IDS:
+            seen.discard(self._seen_order.popleft())
+        return False
+
+    def _let_go(self, hold: _Hold | bytes | None) -> None:
+        """A message dropped unread: the credit it held goes back."""
+        if type(hold) is bytes:
+            self._hub._release(hold)
+        elif hold is not None:
+            self._hub._done(hold)  # type: ignore[arg-type]
+
     def _put(self, message: Message, hold: _Hold | bytes | None, gap: int) -> int:
         """Queue a message; returns how many the policy dropped to make room (0 or 1)."""
+        priming = self._priming
+        if priming is not None:
+            if not self._blocking and len(priming) >= self.maxsize:
+                _old, old_hold, old_gap = priming.pop(0)
+                self._let_go(old_hold)
+                self.missed += 1
+                self._gap += old_gap + 1
+            priming.append((message, hold, gap))
+            return 0
+        msg_id = message[4]
+        if msg_id is not None and self._seen_before(msg_id):
+            self.duplicates += 1
+            self._let_go(hold)
+            return 0
         self.received += 1
         if self._callback is not None:
             if gap:
@@ -300,6 +361,8 @@ class PubSub:
         policy: Policy,
         maxsize: int,
         callback: Callable[[Message], object] | None = None,
+        *,
+        priming: bool = False,
     ) -> Subscription:
         core = self._running()
         pattern = validate_pattern(pattern)
@@ -310,12 +373,23 @@ class PubSub:
         if callback is not None and not callable(callback):
             raise ConfigurationError(f"callback must be callable, not {callback!r}")
         sub = Subscription(self, pattern, policy, maxsize, callback)
+        if priming:
+            sub._begin_priming()  # before any message can reach it
         self._subscriptions.add(sub)
         self._trie.add(pattern, sub)
         self._routes.clear()
         core.subscribe(pattern)
         self._flush_soon()
         return sub
+
+    def end_priming(self, sub: Subscription, remembered: list[Message]) -> None:
+        """A rereading subscription has the memory's messages: they go first, then the live
+        ones that waited, and from now on live messages take the usual paths."""
+        if sub._priming is None:
+            return
+        sub._end_priming(remembered)
+        self._routes.clear()  # it may be a topic's one subscription again
+        sub._wake()
 
     def _remove(self, sub: Subscription) -> None:
         if sub not in self._subscriptions:
@@ -356,6 +430,7 @@ class PubSub:
         stamps = event.stamps
         if stamps is not None:
             self._time_deliveries(event, stamps)
+        ids = event.ids
         routes = self._routes
         counting = self.record is not None
         free = 0  # messages no blocking subscription holds: their credit goes back now
@@ -369,8 +444,8 @@ class PubSub:
             if route is None:
                 route = self._route(topic)
             only = route[2]
-            if only is not None and gaps is None:
-                message = _new(Message, (topic, payload, publisher, 0))
+            if only is not None and gaps is None and ids is None:
+                message = _new(Message, (topic, payload, publisher, 0, None))
                 only.received += 1
                 callback = only._callback
                 if callback is None:
@@ -396,6 +471,7 @@ class PubSub:
                 event,
                 gaps.get(index, 0) if gaps else 0,
                 counting and (stamps is None or index not in stamps),
+                ids.get(index) if ids else None,
             )
         self.delivered += index + 1 - slow
         for sub in touched:
@@ -412,6 +488,7 @@ class PubSub:
         event: MessagesArrived,
         gap: int,
         count: bool,
+        msg_id: bytes | None = None,
     ) -> int:
         """One message, whatever its subscriptions; returns 1 if its credit can go back now.
         `count`: tally its delivery (not if it was timed)."""
@@ -419,7 +496,7 @@ class PubSub:
         if not subs:
             self.unmatched += 1
             return 1
-        message = _new(Message, (topic, payload, publisher, 0))
+        message = _new(Message, (topic, payload, publisher, 0, msg_id))
         hold: _Hold | bytes | None
         if blocking == 1:
             hold = event.routing_id  # its one blocking subscription releases it
@@ -458,6 +535,8 @@ class PubSub:
         blocking = sum(1 for sub in subs if sub._blocking)
         # The one subscription, when it buffers and blocks or hands messages to a callback.
         only = subs[0] if len(subs) == 1 and (blocking or subs[0]._callback) else None
+        if only is not None and only._priming is not None:
+            only = None  # its messages wait for the reread: the general path
         route = self._routes[topic] = (subs, blocking, only)
         return route
 
@@ -489,7 +568,7 @@ class PubSub:
 
     # ----------------------------------------------------------------- publishing
 
-    def publish_now(self, topic: str, payload: bytes) -> int | None:
+    def publish_now(self, topic: str, payload: bytes, msg_id: bytes = b"") -> int | None:
         """Publish if every target has room now (how many it went to), else None: then wait
         with `publish_later`. The publisher's hot path, without a coroutine of its own."""
         core = self._core
@@ -499,7 +578,7 @@ class PubSub:
             self._check(topic)
         if self._lock.locked():  # others wait already: this one queues behind them
             return None
-        return self._try(core, topic, payload)
+        return self._try(core, topic, payload, msg_id)
 
     async def publish(self, topic: str, payload: bytes, timeout: float) -> int:
         """Publish, waiting up to `timeout` for room (in order with other waiting publishes)."""
@@ -508,7 +587,9 @@ class PubSub:
             return sent
         return await self.publish_later(topic, payload, timeout)
 
-    async def publish_later(self, topic: str, payload: bytes, timeout: float) -> int:
+    async def publish_later(
+        self, topic: str, payload: bytes, timeout: float, msg_id: bytes = b""
+    ) -> int:
         """Wait for room, in order behind the publishes already waiting, then publish;
         SlowConsumer after `timeout` (after `publish_now` found no room)."""
         loop = asyncio.get_running_loop()
@@ -517,7 +598,7 @@ class PubSub:
             while True:
                 self._room.clear()
                 core = self._running()
-                sent = self._try(core, topic, payload)
+                sent = self._try(core, topic, payload, msg_id)
                 if sent is not None:
                     return sent
                 self._flush()  # what is staged goes out: the subscribers need it to make room
@@ -554,7 +635,7 @@ class PubSub:
             self._valid.clear()
         self._valid.add(topic)
 
-    def _try(self, core: MeshCore, topic: str, payload: bytes) -> int | None:
+    def _try(self, core: MeshCore, topic: str, payload: bytes, msg_id: bytes = b"") -> int | None:
         if self._subscriptions:
             route = self._routes.get(topic)
             if route is None:
@@ -573,14 +654,14 @@ class PubSub:
             else:
                 self._stamp_countdown = self.stamp_every()
                 stamp = time.time()
-        sent = core.pubsub.publish(topic, payload, stamp)  # the core's own: one call fewer
+        sent = core.pubsub.publish(topic, payload, stamp, msg_id)  # the core's own: a call fewer
         if sent < 0:
             return None
         self.published += 1
         if self.record is not None:
             self._count("publish", topic, None, len(payload), 0)
         if local:
-            message = _new(Message, (topic, payload, self._node_id, 0))
+            message = _new(Message, (topic, payload, self._node_id, 0, msg_id or None))
             for sub in local:
                 sub._put(message, None, 0)
             self.delivered += len(local)

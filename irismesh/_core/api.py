@@ -153,8 +153,8 @@ class CoreApi:
     def blocked_subscribers(self, topic: str) -> list[bytes]:
         return self.pubsub.blocked_subscribers(topic)
 
-    def publish(self, topic: str, payload: bytes, stamp: float = 0.0) -> int:
-        return self.pubsub.publish(topic, payload, stamp)
+    def publish(self, topic: str, payload: bytes, stamp: float = 0.0, msg_id: bytes = b"") -> int:
+        return self.pubsub.publish(topic, payload, stamp, msg_id)
 
     def release(self, routing_id: bytes, count: int = 1) -> bool:
         return self.pubsub.release(routing_id, count)

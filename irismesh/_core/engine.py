@@ -94,6 +94,7 @@ _BROADCAST, _SURVEY, _BATCH = int(Kind.BROADCAST), int(Kind.SURVEY), int(Kind.BA
 _SUBSCRIBE, _UNSUBSCRIBE = int(Kind.SUBSCRIBE), int(Kind.UNSUBSCRIBE)
 _CREDIT, _PUBLISH, _TUNNEL = int(Kind.CREDIT), int(Kind.PUBLISH), int(Kind.TUNNEL)
 _PUBLISH_STAMPED = int(Kind.PUBLISH_STAMPED)
+_PUBLISH_KINDS = (_PUBLISH, _PUBLISH_STAMPED, int(Kind.PUBLISH_RETAINED))
 _BYE, _CANCEL = int(Kind.BYE), int(Kind.CANCEL)
 _CALL_KINDS = frozenset((_REQUEST, _BROADCAST, _SURVEY, _TUNNEL))
 _REPLY_KINDS = frozenset((_REPLY, _TUNNEL))
@@ -395,7 +396,7 @@ class MeshCore(CoreApi):
             if kind == _TUNNEL:
                 self._on_tunnel_in(link, scope, body)
                 return
-            if kind in (_PUBLISH, _PUBLISH_STAMPED):
+            if kind in _PUBLISH_KINDS:
                 slot_scope = link.topic_slots.get(scope)
                 if slot_scope is None:
                     raise ProtocolError("bad_scope", "PUBLISH")

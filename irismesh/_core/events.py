@@ -57,7 +57,8 @@ class MessagesArrived:
     `release(routing_id, n)` them once handled. `gaps` maps an index in `messages` to how many
     messages of this publisher's stream were lost in transit just before that one (None: none);
     `stamps` an index to the publisher's wall clock when it published that message (the
-    messages it sampled for publish-to-deliver latency; None: none).
+    messages it sampled for publish-to-deliver latency; None: none); `ids` an index to the
+    id of a message the mesh's memory also holds (None: none).
     """
 
     routing_id: bytes
@@ -65,6 +66,7 @@ class MessagesArrived:
     messages: list[tuple[str, bytes]]
     gaps: dict[int, int] | None = None
     stamps: dict[int, float] | None = None
+    ids: dict[int, bytes] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

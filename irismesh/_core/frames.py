@@ -27,6 +27,9 @@ msgpack and its shape checks were a quarter of the core's cost per request (meas
     PUBLISH_STAMPED  !QBd  stream seq, topic length, publish time | topic | payload
              (one publish in `sample_every` when the publisher records telemetry: the
              publisher's wall clock, seconds since the epoch, for publish-to-deliver latency)
+    PUBLISH_RETAINED  !QB  stream seq, topic length | message id (16) | topic | payload
+             (a message the mesh's memory also holds: its id lets a subscriber that rereads
+             the memory tell the live copy from the remembered one)
     TUNNEL   !IBI  tunnel id, op, argument | data  (ops and their argument: `TunnelOp`)
 
 Acks name replies the caller has received, so the member can forget them at once (see
@@ -77,6 +80,7 @@ class Kind(enum.IntEnum):
     TUNNEL = 17  # either way, in a cluster's scope: fixed layout, see the module docstring
     CANCEL = 20  # dialler -> listener: [[req ids the caller gave up on]] (at most MAX_CANCELS)
     PUBLISH_STAMPED = 21  # PUBLISH with the publisher's clock: fixed layout, see the docstring
+    PUBLISH_RETAINED = 22  # PUBLISH with the message's id: fixed layout, see the docstring
 
 
 KINDS: Final = frozenset(int(k) for k in Kind)
@@ -99,6 +103,7 @@ MAX_CLUSTERS: Final = 64
 PUBLISH_FIELDS: Final = struct.Struct("!QB")
 PUBLISH_STAMP: Final = struct.Struct("!d")
 MAX_STAMP: Final = 1e11  # seconds since the epoch: a publish time past this is not one
+MESSAGE_ID_SIZE: Final = 16  # a retained message's id (irismesh.memory.message_id)
 TUNNEL_FIELDS: Final = struct.Struct("!IBI")
 MAX_PATTERNS_PER_FRAME: Final = 128  # x 255 B patterns fits CONTROL_ALLOWANCE
 

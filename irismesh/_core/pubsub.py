@@ -44,6 +44,7 @@ from irismesh._core.frames import (
     MAX_BATCH,
     MAX_PATTERNS_PER_FRAME,
     MAX_STAMP,
+    MESSAGE_ID_SIZE,
     PUBLISH_ENTRY,
     PUBLISH_FIELDS,
     PUBLISH_STAMP,
@@ -55,11 +56,12 @@ from irismesh._core.outbox import Outbox
 from irismesh._core.records import MemberRecord
 from irismesh._core.sealing import LinkSecurity
 from irismesh._core.topics import TopicTrie, parse_pattern_from_peer, parse_topic_from_peer
-from irismesh.errors import Closed, NoKey, PayloadTooLarge, ProtocolError
+from irismesh.errors import Closed, ConfigurationError, NoKey, PayloadTooLarge, ProtocolError
 
 _SUBSCRIBE, _UNSUBSCRIBE = int(Kind.SUBSCRIBE), int(Kind.UNSUBSCRIBE)
 _CREDIT, _PUBLISH = int(Kind.CREDIT), int(Kind.PUBLISH)
 _PUBLISH_STAMPED = int(Kind.PUBLISH_STAMPED)
+_PUBLISH_RETAINED = int(Kind.PUBLISH_RETAINED)
 _MAX_CREDIT = 1 << 30
 _MAX_TOPIC_SCOPES = 4096  # topics whose checks a node remembers at once
 _MAX_PARTS = 2 * MAX_BATCH  # a staged publish is two parts: its entry's header and its body
@@ -232,7 +234,7 @@ class PubSubCore(LinkObserver):
 
     # ----------------------------------------------------------------- publishing
 
-    def publish(self, topic: str, payload: bytes, stamp: float = 0.0) -> int:
+    def publish(self, topic: str, payload: bytes, stamp: float = 0.0, msg_id: bytes = b"") -> int:
         """Send a message on a (validated) topic to every peer interested in it.
 
         Returns how many peers it went to, or -1 without sending anything when one of them has
@@ -240,7 +242,8 @@ class PubSubCore(LinkObserver):
         The payload is sealed once, under the topic scope's key (the topic's first segment,
         else the default key); raises NoKey without one. A `stamp` (the publisher's wall
         clock, seconds since the epoch) travels with the message (PUBLISH_STAMPED), so that
-        subscribers can measure publish-to-deliver latency.
+        subscribers can measure publish-to-deliver latency; a `msg_id` (a message the mesh's
+        memory holds, MESSAGE_ID_SIZE bytes) travels instead (PUBLISH_RETAINED).
         """
         if self.closed:
             raise Closed("node is closed")
@@ -265,7 +268,12 @@ class PubSubCore(LinkObserver):
                 self.blocked = True
                 self._stats["publish_blocked"] += 1
                 return -1
-        if stamp:
+        if msg_id:
+            if len(msg_id) != MESSAGE_ID_SIZE:
+                raise ConfigurationError(f"a message id is {MESSAGE_ID_SIZE} bytes")
+            kind = _PUBLISH_RETAINED
+            tail = msg_id + encoded + payload
+        elif stamp:
             kind = _PUBLISH_STAMPED
             tail = _pack_stamp(stamp) + encoded + payload
         else:
@@ -341,6 +349,7 @@ class PubSubCore(LinkObserver):
         messages: list[tuple[str, bytes]] = []
         gaps: dict[int, int] | None = None
         stamps: dict[int, float] | None = None
+        ids: dict[int, bytes] | None = None
         offset, size, count = 0, len(body), 0
         heard, unpack, stats = self._topics_heard, _unpack_publish_entry, self._stats
         try:
@@ -351,11 +360,15 @@ class PubSubCore(LinkObserver):
                 start = offset + _PUBLISH_ENTRY_SIZE
                 offset += _ENTRY_SIZE + length
                 stamp = 0.0
+                msg_id = b""
                 if kind == _PUBLISH_STAMPED and start + _STAMP_SIZE <= offset <= size:
                     stamp = _unpack_stamp(body, start)[0]
                     start += _STAMP_SIZE
                     if not 0.0 < stamp < MAX_STAMP:  # NaN, infinity, or no time at all
                         raise ProtocolError("bad_envelope", "PUBLISH stamp")
+                elif kind == _PUBLISH_RETAINED and start + MESSAGE_ID_SIZE <= offset <= size:
+                    msg_id = body[start : start + MESSAGE_ID_SIZE]
+                    start += MESSAGE_ID_SIZE
                 elif kind != _PUBLISH:
                     raise ProtocolError("bad_envelope", "PUBLISH entry")
                 topic_end = start + topic_size
@@ -398,11 +411,15 @@ class PubSubCore(LinkObserver):
                     if stamps is None:
                         stamps = {}
                     stamps[len(messages)] = stamp
+                elif msg_id:
+                    if ids is None:
+                        ids = {}
+                    ids[len(messages)] = msg_id
                 messages.append((topic, body[topic_end:offset]))
         finally:
             if messages:
                 self._outbox.events.append(
-                    MessagesArrived(link.routing_id, link.peer_id, messages, gaps, stamps)
+                    MessagesArrived(link.routing_id, link.peer_id, messages, gaps, stamps, ids)
                 )
 
     def _topic_heard(self, encoded: bytes) -> tuple[str, str, bool]:

@@ -175,6 +175,7 @@ class Scene:
         net.settle()
         client_core.publish("feeds.news.1", b"published")
         client_core.publish("feeds.news.1", b"stamped", stamp=1.8e9)
+        client_core.publish("feeds.news.1", b"retained", msg_id=bytes(range(16)))
         net.collect(self.client)
         client_core.batching = True
         for i in range(3):

@@ -54,9 +54,14 @@ caps = st.dictionaries(st.text(max_size=10), scalars, max_size=8)
 
 # REQUEST, BROADCAST, SURVEY and REPLY have fixed layouts, not msgpack envelopes.
 FIXED_KINDS = (Kind.REQUEST, Kind.REPLY, Kind.BROADCAST, Kind.SURVEY, Kind.BATCH)
-MSGPACK_KINDS = [
-    k for k in Kind if k not in (*FIXED_KINDS, Kind.PUBLISH, Kind.PUBLISH_STAMPED, Kind.TUNNEL)
-]
+BINARY_KINDS = (
+    *FIXED_KINDS,
+    Kind.PUBLISH,
+    Kind.PUBLISH_STAMPED,
+    Kind.PUBLISH_RETAINED,
+    Kind.TUNNEL,
+)
+MSGPACK_KINDS = [k for k in Kind if k not in BINARY_KINDS]
 patterns = st.lists(st.binary(max_size=255), max_size=MAX_PATTERNS_PER_FRAME)
 credits = st.integers(min_value=1, max_value=2**31 - 1)
 ENVELOPES: dict[Kind, st.SearchStrategy[list[Any]]] = {

@@ -76,8 +76,11 @@ def _captured(scene: Scene, kind: Kind) -> bytes:
     return scene.corpus[kind][-1]
 
 
-def _stamped(scene: Scene, stamp: bytes, *, cut: bool = False) -> tuple[str, bytes]:
-    """A PUBLISH_STAMPED frame in the client's slot for "feeds", its time as given."""
+def _stamped(
+    scene: Scene, stamp: bytes, *, cut: bool = False, kind: Kind = Kind.PUBLISH_STAMPED
+) -> tuple[str, bytes]:
+    """A PUBLISH_STAMPED (or `kind`) frame in the client's slot for "feeds", its time (or id)
+    as given; `cut` ends it three bytes into that field."""
     link = scene.out_link(scene.client, scene.member)
     slot = link.topic_slots["feeds"]
     topic = b"feeds.news.9"
@@ -197,6 +200,10 @@ JUNK_IN_A_SEAL: dict[str, tuple[str, Build]] = {
         lambda s: _stamped(s, PUBLISH_STAMP.pack(0.0)),
     ),
     "stamped publish cut inside its time": ("bad_envelope", lambda s: _stamped(s, b"", cut=True)),
+    "retained publish cut inside its id": (
+        "bad_envelope",
+        lambda s: _stamped(s, b"", cut=True, kind=Kind.PUBLISH_RETAINED),
+    ),
     "the link's goodbye of the wrong shape": (
         "bad_envelope",
         lambda s: _authentic(s, Kind.BYE, 0, CODEC.pack([1])),

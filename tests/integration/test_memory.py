@@ -166,3 +166,79 @@ def test_a_long_answer_comes_a_page_at_a_time_and_whole(
             await asyncio.gather(reader.close(), two.close(), one.close())
 
     run(main())
+
+
+def test_a_rereading_subscriber_gets_the_latest_of_each_path_then_live_without_gap_or_repeat(
+    keys: irismesh.Keyring, tmp_path: Path
+) -> None:
+    paths, versions, live = 400, 5, 300
+
+    async def main() -> None:
+        one = irismesh.Node(keyring=keys, memory=tmp_path / "one")
+        await one.start()
+        two = irismesh.Node(keyring=keys, memory=tmp_path / "two", seeds=[one.endpoint])
+        await two.start()
+        publisher = irismesh.Node(keyring=keys, seeds=[one.endpoint])
+        await publisher.start()
+        reader = irismesh.Node(keyring=keys, seeds=[one.endpoint])
+        await reader.start()
+        try:
+            await publisher.wait_for_members("_memory", 2, timeout=10)
+            await reader.wait_for_members("_memory", 2, timeout=10)
+
+            async def versions_of(share: int) -> None:  # each path's versions in order
+                for version in range(versions):
+                    for path in range(share, paths, 8):
+                        await publisher.publish(f"news.{path}", b"%d" % version, retain=True)
+
+            await asyncio.gather(*(versions_of(share) for share in range(8)))
+            got: dict[str, list[int]] = {}
+            first: list[irismesh.Message] = []
+
+            def take(message: irismesh.Message) -> None:
+                if len(first) < paths:
+                    first.append(message)
+                got.setdefault(message.topic, []).append(int(message.payload))
+
+            sub = reader.subscribe("news.#", callback=take, reread=True)
+            for i in range(live):  # while the subscriber starts: across the switch
+                await publisher.publish(f"news.{i}", b"%d" % versions, retain=True)
+                await asyncio.sleep(0.01)
+            final = {f"news.{p}": versions if p < live else versions - 1 for p in range(paths)}
+            await wait_until(
+                lambda: all(got.get(t, [-1])[-1] == v for t, v in final.items()),
+                15,
+                "every path's last version",
+            )
+            assert sub.reread_error is None
+            # The memory's messages first: the newest of each path, by id, without publisher.
+            assert all(m.publisher == "" and m.id is not None for m in first[: paths // 2])
+            for topic, seen in got.items():
+                assert seen[0] >= versions - 1, (topic, seen)  # nothing older than the latest
+                assert seen == list(range(seen[0], final[topic] + 1)), (topic, seen)
+            sub.close()
+        finally:
+            await asyncio.gather(reader.close(), publisher.close(), two.close(), one.close())
+
+    run(main(), limit=60)
+
+
+def test_a_rereading_subscription_without_a_memory_is_live_and_says_why(
+    keys: irismesh.Keyring,
+) -> None:
+    async def main() -> None:
+        async with (
+            irismesh.Node(keyring=keys) as publisher,
+            irismesh.Node(keyring=keys, seeds=[publisher.endpoint]) as reader,
+        ):
+            sub = reader.subscribe("news.#", reread=True)
+            await wait_until(lambda: sub.reread_error is not None, 5, "the failed reread")
+            assert isinstance(sub.reread_error, irismesh.NoResponders)
+            await publisher.wait_for_subscribers("news.a", 1, timeout=5)
+            await publisher.publish("news.a", b"live")
+            message = await sub.get(timeout=5)
+            assert (message.payload, message.id) == (b"live", None)
+            with pytest.raises(irismesh.ConfigurationError):
+                reader.subscribe("news.#", reread=0)
+
+    run(main())
