@@ -57,12 +57,15 @@ from irismesh.errors import (
     ConfigurationError,
     MembershipTimeout,
     MeshError,
+    NoResponders,
+    RequestTimeout,
 )
 from irismesh.memory.service import MEMORY_CLUSTER, MemoryMember, NodeMemory
 from irismesh.memory.store import Retention
 from irismesh.memory.store import Stored as Remembered
 from irismesh.patterns.pubsub import Message, Policy, PubSub, Subscription
 from irismesh.patterns.reqrep import Caller, HandlerRunner, RequestHandler, as_bytes
+from irismesh.patterns.reqrep import _deadline as _deadline_var
 from irismesh.patterns.tunnel import (
     DEFAULT_MAX_MESSAGE,
     DEFAULT_WINDOW,
@@ -487,6 +490,7 @@ class Node:
         *,
         timeout: float | None = None,
         hedge: float | bool | None = None,
+        queue: bool = False,
     ) -> bytes:
         """Send `payload` to one live member of `cluster` and return its reply.
 
@@ -495,8 +499,36 @@ class Node:
 
         `hedge` (for idempotent requests): if no reply came within `hedge` seconds (True: the
         cluster's measured p95 latency), send a copy to a second member; the first reply wins.
+
+        `queue=True`: when the cluster has no live member, wait for one within the deadline
+        instead of raising NoResponders (RequestTimeout if none came in time).
         """
-        return await self._caller.request(cluster, payload, timeout, hedge)
+        if not queue:
+            return await self._caller.request(cluster, payload, timeout, hedge)
+        return await self._queued_request(cluster, payload, timeout, hedge)
+
+    async def _queued_request(
+        self, cluster: str, payload: bytes, timeout: float | None, hedge: float | bool | None
+    ) -> bytes:
+        _core, driver = self._caller.running()
+        loop = driver.loop
+        budget = self._default_timeout if timeout is None else timeout
+        if not budget > 0:
+            raise ConfigurationError(f"timeout must be positive, got {timeout!r}")
+        inherited = _deadline_var.get()  # within a handler: its caller's deadline bounds it
+        until = min(loop.time() + budget, inherited)
+        waited = 0
+        while True:
+            left = until - loop.time()
+            if left <= 0:
+                raise RequestTimeout(cluster, budget, waited)
+            try:
+                return await self._caller.request(cluster, payload, left, hedge)
+            except NoResponders:
+                waited += 1
+                self._serving_stats["requests_queued_for_member"] += 1
+                with contextlib.suppress(MembershipTimeout):
+                    await self.wait_for_members(cluster, 1, timeout=max(left, 0.001))
 
     async def broadcast(
         self, cluster: str, payload: bytes, *, timeout: float | None = None

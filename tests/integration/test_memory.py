@@ -242,3 +242,26 @@ def test_a_rereading_subscription_without_a_memory_is_live_and_says_why(
                 reader.subscribe("news.#", reread=0)
 
     run(main())
+
+
+def test_a_queued_request_waits_for_a_member_within_its_deadline(keys: irismesh.Keyring) -> None:
+    async def main() -> None:
+        async with irismesh.Node(keyring=keys) as caller:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            with pytest.raises(irismesh.RequestTimeout):
+                await caller.request("late", b"x", timeout=0.5, queue=True)
+            assert 0.45 < loop.time() - started < 2.0
+            with pytest.raises(irismesh.NoResponders):  # not queued: at once
+                await caller.request("late", b"x", timeout=5)
+
+            waiting = asyncio.ensure_future(caller.request("late", b"hi", timeout=10, queue=True))
+            await asyncio.sleep(1.0)  # the cluster is empty for a while
+            assert not waiting.done()
+            member = irismesh.Node("late", keyring=keys, seeds=[caller.endpoint])
+            member.on_request(lambda payload: payload.upper())
+            async with member:
+                assert await waiting == b"HI"
+            assert caller.stats["requests_queued_for_member"] >= 1
+
+    run(main())
