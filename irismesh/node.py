@@ -240,9 +240,7 @@ class Node:
             self._memory_runner = HandlerRunner(
                 self._reply, self._reply_error, self._flush_soon, serving
             )
-            self._memory_runner.handler = member.handle
-            self._memory_runner.blocking = True
-            self._memory_runner.pool = self.memory.pool
+            self._memory_runner.handler = member.serve
         self._tunnels = Tunnels(self._flush_soon, self._flush_now)
         self._membership_changed: asyncio.Event | None = None
         self._departed: dict[str, PeerInfo] = {}  # hex id -> the peer as it went

@@ -5,7 +5,7 @@ A node started with a memory directory serves the cluster `_memory` beside its o
 publish must be held by several of them, a reread must hear from all of them), so the protocol
 is two msgpack requests, each answered by every member:
 
-    ["store", [[topic, payload, published_at, id], ...]]  ->  [stored, new]
+    ["store", [[topic, payload, published_at, id], ...]]  ->  [stored]
     ["latest", pattern, n, after]  ->  [[[topic, payload, published_at, id], ...], next]
 
     ["since", id]  ->  [[[topic, payload, published_at, id], ...], next]
@@ -68,6 +68,7 @@ _STORE, _LATEST, _SINCE = "store", "latest", "since"
 CATCH_UP_MARGIN: Final = 60.0  # seconds before its newest message a starting member asks from
 _MAX_BATCH: Final = 4096
 _MAX_LATEST: Final = 100_000
+_GROUP: Final = 256  # store requests written in one transaction at most
 RETAINED_ROOM: Final = 4096  # what a retained payload leaves of a frame for its envelope
 PAGE_BYTES: Final = 512 << 10  # an answer's payloads, well below a frame's limit
 _PAGE_PATHS: Final = 256  # paths read from the store at a time while filling a page
@@ -134,6 +135,48 @@ class MemoryMember:
     ) -> None:
         self.store = MemoryStore(directory, keyring, retention=retention, default=default)
         self._lock = threading.Lock()
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="irismesh-memory")
+        # Group commit: stores that arrive while one is written wait, and go in the next
+        # transaction together (one flush to disk for all of them).
+        self._writes: list[tuple[list[tuple[str, bytes, float, bytes]], asyncio.Future[None]]] = []
+        self._writer: asyncio.Task[None] | None = None
+        self.transactions = 0
+
+    async def serve(self, payload: bytes) -> bytes:
+        """One request to `_memory`, on the node's loop: stores are written in groups on the
+        member's store thread, reads run there one at a time."""
+        request = _unpack(payload)
+        if type(request) is list and len(request) == 2 and request[0] == _STORE:
+            rows = _rows(request[1])
+            loop = asyncio.get_running_loop()
+            done: asyncio.Future[None] = loop.create_future()
+            self._writes.append((rows, done))
+            if self._writer is None or self._writer.done():
+                self._writer = loop.create_task(self._write())
+            await done
+            return _pack([len(rows)])
+        return await asyncio.get_running_loop().run_in_executor(self.pool, self.handle, payload)
+
+    async def _write(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._writes:
+            batch, self._writes = self._writes[:_GROUP], self._writes[_GROUP:]
+            rows = [row for group, _done in batch for row in group]
+            try:
+                await loop.run_in_executor(self.pool, self._put, rows)
+            except MeshError as exc:
+                for _group, done in batch:
+                    if not done.done():
+                        done.set_exception(exc)
+            else:
+                for _group, done in batch:
+                    if not done.done():
+                        done.set_result(None)
+
+    def _put(self, rows: list[tuple[str, bytes, float, bytes]]) -> int:
+        with self._lock:
+            self.transactions += 1
+            return self.store.put_many(rows)
 
     def handle(self, payload: bytes) -> bytes:
         """One request to `_memory` (in the member's store thread)."""
@@ -141,23 +184,18 @@ class MemoryMember:
         if type(request) is not list or not request:
             raise ConfigurationError("a memory request is a msgpack array: [op, ...]")
         op = request[0]
-        if op == _STORE and len(request) == 2 and type(request[1]) is list:
-            rows = request[1]
-            if len(rows) > _MAX_BATCH or not all(_is_row(row) for row in rows):
-                raise ConfigurationError("store takes up to 4096 [topic, payload, time, id] rows")
-            with self._lock:
-                added = self.store.put_many(
-                    (topic, payload, float(at), msg_id) for topic, payload, at, msg_id in rows
-                )
-            return _pack([len(rows), added])
+        if op == _STORE and len(request) == 2:
+            rows = _rows(request[1])
+            self._put(rows)
+            return _pack([len(rows)])
         if op == _LATEST and len(request) == 4 and type(request[1]) is str:
             _op, pattern, latest, after = request
             if type(latest) is not int or not 1 <= latest <= _MAX_LATEST:
                 raise ConfigurationError(f"latest must be 1 to {_MAX_LATEST}, not {latest!r}")
             if after is not None and type(after) is not str:
                 raise ConfigurationError("latest's `after` is a topic or nil")
-            rows, following = self.page(pattern, latest, after)
-            return _pack([[[s.topic, s.payload, s.published_at, s.id] for s in rows], following])
+            page, following = self.page(pattern, latest, after)
+            return _pack([[[s.topic, s.payload, s.published_at, s.id] for s in page], following])
         if op == _SINCE and len(request) == 2 and type(request[1]) is bytes:
             with self._lock:
                 newer, last = self.store.since(request[1], PAGE_BYTES)
@@ -198,6 +236,7 @@ class MemoryMember:
             return self.store.figures()
 
     def close(self) -> None:
+        self.pool.shutdown(wait=True)
         with self._lock:
             self.store.close()
 
@@ -345,8 +384,7 @@ class NodeMemory:
         missing: list[str] = []
         own_answer = None
         if self.member is not None and own:
-            loop = asyncio.get_running_loop()
-            own_answer = loop.run_in_executor(self._pool, self.member.handle, request)
+            own_answer = asyncio.ensure_future(self.member.serve(request))
         try:
             answers, errors, missing = await self._survey(request, timeout)
         except NoResponders:
@@ -360,8 +398,6 @@ class NodeMemory:
         return answers, errors, missing
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
         if self.member is not None:
             self.member.close()
 
@@ -377,6 +413,13 @@ def _failure(
     if errors:
         return next(iter(errors.values()))
     return RequestTimeout(MEMORY_CLUSTER, timeout or 0.0, 1)
+
+
+def _rows(rows: Any) -> list[tuple[str, bytes, float, bytes]]:
+    """A store request's rows, checked."""
+    if type(rows) is not list or len(rows) > _MAX_BATCH or not all(_is_row(r) for r in rows):
+        raise ConfigurationError("store takes up to 4096 [topic, payload, time, id] rows")
+    return [(topic, payload, float(at), msg_id) for topic, payload, at, msg_id in rows]
 
 
 def _is_row(row: Any) -> bool:
