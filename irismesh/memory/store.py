@@ -129,7 +129,7 @@ class Retention:
             raise ConfigurationError(f"max_bytes must be positive, not {self.max_bytes!r}")
 
 
-class _Sealing:
+class Sealing:
     """The store's keys derived from one key of the keyring."""
 
     __slots__ = ("aead", "index_key", "key_id")
@@ -172,9 +172,9 @@ class MemoryStore:
         self._rules = [(validate_pattern(pattern), rule) for pattern, rule in retention]
         self._default = default or Retention()
         self.stats: Counter[str] = Counter()
-        self._sealings: dict[str, _Sealing] = {}  # key id -> its derived keys
+        self._sealings: dict[str, Sealing] = {}  # key id -> its derived keys
         self._paths: dict[str, list[int]] = {}  # topic -> its path ids (one per key id)
-        self._writing: dict[str, tuple[int, _Sealing]] = {}  # topic -> path for new messages
+        self._writing: dict[str, tuple[int, Sealing]] = {}  # topic -> path for new messages
         self._tags: dict[int, bytes] = {}  # path id -> path tag (what payloads are bound to)
         self._path_keys: dict[int, str] = {}  # path id -> the id of the key it is sealed under
         self._matches: dict[str, tuple[int, list[str]]] = {}  # pattern -> (paths then, topics)
@@ -234,14 +234,32 @@ class MemoryStore:
         except sqlite3.Error as exc:
             raise StorageError(self.path, _reason(exc)) from None
 
-    def _sealing_of(self, key_id: str) -> _Sealing | None:
+    def _sealing_of(self, key_id: str) -> Sealing | None:
         sealing = self._sealings.get(key_id)
         if sealing is None:
             key = next((k for k in self._keyring if k.key_id == key_id), None)
             if key is None:
                 return None
-            sealing = self._sealings[key_id] = _Sealing(key)
+            sealing = self._sealings[key_id] = Sealing(key)
         return sealing
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        """The database, for the other tables of the memory (work queues)."""
+        return self._db
+
+    def sealing_for(self, scope: str) -> Sealing:
+        """The keys new data of `scope` is sealed under; NoKey without one."""
+        key = self._keyring.primary(scope)
+        if key is None:
+            raise NoKey(scope)
+        sealing = self._sealing_of(key.key_id)
+        assert sealing is not None  # the keyring holds its own primary key
+        return sealing
+
+    def sealing_of(self, key_id: str) -> Sealing | None:
+        """The keys of the keyring's key `key_id`, if it still holds it."""
+        return self._sealing_of(key_id)
 
     def close(self) -> None:
         self._db.close()
@@ -289,7 +307,7 @@ class MemoryStore:
         self.stats["stored"] += added
         return added
 
-    def _path_for(self, topic: str) -> tuple[int, _Sealing]:
+    def _path_for(self, topic: str) -> tuple[int, Sealing]:
         known = self._writing.get(topic)
         if known is not None:
             return known
