@@ -280,8 +280,8 @@ def _only_with(args: argparse.Namespace, mode: str, **options: str) -> None:
 
 
 async def bench_requests(args: argparse.Namespace) -> int:
-    require_discovery(args)
     keys = load_keyring(args.keys)
+    require_discovery(args)
     keys.require(args.cluster)
     payload = bytes(args.size)
     async with make_node(args, keys) as node:

@@ -108,9 +108,9 @@ def spool_directory(out: Path) -> Path:
 
 
 async def run_collect(args: argparse.Namespace) -> int:
+    keys = load_keyring(args.keys)
     require_discovery(args)
     out = spool_directory(args.out)
-    keys = load_keyring(args.keys)
     keys.require(TOPIC_SCOPE)  # no key to read the records with: say so now
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

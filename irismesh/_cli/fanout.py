@@ -182,8 +182,8 @@ async def run_survey(args: argparse.Namespace) -> int:
 
 def _prepare(args: argparse.Namespace) -> tuple[irismesh.Keyring, bytes]:
     """The keyring and the payload, once all that can be checked before joining is checked."""
-    require_discovery(args)
     keys = load_keyring(args.keys)
+    require_discovery(args)
     keys.require(args.cluster)  # no key for it: say so now, not after --wait seconds
     payload: str = args.payload
     return keys, sys.stdin.buffer.read() if payload == "-" else payload.encode()

@@ -233,8 +233,8 @@ def nobody_answered(args: argparse.Namespace) -> CommandError:
 
 
 async def run_peers(args: argparse.Namespace) -> int:
-    require_discovery(args)
     keys = load_keyring(args.keys)
+    require_discovery(args)
     names = cluster_names(keys, [])
     async with make_node(args, keys) as node:
         await settle(node, args.wait)
@@ -253,8 +253,8 @@ async def run_peers(args: argparse.Namespace) -> int:
 
 
 async def run_clusters(args: argparse.Namespace) -> int:
-    require_discovery(args)
     keys = load_keyring(args.keys)
+    require_discovery(args)
     names = cluster_names(keys, args.cluster)
     if not names:
         raise CommandError(

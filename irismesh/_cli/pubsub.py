@@ -177,8 +177,8 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
 
 
 async def run_publish(args: argparse.Namespace) -> int:
-    require_discovery(args)
     keys = load_keyring(args.keys)
+    require_discovery(args)
     keys.require(topic_scope(args.topic) or "*")  # no key for it: say so now, not later
     limit = irismesh.CoreConfig().max_payload
     if args.payload != "-" and len(args.payload.encode()) > limit:
@@ -317,7 +317,7 @@ async def run_subscribe(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     async with make_node(args, keys) as node:
         sub = node.subscribe(args.pattern, policy=args.policy, maxsize=args.maxsize)
-        if args.seed or args.survey:
+        if args.seed:  # a seed should answer; discovery alone may find others later
             await _join(node, args)
         print(
             f"mesh: subscribed to {args.pattern!r} on {node.endpoint} "

@@ -63,8 +63,8 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
 
 
 async def run_request(args: argparse.Namespace) -> int:
-    require_discovery(args)
     keys = load_keyring(args.keys)
+    require_discovery(args)
     keys.require(args.cluster)  # no key for it: say so now, not after --wait seconds
     payload = sys.stdin.buffer.read() if args.payload == "-" else args.payload.encode()
     async with make_node(args, keys) as node:

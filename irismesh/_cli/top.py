@@ -311,8 +311,8 @@ def keypresses(loop: asyncio.AbstractEventLoop, quit_: Callable[[], None]) -> It
 
 
 async def run_top(args: argparse.Namespace) -> int:
-    require_discovery(args)
     keys = load_keyring(args.keys)
+    require_discovery(args)
     names = cluster_names(keys, args.cluster)
     async with make_node(args, keys) as node:
         for pattern in args.subscribe:

@@ -84,8 +84,8 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
 
 
 async def run_tunnel(args: argparse.Namespace) -> int:
-    require_discovery(args)
     keys = load_keyring(args.keys)
+    require_discovery(args)
     keys.require(args.cluster)  # no key for it: say so now, not after --wait seconds
     async with make_node(args, keys) as node:
         await wait_for_cluster(node, args, args.cluster)
