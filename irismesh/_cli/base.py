@@ -268,7 +268,8 @@ def apply_settings(args: argparse.Namespace) -> None:
 
     Afterwards `args.keys` is the keyring file (None: $IRISMESH_KEYS or $IRISMESH_KEYFILE),
     `args.seed` every seed ($IRISMESH_SEEDS included), `args.interface` the discovery
-    interface (None: loopback) and `args.survey` whether this node discovers.
+    interface (None: loopback), `args.survey` whether this node discovers and
+    `args.survey_asked` whether --survey asked for it by name.
     """
     named: str | None = getattr(args, "context", None)
     settings = config.load()
@@ -301,6 +302,7 @@ def apply_settings(args: argparse.Namespace) -> None:
             raise CommandError(f"--interface: {exc}", USAGE_ERROR) from None
     if args.bind is None:
         args.bind = f"tcp://{args.interface or '127.0.0.1'}:0"
+    args.survey_asked = args.survey
     if args.survey:
         return
     try:
@@ -340,7 +342,9 @@ def make_node(
         clusters=clusters[1:],
         bind=args.bind,
         seeds=args.seed,
-        survey=args.survey,
+        # By default as the library's: a survey that cannot start is a warning, not an error.
+        survey=True if args.survey_asked else None,
+        discovery=args.survey,
         interface=args.interface,
     )
 

@@ -68,8 +68,8 @@ def register_collect(family: argparse._SubParsersAction[MeshArgumentParser]) -> 
             "Exit status 2 if --out cannot be written; 1 if no node of the mesh was found."
         ),
         examples=(
-            "  mesh telemetry collect --keys mesh.keys --seed tcp://10.0.0.5:7400 --out spool\n"
-            "  mesh telemetry collect --seed tcp://127.0.0.1:7400 --out spool --seconds 60 --json\n"
+            "  mesh telemetry collect --seed tcp://10.0.0.5:7400 --out spool\n"
+            "  mesh telemetry collect --out spool --seconds 60 --json\n"
             "  mesh telemetry report --spool spool --out report"
         ),
         run=run_collect,

@@ -61,10 +61,7 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
             "heartbeat RTT, the balancer's latency estimate, this node's requests in flight,\n"
             "and the clusters it serves among those this keyring names."
         ),
-        examples=(
-            "  mesh peers --keys mesh.keys --seed tcp://127.0.0.1:7400\n"
-            "  mesh peers --seed tcp://127.0.0.1:7400 --json | jq -r '.[].endpoint'"
-        ),
+        examples=("  mesh peers\n  mesh peers --json | jq -r '.[].endpoint'"),
         run=run_peers,
     )
     add_joining_options(peers, wait=GATHER_WAIT, wait_help="most seconds to gather peers")
@@ -83,10 +80,7 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
             "as MACs under each cluster's key, so without the name and the key nobody can tell\n"
             "that a cluster exists."
         ),
-        examples=(
-            "  mesh clusters --keys mesh.keys --seed tcp://127.0.0.1:7400\n"
-            "  mesh clusters --seed tcp://127.0.0.1:7400 --cluster echo --cluster upper --json"
-        ),
+        examples=("  mesh clusters\n  mesh clusters --cluster echo --cluster upper --json"),
         run=run_clusters,
     )
     add_cluster_option(clusters)

@@ -71,10 +71,10 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
             "keyring scope its messages are sealed under (else the default key '*')."
         ),
         examples=(
-            "  mesh publish --keys mesh.keys --seed tcp://127.0.0.1:7400 feeds.world.42 'Hello'\n"
-            "  mesh publish --seed tcp://127.0.0.1:7400 feeds.world.42 hi --wait-subscribers 2\n"
-            "  tail -f app.log | mesh publish --seed tcp://127.0.0.1:7400 logs.app -\n"
-            "  mesh publish --seed tcp://127.0.0.1:7400 ticks.1s tick --count 60 --rate 1 --json"
+            "  mesh publish feeds.world.42 'Hello'\n"
+            "  mesh publish feeds.world.42 hi --wait-subscribers 2\n"
+            "  tail -f app.log | mesh publish logs.app -\n"
+            "  mesh publish ticks.1s tick --count 60 --rate 1 --json"
         ),
         run=run_publish,
     )
@@ -138,9 +138,9 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
             "pass before any message came, or before --count did; 2 bad arguments."
         ),
         examples=(
-            "  mesh subscribe --keys mesh.keys --seed tcp://127.0.0.1:7400 'feeds.#'\n"
-            "  mesh subscribe --seed tcp://127.0.0.1:7400 'feeds.*.*' --json | jq .payload\n"
-            "  mesh subscribe --seed tcp://127.0.0.1:7400 'feeds.#.corrections' --count 1\n"
+            "  mesh subscribe 'feeds.#'\n"
+            "  mesh subscribe 'feeds.*.*' --json | jq .payload\n"
+            "  mesh subscribe 'feeds.#.corrections' --count 1\n"
             "  mesh subscribe --bind tcp://127.0.0.1:7500 'logs.#' --policy drop_oldest"
         ),
         run=run_subscribe,

@@ -79,10 +79,10 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
             "prints one JSON object per frame (JSON lines) instead of drawing."
         ),
         examples=(
-            "  mesh top --keys mesh.keys --seed tcp://127.0.0.1:7400\n"
-            "  mesh top --seed tcp://127.0.0.1:7400 --cluster echo --interval 0.5\n"
-            "  mesh top --seed tcp://127.0.0.1:7400 --once --json | jq '.peers | length'\n"
-            "  mesh top --seed tcp://127.0.0.1:7400 --subscribe 'orders.#'"
+            "  mesh top\n"
+            "  mesh top --cluster echo --interval 0.5\n"
+            "  mesh top --once --json | jq '.peers | length'\n"
+            "  mesh top --subscribe 'orders.#'"
         ),
         run=run_top,
     )

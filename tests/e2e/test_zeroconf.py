@@ -205,6 +205,13 @@ def test_context_gives_its_keyring_and_seeds(seeded: Env, tmp_path: Path) -> Non
     assert seeded.ok("context", "ls").startswith("no contexts yet")
 
 
+def test_survey_flag_discovers_even_with_discovery_off(seeded: Env) -> None:
+    seeded.ok("keygen")
+    line = seeded.start([*MESH, "node", "--cluster", "echo", "--prefix", "S:", "--survey"])
+    assert line.startswith("member of 'echo'"), line
+    assert seeded.ok("request", "echo", "hi", "--survey", "--wait", "20") == "S:hi\n"
+
+
 def test_first_errors_come_in_order_and_name_their_fix(seeded: Env, tmp_path: Path) -> None:
     # No keyring anywhere comes first, before there being nothing to join.
     assert_error(

@@ -118,3 +118,22 @@ def test_a_node_without_a_keyring_takes_the_default_one(
     path.parent.mkdir()
     keys.save(path)
     assert irismesh.Node().keyring.to_text() == keys.to_text()
+
+
+@pytest.mark.usefixtures("discovery_on")
+def test_a_default_survey_that_cannot_start_is_a_warning_one_asked_for_an_error(
+    keys: irismesh.Keyring, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def refuse(self: object) -> None:
+        raise irismesh.ConfigurationError("survey discovery cannot listen: port held")
+
+    monkeypatch.setattr(irismesh.discovery.survey.SurveyDiscovery, "start", refuse)
+
+    async def main() -> None:
+        async with irismesh.Node("echo", keyring=keys) as node:
+            assert node.endpoint.startswith("tcp://127.0.0.1:")
+        with pytest.raises(irismesh.ConfigurationError, match="port held"):
+            await irismesh.Node(keyring=keys, survey=True).start()
+
+    asyncio.run(main())
+    assert "default discovery is off for this node: survey discovery cannot" in caplog.text
