@@ -32,6 +32,10 @@ from typing import IO, TYPE_CHECKING, Any, Self
 if TYPE_CHECKING:  # imported where used: children need not load it (memory, start-up time)
     import psutil
 
+# Benchmarks say whom each node joins, as they did before discovery was on by default: so
+# they measure the same thing, and two runs on one machine never meet. Children inherit it.
+os.environ.setdefault("IRISMESH_DISCOVERY", "0")
+
 MB = 1024 * 1024
 _PR_SET_PDEATHSIG = 1
 

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import irismesh
 
+os.environ.setdefault("IRISMESH_DISCOVERY", "0")  # nodes join by seed only, as measured
+
 CLUSTER = "work"
 
 

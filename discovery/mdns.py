@@ -583,16 +583,20 @@ def _check_local(interfaces: tuple[str, ...]) -> None:
                 ) from None
 
 
-def mdns_config(mdns: bool | MdnsConfig, keyring: Keyring) -> MdnsConfig | None:
-    """What `Node(mdns=...)` asks for. True: records tagged with the default key, so only this
-    mesh's nodes are candidates."""
+def mdns_config(
+    mdns: bool | MdnsConfig, keyring: Keyring, interface: str = "127.0.0.1"
+) -> MdnsConfig | None:
+    """What `Node(mdns=...)` asks for. True: on `interface`, records tagged with the default
+    key, so only this mesh's nodes are candidates."""
     if isinstance(mdns, MdnsConfig):
         return mdns
     if not mdns:
         return None
     keys = keyring.accepted("*")
     if not keys:  # no mesh-wide key: any irismesh node is a candidate; the handshake decides
-        return MdnsConfig()
+        return MdnsConfig(interfaces=(interface,))
     return MdnsConfig(
-        realm_key=keys[0].secret, accepted_realm_keys=tuple(k.secret for k in keys[1:])
+        interfaces=(interface,),
+        realm_key=keys[0].secret,
+        accepted_realm_keys=tuple(k.secret for k in keys[1:]),
     )

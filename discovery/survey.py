@@ -450,15 +450,17 @@ def _open_socket(cfg: SurveyConfig, *, listener: bool, asked: bool = False) -> s
     return sock
 
 
-def survey_config(survey: bool | SurveyConfig, keyring: Keyring) -> SurveyConfig | None:
-    """What `Node(survey=...)` asks for. True: the realm is a tag under the mesh's '*' key, so
-    other meshes stay apart."""
+def survey_config(
+    survey: bool | SurveyConfig, keyring: Keyring, interface: str = "127.0.0.1"
+) -> SurveyConfig | None:
+    """What `Node(survey=...)` asks for. True: on `interface`, and the realm is a tag under the
+    mesh's '*' key, so other meshes stay apart."""
     if isinstance(survey, SurveyConfig):
         return survey
     if not survey:
         return None
     key = keyring.primary("*")
     if key is None:
-        return SurveyConfig()
+        return SurveyConfig(interface=interface)
     realm = hmac.new(key.secret, b"irismesh/v1/survey-realm", hashlib.sha256).digest()[:16]
-    return SurveyConfig(realm=realm)
+    return SurveyConfig(interface=interface, realm=realm)

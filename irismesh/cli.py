@@ -18,6 +18,8 @@ from collections.abc import Sequence
 import irismesh
 from irismesh._cli import (
     bench,
+    completion,
+    context,
     fanout,
     keys,
     listing,
@@ -29,25 +31,49 @@ from irismesh._cli import (
     top,
     tunnel,
 )
-from irismesh._cli.base import MESH_ERROR, USAGE_ERROR, CommandError, MeshArgumentParser
+from irismesh._cli.base import (
+    MESH_ERROR,
+    USAGE_ERROR,
+    CommandError,
+    MeshArgumentParser,
+    add_context_option,
+    apply_settings,
+)
 from irismesh._loop import run
 from irismesh.errors import ConfigurationError, MeshError
 
 # In `mesh --help` order; `telemetry collect` will join with publish/subscribe.
-FAMILIES = (keys, serve, request, fanout, pubsub, memory, tunnel, listing, top, bench, telemetry)
+FAMILIES = (
+    keys,
+    serve,
+    request,
+    fanout,
+    pubsub,
+    memory,
+    tunnel,
+    listing,
+    top,
+    bench,
+    telemetry,
+    context,
+    completion,
+)
 
 EXAMPLES = """five-minute tour (four terminals: two members, a subscriber, and commands):
-  mesh keygen mesh.keys
-  mesh node --keys mesh.keys --cluster echo --bind tcp://127.0.0.1:7400 --prefix A:
-  mesh node --keys mesh.keys --cluster echo --seed tcp://127.0.0.1:7400 --prefix B:
-  mesh request --keys mesh.keys --seed tcp://127.0.0.1:7400 echo hello
-  mesh broadcast --keys mesh.keys --seed tcp://127.0.0.1:7400 echo 'to everyone'
-  mesh survey --keys mesh.keys --seed tcp://127.0.0.1:7400 echo 'who is there?'
-  mesh subscribe --keys mesh.keys --seed tcp://127.0.0.1:7400 'feeds.#'
-  mesh publish --keys mesh.keys --seed tcp://127.0.0.1:7400 feeds.world.42 'Hello'
-  echo hello | mesh tunnel --keys mesh.keys --seed tcp://127.0.0.1:7400 echo
-  mesh peers --keys mesh.keys --seed tcp://127.0.0.1:7400
-  mesh top --keys mesh.keys --seed tcp://127.0.0.1:7400
+  mesh keygen                        # the default keyring, ~/.config/irismesh/mesh.keys
+  mesh node --cluster echo --prefix A:
+  mesh node --cluster echo --prefix B:
+  mesh request echo hello
+  mesh broadcast echo 'to everyone'
+  mesh survey echo 'who is there?'
+  mesh subscribe 'feeds.#'
+  mesh publish feeds.world.42 'Hello'
+  echo hello | mesh tunnel echo
+  mesh peers
+  mesh top
+
+Nodes on one machine find each other (discovery on 127.0.0.1). Across machines: --seed
+tcp://HOST:PORT and --interface ADDRESS, or a context (`mesh context add`, `--context NAME`).
 
 Telemetry: mesh telemetry report --spool DIR --out DIR (needs PySpark and Java).
 
@@ -65,6 +91,7 @@ def parser() -> MeshArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     root.add_argument("--version", action="version", version=irismesh.__version__)
+    add_context_option(root)
     commands = root.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for family in FAMILIES:
         family.register(commands)
@@ -74,6 +101,8 @@ def parser() -> MeshArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
+        if hasattr(args, "seed") and hasattr(args, "no_discovery"):  # a command that joins
+            apply_settings(args)
         status = args.run(args)
         if inspect.iscoroutine(status):
             status = run(status)

@@ -34,6 +34,7 @@ from typing import Any, TypeVar, overload
 
 import zmq
 
+from irismesh import _env
 from irismesh._core.admission import Admission
 from irismesh._core.config import CoreConfig
 from irismesh._core.engine import MeshCore
@@ -92,7 +93,7 @@ CATCH_UP_WAIT = 2.0  # seconds a starting memory member waits to find another to
 # A rereading subscription reads the memory again after this long: its interest has reached
 # every publisher by then (membership spreads a record change in about a second).
 REREAD_AGAIN_AFTER = 2.0
-_log = logging.getLogger("irismesh")
+_log = logging.getLogger(__name__)
 _KIND_REQUEST, _KIND_BROADCAST = int(Kind.REQUEST), int(Kind.BROADCAST)
 
 
@@ -145,10 +146,12 @@ class Node:
         *,
         keyring: Keyring | None = None,
         clusters: Iterable[str] = (),
-        bind: str = DEFAULT_BIND,
+        bind: str | None = None,
         seeds: Iterable[str] = (),
-        survey: bool | SurveyConfig = False,
+        survey: bool | SurveyConfig | None = None,
         mdns: bool | MdnsConfig = False,
+        discovery: bool | None = None,
+        interface: str | None = None,
         config: CoreConfig | None = None,
         default_timeout: float = 5.0,
         sealing: bool = True,
@@ -162,12 +165,7 @@ class Node:
     ) -> None:
         self.name = default_name() if name is None else validate_name(name)
         if keyring is None:
-            keyring = Keyring.from_env()
-        if keyring is None:
-            raise ConfigurationError(
-                "a node needs a keyring: pass keyring=Keyring.load(path), or set IRISMESH_KEYFILE"
-                " (create one with `mesh keygen mesh.keys`)"
-            )
+            keyring = Keyring.from_env() or _default_keyring()
         names = ([cluster] if cluster else []) + list(clusters)
         if memory is not None:
             names.append(MEMORY_CLUSTER)  # a memory member serves the memory's cluster too
@@ -176,6 +174,10 @@ class Node:
         for name in names:
             _check_cluster_name(name)
             keyring.require(name)  # serving a cluster needs its key: fail now, not at a peer
+        if interface is None:
+            interface = _env.interface()
+        if bind is None:  # discovery finds nodes on its interface: they must reach us there
+            bind = DEFAULT_BIND if interface is None else f"tcp://{interface}:0"
         if not bind.startswith("tcp://"):
             raise ConfigurationError(f"bind must be a tcp:// endpoint, got {bind!r}")
         self.cluster = cluster
@@ -183,8 +185,15 @@ class Node:
         self.keyring = keyring
         self.node_id = os.urandom(16)
         self._bind = bind
-        self._seeds = [_check_endpoint(s) for s in seeds]
-        self._survey_config = survey_config(survey, keyring)
+        self._seeds = [_check_endpoint(s) for s in dict.fromkeys([*seeds, *_env.seeds()])]
+        # Discovery on by default (survey on `interface`); survey= and mdns= say what to run.
+        if discovery is None:
+            discovery = _env.discovery_enabled()
+        elif not discovery and (survey or mdns):
+            raise ConfigurationError("discovery=False, yet survey= or mdns= asks for discovery")
+        self._survey_required = survey is not None  # asked for: failing to start is an error
+        where = interface or "127.0.0.1"
+        self._survey_config = survey_config(discovery if survey is None else survey, keyring, where)
         self._config = config or CoreConfig()
         self._default_timeout = default_timeout
         self._sealing = sealing  # False only to measure what sealing costs
@@ -197,7 +206,7 @@ class Node:
         self._driver: Driver | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
-        self._mdns_config = mdns_config(mdns, keyring)
+        self._mdns_config = mdns_config(mdns, keyring, where)
         self._discovery: list[MdnsDiscovery | SurveyDiscovery] = []  # started, in order
         # Exact counters and histograms unless telemetry=False; records only with a spool.
         spool = telemetry if isinstance(telemetry, TelemetryConfig) else None
@@ -333,14 +342,24 @@ class Node:
                     endpoint=endpoint,
                     config=self._survey_config,
                     on_candidate=self._on_candidate,
-                )
+                ),
+                required=self._survey_required,
             )
         return self
 
-    async def _start_discovery(self, discovery: MdnsDiscovery | SurveyDiscovery) -> None:
+    async def _start_discovery(
+        self, discovery: MdnsDiscovery | SurveyDiscovery, *, required: bool = True
+    ) -> None:
         self._discovery.append(discovery)
         try:
             await discovery.start()
+        except ConfigurationError as exc:
+            if required:
+                await self.close()
+                raise
+            # Discovery by default only: a node with seeds works without it, so go on.
+            self._discovery.remove(discovery)
+            _log.warning("default discovery is off for this node: %s", exc)
         except BaseException:
             await self.close()
             raise
@@ -1018,3 +1037,14 @@ def _check_endpoint(endpoint: str) -> str:
 
 
 __all__ = ["Node", "PeerInfo", "SurveyResult", "TelemetryConfig"]
+
+
+def _default_keyring() -> Keyring:
+    """The keyring `mesh keygen` writes by default, when no other was given."""
+    path = _env.default_keyfile()
+    if not path.exists():
+        raise ConfigurationError(
+            "a node needs a keyring: pass keyring=Keyring.load(path), set IRISMESH_KEYFILE, or "
+            f"run `mesh keygen` to write the default one ({path})"
+        )
+    return Keyring.load(path)

@@ -24,10 +24,11 @@ from typing import IO, Any, NoReturn
 from rich.console import Console
 
 import irismesh
+from irismesh import _env
+from irismesh._cli import config
 from irismesh._core.records import validate_name
 from irismesh._core.topics import validate_pattern, validate_topic
 from irismesh.errors import ConfigurationError, MembershipTimeout
-from irismesh.node import DEFAULT_BIND
 
 # A command's body: plain, or async when it joins the mesh (main runs it in asyncio.run).
 Run = Callable[[argparse.Namespace], int | Coroutine[Any, Any, int]]
@@ -194,10 +195,27 @@ def topic_scope(topic: str) -> str | None:
 # ----------------------------------------------------------------- joining the mesh
 
 
+def add_context_option(parser: argparse._ActionsContainer) -> None:
+    """--context NAME; on a subcommand it leaves the root's value alone unless given."""
+    parser.add_argument(
+        "--context",
+        metavar="NAME",
+        default=argparse.SUPPRESS,
+        help="take the keyring, seeds and interface of this context (`mesh context ls`)",
+    )
+
+
 def add_joining_options(parser: MeshArgumentParser, *, wait: float | None, wait_help: str) -> None:
-    group = parser.add_argument_group("joining the mesh")
+    group = parser.add_argument_group(
+        "joining the mesh",
+        "Nodes on this machine find each other with no flags (discovery on 127.0.0.1).",
+    )
     group.add_argument(
-        "--keys", type=Path, metavar="FILE", help="keyring file (default: $IRISMESH_KEYFILE)"
+        "--keys",
+        type=Path,
+        metavar="FILE",
+        help="keyring file (default: the context's, else $IRISMESH_KEYFILE, else "
+        f"{_home(_env.default_keyfile())}, which `mesh keygen` writes)",
     )
     group.add_argument(
         "--seed",
@@ -205,18 +223,32 @@ def add_joining_options(parser: MeshArgumentParser, *, wait: float | None, wait_
         default=[],
         type=seed_endpoint,
         metavar="ENDPOINT",
-        help="tcp://HOST:PORT of a running node (repeatable)",
+        help="tcp://HOST:PORT of a running node (repeatable; also $IRISMESH_SEEDS)",
     )
     group.add_argument(
-        "--survey", action="store_true", help="also find nodes by multicast survey (127.0.0.1)"
+        "--interface",
+        metavar="ADDRESS",
+        help="discover nodes on the interface with this IPv4 address, and listen there "
+        "(default: $IRISMESH_INTERFACE, else 127.0.0.1)",
+    )
+    choice = group.add_mutually_exclusive_group()
+    choice.add_argument(
+        "--no-discovery",
+        action="store_true",
+        help="join through the seeds only (also IRISMESH_DISCOVERY=0)",
+    )
+    choice.add_argument(
+        "--survey",
+        action="store_true",
+        help="discover by multicast survey even if IRISMESH_DISCOVERY=0",
     )
     group.add_argument(
         "--bind",
-        default=DEFAULT_BIND,
         type=bind_endpoint,
         metavar="ENDPOINT",
-        help="where this node listens (default: %(default)s)",
+        help="where this node listens (default: tcp://127.0.0.1:0, or the --interface address)",
     )
+    add_context_option(group)
     if wait is not None:
         group.add_argument(
             "--wait",
@@ -231,13 +263,79 @@ def add_json_option(parser: MeshArgumentParser, what: str = "JSON for scripts") 
     parser.add_argument("--json", action="store_true", help=what)
 
 
+def _home(path: Path) -> str:
+    """`path` with the home directory written ~, for help texts."""
+    try:
+        return f"~/{path.relative_to(Path.home())}"
+    except ValueError:
+        return str(path)
+
+
+def apply_settings(args: argparse.Namespace) -> None:
+    """Fill in what a joining command's flags left open, each from the first that has it:
+    the context named by --context, the environment, the current context, the defaults.
+
+    Afterwards `args.keys` is the keyring file (None: $IRISMESH_KEYS or $IRISMESH_KEYFILE),
+    `args.seed` every seed ($IRISMESH_SEEDS included), `args.interface` the discovery
+    interface (None: loopback), `args.survey` whether this node discovers and
+    `args.survey_asked` whether --survey asked for it by name.
+    """
+    named: str | None = getattr(args, "context", None)
+    settings = config.load()
+    context = settings.get(named) if named is not None else None
+    current = settings.get(settings.current) if settings.current and context is None else None
+    env_keys = bool(os.environ.get("IRISMESH_KEYFILE") or os.environ.get("IRISMESH_KEYS"))
+    if args.keys is None:
+        if context is not None and context.keyring is not None:
+            args.keys = context.keyring
+        elif env_keys:
+            pass  # load_keyring reads it
+        elif current is not None and current.keyring is not None:
+            args.keys = current.keyring
+        elif _env.default_keyfile().exists():
+            args.keys = _env.default_keyfile()
+    if not args.seed:
+        chosen = context or current
+        args.seed = list(chosen.seeds) if chosen is not None else []
+    args.seed = list(dict.fromkeys([*args.seed, *map(_env_seed, _env.seeds())]))
+    if args.interface is None:
+        args.interface = (
+            (context.interface if context is not None else None)
+            or _env.interface()
+            or (current.interface if current is not None else None)
+        )
+    if args.interface is not None:
+        try:
+            config.check_interface(args.interface)
+        except ConfigurationError as exc:
+            raise CommandError(f"--interface: {exc}", USAGE_ERROR) from None
+    if args.bind is None:
+        args.bind = f"tcp://{args.interface or '127.0.0.1'}:0"
+    args.survey_asked = args.survey
+    if args.survey:
+        return
+    try:
+        args.survey = not args.no_discovery and _env.discovery_enabled()
+    except ConfigurationError as exc:
+        raise CommandError(str(exc), USAGE_ERROR) from None
+
+
+def _env_seed(text: str) -> str:
+    try:
+        return seed_endpoint(text)
+    except argparse.ArgumentTypeError as exc:
+        raise CommandError(f"IRISMESH_SEEDS: {exc}", USAGE_ERROR) from None
+
+
 def load_keyring(path: Path | None) -> irismesh.Keyring:
+    """The keyring apply_settings chose: checked first, before anything else a command needs."""
     if path is not None:
         return irismesh.Keyring.load(path)
     keys = irismesh.Keyring.from_env()
     if keys is None:
         raise CommandError(
-            "no keyring: pass --keys FILE or set IRISMESH_KEYFILE (make one with `mesh keygen`)",
+            "no keyring: pass --keys FILE, set IRISMESH_KEYFILE, or run `mesh keygen` to write "
+            f"the default one ({_env.default_keyfile()})",
             USAGE_ERROR,
         )
     return keys
@@ -248,32 +346,42 @@ def make_node(
     keys: irismesh.Keyring,
     clusters: Sequence[str] = (),
     name: str | None = None,
+    memory: Path | None = None,
 ) -> irismesh.Node:
-    """The command's own node; a pure client unless `clusters` are given; named `name`, else
-    by host and process id."""
+    """The command's own node; a pure client unless `clusters` are given (or a `memory`
+    directory, which makes it a memory member); named `name`, else by host and process id."""
     return irismesh.Node(
         clusters[0] if clusters else None,
         keyring=keys,
         clusters=clusters[1:],
         bind=args.bind,
         seeds=args.seed,
-        survey=args.survey,
+        # By default as the library's: a survey that cannot start is a warning, not an error.
+        survey=True if args.survey_asked else None,
+        discovery=args.survey,
+        interface=args.interface,
         name=name,
+        memory=memory,
     )
 
 
 def require_discovery(args: argparse.Namespace) -> None:
     """A node that only looks around must have a way to find others."""
     if not args.seed and not args.survey:
+        off = "--no-discovery" if args.no_discovery else "IRISMESH_DISCOVERY=0"
         raise CommandError(
-            "nothing to join: pass --seed tcp://HOST:PORT of a running node, or --survey",
+            "nothing to join: pass --seed tcp://HOST:PORT of a running node (or set "
+            f"IRISMESH_SEEDS, or a context with seeds), or turn discovery back on ({off} "
+            "turned it off)",
             USAGE_ERROR,
         )
 
 
 def where(args: argparse.Namespace) -> str:
     """Where this command looked, for error messages."""
-    places = list(args.seed) + (["multicast survey"] if args.survey else [])
+    places = list(args.seed)
+    if args.survey:
+        places.append(f"discovery on {args.interface or '127.0.0.1'}")
     return ", ".join(places)
 
 

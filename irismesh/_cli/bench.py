@@ -99,12 +99,12 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
             "subscribers listen on the same host, on free ports."
         ),
         examples=(
-            "  mesh node --keys mesh.keys --cluster echo --bind tcp://127.0.0.1:7400 &\n"
-            "  mesh bench --keys mesh.keys --seed tcp://127.0.0.1:7400 echo\n"
-            "  mesh bench --seed tcp://127.0.0.1:7400 echo -n 20000 -c 100 --size 1024 --json\n"
-            "  mesh bench --keys mesh.keys --pubsub\n"
-            "  mesh bench --keys mesh.keys --pubsub --messages 100000 --size 1024 --subscribers 4\n"
-            "  mesh bench --keys mesh.keys --pubsub feeds.bench --rate 2000 --json"
+            "  mesh node --cluster echo &\n"
+            "  mesh bench echo\n"
+            "  mesh bench echo -n 20000 -c 100 --size 1024 --json\n"
+            "  mesh bench --pubsub\n"
+            "  mesh bench --pubsub --messages 100000 --size 1024 --subscribers 4\n"
+            "  mesh bench --pubsub feeds.bench --rate 2000 --json"
         ),
         run=run_bench,
     )
@@ -280,8 +280,8 @@ def _only_with(args: argparse.Namespace, mode: str, **options: str) -> None:
 
 
 async def bench_requests(args: argparse.Namespace) -> int:
-    require_discovery(args)
     keys = load_keyring(args.keys)
+    require_discovery(args)
     keys.require(args.cluster)
     payload = bytes(args.size)
     async with make_node(args, keys) as node:

@@ -68,8 +68,8 @@ def register_collect(family: argparse._SubParsersAction[MeshArgumentParser]) -> 
             "Exit status 2 if --out cannot be written; 1 if no node of the mesh was found."
         ),
         examples=(
-            "  mesh telemetry collect --keys mesh.keys --seed tcp://10.0.0.5:7400 --out spool\n"
-            "  mesh telemetry collect --seed tcp://127.0.0.1:7400 --out spool --seconds 60 --json\n"
+            "  mesh telemetry collect --seed tcp://10.0.0.5:7400 --out spool\n"
+            "  mesh telemetry collect --out spool --seconds 60 --json\n"
             "  mesh telemetry report --spool spool --out report"
         ),
         run=run_collect,
@@ -108,9 +108,9 @@ def spool_directory(out: Path) -> Path:
 
 
 async def run_collect(args: argparse.Namespace) -> int:
+    keys = load_keyring(args.keys)
     require_discovery(args)
     out = spool_directory(args.out)
-    keys = load_keyring(args.keys)
     keys.require(TOPIC_SCOPE)  # no key to read the records with: say so now
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -56,9 +56,9 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
             "1 if the cluster has no member or no member was reached, 0 if at least one was."
         ),
         examples=(
-            "  mesh broadcast --keys mesh.keys --seed tcp://127.0.0.1:7400 echo 'reload config'\n"
-            "  date | mesh broadcast --seed tcp://127.0.0.1:7400 echo -\n"
-            "  mesh broadcast --seed tcp://127.0.0.1:7400 echo hello --json | jq .count"
+            "  mesh broadcast echo 'reload config'\n"
+            "  date | mesh broadcast echo -\n"
+            "  mesh broadcast echo hello --json | jq .count"
         ),
         run=run_broadcast,
     )
@@ -84,9 +84,9 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
             "stderr says how many did not answer)."
         ),
         examples=(
-            "  mesh survey --keys mesh.keys --seed tcp://127.0.0.1:7400 echo status\n"
-            "  mesh survey --seed tcp://127.0.0.1:7400 count - --timeout 0.5 < notes.txt\n"
-            "  mesh survey --seed tcp://127.0.0.1:7400 echo version --json | jq '.missing'"
+            "  mesh survey echo status\n"
+            "  mesh survey count - --timeout 0.5 < notes.txt\n"
+            "  mesh survey echo version --json | jq '.missing'"
         ),
         run=run_survey,
     )
@@ -182,8 +182,8 @@ async def run_survey(args: argparse.Namespace) -> int:
 
 def _prepare(args: argparse.Namespace) -> tuple[irismesh.Keyring, bytes]:
     """The keyring and the payload, once all that can be checked before joining is checked."""
-    require_discovery(args)
     keys = load_keyring(args.keys)
+    require_discovery(args)
     keys.require(args.cluster)  # no key for it: say so now, not after --wait seconds
     payload: str = args.payload
     return keys, sys.stdin.buffer.read() if payload == "-" else payload.encode()

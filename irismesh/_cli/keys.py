@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 
 import irismesh
+from irismesh import _env
+from irismesh._cli import config
 from irismesh._cli.base import (
     USAGE_ERROR,
     CommandError,
@@ -24,16 +26,25 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
         description=(
             "Makes a fresh random 32-byte key for each --scope. The scope '*' is the default key\n"
             "for every cluster without one of its own; a scope named after a cluster guards that\n"
-            "cluster alone. Every node of a mesh loads the same file (copy it privately)."
+            "cluster alone. Every node of a mesh loads the same file (copy it privately).\n"
+            "Without PATH it writes the default keyring, which every command and every node on\n"
+            "this machine then uses when given no other (with --context NAME: that context's)."
         ),
         examples=(
+            "  mesh keygen                                    # ~/.config/irismesh/mesh.keys\n"
             "  mesh keygen mesh.keys                          # one default key: '*'\n"
             "  mesh keygen mesh.keys --scope '*' --scope db   # and a key of its own for 'db'\n"
-            "  export IRISMESH_KEYFILE=$PWD/mesh.keys         # other commands then need no --keys"
+            "  export IRISMESH_KEYFILE=$PWD/mesh.keys         # other commands then use it"
         ),
         run=run_keygen,
     )
-    parser.add_argument("path", type=Path, metavar="PATH", help="file to write")
+    parser.add_argument(
+        "path",
+        type=Path,
+        nargs="?",
+        metavar="PATH",
+        help="file to write (default: the default keyring, $XDG_CONFIG_HOME/irismesh/mesh.keys)",
+    )
     parser.add_argument(
         "--scope",
         action="append",
@@ -45,7 +56,12 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
 
 
 def run_keygen(args: argparse.Namespace) -> int:
-    path: Path = args.path
+    path: Path | None = args.path
+    if path is None:
+        named = getattr(args, "context", None)
+        keyring = config.load().get(named).keyring if named is not None else None
+        path = _env.default_keyfile() if keyring is None else keyring
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     if path.exists() and not args.force:
         raise CommandError(f"{path} already exists: pass --force to replace it", USAGE_ERROR)
     keys = irismesh.Keyring.generate(args.scope or ["*"])

@@ -63,10 +63,7 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
             "heartbeat RTT, the balancer's latency estimate, this node's requests in flight,\n"
             "and the clusters it serves among those this keyring names."
         ),
-        examples=(
-            "  mesh peers --keys mesh.keys --seed tcp://127.0.0.1:7400\n"
-            "  mesh peers --seed tcp://127.0.0.1:7400 --json | jq -r '.[].endpoint'"
-        ),
+        examples=("  mesh peers\n  mesh peers --json | jq -r '.[].endpoint'"),
         run=run_peers,
     )
     add_joining_options(peers, wait=GATHER_WAIT, wait_help="most seconds to gather peers")
@@ -85,10 +82,7 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
             "as MACs under each cluster's key, so without the name and the key nobody can tell\n"
             "that a cluster exists."
         ),
-        examples=(
-            "  mesh clusters --keys mesh.keys --seed tcp://127.0.0.1:7400\n"
-            "  mesh clusters --seed tcp://127.0.0.1:7400 --cluster echo --cluster upper --json"
-        ),
+        examples=("  mesh clusters\n  mesh clusters --cluster echo --cluster upper --json"),
         run=run_clusters,
     )
     add_cluster_option(clusters)
@@ -239,8 +233,8 @@ def nobody_answered(args: argparse.Namespace) -> CommandError:
 
 
 async def run_peers(args: argparse.Namespace) -> int:
-    require_discovery(args)
     keys = load_keyring(args.keys)
+    require_discovery(args)
     names = cluster_names(keys, [])
     async with make_node(args, keys) as node:
         await settle(node, args.wait)
@@ -259,8 +253,8 @@ async def run_peers(args: argparse.Namespace) -> int:
 
 
 async def run_clusters(args: argparse.Namespace) -> int:
-    require_discovery(args)
     keys = load_keyring(args.keys)
+    require_discovery(args)
     names = cluster_names(keys, args.cluster)
     if not names:
         raise CommandError(

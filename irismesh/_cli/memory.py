@@ -7,13 +7,13 @@ import asyncio
 import signal
 from pathlib import Path
 
-import irismesh
 from irismesh._cli.base import (
     MeshArgumentParser,
     add_command,
     add_joining_options,
     add_json_option,
     load_keyring,
+    make_node,
     positive_int,
     print_json,
     require_discovery,
@@ -88,10 +88,7 @@ async def run_memory(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    node = irismesh.Node(
-        keyring=keys, bind=args.bind, seeds=args.seed, survey=args.survey, memory=args.data
-    )
-    async with node:
+    async with make_node(args, keys, memory=args.data) as node:
         stats = node.stats
         if args.json:
             print_json(
@@ -115,11 +112,9 @@ async def run_memory(args: argparse.Namespace) -> int:
 
 
 async def run_reread(args: argparse.Namespace) -> int:
-    require_discovery(args)
     keys = load_keyring(args.keys)
-    async with irismesh.Node(
-        keyring=keys, bind=args.bind, seeds=args.seed, survey=args.survey
-    ) as node:
+    require_discovery(args)
+    async with make_node(args, keys) as node:
         await wait_for_cluster(node, args, MEMORY_CLUSTER)
         found = await node.reread(args.pattern, latest=args.latest, timeout=args.wait)
     for message in found:

@@ -73,10 +73,10 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
             "keyring scope its messages are sealed under (else the default key '*')."
         ),
         examples=(
-            "  mesh publish --keys mesh.keys --seed tcp://127.0.0.1:7400 feeds.world.42 'Hello'\n"
-            "  mesh publish --seed tcp://127.0.0.1:7400 feeds.world.42 hi --wait-subscribers 2\n"
-            "  tail -f app.log | mesh publish --seed tcp://127.0.0.1:7400 logs.app -\n"
-            "  mesh publish --seed tcp://127.0.0.1:7400 ticks.1s tick --count 60 --rate 1 --json"
+            "  mesh publish feeds.world.42 'Hello'\n"
+            "  mesh publish feeds.world.42 hi --wait-subscribers 2\n"
+            "  tail -f app.log | mesh publish logs.app -\n"
+            "  mesh publish ticks.1s tick --count 60 --rate 1 --json"
         ),
         run=run_publish,
     )
@@ -148,9 +148,9 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
             "pass before any message came, or before --count did; 2 bad arguments."
         ),
         examples=(
-            "  mesh subscribe --keys mesh.keys --seed tcp://127.0.0.1:7400 'feeds.#'\n"
-            "  mesh subscribe --seed tcp://127.0.0.1:7400 'feeds.*.*' --json | jq .payload\n"
-            "  mesh subscribe --seed tcp://127.0.0.1:7400 'feeds.#.corrections' --count 1\n"
+            "  mesh subscribe 'feeds.#'\n"
+            "  mesh subscribe 'feeds.*.*' --json | jq .payload\n"
+            "  mesh subscribe 'feeds.#.corrections' --count 1\n"
             "  mesh subscribe --bind tcp://127.0.0.1:7500 'logs.#' --policy drop_oldest"
         ),
         run=run_subscribe,
@@ -187,8 +187,8 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
 
 
 async def run_publish(args: argparse.Namespace) -> int:
-    require_discovery(args)
     keys = load_keyring(args.keys)
+    require_discovery(args)
     keys.require(topic_scope(args.topic) or "*")  # no key for it: say so now, not later
     limit = irismesh.CoreConfig().max_payload
     if args.payload != "-" and len(args.payload.encode()) > limit:
@@ -333,7 +333,7 @@ async def run_subscribe(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     async with make_node(args, keys) as node:
         sub = node.subscribe(args.pattern, policy=args.policy, maxsize=args.maxsize)
-        if args.seed or args.survey:
+        if args.seed:  # a seed should answer; discovery alone may find others later
             await _join(node, args)
         print(
             f"mesh: subscribed to {args.pattern!r} on {node.endpoint} "

@@ -38,9 +38,9 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
             "times out or the member's handler raised (its message is on stderr)."
         ),
         examples=(
-            "  mesh request --keys mesh.keys --seed tcp://127.0.0.1:7400 echo hello\n"
-            "  date | mesh request --seed tcp://127.0.0.1:7400 upper -\n"
-            "  mesh request --seed tcp://127.0.0.1:7400 echo ping --count 5 --json"
+            "  mesh request echo hello\n"
+            "  date | mesh request upper -\n"
+            "  mesh request echo ping --count 5 --json"
         ),
         run=run_request,
     )
@@ -63,8 +63,8 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
 
 
 async def run_request(args: argparse.Namespace) -> int:
-    require_discovery(args)
     keys = load_keyring(args.keys)
+    require_discovery(args)
     keys.require(args.cluster)  # no key for it: say so now, not after --wait seconds
     payload = sys.stdin.buffer.read() if args.payload == "-" else args.payload.encode()
     async with make_node(args, keys) as node:

@@ -67,12 +67,12 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
             "`endpoint`, `node_id` and `name`)."
         ),
         examples=(
-            "  mesh node --keys mesh.keys --cluster echo --bind tcp://127.0.0.1:7400 --name a1\n"
-            "  mesh node --keys mesh.keys --cluster echo --seed tcp://127.0.0.1:7400 --prefix B:\n"
-            "  mesh node --keys mesh.keys --cluster upper --seed tcp://127.0.0.1:7400 \\\n"
+            "  mesh node --cluster echo --name a1\n"
+            "  mesh node --cluster echo --prefix B:\n"
+            "  mesh node --cluster upper \\\n"
             "      --exec 'tr a-z A-Z' --concurrency 4 --exec-timeout 2\n"
-            "  mesh node --cluster count --seed tcp://127.0.0.1:7400 --exec 'wc -c'\n"
-            "  mesh node --cluster sorter --seed tcp://127.0.0.1:7400 --tunnel-exec sort"
+            "  mesh node --cluster count --exec 'wc -c'\n"
+            "  mesh node --cluster sorter --tunnel-exec sort"
         ),
         run=run_node,
     )

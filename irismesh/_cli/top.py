@@ -79,10 +79,10 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
             "prints one JSON object per frame (JSON lines) instead of drawing."
         ),
         examples=(
-            "  mesh top --keys mesh.keys --seed tcp://127.0.0.1:7400\n"
-            "  mesh top --seed tcp://127.0.0.1:7400 --cluster echo --interval 0.5\n"
-            "  mesh top --seed tcp://127.0.0.1:7400 --once --json | jq '.peers | length'\n"
-            "  mesh top --seed tcp://127.0.0.1:7400 --subscribe 'orders.#'"
+            "  mesh top\n"
+            "  mesh top --cluster echo --interval 0.5\n"
+            "  mesh top --once --json | jq '.peers | length'\n"
+            "  mesh top --subscribe 'orders.#'"
         ),
         run=run_top,
     )
@@ -311,8 +311,8 @@ def keypresses(loop: asyncio.AbstractEventLoop, quit_: Callable[[], None]) -> It
 
 
 async def run_top(args: argparse.Namespace) -> int:
-    require_discovery(args)
     keys = load_keyring(args.keys)
+    require_discovery(args)
     names = cluster_names(keys, args.cluster)
     async with make_node(args, keys) as node:
         for pattern in args.subscribe:

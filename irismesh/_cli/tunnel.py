@@ -58,12 +58,12 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
             "stdin and stdout are redirected."
         ),
         examples=(
-            "  mesh node --keys mesh.keys --cluster echo --bind tcp://127.0.0.1:7400 &\n"
-            "  echo hello | mesh tunnel --keys mesh.keys --seed tcp://127.0.0.1:7400 echo\n"
-            "  mesh node --cluster upper --seed tcp://127.0.0.1:7400 --tunnel-exec 'tr a-z A-Z' &\n"
-            "  mesh tunnel --seed tcp://127.0.0.1:7400 upper < notes.txt > NOTES.txt\n"
-            "  mesh node --cluster unpack --seed tcp://127.0.0.1:7400 --tunnel-exec 'tar xf -' &\n"
-            "  tar cf - docs | mesh tunnel --seed tcp://127.0.0.1:7400 unpack"
+            "  mesh node --cluster echo &\n"
+            "  echo hello | mesh tunnel echo\n"
+            "  mesh node --cluster upper --tunnel-exec 'tr a-z A-Z' &\n"
+            "  mesh tunnel upper < notes.txt > NOTES.txt\n"
+            "  mesh node --cluster unpack --tunnel-exec 'tar xf -' &\n"
+            "  tar cf - docs | mesh tunnel unpack"
         ),
         run=run_tunnel,
     )
@@ -84,8 +84,8 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
 
 
 async def run_tunnel(args: argparse.Namespace) -> int:
-    require_discovery(args)
     keys = load_keyring(args.keys)
+    require_discovery(args)
     keys.require(args.cluster)  # no key for it: say so now, not after --wait seconds
     async with make_node(args, keys) as node:
         await wait_for_cluster(node, args, args.cluster)

@@ -1,0 +1,83 @@
+"""What irismesh takes from the environment, and where its files live unless told otherwise.
+
+    IRISMESH_DISCOVERY  0 (also false, no, off) turns default discovery off; 1 (true, yes, on)
+                        or unset leaves it on
+    IRISMESH_SEEDS      endpoints added to every node's seeds, separated by commas or spaces
+    IRISMESH_INTERFACE  the address of the interface discovery runs on (default 127.0.0.1)
+    IRISMESH_CONFIG     the `mesh` config file (default: config.toml in the config directory)
+    XDG_CONFIG_HOME     the config directory is $XDG_CONFIG_HOME/irismesh (~/.config/irismesh)
+
+The default keyring is mesh.keys in the config directory; `IRISMESH_KEYFILE` and
+`IRISMESH_KEYS` (read by `Keyring.from_env`) come before it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from irismesh.errors import ConfigurationError
+
+DISCOVERY = "IRISMESH_DISCOVERY"
+SEEDS = "IRISMESH_SEEDS"
+INTERFACE = "IRISMESH_INTERFACE"
+CONFIG = "IRISMESH_CONFIG"
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _environ(environ: Mapping[str, str] | None) -> Mapping[str, str]:
+    return os.environ if environ is None else environ
+
+
+def discovery_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether discovery is on by default: unless IRISMESH_DISCOVERY says 0 (or false, ...)."""
+    text = _environ(environ).get(DISCOVERY, "").strip().lower()
+    if not text or text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ConfigurationError(f"{DISCOVERY}={text!r}: expected 1 or 0 (true/false, yes/no, on/off)")
+
+
+def seeds(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The endpoints in IRISMESH_SEEDS, in order."""
+    text = _environ(environ).get(SEEDS, "")
+    return [seed for seed in text.replace(",", " ").split() if seed]
+
+
+def interface(environ: Mapping[str, str] | None = None) -> str | None:
+    """The discovery interface in IRISMESH_INTERFACE, if set: one interface's IPv4 address."""
+    text = _environ(environ).get(INTERFACE, "").strip()
+    if not text:
+        return None
+    try:
+        address = ipaddress.IPv4Address(text)
+    except ValueError:
+        address = None
+    if address is None or address.is_unspecified or address.is_multicast or address.is_reserved:
+        raise ConfigurationError(
+            f"{INTERFACE}={text!r}: expected the IPv4 address of one interface, e.g. 10.0.0.5"
+        )
+    return text
+
+
+def config_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """$XDG_CONFIG_HOME/irismesh, or ~/.config/irismesh."""
+    base = _environ(environ).get("XDG_CONFIG_HOME", "")
+    root = Path(base) if os.path.isabs(base) else Path.home() / ".config"
+    return root / "irismesh"
+
+
+def config_file(environ: Mapping[str, str] | None = None) -> Path:
+    """The `mesh` config file: $IRISMESH_CONFIG, or config.toml in the config directory."""
+    path = _environ(environ).get(CONFIG, "")
+    return Path(path).expanduser() if path else config_dir(environ) / "config.toml"
+
+
+def default_keyfile(environ: Mapping[str, str] | None = None) -> Path:
+    """Where `mesh keygen` writes, and nodes look last, for the keyring: mesh.keys there."""
+    return config_dir(environ) / "mesh.keys"
