@@ -244,6 +244,7 @@ class Node:
         )
         self._memory_runner: HandlerRunner | None = None
         self._catching_up: asyncio.Task[None] | None = None
+        self._dispatcher: asyncio.Task[None] | None = None
         self._priming: set[asyncio.Task[None]] = set()  # subscriptions rereading the memory
         if member is not None:
             self._memory_runner = HandlerRunner(
@@ -318,6 +319,9 @@ class Node:
         driver.start()
         if self.memory.member is not None:  # copy what the other memory members hold
             self._catching_up = loop.create_task(self._memory_catch_up())
+            self._dispatcher = loop.create_task(
+                self.memory.dispatch(self._dispatch_job, self._memory_peer_ids)
+            )
         if self.telemetry is not None:
             self.telemetry.start(
                 core,
@@ -374,12 +378,13 @@ class Node:
         if self.telemetry is not None:
             await self.telemetry.stop(self._pubsub.publish)
         await self._runner.close()
-        for task in list(self._priming):
-            task.cancel()
-        if self._catching_up is not None:
-            self._catching_up.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._catching_up
+        for priming in list(self._priming):
+            priming.cancel()
+        for task in (self._catching_up, self._dispatcher):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._memory_runner is not None:
             await self._memory_runner.close()
         self.memory.close()
@@ -618,9 +623,40 @@ class Node:
             await self.wait_for_members(MEMORY_CLUSTER, 1, timeout=CATCH_UP_WAIT)
         try:
             await self.memory.catch_up(timeout=self._default_timeout)
+            await self.memory.catch_up_jobs(timeout=self._default_timeout)
         except MeshError as exc:
             self.memory.stats["catch_up_failed"] += 1
             _log.warning("memory catch-up failed: %s", exc)
+
+    async def enqueue(
+        self,
+        cluster: str,
+        payload: bytes,
+        *,
+        expiry: float = 3600.0,
+        timeout: float | None = None,
+    ) -> bytes:
+        """Queue `payload` for `cluster` with the mesh's memory (a durable work queue): it
+        returns once `replicas` memory members (or every one there is, if fewer) hold it,
+        with the job's id. A memory member hands each job to a live member of the cluster as
+        a request (its `on_request` handler runs it), waiting while the cluster has none, and
+        the memory forgets the job only once a member has answered; a job whose handler
+        fails goes again, five times in all; one still unhandled after `expiry` seconds is
+        dropped. Delivery is at least once. NoResponders at once without a memory member."""
+        _check_cluster_name(cluster)
+        if type(payload) is not bytes:
+            payload = as_bytes(payload)
+        self.keyring.require(cluster)  # the job is sealed under the cluster's key
+        return await self.memory.enqueue(cluster, payload, expiry, timeout)
+
+    async def _dispatch_job(self, cluster: str, payload: bytes, timeout: float) -> bytes:
+        return await self.request(cluster, payload, timeout=timeout, queue=True)
+
+    def _memory_peer_ids(self) -> list[bytes]:
+        """The other live memory members, as membership knows them."""
+        if self._core is None:
+            return []
+        return list(self._core.directory.servers(MEMORY_CLUSTER))
 
     async def _memory_survey(
         self, payload: bytes, timeout: float | None

@@ -9,6 +9,9 @@ is two msgpack requests, each answered by every member:
     ["latest", pattern, n, after]  ->  [[[topic, payload, published_at, id], ...], next]
 
     ["since", id]  ->  [[[topic, payload, published_at, id], ...], next]
+    ["enqueue", [[id, cluster, payload, enqueued_at, expires_at], ...]]  ->  [held]
+    ["done", [id, ...], at]  ->  [forgotten]
+    ["jobs", since]  ->  [[[id, cluster, payload, enqueued_at, expires_at], ...], [done id, ...]]
 
 An answer to "since" holds messages with ids after `id`, oldest first, up to PAGE_BYTES, and
 `next`, the id to ask after for more (None: no more): how a member that starts catches up with
@@ -29,6 +32,7 @@ and must not stall the node's loop).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import time
@@ -46,8 +50,10 @@ from irismesh.errors import (
     NoResponders,
     PayloadTooLarge,
     ProtocolError,
+    RemoteError,
     RequestTimeout,
 )
+from irismesh.memory.jobs import TOMBSTONE_KEEP, Job, JobStore
 from irismesh.memory.store import (
     ID_SIZE,
     MemoryStore,
@@ -65,6 +71,11 @@ Survey = Callable[
 
 MEMORY_CLUSTER: Final = "_memory"
 _STORE, _LATEST, _SINCE = "store", "latest", "since"
+_ENQUEUE, _DONE, _JOBS = "enqueue", "done", "jobs"
+MAX_ATTEMPTS: Final = 5  # handler runs a job gets before it is set aside (dead-lettered)
+DISPATCH_TIMEOUT: Final = 30.0  # seconds a dispatched job may take, at most
+_IN_FLIGHT: Final = 64  # jobs a dispatcher has handled at once
+_RETRY_AFTER: Final = 0.2  # seconds before a job that failed or found no member goes again
 CATCH_UP_MARGIN: Final = 60.0  # seconds before its newest message a starting member asks from
 _MAX_BATCH: Final = 4096
 _MAX_LATEST: Final = 100_000
@@ -134,6 +145,7 @@ class MemoryMember:
         default: Retention | None = None,
     ) -> None:
         self.store = MemoryStore(directory, keyring, retention=retention, default=default)
+        self.jobs = JobStore(self.store)
         self._lock = threading.Lock()
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="irismesh-memory")
         # Group commit: stores that arrive while one is written wait, and go in the next
@@ -196,6 +208,20 @@ class MemoryMember:
                 raise ConfigurationError("latest's `after` is a topic or nil")
             page, following = self.page(pattern, latest, after)
             return _pack([[[s.topic, s.payload, s.published_at, s.id] for s in page], following])
+        if op == _ENQUEUE and len(request) == 2:
+            jobs = _jobs(request[1])
+            with self._lock:
+                return _pack([self.jobs.add(jobs)])
+        if op == _DONE and len(request) == 3 and type(request[1]) is list:
+            ids = [i for i in request[1] if type(i) is bytes and len(i) == ID_SIZE]
+            with self._lock:
+                return _pack([self.jobs.finish(ids, float(request[2]))])
+        if op == _JOBS and len(request) == 2 and type(request[1]) in (int, float):
+            with self._lock:
+                held = self.jobs.pending(_MAX_BATCH)
+                done = self.jobs.tombstones(float(request[1]))
+            held_rows = [[j.id, j.cluster, j.payload, j.enqueued_at, j.expires_at] for j in held]
+            return _pack([held_rows, done])
         if op == _SINCE and len(request) == 2 and type(request[1]) is bytes:
             with self._lock:
                 newer, last = self.store.since(request[1], PAGE_BYTES)
@@ -233,7 +259,7 @@ class MemoryMember:
 
     def figures(self) -> Mapping[str, int]:
         with self._lock:
-            return self.store.figures()
+            return {**self.store.figures(), **self.jobs.figures()}
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
@@ -264,7 +290,9 @@ class NodeMemory:
         self._node_id = node_id
         self._survey = survey
         self._counter = 0
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="irismesh-memory") if member else None
+        self._pool = member.pool if member is not None else None
+        self._wake: asyncio.Event | None = None  # the dispatcher's: a job came, or room
+        self._dispatching: set[asyncio.Task[None]] = set()
 
     @property
     def pool(self) -> ThreadPoolExecutor | None:
@@ -292,6 +320,142 @@ class NodeMemory:
             self.stats["retained_underreplicated"] += 1  # fewer copies than asked: counted
         self.stats["retained"] += 1
         return msg_id
+
+    async def enqueue(
+        self, cluster: str, payload: bytes, expiry: float, timeout: float | None
+    ) -> bytes:
+        """Hold a job for `cluster` with the memory members; its id once `replicas` of them (or
+        every member there is, if fewer) hold it."""
+        if not expiry > 0:
+            raise ConfigurationError(f"expiry must be positive seconds, not {expiry!r}")
+        if len(payload) > self.max_retained:
+            raise PayloadTooLarge(len(payload), self.max_retained)
+        self._counter += 1
+        job_id = message_id(self._node_id, self._counter)
+        now = time.time()
+        request = _pack([_ENQUEUE, [[job_id, cluster, payload, now, now + expiry]]])
+        try:
+            answers, errors, missing = await self._ask(request, timeout)
+            if not answers:
+                raise _failure(errors, missing, timeout)
+        except MeshError:
+            self.stats["jobs_enqueue_failed"] += 1
+            raise
+        if len(answers) < min(self.replicas, len(answers) + len(errors) + len(missing)):
+            self.stats["jobs_underreplicated"] += 1
+        self.stats["jobs_enqueued"] += 1
+        if self._wake is not None:
+            self._wake.set()
+        return job_id
+
+    # ----------------------------------------------------------------- dispatching
+
+    async def dispatch(
+        self,
+        request: Callable[[str, bytes, float], Awaitable[bytes]],
+        peers: Callable[[], list[bytes]],
+    ) -> None:
+        """A memory member's dispatcher loop: while it is the live memory member with the
+        lowest id, it hands the held jobs to their clusters, `_IN_FLIGHT` at a time, and
+        tells every member to forget each job once a member of its cluster has handled it.
+        Another member takes over when it is gone (at least once: a job handled but not yet
+        forgotten goes again, which the handler must bear)."""
+        member = self.member
+        if member is None:
+            return
+        loop = asyncio.get_running_loop()
+        self._wake = wake = asyncio.Event()
+        busy: set[bytes] = set()
+        next_expiry = 0.0
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_RETRY_AFTER * 2):
+                    await wake.wait()
+            wake.clear()
+            if any(peer < self._node_id for peer in peers()):
+                continue  # another member dispatches
+            now = time.time()
+            if now >= next_expiry:
+                next_expiry = now + 1.0
+                await loop.run_in_executor(self._pool, _locked(member, member.jobs.expire), now)
+            room = _IN_FLIGHT - len(busy)
+            if room <= 0:
+                continue
+            jobs = await loop.run_in_executor(
+                self._pool, _locked(member, member.jobs.pending), room, set(busy)
+            )
+            for job in jobs:
+                busy.add(job.id)
+                task = loop.create_task(self._dispatch_one(job, request, busy, wake))
+                self._dispatching.add(task)
+                task.add_done_callback(self._dispatching.discard)
+
+    async def _dispatch_one(
+        self,
+        job: Job,
+        request: Callable[[str, bytes, float], Awaitable[bytes]],
+        busy: set[bytes],
+        wake: asyncio.Event,
+    ) -> None:
+        member = self.member
+        assert member is not None
+        loop = asyncio.get_running_loop()
+        try:
+            left = job.expires_at - time.time()
+            if left <= 0:
+                return  # expire() drops it
+            try:
+                await request(job.cluster, job.payload, min(DISPATCH_TIMEOUT, left))
+            except RemoteError:
+                dead = job.attempts + 1 >= MAX_ATTEMPTS
+                self.stats["jobs_failed"] += 1
+                attempted = _locked(member, member.jobs.attempted)
+                await loop.run_in_executor(self._pool, attempted, job.id, dead)
+                await asyncio.sleep(_RETRY_AFTER)
+                return
+            except MeshError:
+                self.stats["jobs_retried"] += 1  # no member in time, overloaded: again later
+                await asyncio.sleep(_RETRY_AFTER)
+                return
+            now = time.time()
+            finish = _locked(member, member.jobs.finish)
+            await loop.run_in_executor(self._pool, finish, [job.id], now)
+            self.stats["jobs_done"] += 1
+            with contextlib.suppress(MeshError):  # a member that misses it learns at catch-up
+                await self._survey(_pack([_DONE, [job.id], now]), DISPATCH_TIMEOUT)
+        finally:
+            busy.discard(job.id)
+            wake.set()
+
+    async def catch_up_jobs(self, timeout: float) -> int:
+        """A member that starts holds the jobs the others hold and forgets those they finished
+        meanwhile; how many jobs it took on."""
+        member = self.member
+        if member is None:
+            return 0
+        try:
+            answers, _errors, _missing = await self._ask(
+                _pack([_JOBS, time.time() - TOMBSTONE_KEEP]), timeout, own=False
+            )
+        except NoResponders:
+            return 0
+        jobs: list[Job] = []
+        done: set[bytes] = set()
+        for answer in answers.values():
+            try:
+                rows, finished = _unpack(answer)
+                jobs.extend(_jobs(rows))
+                done.update(i for i in finished if type(i) is bytes)
+            except (ConfigurationError, TypeError, ValueError):
+                self.stats["memory_answers_malformed"] += 1
+        loop = asyncio.get_running_loop()
+        now = time.time()
+        if done:
+            await loop.run_in_executor(self._pool, _locked(member, member.jobs.finish), done, now)
+        fresh = [job for job in jobs if job.id not in done]
+        added: int = await loop.run_in_executor(self._pool, _locked(member, member.jobs.add), fresh)
+        self.stats["jobs_caught_up"] += added
+        return added
 
     async def reread(self, pattern: str, latest: int, timeout: float | None) -> list[Stored]:
         """Every stored path matching `pattern`, its `latest` newest messages, newest first,
@@ -398,8 +562,20 @@ class NodeMemory:
         return answers, errors, missing
 
     def close(self) -> None:
+        for task in list(self._dispatching):
+            task.cancel()
         if self.member is not None:
             self.member.close()
+
+
+def _locked(member: MemoryMember, call: Callable[..., Any]) -> Callable[..., Any]:
+    """`call` under the member's store lock (run it on the member's store thread)."""
+
+    def run(*args: Any) -> Any:
+        with member._lock:
+            return call(*args)
+
+    return run
 
 
 def _before(msg_id: bytes, seconds: float) -> bytes:
@@ -413,6 +589,26 @@ def _failure(
     if errors:
         return next(iter(errors.values()))
     return RequestTimeout(MEMORY_CLUSTER, timeout or 0.0, 1)
+
+
+def _jobs(rows: Any) -> list[Job]:
+    """An enqueue request's jobs, checked."""
+    if type(rows) is not list or len(rows) > _MAX_BATCH:
+        raise ConfigurationError("enqueue takes up to 4096 jobs")
+    jobs = []
+    for row in rows:
+        if not (
+            type(row) is list
+            and len(row) == 5
+            and type(row[0]) is bytes
+            and len(row[0]) == ID_SIZE
+            and type(row[1]) is str
+            and type(row[2]) is bytes
+            and all(type(t) in (int, float) for t in row[3:])
+        ):
+            raise ConfigurationError("a job is [id, cluster, payload, enqueued_at, expires_at]")
+        jobs.append(Job(row[0], row[1], row[2], float(row[3]), float(row[4])))
+    return jobs
 
 
 def _rows(rows: Any) -> list[tuple[str, bytes, float, bytes]]:

@@ -529,6 +529,11 @@ class MemoryStore:
         }
 
 
+def sqlite_reason(exc: sqlite3.Error) -> str:
+    """What a SQLite error means, for a StorageError."""
+    return _reason(exc)
+
+
 def _reason(exc: sqlite3.Error) -> str:
     text = str(exc) or type(exc).__name__
     if "disk is full" in text or "disk I/O" in text:

@@ -1,0 +1,204 @@
+"""Durable work queues at rest: jobs a memory member holds until a member of their cluster has
+handled them.
+
+A job is a payload for one cluster, with a 16-byte id (`message_id`), the time it was queued
+and the time it expires. Memory members hold every job (each one's copy sealed, cluster name
+and payload, under keys derived from the cluster's key, bound to the job's id) until one of
+them, the cluster's dispatcher, has had it handled; then every member forgets it and keeps its
+id for a while (a tombstone), so a member that was away learns that the job is done and does
+not hand it out again. A job whose handler failed is tried again, `max_attempts` times in all,
+then set aside (dead-lettered) and counted; a job past its expiry is dropped and counted.
+
+The jobs live in the memory's database (`MemoryStore.db`), in the same transactions' safety.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections import Counter
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+from typing import Final
+
+import msgpack
+from cryptography.exceptions import InvalidTag
+
+from irismesh.errors import StorageError
+from irismesh.memory.store import MemoryStore
+from irismesh.memory.store import sqlite_reason as _reason
+
+_PENDING, _DEAD = 0, 1
+TOMBSTONE_KEEP: Final = 7 * 24 * 3600.0  # seconds a finished job's id is remembered
+
+_SCHEMA: Final = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id BLOB PRIMARY KEY,
+    key_id TEXT NOT NULL,
+    sealed BLOB NOT NULL,
+    enqueued_at REAL NOT NULL,
+    expires_at REAL NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    state INTEGER NOT NULL DEFAULT 0
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, id);
+CREATE TABLE IF NOT EXISTS job_tombstones (id BLOB PRIMARY KEY, done_at REAL NOT NULL)
+    WITHOUT ROWID;
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One queued payload for a cluster."""
+
+    id: bytes
+    cluster: str
+    payload: bytes
+    enqueued_at: float
+    expires_at: float
+    attempts: int = 0
+
+
+class JobStore:
+    """The jobs of one memory member, in its store's database."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self._store = store
+        self._db = store.db
+        self.stats: Counter[str] = Counter()
+        try:
+            self._db.executescript(_SCHEMA)
+        except sqlite3.Error as exc:
+            raise StorageError(store.path, _reason(exc)) from None
+
+    def add(self, jobs: Iterable[Job]) -> int:
+        """Hold jobs (all or none); how many were new (a job already held, or finished, is
+        not added again)."""
+        db = self._db
+        added = 0
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                for job in jobs:
+                    gone = db.execute(
+                        "SELECT 1 FROM job_tombstones WHERE id = ?", (job.id,)
+                    ).fetchone()
+                    if gone is not None:
+                        continue
+                    sealing = self._store.sealing_for(job.cluster)
+                    sealed = sealing.seal(msgpack.packb([job.cluster, job.payload]), job.id)
+                    cursor = db.execute(
+                        "INSERT OR IGNORE INTO jobs (id, key_id, sealed, enqueued_at, expires_at)"
+                        " VALUES (?, ?, ?, ?, ?)",
+                        (job.id, sealing.key_id, sealed, job.enqueued_at, job.expires_at),
+                    )
+                    added += cursor.rowcount
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise StorageError(self._store.path, _reason(exc)) from None
+        self.stats["jobs_held"] += added
+        return added
+
+    def pending(self, limit: int, busy: Collection[bytes] = ()) -> list[Job]:
+        """Up to `limit` jobs waiting to be handled, oldest first, those in `busy` left out."""
+        out: list[Job] = []
+        try:
+            rows = self._db.execute(
+                "SELECT id, key_id, sealed, enqueued_at, expires_at, attempts FROM jobs"
+                " WHERE state = ? ORDER BY id LIMIT ?",
+                (_PENDING, limit + len(busy)),
+            ).fetchall()
+        except sqlite3.Error as exc:
+            raise StorageError(self._store.path, _reason(exc)) from None
+        for job_id, key_id, sealed, enqueued_at, expires_at, attempts in rows:
+            if job_id in busy:
+                continue
+            opened = self._open(job_id, key_id, sealed)
+            if opened is None:
+                continue
+            cluster, payload = opened
+            out.append(Job(job_id, cluster, payload, enqueued_at, expires_at, attempts))
+            if len(out) >= limit:
+                break
+        return out
+
+    def _open(self, job_id: bytes, key_id: str, sealed: bytes) -> tuple[str, bytes] | None:
+        sealing = self._store.sealing_of(key_id)
+        if sealing is None:
+            self.stats["jobs_locked"] += 1
+            return None
+        try:
+            cluster, payload = msgpack.unpackb(sealing.open(sealed, job_id))
+        except (InvalidTag, ValueError, TypeError):
+            self.stats["jobs_unreadable"] += 1
+            return None
+        return str(cluster), bytes(payload)
+
+    def finish(self, ids: Iterable[bytes], now: float) -> int:
+        """Jobs handled: forgotten, their ids kept as tombstones; how many were held here."""
+        ids = list(ids)
+        db = self._db
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                held = sum(db.execute("DELETE FROM jobs WHERE id = ?", (i,)).rowcount for i in ids)
+                db.executemany(
+                    "INSERT OR IGNORE INTO job_tombstones VALUES (?, ?)", [(i, now) for i in ids]
+                )
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise StorageError(self._store.path, _reason(exc)) from None
+        return held
+
+    def attempted(self, job_id: bytes, dead: bool) -> None:
+        """A handler failed on the job: one attempt more, and set aside if that was the last."""
+        try:
+            self._db.execute(
+                "UPDATE jobs SET attempts = attempts + 1, state = ? WHERE id = ?",
+                (_DEAD if dead else _PENDING, job_id),
+            )
+        except sqlite3.Error as exc:
+            raise StorageError(self._store.path, _reason(exc)) from None
+        if dead:
+            self.stats["jobs_dead_lettered"] += 1
+
+    def expire(self, now: float) -> int:
+        """Drop the jobs past their expiry and the tombstones past keeping; jobs dropped."""
+        try:
+            gone = self._db.execute(
+                "DELETE FROM jobs WHERE expires_at < ? AND state = ?", (now, _PENDING)
+            ).rowcount
+            self._db.execute(
+                "DELETE FROM job_tombstones WHERE done_at < ?", (now - TOMBSTONE_KEEP,)
+            )
+        except sqlite3.Error as exc:
+            raise StorageError(self._store.path, _reason(exc)) from None
+        self.stats["jobs_expired"] += gone
+        return gone
+
+    def tombstones(self, since: float) -> list[bytes]:
+        """Ids of the jobs finished since `since`."""
+        rows = self._db.execute(
+            "SELECT id FROM job_tombstones WHERE done_at >= ?", (since,)
+        ).fetchall()
+        return [bytes(r[0]) for r in rows]
+
+    def figures(self) -> dict[str, int]:
+        counts = dict(
+            self._db.execute("SELECT state, count(*) FROM jobs GROUP BY state").fetchall()
+        )
+        return {
+            "jobs_pending": int(counts.get(_PENDING, 0)),
+            "jobs_dead": int(counts.get(_DEAD, 0)),
+            **self.stats,
+        }
+
+
+__all__ = ["TOMBSTONE_KEEP", "Job", "JobStore"]
