@@ -127,3 +127,10 @@ def test_the_demo_runs_every_pattern_and_its_report_agrees(tmp_path: Path) -> No
     shown = re.findall(r"<span title='([0-9a-f]{32})'>([^<]*)</span>", page)
     assert shown
     assert {label for _, label in shown} <= {"client", "w1", "w2", "w3"}
+
+
+def test_news_feed_reader_gets_every_story_current_without_gap_or_repeat() -> None:
+    report = json.loads(run_example("news_feed.py", "--json", "--stories", "30").stdout)
+    assert report["ok"], report
+    assert report["missing_stories"] == 0
+    assert report["reread"] >= 30  # each story's latest version came from the memory first
