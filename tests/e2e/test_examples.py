@@ -134,3 +134,10 @@ def test_news_feed_reader_gets_every_story_current_without_gap_or_repeat() -> No
     assert report["ok"], report
     assert report["missing_stories"] == 0
     assert report["reread"] >= 30  # each story's latest version came from the memory first
+
+
+def test_job_queue_loses_no_job_across_a_worker_kill_and_a_memory_restart() -> None:
+    report = json.loads(run_example("job_queue.py", "--json", "--jobs", "200").stdout)
+    assert report["ok"], report
+    assert report["handled"] == 200
+    assert report["lost"] == []
