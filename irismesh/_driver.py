@@ -39,6 +39,7 @@ from irismesh._datagrams import DatagramSocket
 from irismesh.errors import ConfigurationError
 
 BATCH = 256
+EVENT_SLICE = 16  # events handled between two flushes, in a long run of them
 # Plain ints: zmq's constants are IntFlag enums, and `NOBLOCK | SNDMORE` on enums costs an enum
 # construction per frame on the hot path.
 _NOBLOCK = int(zmq.NOBLOCK)
@@ -243,7 +244,15 @@ class Driver:
                     self._open(event)
                 elif isinstance(event, CloseLink):
                     self._close_link(event.link_id)
-            self._on_events(events)
+            if len(events) <= EVENT_SLICE:
+                self._on_events(events)
+                continue
+            # A long run of events (a batch of requests): send the replies of each slice as
+            # it is done, so that the peer works on them while this side does the rest
+            # (one batch answered whole would leave each side idle while the other works).
+            for start in range(0, len(events), EVENT_SLICE):
+                self._on_events(events[start : start + EVENT_SLICE])
+                self.flush()
         self.flush()
 
     def flush(self) -> None:
