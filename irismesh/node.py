@@ -61,9 +61,9 @@ from irismesh.errors import (
     NoResponders,
     RequestTimeout,
 )
+from irismesh.memory.api import MemoryApi
 from irismesh.memory.service import MEMORY_CLUSTER, MemoryMember, NodeMemory
 from irismesh.memory.store import Retention
-from irismesh.memory.store import Stored as Remembered
 from irismesh.patterns.pubsub import Message, Policy, PubSub, Subscription
 from irismesh.patterns.reqrep import Caller, HandlerRunner, RequestHandler, as_bytes
 from irismesh.patterns.reqrep import _deadline as _deadline_var
@@ -89,10 +89,6 @@ T = TypeVar("T", bound=TunnelHandler)
 E = TypeVar("E")
 
 DEFAULT_BIND = "tcp://127.0.0.1:0"
-CATCH_UP_WAIT = 2.0  # seconds a starting memory member waits to find another to copy from
-# A rereading subscription reads the memory again after this long: its interest has reached
-# every publisher by then (membership spreads a record change in about a second).
-REREAD_AGAIN_AFTER = 2.0
 _log = logging.getLogger(__name__)
 _KIND_REQUEST, _KIND_BROADCAST = int(Kind.REQUEST), int(Kind.BROADCAST)
 
@@ -131,7 +127,7 @@ _STATES = {
 }
 
 
-class Node:
+class Node(MemoryApi):
     """A node of the mesh: member of `cluster` (or a pure client when None).
 
     `name` labels the node for people: its peers (`peers()`, `mesh peers`, `mesh top`) and its
@@ -607,63 +603,6 @@ class Node:
             topic, payload, self._default_timeout if timeout is None else timeout, msg_id
         )
 
-    async def reread(
-        self, pattern: str, *, latest: int = 1, timeout: float | None = None
-    ) -> list[Remembered]:
-        """What the mesh's memory holds for `pattern` (the grammar of `subscribe`): for every
-        stored path that matches, its `latest` newest retained messages, newest first, each
-        with its topic, payload, publish time and unique, time-ordered id. NoResponders when
-        no memory member is running."""
-        return await self.memory.reread(pattern, latest, timeout)
-
-    async def _memory_catch_up(self) -> None:
-        """A memory member that starts copies what the others hold, once membership has had a
-        moment to find them (those that join later copy from it in turn)."""
-        with contextlib.suppress(MembershipTimeout):
-            await self.wait_for_members(MEMORY_CLUSTER, 1, timeout=CATCH_UP_WAIT)
-        try:
-            await self.memory.catch_up(timeout=self._default_timeout)
-            await self.memory.catch_up_jobs(timeout=self._default_timeout)
-        except MeshError as exc:
-            self.memory.stats["catch_up_failed"] += 1
-            _log.warning("memory catch-up failed: %s", exc)
-
-    async def enqueue(
-        self,
-        cluster: str,
-        payload: bytes,
-        *,
-        expiry: float = 3600.0,
-        timeout: float | None = None,
-    ) -> bytes:
-        """Queue `payload` for `cluster` with the mesh's memory (a durable work queue): it
-        returns once `replicas` memory members (or every one there is, if fewer) hold it,
-        with the job's id. A memory member hands each job to a live member of the cluster as
-        a request (its `on_request` handler runs it), waiting while the cluster has none, and
-        the memory forgets the job only once a member has answered; a job whose handler
-        fails goes again, five times in all; one still unhandled after `expiry` seconds is
-        dropped. Delivery is at least once. NoResponders at once without a memory member."""
-        _check_cluster_name(cluster)
-        if type(payload) is not bytes:
-            payload = as_bytes(payload)
-        self.keyring.require(cluster)  # the job is sealed under the cluster's key
-        return await self.memory.enqueue(cluster, payload, expiry, timeout)
-
-    async def _dispatch_job(self, cluster: str, payload: bytes, timeout: float) -> bytes:
-        return await self.request(cluster, payload, timeout=timeout, queue=True)
-
-    def _memory_peer_ids(self) -> list[bytes]:
-        """The other live memory members, as membership knows them."""
-        if self._core is None:
-            return []
-        return list(self._core.directory.servers(MEMORY_CLUSTER))
-
-    async def _memory_survey(
-        self, payload: bytes, timeout: float | None
-    ) -> tuple[dict[str, bytes], dict[str, MeshError], list[str]]:
-        timeout = await self._linked(MEMORY_CLUSTER, timeout)
-        return await self._caller.fanout(Kind.SURVEY, MEMORY_CLUSTER, payload, timeout)
-
     def subscribe(
         self,
         pattern: str,
@@ -702,35 +641,6 @@ class Node:
             self._priming.add(task)
             task.add_done_callback(self._priming.discard)
         return sub
-
-    async def _prime(self, sub: Subscription, latest: int) -> None:
-        """Reread the memory into a new subscription, then let its live messages through;
-        read again once the subscription's interest has spread (a retained message published
-        before a publisher knew of it is in the memory by then)."""
-        try:
-            found = await self.memory.reread(sub.pattern, latest, None)
-        except MeshError as exc:
-            found = []
-            sub.reread_error = exc
-            self.memory.stats["rereads_failed"] += 1
-        except BaseException:  # cancelled (the node closes): the live messages go through
-            self._pubsub.end_priming(sub, [])
-            raise
-        remembered = sorted(found, key=lambda m: m.id)
-        newest = {m.topic: m.id for m in remembered}  # ascending: the last is the newest
-        self._pubsub.end_priming(sub, [_remembered(m) for m in remembered])
-        if sub.reread_error is not None or sub.closed:
-            return
-        await asyncio.sleep(REREAD_AGAIN_AFTER)
-        try:
-            again = await self.memory.reread(sub.pattern, latest, None)
-        except MeshError:
-            self.memory.stats["rereads_failed"] += 1
-            return
-        for m in sorted(again, key=lambda m: m.id):
-            if not sub.closed and m.id > newest.get(m.topic, b""):
-                sub._put(_remembered(m), None, 0)
-        sub._wake()
 
     def tunnel(
         self,
@@ -1029,6 +939,10 @@ class Node:
         if self._core is not None and not self._closing:
             self._core.reply_error(token, exc)
 
+    @staticmethod
+    def _check_cluster(name: str) -> None:
+        _check_cluster_name(name)
+
     def _flush_soon(self) -> None:
         if self._driver is not None and not self._closing:
             self._driver.flush_soon()
@@ -1050,11 +964,6 @@ def default_name() -> str:
     host = socket.gethostname().partition(".")[0]
     host = "".join(c for c in host if c.isprintable() and not c.isspace()) or "node"
     return host[: MAX_NAME - len(suffix)] + suffix
-
-
-def _remembered(stored: Remembered) -> Message:
-    """A message reread from the memory, as a subscription delivers it."""
-    return Message(stored.topic, stored.payload, "", 0, stored.id)
 
 
 def _check_cluster_name(name: str) -> None:

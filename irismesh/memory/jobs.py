@@ -14,9 +14,10 @@ The jobs live in the memory's database (`MemoryStore.db`), in the same transacti
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from collections import Counter
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Final
 
@@ -75,23 +76,30 @@ class JobStore:
         not added again)."""
         db = self._db
         added = 0
+        with self._transaction():
+            for job in jobs:
+                gone = db.execute("SELECT 1 FROM job_tombstones WHERE id = ?", (job.id,)).fetchone()
+                if gone is not None:
+                    continue
+                sealing = self._store.sealing_for(job.cluster)
+                sealed = sealing.seal(msgpack.packb([job.cluster, job.payload]), job.id)
+                cursor = db.execute(
+                    "INSERT OR IGNORE INTO jobs (id, key_id, sealed, enqueued_at, expires_at)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    (job.id, sealing.key_id, sealed, job.enqueued_at, job.expires_at),
+                )
+                added += cursor.rowcount
+        self.stats["jobs_held"] += added
+        return added
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """One write transaction: all of it or none; SQLite's failures as StorageError."""
+        db = self._db
         try:
             db.execute("BEGIN IMMEDIATE")
             try:
-                for job in jobs:
-                    gone = db.execute(
-                        "SELECT 1 FROM job_tombstones WHERE id = ?", (job.id,)
-                    ).fetchone()
-                    if gone is not None:
-                        continue
-                    sealing = self._store.sealing_for(job.cluster)
-                    sealed = sealing.seal(msgpack.packb([job.cluster, job.payload]), job.id)
-                    cursor = db.execute(
-                        "INSERT OR IGNORE INTO jobs (id, key_id, sealed, enqueued_at, expires_at)"
-                        " VALUES (?, ?, ?, ?, ?)",
-                        (job.id, sealing.key_id, sealed, job.enqueued_at, job.expires_at),
-                    )
-                    added += cursor.rowcount
+                yield
                 db.execute("COMMIT")
             except BaseException:
                 if db.in_transaction:
@@ -99,8 +107,6 @@ class JobStore:
                 raise
         except sqlite3.Error as exc:
             raise StorageError(self._store.path, _reason(exc)) from None
-        self.stats["jobs_held"] += added
-        return added
 
     def pending(self, limit: int, busy: Collection[bytes] = ()) -> list[Job]:
         """Up to `limit` jobs waiting to be handled, oldest first, those in `busy` left out."""
@@ -141,20 +147,11 @@ class JobStore:
         """Jobs handled: forgotten, their ids kept as tombstones; how many were held here."""
         ids = list(ids)
         db = self._db
-        try:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                held = sum(db.execute("DELETE FROM jobs WHERE id = ?", (i,)).rowcount for i in ids)
-                db.executemany(
-                    "INSERT OR IGNORE INTO job_tombstones VALUES (?, ?)", [(i, now) for i in ids]
-                )
-                db.execute("COMMIT")
-            except BaseException:
-                if db.in_transaction:
-                    db.execute("ROLLBACK")
-                raise
-        except sqlite3.Error as exc:
-            raise StorageError(self._store.path, _reason(exc)) from None
+        with self._transaction():
+            held = sum(db.execute("DELETE FROM jobs WHERE id = ?", (i,)).rowcount for i in ids)
+            db.executemany(
+                "INSERT OR IGNORE INTO job_tombstones VALUES (?, ?)", [(i, now) for i in ids]
+            )
         return held
 
     def attempted(self, job_id: bytes, dead: bool) -> None:
