@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from irismesh._core.frames import Kind
@@ -39,27 +40,11 @@ class MemoryApi:
     _caller: Caller
     _default_timeout: float
 
-    if TYPE_CHECKING:
-
-        async def request(
-            self,
-            cluster: str,
-            payload: bytes,
-            *,
-            timeout: float | None = None,
-            hedge: float | bool | None = None,
-            queue: bool = False,
-        ) -> bytes: ...
-
-        async def wait_for_members(
-            self, cluster: str, count: int = 1, *, timeout: float = 10.0
-        ) -> int: ...
-
-        async def _linked(
-            self, cluster: str, timeout: float | None, *, every: bool = True
-        ) -> float: ...
-
-        def _check_cluster(self, name: str) -> None: ...
+    if TYPE_CHECKING:  # the node's own, with their signatures there
+        request: Callable[..., Awaitable[bytes]]
+        wait_for_members: Callable[..., Awaitable[int]]
+        _linked: Callable[..., Awaitable[float]]
+        _check_cluster: Callable[[str], None]
 
     async def reread(
         self, pattern: str, *, latest: int = 1, timeout: float | None = None
