@@ -234,32 +234,39 @@ class Driver:
     # ----------------------------------------------------------------- output
 
     def process(self) -> None:
-        """Dispatch the core's events, then send its frames."""
+        """Dispatch the core's events, then send its frames (and again, for the events that
+        sending found: failed links). Links are opened as their events come, before anything
+        is sent on them, or their HELLOs would be lost."""
         core = self.core
-        while core.events:
-            events = core.events
-            core.events = []
-            for event in events:
-                if isinstance(event, OpenLink):
-                    self._open(event)
-                elif isinstance(event, CloseLink):
-                    self._close_link(event.link_id)
-            if len(events) <= EVENT_SLICE:
-                self._on_events(events)
-                continue
-            # A long run of events (a batch of requests): send the replies of each slice as
-            # it is done, so that the peer works on them while this side does the rest
-            # (one batch answered whole would leave each side idle while the other works).
-            for start in range(0, len(events), EVENT_SLICE):
-                self._on_events(events[start : start + EVENT_SLICE])
-                self.flush()
-        self.flush()
+        while True:
+            while core.events:
+                events = core.events
+                core.events = []
+                for event in events:
+                    if isinstance(event, OpenLink):
+                        self._open(event)
+                    elif isinstance(event, CloseLink):
+                        self._close_link(event.link_id)
+                if len(events) <= EVENT_SLICE:
+                    self._on_events(events)
+                    continue
+                # A long run of events (a batch of requests): send the replies of each slice
+                # as it is done, so that the peer works on them while this side does the rest
+                # (one batch answered whole would leave each side idle while the other works).
+                for start in range(0, len(events), EVENT_SLICE):
+                    self._on_events(events[start : start + EVENT_SLICE])
+                    if not core.events:  # nothing to open first
+                        self._send()
+            self._send()
+            if not core.events:
+                return
 
     def flush(self) -> None:
+        """Send what the core queued (after the links it asked for are open)."""
+        self.process()
+
+    def _send(self) -> None:
         core = self.core
-        if core.events:  # links to open first (a request may dial), or their HELLOs are lost
-            self.process()
-            return
         core.seal_staged()  # returns at once when nothing is staged
         if core.membership.outbox:
             send_datagram = self._datagrams.send
@@ -294,8 +301,6 @@ class Driver:
         if recheck and not self._flush_scheduled:
             self._flush_scheduled = True
             self.loop.call_soon(self._recheck_input)
-        if core.events:  # link failures found while sending
-            self.process()
 
     def flush_soon(self) -> None:
         """Send what the core queued, once, at the end of this loop iteration."""

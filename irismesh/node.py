@@ -62,11 +62,10 @@ from irismesh.errors import (
     RequestTimeout,
 )
 from irismesh.memory.api import MemoryApi
-from irismesh.memory.service import MEMORY_CLUSTER, MemoryMember, NodeMemory
+from irismesh.memory.service import MAX_LATEST, MEMORY_CLUSTER, MemoryMember, NodeMemory
 from irismesh.memory.store import Retention
 from irismesh.patterns.pubsub import Message, Policy, PubSub, Subscription
-from irismesh.patterns.reqrep import Caller, HandlerRunner, RequestHandler, as_bytes
-from irismesh.patterns.reqrep import _deadline as _deadline_var
+from irismesh.patterns.reqrep import Caller, HandlerRunner, RequestHandler, as_bytes, deadline
 from irismesh.patterns.tunnel import (
     DEFAULT_MAX_MESSAGE,
     DEFAULT_WINDOW,
@@ -533,8 +532,10 @@ class Node(MemoryApi):
         budget = self._default_timeout if timeout is None else timeout
         if not budget > 0:
             raise ConfigurationError(f"timeout must be positive, got {timeout!r}")
-        inherited = _deadline_var.get()  # within a handler: its caller's deadline bounds it
-        until = min(loop.time() + budget, inherited)
+        until = loop.time() + budget
+        inherited = deadline()  # within a handler: its caller's deadline bounds it
+        if inherited is not None:
+            until = min(until, inherited)
         waited = 0
         while True:
             left = until - loop.time()
@@ -632,8 +633,8 @@ class Node(MemoryApi):
         subscription is live only and `sub.reread_error` says why.
         """
         self._caller.running()
-        if type(reread) is not bool and (type(reread) is not int or not 1 <= reread <= 100_000):
-            raise ConfigurationError(f"reread must be a bool or 1 to 100000, not {reread!r}")
+        if type(reread) is not bool and (type(reread) is not int or not 1 <= reread <= MAX_LATEST):
+            raise ConfigurationError(f"reread must be a bool or 1 to {MAX_LATEST}, not {reread!r}")
         sub = self._pubsub.subscribe(pattern, policy, maxsize, callback, priming=bool(reread))
         if reread:
             latest = 1 if reread is True else int(reread)

@@ -108,9 +108,8 @@ class Subscription:
         self._closed = False
         # A subscription that rereads the memory: live messages wait in `_priming` until the
         # remembered ones are in, and a retained message is delivered once, live or reread.
-        self._priming: list[tuple[Message, _Hold | bytes | None, int]] | None = None
-        self._seen: set[bytes] | None = None
-        self._seen_order: deque[bytes] = deque()
+        self._priming: deque[tuple[Message, _Hold | bytes | None, int]] | None = None
+        self._seen: dict[bytes, None] | None = None  # ids delivered, oldest first
         self.duplicates = 0  # retained messages that came twice (reread and live): dropped once
         self.reread_error: MeshError | None = None  # why the memory could not be reread
 
@@ -220,13 +219,13 @@ class Subscription:
             self._hub._room_made()
 
     def _begin_priming(self) -> None:
-        self._priming = []
-        self._seen = set()
+        self._priming = deque()
+        self._seen = {}
 
     def _end_priming(self, remembered: list[Message]) -> None:
         """The remembered messages first, then the live ones that came meanwhile (each
         retained message once)."""
-        pending, self._priming = self._priming or [], None
+        pending, self._priming = self._priming or (), None
         for message in remembered:
             self._put(message, None, 0)
         for message, hold, gap in pending:
@@ -238,10 +237,9 @@ class Subscription:
             return False
         if msg_id in seen:
             return True
-        seen.add(msg_id)
-        self._seen_order.append(msg_id)
-        if len(self._seen_order) > SEEN_IDS:
-            seen.discard(self._seen_order.popleft())
+        seen[msg_id] = None
+        if len(seen) > SEEN_IDS:
+            del seen[next(iter(seen))]
         return False
 
     def _let_go(self, hold: _Hold | bytes | None) -> None:
@@ -256,7 +254,7 @@ class Subscription:
         priming = self._priming
         if priming is not None:
             if not self._blocking and len(priming) >= self.maxsize:
-                _old, old_hold, old_gap = priming.pop(0)
+                _old, old_hold, old_gap = priming.popleft()
                 self._let_go(old_hold)
                 self.missed += 1
                 self._gap += old_gap + 1

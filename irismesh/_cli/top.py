@@ -53,6 +53,7 @@ from irismesh._cli.listing import (
     served_by,
     view_clusters,
 )
+from irismesh.spark_telemetry.units import duration_us
 
 GAUGES = frozenset(
     {
@@ -261,16 +262,10 @@ def latency_table(rows: Sequence[Latency]) -> Table:
     table.add_column("p50", justify="right")
     table.add_column("p99", justify="right")
     for x in rows:
-        table.add_row(x.kind, x.cluster, f"{x.timed:,}", _duration(x.p50_us), _duration(x.p99_us))
+        table.add_row(
+            x.kind, x.cluster, f"{x.timed:,}", duration_us(x.p50_us), duration_us(x.p99_us)
+        )
     return table
-
-
-def _duration(us: float) -> str:
-    if us < 1000:
-        return f"{us:.0f} us"
-    if us < 1_000_000:
-        return f"{us / 1000:.1f} ms"
-    return f"{us / 1e6:.2f} s"
 
 
 def counters_table(counters: Sequence[Rate]) -> Table:

@@ -39,7 +39,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import msgpack
 
@@ -64,6 +64,8 @@ from irismesh.memory.store import (
 )
 from irismesh.security.keyring import Keyring
 
+T = TypeVar("T")
+
 # A survey of the `_memory` cluster: (answers, errors, missing) by member, as Node.survey.
 Survey = Callable[
     [bytes, float | None], Awaitable[tuple[dict[str, bytes], dict[str, MeshError], list[str]]]
@@ -78,7 +80,7 @@ _IN_FLIGHT: Final = 64  # jobs a dispatcher has handled at once
 _RETRY_AFTER: Final = 0.2  # seconds before a job that failed or found no member goes again
 CATCH_UP_MARGIN: Final = 60.0  # seconds before its newest message a starting member asks from
 _MAX_BATCH: Final = 4096
-_MAX_LATEST: Final = 100_000
+MAX_LATEST: Final = 100_000
 _GROUP: Final = 256  # store requests written in one transaction at most
 RETAINED_ROOM: Final = 4096  # what a retained payload leaves of a frame for its envelope
 PAGE_BYTES: Final = 512 << 10  # an answer's payloads, well below a frame's limit
@@ -152,7 +154,6 @@ class MemoryMember:
         # transaction together (one flush to disk for all of them).
         self._writes: list[tuple[list[tuple[str, bytes, float, bytes]], asyncio.Future[None]]] = []
         self._writer: asyncio.Task[None] | None = None
-        self.transactions = 0
 
     async def serve(self, payload: bytes) -> bytes:
         """One request to `_memory`, on the node's loop: stores are written in groups on the
@@ -187,27 +188,21 @@ class MemoryMember:
 
     def _put(self, rows: list[tuple[str, bytes, float, bytes]]) -> int:
         with self._lock:
-            self.transactions += 1
             return self.store.put_many(rows)
 
     def handle(self, payload: bytes) -> bytes:
-        """One request to `_memory` (in the member's store thread)."""
+        """One request to `_memory` other than a store (in the member's store thread)."""
         request = _unpack(payload)
         if type(request) is not list or not request:
             raise ConfigurationError("a memory request is a msgpack array: [op, ...]")
         op = request[0]
-        if op == _STORE and len(request) == 2:
-            rows = _rows(request[1])
-            self._put(rows)
-            return _pack([len(rows)])
         if op == _LATEST and len(request) == 4 and type(request[1]) is str:
             _op, pattern, latest, after = request
-            if type(latest) is not int or not 1 <= latest <= _MAX_LATEST:
-                raise ConfigurationError(f"latest must be 1 to {_MAX_LATEST}, not {latest!r}")
+            if type(latest) is not int or not 1 <= latest <= MAX_LATEST:
+                raise ConfigurationError(f"latest must be 1 to {MAX_LATEST}, not {latest!r}")
             if after is not None and type(after) is not str:
                 raise ConfigurationError("latest's `after` is a topic or nil")
-            page, following = self.page(pattern, latest, after)
-            return _pack([[[s.topic, s.payload, s.published_at, s.id] for s in page], following])
+            return _pack_page(*self.page(pattern, latest, after))
         if op == _ENQUEUE and len(request) == 2:
             jobs = _jobs(request[1])
             with self._lock:
@@ -224,9 +219,17 @@ class MemoryMember:
             return _pack([held_rows, done])
         if op == _SINCE and len(request) == 2 and type(request[1]) is bytes:
             with self._lock:
-                newer, last = self.store.since(request[1], PAGE_BYTES)
-            return _pack([[[s.topic, s.payload, s.published_at, s.id] for s in newer], last])
+                return _pack_page(*self.store.since(request[1], PAGE_BYTES))
         raise ConfigurationError(f"unknown memory request {op!r}")
+
+    async def run(self, call: Callable[..., T], *args: Any) -> T:
+        """`call(*args)` on the member's store thread, under its lock."""
+
+        def locked() -> T:
+            with self._lock:
+                return call(*args)
+
+        return await asyncio.get_running_loop().run_in_executor(self.pool, locked)
 
     def page(self, pattern: str, latest: int, after: str | None) -> tuple[list[Stored], str | None]:
         """The paths after `after` whose messages fit in PAGE_BYTES (at least one message),
@@ -294,11 +297,6 @@ class NodeMemory:
         self._wake: asyncio.Event | None = None  # the dispatcher's: a job came, or room
         self._dispatching: set[asyncio.Task[None]] = set()
 
-    @property
-    def pool(self) -> ThreadPoolExecutor | None:
-        """The member's store thread (None on a node that holds no memory)."""
-        return self._pool
-
     async def retain(self, topic: str, payload: bytes, timeout: float | None) -> bytes:
         """Store a message with the memory members; its id once `replicas` of them (or every
         member there is, if fewer) hold it. Raises NoResponders with no memory member."""
@@ -308,17 +306,7 @@ class NodeMemory:
         self._counter += 1
         msg_id = message_id(self._node_id, self._counter)
         request = encode_store([(topic, payload, time.time(), msg_id)])
-        try:
-            answers, errors, missing = await self._ask(request, timeout)
-            held = len(answers)
-            if not held:
-                raise _failure(errors, missing, timeout)
-        except MeshError:
-            self.stats["retained_failed"] += 1
-            raise
-        if held < min(self.replicas, held + len(errors) + len(missing)):
-            self.stats["retained_underreplicated"] += 1  # fewer copies than asked: counted
-        self.stats["retained"] += 1
+        await self._hold(request, timeout, "retained", "retained_failed")
         return msg_id
 
     async def enqueue(
@@ -334,19 +322,25 @@ class NodeMemory:
         job_id = message_id(self._node_id, self._counter)
         now = time.time()
         request = _pack([_ENQUEUE, [[job_id, cluster, payload, now, now + expiry]]])
+        await self._hold(request, timeout, "jobs_enqueued", "jobs_enqueue_failed")
+        if self._wake is not None:
+            self._wake.set()
+        return job_id
+
+    async def _hold(self, request: bytes, timeout: float | None, done: str, failed: str) -> None:
+        """Have the memory members hold what `request` carries: done once `replicas` of them
+        (or every one there is, if fewer) answered; counted under `done` and `failed`, and
+        copies short of `replicas` under `done` + "_underreplicated"."""
         try:
             answers, errors, missing = await self._ask(request, timeout)
             if not answers:
                 raise _failure(errors, missing, timeout)
         except MeshError:
-            self.stats["jobs_enqueue_failed"] += 1
+            self.stats[failed] += 1
             raise
         if len(answers) < min(self.replicas, len(answers) + len(errors) + len(missing)):
-            self.stats["jobs_underreplicated"] += 1
-        self.stats["jobs_enqueued"] += 1
-        if self._wake is not None:
-            self._wake.set()
-        return job_id
+            self.stats[done + "_underreplicated"] += 1
+        self.stats[done] += 1
 
     # ----------------------------------------------------------------- dispatching
 
@@ -377,13 +371,11 @@ class NodeMemory:
             now = time.time()
             if now >= next_expiry:
                 next_expiry = now + 1.0
-                await loop.run_in_executor(self._pool, _locked(member, member.jobs.expire), now)
+                await member.run(member.jobs.expire, now)
             room = _IN_FLIGHT - len(busy)
             if room <= 0:
                 continue
-            jobs = await loop.run_in_executor(
-                self._pool, _locked(member, member.jobs.pending), room, set(busy)
-            )
+            jobs = await member.run(member.jobs.pending, room, set(busy))
             for job in jobs:
                 busy.add(job.id)
                 task = loop.create_task(self._dispatch_one(job, request, busy, wake))
@@ -399,7 +391,6 @@ class NodeMemory:
     ) -> None:
         member = self.member
         assert member is not None
-        loop = asyncio.get_running_loop()
         try:
             left = job.expires_at - time.time()
             if left <= 0:
@@ -409,8 +400,7 @@ class NodeMemory:
             except RemoteError:
                 dead = job.attempts + 1 >= MAX_ATTEMPTS
                 self.stats["jobs_failed"] += 1
-                attempted = _locked(member, member.jobs.attempted)
-                await loop.run_in_executor(self._pool, attempted, job.id, dead)
+                await member.run(member.jobs.attempted, job.id, dead)
                 await asyncio.sleep(_RETRY_AFTER)
                 return
             except MeshError:
@@ -418,8 +408,7 @@ class NodeMemory:
                 await asyncio.sleep(_RETRY_AFTER)
                 return
             now = time.time()
-            finish = _locked(member, member.jobs.finish)
-            await loop.run_in_executor(self._pool, finish, [job.id], now)
+            await member.run(member.jobs.finish, [job.id], now)
             self.stats["jobs_done"] += 1
             with contextlib.suppress(MeshError):  # a member that misses it learns at catch-up
                 await self._survey(_pack([_DONE, [job.id], now]), DISPATCH_TIMEOUT)
@@ -448,12 +437,9 @@ class NodeMemory:
                 done.update(i for i in finished if type(i) is bytes)
             except (ConfigurationError, TypeError, ValueError):
                 self.stats["memory_answers_malformed"] += 1
-        loop = asyncio.get_running_loop()
-        now = time.time()
         if done:
-            await loop.run_in_executor(self._pool, _locked(member, member.jobs.finish), done, now)
-        fresh = [job for job in jobs if job.id not in done]
-        added: int = await loop.run_in_executor(self._pool, _locked(member, member.jobs.add), fresh)
+            await member.run(member.jobs.finish, done, time.time())
+        added = await member.run(member.jobs.add, [job for job in jobs if job.id not in done])
         self.stats["jobs_caught_up"] += added
         return added
 
@@ -461,8 +447,8 @@ class NodeMemory:
         """Every stored path matching `pattern`, its `latest` newest messages, newest first,
         merged from every memory member's answer."""
         pattern = validate_pattern(pattern)
-        if type(latest) is not int or not 1 <= latest <= _MAX_LATEST:
-            raise ConfigurationError(f"latest must be 1 to {_MAX_LATEST}, not {latest!r}")
+        if type(latest) is not int or not 1 <= latest <= MAX_LATEST:
+            raise ConfigurationError(f"latest must be 1 to {MAX_LATEST}, not {latest!r}")
         found, errors, missing = await self._pages(pattern, latest, timeout)
         if missing or errors:
             self.stats["rereads_partial"] += 1
@@ -477,7 +463,7 @@ class NodeMemory:
         if member is None:
             return 0
         loop = asyncio.get_running_loop()
-        newest = await loop.run_in_executor(self._pool, member.store.newest_id)
+        newest = await member.run(member.store.newest_id)
         after = b"" if newest is None else _before(newest, CATCH_UP_MARGIN)
         added = 0
         while True:
@@ -487,26 +473,33 @@ class NodeMemory:
                 )
             except NoResponders:
                 break  # the only memory member: nothing to copy
-            cursors: list[bytes] = []
-            pages = []
-            for answer in answers.values():
-                try:
-                    rows, following = decode_page(answer)
-                except ProtocolError:
-                    self.stats["memory_answers_malformed"] += 1
-                    continue
-                pages.append(rows)
-                if isinstance(following, bytes):
-                    cursors.append(following)
+            pages, cursors = self._decode_pages(answers)
             added += await loop.run_in_executor(self._pool, member.absorb, pages)
             if not cursors:
                 break
-            after = min(cursors)
+            after = min(c for c in cursors if isinstance(c, bytes))
         self.stats["caught_up"] += added
         return added
 
+    def _decode_pages(
+        self, answers: Mapping[str, bytes]
+    ) -> tuple[list[list[Stored]], list[str | bytes]]:
+        """The members' pages, and where each would go on (a malformed answer is counted)."""
+        pages: list[list[Stored]] = []
+        cursors: list[str | bytes] = []
+        for answer in answers.values():
+            try:
+                rows, following = decode_page(answer)
+            except ProtocolError:
+                self.stats["memory_answers_malformed"] += 1
+                continue
+            pages.append(rows)
+            if following is not None:
+                cursors.append(following)
+        return pages, cursors
+
     async def _pages(
-        self, pattern: str, latest: int, timeout: float | None, *, own: bool = True
+        self, pattern: str, latest: int, timeout: float | None
     ) -> tuple[list[list[Stored]], dict[str, MeshError], list[str]]:
         """Every member's answer to "latest", page after page (all members asked for each
         page, each answering what it holds after the same topic) until none has more."""
@@ -516,7 +509,7 @@ class NodeMemory:
         after: str | None = None
         while True:
             answers, failed, silent = await self._ask(
-                encode_latest(pattern, latest, after), timeout, own=own
+                encode_latest(pattern, latest, after), timeout
             )
             errors.update(failed)
             missing.update(silent)
@@ -524,19 +517,12 @@ class NodeMemory:
                 if not found:
                     raise _failure(errors, sorted(missing), timeout)
                 break
-            cursors = []
-            for answer in answers.values():
-                try:
-                    rows, following = decode_page(answer)
-                except ProtocolError:
-                    self.stats["memory_answers_malformed"] += 1
-                    continue
-                found.append(rows)
-                if isinstance(following, str):
-                    cursors.append(following)
+            pages, cursors = self._decode_pages(answers)
+            found.extend(pages)
             if not cursors:
                 break
-            after = min(cursors)  # no member skips a path another has not sent yet
+            # No member skips a path another has not sent yet.
+            after = min(c for c in cursors if isinstance(c, str))
         return found, errors, sorted(missing)
 
     async def _ask(
@@ -566,16 +552,6 @@ class NodeMemory:
             task.cancel()
         if self.member is not None:
             self.member.close()
-
-
-def _locked(member: MemoryMember, call: Callable[..., Any]) -> Callable[..., Any]:
-    """`call` under the member's store lock (run it on the member's store thread)."""
-
-    def run(*args: Any) -> Any:
-        with member._lock:
-            return call(*args)
-
-    return run
 
 
 def _before(msg_id: bytes, seconds: float) -> bytes:
@@ -628,6 +604,11 @@ def _is_row(row: Any) -> bool:
         and type(row[3]) is bytes
         and len(row[3]) == ID_SIZE
     )
+
+
+def _pack_page(page: Sequence[Stored], following: str | bytes | None) -> bytes:
+    """An answer to "latest" or "since"."""
+    return _pack([[[s.topic, s.payload, s.published_at, s.id] for s in page], following])
 
 
 def _pack(value: object) -> bytes:

@@ -14,6 +14,7 @@ import pytest
 
 import irismesh
 from irismesh import _env
+from irismesh._cli.config import check_interface
 
 
 @pytest.fixture
@@ -89,9 +90,13 @@ def test_interface_moves_discovery_and_the_listening_address(
     assert node._bind == "tcp://127.0.0.1:0"  # an explicit bind stays
     assert node._survey_config is not None
     assert node._survey_config.interface == "127.0.0.3"
-    monkeypatch.setenv("IRISMESH_INTERFACE", "0.0.0.0")
-    with pytest.raises(irismesh.ConfigurationError, match=r"IRISMESH_INTERFACE='0\.0\.0\.0'"):
-        irismesh.Node(keyring=keys)
+    # Addresses that are no one interface's are refused from the environment alone, with no
+    # node made: nothing could bind or send on them by mistake.
+    for wrong in ("0.0.0.0", "224.0.0.1", "not-an-address"):
+        with pytest.raises(irismesh.ConfigurationError, match=f"IRISMESH_INTERFACE={wrong!r}"):
+            _env.interface({"IRISMESH_INTERFACE": wrong})
+        with pytest.raises(irismesh.ConfigurationError, match="bad interface"):
+            check_interface(wrong)
 
 
 def test_seeds_from_the_environment_are_added(
