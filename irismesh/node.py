@@ -524,6 +524,12 @@ class Node(MemoryApi):
             return await self._caller.request(cluster, payload, timeout, hedge)
         return await self._queued_request(cluster, payload, timeout, hedge)
 
+    async def caught_up(self) -> None:
+        """Until this memory member, once started, has copied what the other memory members
+        stored while it was away (returns at once on other nodes)."""
+        if self._catching_up is not None:
+            await asyncio.shield(self._catching_up)
+
     async def _queued_request(
         self, cluster: str, payload: bytes, timeout: float | None, hedge: float | bool | None
     ) -> bytes:

@@ -35,9 +35,9 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
             "message published with --retain in a SQLite database in --data, sealed at rest\n"
             "under keys derived from the topics' keys, until Ctrl-C or SIGTERM. Run two (or\n"
             "more) on different machines: a retained publish returns once --replicas of them\n"
-            "hold it, and a member that starts copies what the others hold. The first line\n"
-            "printed says where it listens and what it holds (--json: an object with\n"
-            "`endpoint`, `node_id`, `data`, `messages` and `paths`)."
+            "hold it, and a member that starts copies what the others hold. The first line,\n"
+            "printed once that copy is done, says where it listens and what it holds\n"
+            "(--json: an object with `endpoint`, `node_id`, `data`, `messages` and `paths`)."
         ),
         examples=(
             "  mesh memory --keys mesh.keys --data /var/lib/irismesh/memory \\\n"
@@ -89,6 +89,7 @@ async def run_memory(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with make_node(args, keys, memory=args.data) as node:
+        await node.caught_up()  # what the others stored meanwhile, before saying it is ready
         stats = node.stats
         if args.json:
             print_json(
