@@ -62,6 +62,7 @@ from irismesh.errors import (
     RequestTimeout,
 )
 from irismesh.memory.api import MemoryApi
+from irismesh.memory.queued import QueuedJobs
 from irismesh.memory.service import MAX_LATEST, MEMORY_CLUSTER, MemoryMember, NodeMemory
 from irismesh.memory.store import Retention
 from irismesh.patterns.pubsub import Message, Policy, PubSub, Subscription
@@ -90,6 +91,7 @@ E = TypeVar("E")
 DEFAULT_BIND = "tcp://127.0.0.1:0"
 _log = logging.getLogger(__name__)
 _KIND_REQUEST, _KIND_BROADCAST = int(Kind.REQUEST), int(Kind.BROADCAST)
+_KIND_JOB = int(Kind.JOB)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -220,6 +222,17 @@ class Node(MemoryApi):
         serving = self.recorder.serving if self.recorder is not None else None
         self._serving_stats: Counter[str] = Counter()  # admission's counters, both runners'
         self._runner = self._serving_runner(serving)
+        # Queued jobs the memory hands this member: their own admission, repeats absorbed.
+        self._queued = QueuedJobs(
+            lambda reply, reply_error, turn_away: self._serving_runner(
+                serving, reply=reply, reply_error=reply_error, turn_away=turn_away
+            ),
+            self._reply,
+            self._reply_error,
+            self._turn_away,
+            self._runner,
+            self._serving_stats,
+        )
         self._broadcasts = HandlerRunner(
             self._reply, self._reply_error, self._flush_soon, serving, ack_only=True
         )
@@ -372,6 +385,7 @@ class Node(MemoryApi):
             await discovery.close()
         if self.telemetry is not None:
             await self.telemetry.stop(self._pubsub.publish)
+        await self._queued.close()
         await self._runner.close()
         for priming in list(self._priming):
             priming.cancel()
@@ -453,6 +467,44 @@ class Node(MemoryApi):
 
         return register if handler is None else register(handler)
 
+    @overload
+    def on_queued(self, handler: H, *, blocking: bool = False) -> H: ...
+
+    @overload
+    def on_queued(self, handler: None = None, *, blocking: bool = False) -> Callable[[H], H]: ...
+
+    def on_queued(
+        self, handler: H | None = None, *, blocking: bool = False
+    ) -> H | Callable[[H], H]:
+        """Decorator: `handler(payload) -> bytes` (sync or async) runs the jobs queued for this
+        node's cluster with `enqueue` (default: the request handler runs them);
+        `@node.on_queued` or `@node.on_queued(blocking=True)`.
+
+        A job is the mesh memory's until the handler's answer reaches it, so a job whose member
+        dies mid-run runs again elsewhere (at least once); a repeat that reaches this member
+        after it answered is answered again without running (`jobs_absorbed` in `stats()`).
+        Jobs have an admission of their own, next to the requests'.
+        """
+        if not self.clusters:
+            raise ConfigurationError("a node without a cluster runs no queued jobs: pass cluster=")
+
+        def register(handler: H) -> H:
+            pool = None
+            if blocking:
+                if self._runner.pool is None:
+                    self._runner.pool = ThreadPoolExecutor(
+                        self._handler_threads, thread_name_prefix="irismesh-handler"
+                    )
+                pool = self._runner.pool
+                admission = self._queued.runner.admission
+                if admission is not None:
+                    admission.max_limit = self._handler_threads
+                    admission.limit = min(admission.limit, self._handler_threads)
+            self._queued.handle(handler, blocking=blocking, pool=pool)
+            return handler
+
+        return register if handler is None else register(handler)
+
     def on_broadcast(self, handler: B) -> B:
         """Decorator: `handler(payload)` (sync or async) gets every broadcast to this member.
 
@@ -473,17 +525,25 @@ class Node(MemoryApi):
         self._surveys = runner
         return handler
 
-    def _serving_runner(self, serving: Mapping[str, Series] | None) -> HandlerRunner:
-        """A runner for requests (or surveys): within admission, answering Overloaded."""
+    def _serving_runner(
+        self,
+        serving: Mapping[str, Series] | None,
+        *,
+        reply: Callable[[Token, bytes], None] | None = None,
+        reply_error: Callable[[Token, BaseException], None] | None = None,
+        turn_away: Callable[[Token, str], None] | None = None,
+    ) -> HandlerRunner:
+        """A runner for requests (or surveys, or queued jobs): within admission, answering
+        Overloaded."""
         return HandlerRunner(
-            self._reply,
-            self._reply_error,
+            reply or self._reply,
+            reply_error or self._reply_error,
             self._flush_soon,
             serving,
             admission=Admission(
                 max_limit=self._config.max_concurrency, max_queue=self._config.max_waiting
             ),
-            turn_away=self._turn_away,
+            turn_away=turn_away or self._turn_away,
             stats=self._serving_stats,
         )
 
@@ -531,7 +591,12 @@ class Node(MemoryApi):
             await asyncio.shield(self._catching_up)
 
     async def _queued_request(
-        self, cluster: str, payload: bytes, timeout: float | None, hedge: float | bool | None
+        self,
+        cluster: str,
+        payload: bytes,
+        timeout: float | None,
+        hedge: float | bool | None,
+        kind: int = _KIND_REQUEST,
     ) -> bytes:
         _core, driver = self._caller.running()
         loop = driver.loop
@@ -548,7 +613,7 @@ class Node(MemoryApi):
             if left <= 0:
                 raise RequestTimeout(cluster, budget, waited)
             try:
-                return await self._caller.request(cluster, payload, left, hedge)
+                return await self._caller.request(cluster, payload, left, hedge, kind)
             except NoResponders:
                 waited += 1
                 self._serving_stats["requests_queued_for_member"] += 1
@@ -848,6 +913,8 @@ class Node(MemoryApi):
             return
         if event.kind == _KIND_REQUEST:
             self._runner.run(event)
+        elif event.kind == _KIND_JOB:
+            self._queued.run(event)
         elif event.kind == _KIND_BROADCAST:
             self._broadcasts.run(event)
         else:
@@ -855,6 +922,7 @@ class Node(MemoryApi):
 
     def _on_cancelled(self, event: RequestCancelled) -> None:
         self._runner.cancel(event)
+        self._queued.cancel(event)
         if self._memory_runner is not None:
             self._memory_runner.cancel(event)
         if self._surveys is not None:

@@ -50,6 +50,7 @@ Reply = Callable[[Token, bytes], None]
 ReplyError = Callable[[Token, BaseException], None]
 _OK, _REMOTE_ERROR = str(Outcome.OK), str(Outcome.REMOTE_ERROR)
 _Timer = asyncio.TimerHandle | None
+_KIND_REQUEST = int(Kind.REQUEST)
 SLICE = 0.005  # seconds of plain-function handlers run in a row before the loop gets a turn
 
 _deadline: ContextVar[float] = ContextVar("irismesh_deadline", default=float("inf"))
@@ -468,9 +469,14 @@ class Caller:
         self._waiting.clear()
 
     async def request(
-        self, cluster: str, payload: bytes, timeout: float | None, hedge: float | bool | None
+        self,
+        cluster: str,
+        payload: bytes,
+        timeout: float | None,
+        hedge: float | bool | None,
+        kind: int = _KIND_REQUEST,
     ) -> bytes:
-        """`Node.request`: one member's reply."""
+        """`Node.request`: one member's reply (`kind` JOB: a queued job the memory hands out)."""
         core = self._core
         driver = self._driver
         if core is None or driver is None or self.closed:
@@ -495,7 +501,7 @@ class Caller:
         else:
             hedge = None
         try:
-            req_id = core.calls.request(cluster, payload, timeout, now, hedge)
+            req_id = core.calls.request(cluster, payload, timeout, now, hedge, kind)
         except MeshError as exc:
             if self._telemetry is not None:
                 self._telemetry.refused(cluster, len(payload), exc, REQUEST_KIND)

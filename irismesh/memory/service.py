@@ -46,6 +46,7 @@ import msgpack
 from irismesh._core.topics import validate_pattern, validate_topic
 from irismesh.errors import (
     ConfigurationError,
+    MemberLost,
     MeshError,
     NoResponders,
     PayloadTooLarge,
@@ -77,6 +78,7 @@ _ENQUEUE, _DONE, _JOBS = "enqueue", "done", "jobs"
 MAX_ATTEMPTS: Final = 5  # handler runs a job gets before it is set aside (dead-lettered)
 DISPATCH_TIMEOUT: Final = 30.0  # seconds a dispatched job may take, at most
 _IN_FLIGHT: Final = 64  # jobs a dispatcher has handled at once
+_UNSURE_KEPT: Final = 65536  # jobs remembered as maybe run, for the repeats count
 _RETRY_AFTER: Final = 0.2  # seconds before a job that failed or found no member goes again
 CATCH_UP_MARGIN: Final = 60.0  # seconds before its newest message a starting member asks from
 _MAX_BATCH: Final = 4096
@@ -296,6 +298,9 @@ class NodeMemory:
         self._pool = member.pool if member is not None else None
         self._wake: asyncio.Event | None = None  # the dispatcher's: a job came, or room
         self._dispatching: set[asyncio.Task[None]] = set()
+        # Jobs whose last hand-out ended without an answer it could trust (a timeout, a lost
+        # member): it may have run, so handing it out again is a repeat (insertion-ordered).
+        self._unsure: dict[bytes, None] = {}
 
     async def retain(self, topic: str, payload: bytes, timeout: float | None) -> bytes:
         """Store a message with the memory members; its id once `replicas` of them (or every
@@ -346,7 +351,7 @@ class NodeMemory:
 
     async def dispatch(
         self,
-        request: Callable[[str, bytes, float], Awaitable[bytes]],
+        request: Callable[[str, bytes, bytes, float], Awaitable[bytes]],
         peers: Callable[[], list[bytes]],
     ) -> None:
         """A memory member's dispatcher loop: while it is the live memory member with the
@@ -385,7 +390,7 @@ class NodeMemory:
     async def _dispatch_one(
         self,
         job: Job,
-        request: Callable[[str, bytes, float], Awaitable[bytes]],
+        request: Callable[[str, bytes, bytes, float], Awaitable[bytes]],
         busy: set[bytes],
         wake: asyncio.Event,
     ) -> None:
@@ -395,8 +400,17 @@ class NodeMemory:
             left = job.expires_at - time.time()
             if left <= 0:
                 return  # expire() drops it
+            if job.id in self._unsure:  # its last run may have happened: this is a repeat
+                self.stats["jobs_redelivered"] += 1
             try:
-                await request(job.cluster, job.payload, min(DISPATCH_TIMEOUT, left))
+                await request(job.cluster, job.id, job.payload, min(DISPATCH_TIMEOUT, left))
+            except (RequestTimeout, MemberLost):
+                self._unsure[job.id] = None  # it may have run, its answer lost
+                while len(self._unsure) > _UNSURE_KEPT:
+                    del self._unsure[next(iter(self._unsure))]
+                self.stats["jobs_retried"] += 1
+                await asyncio.sleep(_RETRY_AFTER)
+                return
             except RemoteError:
                 dead = job.attempts + 1 >= MAX_ATTEMPTS
                 self.stats["jobs_failed"] += 1
@@ -407,6 +421,7 @@ class NodeMemory:
                 self.stats["jobs_retried"] += 1  # no member in time, overloaded: again later
                 await asyncio.sleep(_RETRY_AFTER)
                 return
+            self._unsure.pop(job.id, None)
             now = time.time()
             await member.run(member.jobs.finish, [job.id], now)
             self.stats["jobs_done"] += 1
