@@ -282,7 +282,7 @@ async def run_clusters(args: argparse.Namespace) -> int:
             await node.connect(name, timeout=args.wait)
         peers = node.peers()
         views = view_clusters(node, names, peers)
-    if not peers and not views and args.seed:
+    if not peers and not any(view.members for view in views) and args.seed:
         raise nobody_answered(args)
     if args.json:
         print_json([cluster_json(view) for view in views])
