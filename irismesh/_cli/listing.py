@@ -251,8 +251,9 @@ async def run_peers(args: argparse.Namespace) -> int:
     names = cluster_names(keys, [])
     async with make_node(args, keys) as node:
         await settle(node, args.wait)
-        for name in names:  # which peer serves what: its offer tags, on a link
-            await node.connect(name, timeout=args.wait)
+        if node.peers():  # which peer serves what: its offer tags, on a link
+            for name in names:
+                await node.connect(name, timeout=args.wait)
         peers = node.peers()
         served = served_by(view_clusters(node, names, peers))
         peers = node.peers(departed=True)  # and those seen to go while gathering
@@ -278,8 +279,9 @@ async def run_clusters(args: argparse.Namespace) -> int:
         )
     async with make_node(args, keys) as node:
         await settle(node, args.wait)
-        for name in names:  # link to each cluster's members, to measure them
-            await node.connect(name, timeout=args.wait)
+        if node.peers():  # link to each cluster's members, to measure them
+            for name in names:
+                await node.connect(name, timeout=args.wait)
         peers = node.peers()
         views = view_clusters(node, names, peers)
     if not peers and not any(view.members for view in views) and args.seed:
