@@ -8,12 +8,14 @@ import dataclasses
 import os
 import random
 import socket
+import time
 from collections.abc import Awaitable, Callable
 
 import pytest
 from wiretap import LOOPBACK, LoopbackCapture
 
 import irismesh
+import irismesh.sync
 from irismesh.discovery.sealed import ClusterSeal
 from irismesh.discovery.survey import SurveyConfig, decode, survey_config
 from irismesh.errors import ProtocolError
@@ -154,3 +156,18 @@ def test_a_capture_of_the_announcements_shows_no_cluster_name() -> None:
         assert opened == {echo_name, db_name}
 
     run(main)
+
+
+def test_the_blocking_node_lists_clusters_too() -> None:
+    members, star, _ = keyrings()
+    place = Place()
+    with (
+        irismesh.sync.Node("db", keyring=members, survey=place.survey(members)) as db,
+        irismesh.sync.Node(keyring=star, survey=place.survey(star)) as lister,
+    ):
+        deadline = time.monotonic() + 10
+        while "db" not in lister.clusters():
+            assert time.monotonic() < deadline, "db never listed"
+            time.sleep(0.02)
+        [member] = lister.clusters()["db"]
+        assert member.endpoint == db._node.endpoint
