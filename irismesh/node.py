@@ -842,7 +842,8 @@ class Node(MemoryApi):
 
     @property
     def stats(self) -> Mapping[str, int]:
-        """Counters: drops by reason, requests resent and timed out, peers up and down."""
+        """Counters: drops by reason, requests resent and timed out, peers up and down; the
+        survey's as `survey_dropped_replay`, `survey_dropped_stale`, ..."""
         if self._core is None:
             return {}
         stats = dict(self._core.stats)
@@ -862,6 +863,11 @@ class Node(MemoryApi):
         if self.memory.member is not None:
             for name, value in self.memory.member.figures().items():
                 stats["memory_" + name] = value
+        for discovery in self._discovery:  # the survey's drops, replays and stale ones too
+            if isinstance(discovery, SurveyDiscovery):
+                for name, value in discovery.stats.items():
+                    if name.startswith("dropped_") or name in ("candidates", "announcements"):
+                        stats["survey_" + name] = value
         return stats
 
     def flush_telemetry(self) -> None:
