@@ -592,7 +592,11 @@ def test_a_star_keyring_lists_every_cluster_and_a_cluster_key_its_cluster_alone(
             assert heard(stranger) == {}
             assert stranger.seen == set()
             assert star_lister.seen == {db.me, echo.me}
-            await asyncio.sleep(0.3)  # echo has had every chance to tell db_lister its name
+            # echo holds db's key too: it answers db_lister, whose key opens none of its names.
+            await wait_until(
+                lambda: echo.survey.stats["heard_outside_realm"] >= 3, 5.0, "echo answers"
+            )
+            await wait_until(lambda: db_lister.survey.stats["received"] >= 6, 5.0, "answers in")
             assert heard(db_lister) == {"db": {db.node_id}}
 
     run(scenario)
