@@ -607,8 +607,9 @@ class SurveyDiscovery:
             self._count("announcements")
             self._remember(message.node_id, message.endpoint, opened.names)
         # Only fresh questions from this realm, or from a holder of one of this node's keys,
-        # are answered, each once: a datagram of this version has one size, so an answer is
-        # no larger than its question: no amplification, no open reflector.
+        # are answered, each once: datagrams of this version differ in size only by their
+        # endpoints, so an answer is about as large as its question: no amplification, and no
+        # open reflector (a recorded question is a replay, an unkeyed one is not answered).
         if via_group:
             answer = self._datagram(SurveyKind.ANSWER)
             self._send(answer, (str(addr[0]), int(addr[1])), "answers_sent")

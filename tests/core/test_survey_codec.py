@@ -11,7 +11,10 @@ from hypothesis import strategies as st
 from irismesh.discovery.sealed import SLOT_LEN, SLOTS
 from irismesh.discovery.survey import (
     MAX_DATAGRAM,
+    MAX_SENDERS,
+    MAX_TIMES_PER_SENDER,
     TAG_LEN,
+    ReplayCache,
     SurveyKind,
     SurveyMessage,
     decode,
@@ -223,3 +226,26 @@ def test_encoding_invalid_own_fields_is_a_configuration_error(
 ) -> None:
     with pytest.raises(ConfigurationError):
         encode_question(node_id=node_id, endpoint=endpoint, realm=realm)
+
+
+def test_the_replay_cache_refuses_a_pair_twice_and_stays_bounded() -> None:
+    cache = ReplayCache(window_ms=30_000)
+    now = 1_000_000
+    assert cache.accept(NODE, now, now)
+    assert not cache.accept(NODE, now, now)
+    assert cache.accept(bytes(16), now, now)  # another sender, the same time
+    # More times than a sender keeps within the window: the oldest go, and at or before them
+    # nothing is accepted again.
+    times = [now + i for i in range(1, MAX_TIMES_PER_SENDER + 5)]
+    assert all(cache.accept(NODE, t, now) for t in times)
+    assert not cache.accept(NODE, now + 1, now)
+    assert not cache.accept(NODE, times[-1], now)
+    assert cache.accept(NODE, times[-1] + 1, now)
+    # Times that left the window are forgotten first, without raising the floor.
+    later = now + 31_000
+    assert cache.accept(NODE, later, later)
+    # Senders beyond the bound: the least recently heard is forgotten.
+    for i in range(MAX_SENDERS):
+        assert cache.accept(i.to_bytes(16, "big"), later + 1, later + 1)
+    assert len(cache._senders) == MAX_SENDERS
+    assert NODE not in cache._senders
