@@ -274,7 +274,7 @@ async def run_clusters(args: argparse.Namespace) -> int:
         raise CommandError(
             "no cluster names: without discovery a node sees only clusters it can name, and "
             "the keyring has only the default '*' key; pass --cluster NAME (repeatable), or "
-            "turn discovery on, where nodes announce their clusters",
+            "turn discovery on (nodes announce their clusters to it)",
             USAGE_ERROR,
         )
     async with make_node(args, keys) as node:
