@@ -788,8 +788,8 @@ class Node(MemoryApi):
         key too, so a '*' key lists every cluster of the nodes that hold it), or when a member
         this node links to proved it serves one of the keyring's scopes. A member that is a
         peer of this mesh is as `peers()` shows it; one only heard by discovery (of another
-        mesh, or not joined yet) has state "announced" and no figures. Without discovery
-        (`discovery=False`) only the keyring's scopes can appear."""
+        mesh, or not joined yet) has state "announced" and no figures. Without the survey
+        (`discovery=False`, or mDNS alone) only the keyring's scopes can appear."""
         core, _ = self._caller.running()
         live = {p.node_id: p for p in self.peers()}
         gone = {
