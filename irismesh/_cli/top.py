@@ -75,8 +75,8 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
             "Joins the mesh as a client and redraws every --interval seconds: this node's\n"
             "peers (name, endpoint, RTT, latency, requests in flight, clusters served), the\n"
             "clusters its keyring can open (members, load, latency; see `mesh clusters --help`\n"
-            "for which those are), and its counters with their rates per second. q or Ctrl-C quits.\n"
-            "--once gathers for at most --wait seconds, prints one frame and exits; --json\n"
+            "for which those are), and its counters with their rates per second. q or Ctrl-C\n"
+            "quits. --once gathers for at most --wait seconds, prints one frame and exits; --json\n"
             "prints one JSON object per frame (JSON lines) instead of drawing."
         ),
         examples=(
