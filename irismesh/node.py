@@ -75,7 +75,7 @@ from irismesh.patterns.tunnel import (
     TunnelOpening,
     Tunnels,
 )
-from irismesh.security.keyring import Keyring
+from irismesh.security.keyring import MESH_SCOPE, Keyring
 from irismesh.security.linksecurity import KeyedLinkSecurity
 from irismesh.telemetry.node_telemetry import (
     NodeTelemetry,
@@ -113,7 +113,8 @@ class PeerInfo:
     latency_ms: float
     outstanding: int
     # "alive"; "suspect": a probe went unanswered, the mesh waits for it to refute; and, from
-    # peers(departed=True), "dead" (declared by membership) or "left" (said goodbye).
+    # peers(departed=True), "dead" (declared by membership) or "left" (said goodbye); in
+    # clusters(), "announced": heard of by discovery only, not a peer of this mesh (yet).
     state: str = "alive"
     load: int = 0  # replies the peer still holds for its callers, as it last reported
     linked: bool = False  # this node has a link to it (the figures above are the link's)
@@ -178,7 +179,8 @@ class Node(MemoryApi):
         if not bind.startswith("tcp://"):
             raise ConfigurationError(f"bind must be a tcp:// endpoint, got {bind!r}")
         self.cluster = cluster
-        self.clusters = tuple(dict.fromkeys(names))
+        # The clusters this node serves (`clusters()` lists those of the whole mesh).
+        self.served_clusters = tuple(dict.fromkeys(names))
         self.keyring = keyring
         self.node_id = os.urandom(16)
         self._bind = bind
@@ -303,7 +305,7 @@ class Node(MemoryApi):
         self._core = core = MeshCore(
             node_id=self.node_id,
             endpoint=endpoint,
-            clusters=self.clusters,
+            clusters=self.served_clusters,
             security=KeyedLinkSecurity(self.keyring, sealing=self._sealing),
             rng=random.Random(os.urandom(16)),
             randbytes=os.urandom,
@@ -354,6 +356,8 @@ class Node(MemoryApi):
                     endpoint=endpoint,
                     config=self._survey_config,
                     on_candidate=self._on_candidate,
+                    keyring=self.keyring,
+                    clusters=self.served_clusters,
                 ),
                 required=self._survey_required,
             )
@@ -448,7 +452,7 @@ class Node(MemoryApi):
         gets `Overloaded`, or another member takes them): see "Deadlines and overload" in the
         README.
         """
-        if not self.clusters:
+        if not self.served_clusters:
             raise ConfigurationError("a node without a cluster serves no requests: pass cluster=")
 
         def register(handler: H) -> H:
@@ -510,14 +514,14 @@ class Node(MemoryApi):
 
         The caller learns that this member received a broadcast once the handler has returned.
         """
-        if not self.clusters:
+        if not self.served_clusters:
             raise ConfigurationError("a node without a cluster gets no broadcasts: pass cluster=")
         self._broadcasts.handler = handler
         return handler
 
     def on_survey(self, handler: H) -> H:
         """Decorator: `handler(payload) -> bytes` answers surveys (default: the request handler)."""
-        if not self.clusters:
+        if not self.served_clusters:
             raise ConfigurationError("a node without a cluster answers no surveys: pass cluster=")
         serving = self.recorder.serving if self.recorder is not None else None
         runner = self._serving_runner(serving)
@@ -553,7 +557,7 @@ class Node(MemoryApi):
         The tunnel closes when the handler returns; if it raises, the caller's end is reset
         with the error's message.
         """
-        if not self.clusters:
+        if not self.served_clusters:
             raise ConfigurationError("a node without a cluster serves no tunnels: pass cluster=")
         self._tunnels.handler = handler
         return handler
@@ -840,6 +844,54 @@ class Node(MemoryApi):
             live.append(info)
         return gone + live
 
+    def clusters(self) -> dict[str, tuple[PeerInfo, ...]]:
+        """The clusters this node's keyring can open, each with its live members (other nodes
+        than this one), as cluster name -> members' `PeerInfo` by node id; names sorted.
+
+        A cluster is here when survey discovery heard a node name it, sealed under a key this
+        keyring opens it with (its own key, else '*'; nodes seal their names under their '*'
+        key too, so a '*' key lists every cluster of the nodes that hold it), or when a member
+        this node links to proved it serves one of the keyring's scopes. A member that is a
+        peer of this mesh is as `peers()` shows it; one only heard by discovery (of another
+        mesh, or not joined yet) has state "announced" and no figures. Without the survey
+        (`discovery=False`, or mDNS alone) only the keyring's scopes can appear."""
+        core, _ = self._caller.running()
+        live = {p.node_id: p for p in self.peers()}
+        gone = {
+            member.record.node_id.hex()
+            for member, _ in core.known()
+            if member.state > MemberState.SUSPECT
+        }
+        found: dict[str, dict[str, PeerInfo]] = {}
+        for discovery in self._discovery:
+            if not isinstance(discovery, SurveyDiscovery):
+                continue
+            for name, heard in discovery.clusters_heard().items():
+                members = found.setdefault(name, {})
+                for raw_id, endpoint in heard.items():
+                    node_id = raw_id.hex()
+                    if node_id in gone or raw_id == self.node_id:
+                        continue
+                    members[node_id] = live.get(node_id) or PeerInfo(
+                        node_id=node_id,
+                        endpoint=endpoint,
+                        rtt_ms=0.0,
+                        latency_ms=0.0,
+                        outstanding=0,
+                        state="announced",
+                    )
+        for scope in self.keyring.scopes:
+            if scope in ("*", MESH_SCOPE):
+                continue
+            for link in core.members(scope):
+                node_id = link.peer_id.hex()
+                if node_id in live:
+                    found.setdefault(scope, {})[node_id] = live[node_id]
+        return {
+            name: tuple(sorted(members.values(), key=lambda p: p.node_id))
+            for name, members in sorted(found.items())
+        }
+
     def peer_state(self, node_id: str) -> str | None:
         """How membership holds the node with hex id `node_id` now: "alive", "suspect",
         "dead" or "left"; None if it does not know it (never heard of, or forgotten). Costs
@@ -855,7 +907,8 @@ class Node(MemoryApi):
 
     @property
     def stats(self) -> Mapping[str, int]:
-        """Counters: drops by reason, requests resent and timed out, peers up and down."""
+        """Counters: drops by reason, requests resent and timed out, peers up and down; the
+        survey's as `survey_dropped_replay`, `survey_dropped_stale`, ..."""
         if self._core is None:
             return {}
         stats = dict(self._core.stats)
@@ -875,6 +928,11 @@ class Node(MemoryApi):
         if self.memory.member is not None:
             for name, value in self.memory.member.figures().items():
                 stats["memory_" + name] = value
+        for discovery in self._discovery:  # the survey's drops, replays and stale ones too
+            if isinstance(discovery, SurveyDiscovery):
+                for name, value in discovery.stats.items():
+                    if name.startswith("dropped_") or name in ("candidates", "announcements"):
+                        stats["survey_" + name] = value
         return stats
 
     def flush_telemetry(self) -> None:
