@@ -129,6 +129,17 @@ _STATES = {
 }
 
 
+class ServedClusters(tuple[str, ...]):
+    """`Node.clusters`: the clusters the node serves, a tuple of names as it always was; and,
+    called as `node.clusters()`, every cluster the node's keyring can open, each with its live
+    members (`Node._list_clusters` says how it finds them)."""
+
+    lister: Callable[[], dict[str, tuple[PeerInfo, ...]]]
+
+    def __call__(self) -> dict[str, tuple[PeerInfo, ...]]:
+        return self.lister()
+
+
 class Node(MemoryApi):
     """A node of the mesh: member of `cluster` (or a pure client when None).
 
@@ -179,8 +190,11 @@ class Node(MemoryApi):
         if not bind.startswith("tcp://"):
             raise ConfigurationError(f"bind must be a tcp:// endpoint, got {bind!r}")
         self.cluster = cluster
-        # The clusters this node serves (`clusters()` lists those of the whole mesh).
-        self.served_clusters = tuple(dict.fromkeys(names))
+        # The clusters this node serves, as a tuple; called, `clusters()` lists every cluster
+        # of the mesh the keyring opens (see ServedClusters).
+        self.clusters = ServedClusters(dict.fromkeys(names))
+        self.clusters.lister = self._list_clusters
+        self.served_clusters: tuple[str, ...] = self.clusters
         self.keyring = keyring
         self.node_id = os.urandom(16)
         self._bind = bind
@@ -844,9 +858,10 @@ class Node(MemoryApi):
             live.append(info)
         return gone + live
 
-    def clusters(self) -> dict[str, tuple[PeerInfo, ...]]:
-        """The clusters this node's keyring can open, each with its live members (other nodes
-        than this one), as cluster name -> members' `PeerInfo` by node id; names sorted.
+    def _list_clusters(self) -> dict[str, tuple[PeerInfo, ...]]:
+        """`node.clusters()`: the clusters this node's keyring can open, each with its live
+        members (other nodes than this one), as cluster name -> members' `PeerInfo` by node
+        id; names sorted.
 
         A cluster is here when survey discovery heard a node name it, sealed under a key this
         keyring opens it with (its own key, else '*'; nodes seal their names under their '*'

@@ -100,6 +100,7 @@ def test_a_star_keyring_lists_echo_and_db_and_db_s_key_lists_db_alone() -> None:
             # Members list each other, not themselves.
             await wait_until(lambda: listing(db) == {"echo": {echo.node_id.hex()}}, 10, "db")
             assert echo.served_clusters == ("echo",)
+            assert echo.clusters == ("echo",)  # the attribute it always was, too
             # The survey's counters in node.stats: db heard the outsider, who is not of its mesh.
             assert db.stats["survey_announcements"] >= 1
             assert outsider.stats["survey_dropped_realm"] >= 1  # the lister's: no key in common
