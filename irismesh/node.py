@@ -77,6 +77,7 @@ from irismesh.patterns.tunnel import (
 )
 from irismesh.security.keyring import Keyring
 from irismesh.security.linksecurity import KeyedLinkSecurity
+from irismesh.security.node_keys import KeyHolders, KeyringApi
 from irismesh.telemetry.node_telemetry import (
     NodeTelemetry,
     TelemetryConfig,
@@ -128,7 +129,7 @@ _STATES = {
 }
 
 
-class Node(MemoryApi):
+class Node(MemoryApi, KeyringApi):
     """A node of the mesh: member of `cluster` (or a pure client when None).
 
     `name` labels the node for people: its peers (`peers()`, `mesh peers`, `mesh top`) and its
@@ -180,6 +181,8 @@ class Node(MemoryApi):
         self.cluster = cluster
         self.clusters = tuple(dict.fromkeys(names))
         self.keyring = keyring
+        self._security: KeyedLinkSecurity | None = None
+        self._watch_keyring(keyring)  # reread when its file changes (security.rotation)
         self.node_id = os.urandom(16)
         self._bind = bind
         self._seeds = [_check_endpoint(s) for s in dict.fromkeys([*seeds, *_env.seeds()])]
@@ -300,11 +303,12 @@ class Node(MemoryApi):
         self.endpoint = endpoint
         self._ctx = ctx
         self._loop = loop
+        self._security = KeyedLinkSecurity(self.keyring, sealing=self._sealing)
         self._core = core = MeshCore(
             node_id=self.node_id,
             endpoint=endpoint,
             clusters=self.clusters,
-            security=KeyedLinkSecurity(self.keyring, sealing=self._sealing),
+            security=self._security,
             rng=random.Random(os.urandom(16)),
             randbytes=os.urandom,
             config=self._config,
@@ -325,6 +329,7 @@ class Node(MemoryApi):
             core.add_candidate(seed, now, seed=True)
         driver.process()
         driver.start()
+        self._start_keyring_watch(loop)
         if self.memory.member is not None:  # copy what the other memory members hold
             self._catching_up = loop.create_task(self._memory_catch_up())
             self._dispatcher = loop.create_task(
@@ -381,6 +386,7 @@ class Node(MemoryApi):
         if self._closing:
             return
         self._closing = self._caller.closed = True
+        await self._stop_keyring_watch()
         for discovery in self._discovery:
             await discovery.close()
         if self.telemetry is not None:
@@ -1056,7 +1062,7 @@ def _check_endpoint(endpoint: str) -> str:
     return endpoint
 
 
-__all__ = ["Node", "PeerInfo", "SurveyResult", "TelemetryConfig"]
+__all__ = ["KeyHolders", "Node", "PeerInfo", "SurveyResult", "TelemetryConfig"]
 
 
 def _default_keyring() -> Keyring:

@@ -47,7 +47,28 @@ class Directory:
         tags = self._security.member_tags(node_id, clusters)
         if scopes:
             tags += self._security.interest_tags(node_id, scopes - {"*", "#"}, every)
-        return tags
+        return tags + self._security.key_tags(node_id)
+
+    def recheck(self) -> bool:
+        """The keys changed: answer every table in use again; True if one gained a node."""
+        gained = False
+        for tables, holds in (
+            (self._servers, self._security.serves),
+            (self._readers, self._security.reads),
+        ):
+            for name, table in tables.items():
+                fresh = {
+                    node_id: record
+                    for node_id, record in self._records.items()
+                    if holds(node_id, record.tags, name)
+                }
+                gained |= not fresh.keys() <= table.keys()
+                tables[name] = fresh
+        return gained
+
+    def records(self) -> list[MemberRecord]:
+        """Every live member's record."""
+        return list(self._records.values())
 
     def __len__(self) -> int:
         return len(self._records)
