@@ -193,6 +193,8 @@ class Node(MemoryApi, KeyringApi):
             raise ConfigurationError("discovery=False, yet survey= or mdns= asks for discovery")
         self._survey_required = survey is not None  # asked for: failing to start is an error
         where = interface or "127.0.0.1"
+        # What discovery was asked for, kept to make its configuration again with new keys.
+        self._discovery_asked = (discovery if survey is None else survey, mdns, where)
         self._survey_config = survey_config(discovery if survey is None else survey, keyring, where)
         self._config = config or CoreConfig()
         self._default_timeout = default_timeout
@@ -208,6 +210,7 @@ class Node(MemoryApi, KeyringApi):
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
         self._mdns_config = mdns_config(mdns, keyring, where)
         self._discovery: list[MdnsDiscovery | SurveyDiscovery] = []  # started, in order
+        self._rediscovering: asyncio.Task[None] | None = None
         # Exact counters and histograms unless telemetry=False; records only with a spool.
         spool = telemetry if isinstance(telemetry, TelemetryConfig) else None
         self.telemetry = (
@@ -343,6 +346,11 @@ class Node(MemoryApi, KeyringApi):
                 flush_tally=self._pubsub.flush_tally,
                 publish=self.publish,
             )
+        await self._start_all_discovery(endpoint, required=True)
+        return self
+
+    async def _start_all_discovery(self, endpoint: str, *, required: bool) -> None:
+        """Start the discovery configured; `required`: failing to start closes the node."""
         if self._mdns_config is not None:
             await self._start_discovery(
                 MdnsDiscovery(
@@ -350,7 +358,8 @@ class Node(MemoryApi, KeyringApi):
                     endpoint=endpoint,
                     config=self._mdns_config,
                     on_candidate=self._on_candidate,
-                )
+                ),
+                required=required,
             )
         if self._survey_config is not None:
             await self._start_discovery(
@@ -360,9 +369,31 @@ class Node(MemoryApi, KeyringApi):
                     config=self._survey_config,
                     on_candidate=self._on_candidate,
                 ),
-                required=self._survey_required,
+                required=required and self._survey_required,
             )
-        return self
+
+    def _rediscover(self, keyring: Keyring) -> None:
+        """Discovery tags what it sends with the '*' key: after a rotation of that key, start
+        it again with the new one (a node that starts with only the new key must find us)."""
+        survey, mdns, where = self._discovery_asked
+        configs = (survey_config(survey, keyring, where), mdns_config(mdns, keyring, where))
+        if configs == (self._survey_config, self._mdns_config):
+            return
+        self._survey_config, self._mdns_config = configs
+        if self._loop is None or self._closing:
+            return
+        previous = self._rediscovering
+
+        async def restart() -> None:
+            if previous is not None:
+                await previous
+            running, self._discovery = self._discovery, []
+            for discovery in running:
+                await discovery.close()
+            if not self._closing:
+                await self._start_all_discovery(self.endpoint, required=False)
+
+        self._rediscovering = self._loop.create_task(restart())
 
     async def _start_discovery(
         self, discovery: MdnsDiscovery | SurveyDiscovery, *, required: bool = True
@@ -387,6 +418,9 @@ class Node(MemoryApi, KeyringApi):
             return
         self._closing = self._caller.closed = True
         await self._stop_keyring_watch()
+        if self._rediscovering is not None:
+            with contextlib.suppress(Exception):
+                await self._rediscovering
         for discovery in self._discovery:
             await discovery.close()
         if self.telemetry is not None:

@@ -24,6 +24,8 @@ from irismesh.security.meshkey import ALSO, FIRST
 from irismesh.security.rotation import POLL_INTERVAL, KeyringFile
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from irismesh._core.engine import MeshCore
     from irismesh._driver import Driver
     from irismesh.security.linksecurity import KeyedLinkSecurity
@@ -53,6 +55,9 @@ class KeyringApi:
     _security: KeyedLinkSecurity | None
     _keyfile: KeyringFile | None
     _keyfile_task: asyncio.Task[None] | None
+
+    if TYPE_CHECKING:  # the node's own
+        _rediscover: Callable[[Keyring], None]  # discovery's tags follow the '*' key
 
     def _watch_keyring(self, keyring: Keyring) -> None:
         """Called by the node's constructor: watch the file the keyring came from, if any."""
@@ -108,6 +113,7 @@ class KeyringApi:
 
     def _apply_keyring(self, keyring: Keyring) -> None:
         self.keyring = keyring
+        self._rediscover(keyring)
         core, driver, security = self._core, self._driver, self._security
         if core is None or driver is None or security is None:
             return  # not started: start() takes self.keyring

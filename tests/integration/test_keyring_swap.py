@@ -51,3 +51,22 @@ def test_a_node_takes_its_files_new_keys_by_itself(tmp_path: Path) -> None:
             assert await caller.request("db", b"y", timeout=5) == b"y"
 
     asyncio.run(main())
+
+
+def test_after_a_rotation_a_node_with_only_the_new_key_discovers_the_mesh(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("IRISMESH_DISCOVERY")  # discovery on, as by default (tests turn it off)
+    old = Keyring.generate(["*"])
+    [new] = Keyring.generate(["*"])
+
+    async def main() -> None:
+        async with irismesh.Node("echo", keyring=old) as member:
+            member.on_request(lambda payload: b"echo:" + payload)
+            for step in (old.with_key("*", new.secret, primary=False), Keyring([new])):
+                member.use_keyring(step)  # discovery's realm follows the '*' primary
+            async with irismesh.Node(keyring=Keyring([new])) as client:
+                await client.wait_for_members("echo", timeout=10)
+                assert await client.request("echo", b"hi", timeout=5) == b"echo:hi"
+
+    asyncio.run(main())
