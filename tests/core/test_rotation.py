@@ -12,7 +12,9 @@ import random
 import pytest
 from memnet import MemNet, MemNode, hold
 
+from irismesh._core.directory import Directory
 from irismesh._core.frames import STATUS_OK
+from irismesh._core.gossip import MAX_TAGS
 from irismesh.errors import NoResponders
 from irismesh.security.keyring import Keyring, ScopeKey
 from irismesh.security.linksecurity import KeyedLinkSecurity
@@ -151,3 +153,15 @@ def test_records_say_who_holds_a_key_and_who_uses_it_first() -> None:
     stranger = KeyedLinkSecurity(Keyring.generate(["*"]))
     [other] = stranger.keyring
     assert all(stranger.key_use(r.node_id, r.tags, other) is None for r in records)
+
+
+def test_key_tags_never_push_a_record_past_its_tag_limit() -> None:
+    clusters = [f"c{i}" for i in range(64)]
+    keyring = Keyring.generate(clusters)
+    for cluster in clusters:  # a rotation of every cluster at once: 128 member tags
+        keyring = keyring.with_key(cluster, primary=False)
+    directory = Directory(KeyedLinkSecurity(keyring))
+    tags = directory.own_tags(b"n" * 16, clusters, ())
+    assert len(tags) == MAX_TAGS  # every member tag kept, no key tag past the limit
+    few = Directory(KeyedLinkSecurity(Keyring.generate(["*", "db"])))
+    assert len(few.own_tags(b"n" * 16, ["db"], ())) == 8 + 2 * 8  # db's tag, then two key tags
