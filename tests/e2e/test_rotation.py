@@ -146,18 +146,21 @@ def test_three_rotation_steps_by_editing_files_fail_no_request(tmp_path: Path) -
                 workers = [asyncio.ensure_future(load(w)) for w in range(16)]
                 await wait_until(lambda: served >= 200, 20, "the load to start")
                 progress = []
+                timings: list[str] = []
+                started = asyncio.get_running_loop().time()
                 for step, (keys, (new_held, new_first, old_held)) in enumerate(
                     zip(steps, expected, strict=True), start=1
                 ):
                     for path in files.values():  # editing the files: nothing else
                         keys.save(path, overwrite=True)
-                    await wait_until(
+                    reread = await wait_until(
                         lambda step=step, keys=keys: (
                             all(m.reloads() == step for m in members) and caller.keyring == keys
                         ),
                         10,
                         f"every node to reread its file at step {step}",
                     )
+                    timings.append(f"step {step}: all reread in {reread:.2f} s")
                     deadline = asyncio.get_running_loop().time() + 15
                     while True:
                         status = await key_status(operator, seed)
@@ -170,6 +173,13 @@ def test_three_rotation_steps_by_editing_files_fail_no_request(tmp_path: Path) -
                     await wait_until(lambda before=before: served >= before + 200, 20, "load")
                 running = False
                 await asyncio.gather(*workers)
+                took = asyncio.get_running_loop().time() - started
+                print(
+                    f"\nrotation under load: {served} requests in {took:.1f} s, "
+                    f"{len(failures)} failed, {caller.stats.get('requests_resent', 0)} resent, "
+                    f"{caller.stats.get('links_down_rekey', 0)} links rekeyed; "
+                    + "; ".join(timings)
+                )
                 assert failures == [], failures[:5]
                 assert served > 800
                 assert [e for m in members for e in m.errors if "not reloaded" in e] == []
