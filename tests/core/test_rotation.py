@@ -119,7 +119,7 @@ def test_a_request_running_when_its_key_is_removed_is_answered_once() -> None:
     for node in (member, client):
         net.rekey(node, Keyring([new, old]))
     req_id = net.request(client, "db", b"slow", timeout=5.0)
-    assert len(member.held) == 1  # running on the member, on a link under the old key
+    assert len(member.held) == 1  # running on the member
     net.rekey(member, Keyring([new]))  # its link goes; the client dials again and resends
     net.advance(0.3)
     assert member.core.stats["requests_duplicate"] == 1  # the resend waits for the first run
@@ -165,3 +165,39 @@ def test_key_tags_never_push_a_record_past_its_tag_limit() -> None:
     assert len(tags) == MAX_TAGS  # every member tag kept, no key tag past the limit
     few = Directory(KeyedLinkSecurity(Keyring.generate(["*", "db"])))
     assert len(few.own_tags(b"n" * 16, ["db"], ())) == 8 + 2 * 8  # db's tag, then two key tags
+
+
+def test_a_link_opened_before_the_rotation_and_not_used_yet_serves_after_it() -> None:
+    # The client's link (its join through the member) predates the new key and carried no
+    # request: its WELCOME offered only the old key, so the member, dropping that key,
+    # replaces the link, and the new handshake offers the new one.
+    old, new = _keys(5)
+    net = MemNet(seed=15, keyring=Keyring([old]))
+    member = net.add("member", clusters=["db"])
+    client = net.add("client", seeds=[member])
+    net.advance(0.5)
+    assert client.core.links()  # linked, never called
+    for keyring in _steps(old, new):
+        for node in (member, client):
+            net.rekey(node, keyring)
+        net.advance(0.3)
+    req_id = net.request(client, "db", b"after")
+    net.advance(0.5)
+    assert [r.payload for r in client.replies[req_id]] == [b"re:after"]
+    assert member.core.stats["links_rekeyed"] == 1  # at step 3
+
+
+def test_a_new_order_of_the_same_keys_keeps_every_link() -> None:
+    old, new = _keys(6)
+    net = MemNet(seed=16, keyring=Keyring([old, new]))
+    member = net.add("member", clusters=["db"])
+    client = net.add("client", seeds=[member])
+    net.advance(0.5)
+    net.request(client, "db", b"x")
+    for node in (member, client):
+        net.rekey(node, Keyring([new, old]))
+    net.advance(0.5)
+    assert client.core.stats["links_down_rekey"] == 0
+    assert member.core.stats["links_rekeyed"] == 0
+    req_id = net.request(client, "db", b"y")
+    assert [r.payload for r in client.replies[req_id]] == [b"re:y"]
