@@ -182,7 +182,8 @@ class Node(MemoryApi, KeyringApi):
         self.clusters = tuple(dict.fromkeys(names))
         self.keyring = keyring
         self._security: KeyedLinkSecurity | None = None
-        self._watch_keyring(keyring)  # reread when its file changes (security.rotation)
+        # Reread when its file changes (security.rotation).
+        self._watch_keyring(keyring, self.clusters)
         self.node_id = os.urandom(16)
         self._bind = bind
         self._seeds = [_check_endpoint(s) for s in dict.fromkeys([*seeds, *_env.seeds()])]

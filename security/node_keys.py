@@ -48,8 +48,8 @@ class KeyringApi:
     """Node's methods for its keyring: rereading it, and who holds which key."""
 
     keyring: Keyring
-    clusters: tuple[str, ...]
     node_id: bytes
+    _served: tuple[str, ...]  # the clusters this node serves: each needs a key
     _core: MeshCore | None
     _driver: Driver | None
     _security: KeyedLinkSecurity | None
@@ -59,8 +59,10 @@ class KeyringApi:
     if TYPE_CHECKING:  # the node's own
         _rediscover: Callable[[Keyring], None]  # discovery's tags follow the '*' key
 
-    def _watch_keyring(self, keyring: Keyring) -> None:
-        """Called by the node's constructor: watch the file the keyring came from, if any."""
+    def _watch_keyring(self, keyring: Keyring, served: tuple[str, ...]) -> None:
+        """Called by the node's constructor: watch the file the keyring came from, if any;
+        a keyring without a key for one of the `served` clusters is refused."""
+        self._served = served
         path = keyring.path
         self._keyfile = None if path is None else KeyringFile(path, keyring, check=self._usable)
         self._keyfile_task = None
@@ -85,7 +87,7 @@ class KeyringApi:
 
     def _usable(self, keyring: Keyring) -> None:
         """ConfigurationError if this node cannot work with `keyring`."""
-        for cluster in self.clusters:
+        for cluster in self._served:
             if keyring.primary(cluster) is None:
                 raise ConfigurationError(f"no key for cluster {cluster!r}, which this node serves")
 
