@@ -82,8 +82,12 @@ class KeyringApi:
         while True:
             await asyncio.sleep(POLL_INTERVAL)
             keyring = keyfile.poll()
-            if keyring is not None:
+            if keyring is None:
+                continue
+            try:
                 self._apply_keyring(keyring)
+            except Exception:  # a bug must not end the watch: later files may still apply
+                _log.exception("keyring %s read but not applied", keyfile.path)
 
     def _usable(self, keyring: Keyring) -> None:
         """ConfigurationError if this node cannot work with `keyring`."""
