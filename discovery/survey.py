@@ -431,7 +431,8 @@ class SurveyDiscovery:
         self._clock = clock
         self._heard: set[bytes] = set()  # node ids heard so far
         self._news_at = 0.0  # when this node started, or last heard someone new
-        self._seal = ClusterSeal(keyring, clusters)
+        self._clusters = tuple(clusters)
+        self._seal = ClusterSeal(keyring, self._clusters)
         self._realms = (config.realm, *config.accepted_realms)
         self._last_ms = 0  # this node's datagram times: strictly increasing
         self._turn = 0  # which of this node's sealed slots go next, when not all fit
@@ -447,6 +448,11 @@ class SurveyDiscovery:
         self._wake = asyncio.Event()
         self._started = False
         self._closed = False
+
+    def use_keyring(self, keyring: Keyring) -> None:
+        """Seal and open cluster names with `keyring` from now on (a rotated cluster key: a
+        holder of only the new key lists this node's clusters at once)."""
+        self._seal = ClusterSeal(keyring, self._clusters)
 
     @property
     def stats(self) -> Mapping[str, int]:

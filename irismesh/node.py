@@ -77,6 +77,7 @@ from irismesh.patterns.tunnel import (
 )
 from irismesh.security.keyring import MESH_SCOPE, Keyring
 from irismesh.security.linksecurity import KeyedLinkSecurity
+from irismesh.security.node_keys import KeyHolders, KeyringApi
 from irismesh.telemetry.node_telemetry import (
     NodeTelemetry,
     TelemetryConfig,
@@ -140,7 +141,7 @@ class ServedClusters(tuple[str, ...]):
         return self.lister()
 
 
-class Node(MemoryApi):
+class Node(MemoryApi, KeyringApi):
     """A node of the mesh: member of `cluster` (or a pure client when None).
 
     `name` labels the node for people: its peers (`peers()`, `mesh peers`, `mesh top`) and its
@@ -196,6 +197,9 @@ class Node(MemoryApi):
         self.clusters.lister = self._list_clusters
         self.served_clusters: tuple[str, ...] = self.clusters
         self.keyring = keyring
+        self._security: KeyedLinkSecurity | None = None
+        # Reread when its file changes (security.rotation).
+        self._watch_keyring(keyring, self.clusters)
         self.node_id = os.urandom(16)
         self._bind = bind
         self._seeds = [_check_endpoint(s) for s in dict.fromkeys([*seeds, *_env.seeds()])]
@@ -206,6 +210,8 @@ class Node(MemoryApi):
             raise ConfigurationError("discovery=False, yet survey= or mdns= asks for discovery")
         self._survey_required = survey is not None  # asked for: failing to start is an error
         where = interface or "127.0.0.1"
+        # What discovery was asked for, kept to make its configuration again with new keys.
+        self._discovery_asked = (discovery if survey is None else survey, mdns, where)
         self._survey_config = survey_config(discovery if survey is None else survey, keyring, where)
         self._config = config or CoreConfig()
         self._default_timeout = default_timeout
@@ -221,6 +227,7 @@ class Node(MemoryApi):
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
         self._mdns_config = mdns_config(mdns, keyring, where)
         self._discovery: list[MdnsDiscovery | SurveyDiscovery] = []  # started, in order
+        self._rediscovering: asyncio.Task[None] | None = None
         # Exact counters and histograms unless telemetry=False; records only with a spool.
         spool = telemetry if isinstance(telemetry, TelemetryConfig) else None
         self.telemetry = (
@@ -316,11 +323,12 @@ class Node(MemoryApi):
         self.endpoint = endpoint
         self._ctx = ctx
         self._loop = loop
+        self._security = KeyedLinkSecurity(self.keyring, sealing=self._sealing)
         self._core = core = MeshCore(
             node_id=self.node_id,
             endpoint=endpoint,
             clusters=self.served_clusters,
-            security=KeyedLinkSecurity(self.keyring, sealing=self._sealing),
+            security=self._security,
             rng=random.Random(os.urandom(16)),
             randbytes=os.urandom,
             config=self._config,
@@ -341,6 +349,7 @@ class Node(MemoryApi):
             core.add_candidate(seed, now, seed=True)
         driver.process()
         driver.start()
+        self._start_keyring_watch(loop)
         if self.memory.member is not None:  # copy what the other memory members hold
             self._catching_up = loop.create_task(self._memory_catch_up())
             self._dispatcher = loop.create_task(
@@ -354,6 +363,11 @@ class Node(MemoryApi):
                 flush_tally=self._pubsub.flush_tally,
                 publish=self.publish,
             )
+        await self._start_all_discovery(endpoint, required=True)
+        return self
+
+    async def _start_all_discovery(self, endpoint: str, *, required: bool) -> None:
+        """Start the discovery configured; `required`: failing to start closes the node."""
         if self._mdns_config is not None:
             await self._start_discovery(
                 MdnsDiscovery(
@@ -361,7 +375,8 @@ class Node(MemoryApi):
                     endpoint=endpoint,
                     config=self._mdns_config,
                     on_candidate=self._on_candidate,
-                )
+                ),
+                required=required,
             )
         if self._survey_config is not None:
             await self._start_discovery(
@@ -373,9 +388,36 @@ class Node(MemoryApi):
                     keyring=self.keyring,
                     clusters=self.served_clusters,
                 ),
-                required=self._survey_required,
+                required=required and self._survey_required,
             )
-        return self
+
+    def _rediscover(self, keyring: Keyring) -> None:
+        """Discovery seals cluster names under their keys: the running survey takes the new
+        keyring. And it tags what it sends with the '*' key: after a rotation of that key,
+        start it again with the new one (a node that starts with only the new key must find
+        us)."""
+        for running in self._discovery:  # cluster names: sealed and opened with the new keys
+            if isinstance(running, SurveyDiscovery):
+                running.use_keyring(keyring)
+        survey, mdns, where = self._discovery_asked
+        configs = (survey_config(survey, keyring, where), mdns_config(mdns, keyring, where))
+        if configs == (self._survey_config, self._mdns_config):
+            return
+        self._survey_config, self._mdns_config = configs
+        if self._loop is None or self._closing:
+            return
+        previous = self._rediscovering
+
+        async def restart() -> None:
+            if previous is not None:
+                await previous
+            running, self._discovery = self._discovery, []
+            for discovery in running:
+                await discovery.close()
+            if not self._closing:
+                await self._start_all_discovery(self.endpoint, required=False)
+
+        self._rediscovering = self._loop.create_task(restart())
 
     async def _start_discovery(
         self, discovery: MdnsDiscovery | SurveyDiscovery, *, required: bool = True
@@ -399,6 +441,10 @@ class Node(MemoryApi):
         if self._closing:
             return
         self._closing = self._caller.closed = True
+        await self._stop_keyring_watch()
+        if self._rediscovering is not None:
+            with contextlib.suppress(Exception):
+                await self._rediscovering
         for discovery in self._discovery:
             await discovery.close()
         if self.telemetry is not None:
@@ -1129,7 +1175,7 @@ def _check_endpoint(endpoint: str) -> str:
     return endpoint
 
 
-__all__ = ["Node", "PeerInfo", "SurveyResult", "TelemetryConfig"]
+__all__ = ["KeyHolders", "Node", "PeerInfo", "SurveyResult", "TelemetryConfig"]
 
 
 def _default_keyring() -> Keyring:

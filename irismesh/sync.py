@@ -30,6 +30,7 @@ from irismesh.patterns import tunnel as _tunnel
 from irismesh.patterns.pubsub import Policy
 from irismesh.patterns.reqrep import time_left
 from irismesh.security.keyring import Keyring
+from irismesh.security.node_keys import KeyHolders
 
 T = TypeVar("T")
 SyncHandler = Callable[[bytes], bytes]
@@ -214,6 +215,15 @@ class Node:
     def clusters(self) -> dict[str, tuple[_async.PeerInfo, ...]]:
         """As `irismesh.Node.clusters`: the clusters the keyring opens, with their members."""
         return self._call(_wrap(self._node.clusters))
+
+    def use_keyring(self, keyring: Keyring) -> None:
+        self._call(_wrap(self._node.use_keyring, keyring))
+
+    def reload_keyring(self) -> bool:
+        return self._call(_wrap(self._node.reload_keyring))
+
+    def key_holders(self) -> list[KeyHolders]:
+        return self._call(_wrap(self._node.key_holders))
 
     def publish(self, topic: str, payload: bytes, *, timeout: float | None = None) -> int:
         return self._call(self._node.publish(topic, payload, timeout=timeout))

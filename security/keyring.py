@@ -176,9 +176,10 @@ def _fsync_dir(directory: str) -> None:
 class Keyring:
     """Scope names mapped to one or two secrets each, ``*`` being the default; immutable."""
 
-    __slots__ = ("_by_scope",)
+    __slots__ = ("_by_scope", "_path")
 
     def __init__(self, keys: Iterable[ScopeKey] = ()) -> None:
+        self._path: str | None = None
         placed: list[ScopeKey] = []
         for key in keys:
             problem = _clash(placed, key, lambda i: f"key {placed[i].key_id}")
@@ -225,7 +226,14 @@ class Keyring:
             raise ConfigurationError(
                 f"keyring {name} is not UTF-8 text: is it a keyring?"
             ) from None
-        return cls.from_text(text, source=name)
+        keyring = cls.from_text(text, source=name)
+        keyring._path = name
+        return keyring
+
+    @property
+    def path(self) -> str | None:
+        """The file this keyring was loaded from (a node rereads it when it changes), if any."""
+        return self._path
 
     @classmethod
     def from_text(cls, text: str, *, source: str = "<text>") -> Keyring:

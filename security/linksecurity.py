@@ -37,7 +37,11 @@ from irismesh._core.gossip import DatagramSealer
 from irismesh._core.sealing import NULL_SEALER, Sealer
 from irismesh.errors import ProtocolError
 from irismesh.security.keyring import MESH_SCOPE, Keyring, ScopeKey
-from irismesh.security.meshkey import KeyedMembershipSecurity, datagram_sealer
+from irismesh.security.meshkey import (
+    KeyedMembershipSecurity,
+    MeshDatagramSealer,
+    datagram_sealer,
+)
 
 _OFFER_DOMAIN = b"irismesh/v1/offer\x00"
 _LINK_DOMAIN = b"irismesh/v1/link\x00"
@@ -132,7 +136,21 @@ class KeyedLinkSecurity(KeyedMembershipSecurity):
         self._sealing = sealing
 
     def datagram_sealer(self, node_id: bytes) -> DatagramSealer:
-        return datagram_sealer(self._keyring, node_id, sealing=self._sealing)
+        sealer = datagram_sealer(self._keyring, node_id, sealing=self._sealing)
+        if isinstance(sealer, MeshDatagramSealer):
+            self._sealers.append(sealer)  # rekeyed by `replace`
+        return sealer
+
+    def holds(self, handle: object) -> bool:
+        # A handle names the cluster (or topic name) it seals, not the key's scope: the keys
+        # accepted for that name now decide.
+        assert isinstance(handle, ScopeKey)
+        name = handle.scope
+        if name == _TOPIC_DEFAULT:
+            name = "*"
+        elif name.startswith(_TOPIC_PREFIX):
+            name = name.removeprefix(_TOPIC_PREFIX)
+        return any(key.key_id == handle.key_id for key in self._keyring.accepted(name))
 
     def begin(self) -> X25519LinkKeys:
         return X25519LinkKeys(self._sealing)

@@ -10,7 +10,14 @@ HMAC-SHA256(mesh secret, domain | sender id). Node ids are random per process st
 sender's counter (the nonce) never repeats under one key; a receiver derives the sender's key
 from the id in the header, which the seal then authenticates, so no one without the mesh key
 can read a datagram, forge one, or speak for a node id. During a rotation two mesh keys are
-valid: datagrams are sealed under the primary and opened under either.
+valid: datagrams are sealed under the primary and opened under either. A node that rereads its
+keyring swaps the secrets in place (`KeyedMembershipSecurity.replace`), so the sealer its
+membership holds seals and opens under the new ones from then on.
+
+A record also says which keys its node holds, again only to holders of each key: one *key tag*
+per key of its keyring, a MAC under that key over the node id, the scope and whether the key
+is the scope's primary (`key_tags`). `mesh keys status` counts them (`key_use`), so an operator
+sees how far a rotation has spread; a node without a key learns nothing from its tags.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from irismesh._core.gossip import DatagramSealer, NullDatagramSealer
 from irismesh.errors import ProtocolError
-from irismesh.security.keyring import MESH_SCOPE, Keyring
+from irismesh.security.keyring import MESH_SCOPE, Keyring, ScopeKey
 
 _GOSSIP_DOMAIN = b"irismesh/v1/gossip\x00"
 OPEN_MESH_SECRET = hashlib.sha256(b"irismesh/v1/open-mesh").digest()
@@ -49,16 +56,22 @@ def _sender_key(secret: bytes, sender: bytes) -> AESGCM:
 class MeshDatagramSealer:
     """Seals this node's membership datagrams, opens its peers'."""
 
-    __slots__ = ("_cache", "_encrypt", "_secrets")
+    __slots__ = ("_cache", "_encrypt", "_node_id", "_secrets")
 
     overhead = 16
 
     def __init__(self, secrets: Sequence[bytes], node_id: bytes) -> None:
+        self._cache: dict[tuple[int, bytes], AESGCM] = {}
+        self._node_id = node_id
+        self.rekey(secrets)
+
+    def rekey(self, secrets: Sequence[bytes]) -> None:
+        """Seal under the first of `secrets` from now on, and open under any of them."""
         if not secrets:
             raise ValueError("a mesh sealer needs at least one secret")
         self._secrets = tuple(secrets)
-        self._encrypt = _sender_key(self._secrets[0], node_id).encrypt
-        self._cache: dict[tuple[int, bytes], AESGCM] = {}
+        self._encrypt = _sender_key(self._secrets[0], self._node_id).encrypt
+        self._cache.clear()  # indexed by position in the old secrets
 
     def seal(self, header: bytes, counter: int, body: bytes) -> bytes:
         return self._encrypt(_NONCE.pack(counter), body, header)
@@ -97,6 +110,10 @@ _PROOF_DOMAIN = b"irismesh/v1/mesh-proof\x00"
 _MEMBER_DOMAIN = b"irismesh/v1/member\x00"
 _INTEREST_DOMAIN = b"irismesh/v1/interest\x00"
 _EVERY_SCOPE = "\x00every"
+_HOLDS_DOMAIN = b"irismesh/v1/holds\x00"
+# Key tags in one record: the mesh key's and `*`'s first, then other scopes' in file order.
+MAX_KEY_TAGS = 16
+FIRST, ALSO = "first", "also"
 
 
 def _mac(secret: bytes, *parts: bytes) -> bytes:
@@ -110,11 +127,45 @@ def _split(tags: bytes) -> set[bytes]:
 class KeyedMembershipSecurity:
     """Membership proofs and record tags from a keyring (see `MembershipSecurity`)."""
 
-    __slots__ = ("_keyring", "_mesh")
+    __slots__ = ("_keyring", "_mesh", "_sealers")
 
     def __init__(self, keyring: Keyring) -> None:
         self._keyring = keyring
         self._mesh = mesh_secrets(keyring)
+        self._sealers: list[MeshDatagramSealer] = []
+
+    @property
+    def keyring(self) -> Keyring:
+        return self._keyring
+
+    def replace(self, keyring: Keyring) -> None:
+        """Decide with `keyring` from now on; the datagram sealers handed out follow it."""
+        self._keyring = keyring
+        self._mesh = mesh_secrets(keyring)
+        for sealer in self._sealers:
+            sealer.rekey(self._mesh)
+
+    def key_tags(self, node_id: bytes) -> bytes:
+        """Tags saying which keys `node_id` holds, each readable only with that key."""
+        keyring = self._keyring
+        scopes = sorted(keyring.scopes, key=lambda s: (s != MESH_SCOPE, s != "*"))
+        tags = [
+            self._holds_tag(key.secret, node_id, scope, FIRST if i == 0 else ALSO)
+            for scope in scopes
+            for i, key in enumerate(keyring.accepted(scope))
+        ]
+        return b"".join(tags[:MAX_KEY_TAGS])
+
+    def key_use(self, node_id: bytes, tags: bytes, key: ScopeKey) -> str | None:
+        """How a record's node holds `key` of `key.scope`: FIRST, ALSO, or None (not at all,
+        or not that this key can tell)."""
+        if not tags:
+            return None
+        offered = _split(tags)
+        for use in (FIRST, ALSO):
+            if self._holds_tag(key.secret, node_id, key.scope, use) in offered:
+                return use
+        return None
 
     def mesh_proof(self, label: bytes, transcript: bytes) -> bytes:
         return _mac(self._mesh[0], _PROOF_DOMAIN, label, b"\x00", transcript)[:16]
@@ -168,6 +219,11 @@ class KeyedMembershipSecurity:
                 if self._interest_tag(key.secret, node_id, name) in offered:
                     return True
         return False
+
+    @staticmethod
+    def _holds_tag(secret: bytes, node_id: bytes, scope: str, use: str) -> bytes:
+        message = (_HOLDS_DOMAIN, node_id, scope.encode(), b"\x00", use.encode())
+        return _mac(secret, *message)[:TAG_SIZE]
 
     @staticmethod
     def _member_tag(secret: bytes, node_id: bytes, cluster: str) -> bytes:

@@ -11,9 +11,11 @@ import asyncio
 import base64
 import contextlib
 import json
+import logging
 import os
 import queue
 import re
+import signal
 import sys
 import threading
 import time
@@ -363,6 +365,26 @@ def make_node(
         name=name,
         memory=memory,
     )
+
+
+def reload_keys_on_hangup(node: irismesh.Node) -> None:
+    """A long-running command rereads its keyring file on SIGHUP (it also does by itself,
+    within a second of a change); what happens to it is one line on stderr."""
+    log = logging.getLogger("irismesh.keyring")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("mesh: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+    if node.keyring.path is None:
+        return  # IRISMESH_KEYS: no file to read again
+
+    def hangup() -> None:
+        if not node.reload_keyring():
+            log.info("keyring %s unchanged: keys in use kept", node.keyring.path)
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, hangup)
 
 
 def require_discovery(args: argparse.Namespace) -> None:

@@ -32,6 +32,7 @@ from irismesh._cli.base import (
     load_keyring,
     make_node,
     print_json,
+    reload_keys_on_hangup,
     require_discovery,
     seconds,
     short_id,
@@ -120,6 +121,7 @@ async def run_collect(args: argparse.Namespace) -> int:
     deadline = None if args.seconds is None else started + args.seconds
     peers_seen = False
     async with make_node(args, keys) as node:
+        reload_keys_on_hangup(node)
         collector = Collector(node, out, max_age=args.file_age)
         try:
             await collector.start()

@@ -1,9 +1,11 @@
-"""`mesh keygen`: write a keyring file."""
+"""`mesh keygen`: write a keyring file; `mesh keys status`: how far a key rotation has spread."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+
+from rich.table import Table
 
 import irismesh
 from irismesh import _env
@@ -13,9 +15,16 @@ from irismesh._cli.base import (
     CommandError,
     MeshArgumentParser,
     add_command,
+    add_joining_options,
     add_json_option,
+    load_keyring,
+    make_node,
     print_json,
+    require_discovery,
+    settle,
+    stdout_console,
 )
+from irismesh._cli.listing import nobody_answered
 
 
 def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
@@ -53,6 +62,43 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
     )
     parser.add_argument("--force", action="store_true", help="replace an existing file")
     add_json_option(parser)
+    family = add_command(
+        commands,
+        "keys",
+        summary="who holds which key: the progress of a key rotation",
+        description=(
+            "Running nodes reread their keyring file when it changes (and on SIGHUP), so a key\n"
+            "is rotated by editing the files, in three steps (SECURITY.md): add the new key\n"
+            "second, make it first, remove the old one. `mesh keys status` tells when a step\n"
+            "has reached every node."
+        ),
+        examples="  mesh keys status\n  mesh keys status --keys rotating.keys --json",
+        run=None,
+    )
+    actions = family.add_subparsers(dest="action", required=True, metavar="ACTION")
+    status = add_command(
+        actions,
+        "status",
+        summary="for each key of the keyring: how many live nodes hold it, use it first",
+        description=(
+            "For each key of this keyring (give it both keys while rotating): how many of the\n"
+            "live nodes hold it, and how many use it first (their primary for the scope).\n"
+            "A node says which keys it holds in its membership record, one tag per key that\n"
+            "only a holder of that key can check: a key this keyring lacks is not counted.\n"
+            "A step is done when every node shows it: step 1 (new key added) when the new key\n"
+            "is held by all; step 2 when all use it first; step 3 when the old key is held by\n"
+            "none."
+        ),
+        examples=(
+            "  mesh keys status                      # with the keyring you rotate with\n"
+            "  scope  key       primary here  held by  first at\n"
+            "  *      3f1c2a9b  yes           4/4      4/4\n"
+            "  *      9e07d4c1  no            4/4      0/4"
+        ),
+        run=run_status,
+    )
+    add_joining_options(status, wait=3.0, wait_help="most seconds to find the live nodes")
+    add_json_option(status)
 
 
 def run_keygen(args: argparse.Namespace) -> int:
@@ -71,4 +117,36 @@ def run_keygen(args: argparse.Namespace) -> int:
         print_json({"path": str(path), "keys": scopes})
     else:
         print(f"wrote {path} with keys for: {', '.join(keys.scopes)}")
+    return 0
+
+
+async def run_status(args: argparse.Namespace) -> int:
+    keys = load_keyring(args.keys)
+    require_discovery(args)
+    async with make_node(args, keys) as node:
+        peers = await settle(node, args.wait)
+        holders = node.key_holders()
+    if not peers and args.seed:
+        raise nobody_answered(args)
+    total = len(peers)
+    if args.json:
+        rows = [
+            {
+                "scope": k.scope,
+                "key_id": k.key_id,
+                "primary": k.primary,
+                "holders": k.holders,
+                "first": k.first,
+            }
+            for k in holders
+        ]
+        print_json({"nodes": total, "keys": rows})
+        return 0
+    table = Table(box=None, pad_edge=False)
+    for column in ("scope", "key", "primary here", "held by", "first at"):
+        table.add_column(column)
+    for k in holders:
+        yes = "yes" if k.primary else "no"
+        table.add_row(k.scope, k.key_id, yes, f"{k.holders}/{total}", f"{k.first}/{total}")
+    stdout_console().print(table)
     return 0

@@ -16,6 +16,7 @@ from irismesh._cli.base import (
     make_node,
     positive_int,
     print_json,
+    reload_keys_on_hangup,
     require_discovery,
     short_id,
     text_fields,
@@ -89,6 +90,7 @@ async def run_memory(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with make_node(args, keys, memory=args.data) as node:
+        reload_keys_on_hangup(node)
         await node.caught_up()  # what the others stored meanwhile, before saying it is ready
         stats = node.stats
         if args.json:

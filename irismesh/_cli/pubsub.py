@@ -34,6 +34,7 @@ from irismesh._cli.base import (
     positive_int,
     positive_number,
     print_json,
+    reload_keys_on_hangup,
     require_discovery,
     seconds,
     settle,
@@ -332,6 +333,7 @@ async def run_subscribe(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with make_node(args, keys) as node:
+        reload_keys_on_hangup(node)
         sub = node.subscribe(args.pattern, policy=args.policy, maxsize=args.maxsize)
         if args.seed:  # a seed should answer; discovery alone may find others later
             await _join(node, args)

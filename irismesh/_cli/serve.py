@@ -32,6 +32,7 @@ from irismesh._cli.base import (
     node_name,
     positive_int,
     print_json,
+    reload_keys_on_hangup,
     seconds,
     short_id,
     text_fields,
@@ -217,6 +218,7 @@ async def run_node(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with make_node(args, keys, clusters, args.name) as node:
+        reload_keys_on_hangup(node)
         if handler is not None:
             node.on_request(_logging(handler))
         else:

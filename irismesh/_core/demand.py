@@ -137,6 +137,8 @@ class LinkDemand:
         cfg = self._config
         if reason in ("self", "duplicate"):
             record.next_at = float("inf")  # never useful to dial again
+        elif reason == "rekey":  # closed to handshake again with new keys: at once
+            record.next_at = now
         elif was_up and reason in ("bye", "idle", "dead", "left"):
             if record.seed:  # dialled again only if this node finds itself alone
                 record.next_at = now + cfg.redial_max

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from irismesh._core.gossip import MAX_TAGS
 from irismesh._core.records import (
     MemberChanged,
     MemberDown,
@@ -26,6 +27,7 @@ from irismesh._core.records import (
 )
 
 _SUSPECT = MemberState.SUSPECT
+KEY_TAG_SIZE = 8
 _MAX_TABLES = 1024  # clusters and scopes tracked at once
 
 
@@ -47,7 +49,30 @@ class Directory:
         tags = self._security.member_tags(node_id, clusters)
         if scopes:
             tags += self._security.interest_tags(node_id, scopes - {"*", "#"}, every)
-        return tags
+        # Key tags only report a rotation's progress: they never crowd out what routes.
+        room = max(0, MAX_TAGS - len(tags)) // KEY_TAG_SIZE * KEY_TAG_SIZE
+        return tags + self._security.key_tags(node_id)[:room]
+
+    def recheck(self) -> bool:
+        """The keys changed: answer every table in use again; True if one gained a node."""
+        gained = False
+        for tables, holds in (
+            (self._servers, self._security.serves),
+            (self._readers, self._security.reads),
+        ):
+            for name, table in tables.items():
+                fresh = {
+                    node_id: record
+                    for node_id, record in self._records.items()
+                    if holds(node_id, record.tags, name)
+                }
+                gained |= not fresh.keys() <= table.keys()
+                tables[name] = fresh
+        return gained
+
+    def records(self) -> list[MemberRecord]:
+        """Every live member's record."""
+        return list(self._records.values())
 
     def __len__(self) -> int:
         return len(self._records)

@@ -99,6 +99,7 @@ _PUBLISH_KINDS = (_PUBLISH, _PUBLISH_STAMPED, int(Kind.PUBLISH_RETAINED))
 _BYE, _CANCEL = int(Kind.BYE), int(Kind.CANCEL)
 _CALL_KINDS = frozenset((_REQUEST, _BROADCAST, _SURVEY, _JOB, _TUNNEL))
 _REPLY_KINDS = frozenset((_REPLY, _TUNNEL))
+_REKEY = "rekey"  # the BYE reason of a link closed because a key it used was removed
 _MAX_INBOUND = 4096  # links peers dialled to this node at once
 _HOUSEKEEPING = 1.0  # idle links, wanted clusters and redials are looked at this often
 
@@ -373,7 +374,8 @@ class MeshCore(CoreApi):
             elif kind == _UNSUBSCRIBE:
                 self.pubsub.on_interest(link, env[0], add=False)
             elif kind == _BYE:
-                self._close_out(link, now, "bye")
+                # A member whose keys changed asks to be dialled again at once ("rekey").
+                self._close_out(link, now, "rekey" if env[0] == _REKEY else "bye")
             else:
                 raise ProtocolError("unexpected", Kind(kind).name)
         except ProtocolError as exc:
@@ -490,7 +492,7 @@ class MeshCore(CoreApi):
         events.append(LinksChanged())
         for observer in self._observers:
             observer.link_down(link, reason, now)
-        if reason not in ("bye", "idle", "dead", "left"):
+        if reason not in ("bye", "idle", "dead", "left", _REKEY):
             # The transport broke (a peer killed closes its sockets at once): ask membership.
             self.membership.probe_soon(link.peer_id, now)
 
@@ -506,6 +508,45 @@ class MeshCore(CoreApi):
         link = self._out.get(link_id)
         if link is not None and link.state is not LinkState.CLOSED:
             self._close_out(link, now, reason)
+
+    # ----------------------------------------------------------------- keys
+
+    def keys_changed(self, now: float) -> None:
+        """The security now decides with another keyring (a rotation step): tell the mesh.
+
+        The record's tags are made again (clusters served, topic scopes read, keys held) and
+        announced; what other records say is read again with the new keys. A link goes on
+        under the keys its handshake chose while this node still accepts them: a caller
+        merely chooses its cluster slots again (its new primary, where the peer offered it).
+        A link using a key no longer accepted is closed with BYE "rekey", and dialled again
+        at once with a fresh handshake; its requests in flight are resent meanwhile (`calls`),
+        and the member's reply cache answers a resend of one that already ran.
+        """
+        self._now = now
+        self.membership.rekeyed()
+        tags = self.directory.own_tags(self.node_id, self.clusters, self.pubsub.subscribed)
+        if tags != self.membership.me.tags:
+            self.membership.update(now, tags=tags)
+        holds = self._security.holds
+        # What is staged goes out before any BYE below: a peer drops what follows a BYE.
+        self.outbox.seal_staged()
+        for link in list(self._out.values()):
+            if link.state is not LinkState.UP:
+                continue
+            if all(holds(handle) for handle in link.handles.values()):
+                link.clusters.clear()
+            else:
+                self.stats["links_rekeyed"] += 1
+                self._goodbye(link, now, _REKEY)
+        for inlink in list(self._in.values()):
+            if not all(holds(handle) for handle in inlink.handles):
+                self.stats["links_rekeyed"] += 1
+                self.outbox.send_in(inlink, _BYE, [_REKEY])
+                self._forget_in(inlink)
+        self.calls.linked.clear()
+        self.pubsub.readers_changed()
+        if self.directory.recheck():
+            self._demand.dial_wanted(now)
 
     # ----------------------------------------------------------------- time
 

@@ -143,6 +143,7 @@ class Handshake:
         if found is None or link.keys is None:
             return 0
         slot, handle = found
+        link.handles[slot] = handle
         link.send_sealers[slot] = link.keys.sealer(handle, True)
         if replies:
             link.recv_sealers[slot] = link.keys.sealer(handle, False)
@@ -185,6 +186,7 @@ class Handshake:
             tags.append(tag)
         link = InLink(routing_id, peer_id, peer_endpoint, nonce, peer_nonce, now, scopes)
         link.topic_slots = topic_slots
+        link.handles = [handle for handle in handles if handle is not None]
         for slot, handle in enumerate(handles):
             link.send_sealers[slot] = keys.sealer(handle, False)
             link.recv_sealers[slot] = keys.sealer(handle, True)

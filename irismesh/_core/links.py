@@ -75,6 +75,7 @@ class OutLink:
     pub_size: int = 0
     pub_slot: int = 0
     topic_slots: dict[str, int] = field(default_factory=dict)  # topic scope -> slot (0: none)
+    handles: dict[int, object] = field(default_factory=dict)  # slot -> key handle, as matched
 
 
 @dataclass(slots=True, eq=False)
@@ -96,6 +97,7 @@ class InLink:
     credit_out: int = 0  # messages the peer may still send us (what we granted, less arrivals)
     to_grant: int = 0  # released by the application, not yet granted back
     topic_slots: dict[int, str] = field(default_factory=dict)  # slot -> topic scope ("*": default)
+    handles: list[object] = field(default_factory=list)  # the key handle of each slot but 0
 
 
 @dataclass(slots=True, eq=False)

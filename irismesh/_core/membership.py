@@ -161,6 +161,10 @@ class Membership:
             self._sealed_name = self._out.seal_name(self.me.name)
         return self._sealed_name
 
+    def rekeyed(self) -> None:
+        """The mesh key changed (its sealer seals under the new one): seal the name again."""
+        self._sealed_name = None
+
     def open_name(self, sender: bytes, sealed: object) -> str:
         """The name in a peer's handshake record; ProtocolError if it is not one."""
         return open_name(self._sealer, sender, sealed)

@@ -148,6 +148,11 @@ class MembershipSecurity(Protocol):
         """Whether the tags show interest in topic `scope` under the key we publish it with."""
         ...
 
+    def key_tags(self, node_id: bytes) -> bytes:
+        """The tags saying which keys `node_id` holds (and which it uses first), each
+        readable only by a holder of that key: how far a key rotation has spread."""
+        ...
+
 
 __all__ = [
     "Member",

@@ -99,6 +99,11 @@ class LinkSecurity(Protocol):
         """Whether `scope` has a key of its own here (not only the default key)."""
         ...
 
+    def holds(self, handle: object) -> bool:
+        """Whether the key behind `handle` (from `offers`, `match`, ...) is still accepted for
+        what it seals: False once a rotation has removed it from the keyring."""
+        ...
+
 
 class NullSealer:
     """No confidentiality or integrity: for benchmarks that measure what sealing costs."""

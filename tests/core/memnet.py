@@ -117,6 +117,7 @@ class MemNode:
     replies: dict[int, list[ReplyArrived]] = field(default_factory=dict)
     failures: dict[int, list[RequestFailed]] = field(default_factory=dict)
     conns: dict[int, Conn] = field(default_factory=dict)
+    security: LinkSecurity | None = None  # what its core decides with (rekeyed by MemNet.rekey)
 
     @property
     def node_id(self) -> bytes:
@@ -201,18 +202,19 @@ class MemNet:
         return self._start(name, f"tcp://{name}:7000", handler, spec)
 
     def _start(self, name: str, endpoint: str, handler: Handler, spec: NodeSpec) -> MemNode:
+        security = spec.security(spec.keyring)
         core = MeshCore(
             node_id=self.rng.randbytes(16),
             endpoint=endpoint,
             clusters=spec.clusters,
-            security=spec.security(spec.keyring),
+            security=security,
             rng=random.Random(self.rng.random()),
             randbytes=random.Random(self.rng.random()).randbytes,
             config=spec.config,
             now=self.now,
             name=name,
         )
-        node = MemNode(name, endpoint, core, handler, spec)
+        node = MemNode(name, endpoint, core, handler, spec, security=security)
         self.nodes[name] = node
         self.listeners[endpoint] = node
         self.by_address[core.address] = node
@@ -225,6 +227,14 @@ class MemNet:
         """Kill `node` and start a fresh incarnation (new id, empty state) at its endpoint."""
         self.kill(node)
         return self._start(node.name, node.endpoint, node.handler, node.spec)
+
+    def rekey(self, node: MemNode, keyring: Keyring) -> None:
+        """The node rereads its keyring (a rotation step): its security decides with `keyring`."""
+        assert isinstance(node.security, KeyedLinkSecurity)
+        node.security.replace(keyring)
+        node.core.keys_changed(self.now)
+        self.collect(node)
+        self.run(self.now)
 
     def kill(self, node: MemNode) -> None:
         """The process dies: nothing more reaches it or leaves it."""

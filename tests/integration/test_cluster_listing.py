@@ -175,3 +175,23 @@ def test_the_blocking_node_lists_clusters_too() -> None:
             time.sleep(0.02)
         [member] = lister.clusters()["db"]
         assert member.endpoint == db._node.endpoint
+
+
+def test_a_rotated_cluster_key_lists_the_cluster_for_a_holder_of_the_new_key_alone() -> None:
+    """A member whose keyring changes (a rotation of db's key) seals db's name under the new
+    key at once: a holder of only the new key lists db, without a restart."""
+
+    async def main() -> None:
+        members, _star, old_db = keyrings()
+        new_db = Keyring([ScopeKey(scope="db", secret=os.urandom(32))])
+        place = Place()
+        db = irismesh.Node("db", keyring=members, survey=place.survey(members))
+        newcomer = irismesh.Node(keyring=new_db, survey=place.survey(new_db))
+        async with db, newcomer:
+            star = members.accepted("*")[0]
+            db.use_keyring(Keyring([star, new_db.accepted("db")[0], old_db.accepted("db")[0]]))
+            await wait_until(
+                lambda: listing(newcomer) == {"db": {db.node_id.hex()}}, 10, "the new key: db"
+            )
+
+    run(main)
