@@ -47,7 +47,7 @@ from irismesh._core.events import (
     RequestCancelled,
     Token,
 )
-from irismesh._core.frames import MAX_CLUSTERS, Kind
+from irismesh._core.frames import MAX_CLUSTERS, Kind, pack_error
 from irismesh._core.gossip import MAX_NAME
 from irismesh._core.records import MemberState, validate_name
 from irismesh._datagrams import DatagramSocket
@@ -65,7 +65,14 @@ from irismesh.memory.api import MemoryApi
 from irismesh.memory.service import MAX_LATEST, MEMORY_CLUSTER, MemoryMember, NodeMemory
 from irismesh.memory.store import Retention
 from irismesh.patterns.pubsub import Message, Policy, PubSub, Subscription
-from irismesh.patterns.reqrep import Caller, HandlerRunner, RequestHandler, as_bytes, deadline
+from irismesh.patterns.reqrep import (
+    Caller,
+    ForwardedError,
+    HandlerRunner,
+    RequestHandler,
+    as_bytes,
+    deadline,
+)
 from irismesh.patterns.tunnel import (
     DEFAULT_MAX_MESSAGE,
     DEFAULT_WINDOW,
@@ -944,7 +951,10 @@ class Node(MemoryApi):
 
     def _reply_error(self, token: Token, exc: BaseException) -> None:
         if self._core is not None and not self._closing:
-            self._core.reply_error(token, exc)
+            if isinstance(exc, ForwardedError):  # a gateway passing another member's error on
+                self._core.reply(token, pack_error(exc.remote_type, exc.remote_message), error=True)
+            else:
+                self._core.reply_error(token, exc)
 
     @staticmethod
     def _check_cluster(name: str) -> None:

@@ -55,6 +55,25 @@ SLICE = 0.005  # seconds of plain-function handlers run in a row before the loop
 _deadline: ContextVar[float] = ContextVar("irismesh_deadline", default=float("inf"))
 
 
+class TurnedAway(Exception):
+    """Raised by a handler that forwards requests (a gateway) when it cannot: the caller is
+    answered as if admission had turned the request away unrun, so it goes to another member."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class ForwardedError(Exception):
+    """Raised by a handler that forwards requests with the error another member answered: the
+    caller's RemoteError names that error's type and message, not this one's."""
+
+    def __init__(self, remote_type: str, remote_message: str) -> None:
+        super().__init__(remote_message)
+        self.remote_type = remote_type
+        self.remote_message = remote_message
+
+
 def deadline() -> float | None:
     """The deadline of the request being handled, as event loop time (`loop.time()`): when
     its caller gives up. None outside a request handler, or for a request without one.
@@ -396,7 +415,10 @@ class HandlerRunner:
             serving[event.cluster].finish(event.token[0], started, len(value), _OK)
 
     def _fail(self, event: RequestArrived, started: int, exc: BaseException) -> None:
-        self._reply_error(event.token, exc)
+        if isinstance(exc, TurnedAway) and self._turn_away is not None:
+            self._turn_away(event.token, exc.reason)
+        else:
+            self._reply_error(event.token, exc)
         if self._serving is not None:
             self._serving[event.cluster].finish(event.token[0], started, 0, _REMOTE_ERROR)
 
