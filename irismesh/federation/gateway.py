@@ -448,8 +448,12 @@ class Gateway:
         link that is up has a full window (the publishers wait too); a link that is down keeps
         it up to its buffer's bound."""
         wire = crossing.wire()
+        known = False
         for end in self.transport.ends:
-            if not end.peer_mesh or end.peer_mesh in crossing.seen:
+            if not end.peer_mesh:
+                continue  # a link never up: whose mesh it leads to is not known yet
+            known = True
+            if end.peer_mesh in crossing.seen:
                 continue
             while end.up and end.room() <= 0 and end.buffered >= end.config.window * 2:
                 assert self._drained is not None
@@ -457,6 +461,8 @@ class Gateway:
                 await self._drained.wait()
             if end.send(wire):
                 self.stats_counter["messages_sent"] += 1
+        if not known:
+            self.stats_counter["messages_no_link"] += 1  # no mesh to send it to yet
         self.transport.flush_soon()
 
     def _on_crossing(self, end: LinkEnd, crossing: Crossing) -> None:

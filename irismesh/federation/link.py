@@ -259,16 +259,23 @@ class LinkTransport:
             if dealer is not None:
                 for frame in frames:
                     dealer.send(frame, zmq.NOBLOCK, copy=False)
-                return
-            route = self._routes.get(id(end))
-            router = self._router
-            if route is None or router is None:
-                return
-            for frame in frames:
-                router.send_multipart([route, frame], zmq.NOBLOCK, copy=False)
+            else:
+                route = self._routes.get(id(end))
+                router = self._router
+                if route is None or router is None:
+                    return
+                for frame in frames:
+                    router.send_multipart([route, frame], zmq.NOBLOCK, copy=False)
         except zmq.ZMQError:
             # Full or unroutable: what was reliable is sent again once acks stop progressing.
             self.stats["link_send_failed"] += 1
+        # The descriptor is edge-triggered and a send may have taken the edge of what arrived.
+        loop = cast(asyncio.AbstractEventLoop, self._loop)
+        if dealer is not None:
+            if _readable(dealer):
+                loop.call_soon(self._drain_dealer, end, dealer)
+        elif self._router is not None and _readable(self._router):
+            loop.call_soon(self._drain_router)
 
     def _tick(self) -> None:
         if self._closed or self._loop is None:

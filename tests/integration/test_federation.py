@@ -146,3 +146,119 @@ def test_a_request_for_a_cluster_not_exported_is_refused_on_the_far_side() -> No
             assert gw_a.stats.get("requests_served", 0) == 0
 
     run(main())
+
+
+async def subscribed(
+    stack: AsyncExitStack, mesh: Mesh, pattern: str
+) -> tuple[irismesh.Node, list[bytes]]:
+    node = await stack.enter_async_context(mesh.node())
+    got: list[bytes] = []
+    node.subscribe(pattern, callback=lambda msg: got.append(msg.payload))
+    return node, got
+
+
+def check_once_in_order(got: list[bytes], meshes: list[str], n: int) -> None:
+    """Every mesh's messages 0..n-1 exactly once, each mesh's in the order published."""
+    by_origin: dict[str, list[int]] = {m: [] for m in meshes}
+    for payload in got:
+        origin, index = payload.decode().split(":")
+        by_origin[origin].append(int(index))
+    for origin, indices in by_origin.items():
+        assert indices == list(range(n)), f"from {origin}: {len(indices)} of {n}, in order?"
+
+
+async def publish_all(
+    publishers: dict[str, irismesh.Node], readers: int, n: int, topic: str = "feeds.x"
+) -> None:
+    for node in publishers.values():
+        await node.wait_for_subscribers(topic, readers, timeout=10)
+
+    async def one(mesh: str, node: irismesh.Node) -> None:
+        for i in range(n):
+            await node.publish(topic, f"{mesh}:{i}".encode())
+
+    await asyncio.gather(*(one(m, node) for m, node in publishers.items()))
+
+
+def test_topics_cross_a_gateway_pair_once_and_in_order() -> None:
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        link = irismesh.Keyring.generate()
+        async with AsyncExitStack() as stack:
+            pub = await stack.enter_async_context(a.node())
+            a.seeds.append(pub.endpoint)
+            gw_a = await gateway(stack, a, link, listen=True, topics=("feeds.#",))
+            gw_b = await gateway(stack, b, link, peers=(gw_a.endpoint,))
+            _, got_a = await subscribed(stack, a, "feeds.#")
+            _, got_b = await subscribed(stack, b, "feeds.#")
+            await gw_b.node.wait_for_subscribers("feeds.x", 1, timeout=10)
+            await wait_until(lambda: gw_a.stats["links_up"] == 1, 10, "the link")
+            await publish_all({"a": pub}, 2, 3000)  # the subscriber and the gateway
+            await wait_until(lambda: len(got_b) >= 3000, 20, "every message across")
+            await asyncio.sleep(0.2)
+            check_once_in_order(got_b, ["a"], 3000)
+            check_once_in_order(got_a, ["a"], 3000)
+            assert gw_a.stats["messages_exported"] == 3000
+            assert gw_b.stats["messages_republished"] == 3000
+
+    run(main())
+
+
+@pytest.mark.parametrize("shape", ["complete", "ring"])
+def test_three_meshes_every_subscriber_gets_each_message_once_in_order(shape: str) -> None:
+    """complete: one gateway per mesh, linked to both others (copies meet at the barrier);
+    ring: a gateway pair per edge, each mesh's messages crossing only from their own mesh."""
+    n = 1500
+
+    async def main() -> None:
+        meshes = {m: Mesh(m) for m in "abc"}
+        link = irismesh.Keyring.generate()
+        async with AsyncExitStack() as stack:
+            publishers = {}
+            for m, mesh in meshes.items():
+                publishers[m] = node = await stack.enter_async_context(mesh.node())
+                mesh.seeds.append(node.endpoint)
+            gws: list[irismesh.Gateway] = []
+            t = ("feeds.#",)
+            if shape == "complete":
+                ga = await gateway(stack, meshes["a"], link, listen=True, topics=t)
+                gb = await gateway(
+                    stack, meshes["b"], link, listen=True, peers=(ga.endpoint,), topics=t
+                )
+                gc = await gateway(
+                    stack, meshes["c"], link, peers=(ga.endpoint, gb.endpoint), topics=t
+                )
+                gws = [ga, gb, gc]
+                links = 2
+            else:
+                for x, y in ("ab", "bc", "ca"):
+                    gx = await gateway(stack, meshes[x], link, listen=True, topics=t)
+                    gy = await gateway(stack, meshes[y], link, peers=(gx.endpoint,), topics=t)
+                    gws += [gx, gy]
+                links = 1
+            readers = {m: await subscribed(stack, mesh, "feeds.#") for m, mesh in meshes.items()}
+            await wait_until(
+                lambda: all(g.stats["links_up"] == links for g in gws), 10, "every link up"
+            )
+            for g in gws:  # gateways know the others of their mesh, and have readers
+                await g.node.wait_for_subscribers("feeds.x", 1, timeout=10)
+                if shape == "ring":
+                    await g.node.wait_for_members("_gateway", 1, timeout=10)
+            await wait_until(
+                lambda: all(len(g._gateway_ids) == (1 if shape == "complete" else 2) for g in gws),
+                10,
+                "gateways to know each other",
+            )
+            # Each publisher: its mesh's reader and its mesh's gateways.
+            await publish_all(publishers, 1 + (1 if shape == "complete" else 2), n)
+            total = 3 * n
+            await wait_until(
+                lambda: all(len(got) >= total for _, got in readers.values()), 30, "all messages"
+            )
+            await asyncio.sleep(0.3)  # a duplicate would come now
+            for _, got in readers.values():
+                check_once_in_order(got, list("abc"), n)
+            if shape == "complete":
+                assert sum(g.stats["duplicates_dropped"] for g in gws) > 0
+
+    run(main(), timeout=90)
