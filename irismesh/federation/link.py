@@ -150,6 +150,7 @@ class LinkTransport:
         out["links"] = len(self.ends)
         out["links_up"] = sum(1 for e in self.ends if e.up)
         out["link_buffered"] = sum(e.buffered for e in self.ends)
+        out["link_dropped_buffer_full"] += 0  # shown even while nothing was dropped
         return dict(out)
 
     # ------------------------------------------------------------- receiving

@@ -112,3 +112,24 @@ def test_sigkill_of_a_gateway_under_load_loses_no_request(
                 await wait_until(lambda: len(client.members("db")) == 1, 10, "b1 to leave db")
 
     asyncio.run(main())
+
+
+def test_mesh_top_shows_the_gateways_counters(tmp_path: Path, procs: Processes) -> None:
+    _, a_keys = keyring(tmp_path, "a")
+    _, b_keys = keyring(tmp_path, "b")
+    _, link_keys = keyring(tmp_path, "link")
+    gw = ["gateway", "--link-keys", link_keys, "--bind", LOCAL, "--no-discovery", "--json"]
+    a = procs.start("a", *gw, "--mesh", "a", "--keys", a_keys, "--listen", LOCAL, "--topics", "x.#")
+    procs.start("b", *gw, "--mesh", "b", "--keys", b_keys, "--peer", a["endpoint"])
+    top = [sys.executable, "-m", "irismesh", "top", "--once", "--json", "--keys", a_keys]
+    top += ["--seed", a["node_endpoint"], "--no-discovery", "--wait", "2"]
+    deadline = 20
+    for _ in range(deadline):  # until the link is up
+        frame = json.loads(subprocess.run(top, capture_output=True, text=True, check=True).stdout)
+        [view] = frame["gateways"]
+        if view["stats"]["links_up"] == 1:
+            break
+    assert view["mesh"] == "a"
+    assert view["stats"]["links"] == 1
+    assert view["stats"]["link_buffered"] == 0
+    assert view["stats"]["link_dropped_buffer_full"] == 0

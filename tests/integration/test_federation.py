@@ -262,3 +262,94 @@ def test_three_meshes_every_subscriber_gets_each_message_once_in_order(shape: st
                 assert sum(g.stats["duplicates_dropped"] for g in gws) > 0
 
     run(main(), timeout=90)
+
+
+class Cable:
+    """A TCP proxy on 127.0.0.1 between two gateways that the test can cut and mend."""
+
+    def __init__(self, target: str) -> None:
+        host, port = target.removeprefix("tcp://").rsplit(":", 1)
+        self.target = (host, int(port))
+        self.port = 0
+        self.server: asyncio.Server | None = None
+        self.writers: set[asyncio.StreamWriter] = set()
+
+    @property
+    def endpoint(self) -> str:
+        return f"tcp://127.0.0.1:{self.port}"
+
+    async def mend(self) -> None:
+        self.server = await asyncio.start_server(self._connected, "127.0.0.1", self.port)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    async def cut(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        for writer in list(self.writers):
+            writer.transport.abort()
+        self.writers.clear()
+        await self.server.wait_closed()
+
+    async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.transport.abort()
+            return
+        self.writers |= {writer, up_writer}
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except (OSError, ConnectionError):
+                pass
+            finally:
+                dst.transport.abort()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+
+def test_an_outage_buffers_to_the_bound_counts_the_rest_and_replays_in_order() -> None:
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        link = irismesh.Keyring.generate()
+        cfg = LinkConfig(buffer=200, heartbeat=0.1, dead_after=0.6, retry=0.2, resend_after=0.4)
+        async with AsyncExitStack() as stack:
+            pub = await stack.enter_async_context(a.node())
+            a.seeds.append(pub.endpoint)
+            await member(stack, a, "db", b"A:")
+            gw_a = await gateway(
+                stack, a, link, listen=True, export=("db",), topics=("feeds.#",), config=cfg
+            )
+            cable = Cable(gw_a.endpoint)
+            await cable.mend()
+            gw_b = await gateway(stack, b, link, peers=(cable.endpoint,), config=cfg)
+            client, got = await subscribed(stack, b, "feeds.#")
+            await gw_b.node.wait_for_subscribers("feeds.x", 1, timeout=10)
+            await client.wait_for_members("db", timeout=10)
+            await publish_all({"a": pub}, 1, 100)
+            await wait_until(lambda: len(got) == 100, 10, "the first 100")
+            await wait_until(lambda: gw_a.stats["link_buffered"] == 0, 5, "their acks")
+
+            await cable.cut()
+            await wait_until(lambda: gw_a.stats["links_up"] == 0, 5, "the link to go down")
+            await wait_until(lambda: not client.members("db"), 5, "the gateway to leave db")
+            with pytest.raises(irismesh.NoResponders):  # fails fast, not at its deadline
+                await client.request("db", b"x", timeout=5)
+            for i in range(100, 400):
+                await pub.publish("feeds.x", f"a:{i}".encode())
+            await wait_until(lambda: gw_a.stats["messages_exported"] == 400, 5, "the exports")
+            assert gw_a.stats["link_buffered"] == 200
+            assert gw_a.stats["link_dropped_buffer_full"] == 100
+            assert len(got) == 100
+
+            await cable.mend()
+            await wait_until(lambda: len(got) == 300, 10, "the buffered 200")
+            await asyncio.sleep(0.3)
+            assert got == [f"a:{i}".encode() for i in range(300)]
+            await client.wait_for_members("db", timeout=10)
+            assert await client.request("db", b"y", timeout=5) == b"A:y"
+
+    run(main())
