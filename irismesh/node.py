@@ -417,13 +417,15 @@ class Node(MemoryApi):
     # ----------------------------------------------------------------- serving
 
     @overload
-    def on_request(self, handler: H, *, blocking: bool = False) -> H: ...
+    def on_request(self, handler: H, *, blocking: bool = False, admission: bool = True) -> H: ...
 
     @overload
-    def on_request(self, handler: None = None, *, blocking: bool = False) -> Callable[[H], H]: ...
+    def on_request(
+        self, handler: None = None, *, blocking: bool = False, admission: bool = True
+    ) -> Callable[[H], H]: ...
 
     def on_request(
-        self, handler: H | None = None, *, blocking: bool = False
+        self, handler: H | None = None, *, blocking: bool = False, admission: bool = True
     ) -> H | Callable[[H], H]:
         """Decorator: `handler(payload) -> bytes` (sync or async) answers this node's requests;
         `@node.on_request` or `@node.on_request(blocking=True)`.
@@ -440,14 +442,21 @@ class Node(MemoryApi):
         beyond what the member can finish in time are turned away before they start (the caller
         gets `Overloaded`, or another member takes them): see "Deadlines and overload" in the
         README.
+
+        `admission=False` is for a handler that only passes requests on (a gateway, a proxy):
+        every request starts at once, and whoever answers it in the end admits it or not.
         """
         if not self.clusters:
             raise ConfigurationError("a node without a cluster serves no requests: pass cluster=")
+        if blocking and not admission:
+            raise ConfigurationError("a blocking handler runs within its thread pool's limit")
 
         def register(handler: H) -> H:
             runner = self._runner
             runner.handler = handler
             runner.blocking = blocking
+            if not admission:
+                runner.admission = None
             if blocking:
                 if runner.pool is None:
                     runner.pool = ThreadPoolExecutor(

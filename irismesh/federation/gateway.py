@@ -149,6 +149,7 @@ class Gateway:
         self._reconcile_again = False
         self._calls: dict[int, tuple[asyncio.Future[tuple[int, bytes]], LinkEnd]] = {}
         self._call_ids = itertools.count(1)
+        self._outstanding: Counter[int] = Counter()  # id(link end) -> requests through it
         self._serving: set[asyncio.Task[None]] = set()
         self._origin_ids = OriginIds()
         self._barrier = Barrier()
@@ -316,7 +317,7 @@ class Gateway:
         async def forward(payload: bytes) -> bytes:
             return await self._forward(cluster, payload)
 
-        node.on_request(forward)
+        node.on_request(forward, admission=False)  # the far mesh's members admit
         try:
             await node.start()
         except MeshError as exc:
@@ -330,8 +331,7 @@ class Gateway:
         if not ends:
             self.stats_counter["requests_turned_away"] += 1
             raise TurnedAway("gateway_down")
-        outstanding: Counter[int] = Counter(id(via) for _, via in self._calls.values())
-        end = min(ends, key=lambda e: outstanding[id(e)])
+        end = ends[0] if len(ends) == 1 else min(ends, key=lambda e: self._outstanding[id(e)])
         left = time_left()
         budget = self._default_timeout if left is None else left
         if budget <= 0:
@@ -339,6 +339,7 @@ class Gateway:
         call_id = next(self._call_ids)
         future: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
         self._calls[call_id] = (future, end)
+        self._outstanding[id(end)] += 1
         end.send_plain([_REQUEST, call_id, cluster, max(1, int(budget * 1000)), payload])
         self.stats_counter["requests_forwarded"] += 1
         self.transport.flush_soon()
@@ -346,6 +347,7 @@ class Gateway:
             status, body = await future
         finally:
             self._calls.pop(call_id, None)
+            self._outstanding[id(end)] -= 1
         if status == _OK:
             return body
         if status == _TURNED_AWAY:

@@ -259,14 +259,14 @@ class LinkTransport:
         try:
             if dealer is not None:
                 for frame in frames:
-                    dealer.send(frame, zmq.NOBLOCK, copy=False)
+                    dealer.send(frame, zmq.NOBLOCK)
             else:
                 route = self._routes.get(id(end))
                 router = self._router
                 if route is None or router is None:
                     return
                 for frame in frames:
-                    router.send_multipart([route, frame], zmq.NOBLOCK, copy=False)
+                    router.send_multipart([route, frame], zmq.NOBLOCK)
         except zmq.ZMQError:
             # Full or unroutable: what was reliable is sent again once acks stop progressing.
             self.stats["link_send_failed"] += 1
