@@ -51,6 +51,7 @@ from irismesh.errors import (
     NoResponders,
     Overloaded,
     RemoteError,
+    SlowConsumer,
 )
 from irismesh.federation.crossing import CROSSING, Barrier, Crossing, OriginIds
 from irismesh.federation.link import LinkTransport, describe
@@ -482,15 +483,22 @@ class Gateway:
         assert self._inbound is not None
         while True:
             crossing = await self._inbound.get()
-            try:
-                await self.node.publish(crossing.topic, crossing.payload)
-                self.stats_counter["messages_republished"] += 1
-            except NoKey:
-                self.stats_counter["dropped_no_key"] += 1
-                continue
-            except MeshError as exc:
-                log.warning("gateway could not republish on %r: %s", crossing.topic, exc)
-                self.stats_counter["dropped_republish_failed"] += 1
+            while True:
+                try:
+                    await self.node.publish(crossing.topic, crossing.payload)
+                    self.stats_counter["messages_republished"] += 1
+                    break
+                except SlowConsumer:
+                    # A subscriber here is slow (or its link lossy): wait on, as a publisher
+                    # whose subscribers block would; the messages after this one wait too.
+                    self.stats_counter["republish_waits"] += 1
+                except NoKey:
+                    self.stats_counter["dropped_no_key"] += 1
+                    break
+                except MeshError as exc:
+                    log.warning("gateway could not republish on %r: %s", crossing.topic, exc)
+                    self.stats_counter["dropped_republish_failed"] += 1
+                    break
             onward = crossing.through(self.mesh)
             if any(topic_matches(p, crossing.topic) for p in self.export.topics):
                 await self._cross(onward)

@@ -117,6 +117,9 @@ class LinkTransport:
             dealer.setsockopt(zmq.ROUTING_ID, b"g" + self._gateway_id + bytes([index % 256]))
             dealer.setsockopt(zmq.RECONNECT_IVL, 100)
             dealer.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+            # A connect whose SYNs are lost (a link cut) would wait for TCP's own backoff, the
+            # next try perhaps seconds after the link returns: give up and try afresh instead.
+            dealer.setsockopt(zmq.CONNECT_TIMEOUT, 1000)
             dealer.setsockopt(zmq.IMMEDIATE, 1)
             dealer.connect(peer)
             self._dealers[id(end)] = dealer
