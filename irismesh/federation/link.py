@@ -21,7 +21,7 @@ import zmq
 from irismesh.errors import ConfigurationError, ProtocolError
 from irismesh.federation.linkproto import Exports, Item, LinkConfig, LinkEnd, open_hello
 
-OnItems = Callable[[LinkEnd, list[Item]], None]
+OnItems = Callable[[LinkEnd, list[Item]], None]  # also (end, []) when acks made room
 OnState = Callable[[LinkEnd, bool], None]  # (link end, up)
 _POLLIN = int(zmq.POLLIN)
 _EVENTS = int(zmq.EVENTS)
@@ -230,14 +230,14 @@ class LinkTransport:
         self.flush_soon()
 
     def _deliver(self, end: LinkEnd, frame: bytes, now: float) -> None:
-        was_up = end.up
+        was_up, buffered = end.up, end.buffered
         try:
             items = end.receive(frame, now)
         except ProtocolError:
             return  # counted by the end
         if end.up and not was_up:
             self._on_state(end, True)
-        if items:
+        if items or end.buffered < buffered:  # something arrived, or acks made room
             self._on_items(end, items)
 
     # ------------------------------------------------------------- sending

@@ -353,3 +353,27 @@ def test_an_outage_buffers_to_the_bound_counts_the_rest_and_replays_in_order() -
             assert await client.request("db", b"y", timeout=5) == b"A:y"
 
     run(main())
+
+
+def test_a_publisher_faster_than_the_link_waits_for_its_acks_and_loses_nothing() -> None:
+    """More messages than the link's window holds: the exporting gateway waits for acks (its
+    subscription then holds the publisher back) and every message arrives."""
+
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        link = irismesh.Keyring.generate()
+        cfg = LinkConfig(window=64, heartbeat=0.1, dead_after=0.6, retry=0.2)
+        async with AsyncExitStack() as stack:
+            pub = await stack.enter_async_context(a.node())
+            a.seeds.append(pub.endpoint)
+            gw_a = await gateway(stack, a, link, listen=True, topics=("feeds.#",), config=cfg)
+            gw_b = await gateway(stack, b, link, peers=(gw_a.endpoint,), config=cfg)
+            _, got = await subscribed(stack, b, "feeds.#")
+            await gw_b.node.wait_for_subscribers("feeds.x", 1, timeout=10)
+            await wait_until(lambda: gw_a.stats["links_up"] == 1, 10, "the link")
+            await publish_all({"a": pub}, 1, 5000)
+            await wait_until(lambda: len(got) >= 5000, 20, "every message")
+            check_once_in_order(got, ["a"], 5000)
+            assert gw_a.stats.get("link_dropped_buffer_full", 0) == 0
+
+    run(main())
