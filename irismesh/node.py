@@ -540,6 +540,14 @@ class Node(MemoryApi):
             return await self._caller.request(cluster, payload, timeout, hedge)
         return await self._queued_request(cluster, payload, timeout, hedge)
 
+    def start_request(
+        self, cluster: str, payload: bytes, *, timeout: float | None = None
+    ) -> asyncio.Future[bytes]:
+        """Start a request and return the future of its reply, without a coroutine or a Task
+        of its own: for code that passes many requests on (a gateway). The future fails as
+        `request` raises; cancelling it cancels the request."""
+        return self._caller.start(cluster, payload, timeout)
+
     async def caught_up(self) -> None:
         """Until this memory member, once started, has copied what the other memory members
         stored while it was away (returns at once on other nodes)."""

@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from irismesh._core.admission import Admission
@@ -133,11 +134,11 @@ class HandlerRunner:
         self.handler: RequestHandler | None = None
         self.blocking = False  # the handler blocks: it runs in `pool`
         self.pool: ThreadPoolExecutor | None = None
-        self.tasks: set[asyncio.Future[None]] = set()
+        self.tasks: set[asyncio.Future[Any]] = set()
         self.running = 0  # handlers suspended in a Task (or running in a thread)
         # (caller id, request id) -> (the handler's task, its deadline timer), while it runs
         self._active: dict[
-            tuple[bytes, int], tuple[asyncio.Future[None], asyncio.Handle | None]
+            tuple[bytes, int], tuple[asyncio.Future[Any], asyncio.Handle | None]
         ] = {}
         self._waiting: dict[tuple[bytes, int], RequestArrived] = {}  # queued, by request
         self._spent = 0.0  # seconds of inline handler runs since the runner last yielded
@@ -285,6 +286,13 @@ class HandlerRunner:
                 self._track(event, task)
                 self._spent += time.perf_counter() - began
                 return
+            if isinstance(result, asyncio.Future):
+                # A handler passing the request on (a gateway): answered when the future
+                # resolves, with no Task in between.
+                result.add_done_callback(partial(self._settled, event, started, now))
+                self._track(event, result)
+                self._spent += time.perf_counter() - began
+                return
             if type(result) is not bytes and inspect.isawaitable(result):
                 task = asyncio.ensure_future(self._await(event, started, result, now))
                 self._track(event, task)
@@ -319,7 +327,7 @@ class HandlerRunner:
         future = loop.run_in_executor(self.pool, context.run, handler, event.payload)
         self._track(event, asyncio.ensure_future(self._await(event, started, future, now)))
 
-    def _track(self, event: RequestArrived, task: asyncio.Future[None]) -> None:
+    def _track(self, event: RequestArrived, task: asyncio.Future[Any]) -> None:
         self.running += 1
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
@@ -397,6 +405,19 @@ class HandlerRunner:
             self._fail(event, started, exc)
         else:
             self._finish(event, started, value)
+        finally:
+            self._untrack(event, began)
+
+    def _settled(
+        self, event: RequestArrived, started: int, began: float, future: asyncio.Future[Any]
+    ) -> None:
+        try:
+            if future.cancelled():
+                self._fail(event, started, _cancelled(event))
+            elif (exc := future.exception()) is not None:
+                self._fail(event, started, exc)
+            else:
+                self._finish(event, started, future.result())
         finally:
             self._untrack(event, began)
 
@@ -493,6 +514,34 @@ class Caller:
         self, cluster: str, payload: bytes, timeout: float | None, hedge: float | bool | None
     ) -> bytes:
         """`Node.request`: one member's reply."""
+        core, driver, req_id, fut = self._begin(cluster, payload, timeout, hedge)
+        if self.busy_poll and len(self._waiting) == 1:
+            # Opt-in: wait for the reply without a trip through the loop.
+            driver.spin(core.request_link(req_id), self.busy_poll, fut.done)
+            if fut.done():
+                return fut.result()
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            if self._waiting.pop(req_id, None) is not None:
+                core.cancel(req_id)
+            raise
+
+    def start(self, cluster: str, payload: bytes, timeout: float | None) -> asyncio.Future[bytes]:
+        """`Node.start_request`: the reply's future; cancelling it cancels the request."""
+        core, _driver, req_id, fut = self._begin(cluster, payload, timeout, None)
+
+        def cancelled(done: asyncio.Future[bytes]) -> None:
+            if done.cancelled() and self._waiting.pop(req_id, None) is not None:
+                core.cancel(req_id)
+
+        fut.add_done_callback(cancelled)
+        return fut
+
+    def _begin(
+        self, cluster: str, payload: bytes, timeout: float | None, hedge: float | bool | None
+    ) -> tuple[MeshCore, Driver, int, asyncio.Future[bytes]]:
+        """Check a request, hand it to the core, and arm the timer of its deadline."""
         core = self._core
         driver = self._driver
         if core is None or driver is None or self.closed:
@@ -532,19 +581,10 @@ class Caller:
             driver.flush_soon()
         else:
             driver.flush()  # alone: no reason to wait
-            if self.busy_poll:  # opt-in: wait for the reply without a trip through the loop
-                driver.spin(core.request_link(req_id), self.busy_poll, fut.done)
-                if fut.done():
-                    return fut.result()
         wake = now + (hedge if hedge is not None else timeout)
         if wake < driver.timer_at:
             driver.arm(wake)
-        try:
-            return await fut
-        except asyncio.CancelledError:
-            if self._waiting.pop(req_id, None) is not None:
-                core.cancel(req_id)
-            raise
+        return core, driver, req_id, fut
 
     def _hedge_delay(self, cluster: str) -> float:
         """The cluster's measured p95 round trip (a power-of-two bound), or 10 ms unknown."""

@@ -38,6 +38,7 @@ import logging
 import os
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from functools import partial
 from typing import Any
 
 import msgpack
@@ -148,10 +149,9 @@ class Gateway:
         self._imports: dict[str, Node] = {}  # cluster -> the node that serves it here
         self._reconciling: asyncio.Task[None] | None = None
         self._reconcile_again = False
-        self._calls: dict[int, tuple[asyncio.Future[tuple[int, bytes]], LinkEnd]] = {}
+        self._calls: dict[int, tuple[asyncio.Future[bytes], LinkEnd]] = {}
         self._call_ids = itertools.count(1)
         self._outstanding: Counter[int] = Counter()  # id(link end) -> requests through it
-        self._serving: set[asyncio.Task[None]] = set()
         self._origin_ids = OriginIds()
         self._barrier = Barrier()
         self._inbound: asyncio.Queue[Crossing] | None = None
@@ -185,9 +185,9 @@ class Gateway:
         self._closing = True
         for sub in self._subs:
             sub.close()
-        for task in [*self._tasks, *self._serving]:
+        for task in self._tasks:
             task.cancel()
-        for task in [*self._tasks, *self._serving]:
+        for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         if self._reconciling is not None:
@@ -315,8 +315,8 @@ class Gateway:
         name = None if self.name is None else f"{self.name}:{cluster}"[:64]
         node = Node(cluster, name=name, **args)
 
-        async def forward(payload: bytes) -> bytes:
-            return await self._forward(cluster, payload)
+        def forward(payload: bytes) -> asyncio.Future[bytes]:
+            return self._forward(cluster, payload)
 
         node.on_request(forward, admission=False)  # the far mesh's members admit
         try:
@@ -327,7 +327,8 @@ class Gateway:
             return
         self._imports[cluster] = node
 
-    async def _forward(self, cluster: str, payload: bytes) -> bytes:
+    def _forward(self, cluster: str, payload: bytes) -> asyncio.Future[bytes]:
+        """Pass a request on over a link exporting `cluster`; its reply's future (no Task)."""
         ends = [e for e in self.transport.ends if e.up and cluster in e.peer_exports.clusters]
         if not ends:
             self.stats_counter["requests_turned_away"] += 1
@@ -338,24 +339,20 @@ class Gateway:
         if budget <= 0:
             raise TurnedAway("deadline")
         call_id = next(self._call_ids)
-        future: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self._calls[call_id] = (future, end)
-        self._outstanding[id(end)] += 1
+        outstanding = self._outstanding
+        outstanding[id(end)] += 1
+
+        def done(_: asyncio.Future[bytes]) -> None:  # answered, failed, or its caller gave up
+            self._calls.pop(call_id, None)
+            outstanding[id(end)] -= 1
+
+        future.add_done_callback(done)
         end.send_plain([_REQUEST, call_id, cluster, max(1, int(budget * 1000)), payload])
         self.stats_counter["requests_forwarded"] += 1
         self.transport.flush_soon()
-        try:
-            status, body = await future
-        finally:
-            self._calls.pop(call_id, None)
-            self._outstanding[id(end)] -= 1
-        if status == _OK:
-            return body
-        if status == _TURNED_AWAY:
-            self.stats_counter["requests_turned_away"] += 1
-            raise TurnedAway(body.decode("utf-8", "replace")[:40] or "gateway")
-        remote_type, message = unpack_error(body)
-        raise ForwardedError(remote_type, message)
+        return future
 
     def _on_reply(self, item: Item) -> None:
         if len(item) != 4 or type(item[1]) is not int or type(item[3]) is not bytes:
@@ -365,9 +362,16 @@ class Gateway:
         if entry is None:
             self.stats_counter["replies_unknown"] += 1  # its caller gave up
             return
-        future = entry[0]
-        if not future.done():
-            future.set_result((item[2], item[3]))
+        future, status, body = entry[0], item[2], item[3]
+        if future.done():
+            return
+        if status == _OK:
+            future.set_result(body)
+        elif status == _TURNED_AWAY:
+            self.stats_counter["requests_turned_away"] += 1
+            future.set_exception(TurnedAway(body.decode("utf-8", "replace")[:40] or "gateway"))
+        else:
+            future.set_exception(ForwardedError(*unpack_error(body)))
 
     # ------------------------------------------------------------- requests, exporting side
 
@@ -393,28 +397,32 @@ class Gateway:
                 pack_error("NoResponders", f"no cluster {cluster!r} is exported here"),
             )
             return
-        task = asyncio.get_running_loop().create_task(
-            self._serve(end, call_id, cluster, budget_ms / 1000, payload)
-        )
-        self._serving.add(task)
-        task.add_done_callback(self._serving.discard)
-
-    async def _serve(
-        self, end: LinkEnd, call_id: int, cluster: str, budget: float, payload: bytes
-    ) -> None:
         self.stats_counter["requests_served"] += 1
         try:
-            reply = await self.node.request(cluster, payload, timeout=budget)
-        except (NoResponders, Overloaded) as exc:
-            self._answer(end, call_id, _TURNED_AWAY, type(exc).__name__.lower().encode())
-            return
-        except RemoteError as exc:
-            self._answer(end, call_id, _ERROR, pack_error(exc.remote_type, exc.remote_message))
-            return
+            future = self.node.start_request(cluster, payload, timeout=budget_ms / 1000)
         except MeshError as exc:
-            self._answer(end, call_id, _ERROR, pack_error(type(exc).__name__, str(exc)))
+            self._answered(end, call_id, exc)
             return
-        self._answer(end, call_id, _OK, reply)
+        future.add_done_callback(partial(self._replied, end, call_id))
+
+    def _replied(self, end: LinkEnd, call_id: int, future: asyncio.Future[bytes]) -> None:
+        if future.cancelled():
+            return  # the gateway is closing
+        exc = future.exception()
+        if exc is None:
+            self._answer(end, call_id, _OK, future.result())
+        else:
+            self._answered(end, call_id, exc)
+
+    def _answered(self, end: LinkEnd, call_id: int, exc: BaseException) -> None:
+        """Send back what this mesh's request raised: turned away if another gateway could
+        still take it (nobody here, or overloaded), else the error itself."""
+        if isinstance(exc, NoResponders | Overloaded):
+            self._answer(end, call_id, _TURNED_AWAY, type(exc).__name__.lower().encode())
+        elif isinstance(exc, RemoteError):
+            self._answer(end, call_id, _ERROR, pack_error(exc.remote_type, exc.remote_message))
+        else:
+            self._answer(end, call_id, _ERROR, pack_error(type(exc).__name__, str(exc)))
 
     def _answer(self, end: LinkEnd, call_id: int, status: int, body: bytes) -> None:
         if not end.send_plain([_REPLY, call_id, status, body]):
