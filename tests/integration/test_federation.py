@@ -208,60 +208,63 @@ def test_topics_cross_a_gateway_pair_once_and_in_order() -> None:
 def test_three_meshes_every_subscriber_gets_each_message_once_in_order(shape: str) -> None:
     """complete: one gateway per mesh, linked to both others (copies meet at the barrier);
     ring: a gateway pair per edge, each mesh's messages crossing only from their own mesh."""
-    n = 1500
+    run(three_meshes(shape, 1500), timeout=90)
 
-    async def main() -> None:
-        meshes = {m: Mesh(m) for m in "abc"}
-        link = irismesh.Keyring.generate()
-        async with AsyncExitStack() as stack:
-            publishers = {}
-            for m, mesh in meshes.items():
-                publishers[m] = node = await stack.enter_async_context(mesh.node())
-                mesh.seeds.append(node.endpoint)
-            gws: list[irismesh.Gateway] = []
-            t = ("feeds.#",)
-            if shape == "complete":
-                ga = await gateway(stack, meshes["a"], link, listen=True, topics=t)
-                gb = await gateway(
-                    stack, meshes["b"], link, listen=True, peers=(ga.endpoint,), topics=t
-                )
-                gc = await gateway(
-                    stack, meshes["c"], link, peers=(ga.endpoint, gb.endpoint), topics=t
-                )
-                gws = [ga, gb, gc]
-                links = 2
-            else:
-                for x, y in ("ab", "bc", "ca"):
-                    gx = await gateway(stack, meshes[x], link, listen=True, topics=t)
-                    gy = await gateway(stack, meshes[y], link, peers=(gx.endpoint,), topics=t)
-                    gws += [gx, gy]
-                links = 1
-            readers = {m: await subscribed(stack, mesh, "feeds.#") for m, mesh in meshes.items()}
-            await wait_until(
-                lambda: all(g.stats["links_up"] == links for g in gws), 10, "every link up"
-            )
-            for g in gws:  # gateways know the others of their mesh, and have readers
-                await g.node.wait_for_subscribers("feeds.x", 1, timeout=10)
-                if shape == "ring":
-                    await g.node.wait_for_members("_gateway", 1, timeout=10)
-            await wait_until(
-                lambda: all(len(g._gateway_ids) == (1 if shape == "complete" else 2) for g in gws),
-                10,
-                "gateways to know each other",
-            )
-            # Each publisher: its mesh's reader and its mesh's gateways.
-            await publish_all(publishers, 1 + (1 if shape == "complete" else 2), n)
-            total = 3 * n
-            await wait_until(
-                lambda: all(len(got) >= total for _, got in readers.values()), 30, "all messages"
-            )
-            await asyncio.sleep(0.3)  # a duplicate would come now
-            for _, got in readers.values():
-                check_once_in_order(got, list("abc"), n)
-            if shape == "complete":
-                assert sum(g.stats["duplicates_dropped"] for g in gws) > 0
 
-    run(main(), timeout=90)
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", ["complete", "ring"])
+def test_three_meshes_ten_thousand_messages_each(shape: str) -> None:
+    run(three_meshes(shape, 10_000), timeout=240)
+
+
+async def three_meshes(shape: str, n: int) -> None:
+    meshes = {m: Mesh(m) for m in "abc"}
+    link = irismesh.Keyring.generate()
+    async with AsyncExitStack() as stack:
+        publishers = {}
+        for m, mesh in meshes.items():
+            publishers[m] = node = await stack.enter_async_context(mesh.node())
+            mesh.seeds.append(node.endpoint)
+        gws: list[irismesh.Gateway] = []
+        t = ("feeds.#",)
+        if shape == "complete":
+            ga = await gateway(stack, meshes["a"], link, listen=True, topics=t)
+            gb = await gateway(
+                stack, meshes["b"], link, listen=True, peers=(ga.endpoint,), topics=t
+            )
+            gc = await gateway(stack, meshes["c"], link, peers=(ga.endpoint, gb.endpoint), topics=t)
+            gws = [ga, gb, gc]
+            links = 2
+        else:
+            for x, y in ("ab", "bc", "ca"):
+                gx = await gateway(stack, meshes[x], link, listen=True, topics=t)
+                gy = await gateway(stack, meshes[y], link, peers=(gx.endpoint,), topics=t)
+                gws += [gx, gy]
+            links = 1
+        readers = {m: await subscribed(stack, mesh, "feeds.#") for m, mesh in meshes.items()}
+        await wait_until(
+            lambda: all(g.stats["links_up"] == links for g in gws), 10, "every link up"
+        )
+        for g in gws:  # gateways know the others of their mesh, and have readers
+            await g.node.wait_for_subscribers("feeds.x", 1, timeout=10)
+            if shape == "ring":
+                await g.node.wait_for_members("_gateway", 1, timeout=10)
+        await wait_until(
+            lambda: all(len(g._gateway_ids) == (1 if shape == "complete" else 2) for g in gws),
+            10,
+            "gateways to know each other",
+        )
+        # Each publisher: its mesh's reader and its mesh's gateways.
+        await publish_all(publishers, 1 + (1 if shape == "complete" else 2), n)
+        total = 3 * n
+        await wait_until(
+            lambda: all(len(got) >= total for _, got in readers.values()), 30, "all messages"
+        )
+        await asyncio.sleep(0.3)  # a duplicate would come now
+        for _, got in readers.values():
+            check_once_in_order(got, list("abc"), n)
+        if shape == "complete":
+            assert sum(g.stats["duplicates_dropped"] for g in gws) > 0
 
 
 class Cable:
