@@ -288,8 +288,22 @@ class LinkTransport:
         for end in self.ends:
             if end.tick(now):
                 self._on_state(end, False)
+        forget = self.config.forget_after
+        for end in [e for e in self.ends if not e.dialler and not e.up]:
+            if end.silent_for(now) >= forget:
+                self._forget(end)
         self.flush()
         self._timer = self._loop.call_later(self.config.heartbeat / 2, self._tick)
+
+    def _forget(self, end: LinkEnd) -> None:
+        end.forget()
+        for name, value in end.stats.items():  # its counters stay in the totals
+            self.stats["link_" + name] += value
+        self.ends.remove(end)
+        self._by_peer.pop(end.peer_id, None)
+        route = self._routes.pop(id(end), None)
+        if route is not None:
+            self._by_route.pop(route, None)
 
     def peers_up(self) -> list[LinkEnd]:
         return [e for e in self.ends if e.up]

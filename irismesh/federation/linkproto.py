@@ -78,12 +78,15 @@ class LinkConfig:
     dead_after: float = 1.5
     retry: float = 0.5
     resend_after: float = 1.0  # acks not progressing this long: send again from the oldest
+    # A peer that dialled in and has been silent this long is forgotten with what it had
+    # buffered (a gateway that restarts comes back as a new peer): counted, not kept forever.
+    forget_after: float = 600.0
 
     def __post_init__(self) -> None:
         if self.buffer < 1 or self.window < 1:
             raise ConfigurationError("link buffer and window must be at least 1")
-        if not 0 < self.heartbeat < self.dead_after:
-            raise ConfigurationError("link heartbeat must be positive and below dead_after")
+        if not 0 < self.heartbeat < self.dead_after < self.forget_after:
+            raise ConfigurationError("want 0 < heartbeat < dead_after < forget_after")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -512,6 +515,17 @@ class LinkEnd:
         if self._head > 4096 and self._head * 2 > len(self._buf):
             del self._buf[: self._head]
             self._head = 0
+
+    def silent_for(self, now: float) -> float:
+        """Seconds since this end last heard its peer (or came to be)."""
+        return now - self._last_in
+
+    def forget(self) -> None:
+        """Drop what is buffered for a peer that is not coming back (counted)."""
+        self.stats["dropped_forgotten"] += self.buffered
+        self._buf.clear()
+        self._head = 0
+        self._base_seq = self._cursor = self._next_seq
 
     def tick(self, now: float) -> bool:
         """Liveness: True if the link just went down (nothing heard for `dead_after`)."""

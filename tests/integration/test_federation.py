@@ -380,3 +380,27 @@ def test_a_publisher_faster_than_the_link_waits_for_its_acks_and_loses_nothing()
             assert gw_a.stats.get("link_dropped_buffer_full", 0) == 0
 
     run(main())
+
+
+def test_a_peer_gone_for_good_is_forgotten_with_what_it_had_buffered() -> None:
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        link = irismesh.Keyring.generate()
+        cfg = LinkConfig(heartbeat=0.1, dead_after=0.6, retry=0.2, forget_after=1.5)
+        async with AsyncExitStack() as stack:
+            pub = await stack.enter_async_context(a.node())
+            a.seeds.append(pub.endpoint)
+            gw_a = await gateway(stack, a, link, listen=True, topics=("feeds.#",), config=cfg)
+            async with AsyncExitStack() as b_side:
+                await gateway(b_side, b, link, peers=(gw_a.endpoint,), config=cfg)
+                await wait_until(lambda: gw_a.stats["links_up"] == 1, 10, "the link")
+            await wait_until(lambda: gw_a.stats["links_up"] == 0, 5, "the link down")
+            await pub.wait_for_subscribers("feeds.x", 1, timeout=5)
+            for i in range(10):
+                await pub.publish("feeds.x", b"%d" % i)
+            await wait_until(lambda: gw_a.stats["link_buffered"] == 10, 5, "the buffer")
+            await wait_until(lambda: gw_a.stats["links"] == 0, 5, "the peer forgotten")
+            assert gw_a.stats["link_buffered"] == 0
+            assert gw_a.stats["link_dropped_forgotten"] == 10
+
+    run(main())
