@@ -154,7 +154,8 @@ class Gateway:
         self._outstanding: Counter[int] = Counter()  # id(link end) -> requests through it
         self._origin_ids = OriginIds()
         self._barrier = Barrier()
-        self._inbound: asyncio.Queue[Crossing] | None = None
+        # Crossings to republish, with the link each came by (acknowledged once republished).
+        self._inbound: asyncio.Queue[tuple[LinkEnd, Crossing]] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._subs: list[Subscription] = []
         self._drained: asyncio.Event | None = None
@@ -220,6 +221,7 @@ class Gateway:
         out.update(self.transport.figures())
         out["duplicates_dropped"] = self._barrier.duplicates
         out["imports"] = len(self._imports)
+        out["republish_queue"] = 0 if self._inbound is None else self._inbound.qsize()
         return out
 
     def links(self) -> list[dict[str, Any]]:
@@ -261,7 +263,12 @@ class Gateway:
             kind = item[0]
             try:
                 if kind == CROSSING:
-                    self._on_crossing(end, Crossing.from_wire(item))
+                    try:
+                        crossing = Crossing.from_wire(item)
+                    except MeshError:
+                        end.consumed()
+                        raise
+                    self._on_crossing(end, crossing)
                 elif kind == _REQUEST:
                     self._on_request(end, item)
                 elif kind == _REPLY:
@@ -466,8 +473,9 @@ class Gateway:
             known = True
             if end.peer_mesh in crossing.seen:
                 continue
-            while end.up and end.room() <= 0 and end.buffered >= end.config.window * 2:
+            while end.up and end.buffered >= end.config.window * 2:
                 assert self._drained is not None
+                self.transport.flush_soon()  # what waits goes out while this waits
                 self._drained.clear()
                 await self._drained.wait()
             if end.send(wire):
@@ -479,18 +487,20 @@ class Gateway:
     def _on_crossing(self, end: LinkEnd, crossing: Crossing) -> None:
         if self.mesh in crossing.seen:
             self.stats_counter["loops_dropped"] += 1
+            end.consumed()
             return
         if not self._barrier.first(crossing):
+            end.consumed()
             return
         self.stats_counter["messages_received"] += 1
         assert self._inbound is not None
-        self._inbound.put_nowait(crossing)
+        self._inbound.put_nowait((end, crossing))
 
     async def _republish(self) -> None:
         """Publish crossings here one at a time, in the order they came, then pass them on."""
         assert self._inbound is not None
         while True:
-            crossing = await self._inbound.get()
+            end, crossing = await self._inbound.get()
             while True:
                 try:
                     await self.node.publish(crossing.topic, crossing.payload)
@@ -510,3 +520,7 @@ class Gateway:
             onward = crossing.through(self.mesh)
             if any(topic_matches(p, crossing.topic) for p in self.export.topics):
                 await self._cross(onward)
+            # Done with it: acknowledged now, so a mesh that reads slowly holds the sender
+            # back by the link's window instead of filling this gateway's memory.
+            end.consumed()
+            self.transport.flush_soon()

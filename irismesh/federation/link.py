@@ -90,6 +90,7 @@ class LinkTransport:
             exports=self._exports,
             dialler=dialler,
             config=self.config,
+            auto_consume=False,  # the gateway acknowledges a crossing once it is republished
         )
         self.ends.append(end)
         return end

@@ -19,7 +19,10 @@ What flows in sealed frames:
 - *reliable items* (published messages crossing meshes) carry a stream sequence number. The
   sender keeps every item until the other end acknowledges it (acks ride on every frame, and
   on a heartbeat), at most `buffer` items: beyond that, a new item is dropped and counted
-  (`dropped_buffer_full`), never silently. The receiver delivers items in sequence order and
+  (`dropped_buffer_full`), never silently. Each frame says two things of the other stream:
+  how far it was received (nothing up to there is sent again) and how far the application is
+  done with it (`consumed`; what the sender may forget), so a receiver that reads slowly
+  holds the sender back by the window instead of piling items up. The receiver delivers items in sequence order and
   drops what it already has (`duplicates`) or what comes after a gap (`out_of_order`); the
   sender goes back to its oldest unacknowledged item when acks stop progressing. A stream
   outlives sessions: each end names its stream (a random id per process) in its handshake
@@ -263,8 +266,13 @@ class LinkEnd:
     _progress_at: float = 0.0
     # Inbound stream.
     _peer_stream: bytes = b""
-    _received: int = 0
+    _received: int = 0  # the last reliable item received in order
+    _consumed: int = 0  # the last one the application is done with (acknowledged)
+    _peer_received: int = 0  # the last of ours the peer has (sent again only beyond it)
     _ack_due: bool = False
+    # False: the application says when it is done with each reliable item (`consumed`), and
+    # only then is it acknowledged, so a slow reader holds the sender back by its window.
+    auto_consume: bool = True
     _plain: deque[Item] = field(default_factory=deque)
     _session: _Session | None = None
     _pending: _Pending | None = None
@@ -286,7 +294,7 @@ class LinkEnd:
         return self._next_seq - self._base_seq
 
     def _said(self, nonce: bytes, public: bytes) -> list[Any]:
-        acked = [self._peer_stream, self._received]
+        acked = [self._peer_stream, self._consumed]
         return [
             VERSION,
             self.gateway_id,
@@ -309,20 +317,21 @@ class LinkEnd:
         self._session = _Session(key, nonces, dialler=self.dialler)
         self.peer_id, self.peer_mesh, self.peer_exports = peer_id, peer_mesh, exports
         if peer_stream != self._peer_stream:  # a new peer process: its stream starts afresh
-            self._peer_stream, self._received = peer_stream, 0
+            self._peer_stream, self._received, self._consumed = peer_stream, 0, 0
         if acked[0] == self.stream:
-            self._acknowledge(acked[1], now)
+            self._acknowledge(acked[1], acked[1], now)
         self._cursor = self._base_seq  # replay everything not acknowledged, in order
+        self._peer_received = self._base_seq - 1
         self._progress_at = now
         self._last_in = self._last_out = now
         self._ack_due = True
         self.up = True
-        self.stats["link_sessions"] += 1
+        self.stats["sessions"] += 1
 
     def down(self) -> None:
         """Forget the session (dead peer or closing): reliable items stay buffered."""
         if self.up:
-            self.stats["link_downs"] += 1
+            self.stats["downs"] += 1
         self.up = False
         self._session = None
         self._plain.clear()
@@ -398,20 +407,17 @@ class LinkEnd:
         self._plain.append(item)
         return True
 
-    def room(self) -> int:
-        """Reliable items that may be sent before the window is full."""
-        return self.config.window - (self._cursor - self._base_seq)
-
     def outgoing(self, now: float) -> list[bytes]:
         """Frames to send now: items, acks, heartbeats, a HELLO; retransmissions when due."""
         if not self.up:
             return [self.hello(now)] if self.hello_due(now) else []
         cfg = self.config
+        resume = max(self._base_seq, self._peer_received + 1)
         if (
-            self._cursor > self._base_seq and now - self._progress_at >= cfg.resend_after
-        ):  # acks stopped: send again from the oldest unacknowledged
-            self.stats["link_resends"] += self._cursor - self._base_seq
-            self._cursor = self._base_seq
+            self._cursor > resume and now - self._progress_at >= cfg.resend_after
+        ):  # acks stopped: send again from the oldest the peer does not have
+            self.stats["resends"] += self._cursor - resume
+            self._cursor = resume
             self._progress_at = now
         frames: list[bytes] = []
         limit = min(self._next_seq, self._base_seq + cfg.window)
@@ -430,9 +436,9 @@ class LinkEnd:
                 item = self._plain.popleft()
                 plain.append(item)
                 size += _approx_size(item)
-            frames.append(self._seal([self._received, batch, plain], now))
+            frames.append(self._seal([self._consumed, batch, plain, self._received], now))
         if not frames and (self._ack_due or now - self._last_out >= cfg.heartbeat):
-            frames.append(self._seal([self._received, [], []], now))
+            frames.append(self._seal([self._consumed, [], [], self._received], now))
         return frames
 
     def _seal(self, body: list[Any], now: float) -> bytes:
@@ -478,14 +484,15 @@ class LinkEnd:
         self._last_in = now
         if not (
             isinstance(body, list)
-            and len(body) == 3
+            and len(body) == 4
             and type(body[0]) is int
             and isinstance(body[1], list)
             and isinstance(body[2], list)
+            and type(body[3]) is int
         ):
             raise ProtocolError("malformed")
-        ack, reliable, plain = body
-        self._acknowledge(ack, now)
+        ack, reliable, plain, received = body
+        self._acknowledge(ack, received, now)
         out: list[Item] = []
         for entry in reliable:
             if not (isinstance(entry, list) and len(entry) == 2 and type(entry[0]) is int):
@@ -495,6 +502,8 @@ class LinkEnd:
                 self.stats["duplicates"] += 1
             elif seq == self._received + 1 and isinstance(item, list):
                 self._received = seq
+                if self.auto_consume:
+                    self._consumed = seq
                 out.append(item)
             else:
                 self.stats["out_of_order"] += 1
@@ -504,7 +513,16 @@ class LinkEnd:
                 out.append(item)
         return out
 
-    def _acknowledge(self, ack: int, now: float) -> None:
+    def consumed(self, count: int = 1) -> None:
+        """The application is done with the next `count` reliable items it was given
+        (`auto_consume=False`): they are acknowledged with the next frame."""
+        self._consumed = min(self._received, self._consumed + count)
+        self._ack_due = True
+
+    def _acknowledge(self, ack: int, received: int, now: float) -> None:
+        if self._base_seq <= received + 1 <= self._next_seq and received > self._peer_received:
+            self._peer_received = received
+            self._progress_at = now
         if ack < self._base_seq or ack >= self._next_seq:
             return
         drop = ack - self._base_seq + 1

@@ -404,3 +404,35 @@ def test_a_peer_gone_for_good_is_forgotten_with_what_it_had_buffered() -> None:
             assert gw_a.stats["link_dropped_forgotten"] == 10
 
     run(main())
+
+
+def test_a_slow_reader_across_the_link_holds_the_publisher_back_not_the_gateways_memory() -> None:
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        link = irismesh.Keyring.generate()
+        cfg = LinkConfig(window=64, heartbeat=0.1, dead_after=0.6, retry=0.2)
+        async with AsyncExitStack() as stack:
+            pub = await stack.enter_async_context(a.node())
+            a.seeds.append(pub.endpoint)
+            gw_a = await gateway(stack, a, link, listen=True, topics=("feeds.#",), config=cfg)
+            gw_b = await gateway(stack, b, link, peers=(gw_a.endpoint,), config=cfg)
+            reader = await stack.enter_async_context(b.node())
+            sub = reader.subscribe("feeds.#", maxsize=16)  # "block": publishers wait for it
+            await gw_b.node.wait_for_subscribers("feeds.x", 1, timeout=10)
+            await wait_until(lambda: gw_a.stats["links_up"] == 1, 10, "the link")
+            await pub.wait_for_subscribers("feeds.x", 1, timeout=10)
+            # More than every buffer on the way holds: credit windows (1024 per subscriber
+            # node), the exporting gateway's subscription (4096), the link's window (64).
+            n = 12_000
+            publishing = asyncio.create_task(publish_all({"a": pub}, 1, n))
+            peak = 0
+            for _ in range(40):  # nobody reads for 0.4 s
+                await asyncio.sleep(0.01)
+                peak = max(peak, gw_b.stats["republish_queue"] + gw_a.stats["link_buffered"])
+            assert not publishing.done()
+            assert peak <= 3 * 64, peak  # the link's window, not what was published
+            got = [(await sub.get()).payload for _ in range(n)]
+            await publishing
+            check_once_in_order(got, ["a"], n)
+
+    run(main())

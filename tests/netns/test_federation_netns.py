@@ -241,6 +241,6 @@ def test_messages_cross_a_lossy_gateway_link_once_and_in_order(
     assert stats.get("link_dropped_buffer_full", 0) == 0
     report(
         f"{count} messages at 1000/s in {done['seconds']:.1f} s over a gateway link losing 10%"
-        f" ({how}): all arrived once, in order; link downs {stats.get('link_link_downs', 0)},"
-        f" resent {stats.get('link_link_resends', 0)}"
+        f" ({how}): all arrived once, in order; link downs {stats.get('link_downs', 0)},"
+        f" resent {stats.get('link_resends', 0)}"
     )
