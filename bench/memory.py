@@ -1,7 +1,7 @@
 """The mesh's memory, measured: reread latency over a large store, retained publish throughput.
 
     python bench/memory.py [--paths 10000] [--messages 1000000] [--size 100] [--rounds 15]
-                           [--publishes 2000] [--quick]
+                           [--publishes 2000] [--jobs 2000] [--quick]
 
 1. Fills one memory store with --messages retained messages spread over --paths paths (each
    path's messages a publisher's successive versions), then copies it, so that two memory
@@ -12,6 +12,9 @@
    the same from a third node: what a subscriber that logs in waits for.
 4. Publishes --publishes retained messages with replicas=2, one at a time (the latency of a
    retained publish) and with 32 in flight (its throughput).
+5. Queues --jobs jobs (`enqueue`, replicas=2, 32 in flight) for a worker node in this process
+   (`@on_queued`): how fast they are held, how fast the worker runs them from the first
+   enqueue to the last run, and how long each waited from its enqueue to its run.
 
 Medians and p90 of one run; figures in bench/README.md.
 """
@@ -91,7 +94,13 @@ def start_member(data: Path, keyfile: Path, seed: str | None) -> tuple[subproces
 
 
 async def over_the_mesh(
-    keys: irismesh.Keyring, seed: str, rounds: int, paths: int, publishes: int, size: int
+    keys: irismesh.Keyring,
+    seed: str,
+    rounds: int,
+    paths: int,
+    publishes: int,
+    size: int,
+    jobs: int,
 ) -> dict[str, str]:
     async with irismesh.Node(keyring=keys, seeds=[seed], telemetry=False) as node:
         await node.wait_for_members("_memory", 2, timeout=30)
@@ -121,11 +130,53 @@ async def over_the_mesh(
         await asyncio.gather(*(worker() for _ in range(32)))
         concurrent = publishes / (time.perf_counter() - began_all)
         assert node.stats.get("retained_underreplicated", 0) == 0
+        queued = await enqueue_to_handled(node, keys, seed, jobs, size)
         return {
             "reread over the mesh (2 members)": timed(rereads),
             "retained publish, 1 in flight": f"{sequential:,.0f}/s, {timed(one)}",
             "retained publish, 32 in flight": f"{concurrent:,.0f}/s",
+            **queued,
         }
+
+
+async def enqueue_to_handled(
+    node: irismesh.Node, keys: irismesh.Keyring, seed: str, jobs: int, size: int
+) -> dict[str, str]:
+    """Jobs queued 32 at a time for a worker (a node of its own in this process): how fast
+    they are held, and how fast and how soon after queueing the worker runs them."""
+    queued_at: dict[bytes, float] = {}
+    waits: list[float] = []
+    all_done = asyncio.Event()
+    async with irismesh.Node("work", keyring=keys, seeds=[seed], telemetry=False) as worker:
+
+        @worker.on_queued
+        def job(payload: bytes) -> bytes:
+            waits.append(time.perf_counter() - queued_at[payload[:8]])
+            if len(waits) == jobs:
+                all_done.set()
+            return b"ok"
+
+        await node.wait_for_members("work", 1, timeout=30)
+        filler = os.urandom(max(size - 8, 0))
+        left = jobs
+
+        async def producer() -> None:
+            nonlocal left
+            while left > 0:
+                left -= 1
+                key = left.to_bytes(8, "big")
+                queued_at[key] = time.perf_counter()
+                await node.enqueue("work", key + filler)
+
+        began = time.perf_counter()
+        await asyncio.gather(*(producer() for _ in range(32)))
+        held = jobs / (time.perf_counter() - began)
+        await asyncio.wait_for(all_done.wait(), 120)
+        handled = jobs / (time.perf_counter() - began)
+    return {
+        "enqueue (replicas=2), 32 in flight": f"{held:,.0f}/s",
+        "enqueue -> handled": f"{handled:,.0f}/s; queued to run {timed(waits)}",
+    }
 
 
 def main() -> int:
@@ -135,10 +186,11 @@ def main() -> int:
     parser.add_argument("--size", type=int, default=100, help="payload bytes")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--publishes", type=int, default=2000)
+    parser.add_argument("--jobs", type=int, default=2000, help="jobs queued for a worker")
     parser.add_argument("--quick", action="store_true", help="1,000 paths, 100,000 messages")
     args = parser.parse_args()
     if args.quick:
-        args.paths, args.messages, args.publishes = 1000, 100_000, 500
+        args.paths, args.messages, args.publishes, args.jobs = 1000, 100_000, 500, 500
     keys = irismesh.Keyring.generate()
     with tempfile.TemporaryDirectory(prefix="irismesh-memory-bench-") as tmp:
         root = Path(tmp)
@@ -154,9 +206,11 @@ def main() -> int:
         first, seed = start_member(root / "one", keyfile, None)
         second, _ = start_member(root / "two", keyfile, seed)
         try:
-            print("[4/4] ... and retained publishes", file=sys.stderr)
+            print("[4/4] ... retained publishes and queued jobs", file=sys.stderr)
             mesh = asyncio.run(
-                over_the_mesh(keys, seed, args.rounds, args.paths, args.publishes, args.size)
+                over_the_mesh(
+                    keys, seed, args.rounds, args.paths, args.publishes, args.size, args.jobs
+                )
             )
         finally:
             for proc in (first, second):

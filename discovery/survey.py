@@ -25,9 +25,24 @@ at once, e.g. after the mesh lost peers. A listener that hears another node's QU
 with one unicast ANSWER to the question's source address. Both kinds carry the sender's node id
 and mesh endpoint, so a question also announces the asker to every listener.
 
+Every datagram also carries the sender's cluster names, sealed for holders of the keys that open
+them (`irismesh.discovery.sealed`): a receiver keeps what its keyring opens, so that
+`Node.clusters()` lists the clusters of nodes it can open, and those nodes' members.
+
+Datagrams cannot be replayed. Each carries its sender's wall-clock time in milliseconds (strictly
+increasing per sender) and ends with a tag, HMAC-SHA256 under the realm key over the whole
+datagram; each sealed slot binds the sender's id, endpoint and time as associated data. A
+receiver drops a datagram whose time is more than `SurveyConfig.freshness` seconds from its own
+clock (``dropped_stale``), and one whose (sender, time) it has accepted before
+(``dropped_replay``; a bounded cache per sender). Datagrams of the first format (version 1,
+a static realm tag) are dropped and counted (``dropped_old_version``).
+
 Discovery yields candidates only: anything heard may be forged, the mesh's handshake decides who
-is a peer and its heartbeats who is alive. Bad datagrams are counted and dropped, never raised.
-The codec at the top is pure (bytes in, messages out); the engine below owns sockets and clock.
+is a peer and its heartbeats who is alive. Only datagrams whose realm tag verifies give
+candidates; one from another realm whose slot opens under one of this node's keys (a holder of a
+cluster key listing its clusters) gives its names and is answered, but is no candidate. Bad
+datagrams are counted and dropped, never raised. The codec at the top is pure (bytes in,
+messages out); the engine below owns sockets and clock.
 """
 
 from __future__ import annotations
@@ -39,14 +54,18 @@ import hashlib
 import hmac
 import ipaddress
 import logging
+import os
 import random
 import socket
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import msgpack
 
+from irismesh.discovery.sealed import SLOT_LEN, SLOTS, ClusterSeal
 from irismesh.errors import Closed, ConfigurationError, ProtocolError
 
 if TYPE_CHECKING:
@@ -54,6 +73,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_DATAGRAM",
+    "ReplayCache",
     "SurveyConfig",
     "SurveyDiscovery",
     "SurveyKind",
@@ -61,18 +81,23 @@ __all__ = [
     "decode",
     "encode_answer",
     "encode_question",
+    "realm_key",
     "survey_config",
 ]
 
 _log = logging.getLogger(__name__)
 
 MAGIC = b"IMSV"
-VERSION = 1
-MAX_DATAGRAM = 1024
+VERSION = 2
+OLD_VERSION = 1  # a static realm tag and no timestamp: replayable, so refused
+MAX_DATAGRAM = 1400  # every datagram of this version is about 1.1 kB: one Ethernet frame
 NODE_ID_LEN = 16
 MAX_ENDPOINT_LEN = 256
 MAX_REALM_LEN = 32
+TAG_LEN = 16
 _HEADER_LEN = len(MAGIC) + 2
+_TAG_DOMAIN = b"irismesh/v2/survey-tag\x00"
+_MAX_TIMESTAMP = 2**63 - 1
 
 
 class SurveyKind(enum.IntEnum):
@@ -82,19 +107,29 @@ class SurveyKind(enum.IntEnum):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SurveyMessage:
-    """One decoded datagram: who sent it and where its mesh endpoint listens."""
+    """One decoded datagram: who sent it, where its mesh endpoint listens, when (its wall
+    clock, milliseconds since the epoch), its sealed slots, and the tag over all of it."""
 
     kind: SurveyKind
     node_id: bytes
     endpoint: str
-    realm: bytes
+    timestamp_ms: int
+    slots: tuple[bytes, ...]
+    tag: bytes
+    signed: bytes  # the bytes the tag covers: the whole datagram but the tag
+
+    def verify(self, realm: bytes) -> bool:
+        """Whether the tag is this datagram's under realm key `realm`."""
+        return hmac.compare_digest(self.tag, _tag(realm, self.signed))
 
 
-def _field_problem(node_id: object, endpoint: object, realm: object) -> str | None:
+def _tag(realm: bytes, signed: bytes) -> bytes:
+    return hmac.new(realm, _TAG_DOMAIN + signed, hashlib.sha256).digest()[:TAG_LEN]
+
+
+def _field_problem(node_id: object, endpoint: object, timestamp_ms: object) -> str | None:
     if not isinstance(node_id, bytes) or len(node_id) != NODE_ID_LEN:
         return f"node id is not {NODE_ID_LEN} bytes"
-    if not isinstance(realm, bytes) or len(realm) > MAX_REALM_LEN:
-        return f"realm is not bytes of at most {MAX_REALM_LEN}"
     if not isinstance(endpoint, str) or len(endpoint) > MAX_ENDPOINT_LEN:
         return f"endpoint is not a string of at most {MAX_ENDPOINT_LEN} characters"
     if not endpoint.startswith("tcp://"):
@@ -103,46 +138,93 @@ def _field_problem(node_id: object, endpoint: object, realm: object) -> str | No
     # no whitespace, nothing that renders differently from what it is.
     if not (endpoint.isascii() and endpoint.isprintable()) or " " in endpoint:
         return "endpoint is not printable ASCII without spaces"
+    if type(timestamp_ms) is not int or not 0 <= timestamp_ms <= _MAX_TIMESTAMP:
+        return "timestamp is not a non-negative 64-bit integer"
     return None
 
 
-def _encode(kind: SurveyKind, node_id: bytes, endpoint: str, realm: bytes) -> bytes:
-    problem = _field_problem(node_id, endpoint, realm)
+def _slots_problem(slots: object) -> str | None:
+    if not isinstance(slots, list | tuple) or len(slots) != SLOTS:
+        return f"not {SLOTS} slots"
+    if not all(isinstance(slot, bytes) and len(slot) == SLOT_LEN for slot in slots):
+        return f"a slot is not {SLOT_LEN} bytes"
+    return None
+
+
+def _encode(
+    kind: SurveyKind,
+    node_id: bytes,
+    endpoint: str,
+    realm: bytes,
+    timestamp_ms: int | None,
+    slots: Sequence[bytes],
+) -> bytes:
+    if timestamp_ms is None:
+        timestamp_ms = int(time.time() * 1000)
+    filled = [*slots, *(os.urandom(SLOT_LEN) for _ in range(SLOTS - len(slots)))]
+    problem = (
+        _field_problem(node_id, endpoint, timestamp_ms)
+        or _slots_problem(filled)
+        or (f"realm is longer than {MAX_REALM_LEN} bytes" if len(realm) > MAX_REALM_LEN else None)
+    )
     if problem is not None:
         raise ConfigurationError(f"cannot encode a survey {kind.name.lower()}: {problem}")
-    body: bytes = msgpack.packb([node_id, endpoint, realm], use_bin_type=True)
-    return MAGIC + bytes((VERSION, kind)) + body
+    body: bytes = msgpack.packb([node_id, endpoint, timestamp_ms, filled], use_bin_type=True)
+    signed = MAGIC + bytes((VERSION, kind)) + body
+    return signed + _tag(realm, signed)
 
 
-def encode_question(*, node_id: bytes, endpoint: str, realm: bytes = b"") -> bytes:
-    """Encode "who is there?", announcing the asker's own node id and endpoint."""
-    return _encode(SurveyKind.QUESTION, node_id, endpoint, realm)
+def encode_question(
+    *,
+    node_id: bytes,
+    endpoint: str,
+    realm: bytes = b"",
+    timestamp_ms: int | None = None,
+    slots: Sequence[bytes] = (),
+) -> bytes:
+    """Encode "who is there?", announcing the asker's own node id and endpoint; the time is
+    now unless given, and missing slots are random."""
+    return _encode(SurveyKind.QUESTION, node_id, endpoint, realm, timestamp_ms, slots)
 
 
-def encode_answer(*, node_id: bytes, endpoint: str, realm: bytes = b"") -> bytes:
+def encode_answer(
+    *,
+    node_id: bytes,
+    endpoint: str,
+    realm: bytes = b"",
+    timestamp_ms: int | None = None,
+    slots: Sequence[bytes] = (),
+) -> bytes:
     """Encode the reply to a question: the answering node's id and endpoint."""
-    return _encode(SurveyKind.ANSWER, node_id, endpoint, realm)
+    return _encode(SurveyKind.ANSWER, node_id, endpoint, realm, timestamp_ms, slots)
 
 
 def decode(data: bytes) -> SurveyMessage:
-    """Decode one datagram; raise `ProtocolError` (and nothing else) if it is not valid."""
+    """Decode one datagram; raise `ProtocolError` (and nothing else) if it is not valid.
+
+    The tag is not checked here (`SurveyMessage.verify` does, under a realm key)."""
     if len(data) > MAX_DATAGRAM:
         raise ProtocolError("oversize", f"{len(data)} bytes")
     if len(data) < _HEADER_LEN:
         raise ProtocolError("short", f"{len(data)} bytes")
     if data[: len(MAGIC)] != MAGIC:
         raise ProtocolError("bad_magic")
+    if data[4] == OLD_VERSION:
+        raise ProtocolError("old_version", "a survey datagram of the first format")
     if data[4] != VERSION:
         raise ProtocolError("bad_version", str(data[4]))
     if data[5] not in (SurveyKind.QUESTION, SurveyKind.ANSWER):
         raise ProtocolError("bad_kind", str(data[5]))
+    if len(data) < _HEADER_LEN + TAG_LEN:
+        raise ProtocolError("short", f"{len(data)} bytes")
+    signed = data[:-TAG_LEN]
     try:
         body = msgpack.unpackb(
-            data[_HEADER_LEN:],
+            signed[_HEADER_LEN:],
             raw=False,
-            max_bin_len=max(NODE_ID_LEN, MAX_REALM_LEN),
+            max_bin_len=SLOT_LEN,
             max_str_len=MAX_ENDPOINT_LEN,
-            max_array_len=3,
+            max_array_len=SLOTS,
             max_map_len=0,
             max_ext_len=0,
         )
@@ -150,13 +232,21 @@ def decode(data: bytes) -> SurveyMessage:
     # FormatError/StackError/ExtraData, UnicodeDecodeError): translate them all here, once.
     except Exception as exc:
         raise ProtocolError("bad_body", type(exc).__name__) from None
-    if not isinstance(body, list) or len(body) != 3:
-        raise ProtocolError("bad_body", "not a 3-element array")
-    node_id, endpoint, realm = body
-    problem = _field_problem(node_id, endpoint, realm)
+    if not isinstance(body, list) or len(body) != 4:
+        raise ProtocolError("bad_body", "not a 4-element array")
+    node_id, endpoint, timestamp_ms, slots = body
+    problem = _field_problem(node_id, endpoint, timestamp_ms) or _slots_problem(slots)
     if problem is not None:
         raise ProtocolError("bad_body", problem)
-    return SurveyMessage(kind=SurveyKind(data[5]), node_id=node_id, endpoint=endpoint, realm=realm)
+    return SurveyMessage(
+        kind=SurveyKind(data[5]),
+        node_id=node_id,
+        endpoint=endpoint,
+        timestamp_ms=timestamp_ms,
+        slots=tuple(slots),
+        tag=data[-TAG_LEN:],
+        signed=signed,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -174,7 +264,13 @@ class SurveyConfig:
     fast_period: float = 2.0
     slow_interval: float = 5.0
     jitter: float = 0.25
+    # The realm key: datagrams are tagged with it, and only datagrams whose tag verifies under
+    # it (or under one of `accepted_realms`, during a key rotation) give candidates.
     realm: bytes = b""
+    accepted_realms: tuple[bytes, ...] = ()
+    # How far (seconds) a datagram's time may be from this node's clock; older or newer ones
+    # are dropped as stale. Clocks of the nodes on one network must agree this closely.
+    freshness: float = 30.0
     # Hosts to also ask by unicast, at `port` (for nodes that multicast cannot reach, e.g. the
     # hosts of a node's seeds on another subnet); every node listens for unicast questions on
     # (interface, port).
@@ -212,8 +308,10 @@ class SurveyConfig:
                 raise ConfigurationError(f"survey unicast target {target} is not a host address")
         if len(self.unicast_targets) > 64:
             raise ConfigurationError("at most 64 survey unicast targets")
-        if len(self.realm) > MAX_REALM_LEN:
+        if any(len(realm) > MAX_REALM_LEN for realm in (self.realm, *self.accepted_realms)):
             raise ConfigurationError(f"survey realm is longer than {MAX_REALM_LEN} bytes")
+        if not 0.5 <= self.freshness <= 3600:
+            raise ConfigurationError(f"survey freshness {self.freshness} is not in 0.5..3600 s")
 
 
 _STAT_NAMES = (
@@ -227,7 +325,65 @@ _STAT_NAMES = (
     "send_errors",
     "callback_errors",
     "unicast_questions_sent",
+    "dropped_stale",
+    "dropped_replay",
+    "dropped_old_version",
+    "announcements",
+    "heard_outside_realm",
 )
+MAX_SENDERS = 4096  # senders remembered, for replays and for their announcements
+MAX_TIMES_PER_SENDER = 64  # datagram times remembered per sender within the freshness window
+
+
+@dataclass(slots=True)
+class _Seen:
+    times: set[int] = field(default_factory=set)
+    floor: int = -1  # times at or below this are refused: forgotten from a full set
+
+
+class ReplayCache:
+    """Which (sender, time) pairs were accepted within the freshness window; bounded.
+
+    Times older than the window never reach it (they are stale). A sender keeps at most
+    MAX_TIMES_PER_SENDER times; when more come within the window, the oldest is forgotten and
+    everything at or before it is refused from then on. At most MAX_SENDERS senders are kept,
+    the least recently heard forgotten first: only datagrams that authenticated reach the
+    cache, so only a key holder can push a sender out (and then replay that sender's recent
+    datagrams once more)."""
+
+    __slots__ = ("_senders", "_window_ms")
+
+    def __init__(self, window_ms: int) -> None:
+        self._window_ms = window_ms
+        self._senders: OrderedDict[bytes, _Seen] = OrderedDict()
+
+    def accept(self, sender: bytes, timestamp_ms: int, now_ms: int) -> bool:
+        """True (and remembered) if this pair is new; False for a replay."""
+        seen = self._senders.get(sender)
+        if seen is None:
+            seen = self._senders[sender] = _Seen()
+            if len(self._senders) > MAX_SENDERS:
+                self._senders.popitem(last=False)
+        else:
+            self._senders.move_to_end(sender)
+        if timestamp_ms <= seen.floor or timestamp_ms in seen.times:
+            return False
+        seen.times.add(timestamp_ms)
+        if len(seen.times) > MAX_TIMES_PER_SENDER:
+            horizon = now_ms - self._window_ms
+            seen.times = {t for t in seen.times if t >= horizon}
+            while len(seen.times) > MAX_TIMES_PER_SENDER:
+                oldest = min(seen.times)
+                seen.times.discard(oldest)
+                seen.floor = max(seen.floor, oldest)
+        return True
+
+
+@dataclass(slots=True)
+class _Announced:
+    endpoint: str
+    names: set[str]
+    heard_at: float  # time.monotonic()
 
 
 class _SurveyProtocol(asyncio.DatagramProtocol):
@@ -249,7 +405,11 @@ class _SurveyProtocol(asyncio.DatagramProtocol):
 
 
 class SurveyDiscovery:
-    """Ask a multicast group who is there; report every other node heard as a candidate."""
+    """Ask a multicast group who is there; report every other node heard as a candidate.
+
+    `keyring` and `clusters` (those this node serves) say what its datagrams announce, sealed,
+    and what it can open of others' (`clusters_heard`); `clock` is the wall clock, in seconds.
+    """
 
     def __init__(
         self,
@@ -259,16 +419,25 @@ class SurveyDiscovery:
         config: SurveyConfig,
         on_candidate: Callable[[bytes, str], None],
         rng: random.Random | None = None,
+        keyring: Keyring | None = None,
+        clusters: Sequence[str] = (),
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._node_id = node_id
+        self._endpoint = endpoint
         self._config = config
         self._on_candidate = on_candidate
         self._rng = rng if rng is not None else random.Random()
+        self._clock = clock
         self._heard: set[bytes] = set()  # node ids heard so far
         self._news_at = 0.0  # when this node started, or last heard someone new
-        # Fixed for the engine's life, so encode (and validate) them once, here.
-        self._question = encode_question(node_id=node_id, endpoint=endpoint, realm=config.realm)
-        self._answer = encode_answer(node_id=node_id, endpoint=endpoint, realm=config.realm)
+        self._seal = ClusterSeal(keyring, clusters)
+        self._realms = (config.realm, *config.accepted_realms)
+        self._last_ms = 0  # this node's datagram times: strictly increasing
+        self._turn = 0  # which of this node's sealed slots go next, when not all fit
+        self._replays = ReplayCache(int(config.freshness * 1000))
+        self._announced: OrderedDict[bytes, _Announced] = OrderedDict()
+        self._datagram(SurveyKind.QUESTION)  # validate this node's own fields now
         self._stats = dict.fromkeys(_STAT_NAMES, 0)
         self._group_transport: asyncio.DatagramTransport | None = None
         self._unicast_transport: asyncio.DatagramTransport | None = None
@@ -283,6 +452,28 @@ class SurveyDiscovery:
     def stats(self) -> Mapping[str, int]:
         """A snapshot of the counters."""
         return dict(self._stats)
+
+    def clusters_heard(self, max_age: float | None = None) -> dict[str, dict[bytes, str]]:
+        """Cluster name -> {node id: endpoint} of the nodes whose datagrams, heard within
+        `max_age` seconds (default: three times the slow interval, at least 15 s), named it
+        under a key this node's keyring opens it with."""
+        if max_age is None:
+            max_age = max(15.0, 3 * self._config.slow_interval)
+        horizon = time.monotonic() - max_age
+        heard: dict[str, dict[bytes, str]] = {}
+        for node_id, announced in self._announced.items():
+            if announced.heard_at >= horizon:
+                for name in announced.names:
+                    heard.setdefault(name, {})[node_id] = announced.endpoint
+        return heard
+
+    def _datagram(self, kind: SurveyKind) -> bytes:
+        """A fresh datagram of this node: its time now (past its last), its slots this turn."""
+        now_ms = max(int(self._clock() * 1000), self._last_ms + 1)
+        self._last_ms = now_ms
+        slots = self._seal.seal(self._node_id, self._endpoint, now_ms, self._turn)
+        self._turn += 1
+        return _encode(kind, self._node_id, self._endpoint, self._config.realm, now_ms, slots)
 
     @property
     def local_addresses(self) -> tuple[tuple[str, int], ...]:
@@ -351,9 +542,11 @@ class SurveyDiscovery:
         interval = cfg.fast_interval
         while True:
             self._wake.clear()
-            self._send(self._question, (cfg.group, cfg.port), "questions_sent")
+            question = self._datagram(SurveyKind.QUESTION)
+            self._send(question, (cfg.group, cfg.port), "questions_sent")
             for target in cfg.unicast_targets:
-                self._send(self._question, (target, cfg.port), "unicast_questions_sent")
+                question = self._datagram(SurveyKind.QUESTION)
+                self._send(question, (target, cfg.port), "unicast_questions_sent")
             asked = loop.time()
             if asked - self._news_at < cfg.fast_period:
                 interval = cfg.fast_interval  # new here, or the mesh changed: ask often
@@ -383,24 +576,46 @@ class SurveyDiscovery:
         self._count("received")
         try:
             message = decode(data)
-        except ProtocolError:
-            self._count("dropped_malformed")
+        except ProtocolError as exc:
+            old = exc.reason == "old_version"
+            self._count("dropped_old_version" if old else "dropped_malformed")
             return
         if message.node_id == self._node_id:
             self._count("dropped_self")
             return
-        # Constant time because the realm becomes a keyed tag later.
-        if not hmac.compare_digest(message.realm, self._config.realm):
-            self._count("dropped_realm")
-            return
         # Questions go to the group (or the question port) and answers to the asker's socket;
-        # anything else is not this protocol. A question's answer is no larger than it, and
-        # only questions of our realm are answered: no amplification, no open reflector.
+        # anything else is not this protocol.
         if via_group != (message.kind is SurveyKind.QUESTION):
             self._count("dropped_malformed")
             return
+        now_ms = int(self._clock() * 1000)
+        if abs(now_ms - message.timestamp_ms) > self._config.freshness * 1000:
+            self._count("dropped_stale")
+            return
+        in_realm = any(message.verify(realm) for realm in self._realms)
+        opened = self._seal.open(
+            message.node_id, message.endpoint, message.timestamp_ms, message.slots
+        )
+        if not (in_realm or opened.proven):
+            self._count("dropped_realm")
+            return
+        # Authentic: remembered only now, so forgeries cannot fill the cache.
+        if not self._replays.accept(message.node_id, message.timestamp_ms, now_ms):
+            self._count("dropped_replay")
+            return
+        if opened.names:
+            self._count("announcements")
+            self._remember(message.node_id, message.endpoint, opened.names)
+        # Only fresh questions from this realm, or from a holder of one of this node's keys,
+        # are answered, each once: datagrams of this version differ in size only by their
+        # endpoints, so an answer is about as large as its question: no amplification, and no
+        # open reflector (a recorded question is a replay, an unkeyed one is not answered).
         if via_group:
-            self._send(self._answer, (str(addr[0]), int(addr[1])), "answers_sent")
+            answer = self._datagram(SurveyKind.ANSWER)
+            self._send(answer, (str(addr[0]), int(addr[1])), "answers_sent")
+        if not in_realm:  # a holder of a key, listing clusters: not of this mesh
+            self._count("heard_outside_realm")
+            return
         self._count("candidates")
         if message.node_id not in self._heard:
             if len(self._heard) >= 4096:
@@ -415,6 +630,21 @@ class SurveyDiscovery:
             self._count("callback_errors")
             level = logging.WARNING if self._stats["callback_errors"] == 1 else logging.DEBUG
             _log.log(level, "survey candidate callback raised; discovery goes on", exc_info=True)
+
+    def _remember(self, node_id: bytes, endpoint: str, names: Sequence[str]) -> None:
+        announced = self._announced.get(node_id)
+        now = time.monotonic()
+        if announced is None or announced.endpoint != endpoint:
+            self._announced[node_id] = _Announced(endpoint, set(names), now)
+            if len(self._announced) > MAX_SENDERS:
+                self._announced.popitem(last=False)
+            return
+        # A node's clusters are fixed for its life; with more slots than one datagram holds,
+        # its names come a few at a time.
+        self._announced.move_to_end(node_id)
+        if len(announced.names) < 256:
+            announced.names.update(names)
+        announced.heard_at = now
 
 
 def _open_socket(cfg: SurveyConfig, *, listener: bool, asked: bool = False) -> socket.socket:
@@ -453,14 +683,19 @@ def _open_socket(cfg: SurveyConfig, *, listener: bool, asked: bool = False) -> s
 def survey_config(
     survey: bool | SurveyConfig, keyring: Keyring, interface: str = "127.0.0.1"
 ) -> SurveyConfig | None:
-    """What `Node(survey=...)` asks for. True: on `interface`, and the realm is a tag under the
-    mesh's '*' key, so other meshes stay apart."""
+    """What `Node(survey=...)` asks for. True: on `interface`, and the realm key derived from
+    the mesh's '*' key (its primary; datagrams tagged under its other key are heard too, during
+    a rotation), so other meshes stay apart."""
     if isinstance(survey, SurveyConfig):
         return survey
     if not survey:
         return None
-    key = keyring.primary("*")
-    if key is None:
+    realms = [realm_key(key.secret) for key in keyring.accepted("*")]
+    if not realms:
         return SurveyConfig(interface=interface)
-    realm = hmac.new(key.secret, b"irismesh/v1/survey-realm", hashlib.sha256).digest()[:16]
-    return SurveyConfig(interface=interface, realm=realm)
+    return SurveyConfig(interface=interface, realm=realms[0], accepted_realms=tuple(realms[1:]))
+
+
+def realm_key(secret: bytes) -> bytes:
+    """The survey's realm key made from a keyring secret."""
+    return hmac.new(secret, b"irismesh/v1/survey-realm", hashlib.sha256).digest()[:16]

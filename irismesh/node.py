@@ -62,6 +62,7 @@ from irismesh.errors import (
     RequestTimeout,
 )
 from irismesh.memory.api import MemoryApi
+from irismesh.memory.queued import QueuedJobs
 from irismesh.memory.service import MAX_LATEST, MEMORY_CLUSTER, MemoryMember, NodeMemory
 from irismesh.memory.store import Retention
 from irismesh.patterns.pubsub import Message, Policy, PubSub, Subscription
@@ -81,7 +82,7 @@ from irismesh.patterns.tunnel import (
     TunnelOpening,
     Tunnels,
 )
-from irismesh.security.keyring import Keyring
+from irismesh.security.keyring import MESH_SCOPE, Keyring
 from irismesh.security.linksecurity import KeyedLinkSecurity
 from irismesh.telemetry.node_telemetry import (
     NodeTelemetry,
@@ -97,6 +98,7 @@ E = TypeVar("E")
 DEFAULT_BIND = "tcp://127.0.0.1:0"
 _log = logging.getLogger(__name__)
 _KIND_REQUEST, _KIND_BROADCAST = int(Kind.REQUEST), int(Kind.BROADCAST)
+_KIND_JOB = int(Kind.JOB)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -118,7 +120,8 @@ class PeerInfo:
     latency_ms: float
     outstanding: int
     # "alive"; "suspect": a probe went unanswered, the mesh waits for it to refute; and, from
-    # peers(departed=True), "dead" (declared by membership) or "left" (said goodbye).
+    # peers(departed=True), "dead" (declared by membership) or "left" (said goodbye); in
+    # clusters(), "announced": heard of by discovery only, not a peer of this mesh (yet).
     state: str = "alive"
     load: int = 0  # replies the peer still holds for its callers, as it last reported
     linked: bool = False  # this node has a link to it (the figures above are the link's)
@@ -131,6 +134,17 @@ _STATES = {
     MemberState.DEAD: "dead",
     MemberState.LEFT: "left",
 }
+
+
+class ServedClusters(tuple[str, ...]):
+    """`Node.clusters`: the clusters the node serves, a tuple of names as it always was; and,
+    called as `node.clusters()`, every cluster the node's keyring can open, each with its live
+    members (`Node._list_clusters` says how it finds them)."""
+
+    lister: Callable[[], dict[str, tuple[PeerInfo, ...]]]
+
+    def __call__(self) -> dict[str, tuple[PeerInfo, ...]]:
+        return self.lister()
 
 
 class Node(MemoryApi):
@@ -183,7 +197,11 @@ class Node(MemoryApi):
         if not bind.startswith("tcp://"):
             raise ConfigurationError(f"bind must be a tcp:// endpoint, got {bind!r}")
         self.cluster = cluster
-        self.clusters = tuple(dict.fromkeys(names))
+        # The clusters this node serves, as a tuple; called, `clusters()` lists every cluster
+        # of the mesh the keyring opens (see ServedClusters).
+        self.clusters = ServedClusters(dict.fromkeys(names))
+        self.clusters.lister = self._list_clusters
+        self.served_clusters: tuple[str, ...] = self.clusters
         self.keyring = keyring
         self.node_id = os.urandom(16)
         self._bind = bind
@@ -227,6 +245,17 @@ class Node(MemoryApi):
         serving = self.recorder.serving if self.recorder is not None else None
         self._serving_stats: Counter[str] = Counter()  # admission's counters, both runners'
         self._runner = self._serving_runner(serving)
+        # Queued jobs the memory hands this member: their own admission, repeats absorbed.
+        self._queued = QueuedJobs(
+            lambda reply, reply_error, turn_away: self._serving_runner(
+                serving, reply=reply, reply_error=reply_error, turn_away=turn_away
+            ),
+            self._reply,
+            self._reply_error,
+            self._turn_away,
+            self._runner,
+            self._serving_stats,
+        )
         self._broadcasts = HandlerRunner(
             self._reply, self._reply_error, self._flush_soon, serving, ack_only=True
         )
@@ -297,7 +326,7 @@ class Node(MemoryApi):
         self._core = core = MeshCore(
             node_id=self.node_id,
             endpoint=endpoint,
-            clusters=self.clusters,
+            clusters=self.served_clusters,
             security=KeyedLinkSecurity(self.keyring, sealing=self._sealing),
             rng=random.Random(os.urandom(16)),
             randbytes=os.urandom,
@@ -348,6 +377,8 @@ class Node(MemoryApi):
                     endpoint=endpoint,
                     config=self._survey_config,
                     on_candidate=self._on_candidate,
+                    keyring=self.keyring,
+                    clusters=self.served_clusters,
                 ),
                 required=self._survey_required,
             )
@@ -379,6 +410,7 @@ class Node(MemoryApi):
             await discovery.close()
         if self.telemetry is not None:
             await self.telemetry.stop(self._pubsub.publish)
+        await self._queued.close()
         await self._runner.close()
         for priming in list(self._priming):
             priming.cancel()
@@ -446,7 +478,7 @@ class Node(MemoryApi):
         `admission=False` is for a handler that only passes requests on (a gateway, a proxy):
         every request starts at once, and whoever answers it in the end admits it or not.
         """
-        if not self.clusters:
+        if not self.served_clusters:
             raise ConfigurationError("a node without a cluster serves no requests: pass cluster=")
         if blocking and not admission:
             raise ConfigurationError("a blocking handler runs within its thread pool's limit")
@@ -469,19 +501,57 @@ class Node(MemoryApi):
 
         return register if handler is None else register(handler)
 
+    @overload
+    def on_queued(self, handler: H, *, blocking: bool = False) -> H: ...
+
+    @overload
+    def on_queued(self, handler: None = None, *, blocking: bool = False) -> Callable[[H], H]: ...
+
+    def on_queued(
+        self, handler: H | None = None, *, blocking: bool = False
+    ) -> H | Callable[[H], H]:
+        """Decorator: `handler(payload) -> bytes` (sync or async) runs the jobs queued for this
+        node's cluster with `enqueue` (default: the request handler runs them);
+        `@node.on_queued` or `@node.on_queued(blocking=True)`.
+
+        A job is the mesh memory's until the handler's answer reaches it, so a job whose member
+        dies mid-run runs again elsewhere (at least once); a repeat that reaches this member
+        after it answered is answered again without running (`jobs_absorbed` in `stats()`).
+        Jobs have an admission of their own, next to the requests'.
+        """
+        if not self.clusters:
+            raise ConfigurationError("a node without a cluster runs no queued jobs: pass cluster=")
+
+        def register(handler: H) -> H:
+            pool = None
+            if blocking:
+                if self._runner.pool is None:
+                    self._runner.pool = ThreadPoolExecutor(
+                        self._handler_threads, thread_name_prefix="irismesh-handler"
+                    )
+                pool = self._runner.pool
+                admission = self._queued.runner.admission
+                if admission is not None:
+                    admission.max_limit = self._handler_threads
+                    admission.limit = min(admission.limit, self._handler_threads)
+            self._queued.handle(handler, blocking=blocking, pool=pool)
+            return handler
+
+        return register if handler is None else register(handler)
+
     def on_broadcast(self, handler: B) -> B:
         """Decorator: `handler(payload)` (sync or async) gets every broadcast to this member.
 
         The caller learns that this member received a broadcast once the handler has returned.
         """
-        if not self.clusters:
+        if not self.served_clusters:
             raise ConfigurationError("a node without a cluster gets no broadcasts: pass cluster=")
         self._broadcasts.handler = handler
         return handler
 
     def on_survey(self, handler: H) -> H:
         """Decorator: `handler(payload) -> bytes` answers surveys (default: the request handler)."""
-        if not self.clusters:
+        if not self.served_clusters:
             raise ConfigurationError("a node without a cluster answers no surveys: pass cluster=")
         serving = self.recorder.serving if self.recorder is not None else None
         runner = self._serving_runner(serving)
@@ -489,17 +559,25 @@ class Node(MemoryApi):
         self._surveys = runner
         return handler
 
-    def _serving_runner(self, serving: Mapping[str, Series] | None) -> HandlerRunner:
-        """A runner for requests (or surveys): within admission, answering Overloaded."""
+    def _serving_runner(
+        self,
+        serving: Mapping[str, Series] | None,
+        *,
+        reply: Callable[[Token, bytes], None] | None = None,
+        reply_error: Callable[[Token, BaseException], None] | None = None,
+        turn_away: Callable[[Token, str], None] | None = None,
+    ) -> HandlerRunner:
+        """A runner for requests (or surveys, or queued jobs): within admission, answering
+        Overloaded."""
         return HandlerRunner(
-            self._reply,
-            self._reply_error,
+            reply or self._reply,
+            reply_error or self._reply_error,
             self._flush_soon,
             serving,
             admission=Admission(
                 max_limit=self._config.max_concurrency, max_queue=self._config.max_waiting
             ),
-            turn_away=self._turn_away,
+            turn_away=turn_away or self._turn_away,
             stats=self._serving_stats,
         )
 
@@ -509,7 +587,7 @@ class Node(MemoryApi):
         The tunnel closes when the handler returns; if it raises, the caller's end is reset
         with the error's message.
         """
-        if not self.clusters:
+        if not self.served_clusters:
             raise ConfigurationError("a node without a cluster serves no tunnels: pass cluster=")
         self._tunnels.handler = handler
         return handler
@@ -555,7 +633,12 @@ class Node(MemoryApi):
             await asyncio.shield(self._catching_up)
 
     async def _queued_request(
-        self, cluster: str, payload: bytes, timeout: float | None, hedge: float | bool | None
+        self,
+        cluster: str,
+        payload: bytes,
+        timeout: float | None,
+        hedge: float | bool | None,
+        kind: int = _KIND_REQUEST,
     ) -> bytes:
         _core, driver = self._caller.running()
         loop = driver.loop
@@ -572,7 +655,7 @@ class Node(MemoryApi):
             if left <= 0:
                 raise RequestTimeout(cluster, budget, waited)
             try:
-                return await self._caller.request(cluster, payload, left, hedge)
+                return await self._caller.request(cluster, payload, left, hedge, kind)
             except NoResponders:
                 waited += 1
                 self._serving_stats["requests_queued_for_member"] += 1
@@ -799,6 +882,55 @@ class Node(MemoryApi):
             live.append(info)
         return gone + live
 
+    def _list_clusters(self) -> dict[str, tuple[PeerInfo, ...]]:
+        """`node.clusters()`: the clusters this node's keyring can open, each with its live
+        members (other nodes than this one), as cluster name -> members' `PeerInfo` by node
+        id; names sorted.
+
+        A cluster is here when survey discovery heard a node name it, sealed under a key this
+        keyring opens it with (its own key, else '*'; nodes seal their names under their '*'
+        key too, so a '*' key lists every cluster of the nodes that hold it), or when a member
+        this node links to proved it serves one of the keyring's scopes. A member that is a
+        peer of this mesh is as `peers()` shows it; one only heard by discovery (of another
+        mesh, or not joined yet) has state "announced" and no figures. Without the survey
+        (`discovery=False`, or mDNS alone) only the keyring's scopes can appear."""
+        core, _ = self._caller.running()
+        live = {p.node_id: p for p in self.peers()}
+        gone = {
+            member.record.node_id.hex()
+            for member, _ in core.known()
+            if member.state > MemberState.SUSPECT
+        }
+        found: dict[str, dict[str, PeerInfo]] = {}
+        for discovery in self._discovery:
+            if not isinstance(discovery, SurveyDiscovery):
+                continue
+            for name, heard in discovery.clusters_heard().items():
+                members = found.setdefault(name, {})
+                for raw_id, endpoint in heard.items():
+                    node_id = raw_id.hex()
+                    if node_id in gone or raw_id == self.node_id:
+                        continue
+                    members[node_id] = live.get(node_id) or PeerInfo(
+                        node_id=node_id,
+                        endpoint=endpoint,
+                        rtt_ms=0.0,
+                        latency_ms=0.0,
+                        outstanding=0,
+                        state="announced",
+                    )
+        for scope in self.keyring.scopes:
+            if scope in ("*", MESH_SCOPE):
+                continue
+            for link in core.members(scope):
+                node_id = link.peer_id.hex()
+                if node_id in live:
+                    found.setdefault(scope, {})[node_id] = live[node_id]
+        return {
+            name: tuple(sorted(members.values(), key=lambda p: p.node_id))
+            for name, members in sorted(found.items())
+        }
+
     def peer_state(self, node_id: str) -> str | None:
         """How membership holds the node with hex id `node_id` now: "alive", "suspect",
         "dead" or "left"; None if it does not know it (never heard of, or forgotten). Costs
@@ -814,7 +946,8 @@ class Node(MemoryApi):
 
     @property
     def stats(self) -> Mapping[str, int]:
-        """Counters: drops by reason, requests resent and timed out, peers up and down."""
+        """Counters: drops by reason, requests resent and timed out, peers up and down; the
+        survey's as `survey_dropped_replay`, `survey_dropped_stale`, ..."""
         if self._core is None:
             return {}
         stats = dict(self._core.stats)
@@ -834,6 +967,11 @@ class Node(MemoryApi):
         if self.memory.member is not None:
             for name, value in self.memory.member.figures().items():
                 stats["memory_" + name] = value
+        for discovery in self._discovery:  # the survey's drops, replays and stale ones too
+            if isinstance(discovery, SurveyDiscovery):
+                for name, value in discovery.stats.items():
+                    if name.startswith("dropped_") or name in ("candidates", "announcements"):
+                        stats["survey_" + name] = value
         return stats
 
     def flush_telemetry(self) -> None:
@@ -872,6 +1010,8 @@ class Node(MemoryApi):
             return
         if event.kind == _KIND_REQUEST:
             self._runner.run(event)
+        elif event.kind == _KIND_JOB:
+            self._queued.run(event)
         elif event.kind == _KIND_BROADCAST:
             self._broadcasts.run(event)
         else:
@@ -879,6 +1019,7 @@ class Node(MemoryApi):
 
     def _on_cancelled(self, event: RequestCancelled) -> None:
         self._runner.cancel(event)
+        self._queued.cancel(event)
         if self._memory_runner is not None:
             self._memory_runner.cancel(event)
         if self._surveys is not None:

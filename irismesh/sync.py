@@ -211,6 +211,10 @@ class Node:
     def peers(self) -> list[_async.PeerInfo]:
         return self._call(_wrap(self._node.peers))
 
+    def clusters(self) -> dict[str, tuple[_async.PeerInfo, ...]]:
+        """As `irismesh.Node.clusters`: the clusters the keyring opens, with their members."""
+        return self._call(_wrap(self._node.clusters))
+
     def publish(self, topic: str, payload: bytes, *, timeout: float | None = None) -> int:
         return self._call(self._node.publish(topic, payload, timeout=timeout))
 

@@ -51,6 +51,7 @@ Reply = Callable[[Token, bytes], None]
 ReplyError = Callable[[Token, BaseException], None]
 _OK, _REMOTE_ERROR = str(Outcome.OK), str(Outcome.REMOTE_ERROR)
 _Timer = asyncio.TimerHandle | None
+_KIND_REQUEST = int(Kind.REQUEST)
 SLICE = 0.005  # seconds of plain-function handlers run in a row before the loop gets a turn
 
 _deadline: ContextVar[float] = ContextVar("irismesh_deadline", default=float("inf"))
@@ -511,10 +512,15 @@ class Caller:
         self._waiting.clear()
 
     async def request(
-        self, cluster: str, payload: bytes, timeout: float | None, hedge: float | bool | None
+        self,
+        cluster: str,
+        payload: bytes,
+        timeout: float | None,
+        hedge: float | bool | None,
+        kind: int = _KIND_REQUEST,
     ) -> bytes:
-        """`Node.request`: one member's reply."""
-        core, driver, req_id, fut = self._begin(cluster, payload, timeout, hedge)
+        """`Node.request`: one member's reply (`kind` JOB: a queued job the memory hands out)."""
+        core, driver, req_id, fut = self._begin(cluster, payload, timeout, hedge, kind)
         if self.busy_poll and len(self._waiting) == 1:
             # Opt-in: wait for the reply without a trip through the loop.
             driver.spin(core.request_link(req_id), self.busy_poll, fut.done)
@@ -529,7 +535,7 @@ class Caller:
 
     def start(self, cluster: str, payload: bytes, timeout: float | None) -> asyncio.Future[bytes]:
         """`Node.start_request`: the reply's future; cancelling it cancels the request."""
-        core, _driver, req_id, fut = self._begin(cluster, payload, timeout, None)
+        core, _driver, req_id, fut = self._begin(cluster, payload, timeout, None, _KIND_REQUEST)
 
         def cancelled(done: asyncio.Future[bytes]) -> None:
             if done.cancelled() and self._waiting.pop(req_id, None) is not None:
@@ -539,7 +545,12 @@ class Caller:
         return fut
 
     def _begin(
-        self, cluster: str, payload: bytes, timeout: float | None, hedge: float | bool | None
+        self,
+        cluster: str,
+        payload: bytes,
+        timeout: float | None,
+        hedge: float | bool | None,
+        kind: int,
     ) -> tuple[MeshCore, Driver, int, asyncio.Future[bytes]]:
         """Check a request, hand it to the core, and arm the timer of its deadline."""
         core = self._core
@@ -566,7 +577,7 @@ class Caller:
         else:
             hedge = None
         try:
-            req_id = core.calls.request(cluster, payload, timeout, now, hedge)
+            req_id = core.calls.request(cluster, payload, timeout, now, hedge, kind)
         except MeshError as exc:
             if self._telemetry is not None:
                 self._telemetry.refused(cluster, len(payload), exc, REQUEST_KIND)

@@ -1,8 +1,9 @@
 """`mesh peers` and `mesh clusters`: the mesh as one node sees it (`mesh top` reuses the views).
 
-A node learns which clusters a peer serves only for cluster names it can name and holds keys
-for (offer tags are MACs under each cluster's key), so the clusters shown are the keyring's own
-scopes plus those named with --cluster.
+The clusters shown are those `Node.clusters()` finds (nodes' survey datagrams name their
+clusters sealed under the keys that open them, so a keyring lists what it can open: with a
+'*' key, every cluster of the nodes holding it), plus the keyring's own scopes and those named
+with --cluster, shown even while they have no member.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class ClusterView:
     outstanding: int  # this node's requests in flight to the cluster's members
     latency_ms: float | None  # mean of the members' measured latency estimates (None: none yet)
     rtt_ms: float | None  # mean heartbeat round trip to the members
+    announced: tuple[str, ...] = ()  # members heard of by discovery only, not peers here
 
 
 def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
@@ -61,7 +63,8 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
             "(alive; suspect when it fell silent and other peers are asked about it; dead or\n"
             "left for peers seen to go while gathering),\n"
             "heartbeat RTT, the balancer's latency estimate, this node's requests in flight,\n"
-            "and the clusters it serves among those this keyring names."
+            "and the clusters it serves among those this keyring can open (nodes announce\n"
+            "their clusters sealed under the keys that open them; '*' opens them all)."
         ),
         examples=("  mesh peers\n  mesh peers --json | jq -r '.[].endpoint'"),
         run=run_peers,
@@ -76,11 +79,13 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
         description=(
             "Joins the mesh as a client, gathers peers (at most --wait seconds) and prints each\n"
             "cluster: its live members, the requests this node has in flight to them, and the\n"
-            "mean latency and RTT to them. The clusters listed are the keyring's scopes other\n"
-            "than '*' plus every --cluster: a node recognises only clusters it can name and\n"
-            "holds keys for. That is a security property, not a gap: peers announce clusters\n"
-            "as MACs under each cluster's key, so without the name and the key nobody can tell\n"
-            "that a cluster exists."
+            "mean latency and RTT to them. The clusters listed are those this keyring can\n"
+            "open: nodes announce their cluster names sealed under the keys that open them\n"
+            "(a cluster's own key, and the node's '*' key), so a '*' keyring lists every\n"
+            "cluster and a keyring with one cluster's key lists that cluster alone; nobody\n"
+            "without a key learns a name. The keyring's own scopes and every --cluster are\n"
+            "listed even without members. Members heard of only by discovery (nodes of a mesh\n"
+            "whose key this keyring lacks) show with state 'announced' in --json."
         ),
         examples=("  mesh clusters\n  mesh clusters --cluster echo --cluster upper --json"),
         run=run_clusters,
@@ -113,17 +118,24 @@ def cluster_names(keys: irismesh.Keyring, extra: Iterable[str]) -> list[str]:
 def view_clusters(
     node: irismesh.Node, names: Sequence[str], peers: Sequence[irismesh.PeerInfo]
 ) -> list[ClusterView]:
+    """`names` (shown even without members), then every other cluster `node.clusters()`
+    finds, with their members."""
     by_id = {p.node_id: p for p in peers}
+    found = node.clusters()
     views = []
-    for name in names:
-        members = [by_id[m] for m in node.members(name) if m in by_id]
+    for name in [*names, *(n for n in found if n not in names)]:
+        linked = [by_id[m] for m in node.members(name) if m in by_id] if name in names else []
+        heard = {p.node_id: by_id.get(p.node_id, p) for p in found.get(name, ())}
+        heard.update((p.node_id, p) for p in linked)
+        members = list(heard.values())
         views.append(
             ClusterView(
                 name=name,
                 members=tuple(sorted(m.node_id for m in members)),
                 outstanding=sum(m.outstanding for m in members),
                 latency_ms=_mean(m.latency_ms for m in members if m.latency_ms > 0),
-                rtt_ms=_mean(m.rtt_ms for m in members),
+                rtt_ms=_mean(m.rtt_ms for m in members if m.state != "announced"),
+                announced=tuple(sorted(m.node_id for m in members if m.state == "announced")),
             )
         )
     return views
@@ -166,6 +178,7 @@ def cluster_json(view: ClusterView) -> dict[str, object]:
         "cluster": view.name,
         "members": list(view.members),
         "member_count": len(view.members),
+        "announced": list(view.announced),
         "outstanding": view.outstanding,
         "latency_ms": None if view.latency_ms is None else round(view.latency_ms, 3),
         "rtt_ms": None if view.rtt_ms is None else round(view.rtt_ms, 3),
@@ -238,8 +251,9 @@ async def run_peers(args: argparse.Namespace) -> int:
     names = cluster_names(keys, [])
     async with make_node(args, keys) as node:
         await settle(node, args.wait)
-        for name in names:  # which peer serves what: its offer tags, on a link
-            await node.connect(name, timeout=args.wait)
+        if node.peers():  # which peer serves what: its offer tags, on a link
+            for name in names:
+                await node.connect(name, timeout=args.wait)
         peers = node.peers()
         served = served_by(view_clusters(node, names, peers))
         peers = node.peers(departed=True)  # and those seen to go while gathering
@@ -256,19 +270,21 @@ async def run_clusters(args: argparse.Namespace) -> int:
     keys = load_keyring(args.keys)
     require_discovery(args)
     names = cluster_names(keys, args.cluster)
-    if not names:
+    if not names and not args.survey:
         raise CommandError(
-            "no cluster names: the keyring has only the default '*' key, and a node sees only "
-            "clusters it can name; pass --cluster NAME (repeatable)",
+            "no cluster names: without discovery a node sees only clusters it can name, and "
+            "the keyring has only the default '*' key; pass --cluster NAME (repeatable), or "
+            "turn discovery on (nodes announce their clusters to it)",
             USAGE_ERROR,
         )
     async with make_node(args, keys) as node:
         await settle(node, args.wait)
-        for name in names:  # link to each cluster's members, to measure them
-            await node.connect(name, timeout=args.wait)
+        if node.peers():  # link to each cluster's members, to measure them
+            for name in names:
+                await node.connect(name, timeout=args.wait)
         peers = node.peers()
         views = view_clusters(node, names, peers)
-    if not peers and args.seed:
+    if not peers and not any(view.members for view in views) and args.seed:
         raise nobody_answered(args)
     if args.json:
         print_json([cluster_json(view) for view in views])

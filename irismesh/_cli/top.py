@@ -76,9 +76,9 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
         description=(
             "Joins the mesh as a client and redraws every --interval seconds: this node's\n"
             "peers (name, endpoint, RTT, latency, requests in flight, clusters served), the\n"
-            "clusters it can name (members, load, latency; see `mesh clusters --help` for why\n"
-            "only those), and its counters with their rates per second. q or Ctrl-C quits.\n"
-            "--once gathers for at most --wait seconds, prints one frame and exits; --json\n"
+            "clusters its keyring can open (members, load, latency; see `mesh clusters --help`\n"
+            "for which those are), and its counters with their rates per second. q or Ctrl-C\n"
+            "quits. --once gathers for at most --wait seconds, prints one frame and exits; --json\n"
             "prints one JSON object per frame (JSON lines) instead of drawing."
         ),
         examples=(

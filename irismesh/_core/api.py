@@ -120,9 +120,15 @@ class CoreApi:
         return self.calls.members(cluster)
 
     def request(
-        self, cluster: str, payload: bytes, timeout: float, now: float, hedge: float | None = None
+        self,
+        cluster: str,
+        payload: bytes,
+        timeout: float,
+        now: float,
+        hedge: float | None = None,
+        kind: int = 5,  # Kind.REQUEST
     ) -> int:
-        return self.calls.request(cluster, payload, timeout, now, hedge)
+        return self.calls.request(cluster, payload, timeout, now, hedge, kind)
 
     def fanout(
         self, kind: int, cluster: str, payload: bytes, timeout: float, now: float

@@ -163,12 +163,19 @@ class Calls(LinkObserver):
         return members
 
     def request(
-        self, cluster: str, payload: bytes, timeout: float, now: float, hedge: float | None = None
+        self,
+        cluster: str,
+        payload: bytes,
+        timeout: float,
+        now: float,
+        hedge: float | None = None,
+        kind: int = _REQUEST,
     ) -> int:
         """Send a request to one member of `cluster`; returns its id for the events.
 
         With `hedge`, a copy goes to a second member if no reply came within `hedge` seconds,
-        and the first reply wins (for idempotent requests: both may run).
+        and the first reply wins (for idempotent requests: both may run). `kind` is REQUEST,
+        or JOB for a queued job the memory hands out (REQUEST's layout and handling).
         """
         members = self.linked.get(cluster)
         if (  # the hot path asks members_for only when it cannot go ahead at once
@@ -179,7 +186,7 @@ class Calls(LinkObserver):
         ):
             members = self.members_for(cluster, len(payload), 1, now)
             if not members:  # its members' links are opening: it waits for one
-                return self._park(cluster, payload, timeout, now)
+                return self._park(cluster, payload, timeout, now, kind)
         if not self.throttle.admit(cluster, now, self._rng):
             self._stats["requests_throttled"] += 1
             raise Overloaded(reason="throttled", cluster=cluster)
@@ -190,7 +197,9 @@ class Calls(LinkObserver):
                 link = balancer.choose(heard, self._rng)
         req_id = self._next_req
         self._next_req += 1
-        request = PendingRequest(req_id, cluster, payload, now + timeout, timeout, now, link)
+        request = PendingRequest(
+            req_id, cluster, payload, now + timeout, timeout, now, link, kind=kind
+        )
         self.pending.add(request)
         if hedge is not None and hedge < timeout and len(members) > 1:
             request.hedge_at = now + hedge
@@ -198,7 +207,7 @@ class Calls(LinkObserver):
             self._hedge_tokens = min(
                 self.config.hedge_burst, self._hedge_tokens + self.config.hedge_ratio
             )
-        self._send_request(link, req_id, cluster, payload, timeout)
+        self._send_request(link, req_id, cluster, payload, timeout, kind)
         return req_id
 
     def fanout(
@@ -289,11 +298,13 @@ class Calls(LinkObserver):
             link, request.req_id, request.cluster, request.payload, remaining, request.kind
         )
 
-    def _park(self, cluster: str, payload: bytes, timeout: float, now: float) -> int:
+    def _park(self, cluster: str, payload: bytes, timeout: float, now: float, kind: int) -> int:
         """A request that waits for a member's link to come up (`link_up`) or its deadline."""
         req_id = self._next_req
         self._next_req += 1
-        request = PendingRequest(req_id, cluster, payload, now + timeout, timeout, now, None)
+        request = PendingRequest(
+            req_id, cluster, payload, now + timeout, timeout, now, None, kind=kind
+        )
         request.attempts = 0  # not sent yet
         self.pending.add(request)
         self._stats["requests_parked"] += 1

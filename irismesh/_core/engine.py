@@ -91,12 +91,13 @@ from irismesh.errors import ConfigurationError, ProtocolError
 
 _PING, _PONG, _REQUEST, _REPLY = int(Kind.PING), int(Kind.PONG), int(Kind.REQUEST), int(Kind.REPLY)
 _BROADCAST, _SURVEY, _BATCH = int(Kind.BROADCAST), int(Kind.SURVEY), int(Kind.BATCH)
+_JOB = int(Kind.JOB)
 _SUBSCRIBE, _UNSUBSCRIBE = int(Kind.SUBSCRIBE), int(Kind.UNSUBSCRIBE)
 _CREDIT, _PUBLISH, _TUNNEL = int(Kind.CREDIT), int(Kind.PUBLISH), int(Kind.TUNNEL)
 _PUBLISH_STAMPED = int(Kind.PUBLISH_STAMPED)
 _PUBLISH_KINDS = (_PUBLISH, _PUBLISH_STAMPED, int(Kind.PUBLISH_RETAINED))
 _BYE, _CANCEL = int(Kind.BYE), int(Kind.CANCEL)
-_CALL_KINDS = frozenset((_REQUEST, _BROADCAST, _SURVEY, _TUNNEL))
+_CALL_KINDS = frozenset((_REQUEST, _BROADCAST, _SURVEY, _JOB, _TUNNEL))
 _REPLY_KINDS = frozenset((_REPLY, _TUNNEL))
 _MAX_INBOUND = 4096  # links peers dialled to this node at once
 _HOUSEKEEPING = 1.0  # idle links, wanted clusters and redials are looked at this often
@@ -390,7 +391,7 @@ class MeshCore(CoreApi):
                 return
             body = open_frame(link, scope, seq, frame)
             link.last_heard = now
-            if kind in (_REQUEST, _BROADCAST, _SURVEY):
+            if kind in (_REQUEST, _BROADCAST, _SURVEY, _JOB):
                 self._on_request(link, scope, body, now, kind)
                 return
             if kind == _TUNNEL:

@@ -20,7 +20,10 @@ Control envelopes are msgpack arrays, one shape per kind (positional; shapes lis
 msgpack and its shape checks were a quarter of the core's cost per request (measured):
 
     REQUEST  !QIB  req_id, timeout_ms, n_acks | n_acks x !Q acknowledged req ids | payload
-             (BROADCAST and SURVEY have the same layout)
+             (BROADCAST, SURVEY and JOB have the same layout)
+    JOB      REQUEST's layout, whose payload is the job's id (16) | the job: a job the mesh's
+             memory held for the cluster, handed to one member (which answers a job id it has
+             already answered from what it answered then)
     REPLY    !QB   req_id, status (STATUS_OK, _ERROR or _OVERLOADED) | payload
     PUBLISH  !QB   stream seq, topic length | topic (UTF-8) | payload
              (in the scope slot of the topic's key, offered like a cluster's: `LinkSecurity`)
@@ -81,6 +84,7 @@ class Kind(enum.IntEnum):
     CANCEL = 20  # dialler -> listener: [[req ids the caller gave up on]] (at most MAX_CANCELS)
     PUBLISH_STAMPED = 21  # PUBLISH with the publisher's clock: fixed layout, see the docstring
     PUBLISH_RETAINED = 22  # PUBLISH with the message's id: fixed layout, see the docstring
+    JOB = 23  # dialler -> listener: REQUEST's layout; a queued job (the docstring's JOB)
 
 
 KINDS: Final = frozenset(int(k) for k in Kind)
@@ -103,7 +107,7 @@ MAX_CLUSTERS: Final = 64
 PUBLISH_FIELDS: Final = struct.Struct("!QB")
 PUBLISH_STAMP: Final = struct.Struct("!d")
 MAX_STAMP: Final = 1e11  # seconds since the epoch: a publish time past this is not one
-MESSAGE_ID_SIZE: Final = 16  # a retained message's id (irismesh.memory.message_id)
+MESSAGE_ID_SIZE: Final = 16  # a retained message's or a job's id (irismesh.memory.message_id)
 TUNNEL_FIELDS: Final = struct.Struct("!IBI")
 MAX_PATTERNS_PER_FRAME: Final = 128  # x 255 B patterns fits CONTROL_ALLOWANCE
 

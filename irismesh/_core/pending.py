@@ -27,7 +27,7 @@ class PendingRequest:
     sent_at: float
     link: OutLink | None
     attempts: int = 1
-    kind: int = 5  # Kind.REQUEST, BROADCAST or SURVEY
+    kind: int = 5  # Kind.REQUEST, BROADCAST, SURVEY or JOB
     pinned: bool = False  # meant for one member (broadcast, survey): never resent elsewhere
     hedged: OutLink | None = None  # a second copy in flight there (hedged requests)
     hedge_at: float = float("inf")

@@ -22,9 +22,10 @@ What flows in sealed frames:
   (`dropped_buffer_full`), never silently. Each frame says two things of the other stream:
   how far it was received (nothing up to there is sent again) and how far the application is
   done with it (`consumed`; what the sender may forget), so a receiver that reads slowly
-  holds the sender back by the window instead of piling items up. The receiver delivers items in sequence order and
-  drops what it already has (`duplicates`) or what comes after a gap (`out_of_order`); the
-  sender goes back to its oldest unacknowledged item when acks stop progressing. A stream
+  holds the sender back by the window instead of piling items up. The receiver delivers
+  items in sequence order and drops what it already has (`duplicates`) or what comes after a
+  gap (`out_of_order`); the sender goes back to the oldest item the receiver does not have
+  when acks stop progressing. A stream
   outlives sessions: each end names its stream (a random id per process) in its handshake
   with how far it got in the other's, so after an outage or a reconnection the sender replays
   exactly what was not acknowledged, in order. At most `window` items are in flight at once.

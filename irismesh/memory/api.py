@@ -28,6 +28,7 @@ CATCH_UP_WAIT = 2.0  # seconds a starting memory member waits to find another to
 # every publisher by then (membership spreads a record change in about a second).
 REREAD_AGAIN_AFTER = 2.0
 _log = logging.getLogger("irismesh.node")
+_KIND_JOB = int(Kind.JOB)
 
 
 class MemoryApi:
@@ -42,6 +43,7 @@ class MemoryApi:
 
     if TYPE_CHECKING:  # the node's own, with their signatures there
         request: Callable[..., Awaitable[bytes]]
+        _queued_request: Callable[..., Awaitable[bytes]]
         wait_for_members: Callable[..., Awaitable[int]]
         _linked: Callable[..., Awaitable[float]]
         _check_cluster: Callable[[str], None]
@@ -88,8 +90,10 @@ class MemoryApi:
         self.keyring.require(cluster)  # the job is sealed under the cluster's key
         return await self.memory.enqueue(cluster, payload, expiry, timeout)
 
-    async def _dispatch_job(self, cluster: str, payload: bytes, timeout: float) -> bytes:
-        return await self.request(cluster, payload, timeout=timeout, queue=True)
+    async def _dispatch_job(
+        self, cluster: str, job_id: bytes, payload: bytes, timeout: float
+    ) -> bytes:
+        return await self._queued_request(cluster, job_id + payload, timeout, None, _KIND_JOB)
 
     def _memory_peer_ids(self) -> list[bytes]:
         """The other live memory members, as membership knows them."""

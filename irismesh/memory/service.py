@@ -37,7 +37,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final, TypeVar
 
@@ -46,6 +46,7 @@ import msgpack
 from irismesh._core.topics import validate_pattern, validate_topic
 from irismesh.errors import (
     ConfigurationError,
+    MemberLost,
     MeshError,
     NoResponders,
     PayloadTooLarge,
@@ -77,6 +78,8 @@ _ENQUEUE, _DONE, _JOBS = "enqueue", "done", "jobs"
 MAX_ATTEMPTS: Final = 5  # handler runs a job gets before it is set aside (dead-lettered)
 DISPATCH_TIMEOUT: Final = 30.0  # seconds a dispatched job may take, at most
 _IN_FLIGHT: Final = 64  # jobs a dispatcher has handled at once
+_UNSURE_KEPT: Final = 65536  # jobs remembered as maybe run, for the repeats count
+_Rows = list[tuple[str, bytes, float, bytes]]
 _RETRY_AFTER: Final = 0.2  # seconds before a job that failed or found no member goes again
 CATCH_UP_MARGIN: Final = 60.0  # seconds before its newest message a starting member asks from
 _MAX_BATCH: Final = 4096
@@ -150,45 +153,70 @@ class MemoryMember:
         self.jobs = JobStore(self.store)
         self._lock = threading.Lock()
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="irismesh-memory")
-        # Group commit: stores that arrive while one is written wait, and go in the next
-        # transaction together (one flush to disk for all of them).
-        self._writes: list[tuple[list[tuple[str, bytes, float, bytes]], asyncio.Future[None]]] = []
+        # Group commit: stores and enqueues that arrive while one group is written wait, and
+        # go in the next group together (one flush to disk for each kind in it).
+        self._writes: list[tuple[_Rows, list[Job], asyncio.Future[None]]] = []
         self._writer: asyncio.Task[None] | None = None
+        # Called on the loop once jobs were written: the dispatcher wakes.
+        self.on_jobs: Callable[[], None] | None = None
 
     async def serve(self, payload: bytes) -> bytes:
-        """One request to `_memory`, on the node's loop: stores are written in groups on the
-        member's store thread, reads run there one at a time."""
+        """One request to `_memory`, on the node's loop: stores and enqueues are written in
+        groups on the member's store thread, reads run there one at a time."""
         request = _unpack(payload)
-        if type(request) is list and len(request) == 2 and request[0] == _STORE:
-            rows = _rows(request[1])
+        if type(request) is list and len(request) == 2 and request[0] in (_STORE, _ENQUEUE):
+            rows, jobs = (
+                (_rows(request[1]), []) if request[0] == _STORE else ([], _jobs(request[1]))
+            )
             loop = asyncio.get_running_loop()
             done: asyncio.Future[None] = loop.create_future()
-            self._writes.append((rows, done))
+            self._writes.append((rows, jobs, done))
             if self._writer is None or self._writer.done():
                 self._writer = loop.create_task(self._write())
             await done
-            return _pack([len(rows)])
+            return _pack([len(rows) + len(jobs)])
         return await asyncio.get_running_loop().run_in_executor(self.pool, self.handle, payload)
 
     async def _write(self) -> None:
         loop = asyncio.get_running_loop()
         while self._writes:
             batch, self._writes = self._writes[:_GROUP], self._writes[_GROUP:]
-            rows = [row for group, _done in batch for row in group]
             try:
-                await loop.run_in_executor(self.pool, self._put, rows)
+                await loop.run_in_executor(self.pool, self._put, batch)
             except MeshError as exc:
-                for _group, done in batch:
+                if len(batch) > 1:  # one bad request must not fail the others: one at a time
+                    for each in batch:
+                        await self._write_one(each)
+                else:
+                    done = batch[0][2]
                     if not done.done():
                         done.set_exception(exc)
             else:
-                for _group, done in batch:
-                    if not done.done():
-                        done.set_result(None)
+                for write in batch:
+                    if not write[2].done():
+                        write[2].set_result(None)
+            if self.on_jobs is not None and any(write[1] for write in batch):
+                self.on_jobs()
 
-    def _put(self, rows: list[tuple[str, bytes, float, bytes]]) -> int:
+    async def _write_one(self, write: tuple[_Rows, list[Job], asyncio.Future[None]]) -> None:
+        done = write[2]
+        try:
+            await asyncio.get_running_loop().run_in_executor(self.pool, self._put, [write])
+        except MeshError as exc:
+            if not done.done():
+                done.set_exception(exc)
+        else:
+            if not done.done():
+                done.set_result(None)
+
+    def _put(self, batch: list[tuple[_Rows, list[Job], asyncio.Future[None]]]) -> None:
+        rows = [row for group, _jobs, _done in batch for row in group]
+        jobs = [job for _rows, group, _done in batch for job in group]
         with self._lock:
-            return self.store.put_many(rows)
+            if rows:
+                self.store.put_many(rows)
+            if jobs:
+                self.jobs.add(jobs)
 
     def handle(self, payload: bytes) -> bytes:
         """One request to `_memory` other than a store (in the member's store thread)."""
@@ -203,10 +231,6 @@ class MemoryMember:
             if after is not None and type(after) is not str:
                 raise ConfigurationError("latest's `after` is a topic or nil")
             return _pack_page(*self.page(pattern, latest, after))
-        if op == _ENQUEUE and len(request) == 2:
-            jobs = _jobs(request[1])
-            with self._lock:
-                return _pack([self.jobs.add(jobs)])
         if op == _DONE and len(request) == 3 and type(request[1]) is list:
             ids = [i for i in request[1] if type(i) is bytes and len(i) == ID_SIZE]
             with self._lock:
@@ -296,6 +320,12 @@ class NodeMemory:
         self._pool = member.pool if member is not None else None
         self._wake: asyncio.Event | None = None  # the dispatcher's: a job came, or room
         self._dispatching: set[asyncio.Task[None]] = set()
+        # Jobs whose last hand-out ended without an answer it could trust (a timeout, a lost
+        # member): it may have run, so handing it out again is a repeat (insertion-ordered).
+        self._unsure: dict[bytes, None] = {}
+        # Handled jobs waiting to be forgotten, and the task that forgets them.
+        self._finished: list[tuple[bytes, asyncio.Future[None]]] = []
+        self._finisher: asyncio.Task[None] | None = None
 
     async def retain(self, topic: str, payload: bytes, timeout: float | None) -> bytes:
         """Store a message with the memory members; its id once `replicas` of them (or every
@@ -346,7 +376,7 @@ class NodeMemory:
 
     async def dispatch(
         self,
-        request: Callable[[str, bytes, float], Awaitable[bytes]],
+        request: Callable[[str, bytes, bytes, float], Awaitable[bytes]],
         peers: Callable[[], list[bytes]],
     ) -> None:
         """A memory member's dispatcher loop: while it is the live memory member with the
@@ -357,8 +387,8 @@ class NodeMemory:
         member = self.member
         if member is None:
             return
-        loop = asyncio.get_running_loop()
         self._wake = wake = asyncio.Event()
+        member.on_jobs = wake.set
         busy: set[bytes] = set()
         next_expiry = 0.0
         while True:
@@ -378,14 +408,12 @@ class NodeMemory:
             jobs = await member.run(member.jobs.pending, room, set(busy))
             for job in jobs:
                 busy.add(job.id)
-                task = loop.create_task(self._dispatch_one(job, request, busy, wake))
-                self._dispatching.add(task)
-                task.add_done_callback(self._dispatching.discard)
+                self._track(self._dispatch_one(job, request, busy, wake))
 
     async def _dispatch_one(
         self,
         job: Job,
-        request: Callable[[str, bytes, float], Awaitable[bytes]],
+        request: Callable[[str, bytes, bytes, float], Awaitable[bytes]],
         busy: set[bytes],
         wake: asyncio.Event,
     ) -> None:
@@ -395,8 +423,17 @@ class NodeMemory:
             left = job.expires_at - time.time()
             if left <= 0:
                 return  # expire() drops it
+            if job.id in self._unsure:  # its last run may have happened: this is a repeat
+                self.stats["jobs_redelivered"] += 1
             try:
-                await request(job.cluster, job.payload, min(DISPATCH_TIMEOUT, left))
+                await request(job.cluster, job.id, job.payload, min(DISPATCH_TIMEOUT, left))
+            except (RequestTimeout, MemberLost):
+                self._unsure[job.id] = None  # it may have run, its answer lost
+                while len(self._unsure) > _UNSURE_KEPT:
+                    del self._unsure[next(iter(self._unsure))]
+                self.stats["jobs_retried"] += 1
+                await asyncio.sleep(_RETRY_AFTER)
+                return
             except RemoteError:
                 dead = job.attempts + 1 >= MAX_ATTEMPTS
                 self.stats["jobs_failed"] += 1
@@ -407,14 +444,50 @@ class NodeMemory:
                 self.stats["jobs_retried"] += 1  # no member in time, overloaded: again later
                 await asyncio.sleep(_RETRY_AFTER)
                 return
-            now = time.time()
-            await member.run(member.jobs.finish, [job.id], now)
+            self._unsure.pop(job.id, None)
+            await self._finish(job.id)
             self.stats["jobs_done"] += 1
-            with contextlib.suppress(MeshError):  # a member that misses it learns at catch-up
-                await self._survey(_pack([_DONE, [job.id], now]), DISPATCH_TIMEOUT)
         finally:
             busy.discard(job.id)
             wake.set()
+
+    async def _finish(self, job_id: bytes) -> None:
+        """Forget a handled job here, then at the other memory members: together with the
+        jobs handled meanwhile (one write and one survey for all of them)."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._finished.append((job_id, done))
+        if self._finisher is None or self._finisher.done():
+            self._finisher = self._track(self._finish_all())
+        await done
+
+    async def _finish_all(self) -> None:
+        member = self.member
+        assert member is not None
+        while self._finished:
+            batch, self._finished = self._finished, []
+            ids = [job_id for job_id, _done in batch]
+            now = time.time()
+            try:
+                await member.run(member.jobs.finish, ids, now)
+            except MeshError as exc:
+                for _id, done in batch:
+                    if not done.done():
+                        done.set_exception(exc)
+                continue
+            for _id, done in batch:
+                if not done.done():
+                    done.set_result(None)
+            self._track(self._tell_done(ids, now))
+
+    async def _tell_done(self, ids: list[bytes], now: float) -> None:
+        with contextlib.suppress(MeshError):  # a member that misses it learns at catch-up
+            await self._survey(_pack([_DONE, ids, now]), DISPATCH_TIMEOUT)
+
+    def _track(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(work)
+        self._dispatching.add(task)
+        task.add_done_callback(self._dispatching.discard)
+        return task
 
     async def catch_up_jobs(self, timeout: float) -> int:
         """A member that starts holds the jobs the others hold and forgets those they finished

@@ -150,6 +150,9 @@ class Scene:
         for kind in (Kind.BROADCAST, Kind.SURVEY):
             self.client.core.fanout(int(kind), "db", b"fan-out", 1.0, net.now)
             net.settle()
+        # JOB: a queued job the memory hands out (its 16-byte id, then the job).
+        self.client.core.request("db", bytes(16) + b"job", 1.0, net.now, None, int(Kind.JOB))
+        net.settle()
         # CANCEL: a caller that gives up on a request it sent.
         req_id = self.client.core.request("db", b"given up", 1.0, net.now)
         self.client.core.cancel(req_id)
@@ -295,13 +298,13 @@ class Scene:
         """A frame `target` has not seen yet, sealed by its real sender (valid as it is)."""
         link = self._senders[target]
         if target == "member<-client":
-            kind = rng.choice((Kind.PING, Kind.REQUEST, Kind.BROADCAST, Kind.SURVEY))
+            kind = rng.choice((Kind.PING, Kind.REQUEST, Kind.BROADCAST, Kind.SURVEY, Kind.JOB))
         elif target == "client<-member":
             kind = rng.choice((Kind.PONG, Kind.REPLY))
         else:  # all the rogue may validly send the member is its link's own control traffic
             kind = Kind.PING
         scope = 0
-        if kind in (Kind.REQUEST, Kind.BROADCAST, Kind.SURVEY):
+        if kind in (Kind.REQUEST, Kind.BROADCAST, Kind.SURVEY, Kind.JOB):
             scope, body = 1, encode_request(rng.getrandbits(32), 1000, [], rng.randbytes(8))
         elif kind == Kind.REPLY:
             scope, body = 1, encode_reply(rng.getrandbits(32), STATUS_OK, rng.randbytes(8))

@@ -52,8 +52,8 @@ reasons = st.text(max_size=1000)  # at most 4000 UTF-8 bytes: within max_str_len
 scalars = st.none() | st.booleans() | msgpack_ints | st.text(max_size=20) | st.binary(max_size=20)
 caps = st.dictionaries(st.text(max_size=10), scalars, max_size=8)
 
-# REQUEST, BROADCAST, SURVEY and REPLY have fixed layouts, not msgpack envelopes.
-FIXED_KINDS = (Kind.REQUEST, Kind.REPLY, Kind.BROADCAST, Kind.SURVEY, Kind.BATCH)
+# REQUEST, BROADCAST, SURVEY, JOB and REPLY have fixed layouts, not msgpack envelopes.
+FIXED_KINDS = (Kind.REQUEST, Kind.REPLY, Kind.BROADCAST, Kind.SURVEY, Kind.JOB, Kind.BATCH)
 BINARY_KINDS = (
     *FIXED_KINDS,
     Kind.PUBLISH,

@@ -168,7 +168,7 @@ def test_every_command_explains_itself_with_an_example(capsys: pytest.CaptureFix
         assert f"mesh {name}" in text.partition("examples:")[2], name
     with pytest.raises(SystemExit):
         cli.main(["clusters", "--help"])
-    assert "security property" in capsys.readouterr().out
+    assert "sealed under the keys that open them" in capsys.readouterr().out
 
 
 def test_console_script_and_module_are_the_same_tool() -> None:

@@ -136,11 +136,14 @@ def test_news_feed_reader_gets_every_story_current_without_gap_or_repeat() -> No
     assert report["reread"] >= 30  # each story's latest version came from the memory first
 
 
-def test_job_queue_loses_no_job_across_a_worker_kill_and_a_memory_restart() -> None:
-    report = json.loads(run_example("job_queue.py", "--json", "--jobs", "200").stdout)
+def test_job_queue_loses_no_job_across_kills_of_its_dispatcher_and_of_every_worker() -> None:
+    report = json.loads(run_example("job_queue.py", "--json", "--jobs", "1000").stdout)
     assert report["ok"], report
-    assert report["handled"] == 200
+    assert report["handled"] == 1000
     assert report["lost"] == []
+    # Only jobs in hand when a process died run twice: at most what the dispatcher hands out
+    # at once (64), for each of the three SIGKILLs.
+    assert report["ran_twice"] <= 3 * 64, report
 
 
 def test_federation_crosses_two_meshes_and_hides_what_is_not_exported() -> None:

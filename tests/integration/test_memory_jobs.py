@@ -10,6 +10,7 @@ import pytest
 from helpers import wait_until
 
 import irismesh
+from irismesh._core.frames import Kind
 from irismesh.memory.service import MAX_ATTEMPTS
 
 
@@ -151,10 +152,16 @@ def test_another_memory_member_takes_over_when_the_dispatcher_leaves(
             await wait_until(lambda: len(handled) == 5, 15, "the first jobs handled")
             await dispatcher.close()
             gate.set()
+            # The other hands out what was left: its store forgets each job (in its thread)
+            # just before its dispatcher counts it done (on the loop): wait for both.
             await wait_until(
-                lambda: other.stats.get("memory_jobs_pending", 1) == 0, 20, "the other's turn"
+                lambda: (
+                    other.stats.get("memory_jobs_pending", 1) == 0
+                    and other.stats.get("jobs_done", 0) > 0
+                ),
+                20,
+                "the other's turn",
             )
-            assert other.stats.get("jobs_done", 0) > 0  # it handed out what was left
             assert len(handled) == 40
             # At least once: a job in hand as its dispatcher left may run twice, not more.
             assert max(handled.values()) <= 2
@@ -170,5 +177,86 @@ def test_enqueue_without_a_memory_member_fails_at_once(keys: irismesh.Keyring) -
             with pytest.raises(irismesh.NoResponders):
                 await node.enqueue("work", b"x")
             assert node.stats["jobs_enqueue_failed"] == 1
+
+    run(main())
+
+
+def test_on_queued_runs_the_jobs_and_on_request_the_requests(
+    keys: irismesh.Keyring, tmp_path: Path
+) -> None:
+    async def main() -> None:
+        held = await memories(keys, tmp_path, 1)
+        producer = await irismesh.Node(keyring=keys, seeds=[held[0].endpoint]).start()
+        member = irismesh.Node("work", keyring=keys, seeds=[held[0].endpoint])
+        jobs: list[bytes] = []
+
+        @member.on_request
+        def request(payload: bytes) -> bytes:
+            return b"request " + payload
+
+        @member.on_queued
+        async def job(payload: bytes) -> bytes:
+            jobs.append(payload)
+            return b"done"
+
+        await member.start()
+        try:
+            await producer.wait_for_members("_memory", 1, timeout=10)
+            await producer.enqueue("work", b"job 1")
+            await wait_until(lambda: jobs == [b"job 1"], 10, "the job to run in on_queued")
+            await producer.wait_for_members("work", 1, timeout=10)
+            assert await producer.request("work", b"x") == b"request x"
+            assert jobs == [b"job 1"]
+            assert member.stats["jobs_run"] == 1
+        finally:
+            await asyncio.gather(member.close(), producer.close(), *(m.close() for m in held))
+
+    run(main())
+
+
+def test_a_job_handed_out_again_to_its_member_is_answered_without_running_again(
+    keys: irismesh.Keyring,
+) -> None:
+    """The memory hands a job out again when it never heard the answer: a member that already
+    answered it (or still runs it) answers the repeat with the same outcome, unrun."""
+
+    async def main() -> None:
+        member = await irismesh.Node("work", keyring=keys).start()
+        runs: Counter[bytes] = Counter()
+        release = asyncio.Event()
+
+        @member.on_request
+        async def handle(payload: bytes) -> bytes:
+            runs[payload] += 1
+            if payload == b"slow":
+                await release.wait()
+            return b"answer to " + payload
+
+        dispatcher = await irismesh.Node(keyring=keys, seeds=[member.endpoint]).start()
+        try:
+            await dispatcher.wait_for_members("work", 1, timeout=10)
+            first, again = bytes(range(16)), bytes(range(1, 17))
+            assert await dispatcher._dispatch_job("work", first, b"fast", 5) == b"answer to fast"
+            assert await dispatcher._dispatch_job("work", first, b"fast", 5) == b"answer to fast"
+            # A repeat while the first run is still going waits for that run's answer.
+            running = [
+                asyncio.ensure_future(dispatcher._dispatch_job("work", again, b"slow", 5))
+                for _ in range(2)
+            ]
+            await wait_until(lambda: runs[b"slow"] == 1, 5, "the slow job to start")
+            await wait_until(lambda: member.stats["jobs_absorbed"] == 2, 5, "the repeat to wait")
+            release.set()
+            assert await asyncio.gather(*running) == [b"answer to slow"] * 2
+            assert runs == Counter({b"fast": 1, b"slow": 1})
+            assert member.stats["jobs_run"] == 2
+            # A request is not a job: the same payload runs every time.
+            await dispatcher.request("work", b"fast")
+            assert runs[b"fast"] == 2
+            # A job frame too short to carry its id is an error for the sender, counted.
+            with pytest.raises(irismesh.RemoteError):
+                await dispatcher._queued_request("work", b"short", 5, None, int(Kind.JOB))
+            assert member.stats["jobs_malformed"] == 1
+        finally:
+            await asyncio.gather(dispatcher.close(), member.close())
 
     run(main())

@@ -54,7 +54,10 @@ def test_a_handler_whose_caller_timed_out_is_cancelled(keys: irismesh.Keyring) -
                     pass
                 assert time.monotonic() - began < 1.0
                 await wait_until(lambda: "cancelled" in seen, 2.0, "the handler's cancellation")
-                assert member.stats["requests_deadline_cancelled"] == 1
+                # Its deadline passed there as the caller's CANCEL came: either stops it, once.
+                stats = member.stats
+                cancelled = stats.get("requests_deadline_cancelled", 0)
+                assert cancelled + stats.get("requests_cancelled", 0) == 1
 
     run(main())
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import itertools
 import os
@@ -15,20 +16,26 @@ import random
 import select
 import socket
 import struct
-from collections.abc import AsyncIterator, Callable, Coroutine
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgpack
 import pytest
 
+from irismesh.discovery.sealed import SLOT_LEN, SLOTS
 from irismesh.discovery.survey import (
     SurveyConfig,
     SurveyDiscovery,
+    SurveyKind,
     decode,
     encode_answer,
     encode_question,
+    survey_config,
 )
 from irismesh.errors import Closed, ConfigurationError
+from irismesh.security.keyring import Keyring, ScopeKey
 
 LOOPBACK = "127.0.0.1"
 TEST_TIMEOUT = 20.0
@@ -527,3 +534,181 @@ def test_bad_own_identity_is_refused_at_construction() -> None:
             config=SurveyConfig(),
             on_candidate=lambda _id, _endpoint: None,
         )
+
+
+# ------------------------------------------- sealed cluster names, replays
+
+STAR, DB, OTHER = (ScopeKey(scope=s, secret=os.urandom(32)) for s in ("*", "db", "*"))
+
+
+def make_keyed(
+    config: SurveyConfig, keyring: Keyring | None = None, clusters: Sequence[str] = ()
+) -> Node:
+    node_id = os.urandom(16)
+    endpoint = f"tcp://{LOOPBACK}:{random.randint(20000, 60000)}"
+    seen: set[tuple[bytes, str]] = set()
+    if keyring is not None:  # the realm a node with this keyring would have
+        realm = survey_config(True, keyring)
+        assert realm is not None
+        config = dataclasses.replace(
+            config, realm=realm.realm, accepted_realms=realm.accepted_realms
+        )
+    survey = SurveyDiscovery(
+        node_id=node_id,
+        endpoint=endpoint,
+        config=config,
+        on_candidate=lambda i, e: seen.add((i, e)),
+        rng=random.Random(node_id),
+        keyring=keyring,
+        clusters=clusters,
+    )
+    return Node(node_id=node_id, endpoint=endpoint, survey=survey, seen=seen)
+
+
+def heard(node: Node) -> dict[str, set[bytes]]:
+    return {name: set(ids) for name, ids in node.survey.clusters_heard().items()}
+
+
+def test_a_star_keyring_lists_every_cluster_and_a_cluster_key_its_cluster_alone() -> None:
+    async def scenario() -> None:
+        config = fresh_config()
+        member_keys = Keyring([STAR, DB])  # db has a key of its own; echo uses '*'
+        db = make_keyed(config, member_keys, ["db"])
+        echo = make_keyed(config, member_keys, ["echo"])
+        star_lister = make_keyed(config, Keyring([STAR]))
+        db_lister = make_keyed(config, Keyring([DB]))  # another realm: no '*' key
+        stranger = make_keyed(config, Keyring([OTHER]))
+        async with started(db, echo, star_lister, db_lister, stranger):
+            want_all = {"db": {db.node_id}, "echo": {echo.node_id}}
+            await wait_until(lambda: heard(star_lister) == want_all, 5.0, "'*' lists both")
+            await wait_until(
+                lambda: heard(db_lister) == {"db": {db.node_id}}, 5.0, "db's key lists db"
+            )
+            await wait_until(lambda: heard(db) == {"echo": {echo.node_id}}, 5.0, "db sees echo")
+            # The holder of db's key only is not of this mesh: answered, never a candidate.
+            assert db_lister.seen == set()
+            assert db_lister.me not in db.seen | echo.seen
+            assert db.survey.stats["heard_outside_realm"] >= 1
+            assert heard(stranger) == {}
+            assert stranger.seen == set()
+            assert star_lister.seen == {db.me, echo.me}
+            # echo holds db's key too: it answers db_lister, whose key opens none of its names.
+            await wait_until(
+                lambda: echo.survey.stats["heard_outside_realm"] >= 3, 5.0, "echo answers"
+            )
+            await wait_until(lambda: db_lister.survey.stats["received"] >= 6, 5.0, "answers in")
+            assert heard(db_lister) == {"db": {db.node_id}}
+
+    run(scenario)
+
+
+def test_a_node_with_more_slots_than_a_datagram_holds_sends_them_in_turn() -> None:
+    async def scenario() -> None:
+        config = fresh_config(fast_interval=0.02)
+        keys = [ScopeKey(scope=f"c{i}", secret=os.urandom(32)) for i in range(6)]
+        names = [key.scope for key in keys]
+        busy = make_keyed(config, Keyring([STAR, *keys]), names)  # 7 slots: '*' and one per key
+        star = make_keyed(config, Keyring([STAR]))
+        last = make_keyed(config, Keyring([keys[-1]]))
+        async with started(busy, star, last):
+            everyone = {name: {busy.node_id} for name in names}
+            await wait_until(lambda: heard(star) == everyone, 5.0, "'*' lists all six")
+            await wait_until(lambda: heard(last) == {"c5": {busy.node_id}}, 5.0, "c5 in turn")
+
+    run(scenario)
+
+
+def recorded_question(listener: socket.socket, of: Node) -> bytes:
+    """A question of `of` as it crossed the group."""
+    while True:
+        readable, _, _ = select.select([listener], [], [], 3.0)
+        assert readable, "no question heard"
+        data = listener.recv(2048)
+        if decode(data).node_id == of.node_id:
+            return data
+
+
+def test_a_recorded_datagram_sent_again_is_dropped_and_counted() -> None:
+    async def scenario() -> None:
+        # Slow polling, so that every answer after the first ones is to a datagram sent here.
+        config = fresh_config(fast_period=0.0, slow_interval=60.0)
+        keys = Keyring([STAR])
+        a, b = make_keyed(config, keys, ["db"]), make_keyed(config, keys)
+        loop = asyncio.get_running_loop()
+        with group_listener(config) as listener:
+            async with started(b, a):
+                question = await loop.run_in_executor(None, recorded_question, listener, a)
+                await wait_until(lambda: b.seen == {a.me}, 3.0, "b hears a's question")
+                await wait_until(lambda: a.seen == {b.me}, 3.0, "a hears b's answer")
+                answered = b.survey.stats["answers_sent"]
+                with pinned_sender() as sender:
+                    for _ in range(3):
+                        sender.sendto(question, (config.group, config.port))
+                await wait_until(
+                    lambda: b.survey.stats["dropped_replay"] >= 3, 3.0, "three replays dropped"
+                )
+                assert b.survey.stats["answers_sent"] == answered, "a replay was answered"
+
+    run(scenario)
+
+
+def test_stale_and_old_datagrams_are_dropped_and_counted() -> None:
+    async def scenario() -> None:
+        config = fresh_config(fast_period=0.0, slow_interval=60.0, freshness=5.0)
+        node = make_keyed(config, Keyring([STAR]))
+        realm = survey_config(True, Keyring([STAR]))
+        assert realm is not None
+        stranger = os.urandom(16)
+        wall_ms = int(time.time() * 1000)
+        stale = encode_question(
+            node_id=stranger,
+            endpoint="tcp://127.0.0.1:1",
+            realm=realm.realm,
+            timestamp_ms=wall_ms - 6000,
+        )
+        future = encode_question(
+            node_id=stranger,
+            endpoint="tcp://127.0.0.1:1",
+            realm=realm.realm,
+            timestamp_ms=wall_ms + 6000,
+        )
+        packed: bytes = msgpack.packb([stranger, "tcp://127.0.0.1:1", b""], use_bin_type=True)
+        old = b"IMSV\x01" + bytes([SurveyKind.QUESTION]) + packed
+        async with started(node):
+            with pinned_sender() as sender:
+                for data in (stale, future, old):
+                    sender.sendto(data, (config.group, config.port))
+            await wait_until(
+                lambda: (
+                    node.survey.stats["dropped_stale"] >= 2
+                    and node.survey.stats["dropped_old_version"] >= 1
+                ),
+                3.0,
+                "stale and old datagrams counted",
+            )
+            assert node.survey.stats["answers_sent"] == 0
+            assert node.seen == set()
+
+    run(scenario)
+
+
+def test_a_forged_slot_or_tag_is_neither_a_candidate_nor_a_name() -> None:
+    async def scenario() -> None:
+        config = fresh_config(fast_period=0.0, slow_interval=60.0)
+        node = make_keyed(config, Keyring([STAR]))
+        forged = encode_question(
+            node_id=os.urandom(16),
+            endpoint="tcp://127.0.0.1:1",
+            realm=os.urandom(16),
+            slots=[os.urandom(SLOT_LEN)] * SLOTS,
+        )
+        async with started(node):
+            with pinned_sender() as sender:
+                sender.sendto(forged, (config.group, config.port))
+                await wait_until(
+                    lambda: node.survey.stats["dropped_realm"] >= 1, 3.0, "forgery dropped"
+                )
+            assert node.survey.stats["answers_sent"] == 0
+            assert node.survey.clusters_heard() == {}
+
+    run(scenario)
