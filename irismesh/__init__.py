@@ -30,6 +30,7 @@ from irismesh.errors import (
     TunnelError,
     TunnelReset,
 )
+from irismesh.federation import Gateway
 from irismesh.memory.store import Retention
 from irismesh.memory.store import Stored as Remembered
 from irismesh.node import Node, PeerInfo, SurveyResult, TelemetryConfig
@@ -45,6 +46,7 @@ __all__ = [
     "ConfigurationError",
     "CoreConfig",
     "EndOfStream",
+    "Gateway",
     "InterestTimeout",
     "Keyring",
     "MdnsConfig",

@@ -21,6 +21,7 @@ from irismesh._cli import (
     completion,
     context,
     fanout,
+    gateway,
     keys,
     listing,
     memory,
@@ -46,6 +47,7 @@ from irismesh.errors import ConfigurationError, MeshError
 FAMILIES = (
     keys,
     serve,
+    gateway,
     request,
     fanout,
     pubsub,

@@ -47,7 +47,7 @@ from irismesh._core.events import (
     RequestCancelled,
     Token,
 )
-from irismesh._core.frames import MAX_CLUSTERS, Kind
+from irismesh._core.frames import MAX_CLUSTERS, Kind, pack_error
 from irismesh._core.gossip import MAX_NAME
 from irismesh._core.records import MemberState, validate_name
 from irismesh._datagrams import DatagramSocket
@@ -66,7 +66,14 @@ from irismesh.memory.queued import QueuedJobs
 from irismesh.memory.service import MAX_LATEST, MEMORY_CLUSTER, MemoryMember, NodeMemory
 from irismesh.memory.store import Retention
 from irismesh.patterns.pubsub import Message, Policy, PubSub, Subscription
-from irismesh.patterns.reqrep import Caller, HandlerRunner, RequestHandler, as_bytes, deadline
+from irismesh.patterns.reqrep import (
+    Caller,
+    ForwardedError,
+    HandlerRunner,
+    RequestHandler,
+    as_bytes,
+    deadline,
+)
 from irismesh.patterns.tunnel import (
     DEFAULT_MAX_MESSAGE,
     DEFAULT_WINDOW,
@@ -488,13 +495,15 @@ class Node(MemoryApi, KeyringApi):
     # ----------------------------------------------------------------- serving
 
     @overload
-    def on_request(self, handler: H, *, blocking: bool = False) -> H: ...
+    def on_request(self, handler: H, *, blocking: bool = False, admission: bool = True) -> H: ...
 
     @overload
-    def on_request(self, handler: None = None, *, blocking: bool = False) -> Callable[[H], H]: ...
+    def on_request(
+        self, handler: None = None, *, blocking: bool = False, admission: bool = True
+    ) -> Callable[[H], H]: ...
 
     def on_request(
-        self, handler: H | None = None, *, blocking: bool = False
+        self, handler: H | None = None, *, blocking: bool = False, admission: bool = True
     ) -> H | Callable[[H], H]:
         """Decorator: `handler(payload) -> bytes` (sync or async) answers this node's requests;
         `@node.on_request` or `@node.on_request(blocking=True)`.
@@ -511,14 +520,21 @@ class Node(MemoryApi, KeyringApi):
         beyond what the member can finish in time are turned away before they start (the caller
         gets `Overloaded`, or another member takes them): see "Deadlines and overload" in the
         README.
+
+        `admission=False` is for a handler that only passes requests on (a gateway, a proxy):
+        every request starts at once, and whoever answers it in the end admits it or not.
         """
         if not self.served_clusters:
             raise ConfigurationError("a node without a cluster serves no requests: pass cluster=")
+        if blocking and not admission:
+            raise ConfigurationError("a blocking handler runs within its thread pool's limit")
 
         def register(handler: H) -> H:
             runner = self._runner
             runner.handler = handler
             runner.blocking = blocking
+            if not admission:
+                runner.admission = None
             if blocking:
                 if runner.pool is None:
                     runner.pool = ThreadPoolExecutor(
@@ -647,6 +663,14 @@ class Node(MemoryApi, KeyringApi):
         if not queue:
             return await self._caller.request(cluster, payload, timeout, hedge)
         return await self._queued_request(cluster, payload, timeout, hedge)
+
+    def start_request(
+        self, cluster: str, payload: bytes, *, timeout: float | None = None
+    ) -> asyncio.Future[bytes]:
+        """Start a request and return the future of its reply, without a coroutine or a Task
+        of its own: for code that passes many requests on (a gateway). The future fails as
+        `request` raises; cancelling it cancels the request."""
+        return self._caller.start(cluster, payload, timeout)
 
     async def caught_up(self) -> None:
         """Until this memory member, once started, has copied what the other memory members
@@ -1131,7 +1155,10 @@ class Node(MemoryApi, KeyringApi):
 
     def _reply_error(self, token: Token, exc: BaseException) -> None:
         if self._core is not None and not self._closing:
-            self._core.reply_error(token, exc)
+            if isinstance(exc, ForwardedError):  # a gateway passing another member's error on
+                self._core.reply(token, pack_error(exc.remote_type, exc.remote_message), error=True)
+            else:
+                self._core.reply_error(token, exc)
 
     @staticmethod
     def _check_cluster(name: str) -> None:

@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from irismesh._core.admission import Admission
@@ -54,6 +55,25 @@ _KIND_REQUEST = int(Kind.REQUEST)
 SLICE = 0.005  # seconds of plain-function handlers run in a row before the loop gets a turn
 
 _deadline: ContextVar[float] = ContextVar("irismesh_deadline", default=float("inf"))
+
+
+class TurnedAway(Exception):
+    """Raised by a handler that forwards requests (a gateway) when it cannot: the caller is
+    answered as if admission had turned the request away unrun, so it goes to another member."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class ForwardedError(Exception):
+    """Raised by a handler that forwards requests with the error another member answered: the
+    caller's RemoteError names that error's type and message, not this one's."""
+
+    def __init__(self, remote_type: str, remote_message: str) -> None:
+        super().__init__(remote_message)
+        self.remote_type = remote_type
+        self.remote_message = remote_message
 
 
 def deadline() -> float | None:
@@ -115,11 +135,11 @@ class HandlerRunner:
         self.handler: RequestHandler | None = None
         self.blocking = False  # the handler blocks: it runs in `pool`
         self.pool: ThreadPoolExecutor | None = None
-        self.tasks: set[asyncio.Future[None]] = set()
+        self.tasks: set[asyncio.Future[Any]] = set()
         self.running = 0  # handlers suspended in a Task (or running in a thread)
         # (caller id, request id) -> (the handler's task, its deadline timer), while it runs
         self._active: dict[
-            tuple[bytes, int], tuple[asyncio.Future[None], asyncio.Handle | None]
+            tuple[bytes, int], tuple[asyncio.Future[Any], asyncio.Handle | None]
         ] = {}
         self._waiting: dict[tuple[bytes, int], RequestArrived] = {}  # queued, by request
         self._spent = 0.0  # seconds of inline handler runs since the runner last yielded
@@ -267,6 +287,13 @@ class HandlerRunner:
                 self._track(event, task)
                 self._spent += time.perf_counter() - began
                 return
+            if isinstance(result, asyncio.Future):
+                # A handler passing the request on (a gateway): answered when the future
+                # resolves, with no Task in between.
+                result.add_done_callback(partial(self._settled, event, started, now))
+                self._track(event, result)
+                self._spent += time.perf_counter() - began
+                return
             if type(result) is not bytes and inspect.isawaitable(result):
                 task = asyncio.ensure_future(self._await(event, started, result, now))
                 self._track(event, task)
@@ -301,7 +328,7 @@ class HandlerRunner:
         future = loop.run_in_executor(self.pool, context.run, handler, event.payload)
         self._track(event, asyncio.ensure_future(self._await(event, started, future, now)))
 
-    def _track(self, event: RequestArrived, task: asyncio.Future[None]) -> None:
+    def _track(self, event: RequestArrived, task: asyncio.Future[Any]) -> None:
         self.running += 1
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
@@ -382,6 +409,19 @@ class HandlerRunner:
         finally:
             self._untrack(event, began)
 
+    def _settled(
+        self, event: RequestArrived, started: int, began: float, future: asyncio.Future[Any]
+    ) -> None:
+        try:
+            if future.cancelled():
+                self._fail(event, started, _cancelled(event))
+            elif (exc := future.exception()) is not None:
+                self._fail(event, started, exc)
+            else:
+                self._finish(event, started, future.result())
+        finally:
+            self._untrack(event, began)
+
     def _finish(self, event: RequestArrived, started: int, value: object) -> None:
         if self._ack_only:
             value = b""
@@ -397,7 +437,10 @@ class HandlerRunner:
             serving[event.cluster].finish(event.token[0], started, len(value), _OK)
 
     def _fail(self, event: RequestArrived, started: int, exc: BaseException) -> None:
-        self._reply_error(event.token, exc)
+        if isinstance(exc, TurnedAway) and self._turn_away is not None:
+            self._turn_away(event.token, exc.reason)
+        else:
+            self._reply_error(event.token, exc)
         if self._serving is not None:
             self._serving[event.cluster].finish(event.token[0], started, 0, _REMOTE_ERROR)
 
@@ -477,6 +520,39 @@ class Caller:
         kind: int = _KIND_REQUEST,
     ) -> bytes:
         """`Node.request`: one member's reply (`kind` JOB: a queued job the memory hands out)."""
+        core, driver, req_id, fut = self._begin(cluster, payload, timeout, hedge, kind)
+        if self.busy_poll and len(self._waiting) == 1:
+            # Opt-in: wait for the reply without a trip through the loop.
+            driver.spin(core.request_link(req_id), self.busy_poll, fut.done)
+            if fut.done():
+                return fut.result()
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            if self._waiting.pop(req_id, None) is not None:
+                core.cancel(req_id)
+            raise
+
+    def start(self, cluster: str, payload: bytes, timeout: float | None) -> asyncio.Future[bytes]:
+        """`Node.start_request`: the reply's future; cancelling it cancels the request."""
+        core, _driver, req_id, fut = self._begin(cluster, payload, timeout, None, _KIND_REQUEST)
+
+        def cancelled(done: asyncio.Future[bytes]) -> None:
+            if done.cancelled() and self._waiting.pop(req_id, None) is not None:
+                core.cancel(req_id)
+
+        fut.add_done_callback(cancelled)
+        return fut
+
+    def _begin(
+        self,
+        cluster: str,
+        payload: bytes,
+        timeout: float | None,
+        hedge: float | bool | None,
+        kind: int,
+    ) -> tuple[MeshCore, Driver, int, asyncio.Future[bytes]]:
+        """Check a request, hand it to the core, and arm the timer of its deadline."""
         core = self._core
         driver = self._driver
         if core is None or driver is None or self.closed:
@@ -516,19 +592,10 @@ class Caller:
             driver.flush_soon()
         else:
             driver.flush()  # alone: no reason to wait
-            if self.busy_poll:  # opt-in: wait for the reply without a trip through the loop
-                driver.spin(core.request_link(req_id), self.busy_poll, fut.done)
-                if fut.done():
-                    return fut.result()
         wake = now + (hedge if hedge is not None else timeout)
         if wake < driver.timer_at:
             driver.arm(wake)
-        try:
-            return await fut
-        except asyncio.CancelledError:
-            if self._waiting.pop(req_id, None) is not None:
-                core.cancel(req_id)
-            raise
+        return core, driver, req_id, fut
 
     def _hedge_delay(self, cluster: str) -> float:
         """The cluster's measured p95 round trip (a power-of-two bound), or 10 ms unknown."""

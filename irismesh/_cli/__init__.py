@@ -4,6 +4,7 @@
               shares, and where each setting comes from (flags, context, environment, defaults)
     keys      mesh keygen
     serve     mesh node (echo, or a command run per request or per tunnel)
+    gateway   mesh gateway (links to other meshes' gateways)
     request   mesh request
     fanout    mesh broadcast, mesh survey
     pubsub    mesh publish, mesh subscribe

@@ -18,8 +18,9 @@ import termios
 import time
 import tty
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import msgpack
 from rich.console import Group, RenderableType
 from rich.live import Live
 from rich.table import Table
@@ -53,6 +54,7 @@ from irismesh._cli.listing import (
     served_by,
     view_clusters,
 )
+from irismesh.federation import GATEWAY_CLUSTER
 from irismesh.spark_telemetry.units import duration_us
 
 GAUGES = frozenset(
@@ -126,6 +128,23 @@ class Frame:
     clusters: list[ClusterView]
     counters: list[Rate]
     latency: list[Latency]
+    gateways: list[GatewayView] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GatewayView:
+    """One gateway of this mesh, as it answered the `_gateway` cluster: its links' state and
+    what it forwarded, buffered and dropped."""
+
+    name: str
+    mesh: str
+    links_up: int
+    links: int
+    buffered: int
+    dropped: int
+    duplicates: int
+    forwarded: int
+    stats: dict[str, int]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -149,7 +168,7 @@ class Sampler:
         self._last = counters(node)
         self._last_at = self.started
 
-    def sample(self) -> Frame:
+    def sample(self, gateways: list[GatewayView] | None = None) -> Frame:
         node = self.node
         now = time.monotonic()
         stats = counters(node)
@@ -162,9 +181,51 @@ class Sampler:
             clusters=view_clusters(node, self.names, peers),
             counters=rates(self._last, stats, now - self._last_at),
             latency=latencies(node),
+            gateways=gateways or [],
         )
         self._last, self._last_at = stats, now
         return frame
+
+
+async def gateway_views(
+    node: irismesh.Node, timeout: float, *, wait: bool = False
+) -> list[GatewayView]:
+    """Ask this mesh's gateways (members of `_gateway`) for their counters; [] if none, or if
+    this keyring cannot name that cluster. `wait`: for a first gateway, up to `timeout`."""
+    if node.keyring.primary(GATEWAY_CLUSTER) is None:
+        return []
+    if wait:
+        try:
+            await node.wait_for_members(GATEWAY_CLUSTER, timeout=timeout)
+        except irismesh.MeshError:
+            return []
+    elif not node.members(GATEWAY_CLUSTER):  # asking opens links: the next frame has them
+        return []
+    try:
+        result = await node.survey(GATEWAY_CLUSTER, b"", timeout=timeout)
+    except irismesh.MeshError:
+        return []
+    views = []
+    for answer in result.answers.values():
+        try:
+            report = msgpack.unpackb(answer, raw=False)
+            stats = {str(k): int(v) for k, v in report["stats"].items()}
+            views.append(
+                GatewayView(
+                    name=str(report["name"]),
+                    mesh=str(report["mesh"]),
+                    links_up=stats.get("links_up", 0),
+                    links=stats.get("links", 0),
+                    buffered=stats.get("link_buffered", 0),
+                    dropped=stats.get("link_dropped_buffer_full", 0),
+                    duplicates=stats.get("duplicates_dropped", 0),
+                    forwarded=stats.get("requests_forwarded", 0),
+                    stats=stats,
+                )
+            )
+        except (ValueError, KeyError, TypeError, AttributeError, msgpack.ExtraData):
+            continue  # not a gateway's report: shown nowhere
+    return sorted(views, key=lambda v: v.name)
 
 
 def counters(node: irismesh.Node) -> dict[str, int]:
@@ -230,6 +291,7 @@ def frame_json(frame: Frame) -> dict[str, object]:
             }
             for x in frame.latency
         ],
+        "gateways": [{"name": g.name, "mesh": g.mesh, "stats": g.stats} for g in frame.gateways],
     }
 
 
@@ -248,10 +310,31 @@ def render(frame: Frame, args: argparse.Namespace, live: bool) -> RenderableType
         parts.append(Text(f"no peers yet: looking via {where(args)}", style="yellow"))
     if frame.clusters:
         parts.append(clusters_table(frame.clusters, {p.node_id: p.name for p in frame.peers}))
+    if frame.gateways:
+        parts.append(gateways_table(frame.gateways))
     if frame.latency:
         parts.append(latency_table(frame.latency))
     parts.append(counters_table(frame.counters))
     return Group(*parts)
+
+
+def gateways_table(rows: Sequence[GatewayView]) -> Table:
+    table = Table(title="this mesh's gateways", title_justify="left")
+    for name in ("gateway", "mesh", "links up", "buffered", "dropped", "duplicates"):
+        table.add_column(name, justify="left" if name in ("gateway", "mesh") else "right")
+    table.add_column("requests forwarded", justify="right")
+    for g in rows:
+        dropped = Text(f"{g.dropped:,}", style="red" if g.dropped else "")
+        table.add_row(
+            g.name,
+            g.mesh,
+            f"{g.links_up}/{g.links}",
+            f"{g.buffered:,}",
+            dropped,
+            f"{g.duplicates:,}",
+            f"{g.forwarded:,}",
+        )
+    return table
 
 
 def latency_table(rows: Sequence[Latency]) -> Table:
@@ -314,9 +397,10 @@ async def run_top(args: argparse.Namespace) -> int:
             node.subscribe(pattern, policy="drop_oldest", maxsize=1, callback=lambda _m: None)
         sampler = Sampler(node, names)
         console = stdout_console()
+        probe = min(0.5, args.interval / 2)  # how long each frame waits for the gateways
         if args.once:
             await settle(node, args.wait)
-            frame = sampler.sample()
+            frame = sampler.sample(await gateway_views(node, max(args.wait, 0.5), wait=True))
             if not frame.peers and args.seed:
                 raise nobody_answered(args)
             if args.json:
@@ -337,12 +421,14 @@ async def run_top(args: argparse.Namespace) -> int:
 
         if args.json:
             while True:
-                print_json(frame_json(sampler.sample()))
+                print_json(frame_json(sampler.sample(await gateway_views(node, probe))))
                 if not await tick():
                     return 0
         if not console.is_terminal:  # batch mode, like `top -b`: frame after frame
             while True:
-                console.print(render(sampler.sample(), args, live=False))
+                console.print(
+                    render(sampler.sample(await gateway_views(node, probe)), args, live=False)
+                )
                 if not await tick():
                     return 0
         with (
@@ -350,6 +436,7 @@ async def run_top(args: argparse.Namespace) -> int:
             Live(console=console, screen=True, auto_refresh=False) as view,
         ):
             while True:
-                view.update(render(sampler.sample(), args, live=True), refresh=True)
+                frame = sampler.sample(await gateway_views(node, probe))
+                view.update(render(frame, args, live=True), refresh=True)
                 if not await tick():
                     return 0

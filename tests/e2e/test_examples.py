@@ -144,3 +144,10 @@ def test_job_queue_loses_no_job_across_kills_of_its_dispatcher_and_of_every_work
     # Only jobs in hand when a process died run twice: at most what the dispatcher hands out
     # at once (64), for each of the three SIGKILLs.
     assert report["ran_twice"] <= 3 * 64, report
+
+
+def test_federation_crosses_two_meshes_and_hides_what_is_not_exported() -> None:
+    out = run_example("federation.py").stdout
+    assert "west asked east's db: 'east has k1'" in out
+    assert "west read east's prices in order: 1.08 1.09 1.07" in out
+    assert "payroll is not exported: west cannot reach it (NoResponders)" in out

@@ -452,3 +452,46 @@ def test_peers_report_suspect_and_departed_states(keys: irismesh.Keyring) -> Non
             await asyncio.gather(caller.close(), member.close())
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_a_handler_may_answer_with_a_future_and_start_request_gives_one(
+    keys: irismesh.Keyring,
+) -> None:
+    """A forwarding handler returns a future (no Task); the caller's side can start a request
+    as a future too. An unresolved future is cancelled at its request's deadline."""
+
+    async def main() -> None:
+        member = await irismesh.Node("db", keyring=keys).start()
+        held: list[asyncio.Future[bytes]] = []
+
+        def handle(payload: bytes) -> asyncio.Future[bytes]:
+            future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+            if payload == b"hold":
+                held.append(future)
+            elif payload == b"fail":
+                future.set_exception(ValueError("no"))
+            else:
+                asyncio.get_running_loop().call_later(0.01, future.set_result, b"later:" + payload)
+            return future
+
+        member.on_request(handle, admission=False)
+        client = await irismesh.Node(keyring=keys, seeds=[member.endpoint]).start()
+        try:
+            await client.wait_for_members("db", timeout=5)
+            replies = [client.start_request("db", b"%d" % i, timeout=5) for i in range(50)]
+            assert all(isinstance(r, asyncio.Future) for r in replies)
+            assert await asyncio.gather(*replies) == [b"later:%d" % i for i in range(50)]
+            with pytest.raises(irismesh.RemoteError, match="ValueError: no"):
+                await client.start_request("db", b"fail", timeout=5)
+            with pytest.raises(irismesh.RequestTimeout):
+                await client.request("db", b"hold", timeout=0.2)
+            await wait_until(lambda: held and held[0].cancelled(), 2, "the held future cancelled")
+            cancelled = client.start_request("db", b"hold", timeout=5)
+            await wait_until(lambda: len(held) == 2, 2, "the second hold")
+            cancelled.cancel()
+            await wait_until(lambda: held[1].cancelled(), 2, "the member to cancel it too")
+            assert client.stats["requests_pending"] == 0
+        finally:
+            await close_all(client, member)
+
+    run(main())

@@ -1,0 +1,12 @@
+"""Federations: gateways that join meshes across segments (see `gateway` for the design).
+
+linkproto  the inter-mesh link protocol without I/O: handshake, sealing, sequence, replay
+link       its sockets (pyzmq ROUTER/DEALER on asyncio)
+crossing   messages crossing meshes: origin ids, the meshes seen, the duplicate barrier
+gateway    `Gateway`: a node of its mesh plus links to peer gateways
+"""
+
+from irismesh.federation.gateway import GATEWAY_CLUSTER, Gateway
+from irismesh.federation.linkproto import LinkConfig
+
+__all__ = ["GATEWAY_CLUSTER", "Gateway", "LinkConfig"]

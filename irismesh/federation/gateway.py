@@ -1,0 +1,526 @@
+"""`Gateway`: one mesh's door to other meshes.
+
+A gateway is a node of its own mesh (that mesh's keyring, seeds and discovery) plus links to
+peer gateways of other meshes (`irismesh.federation.link`), authenticated and sealed under a
+link key of their own. What it lets out of its mesh is its `export`: clusters, and topics by
+pattern. What it lets in is what its peers export and its own keyring can serve.
+
+Requests. For each cluster a linked peer exports, the gateway starts a node of its own mesh
+that joins that cluster, so in this mesh the cluster's members are the gateways. Its handler
+sends the request over a link to a peer exporting the cluster, with what is left of the
+caller's deadline; the peer gateway asks its own mesh (`node.request`: that mesh's balancing,
+failover and admission) and sends the reply back. A request a gateway cannot pass on (no link
+up, or nobody across it could take it) is turned away unrun, so the caller's own failover
+sends it to another gateway; when no link exporting a cluster is up, the gateway leaves the
+cluster, so callers get `NoResponders` at once. A request for a cluster the peer does not
+export is refused on the far side and counted (`requests_refused_not_exported`).
+
+Topics. The gateway subscribes in its mesh to the topics it exports and sends each message
+published there, as a `Crossing`, over every link to a mesh the message has not been in; the
+link keeps it until acknowledged (see `linkproto`). A gateway receiving a crossing republishes
+it in its own mesh, once (`crossing.Barrier`), and passes it on to its other links.
+Messages a gateway republished are not exported again by the gateways of that mesh (they know
+each other as members of the cluster `_gateway`): a crossing carries its history only from
+gateway to gateway, so a message crosses from mesh to mesh through one gateway process at a
+time.
+
+Stats. `gateway.stats` counts what crossed, what was refused and what was dropped, with the
+links' buffered items; the gateway's node answers requests to cluster `_gateway` with them,
+which is how `mesh top` shows every gateway's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from functools import partial
+from typing import Any
+
+import msgpack
+
+from irismesh._core.frames import pack_error, unpack_error
+from irismesh._core.topics import topic_matches, validate_pattern
+from irismesh.errors import (
+    ConfigurationError,
+    MeshError,
+    NoKey,
+    NoResponders,
+    Overloaded,
+    RemoteError,
+    SlowConsumer,
+)
+from irismesh.federation.crossing import CROSSING, Barrier, Crossing, OriginIds
+from irismesh.federation.link import LinkTransport, describe
+from irismesh.federation.linkproto import Exports, Item, LinkConfig, LinkEnd, link_secrets
+from irismesh.node import Node
+from irismesh.patterns.pubsub import Message, Subscription
+from irismesh.patterns.reqrep import ForwardedError, TurnedAway, time_left
+from irismesh.security.keyring import Keyring
+
+__all__ = ["GATEWAY_CLUSTER", "Gateway"]
+
+log = logging.getLogger("irismesh.federation")
+
+GATEWAY_CLUSTER = "_gateway"  # the gateways of a mesh: they answer it with their stats
+_REQUEST, _REPLY = "req", "rep"
+_OK, _ERROR, _TURNED_AWAY = 0, 1, 2
+_MAX_MESH_NAME = 200
+
+
+class Gateway:
+    """A gateway of mesh `mesh` (a name every gateway of the federation uses for it).
+
+    `keyring` is this mesh's; `link_keyring` holds the link key (scope `federation`, else its
+    default key) that every gateway linked to this one shares. `listen` is where peer gateways
+    dial in (tcp://HOST:PORT), `peers` the gateways this one dials. `export` names the clusters,
+    `topics` the topic patterns, that leave this mesh through it. `buffer` bounds the published
+    messages a link keeps for a peer it cannot reach (beyond it they are dropped and counted).
+    The rest (`seeds`, `bind`, `discovery`, `interface`, `name`) are the gateway's node's.
+    """
+
+    def __init__(
+        self,
+        mesh: str,
+        *,
+        keyring: Keyring,
+        link_keyring: Keyring,
+        listen: str | None = None,
+        peers: Iterable[str] = (),
+        export: Iterable[str] = (),
+        topics: Iterable[str] = (),
+        buffer: int = 100_000,
+        link_config: LinkConfig | None = None,
+        name: str | None = None,
+        seeds: Iterable[str] = (),
+        bind: str | None = None,
+        discovery: bool | None = None,
+        interface: str | None = None,
+        default_timeout: float = 5.0,
+    ) -> None:
+        if not mesh or len(mesh) > _MAX_MESH_NAME or not mesh.isprintable():
+            raise ConfigurationError(f"a mesh name is 1-{_MAX_MESH_NAME} printable characters")
+        peers = list(peers)
+        if listen is None and not peers:
+            raise ConfigurationError("a gateway needs listen= or peers= (or both)")
+        self.mesh = mesh
+        self.keyring = keyring
+        self.export = Exports(
+            clusters=tuple(dict.fromkeys(export)),
+            topics=tuple(validate_pattern(p) for p in dict.fromkeys(topics)),
+        )
+        for cluster in self.export.clusters:
+            keyring.require(cluster)  # to ask this mesh's members, the gateway needs the key
+        if link_config is None:
+            link_config = LinkConfig(buffer=buffer)
+        elif buffer != 100_000:
+            raise ConfigurationError("pass buffer= or link_config=, not both")
+        self.gateway_id = os.urandom(16)
+        self.name = name
+        self._node_args: dict[str, Any] = {
+            "keyring": keyring,
+            "seeds": list(seeds),
+            "bind": bind,
+            "discovery": discovery,
+            "interface": interface,
+            "default_timeout": default_timeout,
+        }
+        self._default_timeout = default_timeout
+        serves = [GATEWAY_CLUSTER] if keyring.primary(GATEWAY_CLUSTER) is not None else []
+        self.node = Node(clusters=serves, name=name, **self._node_args)
+        if serves:
+            self.node.on_request(self._describe)
+        self.transport = LinkTransport(
+            gateway_id=self.gateway_id,
+            mesh=mesh,
+            secrets=link_secrets(link_keyring),
+            exports=self.export,
+            config=link_config,
+            listen=listen,
+            peers=peers,
+            on_items=self._on_items,
+            on_state=self._on_link_state,
+        )
+        self.stats_counter: Counter[str] = Counter()
+        self._imports: dict[str, Node] = {}  # cluster -> the node that serves it here
+        self._reconciling: asyncio.Task[None] | None = None
+        self._reconcile_again = False
+        self._calls: dict[int, tuple[asyncio.Future[bytes], LinkEnd]] = {}
+        self._call_ids = itertools.count(1)
+        self._outstanding: Counter[int] = Counter()  # id(link end) -> requests through it
+        self._origin_ids = OriginIds()
+        self._barrier = Barrier()
+        # Crossings to republish, with the link each came by (acknowledged once republished).
+        self._inbound: asyncio.Queue[tuple[LinkEnd, Crossing]] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._subs: list[Subscription] = []
+        self._drained: asyncio.Event | None = None
+        self._gateway_ids: set[str] = set()
+        self._closing = False
+
+    # ------------------------------------------------------------- lifecycle
+
+    async def start(self) -> Gateway:
+        await self.node.start()
+        self._gateway_ids = {self.node.node_id.hex()}
+        self._inbound = asyncio.Queue()
+        self._drained = asyncio.Event()
+        self.transport.start()
+        self._tasks.append(asyncio.create_task(self._republish()))
+        if GATEWAY_CLUSTER in self.node.clusters:
+            self._tasks.append(asyncio.create_task(self._watch_gateways()))
+        for index, pattern in enumerate(self.export.topics):
+            earlier = self.export.topics[:index]
+            sub = self.node.subscribe(pattern, policy="block", maxsize=4096)
+            self._subs.append(sub)
+            self._tasks.append(asyncio.create_task(self._export_topic(sub, earlier)))
+        return self
+
+    async def close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        for sub in self._subs:
+            sub.close()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._reconciling is not None:
+            self._reconciling.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reconciling
+        self.transport.close()
+        for node in list(self._imports.values()):
+            await node.close()
+        self._imports.clear()
+        await self.node.close()
+
+    async def __aenter__(self) -> Gateway:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------- views
+
+    @property
+    def endpoint(self) -> str:
+        """Where this gateway listens for peer gateways ("" when it only dials)."""
+        return self.transport.endpoint
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """What crossed, was refused or dropped; `link_buffered` and `links_up` are gauges."""
+        out = dict(self.stats_counter)
+        out.update(self.transport.figures())
+        out["duplicates_dropped"] = self._barrier.duplicates
+        out["imports"] = len(self._imports)
+        out["republish_queue"] = 0 if self._inbound is None else self._inbound.qsize()
+        return out
+
+    def links(self) -> list[dict[str, Any]]:
+        return [describe(end) for end in self.transport.ends]
+
+    def imports(self) -> list[str]:
+        """The clusters this gateway serves in its mesh for its peers."""
+        return sorted(self._imports)
+
+    def _describe(self, payload: bytes) -> bytes:
+        """The `_gateway` cluster's answer: this gateway's stats and links."""
+        report = {
+            "mesh": self.mesh,
+            "name": self.node.name,
+            "gateway_id": self.gateway_id.hex(),
+            "stats": self.stats,
+            "links": self.links(),
+        }
+        return msgpack.packb(report, use_bin_type=True)  # type: ignore[no-any-return]
+
+    # ------------------------------------------------------------- links
+
+    def _on_link_state(self, end: LinkEnd, up: bool) -> None:
+        self.stats_counter["link_ups" if up else "link_down_events"] += 1
+        if not up:
+            for call_id, (future, via) in list(self._calls.items()):
+                if via is end and not future.done():
+                    future.set_exception(TurnedAway("gateway_link_down"))
+                    self._calls.pop(call_id, None)
+        if self._drained is not None:
+            self._drained.set()  # exporters waiting on this link's window wake and look again
+        self._reconcile()
+
+    def _on_items(self, end: LinkEnd, items: list[Item]) -> None:
+        for item in items:
+            if not item or type(item[0]) is not str:
+                self.stats_counter["dropped_malformed"] += 1
+                continue
+            kind = item[0]
+            try:
+                if kind == CROSSING:
+                    try:
+                        crossing = Crossing.from_wire(item)
+                    except MeshError:
+                        end.consumed()
+                        raise
+                    self._on_crossing(end, crossing)
+                elif kind == _REQUEST:
+                    self._on_request(end, item)
+                elif kind == _REPLY:
+                    self._on_reply(item)
+                else:
+                    self.stats_counter["dropped_unknown_item"] += 1
+            except MeshError:
+                self.stats_counter["dropped_malformed"] += 1
+        if self._drained is not None:
+            self._drained.set()
+
+    # ------------------------------------------------------------- requests, importing side
+
+    def _reconcile(self) -> None:
+        """Serve here every cluster an up link exports (and this keyring can serve); leave the
+        others, so callers learn at once that nobody here answers them."""
+        if self._closing:
+            return
+        if self._reconciling is not None and not self._reconciling.done():
+            self._reconcile_again = True
+            return
+        self._reconciling = asyncio.get_running_loop().create_task(self._reconcile_loop())
+
+    def _wanted(self) -> set[str]:
+        wanted = set()
+        for end in self.transport.ends:
+            if not end.up:
+                continue
+            for cluster in end.peer_exports.clusters:
+                if self.keyring.primary(cluster) is not None:
+                    wanted.add(cluster)
+                else:
+                    self.stats_counter["imports_without_key"] += 1
+        return wanted
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            self._reconcile_again = False
+            wanted = self._wanted()
+            for cluster in sorted(set(self._imports) - wanted):
+                node = self._imports.pop(cluster)
+                await node.close()
+            for cluster in sorted(wanted - set(self._imports)):
+                await self._start_import(cluster)
+            if not self._reconcile_again:
+                return
+
+    async def _start_import(self, cluster: str) -> None:
+        args = dict(self._node_args)
+        args["seeds"] = [self.node.endpoint, *args["seeds"]]
+        name = None if self.name is None else f"{self.name}:{cluster}"[:64]
+        node = Node(cluster, name=name, **args)
+
+        def forward(payload: bytes) -> asyncio.Future[bytes]:
+            return self._forward(cluster, payload)
+
+        node.on_request(forward, admission=False)  # the far mesh's members admit
+        try:
+            await node.start()
+        except MeshError as exc:
+            log.warning("gateway cannot serve cluster %r: %s", cluster, exc)
+            self.stats_counter["imports_failed"] += 1
+            return
+        self._imports[cluster] = node
+
+    def _forward(self, cluster: str, payload: bytes) -> asyncio.Future[bytes]:
+        """Pass a request on over a link exporting `cluster`; its reply's future (no Task)."""
+        ends = [e for e in self.transport.ends if e.up and cluster in e.peer_exports.clusters]
+        if not ends:
+            self.stats_counter["requests_turned_away"] += 1
+            raise TurnedAway("gateway_down")
+        end = ends[0] if len(ends) == 1 else min(ends, key=lambda e: self._outstanding[id(e)])
+        left = time_left()
+        budget = self._default_timeout if left is None else left
+        if budget <= 0:
+            raise TurnedAway("deadline")
+        call_id = next(self._call_ids)
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._calls[call_id] = (future, end)
+        outstanding = self._outstanding
+        outstanding[id(end)] += 1
+
+        def done(_: asyncio.Future[bytes]) -> None:  # answered, failed, or its caller gave up
+            self._calls.pop(call_id, None)
+            outstanding[id(end)] -= 1
+
+        future.add_done_callback(done)
+        end.send_plain([_REQUEST, call_id, cluster, max(1, int(budget * 1000)), payload])
+        self.stats_counter["requests_forwarded"] += 1
+        self.transport.flush_soon()
+        return future
+
+    def _on_reply(self, item: Item) -> None:
+        if len(item) != 4 or type(item[1]) is not int or type(item[3]) is not bytes:
+            self.stats_counter["dropped_malformed"] += 1
+            return
+        entry = self._calls.pop(item[1], None)
+        if entry is None:
+            self.stats_counter["replies_unknown"] += 1  # its caller gave up
+            return
+        future, status, body = entry[0], item[2], item[3]
+        if future.done():
+            return
+        if status == _OK:
+            future.set_result(body)
+        elif status == _TURNED_AWAY:
+            self.stats_counter["requests_turned_away"] += 1
+            future.set_exception(TurnedAway(body.decode("utf-8", "replace")[:40] or "gateway"))
+        else:
+            future.set_exception(ForwardedError(*unpack_error(body)))
+
+    # ------------------------------------------------------------- requests, exporting side
+
+    def _on_request(self, end: LinkEnd, item: Item) -> None:
+        ok = (
+            len(item) == 5
+            and type(item[1]) is int
+            and type(item[2]) is str
+            and type(item[3]) is int
+            and item[3] > 0
+            and type(item[4]) is bytes
+        )
+        if not ok:
+            self.stats_counter["dropped_malformed"] += 1
+            return
+        _, call_id, cluster, budget_ms, payload = item
+        if cluster not in self.export.clusters:
+            self.stats_counter["requests_refused_not_exported"] += 1
+            self._answer(
+                end,
+                call_id,
+                _ERROR,
+                pack_error("NoResponders", f"no cluster {cluster!r} is exported here"),
+            )
+            return
+        self.stats_counter["requests_served"] += 1
+        try:
+            future = self.node.start_request(cluster, payload, timeout=budget_ms / 1000)
+        except MeshError as exc:
+            self._answered(end, call_id, exc)
+            return
+        future.add_done_callback(partial(self._replied, end, call_id))
+
+    def _replied(self, end: LinkEnd, call_id: int, future: asyncio.Future[bytes]) -> None:
+        if future.cancelled():
+            return  # the gateway is closing
+        exc = future.exception()
+        if exc is None:
+            self._answer(end, call_id, _OK, future.result())
+        else:
+            self._answered(end, call_id, exc)
+
+    def _answered(self, end: LinkEnd, call_id: int, exc: BaseException) -> None:
+        """Send back what this mesh's request raised: turned away if another gateway could
+        still take it (nobody here, or overloaded), else the error itself."""
+        if isinstance(exc, NoResponders | Overloaded):
+            self._answer(end, call_id, _TURNED_AWAY, type(exc).__name__.lower().encode())
+        elif isinstance(exc, RemoteError):
+            self._answer(end, call_id, _ERROR, pack_error(exc.remote_type, exc.remote_message))
+        else:
+            self._answer(end, call_id, _ERROR, pack_error(type(exc).__name__, str(exc)))
+
+    def _answer(self, end: LinkEnd, call_id: int, status: int, body: bytes) -> None:
+        if not end.send_plain([_REPLY, call_id, status, body]):
+            self.stats_counter["replies_lost_link_down"] += 1
+        self.transport.flush_soon()
+
+    # ------------------------------------------------------------- topics
+
+    async def _export_topic(self, sub: Subscription, earlier: Sequence[str]) -> None:
+        async for msg in sub:
+            if any(topic_matches(p, msg.topic) for p in earlier):
+                continue  # an earlier pattern's subscription has it
+            if not self._native(msg):
+                continue
+            origin_id = self._origin_ids.origin_id(msg.publisher, msg.topic, msg.payload)
+            crossing = Crossing(self.mesh, origin_id, (self.mesh,), msg.topic, msg.payload)
+            self._barrier.first(crossing)  # a copy coming back by another way is dropped
+            self.stats_counter["messages_exported"] += 1
+            await self._cross(crossing)
+
+    def _native(self, msg: Message) -> bool:
+        """Published in this mesh, not republished by one of its gateways."""
+        return msg.publisher not in self._gateway_ids
+
+    async def _watch_gateways(self) -> None:
+        """Keep the ids of this mesh's gateways (members of `_gateway`) a second fresh."""
+        own = self.node.node_id.hex()
+        while True:
+            self._gateway_ids = {own, *self.node.members(GATEWAY_CLUSTER)}
+            await asyncio.sleep(1.0)
+
+    async def _cross(self, crossing: Crossing) -> None:
+        """Send to every link towards a mesh the message has not been in, waiting while a
+        link that is up has a full window (the publishers wait too); a link that is down keeps
+        it up to its buffer's bound."""
+        wire = crossing.wire()
+        known = False
+        for end in self.transport.ends:
+            if not end.peer_mesh:
+                continue  # a link never up: whose mesh it leads to is not known yet
+            known = True
+            if end.peer_mesh in crossing.seen:
+                continue
+            while end.up and end.buffered >= end.config.window * 2:
+                assert self._drained is not None
+                self.transport.flush_soon()  # what waits goes out while this waits
+                self._drained.clear()
+                await self._drained.wait()
+            if end.send(wire):
+                self.stats_counter["messages_sent"] += 1
+        if not known:
+            self.stats_counter["messages_no_link"] += 1  # no mesh to send it to yet
+        self.transport.flush_soon()
+
+    def _on_crossing(self, end: LinkEnd, crossing: Crossing) -> None:
+        if self.mesh in crossing.seen:
+            self.stats_counter["loops_dropped"] += 1
+            end.consumed()
+            return
+        if not self._barrier.first(crossing):
+            end.consumed()
+            return
+        self.stats_counter["messages_received"] += 1
+        assert self._inbound is not None
+        self._inbound.put_nowait((end, crossing))
+
+    async def _republish(self) -> None:
+        """Publish crossings here one at a time, in the order they came, then pass them on."""
+        assert self._inbound is not None
+        while True:
+            end, crossing = await self._inbound.get()
+            while True:
+                try:
+                    await self.node.publish(crossing.topic, crossing.payload)
+                    self.stats_counter["messages_republished"] += 1
+                    break
+                except SlowConsumer:
+                    # A subscriber here is slow (or its link lossy): wait on, as a publisher
+                    # whose subscribers block would; the messages after this one wait too.
+                    self.stats_counter["republish_waits"] += 1
+                except NoKey:
+                    self.stats_counter["dropped_no_key"] += 1
+                    break
+                except MeshError as exc:
+                    log.warning("gateway could not republish on %r: %s", crossing.topic, exc)
+                    self.stats_counter["dropped_republish_failed"] += 1
+                    break
+            onward = crossing.through(self.mesh)
+            if any(topic_matches(p, crossing.topic) for p in self.export.topics):
+                await self._cross(onward)
+            # Done with it: acknowledged now, so a mesh that reads slowly holds the sender
+            # back by the link's window instead of filling this gateway's memory.
+            end.consumed()
+            self.transport.flush_soon()

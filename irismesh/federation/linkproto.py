@@ -1,0 +1,560 @@
+"""The inter-mesh link protocol, without I/O: handshake, sealing, sequencing, acks, replay.
+
+Theory of operation
+-------------------
+Two gateways of different meshes talk over one *link*. The dialler sends HELLO, the listener
+answers WELCOME; both are unsealed msgpack, each carrying the sender's gateway id, mesh name, a
+fresh nonce, an ephemeral X25519 public key, its stream state and what it exports, and a MAC
+under the *link key* (a keyring of its own, scope ``federation`` or ``*``) over everything said
+so far: WELCOME's MAC covers HELLO too, so it is fresh. A HELLO or WELCOME whose MAC fails
+under every accepted key is dropped and counted (`dropped_bad_proof`), never answered: a
+gateway with another link key learns nothing and cannot link. Both ends then derive one
+AES-256-GCM key per direction with HKDF from the link key and the X25519 secret (salted with
+both nonces), so a recorded link stays closed even if the link key leaks later. Every later
+frame is sealed, its 13-byte header as associated data and a per-session counter as nonce;
+a counter that does not grow is a replay, dropped and counted.
+
+What flows in sealed frames:
+
+- *reliable items* (published messages crossing meshes) carry a stream sequence number. The
+  sender keeps every item until the other end acknowledges it (acks ride on every frame, and
+  on a heartbeat), at most `buffer` items: beyond that, a new item is dropped and counted
+  (`dropped_buffer_full`), never silently. Each frame says two things of the other stream:
+  how far it was received (nothing up to there is sent again) and how far the application is
+  done with it (`consumed`; what the sender may forget), so a receiver that reads slowly
+  holds the sender back by the window instead of piling items up. The receiver delivers
+  items in sequence order and drops what it already has (`duplicates`) or what comes after a
+  gap (`out_of_order`); the sender goes back to the oldest item the receiver does not have
+  when acks stop progressing. A stream
+  outlives sessions: each end names its stream (a random id per process) in its handshake
+  with how far it got in the other's, so after an outage or a reconnection the sender replays
+  exactly what was not acknowledged, in order. At most `window` items are in flight at once.
+- *plain items* (requests and replies) are sent once, only while the link is up: a request
+  across a broken link is the caller's to resend elsewhere, as a request to a dead member is.
+
+A link is up from a valid handshake until `dead_after` seconds pass with nothing received;
+each end sends a heartbeat after `heartbeat` seconds of sending nothing. The dialler says
+HELLO again every `retry` seconds while down.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import struct
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from irismesh.errors import ConfigurationError, ProtocolError
+from irismesh.security.keyring import Keyring
+from irismesh.security.linksecurity import AeadSealer
+
+LINK_SCOPE = "federation"  # the link key's scope in its keyring (else the default key)
+VERSION = 1
+MAGIC = b"IMF"
+HEADER = struct.Struct("!3sBBQ")  # magic, version, kind, session counter: 13 bytes
+HELLO, WELCOME, SEALED = 1, 2, 3
+MAX_FRAME = 16 * 1024 * 1024
+_HELLO_DOMAIN = b"irismesh/v1/federation-hello\x00"
+_WELCOME_DOMAIN = b"irismesh/v1/federation-welcome\x00"
+_SESSION_DOMAIN = b"irismesh/v1/federation-session\x00"
+_MAX_BATCH_ITEMS = 512
+_MAX_BATCH_BYTES = 256 * 1024
+
+Item = list[Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinkConfig:
+    """Timing and bounds of one link end (seconds, items)."""
+
+    buffer: int = 100_000  # reliable items kept until acknowledged; beyond: dropped, counted
+    window: int = 4096  # reliable items in flight before an ack
+    heartbeat: float = 0.25
+    dead_after: float = 1.5
+    retry: float = 0.5
+    resend_after: float = 1.0  # acks not progressing this long: send again from the oldest
+    # A peer that dialled in and has been silent this long is forgotten with what it had
+    # buffered (a gateway that restarts comes back as a new peer): counted, not kept forever.
+    forget_after: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.buffer < 1 or self.window < 1:
+            raise ConfigurationError("link buffer and window must be at least 1")
+        if not 0 < self.heartbeat < self.dead_after < self.forget_after:
+            raise ConfigurationError("want 0 < heartbeat < dead_after < forget_after")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Exports:
+    """What one gateway lets through from its mesh: cluster names and topic patterns."""
+
+    clusters: tuple[str, ...] = ()
+    topics: tuple[str, ...] = ()
+
+    def wire(self) -> list[list[str]]:
+        return [list(self.clusters), list(self.topics)]
+
+    @classmethod
+    def from_wire(cls, value: object) -> Exports:
+        if not (isinstance(value, list) and len(value) == 2):
+            raise ProtocolError("bad_handshake", "exports")
+        clusters, topics = value
+        if not all(isinstance(v, list) and all(type(s) is str for s in v) for v in value):
+            raise ProtocolError("bad_handshake", "exports")
+        return cls(clusters=tuple(clusters), topics=tuple(topics))
+
+
+def link_secrets(keyring: Keyring) -> tuple[bytes, ...]:
+    """The link keys a keyring holds, primary first (scope `federation`, else `*`)."""
+    keys = tuple(k.secret for k in keyring.accepted(LINK_SCOPE))
+    if not keys:
+        raise ConfigurationError(
+            f"the link keyring has no key for {LINK_SCOPE!r} and no default key: "
+            "make one with `mesh keygen link.keys`"
+        )
+    return keys
+
+
+def _mac(secret: bytes, domain: bytes, *parts: bytes) -> bytes:
+    return hmac.new(secret, domain + b"".join(parts), hashlib.sha256).digest()
+
+
+def _hkdf(ikm: bytes, salt: bytes, info: bytes) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=salt, info=info).derive(ikm)
+
+
+def _pack(value: object) -> bytes:
+    return msgpack.packb(value, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def _unpack(data: bytes) -> Any:
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+        raise ProtocolError("malformed") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """A HELLO whose MAC held under `secret` (one of the listener's link keys)."""
+
+    said: list[Any]
+    raw_said: bytes
+    secret: bytes
+    gateway_id: bytes
+    mesh: str
+    nonce: bytes
+    public: bytes
+    stream: bytes
+    acked: tuple[bytes, int]  # (the listener's stream it read, up to which seq)
+    exports: Exports
+
+
+def _said_fields(
+    said: object,
+) -> tuple[bytes, str, bytes, bytes, bytes, tuple[bytes, int], Exports]:
+    if not (isinstance(said, list) and len(said) == 8 and said[0] == VERSION):
+        raise ProtocolError("bad_handshake", "version or shape")
+    _, gid, mesh, nonce, public, stream, acked, exports = said
+    ok = (
+        type(gid) is bytes
+        and len(gid) == 16
+        and type(mesh) is str
+        and 0 < len(mesh) <= 200
+        and type(nonce) is bytes
+        and len(nonce) == 16
+        and type(public) is bytes
+        and len(public) == 32
+        and type(stream) is bytes
+        and len(stream) == 8
+        and isinstance(acked, list)
+        and len(acked) == 2
+        and type(acked[0]) is bytes
+        and type(acked[1]) is int
+        and acked[1] >= 0
+    )
+    if not ok:
+        raise ProtocolError("bad_handshake", "fields")
+    return gid, mesh, nonce, public, stream, (acked[0], acked[1]), Exports.from_wire(exports)
+
+
+def open_hello(frame: bytes, secrets: Sequence[bytes]) -> Hello:
+    """Check a HELLO frame; ProtocolError (`malformed`, `bad_handshake`, `bad_proof`) if not."""
+    if len(frame) < HEADER.size or len(frame) > MAX_FRAME:
+        raise ProtocolError("malformed")
+    magic, version, kind, _ = HEADER.unpack_from(frame)
+    if magic != MAGIC or version != VERSION or kind != HELLO:
+        raise ProtocolError("malformed")
+    body = _unpack(frame[HEADER.size :])
+    if not (isinstance(body, list) and len(body) == 2 and type(body[0]) is bytes):
+        raise ProtocolError("malformed")
+    raw_said, proof = body
+    if type(proof) is not bytes:
+        raise ProtocolError("malformed")
+    secret = next(
+        (s for s in secrets if hmac.compare_digest(_mac(s, _HELLO_DOMAIN, raw_said), proof)), None
+    )
+    if secret is None:
+        raise ProtocolError("bad_proof")
+    said = _unpack(raw_said)
+    gid, mesh, nonce, public, stream, acked, exports = _said_fields(said)
+    return Hello(said, raw_said, secret, gid, mesh, nonce, public, stream, acked, exports)
+
+
+class _Session:
+    """One handshake's keys: a sealer per direction and the counters that make nonces."""
+
+    __slots__ = ("in_counter", "inbound", "out_counter", "outbound")
+
+    def __init__(self, key: bytes, nonces: bytes, *, dialler: bool) -> None:
+        out_dir, in_dir = (b"d", b"l") if dialler else (b"l", b"d")
+        self.outbound = AeadSealer(_hkdf(key, nonces, _SESSION_DOMAIN + out_dir))
+        self.inbound = AeadSealer(_hkdf(key, nonces, _SESSION_DOMAIN + in_dir))
+        self.out_counter = 0
+        self.in_counter = 0
+
+
+def _agree(private: X25519PrivateKey, peer_public: bytes) -> bytes:
+    try:
+        return private.exchange(X25519PublicKey.from_public_bytes(peer_public))
+    except ValueError:
+        raise ProtocolError("bad_handshake", "unusable X25519 key") from None
+
+
+@dataclass(slots=True)
+class _Pending:
+    private: X25519PrivateKey
+    nonce: bytes
+    raw_said: bytes
+    sent_at: float
+
+
+@dataclass(slots=True)
+class LinkEnd:
+    """This gateway's end of the link to one peer gateway (see the module's docstring).
+
+    Reliable items go in with `send`, plain ones with `send_plain`; `outgoing(now)` gives the
+    frames to send; `receive(frame, now)` gives the items that arrived, in order.
+    """
+
+    gateway_id: bytes
+    mesh: str
+    secrets: tuple[bytes, ...]  # accepted link keys, primary first
+    exports: Exports
+    dialler: bool
+    config: LinkConfig = field(default_factory=LinkConfig)
+    random_bytes: Callable[[int], bytes] = os.urandom
+    stats: Counter[str] = field(default_factory=Counter)
+    peer_id: bytes = b""
+    peer_mesh: str = ""
+    peer_exports: Exports = field(default_factory=Exports)
+    stream: bytes = b""
+    # Outbound stream: items base_seq.. in `_buf[_head:]`, the next to transmit at `_cursor`.
+    _buf: list[Item] = field(default_factory=list)
+    _head: int = 0
+    _base_seq: int = 1
+    _next_seq: int = 1
+    _cursor: int = 1
+    _progress_at: float = 0.0
+    # Inbound stream.
+    _peer_stream: bytes = b""
+    _received: int = 0  # the last reliable item received in order
+    _consumed: int = 0  # the last one the application is done with (acknowledged)
+    _peer_received: int = 0  # the last of ours the peer has (sent again only beyond it)
+    _ack_due: bool = False
+    # False: the application says when it is done with each reliable item (`consumed`), and
+    # only then is it acknowledged, so a slow reader holds the sender back by its window.
+    auto_consume: bool = True
+    _plain: deque[Item] = field(default_factory=deque)
+    _session: _Session | None = None
+    _pending: _Pending | None = None
+    _last_in: float = 0.0
+    _last_out: float = 0.0
+    _seen_hellos: dict[bytes, None] = field(default_factory=dict)
+    up: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.secrets:
+            raise ConfigurationError("a link needs at least one link key")
+        self.stream = self.random_bytes(8)
+
+    # ------------------------------------------------------------- state
+
+    @property
+    def buffered(self) -> int:
+        """Reliable items sent or waiting that the peer has not acknowledged."""
+        return self._next_seq - self._base_seq
+
+    def _said(self, nonce: bytes, public: bytes) -> list[Any]:
+        acked = [self._peer_stream, self._consumed]
+        return [
+            VERSION,
+            self.gateway_id,
+            self.mesh,
+            nonce,
+            public,
+            self.stream,
+            acked,
+            self.exports.wire(),
+        ]
+
+    def _established(
+        self,
+        key: bytes,
+        nonces: bytes,
+        peer: tuple[bytes, str, bytes, tuple[bytes, int], Exports],
+        now: float,
+    ) -> None:
+        peer_id, peer_mesh, peer_stream, acked, exports = peer
+        self._session = _Session(key, nonces, dialler=self.dialler)
+        self.peer_id, self.peer_mesh, self.peer_exports = peer_id, peer_mesh, exports
+        if peer_stream != self._peer_stream:  # a new peer process: its stream starts afresh
+            self._peer_stream, self._received, self._consumed = peer_stream, 0, 0
+        if acked[0] == self.stream:
+            self._acknowledge(acked[1], acked[1], now)
+        self._cursor = self._base_seq  # replay everything not acknowledged, in order
+        self._peer_received = self._base_seq - 1
+        self._progress_at = now
+        self._last_in = self._last_out = now
+        self._ack_due = True
+        self.up = True
+        self.stats["sessions"] += 1
+
+    def down(self) -> None:
+        """Forget the session (dead peer or closing): reliable items stay buffered."""
+        if self.up:
+            self.stats["downs"] += 1
+        self.up = False
+        self._session = None
+        self._plain.clear()
+
+    # ------------------------------------------------------------- handshake
+
+    def hello(self, now: float) -> bytes:
+        """A dialler's HELLO (a new session attempt)."""
+        private = X25519PrivateKey.generate()
+        nonce = self.random_bytes(16)
+        raw_said = _pack(self._said(nonce, private.public_key().public_bytes_raw()))
+        self._pending = _Pending(private, nonce, raw_said, now)
+        proof = _mac(self.secrets[0], _HELLO_DOMAIN, raw_said)
+        self._last_out = now
+        return HEADER.pack(MAGIC, VERSION, HELLO, 0) + _pack([raw_said, proof])
+
+    def hello_due(self, now: float) -> bool:
+        if not self.dialler or self.up:
+            return False
+        return self._pending is None or now - self._pending.sent_at >= self.config.retry
+
+    def accept(self, hello: Hello, now: float) -> bytes:
+        """A listener's WELCOME to a checked HELLO; the link is up."""
+        if hello.nonce in self._seen_hellos:
+            raise ProtocolError("replay")
+        self._seen_hellos[hello.nonce] = None
+        if len(self._seen_hellos) > 1024:
+            del self._seen_hellos[next(iter(self._seen_hellos))]
+        private = X25519PrivateKey.generate()
+        shared = _agree(private, hello.public)
+        nonce = self.random_bytes(16)
+        raw_said = _pack(self._said(nonce, private.public_key().public_bytes_raw()))
+        proof = _mac(hello.secret, _WELCOME_DOMAIN, hello.raw_said, raw_said)
+        peer = (hello.gateway_id, hello.mesh, hello.stream, hello.acked, hello.exports)
+        self.secrets = (hello.secret, *[s for s in self.secrets if s != hello.secret])
+        self._established(hello.secret + shared, nonce + hello.nonce, peer, now)
+        return HEADER.pack(MAGIC, VERSION, WELCOME, 0) + _pack([raw_said, proof])
+
+    def _on_welcome(self, body: Any, now: float) -> None:
+        pending = self._pending
+        if pending is None or self.up:
+            raise ProtocolError("unexpected_welcome")
+        if not (isinstance(body, list) and len(body) == 2 and type(body[0]) is bytes):
+            raise ProtocolError("malformed")
+        raw_said, proof = body
+        secret = self.secrets[0]
+        if type(proof) is not bytes or not hmac.compare_digest(
+            _mac(secret, _WELCOME_DOMAIN, pending.raw_said, raw_said), proof
+        ):
+            raise ProtocolError("bad_proof")
+        gid, mesh, nonce, public, stream, acked, exports = _said_fields(_unpack(raw_said))
+        shared = _agree(pending.private, public)
+        self._pending = None
+        self._established(
+            secret + shared, nonce + pending.nonce, (gid, mesh, stream, acked, exports), now
+        )
+
+    # ------------------------------------------------------------- sending
+
+    def send(self, item: Item) -> bool:
+        """Queue a reliable item; False (counted) when the buffer is full."""
+        if self._next_seq - self._base_seq >= self.config.buffer:
+            self.stats["dropped_buffer_full"] += 1
+            return False
+        self._buf.append(item)
+        self._next_seq += 1
+        return True
+
+    def send_plain(self, item: Item) -> bool:
+        """Queue an item sent once while the link is up; False when it is down."""
+        if not self.up:
+            return False
+        self._plain.append(item)
+        return True
+
+    def outgoing(self, now: float) -> list[bytes]:
+        """Frames to send now: items, acks, heartbeats, a HELLO; retransmissions when due."""
+        if not self.up:
+            return [self.hello(now)] if self.hello_due(now) else []
+        cfg = self.config
+        resume = max(self._base_seq, self._peer_received + 1)
+        if (
+            self._cursor > resume and now - self._progress_at >= cfg.resend_after
+        ):  # acks stopped: send again from the oldest the peer does not have
+            self.stats["resends"] += self._cursor - resume
+            self._cursor = resume
+            self._progress_at = now
+        frames: list[bytes] = []
+        limit = min(self._next_seq, self._base_seq + cfg.window)
+        while self._cursor < limit or self._plain:
+            batch: list[list[Any]] = []
+            size = 0
+            while (
+                self._cursor < limit and len(batch) < _MAX_BATCH_ITEMS and size < _MAX_BATCH_BYTES
+            ):
+                item = self._buf[self._head + self._cursor - self._base_seq]
+                batch.append([self._cursor, item])
+                size += _approx_size(item)
+                self._cursor += 1
+            plain: list[Item] = []
+            while self._plain and len(plain) < _MAX_BATCH_ITEMS and size < _MAX_BATCH_BYTES:
+                item = self._plain.popleft()
+                plain.append(item)
+                size += _approx_size(item)
+            frames.append(self._seal([self._consumed, batch, plain, self._received], now))
+        if not frames and (self._ack_due or now - self._last_out >= cfg.heartbeat):
+            frames.append(self._seal([self._consumed, [], [], self._received], now))
+        return frames
+
+    def _seal(self, body: list[Any], now: float) -> bytes:
+        session = self._session
+        assert session is not None
+        session.out_counter += 1
+        header = HEADER.pack(MAGIC, VERSION, SEALED, session.out_counter)
+        self._ack_due = False
+        self._last_out = now
+        return header + session.outbound.seal(header, session.out_counter, _pack(body))
+
+    # ------------------------------------------------------------- receiving
+
+    def receive(self, frame: bytes, now: float) -> list[Item]:
+        """The items a frame brings, in order: reliable ones first, then plain ones.
+
+        A bad frame raises ProtocolError with its reason (counted here as `dropped_<reason>`)."""
+        try:
+            return self._receive(frame, now)
+        except ProtocolError as exc:
+            self.stats["dropped_" + exc.reason] += 1
+            raise
+
+    def _receive(self, frame: bytes, now: float) -> list[Item]:
+        if len(frame) < HEADER.size or len(frame) > MAX_FRAME:
+            raise ProtocolError("malformed")
+        magic, version, kind, counter = HEADER.unpack_from(frame)
+        if magic != MAGIC or version != VERSION:
+            raise ProtocolError("malformed")
+        if kind == WELCOME:
+            self._on_welcome(_unpack(frame[HEADER.size :]), now)
+            return []
+        if kind != SEALED:
+            raise ProtocolError("malformed")
+        session = self._session
+        if session is None:
+            raise ProtocolError("no_session")
+        if counter <= session.in_counter:
+            raise ProtocolError("replay")
+        header = frame[: HEADER.size]
+        body = _unpack(session.inbound.open(header, counter, frame[HEADER.size :]))
+        session.in_counter = counter
+        self._last_in = now
+        if not (
+            isinstance(body, list)
+            and len(body) == 4
+            and type(body[0]) is int
+            and isinstance(body[1], list)
+            and isinstance(body[2], list)
+            and type(body[3]) is int
+        ):
+            raise ProtocolError("malformed")
+        ack, reliable, plain, received = body
+        self._acknowledge(ack, received, now)
+        out: list[Item] = []
+        for entry in reliable:
+            if not (isinstance(entry, list) and len(entry) == 2 and type(entry[0]) is int):
+                raise ProtocolError("malformed")
+            seq, item = entry
+            if seq <= self._received:
+                self.stats["duplicates"] += 1
+            elif seq == self._received + 1 and isinstance(item, list):
+                self._received = seq
+                if self.auto_consume:
+                    self._consumed = seq
+                out.append(item)
+            else:
+                self.stats["out_of_order"] += 1
+            self._ack_due = True
+        for item in plain:
+            if isinstance(item, list):
+                out.append(item)
+        return out
+
+    def consumed(self, count: int = 1) -> None:
+        """The application is done with the next `count` reliable items it was given
+        (`auto_consume=False`): they are acknowledged with the next frame."""
+        self._consumed = min(self._received, self._consumed + count)
+        self._ack_due = True
+
+    def _acknowledge(self, ack: int, received: int, now: float) -> None:
+        if self._base_seq <= received + 1 <= self._next_seq and received > self._peer_received:
+            self._peer_received = received
+            self._progress_at = now
+        if ack < self._base_seq or ack >= self._next_seq:
+            return
+        drop = ack - self._base_seq + 1
+        self._head += drop
+        self._base_seq = ack + 1
+        self._cursor = max(self._cursor, self._base_seq)
+        self._progress_at = now
+        if self._head > 4096 and self._head * 2 > len(self._buf):
+            del self._buf[: self._head]
+            self._head = 0
+
+    def silent_for(self, now: float) -> float:
+        """Seconds since this end last heard its peer (or came to be)."""
+        return now - self._last_in
+
+    def forget(self) -> None:
+        """Drop what is buffered for a peer that is not coming back (counted)."""
+        self.stats["dropped_forgotten"] += self.buffered
+        self._buf.clear()
+        self._head = 0
+        self._base_seq = self._cursor = self._next_seq
+
+    def tick(self, now: float) -> bool:
+        """Liveness: True if the link just went down (nothing heard for `dead_after`)."""
+        if self.up and now - self._last_in >= self.config.dead_after:
+            self.down()
+            return True
+        return False
+
+
+def _approx_size(item: Item) -> int:
+    """About an item's size on the wire: its payload (the last field) and a little more."""
+    last = item[-1] if item else b""
+    return 64 + (len(last) if type(last) is bytes else 0)

@@ -1,0 +1,232 @@
+"""The inter-mesh link protocol, two ends wired together in memory (no sockets, no clock)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from irismesh.errors import ProtocolError
+from irismesh.federation.crossing import Barrier, Crossing, OriginIds
+from irismesh.federation.linkproto import Exports, LinkConfig, LinkEnd, open_hello
+
+KEY = os.urandom(32)
+
+
+def ends(config: LinkConfig | None = None, *, dialler_key: bytes = KEY) -> tuple[LinkEnd, LinkEnd]:
+    cfg = config or LinkConfig()
+    dialler = LinkEnd(
+        gateway_id=os.urandom(16),
+        mesh="b",
+        secrets=(dialler_key,),
+        exports=Exports(),
+        dialler=True,
+        config=cfg,
+    )
+    listener = LinkEnd(
+        gateway_id=os.urandom(16),
+        mesh="a",
+        secrets=(KEY,),
+        exports=Exports(clusters=("db",), topics=("feeds.#",)),
+        dialler=False,
+        config=cfg,
+    )
+    return dialler, listener
+
+
+def connect(dialler: LinkEnd, listener: LinkEnd, now: float) -> None:
+    [hello] = dialler.outgoing(now)
+    welcome = listener.accept(open_hello(hello, listener.secrets), now)
+    assert dialler.receive(welcome, now) == []
+    assert dialler.up
+    assert listener.up
+
+
+def pump(src: LinkEnd, dst: LinkEnd, now: float, *, lose: set[int] = frozenset()) -> list[list]:  # type: ignore[assignment]
+    """Move every frame `src` has for `dst` (dropping the ones numbered in `lose`)."""
+    got: list[list] = []  # type: ignore[type-arg]
+    for n, frame in enumerate(src.outgoing(now)):
+        if n not in lose:
+            got.extend(dst.receive(frame, now))
+    return got
+
+
+def test_handshake_learns_the_peer_and_its_exports() -> None:
+    d, lst = ends()
+    connect(d, lst, 0.0)
+    assert d.peer_mesh == "a"
+    assert lst.peer_mesh == "b"
+    assert d.peer_exports.clusters == ("db",)
+    assert d.peer_exports.topics == ("feeds.#",)
+    assert d.peer_id == lst.gateway_id
+
+
+def test_wrong_link_key_is_refused() -> None:
+    d, lst = ends(dialler_key=os.urandom(32))
+    [hello] = d.outgoing(0.0)
+    with pytest.raises(ProtocolError) as caught:
+        open_hello(hello, lst.secrets)
+    assert caught.value.reason == "bad_proof"
+
+
+def test_a_rotated_key_is_accepted_when_either_end_holds_it() -> None:
+    old = os.urandom(32)
+    d, lst = ends(dialler_key=old)
+    lst.secrets = (KEY, old)
+    connect(d, lst, 0.0)
+    assert d.up
+    assert lst.up
+
+
+def test_items_arrive_in_order_and_acks_free_the_buffer() -> None:
+    d, lst = ends()
+    connect(d, lst, 0.0)
+    for i in range(2000):
+        assert lst.send(["pub", i])
+    got = pump(lst, d, 0.1)
+    assert [item[1] for item in got] == list(range(2000))
+    assert lst.buffered == 2000
+    pump(d, lst, 0.2)  # the ack
+    assert lst.buffered == 0
+
+
+def test_a_replayed_frame_is_dropped_and_counted() -> None:
+    d, lst = ends()
+    connect(d, lst, 0.0)
+    lst.send(["pub", 1])
+    [frame] = lst.outgoing(0.1)
+    assert d.receive(frame, 0.1) == [["pub", 1]]
+    with pytest.raises(ProtocolError):
+        d.receive(frame, 0.2)
+    assert d.stats["dropped_replay"] == 1
+
+
+def test_a_tampered_frame_is_dropped_and_counted() -> None:
+    d, lst = ends()
+    connect(d, lst, 0.0)
+    lst.send(["pub", 1])
+    [frame] = lst.outgoing(0.1)
+    bad = frame[:-1] + bytes([frame[-1] ^ 1])
+    with pytest.raises(ProtocolError):
+        d.receive(bad, 0.1)
+    assert d.stats["dropped_bad_seal"] == 1
+
+
+def test_lost_frames_are_sent_again_in_order() -> None:
+    cfg = LinkConfig(resend_after=0.5)
+    d, lst = ends(cfg)
+    connect(d, lst, 0.0)
+    for i in range(1500):  # three frames of 512 items
+        lst.send(["pub", i])
+    got = pump(lst, d, 0.1, lose={1})
+    assert [item[1] for item in got] == list(range(512))
+    pump(d, lst, 0.1)
+    got += pump(lst, d, 0.7)  # acks stalled: back to the oldest
+    assert [item[1] for item in got] == list(range(1500))
+    assert d.stats["out_of_order"] > 0
+
+
+def test_an_outage_buffers_to_the_bound_then_counts_drops_and_replays_in_order() -> None:
+    cfg = LinkConfig(buffer=100, heartbeat=0.25, dead_after=1.0)
+    d, lst = ends(cfg)
+    connect(d, lst, 0.0)
+    lst.send(["pub", -1])
+    pump(lst, d, 0.0)
+    pump(d, lst, 0.0)
+    assert lst.tick(5.0)  # nothing heard: down
+    assert d.tick(5.0)
+    sent = [i for i in range(150) if lst.send(["pub", i])]
+    assert sent == list(range(100))
+    assert lst.stats["dropped_buffer_full"] == 50
+    assert lst.outgoing(5.1) == []  # a listener waits for the dialler's HELLO
+    connect(d, lst, 10.0)
+    got = pump(lst, d, 10.1)
+    assert [item[1] for item in got] == list(range(100))
+    assert d.stats["duplicates"] == 0
+
+
+def test_a_session_lost_mid_flight_replays_only_what_was_not_acknowledged() -> None:
+    d, lst = ends()
+    connect(d, lst, 0.0)
+    for i in range(10):
+        lst.send(["pub", i])
+    pump(lst, d, 0.1)
+    pump(d, lst, 0.1)  # acked 0..9
+    for i in range(10, 20):
+        lst.send(["pub", i])
+    lst.outgoing(0.2)  # sent, but lost with the connection
+    d.down()
+    lst.down()
+    connect(d, lst, 1.0)
+    got = pump(lst, d, 1.1)
+    assert [item[1] for item in got] == list(range(10, 20))
+
+
+def test_plain_items_are_not_kept_for_a_link_that_is_down() -> None:
+    d, lst = ends()
+    assert not d.send_plain(["req", 1])
+    connect(d, lst, 0.0)
+    assert d.send_plain(["req", 1])
+    assert pump(d, lst, 0.1) == [["req", 1]]
+
+
+def test_heartbeats_keep_a_quiet_link_up() -> None:
+    cfg = LinkConfig(heartbeat=0.25, dead_after=1.0)
+    d, lst = ends(cfg)
+    connect(d, lst, 0.0)
+    now = 0.0
+    while now < 5.0:
+        now += 0.1
+        pump(d, lst, now)
+        pump(lst, d, now)
+        assert not d.tick(now)
+        assert not lst.tick(now)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.lists(st.sampled_from(["send", "flush", "lose", "ack", "outage"]), max_size=60),
+)
+def test_every_item_arrives_once_in_order_under_loss_and_outages(ops: list[str]) -> None:
+    cfg = LinkConfig(buffer=10_000, resend_after=0.5, dead_after=1.0, heartbeat=0.25)
+    d, lst = ends(cfg)
+    connect(d, lst, 0.0)
+    now, n, got = 0.0, 0, []
+    for op in ops:
+        now += 0.3
+        if op == "send":
+            for _ in range(7):
+                lst.send(["pub", n])
+                n += 1
+        elif op in ("flush", "lose"):
+            got += pump(lst, d, now, lose={0} if op == "lose" else set())
+        elif op == "ack":
+            pump(d, lst, now)
+        else:
+            d.down()
+            lst.down()
+            connect(d, lst, now)
+    for _ in range(10):  # heal: everything flows
+        now += 0.6
+        got += pump(lst, d, now)
+        pump(d, lst, now)
+    assert [item[1] for item in got] == list(range(n))
+    assert lst.buffered == 0
+
+
+def test_origin_ids_agree_between_gateways_and_tell_repeats_apart() -> None:
+    one, two = OriginIds(), OriginIds()
+    ids = [one.origin_id("p", "t", b"x") for _ in range(3)]
+    assert len(set(ids)) == 3
+    assert [two.origin_id("p", "t", b"x") for _ in range(3)] == ids
+    assert one.origin_id("q", "t", b"x") not in ids
+
+
+def test_the_barrier_lets_each_message_through_once() -> None:
+    barrier = Barrier(window=4)
+    c = Crossing("a", b"\x01" * 16, ("a",), "t", b"x")
+    assert barrier.first(c)
+    assert not barrier.first(c.through("b"))
+    assert barrier.duplicates == 1

@@ -1,0 +1,438 @@
+"""Gateways between meshes on 127.0.0.1: each mesh its own keyring, joined only by gateways."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from contextlib import AsyncExitStack
+
+import pytest
+from helpers import wait_until
+
+import irismesh
+from irismesh.federation import LinkConfig
+
+LOCAL = "tcp://127.0.0.1:0"
+FAST = LinkConfig(heartbeat=0.1, dead_after=0.6, retry=0.2, resend_after=0.4)
+
+
+def run(coro: Awaitable[None], timeout: float = 45) -> None:
+    async def bounded() -> None:
+        await asyncio.wait_for(coro, timeout)
+
+    asyncio.run(bounded())
+
+
+class Mesh:
+    """One mesh: its keyring, and the endpoint of a node that others join through."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.keys = irismesh.Keyring.generate()
+        self.seeds: list[str] = []
+
+    def node(self, cluster: str | None = None, **kwargs: object) -> irismesh.Node:
+        return irismesh.Node(
+            cluster,
+            keyring=self.keys,
+            seeds=list(self.seeds),
+            bind=LOCAL,
+            **kwargs,  # type: ignore[arg-type]
+        )
+
+
+async def member(stack: AsyncExitStack, mesh: Mesh, cluster: str, prefix: bytes) -> irismesh.Node:
+    node = await stack.enter_async_context(mesh.node(cluster))
+    if not mesh.seeds:
+        mesh.seeds.append(node.endpoint)
+
+    @node.on_request
+    def echo(payload: bytes) -> bytes:
+        if payload == b"boom":
+            raise ValueError("boom")
+        return prefix + payload
+
+    return node
+
+
+async def gateway(
+    stack: AsyncExitStack,
+    mesh: Mesh,
+    link_keys: irismesh.Keyring,
+    *,
+    listen: bool = False,
+    peers: tuple[str, ...] = (),
+    export: tuple[str, ...] = (),
+    topics: tuple[str, ...] = (),
+    config: LinkConfig = FAST,
+) -> irismesh.Gateway:
+    gw = irismesh.Gateway(
+        mesh.name,
+        keyring=mesh.keys,
+        link_keyring=link_keys,
+        listen=LOCAL if listen else None,
+        peers=peers,
+        export=export,
+        topics=topics,
+        link_config=config,
+        seeds=list(mesh.seeds),
+        bind=LOCAL,
+    )
+    await stack.enter_async_context(gw)
+    if not mesh.seeds:
+        mesh.seeds.append(gw.node.endpoint)
+    return gw
+
+
+def test_request_crosses_a_gateway_pair_and_errors_come_back() -> None:
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        link = irismesh.Keyring.generate()
+        async with AsyncExitStack() as stack:
+            await member(stack, a, "db", b"A:")
+            await member(stack, a, "secret", b"S:")
+            gw_a = await gateway(stack, a, link, listen=True, export=("db",))
+            gw_b = await gateway(stack, b, link, peers=(gw_a.endpoint,))
+            client = await stack.enter_async_context(b.node())
+            await client.wait_for_members("db", timeout=10)
+            assert await client.request("db", b"x", timeout=5) == b"A:x"
+            with pytest.raises(irismesh.RemoteError) as caught:
+                await client.request("db", b"boom", timeout=5)
+            assert caught.value.remote_type == "ValueError"
+            assert "boom" in caught.value.remote_message
+            # Mesh b cannot name mesh a's cluster that is not exported, nor reach it.
+            assert gw_b.imports() == ["db"]
+            with pytest.raises(irismesh.NoResponders):
+                await client.request("secret", b"x", timeout=1)
+            assert gw_b.stats["requests_forwarded"] == 2
+            assert gw_a.stats["requests_served"] == 2
+
+    run(main())
+
+
+def test_wrong_link_key_is_refused_and_counted() -> None:
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        async with AsyncExitStack() as stack:
+            await member(stack, a, "db", b"A:")
+            gw_a = await gateway(stack, a, irismesh.Keyring.generate(), listen=True, export=("db",))
+            gw_b = await gateway(stack, b, irismesh.Keyring.generate(), peers=(gw_a.endpoint,))
+            await wait_until(
+                lambda: gw_a.stats.get("link_dropped_bad_proof", 0) >= 2, 5, "bad proofs"
+            )
+            assert gw_a.stats["links_up"] == 0
+            assert gw_b.stats["links_up"] == 0
+            assert gw_b.imports() == []
+
+    run(main())
+
+
+def test_a_request_for_a_cluster_not_exported_is_refused_on_the_far_side() -> None:
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        link = irismesh.Keyring.generate()
+        async with AsyncExitStack() as stack:
+            await member(stack, a, "secret", b"S:")
+            gw_a = await gateway(stack, a, link, listen=True, export=("db",))
+            gw_b = await gateway(stack, b, link, peers=(gw_a.endpoint,))
+            await wait_until(lambda: gw_b.stats["links_up"] == 1, 5, "the link")
+            end = gw_b.transport.ends[0]
+            # A forged request for "secret", as a gateway that ignored the exports would send.
+            end.send_plain(["req", 99, "secret", 1000, b"x"])
+            gw_b.transport.flush()
+            await wait_until(
+                lambda: gw_a.stats.get("requests_refused_not_exported", 0) == 1, 5, "refusal"
+            )
+            assert gw_a.stats.get("requests_served", 0) == 0
+
+    run(main())
+
+
+async def subscribed(
+    stack: AsyncExitStack, mesh: Mesh, pattern: str
+) -> tuple[irismesh.Node, list[bytes]]:
+    node = await stack.enter_async_context(mesh.node())
+    got: list[bytes] = []
+    node.subscribe(pattern, callback=lambda msg: got.append(msg.payload))
+    return node, got
+
+
+def check_once_in_order(got: list[bytes], meshes: list[str], n: int) -> None:
+    """Every mesh's messages 0..n-1 exactly once, each mesh's in the order published."""
+    by_origin: dict[str, list[int]] = {m: [] for m in meshes}
+    for payload in got:
+        origin, index = payload.decode().split(":")
+        by_origin[origin].append(int(index))
+    for origin, indices in by_origin.items():
+        assert indices == list(range(n)), f"from {origin}: {len(indices)} of {n}, in order?"
+
+
+async def publish_all(
+    publishers: dict[str, irismesh.Node], readers: int, n: int, topic: str = "feeds.x"
+) -> None:
+    for node in publishers.values():
+        await node.wait_for_subscribers(topic, readers, timeout=10)
+
+    async def one(mesh: str, node: irismesh.Node) -> None:
+        for i in range(n):
+            await node.publish(topic, f"{mesh}:{i}".encode())
+
+    await asyncio.gather(*(one(m, node) for m, node in publishers.items()))
+
+
+def test_topics_cross_a_gateway_pair_once_and_in_order() -> None:
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        link = irismesh.Keyring.generate()
+        async with AsyncExitStack() as stack:
+            pub = await stack.enter_async_context(a.node())
+            a.seeds.append(pub.endpoint)
+            gw_a = await gateway(stack, a, link, listen=True, topics=("feeds.#",))
+            gw_b = await gateway(stack, b, link, peers=(gw_a.endpoint,))
+            _, got_a = await subscribed(stack, a, "feeds.#")
+            _, got_b = await subscribed(stack, b, "feeds.#")
+            await gw_b.node.wait_for_subscribers("feeds.x", 1, timeout=10)
+            await wait_until(lambda: gw_a.stats["links_up"] == 1, 10, "the link")
+            await publish_all({"a": pub}, 2, 3000)  # the subscriber and the gateway
+            await wait_until(lambda: len(got_b) >= 3000, 20, "every message across")
+            await asyncio.sleep(0.2)
+            check_once_in_order(got_b, ["a"], 3000)
+            check_once_in_order(got_a, ["a"], 3000)
+            assert gw_a.stats["messages_exported"] == 3000
+            assert gw_b.stats["messages_republished"] == 3000
+
+    run(main())
+
+
+@pytest.mark.parametrize("shape", ["complete", "ring"])
+def test_three_meshes_every_subscriber_gets_each_message_once_in_order(shape: str) -> None:
+    """complete: one gateway per mesh, linked to both others (copies meet at the barrier);
+    ring: a gateway pair per edge, each mesh's messages crossing only from their own mesh."""
+    run(three_meshes(shape, 1500), timeout=90)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", ["complete", "ring"])
+def test_three_meshes_ten_thousand_messages_each(shape: str) -> None:
+    run(three_meshes(shape, 10_000), timeout=240)
+
+
+async def three_meshes(shape: str, n: int) -> None:
+    meshes = {m: Mesh(m) for m in "abc"}
+    link = irismesh.Keyring.generate()
+    async with AsyncExitStack() as stack:
+        publishers = {}
+        for m, mesh in meshes.items():
+            publishers[m] = node = await stack.enter_async_context(mesh.node())
+            mesh.seeds.append(node.endpoint)
+        gws: list[irismesh.Gateway] = []
+        t = ("feeds.#",)
+        if shape == "complete":
+            ga = await gateway(stack, meshes["a"], link, listen=True, topics=t)
+            gb = await gateway(
+                stack, meshes["b"], link, listen=True, peers=(ga.endpoint,), topics=t
+            )
+            gc = await gateway(stack, meshes["c"], link, peers=(ga.endpoint, gb.endpoint), topics=t)
+            gws = [ga, gb, gc]
+            links = 2
+        else:
+            for x, y in ("ab", "bc", "ca"):
+                gx = await gateway(stack, meshes[x], link, listen=True, topics=t)
+                gy = await gateway(stack, meshes[y], link, peers=(gx.endpoint,), topics=t)
+                gws += [gx, gy]
+            links = 1
+        readers = {m: await subscribed(stack, mesh, "feeds.#") for m, mesh in meshes.items()}
+        await wait_until(
+            lambda: all(g.stats["links_up"] == links for g in gws), 10, "every link up"
+        )
+        for g in gws:  # gateways know the others of their mesh, and have readers
+            await g.node.wait_for_subscribers("feeds.x", 1, timeout=10)
+            if shape == "ring":
+                await g.node.wait_for_members("_gateway", 1, timeout=10)
+        await wait_until(
+            lambda: all(len(g._gateway_ids) == (1 if shape == "complete" else 2) for g in gws),
+            10,
+            "gateways to know each other",
+        )
+        # Each publisher: its mesh's reader and its mesh's gateways.
+        await publish_all(publishers, 1 + (1 if shape == "complete" else 2), n)
+        total = 3 * n
+        await wait_until(
+            lambda: all(len(got) >= total for _, got in readers.values()), 30, "all messages"
+        )
+        await asyncio.sleep(0.3)  # a duplicate would come now
+        for _, got in readers.values():
+            check_once_in_order(got, list("abc"), n)
+        if shape == "complete":
+            assert sum(g.stats["duplicates_dropped"] for g in gws) > 0
+
+
+class Cable:
+    """A TCP proxy on 127.0.0.1 between two gateways that the test can cut and mend."""
+
+    def __init__(self, target: str) -> None:
+        host, port = target.removeprefix("tcp://").rsplit(":", 1)
+        self.target = (host, int(port))
+        self.port = 0
+        self.server: asyncio.Server | None = None
+        self.writers: set[asyncio.StreamWriter] = set()
+
+    @property
+    def endpoint(self) -> str:
+        return f"tcp://127.0.0.1:{self.port}"
+
+    async def mend(self) -> None:
+        self.server = await asyncio.start_server(self._connected, "127.0.0.1", self.port)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    async def cut(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        for writer in list(self.writers):
+            writer.transport.abort()
+        self.writers.clear()
+        await self.server.wait_closed()
+
+    async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.transport.abort()
+            return
+        self.writers |= {writer, up_writer}
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except (OSError, ConnectionError):
+                pass
+            finally:
+                dst.transport.abort()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+
+def test_an_outage_buffers_to_the_bound_counts_the_rest_and_replays_in_order() -> None:
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        link = irismesh.Keyring.generate()
+        cfg = LinkConfig(buffer=200, heartbeat=0.1, dead_after=0.6, retry=0.2, resend_after=0.4)
+        async with AsyncExitStack() as stack:
+            pub = await stack.enter_async_context(a.node())
+            a.seeds.append(pub.endpoint)
+            await member(stack, a, "db", b"A:")
+            gw_a = await gateway(
+                stack, a, link, listen=True, export=("db",), topics=("feeds.#",), config=cfg
+            )
+            cable = Cable(gw_a.endpoint)
+            await cable.mend()
+            gw_b = await gateway(stack, b, link, peers=(cable.endpoint,), config=cfg)
+            client, got = await subscribed(stack, b, "feeds.#")
+            await gw_b.node.wait_for_subscribers("feeds.x", 1, timeout=10)
+            await client.wait_for_members("db", timeout=10)
+            await publish_all({"a": pub}, 1, 100)
+            await wait_until(lambda: len(got) == 100, 10, "the first 100")
+            await wait_until(lambda: gw_a.stats["link_buffered"] == 0, 5, "their acks")
+
+            await cable.cut()
+            await wait_until(lambda: gw_a.stats["links_up"] == 0, 5, "the link to go down")
+            await wait_until(lambda: not client.members("db"), 5, "the gateway to leave db")
+            with pytest.raises(irismesh.NoResponders):  # fails fast, not at its deadline
+                await client.request("db", b"x", timeout=5)
+            for i in range(100, 400):
+                await pub.publish("feeds.x", f"a:{i}".encode())
+            await wait_until(lambda: gw_a.stats["messages_exported"] == 400, 5, "the exports")
+            assert gw_a.stats["link_buffered"] == 200
+            assert gw_a.stats["link_dropped_buffer_full"] == 100
+            assert len(got) == 100
+
+            await cable.mend()
+            await wait_until(lambda: len(got) == 300, 10, "the buffered 200")
+            await asyncio.sleep(0.3)
+            assert got == [f"a:{i}".encode() for i in range(300)]
+            await client.wait_for_members("db", timeout=10)
+            assert await client.request("db", b"y", timeout=5) == b"A:y"
+
+    run(main())
+
+
+def test_a_publisher_faster_than_the_link_waits_for_its_acks_and_loses_nothing() -> None:
+    """More messages than the link's window holds: the exporting gateway waits for acks (its
+    subscription then holds the publisher back) and every message arrives."""
+
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        link = irismesh.Keyring.generate()
+        cfg = LinkConfig(window=64, heartbeat=0.1, dead_after=0.6, retry=0.2)
+        async with AsyncExitStack() as stack:
+            pub = await stack.enter_async_context(a.node())
+            a.seeds.append(pub.endpoint)
+            gw_a = await gateway(stack, a, link, listen=True, topics=("feeds.#",), config=cfg)
+            gw_b = await gateway(stack, b, link, peers=(gw_a.endpoint,), config=cfg)
+            _, got = await subscribed(stack, b, "feeds.#")
+            await gw_b.node.wait_for_subscribers("feeds.x", 1, timeout=10)
+            await wait_until(lambda: gw_a.stats["links_up"] == 1, 10, "the link")
+            await publish_all({"a": pub}, 1, 5000)
+            await wait_until(lambda: len(got) >= 5000, 20, "every message")
+            check_once_in_order(got, ["a"], 5000)
+            assert gw_a.stats.get("link_dropped_buffer_full", 0) == 0
+
+    run(main())
+
+
+def test_a_peer_gone_for_good_is_forgotten_with_what_it_had_buffered() -> None:
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        link = irismesh.Keyring.generate()
+        cfg = LinkConfig(heartbeat=0.1, dead_after=0.6, retry=0.2, forget_after=1.5)
+        async with AsyncExitStack() as stack:
+            pub = await stack.enter_async_context(a.node())
+            a.seeds.append(pub.endpoint)
+            gw_a = await gateway(stack, a, link, listen=True, topics=("feeds.#",), config=cfg)
+            async with AsyncExitStack() as b_side:
+                await gateway(b_side, b, link, peers=(gw_a.endpoint,), config=cfg)
+                await wait_until(lambda: gw_a.stats["links_up"] == 1, 10, "the link")
+            await wait_until(lambda: gw_a.stats["links_up"] == 0, 5, "the link down")
+            await pub.wait_for_subscribers("feeds.x", 1, timeout=5)
+            for i in range(10):
+                await pub.publish("feeds.x", b"%d" % i)
+            await wait_until(lambda: gw_a.stats["link_buffered"] == 10, 5, "the buffer")
+            await wait_until(lambda: gw_a.stats["links"] == 0, 5, "the peer forgotten")
+            assert gw_a.stats["link_buffered"] == 0
+            assert gw_a.stats["link_dropped_forgotten"] == 10
+
+    run(main())
+
+
+def test_a_slow_reader_across_the_link_holds_the_publisher_back_not_the_gateways_memory() -> None:
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        link = irismesh.Keyring.generate()
+        cfg = LinkConfig(window=64, heartbeat=0.1, dead_after=0.6, retry=0.2)
+        async with AsyncExitStack() as stack:
+            pub = await stack.enter_async_context(a.node())
+            a.seeds.append(pub.endpoint)
+            gw_a = await gateway(stack, a, link, listen=True, topics=("feeds.#",), config=cfg)
+            gw_b = await gateway(stack, b, link, peers=(gw_a.endpoint,), config=cfg)
+            reader = await stack.enter_async_context(b.node())
+            sub = reader.subscribe("feeds.#", maxsize=16)  # "block": publishers wait for it
+            await gw_b.node.wait_for_subscribers("feeds.x", 1, timeout=10)
+            await wait_until(lambda: gw_a.stats["links_up"] == 1, 10, "the link")
+            await pub.wait_for_subscribers("feeds.x", 1, timeout=10)
+            # More than every buffer on the way holds: credit windows (1024 per subscriber
+            # node), the exporting gateway's subscription (4096), the link's window (64).
+            n = 12_000
+            publishing = asyncio.create_task(publish_all({"a": pub}, 1, n))
+            peak = 0
+            for _ in range(40):  # nobody reads for 0.4 s
+                await asyncio.sleep(0.01)
+                peak = max(peak, gw_b.stats["republish_queue"] + gw_a.stats["link_buffered"])
+            assert not publishing.done()
+            assert peak <= 3 * 64, peak  # the link's window, not what was published
+            got = [(await sub.get()).payload for _ in range(n)]
+            await publishing
+            check_once_in_order(got, ["a"], n)
+
+    run(main())

@@ -1,0 +1,187 @@
+"""A gateway or a node of one mesh in the namespace lab, driven through JSON lines.
+
+    ip netns exec NS python fednode.py --keys a.keys --addr 10.77.0.1 --cluster db
+    ip netns exec NS python fednode.py --keys a.keys --addr 10.77.0.2 --gateway a \
+        --link-keys link.keys --listen tcp://10.77.0.2:7600 --export db --topics 'feeds.#'
+
+Either mode discovers its mesh by survey on its namespace's interface and prints one line
+`{"event": "ready", "id": ...}`. Then it reads one JSON command a line (`{"cmd", "id", ...}`)
+and answers each with `{"re": id, "ok": ...}`; commands run as tasks, so `progress` is answered
+while `requests` runs. Commands:
+
+- `stats`: the node's (or the gateway's) counters.
+- `requests` (`count`, `concurrency`, `timeout`, `cluster`): requests whose replies are
+  checked; answers the totals when all are done. `progress`: how many are done so far.
+- `publish` (`topic`, `count`, `rate`): `count` messages `<index>` at `rate` per second.
+- `received`: what the subscription (`--subscribe`) got: count, whether in order, duplicates.
+
+It exits on stdin EOF, SIGTERM, or after `--max-seconds`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import signal
+import sys
+import time
+from typing import Any
+
+import irismesh
+
+ANSWER = "{name}:{payload}"
+
+
+def say(message: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+class Driver:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.done = 0
+        self.got: list[int] = []
+        self.gateway: irismesh.Gateway | None = None
+        self.node: irismesh.Node
+
+    def stats(self) -> dict[str, Any]:
+        if self.gateway is not None:
+            return {"stats": self.gateway.stats, "imports": self.gateway.imports()}
+        return {"stats": dict(self.node.stats)}
+
+    async def requests(
+        self, count: int, concurrency: int, timeout: float, cluster: str
+    ) -> dict[str, Any]:
+        await self.node.wait_for_members(cluster, timeout=20)
+        failed: list[str] = []
+        wrong = 0
+        left = iter(range(count))
+
+        async def caller() -> None:
+            nonlocal wrong
+            for i in left:
+                try:
+                    reply = await self.node.request(cluster, b"%d" % i, timeout=timeout)
+                except irismesh.MeshError as exc:
+                    failed.append(f"{i}: {type(exc).__name__}: {exc}")
+                    continue
+                finally:
+                    self.done += 1
+                if reply.partition(b":")[2] != b"%d" % i:
+                    wrong += 1
+
+        await asyncio.gather(*(caller() for _ in range(concurrency)))
+        return {"done": self.done, "failed": len(failed), "errors": failed[:5], "wrong": wrong,
+                "stats": dict(self.node.stats)}  # fmt: skip
+
+    async def publish(self, topic: str, count: int, rate: float) -> dict[str, Any]:
+        await self.node.wait_for_subscribers(topic, timeout=20)
+        start = time.monotonic()
+        for i in range(count):
+            pause = start + i / rate - time.monotonic()
+            if pause > 0:
+                await asyncio.sleep(pause)
+            await self.node.publish(topic, b"%d" % i, timeout=30)
+        return {"published": count, "seconds": time.monotonic() - start}
+
+    def received(self) -> dict[str, Any]:
+        got = self.got
+        ordered = all(a < b for a, b in itertools.pairwise(got))
+        return {"count": len(got), "in_order": ordered, "distinct": len(set(got)),
+                "last": got[-1] if got else None}  # fmt: skip
+
+    async def command(self, line: str) -> None:
+        msg = json.loads(line)
+        ident, cmd = msg.get("id"), msg.get("cmd")
+        try:
+            if cmd == "stats":
+                out = self.stats()
+            elif cmd == "progress":
+                out = {"done": self.done}
+            elif cmd == "requests":
+                out = await self.requests(
+                    msg["count"], msg["concurrency"], msg["timeout"], msg.get("cluster", "db")
+                )
+            elif cmd == "publish":
+                out = await self.publish(msg["topic"], msg["count"], msg["rate"])
+            elif cmd == "received":
+                out = self.received()
+            else:
+                raise ValueError(f"unknown command {cmd!r}")
+            say({"re": ident, "ok": True, **out})
+        except Exception as exc:
+            say({"re": ident, "ok": False, "error": f"{type(exc).__name__}: {exc}"})
+
+
+async def main(args: argparse.Namespace) -> None:
+    keys = irismesh.Keyring.load(args.keys)
+    driver = Driver(args)
+    common: dict[str, Any] = {"keyring": keys, "discovery": True, "interface": args.addr}
+    if args.gateway:
+        driver.gateway = irismesh.Gateway(
+            args.gateway,
+            link_keyring=irismesh.Keyring.load(args.link_keys),
+            listen=args.listen,
+            peers=args.peer,
+            export=args.export,
+            topics=args.topics,
+            buffer=args.buffer,
+            name=args.name,
+            **common,
+        )
+        await driver.gateway.start()
+        driver.node = driver.gateway.node
+    else:
+        driver.node = await irismesh.Node(args.cluster, name=args.name, **common).start()
+        if args.cluster:
+            prefix = args.name.encode() + b":"
+            driver.node.on_request(lambda payload: prefix + payload)
+    if args.subscribe:
+        driver.node.subscribe(args.subscribe, callback=lambda m: driver.got.append(int(m.payload)))
+    say({"event": "ready", "id": driver.node.node_id.hex(), "endpoint": driver.node.endpoint,
+         "link": driver.gateway.endpoint if driver.gateway else ""})  # fmt: skip
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    loop.call_later(args.max_seconds, stop.set)
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def read() -> None:
+        while line := await reader.readline():
+            task = asyncio.create_task(driver.command(line.decode()))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        stop.set()
+
+    reading = asyncio.create_task(read())
+    await stop.wait()
+    reading.cancel()
+    if driver.gateway is not None:
+        await driver.gateway.close()
+    else:
+        await driver.node.close()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--keys", required=True)
+    parser.add_argument("--addr", required=True)
+    parser.add_argument("--name", default="node")
+    parser.add_argument("--cluster")
+    parser.add_argument("--subscribe")
+    parser.add_argument("--gateway", metavar="MESH")
+    parser.add_argument("--link-keys")
+    parser.add_argument("--listen")
+    parser.add_argument("--peer", action="append", default=[])
+    parser.add_argument("--export", action="append", default=[])
+    parser.add_argument("--topics", action="append", default=[])
+    parser.add_argument("--buffer", type=int, default=100_000)
+    parser.add_argument("--max-seconds", type=float, default=300)
+    irismesh.run(main(parser.parse_args()))

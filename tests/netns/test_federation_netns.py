@@ -1,0 +1,246 @@
+"""Two meshes in two segments that multicast does not cross, joined only through gateways.
+
+One bridge carries every host, and an nft `bridge` table in its namespace makes two segments
+of it: nothing passes between them but the gateways' link (TCP to port 7600, and ARP) between
+the hosts of each gateway pair. Each mesh has its own keyring and finds itself by survey on
+its own segment. An outage is a second table that drops the gateway pair's traffic too.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+import pytest
+from netlab import Lab, MeshProcess, unavailable
+
+import irismesh
+
+FEDNODE = Path(__file__).resolve().parent / "fednode.py"
+LINK_PORT = 7600
+
+
+@pytest.fixture
+def fedlab(tmp_path: Path, keyfile: Path, request: pytest.FixtureRequest) -> Iterator[Lab]:
+    reason = unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    if not Path("/usr/sbin/nft").exists() and not Path("/sbin/nft").exists():
+        pytest.skip("`nft` is not installed (Debian: apt-get install -y nftables)")
+    lab = Lab(request.param, tmp_path, keyfile)
+    try:
+        lab.build()
+        yield lab
+    finally:
+        lab.close()
+        for name, node in lab.nodes.items():
+            tail = node.stderr_tail()
+            if tail:
+                print(f"--- {name} stderr ---\n{tail}")
+
+
+def keys(tmp: Path, name: str) -> str:
+    path = tmp / f"{name}.keys"
+    irismesh.Keyring.generate().save(path)
+    return str(path)
+
+
+def segments(
+    lab: Lab, a: Iterable[str], b: Iterable[str], pairs: Iterable[tuple[str, str]]
+) -> None:
+    """Cut the bridge into segments a and b, but for each (listener, dialler) gateway pair."""
+    port = {name: host.port_name for name, host in lab.hosts.items()}
+    rules = []
+    for listener, dialler in pairs:
+        x, y = port[listener], port[dialler]
+        rules += [
+            f'iifname "{x}" oifname "{y}" ether type arp accept',
+            f'iifname "{y}" oifname "{x}" ether type arp accept',
+            f'iifname "{y}" oifname "{x}" tcp dport {LINK_PORT} accept',
+            f'iifname "{x}" oifname "{y}" tcp sport {LINK_PORT} accept',
+        ]
+    side_a = ", ".join(f'"{port[n]}"' for n in a)
+    side_b = ", ".join(f'"{port[n]}"' for n in b)
+    rules += [
+        f"iifname {{ {side_a} }} oifname {{ {side_b} }} drop",
+        f"iifname {{ {side_b} }} oifname {{ {side_a} }} drop",
+    ]
+    body = "\n    ".join(rules)
+    lab.nft(
+        lab.switch,
+        "table bridge segments {\n"
+        "  chain cut { type filter hook forward priority 0; policy accept;\n"
+        f"    {body}\n"
+        "  }\n"
+        "}\n",
+    )
+
+
+def outage(lab: Lab, x: str, y: str) -> Callable[[], None]:
+    """Drop everything between hosts x and y; returns what heals it."""
+    px, py = lab.hosts[x].port_name, lab.hosts[y].port_name
+    lab.nft(
+        lab.switch,
+        "table bridge outage {\n"
+        "  chain cut { type filter hook forward priority -10; policy accept;\n"
+        f'    iifname "{px}" oifname "{py}" drop\n'
+        f'    iifname "{py}" oifname "{px}" drop\n'
+        "  }\n"
+        "}\n",
+    )
+    return lambda: lab.nft(lab.switch, "delete table bridge outage\n")
+
+
+def start(lab: Lab, name: str, keyfile: str, *args: str) -> MeshProcess:
+    host = lab.hosts[name]
+    argv = [sys.executable, str(FEDNODE), "--name", name, "--addr", host.addr, "--keys", keyfile]
+    node = MeshProcess(host, [*argv, *args], lab.env, lab.workdir)
+    lab.nodes[name] = node
+    node.wait_ready(time.monotonic() + 20)
+    return node
+
+
+def gateway(lab: Lab, name: str, mesh: str, keyfile: str, link: str, *args: str) -> MeshProcess:
+    return start(lab, name, keyfile, "--gateway", mesh, "--link-keys", link, *args)
+
+
+def listen(lab: Lab, name: str) -> str:
+    return f"tcp://{lab.hosts[name].addr}:{LINK_PORT}"
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
+
+
+pytestmark = pytest.mark.netns
+
+
+@pytest.mark.parametrize("fedlab", [("a1", "a2", "ga1", "ga2", "gb1", "gb2", "cb")], indirect=True)
+def test_two_gateways_sigkill_of_one_under_load_loses_no_request(
+    fedlab: Lab, tmp_path: Path, report: Callable[[str], None]
+) -> None:
+    lab = fedlab
+    a, b, link = keys(tmp_path, "a"), keys(tmp_path, "b"), keys(tmp_path, "link")
+    segments(
+        lab, ["a1", "a2", "ga1", "ga2"], ["gb1", "gb2", "cb"], [("ga1", "gb1"), ("ga2", "gb2")]
+    )
+    start(lab, "a1", a, "--cluster", "db")
+    start(lab, "a2", a, "--cluster", "db")
+    for i in ("1", "2"):
+        gateway(lab, f"ga{i}", "a", a, link, "--listen", listen(lab, f"ga{i}"), "--export", "db")
+        gateway(lab, f"gb{i}", "b", b, link, "--peer", listen(lab, f"ga{i}"))
+    client = start(lab, "cb", b)
+    for i in ("1", "2"):
+        wait_for(lambda i=i: lab.nodes[f"gb{i}"].call("stats")["imports"] == ["db"], 20, "imports")
+    total = 4000
+    asked = client.send("requests", count=total, concurrency=48, timeout=10, cluster="db")
+    wait_for(lambda: client.call("progress")["done"] >= total // 4, 60, "a quarter done")
+    lab.nodes["gb1"].signal(signal.SIGKILL)
+    result = client.reply(asked, 120)
+    assert result["ok"], result
+    assert result["failed"] == 0, result["errors"]
+    assert result["wrong"] == 0
+    resent = result["stats"].get("requests_resent", 0)
+    report(f"{total} requests through two gateway pairs, gb1 SIGKILLed: 0 failed, {resent} resent")
+
+
+@pytest.mark.parametrize("fedlab", [("p", "ga", "gb", "s")], indirect=True)
+def test_a_ten_second_outage_buffers_to_the_bound_and_counts_the_rest(
+    fedlab: Lab, tmp_path: Path, report: Callable[[str], None]
+) -> None:
+    lab = fedlab
+    a, b, link = keys(tmp_path, "a"), keys(tmp_path, "b"), keys(tmp_path, "link")
+    segments(lab, ["p", "ga"], ["gb", "s"], [("ga", "gb")])
+    bound = 3000
+    publisher = start(lab, "p", a)
+    ga = gateway(
+        lab, "ga", "a", a, link, "--listen", listen(lab, "ga"), "--topics", "feeds.#",
+        "--buffer", str(bound),
+    )  # fmt: skip
+    gateway(lab, "gb", "b", b, link, "--peer", listen(lab, "ga"))
+    subscriber = start(lab, "s", b, "--subscribe", "feeds.#")
+    wait_for(lambda: ga.call("stats")["stats"]["links_up"] == 1, 20, "the link")
+    time.sleep(1.0)  # the subscriber's interest reaches gb
+    count, rate = 14000, 1000
+    publishing = publisher.send("publish", topic="feeds.x", count=count, rate=rate)
+    wait_for(lambda: subscriber.call("received")["count"] >= 1500, 20, "messages flowing")
+    heal = outage(lab, "ga", "gb")
+    cut_at = time.monotonic()
+    time.sleep(10)
+    down = ga.call("stats")["stats"]
+    heal()
+    healed_at = time.monotonic()
+    wait_for(lambda: ga.call("stats")["stats"]["links_up"] == 1, 20, "the link back")
+    back = time.monotonic() - healed_at
+    report(
+        f"outage of {healed_at - cut_at:.1f} s: ga buffered {down['link_buffered']}, dropped"
+        f" {down.get('link_dropped_buffer_full', 0)}; link up again {back:.2f} s after the heal"
+    )
+    done = publisher.reply(publishing, 60)
+    assert done["ok"], done
+
+    def settled() -> bool:
+        stats = ga.call("stats")["stats"]
+        got = subscriber.call("received")["count"]
+        return stats["link_buffered"] == 0 and got + stats["link_dropped_buffer_full"] == count
+
+    wait_for(settled, 30, "the buffered messages to arrive")
+    got = subscriber.call("received")
+    dropped = ga.call("stats")["stats"]["link_dropped_buffer_full"]
+    assert got["in_order"], got
+    assert got["distinct"] == got["count"]
+    assert dropped > 0  # ten seconds at 1000/s is more than the bound
+    assert got["count"] + dropped == count
+    # mesh top, run in segment a, shows the same count.
+    top = ["ip", "netns", "exec", lab.hosts["p"].ns, sys.executable, "-m", "irismesh", "top"]
+    top += ["--once", "--json", "--keys", a, "--interface", lab.hosts["p"].addr, "--survey"]
+    top += ["--wait", "3"]
+    frame = json.loads(
+        subprocess.run(top, capture_output=True, text=True, check=True, timeout=60).stdout
+    )
+    [view] = frame["gateways"]
+    assert view["stats"]["link_dropped_buffer_full"] == dropped
+    report(
+        f"{count} published at {rate}/s: {got['count']} "
+        f"arrived in order once, {dropped} dropped beyond the bound of {bound} (mesh top agrees)"
+    )
+
+
+@pytest.mark.parametrize("fedlab", [("p", "ga", "gb", "s")], indirect=True)
+def test_messages_cross_a_lossy_gateway_link_once_and_in_order(
+    fedlab: Lab, tmp_path: Path, report: Callable[[str], None]
+) -> None:
+    lab = fedlab
+    a, b, link = keys(tmp_path, "a"), keys(tmp_path, "b"), keys(tmp_path, "link")
+    segments(lab, ["p", "ga"], ["gb", "s"], [("ga", "gb")])
+    publisher = start(lab, "p", a)
+    ga = gateway(lab, "ga", "a", a, link, "--listen", listen(lab, "ga"), "--topics", "feeds.#")
+    gateway(lab, "gb", "b", b, link, "--peer", listen(lab, "ga"))
+    subscriber = start(lab, "s", b, "--subscribe", "feeds.#")
+    wait_for(lambda: ga.call("stats")["stats"]["links_up"] == 1, 20, "the link")
+    time.sleep(1.0)  # the subscriber's interest reaches gb
+    how = lab.loss("gb", 10, "nft")
+    count = 5000
+    done = publisher.call("publish", timeout=60, topic="feeds.x", count=count, rate=1000)
+    wait_for(lambda: subscriber.call("received")["count"] >= count, 60, "every message")
+    time.sleep(0.5)
+    got = subscriber.call("received")
+    stats = ga.call("stats")["stats"]
+    assert got["count"] == count
+    assert got["distinct"] == count
+    assert got["in_order"]
+    assert stats.get("link_dropped_buffer_full", 0) == 0
+    report(
+        f"{count} messages at 1000/s in {done['seconds']:.1f} s over a gateway link losing 10%"
+        f" ({how}): all arrived once, in order; link downs {stats.get('link_downs', 0)},"
+        f" resent {stats.get('link_resends', 0)}"
+    )
