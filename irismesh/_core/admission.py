@@ -185,7 +185,8 @@ class Admission(Generic[T]):
             levels = self.levels
             top = levels[0]
             level = top
-            if len(levels) > 1 and self._streak >= SHARE_EVERY - 1:
+            contended = len(levels) > 1  # a lower class waits too
+            if contended and self._streak >= SHARE_EVERY - 1:
                 level = self._longest_waiting()
             queue = self.queues[level]
             entry = queue.pop() if self.standing_queue(now) else queue.popleft()
@@ -193,7 +194,7 @@ class Admission(Generic[T]):
             if now + service >= entry.deadline:
                 shed.append((entry.item, "deadline"))
                 continue
-            if level != top or len(levels) == 1:
+            if level != top or not contended:
                 self._streak = 0
             else:
                 self._streak += 1

@@ -160,7 +160,7 @@ def test_nothing_is_lost_nothing_starts_late_and_the_limit_holds(
         if op == "offer":
             n += 1
             deadlines[n] = now + budget
-            verdict = admission.offer(n, now + budget, now, shed)
+            verdict = admission.offer(n, now + budget, now, shed, n % 3 - 1)  # 3 classes
             if verdict is None:
                 admission.started()
                 running.append(n)

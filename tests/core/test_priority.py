@@ -120,7 +120,7 @@ priorities = st.integers(MIN_PRIORITY, MAX_PRIORITY)
 steps = st.lists(st.one_of(st.tuples(st.just("offer"), priorities), st.just("take")), max_size=300)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=600, deadline=None)
 @given(steps)
 def test_no_class_starves_and_the_higher_class_goes_first(ops: list[object]) -> None:
     """Whatever arrives, in whatever order: (1) a waiting request starts within SHARE_EVERY
