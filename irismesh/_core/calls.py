@@ -63,6 +63,7 @@ from irismesh._core.priority import label
 from irismesh._core.replycache import ReplyCache
 from irismesh._core.sealing import LinkSecurity
 from irismesh._core.throttle import Throttle
+from irismesh._core.throttle import key as throttle_key
 from irismesh.errors import (
     Closed,
     MemberLost,
@@ -194,7 +195,7 @@ class Calls(LinkObserver):
             members = self.members_for(cluster, len(payload), 1, now)
             if not members:  # its members' links are opening: it waits for one
                 return self._park(cluster, payload, timeout, now, kind, priority)
-        if not self.throttle.admit(cluster, now, self._rng):
+        if not self.throttle.admit(throttle_key(cluster, priority), now, self._rng):
             self._stats["requests_throttled"] += 1
             raise Overloaded(reason="throttled", cluster=cluster)
         link = balancer.choose(members, self._rng)
@@ -399,7 +400,7 @@ class Calls(LinkObserver):
         )
         link.last_sample = now
         if not request.pinned:
-            self.throttle.accepted(request.cluster, now)
+            self.throttle.accepted(throttle_key(request.cluster, request.priority), now)
             other = request.hedged if request.link is link else request.link
             if other is not None:  # the hedge's other copy: its member may drop it
                 self._send_cancel(other, req_id)
@@ -427,7 +428,7 @@ class Calls(LinkObserver):
                 self._send_to(request, target, now, "requests_retried_elsewhere", hedge=False)
                 return
         self.pending.pop(request.req_id)
-        self.throttle.refused(request.cluster, now)
+        self.throttle.refused(throttle_key(request.cluster, request.priority), now)
         reason = why.decode("ascii", "replace")[:40]
         error = Overloaded(reason="member", cluster=request.cluster, detail=reason)
         self._outbox.events.append(RequestFailed(req_id=request.req_id, error=error))
@@ -465,7 +466,7 @@ class Calls(LinkObserver):
             _release(request)
             self._stats["requests_timed_out"] += 1
             if not request.pinned:
-                self.throttle.refused(request.cluster, now)
+                self.throttle.refused(throttle_key(request.cluster, request.priority), now)
             error = RequestTimeout(request.cluster, request.timeout, request.attempts)
             events.append(RequestFailed(req_id=request.req_id, error=error))
         self.replies.expire(now)

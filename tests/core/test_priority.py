@@ -3,6 +3,8 @@ and outboxes send the higher class first; the wire carries it to members that re
 
 from __future__ import annotations
 
+from random import Random
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -12,6 +14,8 @@ from irismesh._core.admission import SHARE_EVERY, Admission
 from irismesh._core.events import Event, ReplyArrived, RequestArrived, RequestCancelled
 from irismesh._core.frames import HEADER_SIZE, Kind, decode_header
 from irismesh._core.priority import MAX_PRIORITY, MIN_PRIORITY, Priority, check_priority
+from irismesh._core.throttle import Throttle
+from irismesh._core.throttle import key as throttle_key
 from irismesh._driver import urgent_first
 from irismesh.errors import ConfigurationError
 
@@ -242,3 +246,17 @@ def test_a_member_that_does_not_read_priorities_gets_the_default() -> None:
     net.run(net.now)
     assert [(e.payload, e.priority) for e in member.arrived] == [(b"h", 0)]
     assert member.core.stats["dropped_bad_envelope"] == 0
+
+
+def test_a_caller_throttles_each_priority_of_a_cluster_on_its_own() -> None:
+    throttle = Throttle()
+    rng = Random(1)
+    low, high = throttle_key("db", Priority.LOW), throttle_key("db", Priority.HIGH)
+    assert throttle_key("db", 0) == "db"
+    for i in range(200):  # the member turns the low ones away and answers the high ones
+        throttle.refused(low, i * 0.001)
+        throttle.accepted(high, i * 0.001)
+    assert throttle.probability(low) > 0.9
+    assert throttle.probability(high) == 0.0
+    assert throttle.probability("db") == 0.0
+    assert all(throttle.admit(high, 0.2, rng) for _ in range(100))
