@@ -75,6 +75,7 @@ class Waiting:
     deadline: float
     arrived: float
     criticality: int = 0  # its priority
+    order: int = 0  # when it came, among the requests offered (clock readings may tie)
 
 
 class Admission(Generic[T]):
@@ -105,6 +106,7 @@ class Admission(Generic[T]):
         self._long = 0.0  # long-term average latency, the gradient's reference
         self._nonempty_since: float | None = None  # when the queue last stopped being empty
         self._streak = 0  # starts in a row from the highest class while a lower one waited
+        self._offered = 0  # requests queued so far: their arrival order
 
     @property
     def queue(self) -> list[Waiting]:
@@ -173,7 +175,8 @@ class Admission(Generic[T]):
             queue = self.queues[criticality] = deque()
             self.levels.append(criticality)
             self.levels.sort(reverse=True)
-        queue.append(Waiting(item, deadline, now, criticality))
+        self._offered += 1
+        queue.append(Waiting(item, deadline, now, criticality, self._offered))
         self.waiting += 1
         return "queued"
 
@@ -265,11 +268,12 @@ class Admission(Generic[T]):
 
     def _longest_waiting(self) -> int:
         """The lower class (not the highest) whose oldest request has waited longest."""
-        best, arrived = self.levels[1], float("inf")
-        for level in self.levels[1:]:
-            first = self.queues[level][0].arrived
-            if first < arrived:
-                best, arrived = level, first
+        levels = self.levels
+        best, order = levels[1], self.queues[levels[1]][0].order
+        for level in levels[2:]:
+            first = self.queues[level][0].order
+            if first < order:
+                best, order = level, first
         return best
 
     def _drop(self, entry: Waiting) -> None:

@@ -79,6 +79,17 @@ def test_the_lower_class_keeps_one_start_in_share_every() -> None:
     assert taken == [f"h{i}" for i in range(SHARE_EVERY - 1)] + ["low"]
 
 
+def test_the_share_goes_to_the_lower_class_that_waited_longest_even_on_one_clock_reading() -> None:
+    admission = busy()
+    shed: list[tuple[str, str]] = []
+    admission.offer("lowest", FOREVER, 0.0, shed, -2)  # all at the same clock reading
+    for i in range(SHARE_EVERY):
+        admission.offer(f"h{i}", FOREVER, 0.0, shed, 0)
+    admission.offer("low", FOREVER, 0.0, shed, -1)
+    taken = [take_one(admission) for _ in range(SHARE_EVERY)]
+    assert taken[-1] == "lowest"
+
+
 def test_a_flood_of_low_priority_work_does_not_get_a_high_one_turned_away() -> None:
     admission = busy()
     shed: list[tuple[str, str]] = []
