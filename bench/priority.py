@@ -5,8 +5,9 @@ low-priority ones, next to their latency unloaded and to the low-priority ones'.
                              [--deadline 1] [--quick] [--json out.json]
 
 One member process of cluster "work" answers each request with a plain (synchronous) handler
-that burns `--cost` ms of CPU; one caller process calls it; both on 127.0.0.1. The caller
-measures, in order:
+that burns `--cost` ms of CPU; a loader process sends it the low-priority load and a prober
+process the probes (apart, so that generating the load does not delay the probes' replies in
+their caller); all on 127.0.0.1. In order:
 
 1. unloaded: high-priority probes alone, `--probe-rate` a second (open loop), for `--seconds`:
    their p50 and p99;
@@ -23,8 +24,8 @@ goal: at most 3x), high p99 / low p99 in the same run, control p99 / unloaded p9
 priority's goodput / C (the goal: above 0, low-priority work still completes).
 
 The parent only orchestrates (this same file is the children's program, `--role
-member|caller`); children talk in JSON lines on stdout, die with the parent, have a hard
-timeout, and the parent stops them in a `finally`.
+member|caller`): it tells the children what to do on their stdin, they answer in JSON lines on
+stdout, die with the parent, have a hard timeout, and the parent stops them in a `finally`.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from typing import Any
 
 from _harness import (
     BenchError,
+    Child,
     ChildProcesses,
     emit,
     exit_after,
@@ -105,7 +107,7 @@ async def member_main(args: argparse.Namespace) -> None:
 
 
 # ============================================================================================
-# Child: caller
+# Children: loader and prober
 
 
 class Calls:
@@ -144,18 +146,13 @@ class Calls:
 
 
 async def open_loop(
-    node: irismesh.Node,
-    tag: bytes,
-    rate: float,
-    seconds: float,
-    timeout: float,
-    priority: int,
-    calls: Calls,
-) -> None:
-    """Requests started on a fixed schedule, each its own task, whatever the earlier ones do;
-    returns once every one has its outcome."""
+    node: irismesh.Node, tag: bytes, rate: float, args: argparse.Namespace, priority: int
+) -> dict[str, Any]:
+    """Requests started on a fixed schedule for `--seconds`, each its own task, whatever the
+    earlier ones do; their outcomes once every one has one."""
     loop = asyncio.get_running_loop()
-    interval, count = 1.0 / rate, max(1, round(rate * seconds))
+    calls = Calls()
+    interval, count = 1.0 / rate, max(1, round(rate * args.seconds))
     start = loop.time() + 0.002
     tasks: list[asyncio.Task[None]] = []
     index = 0
@@ -167,9 +164,10 @@ async def open_loop(
             now = loop.time()
         while index < count and start + index * interval <= now:
             payload = tag + b":%d" % index
-            tasks.append(loop.create_task(calls.call(node, payload, timeout, priority)))
+            tasks.append(loop.create_task(calls.call(node, payload, args.deadline, priority)))
             index += 1
     await asyncio.gather(*tasks)
+    return calls.summary(args.seconds)
 
 
 async def closed_loop(node: irismesh.Node, in_flight: int, seconds: float) -> float:
@@ -191,57 +189,32 @@ async def closed_loop(node: irismesh.Node, in_flight: int, seconds: float) -> fl
     return done / seconds
 
 
-async def overload(
-    node: irismesh.Node, args: argparse.Namespace, capacity: float, probe: int, tag: str
-) -> dict[str, Any]:
-    low, high = Calls(), Calls()
-    await asyncio.gather(
-        open_loop(
-            node,
-            b"L" + tag.encode(),
-            args.load * capacity,
-            args.seconds,
-            args.deadline,
-            Priority.LOW,
-            low,
-        ),
-        open_loop(
-            node, b"H" + tag.encode(), args.probe_rate, args.seconds, args.deadline, probe, high
-        ),
-    )
-    return {"low": low.summary(args.seconds), "probes": high.summary(args.seconds)}
-
-
 async def caller_main(args: argparse.Namespace) -> None:
+    """The loader (low-priority load, and the capacity) or the prober (the probes): each in
+    a process of its own, so that generating the load does not delay the probes' replies
+    in the caller. Commands on stdin: `capacity`, `load RATE TAG`, `probe PRIORITY TAG`."""
     keys = irismesh.Keyring.load(args.keyring)
+    loop = asyncio.get_running_loop()
+    commands: asyncio.Queue[str] = asyncio.Queue()
+    on_stdin_lines(
+        lambda line: loop.call_soon_threadsafe(commands.put_nowait, line),
+        lambda: os._exit(1),  # the parent is gone
+    )
     async with irismesh.Node(keyring=keys, bind=BIND, seeds=[args.seeds], survey=False) as node:
         await node.wait_for_members(CLUSTER, timeout=STARTUP_S)
-        emit("progress", message="warm-up, then high-priority probes unloaded")
         await closed_loop(node, 1, WARMUP_S)
-        unloaded = Calls()
-        await open_loop(
-            node, b"U", args.probe_rate, args.seconds, args.deadline, Priority.HIGH, unloaded
-        )
-        emit("progress", message=f"capacity: {CAPACITY_IN_FLIGHT} in flight for {CAPACITY_S} s")
-        capacity = await closed_loop(node, CAPACITY_IN_FLIGHT, CAPACITY_S)
-        if capacity <= 0:
-            raise BenchError("no capacity measured")
-        emit(
-            "progress",
-            message=f"overload: low priority at {args.load:g} x {capacity:,.0f} req/s, high "
-            f"probes at {args.probe_rate:g}/s, {args.seconds:g} s",
-        )
-        loaded = await overload(node, args, capacity, Priority.HIGH, "o")
-        await asyncio.sleep(args.deadline)  # the member's backlog drains
-        emit("progress", message="control: the same overload, the probes at low priority too")
-        control = await overload(node, args, capacity, Priority.LOW, "c")
-        emit(
-            "result",
-            unloaded=unloaded.summary(args.seconds),
-            capacity_rps=capacity,
-            overload=loaded,
-            control=control,
-        )
+        print("READY", flush=True)
+        while True:
+            verb, *rest = (await commands.get()).split()
+            if verb == "capacity":
+                emit("capacity", rps=await closed_loop(node, CAPACITY_IN_FLIGHT, CAPACITY_S))
+            elif verb == "load":
+                rate, tag = float(rest[0]), rest[1]
+                emit("done", tag=tag, **await open_loop(node, tag.encode(), rate, args, -1))
+            elif verb == "probe":
+                priority, tag = int(rest[0]), rest[1]
+                probes = await open_loop(node, tag.encode(), args.probe_rate, args, priority)
+                emit("done", tag=tag, **probes)
 
 
 def run_child(args: argparse.Namespace) -> None:
@@ -327,63 +300,84 @@ def machine_facts() -> dict[str, Any]:
     return facts
 
 
+def expect(child: Child, event: str, timeout: float) -> dict[str, Any]:
+    """The next JSON line of `child` that is `event` (an "error" one raises)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        line = child.next_line(deadline)
+        if line is None:
+            raise BenchError(f"{child.name}: no {event!r} within {timeout:.0f} s")
+        found = json.loads(line) if line.startswith("{") else {}
+        if found.get("event") == "error":
+            raise BenchError(f"{child.name}: {found['message']}\n{child.stderr_tail()}")
+        if found.get("event") == event:
+            return found
+
+
+def tell(child: Child, line: str) -> None:
+    stdin = child.proc.stdin
+    if stdin is None:
+        raise BenchError(f"{child.name}: no stdin")
+    stdin.write(line.encode() + b"\n")
+    stdin.flush()
+
+
+def measure(args: argparse.Namespace, keyring: str, kids: ChildProcesses) -> dict[str, Any]:
+    me = [sys.executable, os.path.abspath(__file__), "--keyring", keyring]
+    common = ["--cost", str(args.cost), "--max-seconds", str(args.max_seconds)]
+    common += ["--seconds", str(args.seconds), "--deadline", str(args.deadline)]
+    common += ["--probe-rate", str(args.probe_rate)]
+    member = kids.spawn("member", [*me, "--role", "member", *common])
+    endpoint = member.expect_prefix("READY", STARTUP_S)
+    loader = kids.spawn("loader", [*me, "--role", "caller", "--seeds", endpoint, *common])
+    prober = kids.spawn("prober", [*me, "--role", "caller", "--seeds", endpoint, *common])
+    loader.expect_prefix("READY", STARTUP_S)
+    prober.expect_prefix("READY", STARTUP_S)
+    phase = args.seconds + 2 * args.deadline + 30.0
+
+    def progress(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    progress(f"unloaded: high-priority probes alone, {args.seconds:g} s")
+    tell(prober, f"probe {int(Priority.HIGH)} U")
+    unloaded = expect(prober, "done", phase)
+    progress(f"capacity: {CAPACITY_IN_FLIGHT} in flight for {CAPACITY_S:g} s")
+    tell(loader, "capacity")
+    capacity = float(expect(loader, "capacity", CAPACITY_S + 30.0)["rps"])
+    if capacity <= 0:
+        raise BenchError("no capacity measured")
+    result: dict[str, Any] = {"unloaded": unloaded, "capacity_rps": capacity}
+    for name, probe in (("overload", Priority.HIGH), ("control", Priority.LOW)):
+        progress(
+            f"{name}: low priority at {args.load:g} x {capacity:,.0f} req/s, probes at "
+            f"priority {int(probe)}, {args.seconds:g} s"
+        )
+        tell(loader, f"load {args.load * capacity} L{name[0]}")
+        tell(prober, f"probe {int(probe)} H{name[0]}")
+        result[name] = {
+            "low": expect(loader, "done", phase),
+            "probes": expect(prober, "done", phase),
+        }
+        time.sleep(args.deadline)  # the member's backlog drains
+    tell(member, "stats")
+    stats = expect(member, "stats", 10.0)["stats"]
+    result["member"] = {
+        k: v
+        for k, v in stats.items()
+        if k.startswith(("requests_admitted", "requests_shed", "requests_queued"))
+        and not k.endswith("_for_member")
+    }
+    return result
+
+
 def main_parent(args: argparse.Namespace) -> int:
     raise_keyboard_interrupt_on_sigterm()
     facts = machine_facts()
-    me = [sys.executable, os.path.abspath(__file__)]
-    common = ["--cost", str(args.cost), "--max-seconds", str(args.max_seconds)]
-    budget = STARTUP_S + 3 * args.seconds + CAPACITY_S + 4 * args.deadline + 60.0
     with tempfile.TemporaryDirectory(prefix="irismesh-priority-") as tmp, ChildProcesses() as kids:
         keyring = os.path.join(tmp, "bench.keys")
         irismesh.Keyring.generate().save(keyring)
         try:
-            member = kids.spawn("member", [*me, "--role", "member", "--keyring", keyring, *common])
-            endpoint = member.expect_prefix("READY", STARTUP_S)
-            caller = kids.spawn(
-                "caller",
-                [
-                    *me,
-                    "--role",
-                    "caller",
-                    "--keyring",
-                    keyring,
-                    "--seeds",
-                    endpoint,
-                    "--load",
-                    str(args.load),
-                    "--seconds",
-                    str(args.seconds),
-                    "--probe-rate",
-                    str(args.probe_rate),
-                    "--deadline",
-                    str(args.deadline),
-                    *common,
-                ],
-            )
-            deadline = time.monotonic() + budget
-            result: dict[str, Any] | None = None
-            while result is None:
-                line = caller.next_line(deadline)
-                if line is None:
-                    raise BenchError(f"the caller gave no result within {budget:.0f} s")
-                event = json.loads(line) if line.startswith("{") else {}
-                if event.get("event") == "progress":
-                    print(event["message"], file=sys.stderr, flush=True)
-                elif event.get("event") == "error":
-                    raise BenchError(f"caller: {event['message']}\n{caller.stderr_tail()}")
-                elif event.get("event") == "result":
-                    result = event
-            stdin = member.proc.stdin
-            assert stdin is not None
-            stdin.write(b"stats\n")
-            stdin.flush()
-            stats = json.loads(member.expect_prefix("", 10.0) or "{}")
-            result["member"] = {
-                k: v
-                for k, v in stats.get("stats", {}).items()
-                if k.startswith(("requests_admitted", "requests_shed", "requests_queued"))
-                and not k.endswith("_for_member")
-            }
+            result = measure(args, keyring, kids)
         except KeyboardInterrupt:
             print("interrupted; every child process has been stopped", file=sys.stderr)
             return 130
