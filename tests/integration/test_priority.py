@@ -105,6 +105,37 @@ def test_the_sync_api_takes_a_priority(keys: irismesh.Keyring) -> None:
             assert client.publish("nobody.listens", b"x", priority=Priority.LOW) == 0
 
 
+def test_publishes_blocked_by_a_slow_subscriber_go_out_by_priority(keys: irismesh.Keyring) -> None:
+    window = 32
+
+    async def main() -> None:
+        config = irismesh.CoreConfig(pubsub_window=window)
+        sub_node = await irismesh.Node(keyring=keys, config=config).start()
+        pub = irismesh.Node(keyring=keys, seeds=[sub_node.endpoint])
+        async with sub_node, pub:
+            sub = sub_node.subscribe("jobs", maxsize=window)
+            await pub.wait_for_subscribers("jobs", 1, timeout=5)
+            for i in range(window):  # the subscriber's whole window: the next ones wait
+                await pub.publish("jobs", b"%d" % i, timeout=5)
+            waiting = []
+            for name, priority in [
+                (b"first", Priority.NORMAL),  # it waits for room first, holding the turn
+                (b"low", Priority.LOW),
+                (b"normal", Priority.NORMAL),
+                (b"high", Priority.HIGH),
+            ]:
+                task = pub.publish("jobs", name, timeout=10, priority=priority)
+                waiting.append(asyncio.ensure_future(task))
+                await asyncio.sleep(0.01)
+            assert not any(task.done() for task in waiting)
+            got = [(await sub.get(timeout=5)).payload for _ in range(window + 4)]
+            await asyncio.gather(*waiting)
+            assert got[:window] == [b"%d" % i for i in range(window)]
+            assert got[window:] == [b"first", b"high", b"normal", b"low"]
+
+    run(main())
+
+
 def test_publishes_waiting_for_room_take_turns_by_priority() -> None:
     async def main() -> None:
         turns = Turns()
