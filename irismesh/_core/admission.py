@@ -34,8 +34,10 @@ Priority. Each waiting request carries a priority (`priority`: higher is more im
 the default), and each priority waits in a queue of its own, in the order above. A take serves
 the highest class that waits, with one exception that keeps the lower classes from starving:
 after `SHARE_EVERY` - 1 starts in a row from the highest class while a lower one waited, the
-next start goes to a lower class, the one whose oldest request has waited longest. So under a
-flood of important work the lesser still gets one handler run in `SHARE_EVERY` and completes,
+next start goes to the class whose oldest request came first (under a flood of important
+work, a lower one; the highest class's own, when older, as the highest changes while classes
+empty). So every request starts within `SHARE_EVERY` starts per request older than it, and
+under a flood of important work the lesser still gets one handler run in `SHARE_EVERY`,
 while an important request waits behind at most one lesser run per `SHARE_EVERY` - 1 of its
 own class (a weighted dequeue; aging alone would not do: a request's deadline, which sheds it,
 comes long before any age that would lift it above a busy higher class). A request's expected
@@ -190,7 +192,7 @@ class Admission(Generic[T]):
             level = top
             contended = len(levels) > 1  # a lower class waits too
             if contended and self._streak >= SHARE_EVERY - 1:
-                level = self._longest_waiting()
+                level = self._oldest_class()
             queue = self.queues[level]
             entry = queue.pop() if self.standing_queue(now) else queue.popleft()
             self._taken(level, queue)
@@ -266,11 +268,12 @@ class Admission(Generic[T]):
             return None
         return self.queues[self.levels[-1]][0]
 
-    def _longest_waiting(self) -> int:
-        """The lower class (not the highest) whose oldest request has waited longest."""
+    def _oldest_class(self) -> int:
+        """The class whose oldest request came first: every request older than a given one
+        is served by such starts before it, so none waits for ever."""
         levels = self.levels
-        best, order = levels[1], self.queues[levels[1]][0].order
-        for level in levels[2:]:
+        best, order = levels[0], self.queues[levels[0]][0].order
+        for level in levels[1:]:
             first = self.queues[level][0].order
             if first < order:
                 best, order = level, first

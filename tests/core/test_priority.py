@@ -6,7 +6,7 @@ from __future__ import annotations
 from random import Random
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from memnet import MemNet, MemNode, hold, mesh
 
@@ -137,6 +137,13 @@ steps = st.lists(st.one_of(st.tuples(st.just("offer"), priorities), st.just("tak
 
 @settings(max_examples=600, deadline=None)
 @given(steps)
+@example(  # the highest class empties and the next becomes highest: its oldest comes first
+    [
+        *[("offer", -1), ("offer", 0), ("offer", 0), ("offer", 0), "take", ("offer", 0)],
+        *[("offer", -2), "take", ("offer", 0), "take", "take", ("offer", 0), "take"],
+        *[("offer", 0), "take", "take", "take"],
+    ]
+)
 def test_no_class_starves_and_the_higher_class_goes_first(ops: list[object]) -> None:
     """Whatever arrives, in whatever order: (1) a waiting request starts within SHARE_EVERY
     starts per request that waited when it came (plus one), so it never starves however much
