@@ -913,6 +913,13 @@ class Node(MemoryApi, KeyringApi):
         driver.flush_soon()
         return [link.peer_id.hex() for link in core.members(cluster)]
 
+    def known_members(self, cluster: str) -> int:
+        """How many live members of `cluster` membership knows, linked to this node or not
+        (the members whose records say, under a key this node holds, that they serve it).
+        Opens no link: `members` and `wait_for_members` do."""
+        core, _ = self._caller.running()
+        return len(core.directory.servers(cluster))
+
     def peers(self, *, departed: bool = False) -> list[PeerInfo]:
         """Every node of the mesh that membership holds alive (state "alive" or "suspect"),
         with its link's figures where this node has a link to it; with `departed`, also the

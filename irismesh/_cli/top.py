@@ -195,6 +195,8 @@ async def gateway_views(
     if node.keyring.primary(GATEWAY_CLUSTER) is None:
         return []
     if wait:
+        if not node.known_members(GATEWAY_CLUSTER):  # membership knows of none: no wait
+            return []
         try:
             await node.wait_for_members(GATEWAY_CLUSTER, timeout=timeout)
         except irismesh.MeshError:
