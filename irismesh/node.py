@@ -669,7 +669,14 @@ class Node(MemoryApi, KeyringApi):
         handler runs, so they are never starved. See "Classes of service" in the README.
         """
         if not queue:
-            return await self._caller.request(cluster, payload, timeout, hedge, priority=priority)
+            # Caller.request inlined (the hot path: one coroutine per request, not two).
+            caller = self._caller
+            req_id, fut = caller.send(cluster, payload, timeout, hedge, _KIND_REQUEST, priority)
+            try:
+                return await fut
+            except asyncio.CancelledError:
+                caller.abandon(req_id)
+                raise
         return await self._queued_request(cluster, payload, timeout, hedge, priority=priority)
 
     def start_request(

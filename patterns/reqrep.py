@@ -285,30 +285,31 @@ class HandlerRunner:
                 return
             result = handler(event.payload)
             # A plain function's bytes (the common case) skip the awaitable checks.
-            if type(result) is not bytes and inspect.iscoroutine(result):
-                try:
-                    yielded = result.send(None)
-                except StopIteration as stop:
-                    self._finish(event, started, stop.value)
-                    self._inline_done(began, now)
+            if type(result) is not bytes:
+                if inspect.iscoroutine(result):
+                    try:
+                        yielded = result.send(None)
+                    except StopIteration as stop:
+                        self._finish(event, started, stop.value)
+                        self._inline_done(began, now)
+                        return
+                    loop = asyncio.get_running_loop()
+                    task = loop.create_task(self._resume(event, started, result, yielded, now))
+                    self._track(event, task)
+                    self._spent += time.perf_counter() - began
                     return
-                loop = asyncio.get_running_loop()
-                task = loop.create_task(self._resume(event, started, result, yielded, now))
-                self._track(event, task)
-                self._spent += time.perf_counter() - began
-                return
-            if isinstance(result, asyncio.Future):
-                # A handler passing the request on (a gateway): answered when the future
-                # resolves, with no Task in between.
-                result.add_done_callback(partial(self._settled, event, started, now))
-                self._track(event, result)
-                self._spent += time.perf_counter() - began
-                return
-            if type(result) is not bytes and inspect.isawaitable(result):
-                task = asyncio.ensure_future(self._await(event, started, result, now))
-                self._track(event, task)
-                self._spent += time.perf_counter() - began
-                return
+                if isinstance(result, asyncio.Future):
+                    # A handler passing the request on (a gateway): answered when the future
+                    # resolves, with no Task in between.
+                    result.add_done_callback(partial(self._settled, event, started, now))
+                    self._track(event, result)
+                    self._spent += time.perf_counter() - began
+                    return
+                if inspect.isawaitable(result):
+                    task = asyncio.ensure_future(self._await(event, started, result, now))
+                    self._track(event, task)
+                    self._spent += time.perf_counter() - began
+                    return
         except Exception as exc:
             self._fail(event, started, exc)
             self._inline_done(began, now)
@@ -531,18 +532,36 @@ class Caller:
         priority: int = 0,
     ) -> bytes:
         """`Node.request`: one member's reply (`kind` JOB: a queued job the memory hands out)."""
-        core, driver, req_id, fut = self._begin(cluster, payload, timeout, hedge, kind, priority)
-        if self.busy_poll and len(self._waiting) == 1:
-            # Opt-in: wait for the reply without a trip through the loop.
-            driver.spin(core.request_link(req_id), self.busy_poll, fut.done)
-            if fut.done():
-                return fut.result()
+        req_id, fut = self.send(cluster, payload, timeout, hedge, kind, priority)
         try:
             return await fut
         except asyncio.CancelledError:
-            if self._waiting.pop(req_id, None) is not None:
-                core.cancel(req_id)
+            self.abandon(req_id)
             raise
+
+    def send(
+        self,
+        cluster: str,
+        payload: bytes,
+        timeout: float | None,
+        hedge: float | bool | None,
+        kind: int = _KIND_REQUEST,
+        priority: int = 0,
+    ) -> tuple[int, asyncio.Future[bytes]]:
+        """`request` up to its wait: the request's id and the future of its reply, which the
+        caller awaits (and `abandon`s when cancelled). `Node.request` awaits it itself: one
+        coroutine per request instead of two."""
+        core, driver, req_id, fut = self._begin(cluster, payload, timeout, hedge, kind, priority)
+        if self.busy_poll and len(self._waiting) == 1:
+            # Opt-in: wait for the reply without a trip through the loop (awaiting a done
+            # future then returns at once).
+            driver.spin(core.request_link(req_id), self.busy_poll, fut.done)
+        return req_id, fut
+
+    def abandon(self, req_id: int) -> None:
+        """The caller of `send` was cancelled while it waited: the core cancels the request."""
+        if self._waiting.pop(req_id, None) is not None and self._core is not None:
+            self._core.cancel(req_id)
 
     def start(self, cluster: str, payload: bytes, timeout: float | None) -> asyncio.Future[bytes]:
         """`Node.start_request`: the reply's future; cancelling it cancels the request."""
