@@ -1,0 +1,133 @@
+"""CPU time per request of irismesh's caller and member: a figure a busy machine barely moves.
+
+    python bench/cpu_per_request.py [--requests 150000] [--outstanding 100] [--size 100]
+                                    [--rounds 3]
+
+A member (a `Node` of cluster `echo` with a plain handler that returns the payload, sealed,
+telemetry on) runs in a child process on 127.0.0.1; the caller, in this process, sends
+--requests requests with --outstanding in flight after a warm-up, and each side reads its own
+CPU time (`getrusage`: user + system) around exactly those requests. Wall-clock throughput on
+a shared machine measures the machine; CPU per request measures the code, so before/after
+comparisons interleave runs of two builds with this script and compare medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import irismesh
+
+
+def cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def member(keyfile: str) -> None:
+    keys = irismesh.Keyring.load(keyfile)
+    async with irismesh.Node("echo", keyring=keys, discovery=False) as node:
+
+        @node.on_request
+        def echo(payload: bytes) -> bytes:
+            return payload
+
+        print(node.endpoint, flush=True)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, sys.stdin.readline)  # the measured requests begin
+        began = cpu()
+        await loop.run_in_executor(None, sys.stdin.readline)  # ... and end
+        print(cpu() - began, flush=True)
+
+
+async def caller(
+    keys: irismesh.Keyring, child: subprocess.Popen[str], endpoint: str, args: argparse.Namespace
+) -> tuple[float, float, float]:
+    assert child.stdin is not None
+    assert child.stdout is not None
+    async with irismesh.Node(keyring=keys, seeds=[endpoint], discovery=False) as node:
+        await node.wait_for_members("echo", 1, timeout=10)
+        payload = os.urandom(args.size)
+        left = 0
+
+        async def worker() -> None:
+            nonlocal left
+            while left > 0:
+                left -= 1
+                await node.request("echo", payload)
+
+        left = min(20_000, args.requests)  # warm-up
+        await asyncio.gather(*(worker() for _ in range(args.outstanding)))
+        child.stdin.write("begin\n")
+        child.stdin.flush()
+        began, started = cpu(), time.perf_counter()
+        left = args.requests
+        await asyncio.gather(*(worker() for _ in range(args.outstanding)))
+        spent, wall = cpu() - began, time.perf_counter() - started
+        child.stdin.write("end\n")
+        child.stdin.flush()
+        member_spent = float(child.stdout.readline())
+    n = args.requests
+    return spent / n * 1e6, member_spent / n * 1e6, n / wall
+
+
+def one_round(keyfile: Path, keys: irismesh.Keyring, args: argparse.Namespace) -> tuple[float, ...]:
+    child = subprocess.Popen(
+        [sys.executable, __file__, "--member", str(keyfile)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        endpoint = child.stdout.readline().strip()
+        if not endpoint:
+            raise SystemExit("the member did not start")
+        return irismesh.run(caller(keys, child, endpoint, args))
+    finally:
+        if child.stdin is not None:
+            child.stdin.close()
+        child.wait(timeout=30)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=150_000)
+    parser.add_argument("--outstanding", type=int, default=100)
+    parser.add_argument("--size", type=int, default=100, help="payload bytes")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--member", metavar="KEYFILE", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.member:
+        irismesh.run(member(args.member))
+        return 0
+    keys = irismesh.Keyring.generate()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="irismesh-cpu-") as tmp:
+        keyfile = Path(tmp) / "mesh.keys"
+        keys.save(keyfile)
+        for i in range(args.rounds):
+            print(f"[{i + 1}/{args.rounds}] {args.requests:,} requests", file=sys.stderr)
+            results.append(one_round(keyfile, keys, args))
+    for label, index, unit in (("caller", 0, "us"), ("member", 1, "us"), ("rate", 2, "/s")):
+        values = [r[index] for r in results]
+        shown = ", ".join(f"{v:,.2f}" if unit == "us" else f"{v:,.0f}" for v in values)
+        middle = statistics.median(values)
+        print(
+            f"{label:6} median {middle:,.2f} {unit}  ({shown})"
+            if unit == "us"
+            else f"{label:6} median {middle:,.0f} {unit}  ({shown})"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
