@@ -123,6 +123,7 @@ async def run_gateway(args: argparse.Namespace) -> int:
                     "endpoint": gateway.endpoint,
                     "node_endpoint": node.endpoint,
                     "gateway_id": gateway.gateway_id.hex(),
+                    "node_id": node.node_id.hex(),
                     "mesh": gateway.mesh,
                 }
             )

@@ -24,6 +24,10 @@ each other as members of the cluster `_gateway`): a crossing carries its history
 gateway to gateway, so a message crosses from mesh to mesh through one gateway process at a
 time.
 
+Redundant gateways. Several gateways of a mesh may export the same topics (for when one
+dies): for each mesh they send to, they elect one forwarder, and the others keep what it has
+not yet delivered and send it on when they take over (`irismesh.federation.redundancy`).
+
 Stats. `gateway.stats` counts what crossed, what was refused and what was dropped, with the
 links' buffered items; the gateway's node answers requests to cluster `_gateway` with them,
 which is how `mesh top` shows every gateway's.
@@ -36,7 +40,8 @@ import contextlib
 import itertools
 import logging
 import os
-from collections import Counter
+import time
+from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from functools import partial
 from typing import Any
@@ -57,6 +62,7 @@ from irismesh.errors import (
 from irismesh.federation.crossing import CROSSING, Barrier, Crossing, OriginIds
 from irismesh.federation.link import LinkTransport, describe
 from irismesh.federation.linkproto import Exports, Item, LinkConfig, LinkEnd, link_secrets
+from irismesh.federation.redundancy import Redundancy
 from irismesh.node import Node
 from irismesh.patterns.pubsub import Message, Subscription
 from irismesh.patterns.reqrep import ForwardedError, TurnedAway, time_left
@@ -70,6 +76,10 @@ GATEWAY_CLUSTER = "_gateway"  # the gateways of a mesh: they answer it with thei
 _REQUEST, _REPLY = "req", "rep"
 _OK, _ERROR, _TURNED_AWAY = 0, 1, 2
 _MAX_MESH_NAME = 200
+_SYNC_EVERY = 0.05  # redundant gateways: delivered ids told this often
+_STATE_EVERY = 0.2  # and each one's links this often (a fellow silent for 3 s is gone)
+_TOLD_BOUND = 1024  # messages for the other gateways waiting to be sent
+_WARM_UP = 0.6  # a gateway holds what it would export this long: fellows make themselves known
 
 
 class Gateway:
@@ -134,6 +144,7 @@ class Gateway:
         self.node = Node(clusters=serves, name=name, **self._node_args)
         if serves:
             self.node.on_request(self._describe)
+            self.node.on_broadcast(self._on_sync)
         self.transport = LinkTransport(
             gateway_id=self.gateway_id,
             mesh=mesh,
@@ -160,6 +171,12 @@ class Gateway:
         self._subs: list[Subscription] = []
         self._drained: asyncio.Event | None = None
         self._gateway_ids: set[str] = set()
+        self._redundancy: Redundancy | None = None
+        self._warm: asyncio.Event | None = None  # set once the first election is made
+        self._told: deque[list[Any]] = deque()  # for the other gateways here, to send
+        self._telling: asyncio.Task[None] | None = None
+        self._state_at = 0.0  # when this gateway last told its links
+        self._linked_since: dict[str, float] = {}  # mesh -> when a link to it was first known
         self._closing = False
 
     # ------------------------------------------------------------- lifecycle
@@ -173,6 +190,15 @@ class Gateway:
         self._tasks.append(asyncio.create_task(self._republish()))
         if GATEWAY_CLUSTER in self.node.clusters:
             self._tasks.append(asyncio.create_task(self._watch_gateways()))
+            if self.export.topics:
+                self._redundancy = Redundancy(
+                    self.node.node_id.hex(),
+                    time.time(),
+                    self.export.topics,
+                    self.transport.config.buffer,
+                )
+                self._warm = asyncio.Event()
+                self._tasks.append(asyncio.create_task(self._sync()))
         for index, pattern in enumerate(self.export.topics):
             earlier = self.export.topics[:index]
             sub = self.node.subscribe(pattern, policy="block", maxsize=4096)
@@ -191,6 +217,13 @@ class Gateway:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if self._redundancy is not None:  # the last acknowledgements, for who takes over
+            with contextlib.suppress(Exception):
+                await self._report_delivered()
+                if self._telling is not None:
+                    await asyncio.wait_for(self._telling, 1.0)
+        if self._telling is not None:
+            self._telling.cancel()
         if self._reconciling is not None:
             self._reconciling.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -222,6 +255,11 @@ class Gateway:
         out["duplicates_dropped"] = self._barrier.duplicates
         out["imports"] = len(self._imports)
         out["republish_queue"] = 0 if self._inbound is None else self._inbound.qsize()
+        if self._redundancy is not None:
+            out.update(self._redundancy.stats)
+            out["standby_held"] = self._redundancy.held()
+            out["forwarding"] = sum(self._redundancy.forwarding.values())
+            out["fellows"] = len(self._redundancy.fellows)
         return out
 
     def links(self) -> list[dict[str, Any]]:
@@ -444,11 +482,13 @@ class Gateway:
                 continue  # an earlier pattern's subscription has it
             if not self._native(msg):
                 continue
+            if self._warm is not None and not self._warm.is_set():
+                await self._warm.wait()  # the publishers wait the while, as on a full window
             origin_id = self._origin_ids.origin_id(msg.publisher, msg.topic, msg.payload)
             crossing = Crossing(self.mesh, origin_id, (self.mesh,), msg.topic, msg.payload)
             self._barrier.first(crossing)  # a copy coming back by another way is dropped
             self.stats_counter["messages_exported"] += 1
-            await self._cross(crossing)
+            await self._cross(crossing, native=True)
 
     def _native(self, msg: Message) -> bool:
         """Published in this mesh, not republished by one of its gateways."""
@@ -461,17 +501,22 @@ class Gateway:
             self._gateway_ids = {own, *self.node.members(GATEWAY_CLUSTER)}
             await asyncio.sleep(1.0)
 
-    async def _cross(self, crossing: Crossing) -> None:
+    async def _cross(self, crossing: Crossing, *, native: bool = False) -> None:
         """Send to every link towards a mesh the message has not been in, waiting while a
         link that is up has a full window (the publishers wait too); a link that is down keeps
-        it up to its buffer's bound."""
+        it up to its buffer's bound. A message published here goes only to the meshes this
+        gateway is the forwarder for; for the others it is held (see `redundancy`)."""
         wire = crossing.wire()
         known = False
+        redundancy = self._redundancy if native else None
         for end in self.transport.ends:
             if not end.peer_mesh:
                 continue  # a link never up: whose mesh it leads to is not known yet
             known = True
             if end.peer_mesh in crossing.seen:
+                continue
+            if redundancy is not None and not redundancy.forwarding.get(end.peer_mesh, False):
+                redundancy.hold(end.peer_mesh, crossing)
                 continue
             while end.up and end.buffered >= end.config.window * 2:
                 assert self._drained is not None
@@ -524,3 +569,107 @@ class Gateway:
             # back by the link's window instead of filling this gateway's memory.
             end.consumed()
             self.transport.flush_soon()
+
+    # ------------------------------------------------------------- redundant gateways
+
+    def _on_sync(self, payload: bytes) -> None:
+        """A broadcast from another gateway of this mesh (see `redundancy`)."""
+        if self._redundancy is None:
+            return
+        try:
+            body = msgpack.unpackb(payload, raw=False)
+        except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+            self.stats_counter["sync_malformed"] += 1
+            return
+        self._redundancy.on_message(body, time.monotonic())
+
+    async def _sync(self) -> None:
+        """Tell this mesh's other gateways what was delivered and which links are up; elect
+        the forwarder for each mesh linked to, and take over where this gateway becomes it."""
+        redundancy = self._redundancy
+        assert redundancy is not None
+        warm_until = time.monotonic() + _WARM_UP
+        while True:
+            try:
+                warm_until = await self._sync_once(redundancy, warm_until)
+            except Exception:  # the election outlives an error (logged with its traceback)
+                self.stats_counter["sync_errors"] += 1
+                log.exception("gateway: redundant gateways' sync failed")
+            await asyncio.sleep(_SYNC_EVERY)
+
+    async def _sync_once(self, redundancy: Redundancy, warm_until: float) -> float:
+        now = time.monotonic()
+        redundancy.forget_stale(now)
+        ends = [e for e in self.transport.ends if e.peer_mesh]
+        if now - self._state_at >= _STATE_EVERY:
+            self._state_at = now
+            up = {e.peer_mesh for e in ends if e.up}
+            known = {e.peer_mesh for e in ends}
+            self._tell(redundancy.state_message(up, known))
+        await self._report_delivered()
+        for mesh in {e.peer_mesh for e in ends}:
+            own_up = any(e.up for e in ends if e.peer_mesh == mesh)
+            since = self._linked_since.setdefault(mesh, now)
+            decided = redundancy.elect(mesh, own_up=own_up, since=since, now=now)
+            if decided is None:  # until the fellows have told their links, as it was
+                decided = redundancy.forwarding.get(mesh, False)
+            elected = now >= warm_until and decided
+            if elected and not redundancy.forwarding.get(mesh, False):
+                self._take_over(mesh, ends)
+            if elected != redundancy.forwarding.get(mesh, not elected):
+                self.stats_counter["forwarding_changes"] += 1
+            redundancy.forwarding[mesh] = elected
+        if now >= warm_until and self._warm is not None:
+            self._warm.set()
+        return warm_until
+
+    async def _report_delivered(self) -> None:
+        """Tell the standbys which of this mesh's messages the far side has acknowledged."""
+        redundancy = self._redundancy
+        assert redundancy is not None
+        delivered: dict[str, list[bytes]] = {}
+        for end in self.transport.ends:
+            if end.acked_items is None:
+                end.acked_items = []
+                continue
+            if end.acked_items:
+                items, end.acked_items = end.acked_items, []
+                if redundancy.fellows:
+                    ids = delivered.setdefault(end.peer_mesh, [])
+                    ids.extend(i[2] for i in items if i[0] == CROSSING and i[1] == self.mesh)
+        for mesh, ids in delivered.items():
+            if ids:
+                self._tell(redundancy.delivered_message(mesh, ids))
+
+    def _take_over(self, mesh: str, ends: list[LinkEnd]) -> None:
+        assert self._redundancy is not None
+        resend = self._redundancy.take_over(mesh)
+        if resend:
+            log.info("gateway forwards to mesh %r now; resends %d messages", mesh, len(resend))
+        for crossing in resend:
+            wire = crossing.wire()
+            for end in ends:
+                if end.peer_mesh == mesh and end.send(wire):
+                    self.stats_counter["messages_sent"] += 1
+        self.transport.flush_soon()
+
+    def _tell(self, body: list[Any]) -> None:
+        """Broadcast to this mesh's other gateways, in order, without holding up the caller."""
+        if len(self._told) >= _TOLD_BOUND:
+            self._told.popleft()
+            self.stats_counter["sync_dropped"] += 1
+        self._told.append(body)
+        if self._telling is None or self._telling.done():
+            self._telling = asyncio.get_running_loop().create_task(self._send_told())
+
+    async def _send_told(self) -> None:
+        while self._told:
+            body = self._told.popleft()
+            payload = msgpack.packb(body, use_bin_type=True)
+            try:
+                await self.node.broadcast(GATEWAY_CLUSTER, payload, timeout=1.0)
+            except NoResponders:
+                pass  # no other gateway here (yet)
+            except MeshError as exc:
+                self.stats_counter["sync_not_sent"] += 1
+                log.debug("gateway could not tell its fellows: %s", exc)

@@ -274,6 +274,9 @@ class LinkEnd:
     # False: the application says when it is done with each reliable item (`consumed`), and
     # only then is it acknowledged, so a slow reader holds the sender back by its window.
     auto_consume: bool = True
+    # Not None: the reliable items the peer acknowledged are appended here, for the
+    # application to take (a gateway tells its mesh's other gateways what was delivered).
+    acked_items: list[Item] | None = None
     _plain: deque[Item] = field(default_factory=deque)
     _session: _Session | None = None
     _pending: _Pending | None = None
@@ -527,6 +530,8 @@ class LinkEnd:
         if ack < self._base_seq or ack >= self._next_seq:
             return
         drop = ack - self._base_seq + 1
+        if self.acked_items is not None:
+            self.acked_items.extend(self._buf[self._head : self._head + drop])
         self._head += drop
         self._base_seq = ack + 1
         self._cursor = max(self._cursor, self._base_seq)

@@ -436,3 +436,94 @@ def test_a_slow_reader_across_the_link_holds_the_publisher_back_not_the_gateways
             check_once_in_order(got, ["a"], n)
 
     run(main())
+
+
+def test_two_gateway_pairs_for_the_same_topics_deliver_each_message_once() -> None:
+    """Two gateways of mesh a export feeds.# to two of mesh b: one forwards, the other stands by
+    with what is not yet delivered, which the forwarder's acknowledgements keep trimmed."""
+
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        link = irismesh.Keyring.generate()
+        n = 5000
+        async with AsyncExitStack() as stack:
+            pub = await stack.enter_async_context(a.node())
+            a.seeds.append(pub.endpoint)
+            a1 = await gateway(stack, a, link, listen=True, topics=("feeds.#",))
+            a2 = await gateway(stack, a, link, listen=True, topics=("feeds.#",))
+            b1 = await gateway(stack, b, link, peers=(a1.endpoint,))
+            b2 = await gateway(stack, b, link, peers=(a2.endpoint,))
+            _, got_b = await subscribed(stack, b, "feeds.#")
+            for gw in (b1, b2):
+                await gw.node.wait_for_subscribers("feeds.x", 1, timeout=10)
+            await wait_until(
+                lambda: a1.stats["links_up"] == a2.stats["links_up"] == 1, 10, "both links"
+            )
+            await wait_until(
+                lambda: a1.stats["fellows"] == a2.stats["fellows"] == 1, 10, "fellows known"
+            )
+            await wait_until(
+                lambda: a1.stats["forwarding"] + a2.stats["forwarding"] == 1, 10, "one forwarder"
+            )
+            assert a1.stats["forwarding"] == 1  # the one that started first
+            await publish_all({"a": pub}, 2, n)  # the two gateways
+            await wait_until(lambda: len(got_b) >= n, 30, "every message across")
+            # Every message got the same origin id in both gateways: the standby's buffer
+            # empties as the forwarder reports what was delivered.
+            await wait_until(lambda: a2.stats["standby_held"] == 0, 10, "the standby trimmed")
+            await asyncio.sleep(0.2)
+            check_once_in_order(got_b, ["a"], n)
+            assert b1.stats["messages_republished"] == n
+            assert b2.stats.get("messages_republished", 0) == 0
+            assert a2.stats.get("takeover_resent", 0) == 0
+            assert a2.stats.get("standby_dropped", 0) == 0
+
+    run(main())
+
+
+def test_a_gateway_that_starts_late_stands_by_and_takes_over_when_the_forwarder_goes() -> None:
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        link = irismesh.Keyring.generate()
+        async with AsyncExitStack() as stack:
+            pub = await stack.enter_async_context(a.node())
+            a.seeds.append(pub.endpoint)
+            _, got_b = await subscribed(stack, b, "feeds.#")
+            b.seeds.append(_.endpoint)
+            a1 = irismesh.Gateway(
+                "a",
+                keyring=a.keys,
+                link_keyring=link,
+                listen=LOCAL,
+                topics=("feeds.#",),
+                link_config=FAST,
+                seeds=list(a.seeds),
+                bind=LOCAL,
+            )
+            await a1.start()
+            try:
+                await gateway(stack, b, link, peers=(a1.endpoint,))
+                await wait_until(lambda: a1.stats["forwarding"] == 1, 10, "a1 forwards")
+                await publish_all({"a": pub}, 1, 100)  # before a2 is there
+                a2 = await gateway(stack, a, link, listen=True, topics=("feeds.#",))
+                await gateway(stack, b, link, peers=(a2.endpoint,))
+                await wait_until(lambda: a2.stats.get("fellows", 0) == 1, 10, "a2 knows a1")
+                await wait_until(lambda: a2.stats["links_up"] == 1, 10, "a2's link")
+                await asyncio.sleep(1.0)  # a few elections: a2 must stay standby
+                assert a2.stats["forwarding"] == 0
+                for i in range(100, 200):
+                    await pub.publish("feeds.x", f"a:{i}".encode())
+                await wait_until(lambda: len(got_b) >= 200, 20, "the first 200")
+                # a2 gives a1's messages the same ids: a1's acknowledgements trim its buffer
+                await wait_until(lambda: a2.stats["standby_held"] == 0, 10, "a2 trimmed")
+            finally:
+                await a1.close()  # the forwarder goes: a2 takes over
+            await wait_until(lambda: a2.stats["forwarding"] == 1, 10, "a2 takes over")
+            for i in range(200, 300):
+                await pub.publish("feeds.x", f"a:{i}".encode())
+            await wait_until(lambda: len(got_b) >= 300, 20, "all 300")
+            await asyncio.sleep(0.2)
+            check_once_in_order(got_b, ["a"], 300)
+            assert a2.stats.get("takeover_resent", 0) == 0
+
+    run(main())
