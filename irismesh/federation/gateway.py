@@ -67,6 +67,7 @@ from irismesh.node import Node
 from irismesh.patterns.pubsub import Message, Subscription
 from irismesh.patterns.reqrep import ForwardedError, TurnedAway, time_left
 from irismesh.security.keyring import Keyring
+from irismesh.security.rotation import POLL_INTERVAL, KeyringFile
 
 __all__ = ["GATEWAY_CLUSTER", "Gateway"]
 
@@ -80,6 +81,10 @@ _SYNC_EVERY = 0.05  # redundant gateways: delivered ids told this often
 _STATE_EVERY = 0.2  # and each one's links this often (a fellow silent for 3 s is gone)
 _TOLD_BOUND = 1024  # messages for the other gateways waiting to be sent
 _WARM_UP = 0.6  # a gateway holds what it would export this long: fellows make themselves known
+
+
+def _check_link_keys(keyring: Keyring) -> None:
+    link_secrets(keyring)  # ConfigurationError if it holds no link key
 
 
 class Gateway:
@@ -145,6 +150,10 @@ class Gateway:
         if serves:
             self.node.on_request(self._describe)
             self.node.on_broadcast(self._on_sync)
+        self.link_keyring = link_keyring
+        self._link_file: KeyringFile | None = None
+        if link_keyring.path is not None:  # reread when it changes, as nodes do theirs
+            self._link_file = KeyringFile(link_keyring.path, link_keyring, check=_check_link_keys)
         self.transport = LinkTransport(
             gateway_id=self.gateway_id,
             mesh=mesh,
@@ -188,6 +197,8 @@ class Gateway:
         self._drained = asyncio.Event()
         self.transport.start()
         self._tasks.append(asyncio.create_task(self._republish()))
+        if self._link_file is not None:
+            self._tasks.append(asyncio.create_task(self._watch_link_keyring()))
         if GATEWAY_CLUSTER in self.node.clusters:
             self._tasks.append(asyncio.create_task(self._watch_gateways()))
             if self.export.topics:
@@ -240,6 +251,40 @@ class Gateway:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    # ------------------------------------------------------------- the link keyring
+
+    def use_link_keyring(self, keyring: Keyring) -> None:
+        """Take these link keys now (ConfigurationError, keys in use kept, if none is a link
+        key). Links whose session used a key no longer in it are dialled again under the new
+        one; the others go on."""
+        secrets = link_secrets(keyring)
+        self.link_keyring = keyring
+        self.transport.use_secrets(secrets)
+        self.stats_counter["link_keyring_changes"] += 1
+
+    def reload_link_keyring(self) -> bool:
+        """Read the link keyring file now (SIGHUP): True if it held new keys, now in use; a
+        file that cannot be used is refused with one logged line, the keys in use kept."""
+        if self._link_file is None:
+            return False
+        keyring = self._link_file.reload()
+        if keyring is None:
+            return False
+        self.use_link_keyring(keyring)
+        return True
+
+    async def _watch_link_keyring(self) -> None:
+        """Poll the link keyring file, as a node polls its own (`security.rotation`)."""
+        assert self._link_file is not None
+        while True:
+            await asyncio.sleep(POLL_INTERVAL)
+            try:
+                keyring = self._link_file.poll()
+                if keyring is not None:
+                    self.use_link_keyring(keyring)
+            except Exception:  # the watch outlives an error in applying a keyring (logged)
+                log.exception("gateway: applying the link keyring failed")
+
     # ------------------------------------------------------------- views
 
     @property
@@ -254,6 +299,8 @@ class Gateway:
         out.update(self.transport.figures())
         out["duplicates_dropped"] = self._barrier.duplicates
         out["imports"] = len(self._imports)
+        if self._link_file is not None:
+            out["link_keyring_refused"] = self._link_file.refused
         out["republish_queue"] = 0 if self._inbound is None else self._inbound.qsize()
         if self._redundancy is not None:
             out.update(self._redundancy.stats)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Awaitable
 from contextlib import AsyncExitStack
+from pathlib import Path
 
 import pytest
 from helpers import wait_until
@@ -525,5 +527,84 @@ def test_a_gateway_that_starts_late_stands_by_and_takes_over_when_the_forwarder_
             await asyncio.sleep(0.2)
             check_once_in_order(got_b, ["a"], 300)
             assert a2.stats.get("takeover_resent", 0) == 0
+
+    run(main())
+
+
+def test_a_rotated_link_keyring_applies_without_a_restart_and_a_bad_file_is_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The link keyring files of both gateways go through the three steps of a rotation (new
+    key second, then first, then the old one removed): requests cross after each; once the old
+    key is gone the link's session is made again under the new one. A bad file is refused with
+    one logged line and the keys in use stay."""
+    old = irismesh.Keyring.generate()
+    new_secret = os.urandom(32)
+    files = [tmp_path / "a-link.keys", tmp_path / "b-link.keys"]
+
+    def write(keys: irismesh.Keyring) -> None:
+        for path in files:
+            keys.save(path, overwrite=True)
+
+    write(old)
+
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        async with AsyncExitStack() as stack:
+            await member(stack, a, "db", b"a:")
+            gw_a = irismesh.Gateway(
+                "a",
+                keyring=a.keys,
+                link_keyring=irismesh.Keyring.load(files[0]),
+                listen=LOCAL,
+                export=["db"],
+                link_config=FAST,
+                seeds=list(a.seeds),
+                bind=LOCAL,
+            )
+            await stack.enter_async_context(gw_a)
+            gw_b = irismesh.Gateway(
+                "b",
+                keyring=b.keys,
+                link_keyring=irismesh.Keyring.load(files[1]),
+                peers=[gw_a.endpoint],
+                link_config=FAST,
+                bind=LOCAL,
+            )
+            await stack.enter_async_context(gw_b)
+            b.seeds.append(gw_b.node.endpoint)
+            client = await stack.enter_async_context(b.node())
+            await client.wait_for_members("db", 1, timeout=10)
+            assert await client.request("db", b"0", timeout=5) == b"a:0"
+
+            steps = [
+                old.with_key("*", new_secret, primary=False),
+                old.with_key("*", new_secret),
+                irismesh.Keyring().with_key("*", new_secret),
+            ]
+            for step, keys in enumerate(steps, 1):
+                write(keys)
+                for gw in (gw_a, gw_b):
+                    await wait_until(
+                        lambda gw=gw, keys=keys: gw.link_keyring == keys, 10, f"step {step}"
+                    )
+                if step == 3:  # the session under the old key ends, and is made again
+                    await wait_until(lambda: gw_b.stats["link_sessions"] >= 2, 10, "a new one")
+                await wait_until(
+                    lambda: gw_a.stats["links_up"] == gw_b.stats["links_up"] == 1, 10, "the link"
+                )
+                await wait_until(lambda: gw_b.imports() == ["db"], 10, "db served in b")
+                await wait_until(lambda: len(client.members("db")) == 1, 10, "db's member")
+                assert await client.request("db", b"%d" % step, timeout=5) == b"a:%d" % step
+            assert gw_b.stats["link_rekeyed"] + gw_a.stats["link_rekeyed"] >= 1
+
+            caplog.clear()
+            files[0].write_text("not a keyring\n")
+            await wait_until(lambda: gw_a.stats["link_keyring_refused"] == 1, 10, "a refusal")
+            await asyncio.sleep(1.2)  # more polls: the same bad file is not read again
+            refusals = [r for r in caplog.records if "not reloaded" in r.getMessage()]
+            assert len(refusals) == 1, refusals
+            assert gw_a.link_keyring == steps[2]
+            assert await client.request("db", b"after", timeout=5) == b"a:after"
 
     run(main())
