@@ -15,6 +15,13 @@ sends it to another gateway; when no link exporting a cluster is up, the gateway
 cluster, so callers get `NoResponders` at once. A request for a cluster the peer does not
 export is refused on the far side and counted (`requests_refused_not_exported`).
 
+Broadcasts and surveys. A broadcast or survey of an imported cluster reaches every gateway
+serving it here; the one whose node for the cluster has the lowest id among those it is linked
+to passes it on (so the far members get it once), and the far gateway broadcasts or surveys in
+its mesh and answers: a survey with its members' answers as a msgpack map of member id to
+answer (`far_answers` merges them; the other gateways answer with an empty map). While the
+gateways' links to each other change, a broadcast may be passed on by two of them, or none.
+
 Topics. The gateway subscribes in its mesh to the topics it exports and sends each message
 published there, as a `Crossing`, over every link to a mesh the message has not been in; the
 link keeps it until acknowledged (see `linkproto`). A gateway receiving a crossing republishes
@@ -63,18 +70,20 @@ from irismesh.federation.crossing import CROSSING, Barrier, Crossing, OriginIds
 from irismesh.federation.link import LinkTransport, describe
 from irismesh.federation.linkproto import Exports, Item, LinkConfig, LinkEnd, link_secrets
 from irismesh.federation.redundancy import Redundancy
-from irismesh.node import Node
+from irismesh.node import Node, SurveyResult
 from irismesh.patterns.pubsub import Message, Subscription
 from irismesh.patterns.reqrep import ForwardedError, TurnedAway, time_left
 from irismesh.security.keyring import Keyring
 from irismesh.security.rotation import POLL_INTERVAL, KeyringFile
 
-__all__ = ["GATEWAY_CLUSTER", "Gateway"]
+__all__ = ["GATEWAY_CLUSTER", "Gateway", "far_answers"]
 
 log = logging.getLogger("irismesh.federation")
 
 GATEWAY_CLUSTER = "_gateway"  # the gateways of a mesh: they answer it with their stats
-_REQUEST, _REPLY = "req", "rep"
+_REQUEST, _REPLY, _BROADCAST, _SURVEY = "req", "rep", "bc", "sv"
+_EMPTY_MAP: bytes = msgpack.packb({})
+_FAR_SHARE = 0.8  # of a broadcast's or survey's time the far mesh gets: its answer must return
 _OK, _ERROR, _TURNED_AWAY = 0, 1, 2
 _MAX_MESH_NAME = 200
 _SYNC_EVERY = 0.05  # redundant gateways: delivered ids told this often
@@ -170,6 +179,7 @@ class Gateway:
         self._reconciling: asyncio.Task[None] | None = None
         self._reconcile_again = False
         self._calls: dict[int, tuple[asyncio.Future[bytes], LinkEnd]] = {}
+        self._broadcasting: set[asyncio.Task[bytes]] = set()  # from across a link
         self._call_ids = itertools.count(1)
         self._outstanding: Counter[int] = Counter()  # id(link end) -> requests through it
         self._origin_ids = OriginIds()
@@ -235,6 +245,8 @@ class Gateway:
                     await asyncio.wait_for(self._telling, 1.0)
         if self._telling is not None:
             self._telling.cancel()
+        for broadcast in list(self._broadcasting):
+            broadcast.cancel()
         if self._reconciling is not None:
             self._reconciling.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -356,6 +368,8 @@ class Gateway:
                     self._on_crossing(end, crossing)
                 elif kind == _REQUEST:
                     self._on_request(end, item)
+                elif kind in (_BROADCAST, _SURVEY):
+                    self._on_fanout(end, item)
                 elif kind == _REPLY:
                     self._on_reply(item)
                 else:
@@ -411,6 +425,8 @@ class Gateway:
             return self._forward(cluster, payload)
 
         node.on_request(forward, admission=False)  # the far mesh's members admit
+        node.on_broadcast(partial(self._forward_broadcast, cluster, node))
+        node.on_survey(partial(self._forward_survey, cluster, node))
         try:
             await node.start()
         except MeshError as exc:
@@ -419,7 +435,7 @@ class Gateway:
             return
         self._imports[cluster] = node
 
-    def _forward(self, cluster: str, payload: bytes) -> asyncio.Future[bytes]:
+    def _forward(self, cluster: str, payload: bytes, kind: str = _REQUEST) -> asyncio.Future[bytes]:
         """Pass a request on over a link exporting `cluster`; its reply's future (no Task)."""
         ends = [e for e in self.transport.ends if e.up and cluster in e.peer_exports.clusters]
         if not ends:
@@ -441,10 +457,36 @@ class Gateway:
             outstanding[id(end)] -= 1
 
         future.add_done_callback(done)
-        end.send_plain([_REQUEST, call_id, cluster, max(1, int(budget * 1000)), payload])
+        end.send_plain([kind, call_id, cluster, max(1, int(budget * 1000)), payload])
         self.stats_counter["requests_forwarded"] += 1
         self.transport.flush_soon()
         return future
+
+    async def _forward_broadcast(self, cluster: str, node: Node, payload: bytes) -> None:
+        """A broadcast to `cluster` here reaches every gateway serving it: one of them (the
+        lowest node id among those this one is linked to) passes it on, so that the far mesh's
+        members get it once; the far gateway broadcasts it there and answers once it has."""
+        if not self._fans_out(cluster, node):
+            self.stats_counter["broadcasts_left_to_another_gateway"] += 1
+            return
+        self.stats_counter["broadcasts_forwarded"] += 1
+        await self._forward(cluster, payload, _BROADCAST)
+
+    async def _forward_survey(self, cluster: str, node: Node, payload: bytes) -> bytes:
+        """A survey of `cluster` here: one gateway (as for broadcasts) asks the far mesh and
+        answers with its members' answers, a msgpack map of member id to answer (`far_answers`
+        merges them); the other gateways answer with an empty map."""
+        if not self._fans_out(cluster, node):
+            self.stats_counter["surveys_left_to_another_gateway"] += 1
+            return _EMPTY_MAP
+        self.stats_counter["surveys_forwarded"] += 1
+        return await self._forward(cluster, payload, _SURVEY)
+
+    @staticmethod
+    def _fans_out(cluster: str, node: Node) -> bool:
+        """Whether this gateway's node for `cluster` has the lowest id of those serving it."""
+        own = node.node_id.hex()
+        return not any(other < own for other in node.members(cluster))
 
     def _on_reply(self, item: Item) -> None:
         if len(item) != 4 or type(item[1]) is not int or type(item[3]) is not bytes:
@@ -496,6 +538,63 @@ class Gateway:
             self._answered(end, call_id, exc)
             return
         future.add_done_callback(partial(self._replied, end, call_id))
+
+    def _on_fanout(self, end: LinkEnd, item: Item) -> None:
+        """A broadcast or survey from across the link: made in this mesh, answered once it is
+        done (a survey with the answers, a msgpack map of member id to answer)."""
+        ok = (
+            len(item) == 5
+            and type(item[1]) is int
+            and type(item[2]) is str
+            and type(item[3]) is int
+            and item[3] > 0
+            and type(item[4]) is bytes
+        )
+        if not ok:
+            self.stats_counter["dropped_malformed"] += 1
+            return
+        kind, call_id, cluster, budget_ms, payload = item
+        what = "broadcasts" if kind == _BROADCAST else "surveys"
+        if cluster not in self.export.clusters:
+            self.stats_counter[f"{what}_refused_not_exported"] += 1
+            self._answer(
+                end,
+                call_id,
+                _ERROR,
+                pack_error("NoResponders", f"no cluster {cluster!r} is exported here"),
+            )
+            return
+        self.stats_counter[f"{what}_served"] += 1
+        timeout = budget_ms / 1000 * _FAR_SHARE
+        if kind == _BROADCAST:
+            task = asyncio.get_running_loop().create_task(
+                self._far_broadcast(cluster, payload, timeout)
+            )
+        else:
+            task = asyncio.get_running_loop().create_task(
+                self._far_survey(cluster, payload, timeout)
+            )
+        self._broadcasting.add(task)
+        task.add_done_callback(self._broadcasting.discard)
+
+        def done(task: asyncio.Task[bytes]) -> None:
+            if task.cancelled():
+                return
+            exc = task.exception()
+            if exc is None:
+                self._answer(end, call_id, _OK, task.result())
+            else:
+                self._answered(end, call_id, exc)
+
+        task.add_done_callback(done)
+
+    async def _far_broadcast(self, cluster: str, payload: bytes, timeout: float) -> bytes:
+        reached = await self.node.broadcast(cluster, payload, timeout=timeout)
+        return msgpack.packb(reached)  # type: ignore[no-any-return]
+
+    async def _far_survey(self, cluster: str, payload: bytes, timeout: float) -> bytes:
+        result = await self.node.survey(cluster, payload, timeout=timeout)
+        return msgpack.packb(result.answers, use_bin_type=True)  # type: ignore[no-any-return]
 
     def _replied(self, end: LinkEnd, call_id: int, future: asyncio.Future[bytes]) -> None:
         if future.cancelled():
@@ -720,3 +819,22 @@ class Gateway:
             except MeshError as exc:
                 self.stats_counter["sync_not_sent"] += 1
                 log.debug("gateway could not tell its fellows: %s", exc)
+
+
+def far_answers(result: SurveyResult) -> dict[str, bytes]:
+    """The answers of a survey of a cluster imported through gateways, merged: each gateway
+    answers with a msgpack map of far member id to answer (one of them asks, the others answer
+    with an empty map). An answer that is not such a map is kept under its own member's id."""
+    merged: dict[str, bytes] = {}
+    for member_id, answer in result.answers.items():
+        try:
+            far = msgpack.unpackb(answer, raw=False)
+        except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+            far = None
+        if isinstance(far, dict) and all(
+            type(k) is str and type(v) is bytes for k, v in far.items()
+        ):
+            merged.update(far)
+        else:
+            merged[member_id] = answer
+    return merged

@@ -12,7 +12,7 @@ import pytest
 from helpers import wait_until
 
 import irismesh
-from irismesh.federation import LinkConfig
+from irismesh.federation import LinkConfig, far_answers
 
 LOCAL = "tcp://127.0.0.1:0"
 FAST = LinkConfig(heartbeat=0.1, dead_after=0.6, retry=0.2, resend_after=0.4)
@@ -606,5 +606,68 @@ def test_a_rotated_link_keyring_applies_without_a_restart_and_a_bad_file_is_refu
             assert len(refusals) == 1, refusals
             assert gw_a.link_keyring == steps[2]
             assert await client.request("db", b"after", timeout=5) == b"a:after"
+
+    run(main())
+
+
+def test_a_broadcast_crosses_two_gateway_pairs_and_reaches_each_far_member_once() -> None:
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        link = irismesh.Keyring.generate()
+        async with AsyncExitStack() as stack:
+            got: dict[str, list[bytes]] = {"1": [], "2": []}
+            for prefix in got:
+                node = await member(stack, a, "db", prefix.encode())
+                node.on_broadcast(lambda payload, p=prefix: got[p].append(payload))
+            a1 = await gateway(stack, a, link, listen=True, export=("db",))
+            a2 = await gateway(stack, a, link, listen=True, export=("db",))
+            b1 = await gateway(stack, b, link, peers=(a1.endpoint,))
+            b2 = await gateway(stack, b, link, peers=(a2.endpoint,))
+            client = await stack.enter_async_context(b.node())
+            await wait_until(lambda: b1.imports() == b2.imports() == ["db"], 10, "db in b")
+            await client.wait_for_members("db", 2, timeout=10)
+            for gw in (b1, b2):  # each gateway sees the other serving db
+                node = gw._imports["db"]
+                await wait_until(lambda node=node: len(node.members("db")) == 1, 10, "linked")
+            for i in range(20):
+                reached = await client.broadcast("db", b"%d" % i, timeout=5)
+                assert len(reached) == 2  # the two gateways, which serve db here
+            expected = [b"%d" % i for i in range(20)]
+            assert got == {"1": expected, "2": expected}  # once each, in order
+            forwarded = b1.stats.get("broadcasts_forwarded", 0)
+            forwarded += b2.stats.get("broadcasts_forwarded", 0)
+            assert forwarded == 20
+            assert a1.stats.get("broadcasts_served", 0) + a2.stats.get("broadcasts_served", 0) == 20
+
+    run(main())
+
+
+def test_a_survey_crosses_two_gateway_pairs_and_the_far_answers_come_back_merged() -> None:
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        link = irismesh.Keyring.generate()
+        async with AsyncExitStack() as stack:
+            far: dict[str, bytes] = {}
+            for prefix in (b"1:", b"2:"):
+                node = await member(stack, a, "db", prefix)
+                far[node.node_id.hex()] = prefix
+            a1 = await gateway(stack, a, link, listen=True, export=("db",))
+            a2 = await gateway(stack, a, link, listen=True, export=("db",))
+            b1 = await gateway(stack, b, link, peers=(a1.endpoint,))
+            b2 = await gateway(stack, b, link, peers=(a2.endpoint,))
+            client = await stack.enter_async_context(b.node())
+            await wait_until(lambda: b1.imports() == b2.imports() == ["db"], 10, "db in b")
+            await client.wait_for_members("db", 2, timeout=10)
+            for gw in (b1, b2):
+                node = gw._imports["db"]
+                await wait_until(lambda node=node: len(node.members("db")) == 1, 10, "linked")
+            result = await client.survey("db", b"ping", timeout=5)
+            assert len(result.answers) == 2  # the two gateways
+            assert not result.errors
+            assert not result.missing
+            merged = far_answers(result)
+            assert merged == {member_id: prefix + b"ping" for member_id, prefix in far.items()}
+            asked = b1.stats.get("surveys_forwarded", 0) + b2.stats.get("surveys_forwarded", 0)
+            assert asked == 1
 
     run(main())
