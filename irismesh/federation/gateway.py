@@ -436,10 +436,12 @@ class Gateway:
         self._imports[cluster] = node
 
     def _forward(self, cluster: str, payload: bytes, kind: str = _REQUEST) -> asyncio.Future[bytes]:
-        """Pass a request on over a link exporting `cluster`; its reply's future (no Task)."""
+        """Pass a request (or a broadcast, a survey: `kind`) on over a link exporting
+        `cluster`; its reply's future (no Task)."""
         ends = [e for e in self.transport.ends if e.up and cluster in e.peer_exports.clusters]
         if not ends:
-            self.stats_counter["requests_turned_away"] += 1
+            if kind == _REQUEST:
+                self.stats_counter["requests_turned_away"] += 1
             raise TurnedAway("gateway_down")
         end = ends[0] if len(ends) == 1 else min(ends, key=lambda e: self._outstanding[id(e)])
         left = time_left()
@@ -458,7 +460,8 @@ class Gateway:
 
         future.add_done_callback(done)
         end.send_plain([kind, call_id, cluster, max(1, int(budget * 1000)), payload])
-        self.stats_counter["requests_forwarded"] += 1
+        if kind == _REQUEST:
+            self.stats_counter["requests_forwarded"] += 1
         self.transport.flush_soon()
         return future
 
