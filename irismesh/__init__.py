@@ -6,6 +6,7 @@ API for code that does not run asyncio. See the README for a tour.
 """
 
 from irismesh._core.config import CoreConfig
+from irismesh._core.priority import MAX_PRIORITY, MIN_PRIORITY, Priority
 from irismesh._loop import loop_factory, new_event_loop, run
 from irismesh.discovery.mdns import MdnsConfig
 from irismesh.discovery.survey import SurveyConfig
@@ -42,6 +43,8 @@ from irismesh.security.keyring import Keyring, ScopeKey
 __version__ = "0.1.0"
 
 __all__ = [
+    "MAX_PRIORITY",
+    "MIN_PRIORITY",
     "Closed",
     "ConfigurationError",
     "CoreConfig",
@@ -60,6 +63,7 @@ __all__ = [
     "Overloaded",
     "PayloadTooLarge",
     "PeerInfo",
+    "Priority",
     "ProtocolError",
     "Remembered",
     "RemoteError",

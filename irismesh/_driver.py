@@ -34,7 +34,7 @@ from typing import cast
 import zmq
 
 from irismesh._core.engine import MeshCore
-from irismesh._core.events import CloseLink, Event, OpenLink
+from irismesh._core.events import CloseLink, Event, OpenLink, RequestArrived
 from irismesh._datagrams import DatagramSocket
 from irismesh.errors import ConfigurationError
 
@@ -81,6 +81,24 @@ def listen(
         ctx.term()
         raise ConfigurationError(f"cannot listen on {bind}: {exc}") from None
     return router, router.get_string(zmq.LAST_ENDPOINT)
+
+
+def urgent_first(events: list[Event]) -> list[Event]:
+    """`events` with the requests above the default priority moved to the front, highest
+    first (the handlers take them before the rest of a run of arrivals; every other event
+    keeps its place and order, and a request moved forward stays ahead of its cancel)."""
+    urgent: list[RequestArrived] = []
+    rest: list[Event] = []
+    for event in events:
+        if type(event) is RequestArrived and event.priority > 0:
+            urgent.append(event)
+        else:
+            rest.append(event)
+    if not urgent:
+        return events
+    urgent.sort(key=lambda e: -e.priority)
+    first: list[Event] = list(urgent)
+    return first + rest
 
 
 class Driver:
@@ -247,6 +265,9 @@ class Driver:
                         self._open(event)
                     elif isinstance(event, CloseLink):
                         self._close_link(event.link_id)
+                if core.calls.urgent:  # requests above the default priority came: first
+                    core.calls.urgent = False
+                    events = urgent_first(events)
                 if len(events) <= EVENT_SLICE:
                     self._on_events(events)
                     continue

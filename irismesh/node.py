@@ -49,6 +49,7 @@ from irismesh._core.events import (
 )
 from irismesh._core.frames import MAX_CLUSTERS, Kind, pack_error
 from irismesh._core.gossip import MAX_NAME
+from irismesh._core.priority import Priority, check_priority
 from irismesh._core.records import MemberState, validate_name
 from irismesh._datagrams import DatagramSocket
 from irismesh._driver import Driver, listen
@@ -648,6 +649,7 @@ class Node(MemoryApi, KeyringApi):
         timeout: float | None = None,
         hedge: float | bool | None = None,
         queue: bool = False,
+        priority: int = Priority.NORMAL,
     ) -> bytes:
         """Send `payload` to one live member of `cluster` and return its reply.
 
@@ -659,10 +661,16 @@ class Node(MemoryApi, KeyringApi):
 
         `queue=True`: when the cluster has no live member, wait for one within the deadline
         instead of raising NoResponders (RequestTimeout if none came in time).
+
+        `priority` (`Priority.LOW`, `NORMAL`, `HIGH`, or an int from -7 to 7; higher is more
+        important): a busy member serves queued requests of a higher priority first, and turns
+        away lower ones first; this node's outbox and the member's send a higher priority's
+        request and reply ahead of lower ones. The lower classes keep a share of the member's
+        handler runs, so they are never starved. See "Classes of service" in the README.
         """
         if not queue:
-            return await self._caller.request(cluster, payload, timeout, hedge)
-        return await self._queued_request(cluster, payload, timeout, hedge)
+            return await self._caller.request(cluster, payload, timeout, hedge, priority=priority)
+        return await self._queued_request(cluster, payload, timeout, hedge, priority=priority)
 
     def start_request(
         self, cluster: str, payload: bytes, *, timeout: float | None = None
@@ -685,6 +693,7 @@ class Node(MemoryApi, KeyringApi):
         timeout: float | None,
         hedge: float | bool | None,
         kind: int = _KIND_REQUEST,
+        priority: int = 0,
     ) -> bytes:
         _core, driver = self._caller.running()
         loop = driver.loop
@@ -701,7 +710,7 @@ class Node(MemoryApi, KeyringApi):
             if left <= 0:
                 raise RequestTimeout(cluster, budget, waited)
             try:
-                return await self._caller.request(cluster, payload, left, hedge, kind)
+                return await self._caller.request(cluster, payload, left, hedge, kind, priority)
             except NoResponders:
                 waited += 1
                 self._serving_stats["requests_queued_for_member"] += 1
@@ -733,7 +742,13 @@ class Node(MemoryApi, KeyringApi):
     # ----------------------------------------------------------------- publish/subscribe
 
     async def publish(
-        self, topic: str, payload: bytes, *, timeout: float | None = None, retain: bool = False
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        timeout: float | None = None,
+        retain: bool = False,
+        priority: int = Priority.NORMAL,
     ) -> int:
         """Send `payload` to every subscription matching `topic`, here and on other nodes.
 
@@ -745,22 +760,29 @@ class Node(MemoryApi, KeyringApi):
         `retain=True` first stores the message with the mesh's memory under its path (the
         topic), for `reread`: it is sent once `replicas` memory members (or every one there
         is, if fewer) hold it, and raises NoResponders at once when there is none.
+
+        `priority` (as in `request`): publishes that wait for a subscriber's room go in the
+        order of their priority (and of their arrival within one), so a higher one overtakes
+        lower ones that wait. A subscriber gets each publisher's messages in the order they
+        were sent, so messages of one topic stay in order when they share a priority.
         """
         if self._closing or self._core is None:
             self._caller.running()  # raises Closed, saying why
         if timeout is not None and not timeout > 0:
             raise ConfigurationError(f"timeout must be positive, got {timeout!r}")
+        if priority:
+            priority = check_priority(priority)
         if type(payload) is not bytes:
             payload = as_bytes(payload)
         msg_id = b""
         if retain:
             msg_id = await self.memory.retain(topic, payload, timeout)
         pubsub = self._pubsub
-        sent = pubsub.publish_now(topic, payload, msg_id)  # the common case: no coroutine
+        sent = pubsub.publish_now(topic, payload, msg_id, priority)  # the common case
         if sent is not None:
             return sent
         return await pubsub.publish_later(
-            topic, payload, self._default_timeout if timeout is None else timeout, msg_id
+            topic, payload, self._default_timeout if timeout is None else timeout, msg_id, priority
         )
 
     def subscribe(
@@ -1002,7 +1024,7 @@ class Node(MemoryApi, KeyringApi):
         stats.update(self._serving_stats)
         admission = self._runner.admission
         if admission is not None:
-            stats["requests_waiting"] = len(admission.queue)
+            stats["requests_waiting"] = admission.waiting
             stats["handler_limit"] = int(admission.limit)
         stats["reply_cache_entries"] = len(self._core.reply_cache)
         stats["messages_published"] = self._pubsub.published
@@ -1141,7 +1163,7 @@ class Node(MemoryApi, KeyringApi):
         counters.update((k, v) for k, v in stats.items() if k.startswith("requests_shed_"))
         admission = self._runner.admission
         if admission is not None:
-            counters["requests_waiting"] = len(admission.queue)
+            counters["requests_waiting"] = admission.waiting
             counters["handler_limit"] = admission.limit
         return counters
 

@@ -187,13 +187,16 @@ class Node:
         *,
         timeout: float | None = None,
         hedge: float | bool | None = None,
+        priority: int = 0,
     ) -> bytes:
         left = time_left()  # called from a handler: within its caller's deadline
         if left is not None:
             if left <= 0:
                 raise RequestTimeout(cluster, 0.0, 0)
             timeout = min(self._default_timeout if timeout is None else timeout, left)
-        return self._call(self._node.request(cluster, payload, timeout=timeout, hedge=hedge))
+        return self._call(
+            self._node.request(cluster, payload, timeout=timeout, hedge=hedge, priority=priority)
+        )
 
     def broadcast(self, cluster: str, payload: bytes, *, timeout: float | None = None) -> list[str]:
         return self._call(self._node.broadcast(cluster, payload, timeout=timeout))
@@ -225,8 +228,10 @@ class Node:
     def key_holders(self) -> list[KeyHolders]:
         return self._call(_wrap(self._node.key_holders))
 
-    def publish(self, topic: str, payload: bytes, *, timeout: float | None = None) -> int:
-        return self._call(self._node.publish(topic, payload, timeout=timeout))
+    def publish(
+        self, topic: str, payload: bytes, *, timeout: float | None = None, priority: int = 0
+    ) -> int:
+        return self._call(self._node.publish(topic, payload, timeout=timeout, priority=priority))
 
     def subscribe(
         self, pattern: str, *, policy: Policy = "block", maxsize: int = 1024

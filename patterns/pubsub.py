@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import logging
 import time
 from collections import deque
@@ -308,6 +309,51 @@ class Subscription:
             waiter.set_result(None)
 
 
+class Turns:
+    """Publishes that wait for room take turns: the highest priority first, and publishes of
+    one priority in the order they came. The publish whose turn it is holds it (`holder`, its
+    priority) while it waits for room, then passes it on (`release`)."""
+
+    def __init__(self) -> None:
+        self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []  # (-priority, n, turn)
+        self._count = 0
+        self.holder: int | None = None
+
+    def must_wait(self, priority: int) -> bool:
+        """Whether a publish of `priority` comes after one that waits already (of its own
+        priority or higher); a higher one may go ahead of the lower ones that wait."""
+        holder = self.holder
+        if holder is not None and holder >= priority:
+            return True
+        waiting = self._waiting
+        return bool(waiting) and -waiting[0][0] >= priority
+
+    async def acquire(self, priority: int) -> None:
+        if self.holder is None and not self._waiting:
+            self.holder = priority
+            return
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._count += 1
+        heapq.heappush(self._waiting, (-priority, self._count, turn))
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():  # given the turn as it was cancelled
+                self.release()
+            raise
+
+    def release(self) -> None:
+        """The turn passes to the best publish still waiting (a cancelled one is skipped)."""
+        self.holder = None
+        waiting = self._waiting
+        while waiting:
+            negative, _n, turn = heapq.heappop(waiting)
+            if not turn.done():
+                self.holder = -negative
+                turn.set_result(None)
+                return
+
+
 class PubSub:
     """A node's subscriptions and its publishing; the node feeds it MessagesArrived events."""
 
@@ -321,7 +367,7 @@ class PubSub:
         self._names: dict[bytes, str] = {}
         self._valid: set[str] = set()  # topics already checked
         self._subscriptions: set[Subscription] = set()
-        self._lock = asyncio.Lock()  # publishes that must wait queue here, in order
+        self._turns = Turns()  # publishes that must wait queue here, by priority, in order
         self._room = asyncio.Event()
         self._interest = asyncio.Event()
         self._unflushed = 0
@@ -555,7 +601,7 @@ class PubSub:
             self._release(hold.routing_id)
 
     def _room_made(self) -> None:
-        if self._lock.locked():
+        if self._turns.holder is not None:
             self._room.set()
 
     def credit_arrived(self) -> None:
@@ -566,7 +612,9 @@ class PubSub:
 
     # ----------------------------------------------------------------- publishing
 
-    def publish_now(self, topic: str, payload: bytes, msg_id: bytes = b"") -> int | None:
+    def publish_now(
+        self, topic: str, payload: bytes, msg_id: bytes = b"", priority: int = 0
+    ) -> int | None:
         """Publish if every target has room now (how many it went to), else None: then wait
         with `publish_later`. The publisher's hot path, without a coroutine of its own."""
         core = self._core
@@ -574,8 +622,9 @@ class PubSub:
             raise Closed("node is not running")
         if topic not in self._valid:
             self._check(topic)
-        if self._lock.locked():  # others wait already: this one queues behind them
-            return None
+        turns = self._turns
+        if turns.holder is not None and turns.must_wait(priority):
+            return None  # others of its priority (or higher) wait already: it queues behind
         return self._try(core, topic, payload, msg_id)
 
     async def publish(self, topic: str, payload: bytes, timeout: float) -> int:
@@ -586,13 +635,19 @@ class PubSub:
         return await self.publish_later(topic, payload, timeout)
 
     async def publish_later(
-        self, topic: str, payload: bytes, timeout: float, msg_id: bytes = b""
+        self, topic: str, payload: bytes, timeout: float, msg_id: bytes = b"", priority: int = 0
     ) -> int:
-        """Wait for room, in order behind the publishes already waiting, then publish;
-        SlowConsumer after `timeout` (after `publish_now` found no room)."""
+        """Wait for room, behind the publishes already waiting of its priority or higher,
+        then publish; SlowConsumer after `timeout` (after `publish_now` found no room)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        async with self._lock:
+        turns = self._turns
+        try:
+            async with asyncio.timeout(timeout):
+                await turns.acquire(priority)
+        except TimeoutError:
+            raise SlowConsumer(topic, timeout, self._slow(self._running(), topic)) from None
+        try:
             while True:
                 self._room.clear()
                 core = self._running()
@@ -606,6 +661,8 @@ class PubSub:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(remaining):
                         await self._room.wait()
+        finally:
+            turns.release()
 
     def _count(self, kind: str, topic: str, peer: bytes | None, size: int, missed: int) -> None:
         key = (kind, topic, peer)

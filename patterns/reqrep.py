@@ -37,6 +37,7 @@ from irismesh._core.events import (
     Token,
 )
 from irismesh._core.frames import STATUS_OK, Kind, unpack_error
+from irismesh._core.priority import check_priority, label
 from irismesh._driver import Driver
 from irismesh.errors import Closed, ConfigurationError, MeshError, RemoteError, RequestTimeout
 from irismesh.telemetry.node_telemetry import BROADCAST_KIND, REQUEST_KIND, SURVEY_KIND, outcome
@@ -156,11 +157,16 @@ class HandlerRunner:
         loop = asyncio.get_running_loop()
         now = loop.time()
         shed: list[tuple[RequestArrived, str]] = []
-        verdict = admission.offer(event, event.deadline, now, shed, may_start=self._spent < SLICE)
+        priority = event.priority
+        verdict = admission.offer(
+            event, event.deadline, now, shed, priority, may_start=self._spent < SLICE
+        )
         if verdict is None:
             self._start(event, now)
         elif verdict == "queued":
             self.stats["requests_queued"] += 1
+            if priority:
+                self.stats["requests_queued_" + label(priority)] += 1
             self._waiting[event.token[:2]] = event
             self._schedule(loop)
         else:
@@ -194,27 +200,29 @@ class HandlerRunner:
             self._start(event, now)
         for item, reason in shed:
             self._reject(item, reason)
-        if admission.queue and admission.can_start:  # the slice is over: the rest next turn
+        if admission.waiting and admission.can_start:  # the slice is over: the rest next turn
             self._schedule(loop)
 
     def _expire(self) -> None:
         """While requests wait, those that can no longer be served in time go at once."""
         self._expiring = None
         admission = self.admission
-        if admission is None or not admission.queue:
+        if admission is None or not admission.waiting:
             return
         loop = asyncio.get_running_loop()
         shed: list[tuple[RequestArrived, str]] = []
         admission.expire(loop.time(), shed)
         for item, reason in shed:
             self._reject(item, reason)
-        if admission.queue:
+        if admission.waiting:
             self._expiring = loop.call_later(admission.standing / 2, self._expire)
         if shed:
             self._after_async()
 
     def _reject(self, event: RequestArrived, reason: str) -> None:
         self._waiting.pop(event.token[:2], None)
+        if event.priority:  # the totals are the core's requests_shed_<reason>
+            self.stats[f"requests_shed_{reason}_{label(event.priority)}"] += 1
         if self._turn_away is not None:
             self._turn_away(event.token, reason)
 
@@ -240,7 +248,7 @@ class HandlerRunner:
             return
         loop = asyncio.get_running_loop()
         admission.finished(loop.time() - started_at)
-        if admission.queue:
+        if admission.waiting:
             self._schedule(loop)
 
     # ----------------------------------------------------------------- running
@@ -267,6 +275,8 @@ class HandlerRunner:
         if admission is not None:
             admission.started()
             self.stats["requests_admitted"] += 1
+            if event.priority:
+                self.stats["requests_admitted_" + label(event.priority)] += 1
         mark = _deadline.set(event.deadline)
         began = time.perf_counter()
         try:
@@ -518,9 +528,10 @@ class Caller:
         timeout: float | None,
         hedge: float | bool | None,
         kind: int = _KIND_REQUEST,
+        priority: int = 0,
     ) -> bytes:
         """`Node.request`: one member's reply (`kind` JOB: a queued job the memory hands out)."""
-        core, driver, req_id, fut = self._begin(cluster, payload, timeout, hedge, kind)
+        core, driver, req_id, fut = self._begin(cluster, payload, timeout, hedge, kind, priority)
         if self.busy_poll and len(self._waiting) == 1:
             # Opt-in: wait for the reply without a trip through the loop.
             driver.spin(core.request_link(req_id), self.busy_poll, fut.done)
@@ -551,6 +562,7 @@ class Caller:
         timeout: float | None,
         hedge: float | bool | None,
         kind: int,
+        priority: int = 0,
     ) -> tuple[MeshCore, Driver, int, asyncio.Future[bytes]]:
         """Check a request, hand it to the core, and arm the timer of its deadline."""
         core = self._core
@@ -576,8 +588,10 @@ class Caller:
                 raise ConfigurationError(f"hedge must be a positive delay, got {hedge!r}")
         else:
             hedge = None
+        if priority:
+            priority = check_priority(priority)
         try:
-            req_id = core.calls.request(cluster, payload, timeout, now, hedge, kind)
+            req_id = core.calls.request(cluster, payload, timeout, now, hedge, kind, priority)
         except MeshError as exc:
             if self._telemetry is not None:
                 self._telemetry.refused(cluster, len(payload), exc, REQUEST_KIND)

@@ -261,6 +261,34 @@ def add_joining_options(parser: MeshArgumentParser, *, wait: float | None, wait_
         )
 
 
+def priority(text: str) -> int:
+    """low, normal, high (any case), or a whole number from MIN_PRIORITY to MAX_PRIORITY."""
+    named = {p.name.lower(): int(p) for p in irismesh.Priority}
+    value = named.get(text.strip().lower())
+    if value is not None:
+        return value
+    low, high = irismesh.MIN_PRIORITY, irismesh.MAX_PRIORITY
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not low <= value <= high:
+        raise argparse.ArgumentTypeError(
+            f"must be low, normal, high or a whole number from {low} to {high}, got {text!r}"
+        )
+    return value
+
+
+def add_priority_option(parser: MeshArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--priority",
+        type=priority,
+        default=0,
+        metavar="PRIORITY",
+        help=f"low, normal, high, or -7 to 7: {what} (default: normal)",
+    )
+
+
 def add_json_option(parser: MeshArgumentParser, what: str = "JSON for scripts") -> None:
     parser.add_argument("--json", action="store_true", help=what)
 

@@ -29,6 +29,7 @@ from irismesh._cli.base import (
     add_command,
     add_joining_options,
     add_json_option,
+    add_priority_option,
     load_keyring,
     make_node,
     positive_int,
@@ -122,6 +123,9 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
         metavar="SECONDS",
         help="most seconds a publish waits for room at a slow subscriber (default: %(default)s)",
     )
+    add_priority_option(
+        publish, "publishes waiting for a slow subscriber's room go highest priority first"
+    )
     add_joining_options(
         publish, wait=3.0, wait_help="seconds to wait for the mesh (and --wait-subscribers)"
     )
@@ -207,7 +211,11 @@ async def run_publish(args: argparse.Namespace) -> int:
                 try:
                     reached.append(
                         await node.publish(
-                            args.topic, payload, timeout=args.timeout, retain=args.retain
+                            args.topic,
+                            payload,
+                            timeout=args.timeout,
+                            retain=args.retain,
+                            priority=args.priority,
                         )
                     )
                 except SlowConsumer as exc:

@@ -11,6 +11,7 @@ from irismesh._cli.base import (
     add_command,
     add_joining_options,
     add_json_option,
+    add_priority_option,
     cluster_name,
     load_keyring,
     make_node,
@@ -40,7 +41,8 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
         examples=(
             "  mesh request echo hello\n"
             "  date | mesh request upper -\n"
-            "  mesh request echo ping --count 5 --json"
+            "  mesh request echo ping --count 5 --json\n"
+            "  mesh request reports build --priority high"
         ),
         run=run_request,
     )
@@ -55,6 +57,9 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
         default=5.0,
         metavar="SECONDS",
         help="per request (default: %(default)s)",
+    )
+    add_priority_option(
+        parser, "a busy member serves higher priorities first and turns lower ones away first"
     )
     add_joining_options(
         parser, wait=3.0, wait_help="seconds to wait for a member of CLUSTER to appear"
@@ -71,7 +76,9 @@ async def run_request(args: argparse.Namespace) -> int:
         await wait_for_cluster(node, args, args.cluster)
         for _ in range(args.count):
             started = time.perf_counter()
-            reply = await node.request(args.cluster, payload, timeout=args.timeout)
+            reply = await node.request(
+                args.cluster, payload, timeout=args.timeout, priority=args.priority
+            )
             elapsed_ms = (time.perf_counter() - started) * 1000
             if args.json:
                 print_json(reply_json(args.cluster, reply, elapsed_ms))

@@ -30,9 +30,21 @@ out: a burst waits its turn if its budget allows. Whatever waits, a request whos
 budget no longer covers the service time is shed before it starts (reason "deadline"), and is
 never started.
 
-Criticality. Each waiting request carries a criticality (higher is more important). Today every
-request has the same one, so the order above decides alone; shedding takes the least critical
-first as soon as there are classes of service to tell requests apart (`_victim`).
+Priority. Each waiting request carries a priority (`priority`: higher is more important, 0
+the default), and each priority waits in a queue of its own, in the order above. A take serves
+the highest class that waits, with one exception that keeps the lower classes from starving:
+after `SHARE_EVERY` - 1 starts in a row from the highest class while a lower one waited, the
+next start goes to the class whose oldest request came first (under a flood of important
+work, a lower one; the highest class's own, when older, as the highest changes while classes
+empty). So every request starts within `SHARE_EVERY` starts per request older than it, and
+under a flood of important work the lesser still gets one handler run in `SHARE_EVERY`,
+while an important request waits behind at most one lesser run per `SHARE_EVERY` - 1 of its
+own class (a weighted dequeue; aging alone would not do: a request's deadline, which sheds it,
+comes long before any age that would lift it above a busy higher class). A request's expected
+wait counts only the requests it will not overtake (its own class and higher, and the lower
+share), so a flood of low-priority work does not get a high-priority newcomer turned away; and
+when the queue is full, the least important, oldest waiting request makes room for a more
+important newcomer (`_victim`). Low priority is thereby shed first.
 
 Everything here is pure: the caller passes the clock, and gets back what to start and what to
 reject (with the reason, which names the counter `requests_shed_<reason>`).
@@ -53,7 +65,10 @@ SERVICE_WEIGHT = 0.1  # weight of one run in the service-time estimate
 LONG_WEIGHT = 0.01  # weight of one run in the long-term latency (the "best lately")
 
 
-@dataclass
+SHARE_EVERY = 8  # under contention, one start in this many goes to a lower class
+
+
+@dataclass(eq=False)
 class Waiting:
     """A request admitted to the queue (its item is the runner's: untyped here so that the
     class compiles as a native one)."""
@@ -61,11 +76,12 @@ class Waiting:
     item: Any
     deadline: float
     arrived: float
-    criticality: int = 0
+    criticality: int = 0  # its priority
+    order: int = 0  # when it came, among the requests offered (clock readings may tie)
 
 
 class Admission(Generic[T]):
-    """One member's admission: its concurrency limit and its queue."""
+    """One member's admission: its concurrency limit and its queues, one per priority."""
 
     def __init__(
         self,
@@ -84,10 +100,20 @@ class Admission(Generic[T]):
         self.max_queue = max_queue
         self.standing = standing
         self.running = 0
-        self.queue: deque[Waiting] = deque()
+        self.waiting = 0  # requests in the queues, all classes
+        # Priority -> its waiting requests in arrival order; only classes with some.
+        self.queues: dict[int, deque[Waiting]] = {}
+        self.levels: list[int] = []  # the keys of `queues`, highest first
         self.service = 0.0  # moving average of a handler run, seconds (0: none measured yet)
         self._long = 0.0  # long-term average latency, the gradient's reference
         self._nonempty_since: float | None = None  # when the queue last stopped being empty
+        self._streak = 0  # starts in a row from the highest class while a lower one waited
+        self._offered = 0  # requests queued so far: their arrival order
+
+    @property
+    def queue(self) -> list[Waiting]:
+        """Every waiting request, highest class first (each class in arrival order)."""
+        return [w for level in self.levels for w in self.queues[level]]
 
     @property
     def can_start(self) -> bool:
@@ -97,6 +123,21 @@ class Admission(Generic[T]):
         """Whether the queue has not emptied for `standing` seconds: overload, not a burst."""
         since = self._nonempty_since
         return since is not None and now - since >= self.standing
+
+    def ahead(self, priority: int) -> int:
+        """How many of the waiting requests a newcomer of `priority` would wait for: those of
+        its class and higher, and the lower classes' share of the starts meanwhile."""
+        if not self.waiting:
+            return 0
+        levels = self.levels
+        if priority <= levels[-1]:
+            return self.waiting
+        higher = 0
+        for level in levels:
+            if level < priority:
+                break
+            higher += len(self.queues[level])
+        return higher + min(self.waiting - higher, higher // (SHARE_EVERY - 1) + 1)
 
     def offer(
         self,
@@ -111,68 +152,96 @@ class Admission(Generic[T]):
         """A request arrived: None if it may start now (the caller starts it and calls
         `started`), "queued" if it waits, else the reason it is rejected. A full queue makes
         room by shedding (into `shed`) a waiting request that matters less. Not `may_start`
-        (the caller's turn is over), it waits in any case."""
+        (the caller's turn is over), it waits in any case. `criticality` is its priority."""
         service = self.service
         if now + service >= deadline:
             return "deadline"
-        queue = self.queue
-        if not queue and self.running < self.limit and may_start:
+        if not self.waiting and self.running < self.limit and may_start:
             return None
-        wait = len(queue) * service / max(1.0, min(self.limit, float(self.running)))
+        ahead = self.ahead(criticality) if self.waiting else 0
+        wait = ahead * service / max(1.0, min(self.limit, float(self.running)))
         if now + wait + service >= deadline:
             return "queue"
         if wait >= self.standing and self.standing_queue(now):
             return "queue"
-        if len(queue) >= self.max_queue:
+        if self.waiting >= self.max_queue:
             victim = self._victim()
             if victim is None or victim.criticality >= criticality:
                 return "queue"
-            queue.remove(victim)
+            self._drop(victim)
             shed.append((victim.item, "queue"))
-        if not queue:
+        if not self.waiting:
             self._nonempty_since = now
-        queue.append(Waiting(item, deadline, now, criticality))
+        queue = self.queues.get(criticality)
+        if queue is None:
+            queue = self.queues[criticality] = deque()
+            self.levels.append(criticality)
+            self.levels.sort(reverse=True)
+        self._offered += 1
+        queue.append(Waiting(item, deadline, now, criticality, self._offered))
+        self.waiting += 1
         return "queued"
 
     def take(self, now: float, shed: list[tuple[T, str]]) -> T | None:
         """The next request to start, if the limit allows one and one is waiting; requests
         that can no longer be served in time are appended to `shed` with their reason."""
-        queue = self.queue
         service = self.service
-        while queue and self.running < self.limit:
+        while self.waiting and self.running < self.limit:
+            levels = self.levels
+            top = levels[0]
+            level = top
+            contended = len(levels) > 1  # a lower class waits too
+            if contended and self._streak >= SHARE_EVERY - 1:
+                level = self._oldest_class()
+            queue = self.queues[level]
             entry = queue.pop() if self.standing_queue(now) else queue.popleft()
-            if not queue:
-                self._nonempty_since = None
+            self._taken(level, queue)
             if now + service >= entry.deadline:
                 shed.append((entry.item, "deadline"))
                 continue
+            if level != top or not contended:
+                self._streak = 0
+            else:
+                self._streak += 1
             item: T = entry.item
             return item
         return None
 
     def expire(self, now: float, shed: list[tuple[T, str]]) -> None:
         """Shed what waits past its deadline without being taken (the limit is full)."""
-        queue = self.queue
-        service = self.service
-        if not queue:
+        if not self.waiting:
             return
-        kept = [w for w in queue if now + service < w.deadline]
-        if len(kept) != len(queue):
-            shed.extend((w.item, "deadline") for w in queue if now + service >= w.deadline)
-            queue.clear()
-            queue.extend(kept)
-            if not queue:
-                self._nonempty_since = None
+        service = self.service
+        for level in list(self.levels):
+            queue = self.queues[level]
+            kept = [w for w in queue if now + service < w.deadline]
+            if len(kept) != len(queue):
+                shed.extend((w.item, "deadline") for w in queue if now + service >= w.deadline)
+                self.waiting -= len(queue) - len(kept)
+                queue.clear()
+                queue.extend(kept)
+                if not queue:
+                    self._forget(level)
+        if not self.waiting:
+            self._nonempty_since = None
 
     def remove(self, item: T) -> bool:
         """A waiting request was cancelled by its caller: it leaves the queue."""
-        for i, entry in enumerate(self.queue):
-            if entry.item is item:
-                del self.queue[i]
-                if not self.queue:
-                    self._nonempty_since = None
-                return True
+        for level in self.levels:
+            for entry in self.queues[level]:
+                if entry.item is item:
+                    self._drop(entry)
+                    return True
         return False
+
+    def clear(self) -> list[Waiting]:
+        """Empty the queues; returns what waited."""
+        waiting = self.queue
+        self.queues.clear()
+        self.levels.clear()
+        self.waiting = 0
+        self._nonempty_since = None
+        return waiting
 
     def started(self) -> None:
         self.running += 1
@@ -193,8 +262,36 @@ class Admission(Generic[T]):
         self.limit = max(float(self.min_limit), min(float(self.max_limit), limit))
 
     def _victim(self) -> Waiting | None:
-        """The waiting request to shed first when room is needed: the least critical, and
+        """The waiting request to shed first when room is needed: the least important, and
         among those the oldest."""
-        if not self.queue:
+        if not self.waiting:
             return None
-        return min(self.queue, key=lambda w: (w.criticality, w.arrived))
+        return self.queues[self.levels[-1]][0]
+
+    def _oldest_class(self) -> int:
+        """The class whose oldest request came first: every request older than a given one
+        is served by such starts before it, so none waits for ever."""
+        levels = self.levels
+        best, order = levels[0], self.queues[levels[0]][0].order
+        for level in levels[1:]:
+            first = self.queues[level][0].order
+            if first < order:
+                best, order = level, first
+        return best
+
+    def _drop(self, entry: Waiting) -> None:
+        """`entry` leaves the queue unstarted (shed to make room, or cancelled)."""
+        queue = self.queues[entry.criticality]
+        queue.remove(entry)
+        self._taken(entry.criticality, queue)
+
+    def _taken(self, level: int, queue: deque[Waiting]) -> None:
+        self.waiting -= 1
+        if not queue:
+            self._forget(level)
+        if not self.waiting:
+            self._nonempty_since = None
+
+    def _forget(self, level: int) -> None:
+        del self.queues[level]
+        self.levels.remove(level)

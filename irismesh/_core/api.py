@@ -127,8 +127,9 @@ class CoreApi:
         now: float,
         hedge: float | None = None,
         kind: int = 5,  # Kind.REQUEST
+        priority: int = 0,
     ) -> int:
-        return self.calls.request(cluster, payload, timeout, now, hedge, kind)
+        return self.calls.request(cluster, payload, timeout, now, hedge, kind, priority)
 
     def fanout(
         self, kind: int, cluster: str, payload: bytes, timeout: float, now: float

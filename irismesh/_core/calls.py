@@ -59,9 +59,11 @@ from irismesh._core.frames import (
 from irismesh._core.links import InLink, LinkObserver, LinkState, OutLink
 from irismesh._core.outbox import Outbox
 from irismesh._core.pending import PendingRequest, PendingRequests
+from irismesh._core.priority import label
 from irismesh._core.replycache import ReplyCache
 from irismesh._core.sealing import LinkSecurity
 from irismesh._core.throttle import Throttle
+from irismesh._core.throttle import key as throttle_key
 from irismesh.errors import (
     Closed,
     MemberLost,
@@ -122,6 +124,9 @@ class Calls(LinkObserver):
         self._max_payload = config.max_payload
         self._max_pending = config.max_pending
         self._next_req = 1
+        # A request above the default priority arrived since the driver last looked: it
+        # hands those to the handlers ahead of the rest of the run of events.
+        self.urgent = False
         self._hedge_tokens = config.hedge_burst
         self._hedge_refilled = 0.0
         self.throttle = Throttle()
@@ -170,12 +175,15 @@ class Calls(LinkObserver):
         now: float,
         hedge: float | None = None,
         kind: int = _REQUEST,
+        priority: int = 0,
     ) -> int:
         """Send a request to one member of `cluster`; returns its id for the events.
 
         With `hedge`, a copy goes to a second member if no reply came within `hedge` seconds,
         and the first reply wins (for idempotent requests: both may run). `kind` is REQUEST,
         or JOB for a queued job the memory hands out (REQUEST's layout and handling).
+        `priority` (a checked int, see `priority`) goes with it, and orders it in this node's
+        outbox.
         """
         members = self.linked.get(cluster)
         if (  # the hot path asks members_for only when it cannot go ahead at once
@@ -186,8 +194,8 @@ class Calls(LinkObserver):
         ):
             members = self.members_for(cluster, len(payload), 1, now)
             if not members:  # its members' links are opening: it waits for one
-                return self._park(cluster, payload, timeout, now, kind)
-        if not self.throttle.admit(cluster, now, self._rng):
+                return self._park(cluster, payload, timeout, now, kind, priority)
+        if not self.throttle.admit(throttle_key(cluster, priority), now, self._rng):
             self._stats["requests_throttled"] += 1
             raise Overloaded(reason="throttled", cluster=cluster)
         link = balancer.choose(members, self._rng)
@@ -200,6 +208,8 @@ class Calls(LinkObserver):
         request = PendingRequest(
             req_id, cluster, payload, now + timeout, timeout, now, link, kind=kind
         )
+        if priority:
+            request.priority = priority
         self.pending.add(request)
         if hedge is not None and hedge < timeout and len(members) > 1:
             request.hedge_at = now + hedge
@@ -207,7 +217,7 @@ class Calls(LinkObserver):
             self._hedge_tokens = min(
                 self.config.hedge_burst, self._hedge_tokens + self.config.hedge_ratio
             )
-        self._send_request(link, req_id, cluster, payload, timeout, kind)
+        self._send_request(link, req_id, cluster, payload, timeout, kind, priority)
         return req_id
 
     def fanout(
@@ -259,6 +269,7 @@ class Calls(LinkObserver):
         payload: bytes,
         timeout: float,
         kind: int = _REQUEST,
+        priority: int = 0,
     ) -> None:
         # The hot path: encode_header and encode_request inlined (measured).
         link.outstanding += 1
@@ -267,15 +278,20 @@ class Calls(LinkObserver):
         if timeout_ms > 0xFFFFFFFF:
             timeout_ms = 0xFFFFFFFF
         acks = link.acks
+        # The priority rides in the acks' count byte, for members that read it (`priority`).
+        rank = ((priority & 0xF) << 4) if priority and link.priorities else 0
         if acks:
             acks, link.acks = acks[:MAX_ACKS], acks[MAX_ACKS:]
             n = len(acks)
-            body = _pack_request(req_id, timeout_ms, n) + ACKS[n].pack(*acks) + payload
+            body = _pack_request(req_id, timeout_ms, rank | n) + ACKS[n].pack(*acks) + payload
         else:
-            body = _pack_request(req_id, timeout_ms, 0) + payload
+            body = _pack_request(req_id, timeout_ms, rank) + payload
         outbox = self._outbox
+        if priority:  # staged in its class: sealed and sent before the lower ones
+            outbox.stage_ranked(link, priority, slot, kind, body)
+            return
         if outbox.batching:  # Outbox.stage_out's staging, inlined: the hot path
-            if not link.staged:
+            if not link.staged and not link.ranked:
                 outbox.staged_out.append(link)
             link.staged.append((slot, kind, body))
             return
@@ -295,10 +311,18 @@ class Calls(LinkObserver):
         self._stats[counter] += 1
         remaining = request.deadline - now
         self._send_request(
-            link, request.req_id, request.cluster, request.payload, remaining, request.kind
+            link,
+            request.req_id,
+            request.cluster,
+            request.payload,
+            remaining,
+            request.kind,
+            request.priority,
         )
 
-    def _park(self, cluster: str, payload: bytes, timeout: float, now: float, kind: int) -> int:
+    def _park(
+        self, cluster: str, payload: bytes, timeout: float, now: float, kind: int, priority: int
+    ) -> int:
         """A request that waits for a member's link to come up (`link_up`) or its deadline."""
         req_id = self._next_req
         self._next_req += 1
@@ -306,6 +330,7 @@ class Calls(LinkObserver):
             req_id, cluster, payload, now + timeout, timeout, now, None, kind=kind
         )
         request.attempts = 0  # not sent yet
+        request.priority = priority
         self.pending.add(request)
         self._stats["requests_parked"] += 1
         return req_id
@@ -375,7 +400,7 @@ class Calls(LinkObserver):
         )
         link.last_sample = now
         if not request.pinned:
-            self.throttle.accepted(request.cluster, now)
+            self.throttle.accepted(throttle_key(request.cluster, request.priority), now)
             other = request.hedged if request.link is link else request.link
             if other is not None:  # the hedge's other copy: its member may drop it
                 self._send_cancel(other, req_id)
@@ -403,7 +428,7 @@ class Calls(LinkObserver):
                 self._send_to(request, target, now, "requests_retried_elsewhere", hedge=False)
                 return
         self.pending.pop(request.req_id)
-        self.throttle.refused(request.cluster, now)
+        self.throttle.refused(throttle_key(request.cluster, request.priority), now)
         reason = why.decode("ascii", "replace")[:40]
         error = Overloaded(reason="member", cluster=request.cluster, detail=reason)
         self._outbox.events.append(RequestFailed(req_id=request.req_id, error=error))
@@ -441,7 +466,7 @@ class Calls(LinkObserver):
             _release(request)
             self._stats["requests_timed_out"] += 1
             if not request.pinned:
-                self.throttle.refused(request.cluster, now)
+                self.throttle.refused(throttle_key(request.cluster, request.priority), now)
             error = RequestTimeout(request.cluster, request.timeout, request.attempts)
             events.append(RequestFailed(req_id=request.req_id, error=error))
         self.replies.expire(now)
@@ -459,7 +484,7 @@ class Calls(LinkObserver):
     def on_request(self, link: InLink, slot: int, body: bytes, now: float, kind: int) -> None:
         if slot == 0 or slot >= len(link.scopes) or link.scopes[slot] is None:
             raise ProtocolError("bad_scope", str(slot))
-        req_id, timeout_ms, acks, payload = decode_request(body)
+        req_id, timeout_ms, acks, payload, priority = decode_request(body)
         if acks:
             self.forget_replies(link, acks)
         if len(payload) > self._max_payload:
@@ -471,17 +496,22 @@ class Calls(LinkObserver):
             cached.routing_id = link.routing_id  # the resend's link is the one to answer on
             cached.slot = slot
             if cached.status >= 0:
-                self._send_reply(link, slot, req_id, cached.status, cached.payload)
+                self._send_reply(link, slot, req_id, cached.status, cached.payload, priority)
             return
         deadline = now + timeout_ms / 1000
-        self.replies.start(key, deadline + 1.0, link.routing_id, slot)
+        entry = self.replies.start(key, deadline + 1.0, link.routing_id, slot)
         cluster = link.scopes[slot]
         assert cluster is not None
-        self._outbox.events.append(
-            RequestArrived(
-                (link.peer_id, req_id, link.routing_id, slot), cluster, payload, kind, deadline
-            )
-        )
+        token = (link.peer_id, req_id, link.routing_id, slot)
+        if priority:
+            entry.priority = priority
+            if priority > 0:
+                self.urgent = True  # the driver hands these to the handlers first
+            self._stats["requests_arrived_" + label(priority)] += 1
+            arrived = RequestArrived(token, cluster, payload, kind, deadline, priority)
+        else:
+            arrived = RequestArrived(token, cluster, payload, kind, deadline)
+        self._outbox.events.append(arrived)
 
     def turn_away(self, token: Token, reason: str) -> None:
         """Answer request `token` with STATUS_OVERLOADED: not run, and it will not be (the
@@ -514,21 +544,26 @@ class Calls(LinkObserver):
     def _answer(self, token: Token, status: int, payload: bytes) -> None:
         peer_id, req_id, routing_id, slot = token
         entry = self.replies.finish((peer_id, req_id), status, payload)
+        priority = 0
         if entry is not None:  # a resend may have come on another link since
-            routing_id, slot = entry.routing_id, entry.slot
+            routing_id, slot, priority = entry.routing_id, entry.slot, entry.priority
         link = self._inbound.get(routing_id)
         if link is None:  # the caller is gone; a resend gets the cached reply
             self._stats["replies_unroutable"] += 1
             return
-        self._send_reply(link, slot, req_id, status, payload)
+        self._send_reply(link, slot, req_id, status, payload, priority)
 
     def reply_error(self, token: Token, exc: BaseException) -> None:
         self.reply(token, pack_error(type(exc).__name__, str(exc)), error=True)
 
     def _send_reply(
-        self, link: InLink, slot: int, req_id: int, status: int, payload: bytes
+        self, link: InLink, slot: int, req_id: int, status: int, payload: bytes, priority: int = 0
     ) -> None:
-        # In the request's scope, under its keys.
+        # In the request's scope, under its keys; in the request's class.
+        if priority:
+            body = encode_reply(req_id, status, payload)
+            self._outbox.stage_ranked(link, priority, slot, _REPLY, body)
+            return
         self._stage_in(link, slot, _REPLY, encode_reply(req_id, status, payload))
 
     def forget_replies(self, link: InLink, acks: Iterable[int]) -> None:

@@ -30,6 +30,7 @@ class RequestArrived:
     # When the caller gives up, on this node's clock: the budget the request carried, from
     # the moment it arrived.
     deadline: float = float("inf")
+    priority: int = 0  # higher is more important (`priority`)
 
 
 @dataclass(slots=True)

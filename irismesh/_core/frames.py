@@ -19,8 +19,10 @@ Control envelopes are msgpack arrays, one shape per kind (positional; shapes lis
 `Kind`). The two kinds on the message hot path have a fixed binary layout instead, because
 msgpack and its shape checks were a quarter of the core's cost per request (measured):
 
-    REQUEST  !QIB  req_id, timeout_ms, n_acks | n_acks x !Q acknowledged req ids | payload
-             (BROADCAST, SURVEY and JOB have the same layout)
+    REQUEST  !QIB  req_id, timeout_ms, priority << 4 | n_acks | n_acks x !Q acknowledged
+             req ids | payload  (priority: a signed nibble, -7 to 7, 0 the default; sent only
+             to members whose WELCOME says caps["prio"], see `priority`; BROADCAST, SURVEY and
+             JOB have the same layout)
     JOB      REQUEST's layout, whose payload is the job's id (16) | the job: a job the mesh's
              memory held for the cluster, handed to one member (which answers a job id it has
              already answered from what it answered then)
@@ -53,6 +55,7 @@ from typing import Any, Final
 
 import msgpack
 
+from irismesh._core.priority import MIN_PRIORITY
 from irismesh.errors import ProtocolError
 
 MAGIC: Final = 0x49
@@ -172,21 +175,38 @@ def decode_tunnel(body: bytes) -> tuple[int, int, int, bytes]:
     return tunnel_id, op, arg, body[TUNNEL_FIELDS.size :]
 
 
-def encode_request(req_id: int, timeout_ms: int, acks: list[int], payload: bytes) -> bytes:
+def encode_request(
+    req_id: int, timeout_ms: int, acks: list[int], payload: bytes, priority: int = 0
+) -> bytes:
     n = len(acks)
-    return REQUEST_FIELDS.pack(req_id, timeout_ms, n) + ACKS[n].pack(*acks) + payload
+    return (
+        REQUEST_FIELDS.pack(req_id, timeout_ms, rank_byte(priority, n))
+        + ACKS[n].pack(*acks)
+        + payload
+    )
 
 
-def decode_request(body: bytes) -> tuple[int, int, tuple[int, ...], bytes]:
-    """Return (req_id, timeout_ms, acks, payload) of a REQUEST body."""
+def rank_byte(priority: int, n_acks: int) -> int:
+    """A REQUEST's third field: its priority (a signed nibble) and how many acks follow."""
+    return ((priority & 0xF) << 4) | n_acks
+
+
+def decode_request(body: bytes) -> tuple[int, int, tuple[int, ...], bytes, int]:
+    """Return (req_id, timeout_ms, acks, payload, priority) of a REQUEST body."""
     if len(body) < REQUEST_FIELDS.size:
         raise ProtocolError("bad_envelope", "REQUEST")
-    req_id, timeout_ms, n = REQUEST_FIELDS.unpack_from(body)
+    req_id, timeout_ms, ranked = REQUEST_FIELDS.unpack_from(body)
+    n = ranked & 0xF
+    priority = ranked >> 4
+    if priority >= 8:
+        priority -= 16
+        if priority < MIN_PRIORITY:
+            raise ProtocolError("bad_envelope", "REQUEST priority")
     start = REQUEST_FIELDS.size + 8 * n
     if n > MAX_ACKS or len(body) < start:
         raise ProtocolError("bad_envelope", "REQUEST acks")
     acks = ACKS[n].unpack_from(body, REQUEST_FIELDS.size) if n else ()
-    return req_id, timeout_ms, acks, body[start:]
+    return req_id, timeout_ms, acks, body[start:], priority
 
 
 def encode_reply(req_id: int, status: int, payload: bytes) -> bytes:

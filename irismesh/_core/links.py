@@ -62,6 +62,9 @@ class OutLink:
     acks: list[int] = field(default_factory=list)  # replies received, not yet acknowledged
     keys: LinkKeys | None = None
     staged: list[tuple[int, int, bytes]] = field(default_factory=list)  # (slot, kind, body)
+    # Staged entries of a priority other than the default: (priority, slot, kind, body).
+    ranked: list[tuple[int, int, int, bytes]] = field(default_factory=list)
+    priorities: bool = False  # the peer's WELCOME says it reads requests' priorities
     send_sealers: dict[int, Sealer] = field(default_factory=dict)
     recv_sealers: dict[int, Sealer] = field(default_factory=dict)
     # Publish/subscribe, this node publishing to the peer:
@@ -92,6 +95,8 @@ class InLink:
     send_sealers: dict[int, Sealer] = field(default_factory=dict)
     recv_sealers: dict[int, Sealer] = field(default_factory=dict)
     staged: list[tuple[int, int, bytes]] = field(default_factory=list)  # (slot, kind, body)
+    # Staged entries of a priority other than the default: (priority, slot, kind, body).
+    ranked: list[tuple[int, int, int, bytes]] = field(default_factory=list)
     # Publish/subscribe, the peer publishing to this node:
     pub_seq: int = 0  # last PUBLISH stream seq seen
     credit_out: int = 0  # messages the peer may still send us (what we granted, less arrivals)

@@ -18,6 +18,13 @@ seals one frame per link and slot, a BATCH of several entries where there are se
 mmap, and below the peer's frame limit). With batching off (the tests), everything is sealed
 into `out_frames` / `in_frames` at once.
 
+Priorities: calls and replies of a priority other than the default are staged apart
+(`stage_ranked`, into `link.ranked`), and a flush seals each link's entries class by class,
+highest first, the default class in its place between the positive and the negative ones: each
+class in frames of its own, so a frame of a higher class is sealed (its sequence number is
+lower) and sent before any of a lower class staged in the same flush, and the peer reads it
+first. Entries of one class keep their order.
+
 Publishes are staged separately, straight into the link's BATCH body for one slot
 (`OutLink.pub_parts`, written by the publish hot path in `pubsub`), and the link is listed in
 `published`; `seal_published` closes such a body into one frame. The staging lists are never
@@ -77,16 +84,34 @@ class Outbox:
     def stage_out(self, link: OutLink, slot: int, kind: int, body: bytes) -> None:
         """A call or tunnel frame for a dialled link: staged, or sealed now."""
         if self.batching:
-            if not link.staged:
+            if not link.staged and not link.ranked:
                 self.staged_out.append(link)
             link.staged.append((slot, kind, body))
             return
         self.out_frames.append((link.link_id, self.frame(link, slot, kind, body)))
 
+    def stage_ranked(
+        self, link: OutLink | InLink, priority: int, slot: int, kind: int, body: bytes
+    ) -> None:
+        """A call or reply of `priority` (not 0: `stage_out` and `stage_in` stage those)."""
+        if self.batching:
+            if not link.staged and not link.ranked:
+                if isinstance(link, OutLink):
+                    self.staged_out.append(link)
+                else:
+                    self.staged_in.append(link)
+            link.ranked.append((priority, slot, kind, body))
+            return
+        frame = self.frame(link, slot, kind, body)
+        if isinstance(link, OutLink):
+            self.out_frames.append((link.link_id, frame))
+        else:
+            self.in_frames.append((link.routing_id, frame))
+
     def stage_in(self, link: InLink, slot: int, kind: int, body: bytes) -> None:
         """A reply or tunnel frame for a link a peer dialled: staged, or sealed now."""
         if self.batching:
-            if not link.staged:
+            if not link.staged and not link.ranked:
                 self.staged_in.append(link)
             link.staged.append((slot, kind, body))
             return
@@ -114,7 +139,12 @@ class Outbox:
             out_frames = self.out_frames
             for link in staged_out:
                 staged, link.staged = link.staged, []
-                if link.state is LinkState.UP:
+                if link.ranked:
+                    ranked, link.ranked = link.ranked, []
+                    if link.state is LinkState.UP:
+                        for frame in self.seal_ranked(link, staged, ranked):
+                            out_frames.append((link.link_id, frame))
+                elif link.state is LinkState.UP:
                     for frame in self.seal_batches(link, staged):
                         out_frames.append((link.link_id, frame))
             staged_out.clear()
@@ -123,7 +153,12 @@ class Outbox:
             in_frames, inbound = self.in_frames, self._inbound
             for inlink in staged_in:
                 staged, inlink.staged = inlink.staged, []
-                if inbound.get(inlink.routing_id) is inlink:
+                if inlink.ranked:
+                    ranked, inlink.ranked = inlink.ranked, []
+                    if inbound.get(inlink.routing_id) is inlink:
+                        for frame in self.seal_ranked(inlink, staged, ranked):
+                            in_frames.append((inlink.routing_id, frame))
+                elif inbound.get(inlink.routing_id) is inlink:
                     for frame in self.seal_batches(inlink, staged):
                         in_frames.append((inlink.routing_id, frame))
             staged_in.clear()
@@ -142,6 +177,27 @@ class Outbox:
         if count > 1:
             self._stats["batches_sent"] += 1
         self.out_frames.append((link.link_id, self.frame(link, link.pub_slot, _BATCH, body)))
+
+    def seal_ranked(
+        self,
+        link: OutLink | InLink,
+        staged: list[tuple[int, int, bytes]],
+        ranked: list[tuple[int, int, int, bytes]],
+    ) -> list[bytes]:
+        """The frames for a link's staged entries of every class, the highest class first
+        (the default class, `staged`, between the positive and the negative ones)."""
+        classes: dict[int, list[tuple[int, int, bytes]]] = {}
+        if staged:
+            classes[0] = staged
+        for priority, slot, kind, body in ranked:
+            entries = classes.get(priority)
+            if entries is None:
+                entries = classes[priority] = []
+            entries.append((slot, kind, body))
+        frames: list[bytes] = []
+        for priority in sorted(classes, reverse=True):
+            frames.extend(self.seal_batches(link, classes[priority]))
+        return frames
 
     def seal_batches(
         self, link: OutLink | InLink, staged: list[tuple[int, int, bytes]]

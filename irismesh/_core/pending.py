@@ -32,6 +32,7 @@ class PendingRequest:
     hedged: OutLink | None = None  # a second copy in flight there (hedged requests)
     hedge_at: float = float("inf")
     refused: list[bytes] = field(default_factory=list)  # members that turned it away unrun
+    priority: int = 0  # higher is more important (`priority`)
 
 
 class PendingRequests:

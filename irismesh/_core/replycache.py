@@ -25,6 +25,7 @@ class CachedReply:
     slot: int  # and its scope slot there
     status: int = -1  # -1 while the handler runs
     payload: bytes = b""
+    priority: int = 0  # the request's: its reply is staged in its class
 
 
 class ReplyCache:

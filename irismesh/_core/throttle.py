@@ -18,6 +18,10 @@ cluster down and back up as its accepts change. A caller with fewer than `MIN_RE
 window is never throttled: a handful of failures says little, and the caller's own errors
 (timeouts, no responders) then reach it unchanged.
 
+Each priority of a cluster keeps counts of its own (`key`), as the SRE book keeps them per
+criticality: a member that turns away low-priority work while it accepts the high-priority
+work does not get its callers to throttle the high-priority requests too.
+
 The counts decay exponentially (time constant `window`), computed lazily, so the cost per
 request is a dictionary lookup and a few float operations. Decay alone would keep the ratio,
 and with it the throttling, long after the cluster recovered (the requests rejected here keep
@@ -35,6 +39,12 @@ WINDOW = 10.0  # seconds: how long a caller remembers requests and accepts
 MIN_REQUESTS = 20.0  # a caller with fewer requests in its window is never throttled
 QUIET = 1.0  # seconds without an unanswered request after which the counts start afresh
 _DECAY_EVERY = 0.05  # seconds between two decays of one cluster's counts
+
+
+def key(cluster: str, priority: int) -> str:
+    """What the throttle counts a request under: its cluster, and its priority unless the
+    default (a cluster name has no whitespace, so no cluster is called like a class of one)."""
+    return f"{cluster} {priority}" if priority else cluster
 
 
 class _Counts:

@@ -72,7 +72,7 @@ def test_a_burst_waits_its_turn_and_a_standing_queue_caps_the_wait_and_turns_lif
     assert admission.take(0.15, shed) == "b29"
     assert shed == []
     # Once the queue drains the interval starts again.
-    admission.queue.clear()
+    admission.clear()
     admission.take(0.2, shed)
     admission.started()
     assert admission.offer("fresh", 10.0, 0.3, shed) == "queued"
@@ -160,7 +160,7 @@ def test_nothing_is_lost_nothing_starts_late_and_the_limit_holds(
         if op == "offer":
             n += 1
             deadlines[n] = now + budget
-            verdict = admission.offer(n, now + budget, now, shed)
+            verdict = admission.offer(n, now + budget, now, shed, n % 3 - 1)  # 3 classes
             if verdict is None:
                 admission.started()
                 running.append(n)

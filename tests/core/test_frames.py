@@ -36,6 +36,7 @@ from irismesh._core.frames import (
     pack_error,
     unpack_error,
 )
+from irismesh._core.priority import MAX_PRIORITY, MIN_PRIORITY
 from irismesh.errors import ProtocolError
 
 MAX_PAYLOAD = 1 << 17  # room for the largest control frames
@@ -128,14 +129,31 @@ def test_every_kind_round_trips(kind_env: tuple[Kind, list[Any]], header: tuple[
 acks = st.lists(u64, max_size=MAX_ACKS)
 
 
-@given(headers, u64, st.integers(0, 2**32 - 1), acks, payloads)
+@given(
+    headers, u64, st.integers(0, 2**32 - 1), acks, payloads, st.integers(MIN_PRIORITY, MAX_PRIORITY)
+)
 def test_requests_round_trip(
-    header: tuple[int, int], req_id: int, timeout_ms: int, acked: list[int], payload: bytes
+    header: tuple[int, int],
+    req_id: int,
+    timeout_ms: int,
+    acked: list[int],
+    payload: bytes,
+    priority: int,
 ) -> None:
     frame = encode_header(Kind.REQUEST, *header) + encode_request(
-        req_id, timeout_ms, acked, payload
+        req_id, timeout_ms, acked, payload, priority
     )
-    assert decode(frame) == (Kind.REQUEST, *header, (req_id, timeout_ms, tuple(acked), payload))
+    expected = (req_id, timeout_ms, tuple(acked), payload, priority)
+    assert decode(frame) == (Kind.REQUEST, *header, expected)
+
+
+def test_a_request_of_the_default_priority_is_the_layout_old_nodes_send() -> None:
+    old = REQUEST_FIELDS.pack(9, 100, 1) + (7).to_bytes(8, "big") + b"p"
+    assert encode_request(9, 100, [7], b"p") == old
+    assert decode_request(old) == (9, 100, (7,), b"p", 0)
+    # The priority nibble below the range (-8) is no priority: rejected, counted as any other.
+    with pytest.raises(ProtocolError, match="priority"):
+        decode_request(REQUEST_FIELDS.pack(9, 100, 0x80))
 
 
 @given(headers, u64, st.sampled_from([STATUS_OK, STATUS_ERROR]), payloads)
@@ -159,7 +177,7 @@ def test_limits_in_the_shapes_are_inclusive() -> None:
     assert decode(encode_header(Kind.WELCOME, 0, 0) + CODEC.pack(welcome))[3] == welcome
     body = encode_request(2**64 - 1, 2**32 - 1, [2**64 - 1] * MAX_ACKS, bytes(MAX_PAYLOAD))
     request = decode(encode_header(Kind.REQUEST, 1, 1) + body)[3]
-    assert request == (2**64 - 1, 2**32 - 1, (2**64 - 1,) * MAX_ACKS, bytes(MAX_PAYLOAD))
+    assert request == (2**64 - 1, 2**32 - 1, (2**64 - 1,) * MAX_ACKS, bytes(MAX_PAYLOAD), 0)
 
 
 def test_header_layout() -> None:
@@ -346,7 +364,7 @@ def test_bad_fixed_layout(kind: Kind, body: bytes) -> None:
 
 
 def test_fixed_layouts_accept_empty_payloads_and_no_acks() -> None:
-    assert decode_request(REQUEST_FIELDS.pack(5, 0, 0)) == (5, 0, (), b"")
+    assert decode_request(REQUEST_FIELDS.pack(5, 0, 0)) == (5, 0, (), b"", 0)
     assert decode_reply(REPLY_FIELDS.pack(5, STATUS_ERROR)) == (5, STATUS_ERROR, b"")
 
 

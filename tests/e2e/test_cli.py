@@ -249,6 +249,16 @@ def test_request_count_and_json(mesh: Mesh) -> None:
         assert reply["ms"] > 0
 
 
+def test_request_and_publish_take_a_priority(mesh: Mesh) -> None:
+    out = mesh.ok("request", "--seed", mesh.seed, "echo", "hi", "--priority", "high")
+    assert out in ("A:hi\n", "B:hi\n")
+    assert mesh.ok("request", "--seed", mesh.seed, "echo", "hi", "--priority", "-3")
+    mesh.ok("publish", "--seed", mesh.seed, "prio.test", "hi", "--priority", "LOW")
+    wrong = mesh.run("request", "--seed", mesh.seed, "echo", "hi", "--priority", "8")
+    assert wrong.returncode == 2
+    assert "must be low, normal, high or a whole number from -7 to 7" in wrong.stderr
+
+
 def test_exec_failure_and_timeout_reach_the_caller_as_remote_errors(mesh: Mesh) -> None:
     failed = mesh.run("request", "--seed", mesh.seed, "ex", "fail")
     assert_error(failed, 1, "CommandFailed", "boom: cannot do that (exit status 3)")

@@ -151,3 +151,11 @@ def test_federation_crosses_two_meshes_and_hides_what_is_not_exported() -> None:
     assert "west asked east's db: 'east has k1'" in out
     assert "west read east's prices in order: 1.08 1.09 1.07" in out
     assert "payroll is not exported: west cannot reach it (NoResponders)" in out
+
+
+def test_priorities_urgent_work_overtakes_background_work_and_none_is_lost() -> None:
+    report = json.loads(run_example("priorities.py", "--json", "--background", "300").stdout)
+    assert report["ok"], report
+    assert report["background"] == 300
+    assert report["member_admitted_high"] == 20
+    assert report["urgent_max_ms"] < report["background_median_ms"], report
