@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import signal
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from irismesh._cli.base import (
     load_keyring,
     positive_int,
     print_json,
+    reload_keys_on_hangup,
     short_id,
     topic_pattern,
 )
@@ -117,12 +119,21 @@ async def run_gateway(args: argparse.Namespace) -> int:
     )
     async with gateway:
         node = gateway.node
+        reload_keys_on_hangup(node)  # the node's keyring, and the link keyring below
+
+        def hangup() -> None:
+            node_keys = node.keyring.path is not None and node.reload_keyring()
+            if not (gateway.reload_link_keyring() or node_keys):
+                logging.getLogger("irismesh.keyring").info("keyrings unchanged: keys in use kept")
+
+        loop.add_signal_handler(signal.SIGHUP, hangup)
         if args.json:
             print_json(
                 {
                     "endpoint": gateway.endpoint,
                     "node_endpoint": node.endpoint,
                     "gateway_id": gateway.gateway_id.hex(),
+                    "node_id": node.node_id.hex(),
                     "mesh": gateway.mesh,
                 }
             )

@@ -4,9 +4,10 @@ linkproto  the inter-mesh link protocol without I/O: handshake, sealing, sequenc
 link       its sockets (pyzmq ROUTER/DEALER on asyncio)
 crossing   messages crossing meshes: origin ids, the meshes seen, the duplicate barrier
 gateway    `Gateway`: a node of its mesh plus links to peer gateways
+redundancy redundant gateways: one forwarder of topics per direction, the others standing by
 """
 
-from irismesh.federation.gateway import GATEWAY_CLUSTER, Gateway
+from irismesh.federation.gateway import GATEWAY_CLUSTER, Gateway, far_answers
 from irismesh.federation.linkproto import LinkConfig
 
-__all__ = ["GATEWAY_CLUSTER", "Gateway", "LinkConfig"]
+__all__ = ["GATEWAY_CLUSTER", "Gateway", "LinkConfig", "far_answers"]

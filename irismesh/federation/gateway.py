@@ -15,6 +15,13 @@ sends it to another gateway; when no link exporting a cluster is up, the gateway
 cluster, so callers get `NoResponders` at once. A request for a cluster the peer does not
 export is refused on the far side and counted (`requests_refused_not_exported`).
 
+Broadcasts and surveys. A broadcast or survey of an imported cluster reaches every gateway
+serving it here; the one whose node for the cluster has the lowest id among those it is linked
+to passes it on (so the far members get it once), and the far gateway broadcasts or surveys in
+its mesh and answers: a survey with its members' answers as a msgpack map of member id to
+answer (`far_answers` merges them; the other gateways answer with an empty map). While the
+gateways' links to each other change, a broadcast may be passed on by two of them, or none.
+
 Topics. The gateway subscribes in its mesh to the topics it exports and sends each message
 published there, as a `Crossing`, over every link to a mesh the message has not been in; the
 link keeps it until acknowledged (see `linkproto`). A gateway receiving a crossing republishes
@@ -23,6 +30,10 @@ Messages a gateway republished are not exported again by the gateways of that me
 each other as members of the cluster `_gateway`): a crossing carries its history only from
 gateway to gateway, so a message crosses from mesh to mesh through one gateway process at a
 time.
+
+Redundant gateways. Several gateways of a mesh may export the same topics (for when one
+dies): for each mesh they send to, they elect one forwarder, and the others keep what it has
+not yet delivered and send it on when they take over (`irismesh.federation.redundancy`).
 
 Stats. `gateway.stats` counts what crossed, what was refused and what was dropped, with the
 links' buffered items; the gateway's node answers requests to cluster `_gateway` with them,
@@ -36,7 +47,8 @@ import contextlib
 import itertools
 import logging
 import os
-from collections import Counter
+import time
+from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from functools import partial
 from typing import Any
@@ -57,19 +69,31 @@ from irismesh.errors import (
 from irismesh.federation.crossing import CROSSING, Barrier, Crossing, OriginIds
 from irismesh.federation.link import LinkTransport, describe
 from irismesh.federation.linkproto import Exports, Item, LinkConfig, LinkEnd, link_secrets
-from irismesh.node import Node
+from irismesh.federation.redundancy import Redundancy
+from irismesh.node import Node, SurveyResult
 from irismesh.patterns.pubsub import Message, Subscription
 from irismesh.patterns.reqrep import ForwardedError, TurnedAway, time_left
 from irismesh.security.keyring import Keyring
+from irismesh.security.rotation import POLL_INTERVAL, KeyringFile
 
-__all__ = ["GATEWAY_CLUSTER", "Gateway"]
+__all__ = ["GATEWAY_CLUSTER", "Gateway", "far_answers"]
 
 log = logging.getLogger("irismesh.federation")
 
 GATEWAY_CLUSTER = "_gateway"  # the gateways of a mesh: they answer it with their stats
-_REQUEST, _REPLY = "req", "rep"
+_REQUEST, _REPLY, _BROADCAST, _SURVEY = "req", "rep", "bc", "sv"
+_EMPTY_MAP: bytes = msgpack.packb({})
+_FAR_SHARE = 0.8  # of a broadcast's or survey's time the far mesh gets: its answer must return
 _OK, _ERROR, _TURNED_AWAY = 0, 1, 2
 _MAX_MESH_NAME = 200
+_SYNC_EVERY = 0.05  # redundant gateways: delivered ids told this often
+_STATE_EVERY = 0.2  # and each one's links this often (a fellow silent for 3 s is gone)
+_TOLD_BOUND = 1024  # messages for the other gateways waiting to be sent
+_WARM_UP = 0.6  # a gateway holds what it would export this long: fellows make themselves known
+
+
+def _check_link_keys(keyring: Keyring) -> None:
+    link_secrets(keyring)  # ConfigurationError if it holds no link key
 
 
 class Gateway:
@@ -134,6 +158,11 @@ class Gateway:
         self.node = Node(clusters=serves, name=name, **self._node_args)
         if serves:
             self.node.on_request(self._describe)
+            self.node.on_broadcast(self._on_sync)
+        self.link_keyring = link_keyring
+        self._link_file: KeyringFile | None = None
+        if link_keyring.path is not None:  # reread when it changes, as nodes do theirs
+            self._link_file = KeyringFile(link_keyring.path, link_keyring, check=_check_link_keys)
         self.transport = LinkTransport(
             gateway_id=self.gateway_id,
             mesh=mesh,
@@ -150,6 +179,7 @@ class Gateway:
         self._reconciling: asyncio.Task[None] | None = None
         self._reconcile_again = False
         self._calls: dict[int, tuple[asyncio.Future[bytes], LinkEnd]] = {}
+        self._broadcasting: set[asyncio.Task[bytes]] = set()  # from across a link
         self._call_ids = itertools.count(1)
         self._outstanding: Counter[int] = Counter()  # id(link end) -> requests through it
         self._origin_ids = OriginIds()
@@ -160,6 +190,12 @@ class Gateway:
         self._subs: list[Subscription] = []
         self._drained: asyncio.Event | None = None
         self._gateway_ids: set[str] = set()
+        self._redundancy: Redundancy | None = None
+        self._warm: asyncio.Event | None = None  # set once the first election is made
+        self._told: deque[list[Any]] = deque()  # for the other gateways here, to send
+        self._telling: asyncio.Task[None] | None = None
+        self._state_at = 0.0  # when this gateway last told its links
+        self._linked_since: dict[str, float] = {}  # mesh -> when a link to it was first known
         self._closing = False
 
     # ------------------------------------------------------------- lifecycle
@@ -171,8 +207,19 @@ class Gateway:
         self._drained = asyncio.Event()
         self.transport.start()
         self._tasks.append(asyncio.create_task(self._republish()))
+        if self._link_file is not None:
+            self._tasks.append(asyncio.create_task(self._watch_link_keyring()))
         if GATEWAY_CLUSTER in self.node.clusters:
             self._tasks.append(asyncio.create_task(self._watch_gateways()))
+            if self.export.topics:
+                self._redundancy = Redundancy(
+                    self.node.node_id.hex(),
+                    time.time(),
+                    self.export.topics,
+                    self.transport.config.buffer,
+                )
+                self._warm = asyncio.Event()
+                self._tasks.append(asyncio.create_task(self._sync()))
         for index, pattern in enumerate(self.export.topics):
             earlier = self.export.topics[:index]
             sub = self.node.subscribe(pattern, policy="block", maxsize=4096)
@@ -191,6 +238,15 @@ class Gateway:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if self._redundancy is not None:  # the last acknowledgements, for who takes over
+            with contextlib.suppress(Exception):
+                await self._report_delivered()
+                if self._telling is not None:
+                    await asyncio.wait_for(self._telling, 1.0)
+        if self._telling is not None:
+            self._telling.cancel()
+        for broadcast in list(self._broadcasting):
+            broadcast.cancel()
         if self._reconciling is not None:
             self._reconciling.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -207,6 +263,40 @@ class Gateway:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    # ------------------------------------------------------------- the link keyring
+
+    def use_link_keyring(self, keyring: Keyring) -> None:
+        """Take these link keys now (ConfigurationError, keys in use kept, if none is a link
+        key). Links whose session used a key no longer in it are dialled again under the new
+        one; the others go on."""
+        secrets = link_secrets(keyring)
+        self.link_keyring = keyring
+        self.transport.use_secrets(secrets)
+        self.stats_counter["link_keyring_changes"] += 1
+
+    def reload_link_keyring(self) -> bool:
+        """Read the link keyring file now (SIGHUP): True if it held new keys, now in use; a
+        file that cannot be used is refused with one logged line, the keys in use kept."""
+        if self._link_file is None:
+            return False
+        keyring = self._link_file.reload()
+        if keyring is None:
+            return False
+        self.use_link_keyring(keyring)
+        return True
+
+    async def _watch_link_keyring(self) -> None:
+        """Poll the link keyring file, as a node polls its own (`security.rotation`)."""
+        assert self._link_file is not None
+        while True:
+            await asyncio.sleep(POLL_INTERVAL)
+            try:
+                keyring = self._link_file.poll()
+                if keyring is not None:
+                    self.use_link_keyring(keyring)
+            except Exception:  # the watch outlives an error in applying a keyring (logged)
+                log.exception("gateway: applying the link keyring failed")
+
     # ------------------------------------------------------------- views
 
     @property
@@ -221,7 +311,14 @@ class Gateway:
         out.update(self.transport.figures())
         out["duplicates_dropped"] = self._barrier.duplicates
         out["imports"] = len(self._imports)
+        if self._link_file is not None:
+            out["link_keyring_refused"] = self._link_file.refused
         out["republish_queue"] = 0 if self._inbound is None else self._inbound.qsize()
+        if self._redundancy is not None:
+            out.update(self._redundancy.stats)
+            out["standby_held"] = self._redundancy.held()
+            out["forwarding"] = sum(self._redundancy.forwarding.values())
+            out["fellows"] = len(self._redundancy.fellows)
         return out
 
     def links(self) -> list[dict[str, Any]]:
@@ -271,6 +368,8 @@ class Gateway:
                     self._on_crossing(end, crossing)
                 elif kind == _REQUEST:
                     self._on_request(end, item)
+                elif kind in (_BROADCAST, _SURVEY):
+                    self._on_fanout(end, item)
                 elif kind == _REPLY:
                     self._on_reply(item)
                 else:
@@ -326,6 +425,8 @@ class Gateway:
             return self._forward(cluster, payload)
 
         node.on_request(forward, admission=False)  # the far mesh's members admit
+        node.on_broadcast(partial(self._forward_broadcast, cluster, node))
+        node.on_survey(partial(self._forward_survey, cluster, node))
         try:
             await node.start()
         except MeshError as exc:
@@ -334,11 +435,13 @@ class Gateway:
             return
         self._imports[cluster] = node
 
-    def _forward(self, cluster: str, payload: bytes) -> asyncio.Future[bytes]:
-        """Pass a request on over a link exporting `cluster`; its reply's future (no Task)."""
+    def _forward(self, cluster: str, payload: bytes, kind: str = _REQUEST) -> asyncio.Future[bytes]:
+        """Pass a request (or a broadcast, a survey: `kind`) on over a link exporting
+        `cluster`; its reply's future (no Task)."""
         ends = [e for e in self.transport.ends if e.up and cluster in e.peer_exports.clusters]
         if not ends:
-            self.stats_counter["requests_turned_away"] += 1
+            if kind == _REQUEST:
+                self.stats_counter["requests_turned_away"] += 1
             raise TurnedAway("gateway_down")
         end = ends[0] if len(ends) == 1 else min(ends, key=lambda e: self._outstanding[id(e)])
         left = time_left()
@@ -356,10 +459,37 @@ class Gateway:
             outstanding[id(end)] -= 1
 
         future.add_done_callback(done)
-        end.send_plain([_REQUEST, call_id, cluster, max(1, int(budget * 1000)), payload])
-        self.stats_counter["requests_forwarded"] += 1
+        end.send_plain([kind, call_id, cluster, max(1, int(budget * 1000)), payload])
+        if kind == _REQUEST:
+            self.stats_counter["requests_forwarded"] += 1
         self.transport.flush_soon()
         return future
+
+    async def _forward_broadcast(self, cluster: str, node: Node, payload: bytes) -> None:
+        """A broadcast to `cluster` here reaches every gateway serving it: one of them (the
+        lowest node id among those this one is linked to) passes it on, so that the far mesh's
+        members get it once; the far gateway broadcasts it there and answers once it has."""
+        if not self._fans_out(cluster, node):
+            self.stats_counter["broadcasts_left_to_another_gateway"] += 1
+            return
+        self.stats_counter["broadcasts_forwarded"] += 1
+        await self._forward(cluster, payload, _BROADCAST)
+
+    async def _forward_survey(self, cluster: str, node: Node, payload: bytes) -> bytes:
+        """A survey of `cluster` here: one gateway (as for broadcasts) asks the far mesh and
+        answers with its members' answers, a msgpack map of member id to answer (`far_answers`
+        merges them); the other gateways answer with an empty map."""
+        if not self._fans_out(cluster, node):
+            self.stats_counter["surveys_left_to_another_gateway"] += 1
+            return _EMPTY_MAP
+        self.stats_counter["surveys_forwarded"] += 1
+        return await self._forward(cluster, payload, _SURVEY)
+
+    @staticmethod
+    def _fans_out(cluster: str, node: Node) -> bool:
+        """Whether this gateway's node for `cluster` has the lowest id of those serving it."""
+        own = node.node_id.hex()
+        return not any(other < own for other in node.members(cluster))
 
     def _on_reply(self, item: Item) -> None:
         if len(item) != 4 or type(item[1]) is not int or type(item[3]) is not bytes:
@@ -412,6 +542,63 @@ class Gateway:
             return
         future.add_done_callback(partial(self._replied, end, call_id))
 
+    def _on_fanout(self, end: LinkEnd, item: Item) -> None:
+        """A broadcast or survey from across the link: made in this mesh, answered once it is
+        done (a survey with the answers, a msgpack map of member id to answer)."""
+        ok = (
+            len(item) == 5
+            and type(item[1]) is int
+            and type(item[2]) is str
+            and type(item[3]) is int
+            and item[3] > 0
+            and type(item[4]) is bytes
+        )
+        if not ok:
+            self.stats_counter["dropped_malformed"] += 1
+            return
+        kind, call_id, cluster, budget_ms, payload = item
+        what = "broadcasts" if kind == _BROADCAST else "surveys"
+        if cluster not in self.export.clusters:
+            self.stats_counter[f"{what}_refused_not_exported"] += 1
+            self._answer(
+                end,
+                call_id,
+                _ERROR,
+                pack_error("NoResponders", f"no cluster {cluster!r} is exported here"),
+            )
+            return
+        self.stats_counter[f"{what}_served"] += 1
+        timeout = budget_ms / 1000 * _FAR_SHARE
+        if kind == _BROADCAST:
+            task = asyncio.get_running_loop().create_task(
+                self._far_broadcast(cluster, payload, timeout)
+            )
+        else:
+            task = asyncio.get_running_loop().create_task(
+                self._far_survey(cluster, payload, timeout)
+            )
+        self._broadcasting.add(task)
+        task.add_done_callback(self._broadcasting.discard)
+
+        def done(task: asyncio.Task[bytes]) -> None:
+            if task.cancelled():
+                return
+            exc = task.exception()
+            if exc is None:
+                self._answer(end, call_id, _OK, task.result())
+            else:
+                self._answered(end, call_id, exc)
+
+        task.add_done_callback(done)
+
+    async def _far_broadcast(self, cluster: str, payload: bytes, timeout: float) -> bytes:
+        reached = await self.node.broadcast(cluster, payload, timeout=timeout)
+        return msgpack.packb(reached)  # type: ignore[no-any-return]
+
+    async def _far_survey(self, cluster: str, payload: bytes, timeout: float) -> bytes:
+        result = await self.node.survey(cluster, payload, timeout=timeout)
+        return msgpack.packb(result.answers, use_bin_type=True)  # type: ignore[no-any-return]
+
     def _replied(self, end: LinkEnd, call_id: int, future: asyncio.Future[bytes]) -> None:
         if future.cancelled():
             return  # the gateway is closing
@@ -444,11 +631,13 @@ class Gateway:
                 continue  # an earlier pattern's subscription has it
             if not self._native(msg):
                 continue
+            if self._warm is not None and not self._warm.is_set():
+                await self._warm.wait()  # the publishers wait the while, as on a full window
             origin_id = self._origin_ids.origin_id(msg.publisher, msg.topic, msg.payload)
             crossing = Crossing(self.mesh, origin_id, (self.mesh,), msg.topic, msg.payload)
             self._barrier.first(crossing)  # a copy coming back by another way is dropped
             self.stats_counter["messages_exported"] += 1
-            await self._cross(crossing)
+            await self._cross(crossing, native=True)
 
     def _native(self, msg: Message) -> bool:
         """Published in this mesh, not republished by one of its gateways."""
@@ -461,17 +650,22 @@ class Gateway:
             self._gateway_ids = {own, *self.node.members(GATEWAY_CLUSTER)}
             await asyncio.sleep(1.0)
 
-    async def _cross(self, crossing: Crossing) -> None:
+    async def _cross(self, crossing: Crossing, *, native: bool = False) -> None:
         """Send to every link towards a mesh the message has not been in, waiting while a
         link that is up has a full window (the publishers wait too); a link that is down keeps
-        it up to its buffer's bound."""
+        it up to its buffer's bound. A message published here goes only to the meshes this
+        gateway is the forwarder for; for the others it is held (see `redundancy`)."""
         wire = crossing.wire()
         known = False
+        redundancy = self._redundancy if native else None
         for end in self.transport.ends:
             if not end.peer_mesh:
                 continue  # a link never up: whose mesh it leads to is not known yet
             known = True
             if end.peer_mesh in crossing.seen:
+                continue
+            if redundancy is not None and not redundancy.forwarding.get(end.peer_mesh, False):
+                redundancy.hold(end.peer_mesh, crossing)
                 continue
             while end.up and end.buffered >= end.config.window * 2:
                 assert self._drained is not None
@@ -524,3 +718,126 @@ class Gateway:
             # back by the link's window instead of filling this gateway's memory.
             end.consumed()
             self.transport.flush_soon()
+
+    # ------------------------------------------------------------- redundant gateways
+
+    def _on_sync(self, payload: bytes) -> None:
+        """A broadcast from another gateway of this mesh (see `redundancy`)."""
+        if self._redundancy is None:
+            return
+        try:
+            body = msgpack.unpackb(payload, raw=False)
+        except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+            self.stats_counter["sync_malformed"] += 1
+            return
+        self._redundancy.on_message(body, time.monotonic())
+
+    async def _sync(self) -> None:
+        """Tell this mesh's other gateways what was delivered and which links are up; elect
+        the forwarder for each mesh linked to, and take over where this gateway becomes it."""
+        redundancy = self._redundancy
+        assert redundancy is not None
+        warm_until = time.monotonic() + _WARM_UP
+        while True:
+            try:
+                warm_until = await self._sync_once(redundancy, warm_until)
+            except Exception:  # the election outlives an error (logged with its traceback)
+                self.stats_counter["sync_errors"] += 1
+                log.exception("gateway: redundant gateways' sync failed")
+            await asyncio.sleep(_SYNC_EVERY)
+
+    async def _sync_once(self, redundancy: Redundancy, warm_until: float) -> float:
+        now = time.monotonic()
+        redundancy.forget_stale(now)
+        ends = [e for e in self.transport.ends if e.peer_mesh]
+        if now - self._state_at >= _STATE_EVERY:
+            self._state_at = now
+            up = {e.peer_mesh for e in ends if e.up}
+            known = {e.peer_mesh for e in ends}
+            self._tell(redundancy.state_message(up, known))
+        await self._report_delivered()
+        for mesh in {e.peer_mesh for e in ends}:
+            own_up = any(e.up for e in ends if e.peer_mesh == mesh)
+            since = self._linked_since.setdefault(mesh, now)
+            decided = redundancy.elect(mesh, own_up=own_up, since=since, now=now)
+            if decided is None:  # until the fellows have told their links, as it was
+                decided = redundancy.forwarding.get(mesh, False)
+            elected = now >= warm_until and decided
+            if elected and not redundancy.forwarding.get(mesh, False):
+                self._take_over(mesh, ends)
+            if elected != redundancy.forwarding.get(mesh, not elected):
+                self.stats_counter["forwarding_changes"] += 1
+            redundancy.forwarding[mesh] = elected
+        if now >= warm_until and self._warm is not None:
+            self._warm.set()
+        return warm_until
+
+    async def _report_delivered(self) -> None:
+        """Tell the standbys which of this mesh's messages the far side has acknowledged."""
+        redundancy = self._redundancy
+        assert redundancy is not None
+        delivered: dict[str, list[bytes]] = {}
+        for end in self.transport.ends:
+            if end.acked_items is None:
+                end.acked_items = []
+                continue
+            if end.acked_items:
+                items, end.acked_items = end.acked_items, []
+                if redundancy.fellows:
+                    ids = delivered.setdefault(end.peer_mesh, [])
+                    ids.extend(i[2] for i in items if i[0] == CROSSING and i[1] == self.mesh)
+        for mesh, ids in delivered.items():
+            if ids:
+                self._tell(redundancy.delivered_message(mesh, ids))
+
+    def _take_over(self, mesh: str, ends: list[LinkEnd]) -> None:
+        assert self._redundancy is not None
+        resend = self._redundancy.take_over(mesh)
+        if resend:
+            log.info("gateway forwards to mesh %r now; resends %d messages", mesh, len(resend))
+        for crossing in resend:
+            wire = crossing.wire()
+            for end in ends:
+                if end.peer_mesh == mesh and end.send(wire):
+                    self.stats_counter["messages_sent"] += 1
+        self.transport.flush_soon()
+
+    def _tell(self, body: list[Any]) -> None:
+        """Broadcast to this mesh's other gateways, in order, without holding up the caller."""
+        if len(self._told) >= _TOLD_BOUND:
+            self._told.popleft()
+            self.stats_counter["sync_dropped"] += 1
+        self._told.append(body)
+        if self._telling is None or self._telling.done():
+            self._telling = asyncio.get_running_loop().create_task(self._send_told())
+
+    async def _send_told(self) -> None:
+        while self._told:
+            body = self._told.popleft()
+            payload = msgpack.packb(body, use_bin_type=True)
+            try:
+                await self.node.broadcast(GATEWAY_CLUSTER, payload, timeout=1.0)
+            except NoResponders:
+                pass  # no other gateway here (yet)
+            except MeshError as exc:
+                self.stats_counter["sync_not_sent"] += 1
+                log.debug("gateway could not tell its fellows: %s", exc)
+
+
+def far_answers(result: SurveyResult) -> dict[str, bytes]:
+    """The answers of a survey of a cluster imported through gateways, merged: each gateway
+    answers with a msgpack map of far member id to answer (one of them asks, the others answer
+    with an empty map). An answer that is not such a map is kept under its own member's id."""
+    merged: dict[str, bytes] = {}
+    for member_id, answer in result.answers.items():
+        try:
+            far = msgpack.unpackb(answer, raw=False)
+        except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+            far = None
+        if isinstance(far, dict) and all(
+            type(k) is str and type(v) is bytes for k, v in far.items()
+        ):
+            merged.update(far)
+        else:
+            merged[member_id] = answer
+    return merged

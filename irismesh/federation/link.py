@@ -95,6 +95,15 @@ class LinkTransport:
         self.ends.append(end)
         return end
 
+    def use_secrets(self, secrets: tuple[bytes, ...]) -> None:
+        """New link keys (a rotated link keyring): for new HELLOs, and for every end, whose
+        session ends if its key is no longer accepted (dialled again at once)."""
+        self._secrets = secrets
+        for end in self.ends:
+            if end.use_secrets(secrets):
+                self._on_state(end, False)
+        self.flush_soon()
+
     def start(self) -> None:
         loop = self._loop = asyncio.get_running_loop()
         ctx = self._ctx = zmq.Context()

@@ -274,8 +274,12 @@ class LinkEnd:
     # False: the application says when it is done with each reliable item (`consumed`), and
     # only then is it acknowledged, so a slow reader holds the sender back by its window.
     auto_consume: bool = True
+    # Not None: the reliable items the peer acknowledged are appended here, for the
+    # application to take (a gateway tells its mesh's other gateways what was delivered).
+    acked_items: list[Item] | None = None
     _plain: deque[Item] = field(default_factory=deque)
     _session: _Session | None = None
+    _session_secret: bytes = b""  # the link key the session's handshake proved
     _pending: _Pending | None = None
     _last_in: float = 0.0
     _last_out: float = 0.0
@@ -329,6 +333,23 @@ class LinkEnd:
         self.up = True
         self.stats["sessions"] += 1
 
+    def use_secrets(self, secrets: tuple[bytes, ...]) -> bool:
+        """Accept these link keys from now on (a rotated link keyring, primary first). A
+        session under a key no longer accepted ends (True; counted `rekeyed`): a dialler says
+        HELLO again under the new primary, with what was not acknowledged kept for replay."""
+        if not secrets:
+            raise ConfigurationError("a link needs at least one link key")
+        used = self._session_secret
+        if self.up and used not in secrets:
+            self.secrets = secrets
+            self.down()
+            self.stats["rekeyed"] += 1
+            return True
+        if self.up and not self.dialler:
+            secrets = (used, *[s for s in secrets if s != used])
+        self.secrets = secrets
+        return False
+
     def down(self) -> None:
         """Forget the session (dead peer or closing): reliable items stay buffered."""
         if self.up:
@@ -368,6 +389,7 @@ class LinkEnd:
         proof = _mac(hello.secret, _WELCOME_DOMAIN, hello.raw_said, raw_said)
         peer = (hello.gateway_id, hello.mesh, hello.stream, hello.acked, hello.exports)
         self.secrets = (hello.secret, *[s for s in self.secrets if s != hello.secret])
+        self._session_secret = hello.secret
         self._established(hello.secret + shared, nonce + hello.nonce, peer, now)
         return HEADER.pack(MAGIC, VERSION, WELCOME, 0) + _pack([raw_said, proof])
 
@@ -386,6 +408,7 @@ class LinkEnd:
         gid, mesh, nonce, public, stream, acked, exports = _said_fields(_unpack(raw_said))
         shared = _agree(pending.private, public)
         self._pending = None
+        self._session_secret = secret
         self._established(
             secret + shared, nonce + pending.nonce, (gid, mesh, stream, acked, exports), now
         )
@@ -527,6 +550,8 @@ class LinkEnd:
         if ack < self._base_seq or ack >= self._next_seq:
             return
         drop = ack - self._base_seq + 1
+        if self.acked_items is not None:
+            self.acked_items.extend(self._buf[self._head : self._head + drop])
         self._head += drop
         self._base_seq = ack + 1
         self._cursor = max(self._cursor, self._base_seq)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from irismesh.errors import ProtocolError
+from irismesh.errors import ConfigurationError, ProtocolError
 from irismesh.federation.crossing import Barrier, Crossing, OriginIds
 from irismesh.federation.linkproto import Exports, LinkConfig, LinkEnd, open_hello
 
@@ -230,3 +230,38 @@ def test_the_barrier_lets_each_message_through_once() -> None:
     assert barrier.first(c)
     assert not barrier.first(c.through("b"))
     assert barrier.duplicates == 1
+
+
+def test_new_link_keys_end_only_a_session_under_a_key_no_longer_accepted() -> None:
+    d, lst = ends()
+    connect(d, lst, 0.0)
+    new = os.urandom(32)
+    # Step 1 and 2 of a rotation: the old key still accepted, the session goes on.
+    assert not d.use_secrets((KEY, new))
+    assert not lst.use_secrets((new, KEY))
+    assert d.up
+    assert lst.up
+    assert lst.secrets[0] == KEY  # a listener keeps its session's key first
+    d.send(["x"])
+    assert pump(d, lst, 0.1) == [["x"]]
+    # Step 3: the old key removed; the session under it ends, kept items wait for the next.
+    d.send(["y"])
+    assert d.use_secrets((new,))
+    assert lst.use_secrets((new,))
+    assert not d.up
+    assert d.stats["rekeyed"] == 1
+    connect(d, lst, 1.0)  # HELLO again, under the new key
+    assert pump(d, lst, 1.1) == [["y"]]
+    with pytest.raises(ConfigurationError):
+        d.use_secrets(())
+
+
+def test_acknowledged_items_are_handed_over_when_asked_for() -> None:
+    d, lst = ends()
+    d.acked_items = []
+    connect(d, lst, 0.0)
+    d.send(["a", 1])
+    d.send(["b", 2])
+    assert pump(d, lst, 0.1) == [["a", 1], ["b", 2]]
+    pump(lst, d, 0.2)
+    assert d.acked_items == [["a", 1], ["b", 2]]

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Awaitable
 from contextlib import AsyncExitStack
+from pathlib import Path
 
 import pytest
 from helpers import wait_until
 
 import irismesh
-from irismesh.federation import LinkConfig
+from irismesh.federation import LinkConfig, far_answers
 
 LOCAL = "tcp://127.0.0.1:0"
 FAST = LinkConfig(heartbeat=0.1, dead_after=0.6, retry=0.2, resend_after=0.4)
@@ -434,5 +436,238 @@ def test_a_slow_reader_across_the_link_holds_the_publisher_back_not_the_gateways
             got = [(await sub.get()).payload for _ in range(n)]
             await publishing
             check_once_in_order(got, ["a"], n)
+
+    run(main())
+
+
+def test_two_gateway_pairs_for_the_same_topics_deliver_each_message_once() -> None:
+    """Two gateways of mesh a export feeds.# to two of mesh b: one forwards, the other stands by
+    with what is not yet delivered, which the forwarder's acknowledgements keep trimmed."""
+
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        link = irismesh.Keyring.generate()
+        n = 5000
+        async with AsyncExitStack() as stack:
+            pub = await stack.enter_async_context(a.node())
+            a.seeds.append(pub.endpoint)
+            a1 = await gateway(stack, a, link, listen=True, topics=("feeds.#",))
+            a2 = await gateway(stack, a, link, listen=True, topics=("feeds.#",))
+            b1 = await gateway(stack, b, link, peers=(a1.endpoint,))
+            b2 = await gateway(stack, b, link, peers=(a2.endpoint,))
+            _, got_b = await subscribed(stack, b, "feeds.#")
+            for gw in (b1, b2):
+                await gw.node.wait_for_subscribers("feeds.x", 1, timeout=10)
+            await wait_until(
+                lambda: a1.stats["links_up"] == a2.stats["links_up"] == 1, 10, "both links"
+            )
+            await wait_until(
+                lambda: a1.stats["fellows"] == a2.stats["fellows"] == 1, 10, "fellows known"
+            )
+            await wait_until(
+                lambda: a1.stats["forwarding"] + a2.stats["forwarding"] == 1, 10, "one forwarder"
+            )
+            assert a1.stats["forwarding"] == 1  # the one that started first
+            await publish_all({"a": pub}, 2, n)  # the two gateways
+            await wait_until(lambda: len(got_b) >= n, 30, "every message across")
+            # Every message got the same origin id in both gateways: the standby's buffer
+            # empties as the forwarder reports what was delivered.
+            await wait_until(lambda: a2.stats["standby_held"] == 0, 10, "the standby trimmed")
+            await asyncio.sleep(0.2)
+            check_once_in_order(got_b, ["a"], n)
+            assert b1.stats["messages_republished"] == n
+            assert b2.stats.get("messages_republished", 0) == 0
+            assert a2.stats.get("takeover_resent", 0) == 0
+            assert a2.stats.get("standby_dropped", 0) == 0
+
+    run(main())
+
+
+def test_a_gateway_that_starts_late_stands_by_and_takes_over_when_the_forwarder_goes() -> None:
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        link = irismesh.Keyring.generate()
+        async with AsyncExitStack() as stack:
+            pub = await stack.enter_async_context(a.node())
+            a.seeds.append(pub.endpoint)
+            _, got_b = await subscribed(stack, b, "feeds.#")
+            b.seeds.append(_.endpoint)
+            a1 = irismesh.Gateway(
+                "a",
+                keyring=a.keys,
+                link_keyring=link,
+                listen=LOCAL,
+                topics=("feeds.#",),
+                link_config=FAST,
+                seeds=list(a.seeds),
+                bind=LOCAL,
+            )
+            await a1.start()
+            try:
+                await gateway(stack, b, link, peers=(a1.endpoint,))
+                await wait_until(lambda: a1.stats["forwarding"] == 1, 10, "a1 forwards")
+                await publish_all({"a": pub}, 1, 100)  # before a2 is there
+                a2 = await gateway(stack, a, link, listen=True, topics=("feeds.#",))
+                await gateway(stack, b, link, peers=(a2.endpoint,))
+                await wait_until(lambda: a2.stats.get("fellows", 0) == 1, 10, "a2 knows a1")
+                await wait_until(lambda: a2.stats["links_up"] == 1, 10, "a2's link")
+                await asyncio.sleep(1.0)  # a few elections: a2 must stay standby
+                assert a2.stats["forwarding"] == 0
+                for i in range(100, 200):
+                    await pub.publish("feeds.x", f"a:{i}".encode())
+                await wait_until(lambda: len(got_b) >= 200, 20, "the first 200")
+                # a2 gives a1's messages the same ids: a1's acknowledgements trim its buffer
+                await wait_until(lambda: a2.stats["standby_held"] == 0, 10, "a2 trimmed")
+            finally:
+                await a1.close()  # the forwarder goes: a2 takes over
+            await wait_until(lambda: a2.stats["forwarding"] == 1, 10, "a2 takes over")
+            for i in range(200, 300):
+                await pub.publish("feeds.x", f"a:{i}".encode())
+            await wait_until(lambda: len(got_b) >= 300, 20, "all 300")
+            await asyncio.sleep(0.2)
+            check_once_in_order(got_b, ["a"], 300)
+            assert a2.stats.get("takeover_resent", 0) == 0
+
+    run(main())
+
+
+def test_a_rotated_link_keyring_applies_without_a_restart_and_a_bad_file_is_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The link keyring files of both gateways go through the three steps of a rotation (new
+    key second, then first, then the old one removed): requests cross after each; once the old
+    key is gone the link's session is made again under the new one. A bad file is refused with
+    one logged line and the keys in use stay."""
+    old = irismesh.Keyring.generate()
+    new_secret = os.urandom(32)
+    files = [tmp_path / "a-link.keys", tmp_path / "b-link.keys"]
+
+    def write(keys: irismesh.Keyring) -> None:
+        for path in files:
+            keys.save(path, overwrite=True)
+
+    write(old)
+
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        async with AsyncExitStack() as stack:
+            await member(stack, a, "db", b"a:")
+            gw_a = irismesh.Gateway(
+                "a",
+                keyring=a.keys,
+                link_keyring=irismesh.Keyring.load(files[0]),
+                listen=LOCAL,
+                export=["db"],
+                link_config=FAST,
+                seeds=list(a.seeds),
+                bind=LOCAL,
+            )
+            await stack.enter_async_context(gw_a)
+            gw_b = irismesh.Gateway(
+                "b",
+                keyring=b.keys,
+                link_keyring=irismesh.Keyring.load(files[1]),
+                peers=[gw_a.endpoint],
+                link_config=FAST,
+                bind=LOCAL,
+            )
+            await stack.enter_async_context(gw_b)
+            b.seeds.append(gw_b.node.endpoint)
+            client = await stack.enter_async_context(b.node())
+            await client.wait_for_members("db", 1, timeout=10)
+            assert await client.request("db", b"0", timeout=5) == b"a:0"
+
+            steps = [
+                old.with_key("*", new_secret, primary=False),
+                old.with_key("*", new_secret),
+                irismesh.Keyring().with_key("*", new_secret),
+            ]
+            for step, keys in enumerate(steps, 1):
+                write(keys)
+                for gw in (gw_a, gw_b):
+                    await wait_until(
+                        lambda gw=gw, keys=keys: gw.link_keyring == keys, 10, f"step {step}"
+                    )
+                if step == 3:  # the session under the old key ends, and is made again
+                    await wait_until(lambda: gw_b.stats["link_sessions"] >= 2, 10, "a new one")
+                await wait_until(
+                    lambda: gw_a.stats["links_up"] == gw_b.stats["links_up"] == 1, 10, "the link"
+                )
+                await wait_until(lambda: gw_b.imports() == ["db"], 10, "db served in b")
+                await wait_until(lambda: len(client.members("db")) == 1, 10, "db's member")
+                assert await client.request("db", b"%d" % step, timeout=5) == b"a:%d" % step
+            assert gw_b.stats["link_rekeyed"] + gw_a.stats["link_rekeyed"] >= 1
+
+            caplog.clear()
+            files[0].write_text("not a keyring\n")
+            await wait_until(lambda: gw_a.stats["link_keyring_refused"] == 1, 10, "a refusal")
+            await asyncio.sleep(1.2)  # more polls: the same bad file is not read again
+            refusals = [r for r in caplog.records if "not reloaded" in r.getMessage()]
+            assert len(refusals) == 1, refusals
+            assert gw_a.link_keyring == steps[2]
+            assert await client.request("db", b"after", timeout=5) == b"a:after"
+
+    run(main())
+
+
+def test_a_broadcast_crosses_two_gateway_pairs_and_reaches_each_far_member_once() -> None:
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        link = irismesh.Keyring.generate()
+        async with AsyncExitStack() as stack:
+            got: dict[str, list[bytes]] = {"1": [], "2": []}
+            for prefix in got:
+                node = await member(stack, a, "db", prefix.encode())
+                node.on_broadcast(lambda payload, p=prefix: got[p].append(payload))
+            a1 = await gateway(stack, a, link, listen=True, export=("db",))
+            a2 = await gateway(stack, a, link, listen=True, export=("db",))
+            b1 = await gateway(stack, b, link, peers=(a1.endpoint,))
+            b2 = await gateway(stack, b, link, peers=(a2.endpoint,))
+            client = await stack.enter_async_context(b.node())
+            await wait_until(lambda: b1.imports() == b2.imports() == ["db"], 10, "db in b")
+            await client.wait_for_members("db", 2, timeout=10)
+            for gw in (b1, b2):  # each gateway sees the other serving db
+                node = gw._imports["db"]
+                await wait_until(lambda node=node: len(node.members("db")) == 1, 10, "linked")
+            for i in range(20):
+                reached = await client.broadcast("db", b"%d" % i, timeout=5)
+                assert len(reached) == 2  # the two gateways, which serve db here
+            expected = [b"%d" % i for i in range(20)]
+            assert got == {"1": expected, "2": expected}  # once each, in order
+            forwarded = b1.stats.get("broadcasts_forwarded", 0)
+            forwarded += b2.stats.get("broadcasts_forwarded", 0)
+            assert forwarded == 20
+            assert a1.stats.get("broadcasts_served", 0) + a2.stats.get("broadcasts_served", 0) == 20
+
+    run(main())
+
+
+def test_a_survey_crosses_two_gateway_pairs_and_the_far_answers_come_back_merged() -> None:
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        link = irismesh.Keyring.generate()
+        async with AsyncExitStack() as stack:
+            far: dict[str, bytes] = {}
+            for prefix in (b"1:", b"2:"):
+                node = await member(stack, a, "db", prefix)
+                far[node.node_id.hex()] = prefix
+            a1 = await gateway(stack, a, link, listen=True, export=("db",))
+            a2 = await gateway(stack, a, link, listen=True, export=("db",))
+            b1 = await gateway(stack, b, link, peers=(a1.endpoint,))
+            b2 = await gateway(stack, b, link, peers=(a2.endpoint,))
+            client = await stack.enter_async_context(b.node())
+            await wait_until(lambda: b1.imports() == b2.imports() == ["db"], 10, "db in b")
+            await client.wait_for_members("db", 2, timeout=10)
+            for gw in (b1, b2):
+                node = gw._imports["db"]
+                await wait_until(lambda node=node: len(node.members("db")) == 1, 10, "linked")
+            result = await client.survey("db", b"ping", timeout=5)
+            assert len(result.answers) == 2  # the two gateways
+            assert not result.errors
+            assert not result.missing
+            merged = far_answers(result)
+            assert merged == {member_id: prefix + b"ping" for member_id, prefix in far.items()}
+            asked = b1.stats.get("surveys_forwarded", 0) + b2.stats.get("surveys_forwarded", 0)
+            assert asked == 1
 
     run(main())
