@@ -513,15 +513,7 @@ class Gateway:
     # ------------------------------------------------------------- requests, exporting side
 
     def _on_request(self, end: LinkEnd, item: Item) -> None:
-        ok = (
-            len(item) == 5
-            and type(item[1]) is int
-            and type(item[2]) is str
-            and type(item[3]) is int
-            and item[3] > 0
-            and type(item[4]) is bytes
-        )
-        if not ok:
+        if not _is_call(item):
             self.stats_counter["dropped_malformed"] += 1
             return
         _, call_id, cluster, budget_ms, payload = item
@@ -545,15 +537,7 @@ class Gateway:
     def _on_fanout(self, end: LinkEnd, item: Item) -> None:
         """A broadcast or survey from across the link: made in this mesh, answered once it is
         done (a survey with the answers, a msgpack map of member id to answer)."""
-        ok = (
-            len(item) == 5
-            and type(item[1]) is int
-            and type(item[2]) is str
-            and type(item[3]) is int
-            and item[3] > 0
-            and type(item[4]) is bytes
-        )
-        if not ok:
+        if not _is_call(item):
             self.stats_counter["dropped_malformed"] += 1
             return
         kind, call_id, cluster, budget_ms, payload = item
@@ -841,3 +825,15 @@ def far_answers(result: SurveyResult) -> dict[str, bytes]:
         else:
             merged[member_id] = answer
     return merged
+
+
+def _is_call(item: Item) -> bool:
+    """A request, broadcast or survey item: [kind, call id, cluster, budget in ms, payload]."""
+    return (
+        len(item) == 5
+        and type(item[1]) is int
+        and type(item[2]) is str
+        and type(item[3]) is int
+        and item[3] > 0
+        and type(item[4]) is bytes
+    )
