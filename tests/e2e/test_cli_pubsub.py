@@ -71,6 +71,7 @@ class Subscriber:
 
     proc: subprocess.Popen[bytes]
     err: list[str] = field(default_factory=list)
+    reader: threading.Thread | None = None  # reads stderr into `err`, until the pipe ends
 
     def read_stderr(self) -> None:
         assert self.proc.stderr is not None
@@ -82,6 +83,9 @@ class Subscriber:
         assert self.proc.stdout is not None
         out = self.proc.stdout.read()
         self.proc.wait(timeout)
+        if self.reader is not None:  # its last lines: the pipe ends as the process does
+            self.reader.join(timeout)
+            assert not self.reader.is_alive(), "stderr still open after the process ended"
         return self.proc.returncode, out.decode(), self.err
 
 
@@ -103,7 +107,8 @@ class Subscribers:
         )
         sub = Subscriber(proc)
         self.started.append(sub)
-        threading.Thread(target=sub.read_stderr, daemon=True).start()
+        sub.reader = threading.Thread(target=sub.read_stderr, daemon=True)
+        sub.reader.start()
         wait_until_sync(
             lambda: any(line.startswith(READY) for line in sub.err) or proc.poll() is not None,
             20,
