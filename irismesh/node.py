@@ -69,8 +69,11 @@ from irismesh.memory.store import Retention
 from irismesh.patterns.pubsub import Message, Policy, PubSub, Subscription
 from irismesh.patterns.reqrep import (
     Caller,
+    Forward,
+    ForwardCancelled,
     ForwardedError,
     HandlerRunner,
+    ReplyCallback,
     RequestHandler,
     as_bytes,
     deadline,
@@ -548,6 +551,27 @@ class Node(MemoryApi, KeyringApi):
 
         return register if handler is None else register(handler)
 
+    def forward_requests(self, forward: Forward, cancelled: ForwardCancelled) -> None:
+        """For a node that only passes requests on and answers them later (a gateway), with no
+        handler run, Future or timer per request: `forward(request)` gets each request (a
+        `RequestArrived`: its `payload`, `cluster`, and `deadline` on the event loop's clock)
+        as it arrives, unadmitted (whoever answers it in the end admits it or not), and answers
+        it once with `answer`. `cancelled(event)` hears of each caller that gave up, and says
+        whether that request was still being forwarded (it is forgotten then)."""
+        if not self.served_clusters:
+            raise ConfigurationError("a node without a cluster serves no requests: pass cluster=")
+        runner = self._runner
+        runner.handler = None
+        runner.admission = None
+        runner.forward = forward
+        runner.forward_cancelled = cancelled
+
+    def answer(self, request: RequestArrived, reply: bytes | BaseException) -> None:
+        """Answer a request `forward_requests` passed on: with the reply's bytes, or with what a
+        handler would have raised (`TurnedAway`: turned away unrun, so the caller tries another
+        member; `ForwardedError`: the error another member answered)."""
+        self._runner.answer(request, reply)
+
     @overload
     def on_queued(self, handler: H, *, blocking: bool = False) -> H: ...
 
@@ -686,6 +710,20 @@ class Node(MemoryApi, KeyringApi):
         of its own: for code that passes many requests on (a gateway). The future fails as
         `request` raises; cancelling it cancels the request."""
         return self._caller.start(cluster, payload, timeout)
+
+    def request_callback(
+        self,
+        cluster: str,
+        payload: bytes,
+        callback: ReplyCallback,
+        *,
+        timeout: float | None = None,
+    ) -> None:
+        """Start a request whose reply goes to `callback(reply, None)`, or its failure (what
+        `request` would raise) to `callback(None, error)`, once, as it arrives: no Future and
+        no turn of the event loop in between, for code that passes many requests on (a
+        gateway). Raises at once what `request` would raise before sending."""
+        self._caller.start_callback(cluster, payload, timeout, callback)
 
     async def caught_up(self) -> None:
         """Until this memory member, once started, has copied what the other memory members

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from irismesh._core.admission import Admission
 from irismesh._core.engine import MeshCore
@@ -48,6 +48,11 @@ if TYPE_CHECKING:
     from irismesh.telemetry.recorder import Series
 
 RequestHandler = Callable[[bytes], Awaitable[bytes | bytearray | memoryview] | bytes]
+# A forwarder's handler (`Node.forward_requests`): given each request as it arrives, it answers
+# later with `HandlerRunner.answer`; its `cancelled` hook hears of callers that gave up (True:
+# the request was still being forwarded, and is forgotten now).
+Forward = Callable[[RequestArrived], None]
+ForwardCancelled = Callable[[RequestCancelled], bool]
 Reply = Callable[[Token, bytes], None]
 ReplyError = Callable[[Token, BaseException], None]
 _OK, _REMOTE_ERROR = str(Outcome.OK), str(Outcome.REMOTE_ERROR)
@@ -134,6 +139,10 @@ class HandlerRunner:
         self._turn_away = turn_away
         self.stats: Counter[str] = Counter() if stats is None else stats
         self.handler: RequestHandler | None = None
+        # A forwarder's (`Node.forward_requests`): requests go to it as they arrive, no handler
+        # run, no Future, no timer; it answers with `answer`.
+        self.forward: Forward | None = None
+        self.forward_cancelled: ForwardCancelled | None = None
         self.blocking = False  # the handler blocks: it runs in `pool`
         self.pool: ThreadPoolExecutor | None = None
         self.tasks: set[asyncio.Future[Any]] = set()
@@ -152,7 +161,14 @@ class HandlerRunner:
     def run(self, event: RequestArrived) -> None:
         admission = self.admission
         if admission is None:
-            self._start(event, 0.0)
+            forward = self.forward
+            if forward is None:
+                self._start(event, 0.0)
+                return
+            serving = self._serving
+            if serving is not None:  # a forwarded request is counted, not timed
+                serving[event.cluster].untimed += 1
+            forward(event)
             return
         loop = asyncio.get_running_loop()
         now = loop.time()
@@ -228,7 +244,11 @@ class HandlerRunner:
 
     def cancel(self, event: RequestCancelled) -> None:
         """The caller gave up: a waiting request goes, a running `async def` handler is
-        cancelled (a blocking one runs on, unheard)."""
+        cancelled (a blocking one runs on, unheard), a forwarded one is forgotten."""
+        if self.forward_cancelled is not None:
+            if self.forward_cancelled(event):
+                self.stats["requests_cancelled"] += 1
+            return
         key = event.token[:2]
         waiting = self._waiting.pop(key, None)
         if waiting is not None and self.admission is not None:
@@ -433,6 +453,16 @@ class HandlerRunner:
         finally:
             self._untrack(event, began)
 
+    def answer(self, event: RequestArrived, reply: bytes | BaseException) -> None:
+        """A forwarder's answer to `event`: the reply's bytes, or what a handler would have
+        raised (TurnedAway: turned away unrun; ForwardedError: another member's error)."""
+        if type(reply) is bytes:
+            self._reply(event.token, reply)
+        else:
+            assert isinstance(reply, BaseException)
+            self._fail(event, 0, reply)
+        self._after_async()
+
     def _finish(self, event: RequestArrived, started: int, value: object) -> None:
         if self._ack_only:
             value = b""
@@ -475,6 +505,38 @@ def _cancelled(event: RequestArrived) -> BaseException:
     return ConnectionAbortedError("the caller gave up, or the member is shutting down")
 
 
+ReplyCallback = Callable[[bytes | None, BaseException | None], None]
+
+
+class _Callback:
+    """Stands in for a request's Future where `Caller.start_callback` was used: the reply (or
+    the error) goes straight to the callback as it arrives, with no turn of the loop."""
+
+    __slots__ = ("_callback", "_done")
+
+    def __init__(self, callback: ReplyCallback) -> None:
+        self._callback = callback
+        self._done = False
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, reply: bytes) -> None:
+        self._call(reply, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._call(None, error)
+
+    def _call(self, reply: bytes | None, error: BaseException | None) -> None:
+        self._done = True
+        try:
+            self._callback(reply, error)
+        except Exception as exc:  # reported as a Future's callback's would be; events go on
+            asyncio.get_running_loop().call_exception_handler(
+                {"message": "a request's reply callback raised", "exception": exc}
+            )
+
+
 class Caller:
     """One node's calls in flight: a future per request, resolved by the core's events.
 
@@ -497,7 +559,9 @@ class Caller:
         self._core: MeshCore | None = None
         self._driver: Driver | None = None
         # req id -> (future, cluster, sent at, the telemetry series that times it, if any)
-        self._waiting: dict[int, tuple[asyncio.Future[bytes], str, float, Series | None]] = {}
+        self._waiting: dict[
+            int, tuple[asyncio.Future[bytes] | _Callback, str, float, Series | None]
+        ] = {}
 
     def attach(self, core: MeshCore, driver: Driver) -> None:
         self._core = core
@@ -574,6 +638,14 @@ class Caller:
         fut.add_done_callback(cancelled)
         return fut
 
+    def start_callback(
+        self, cluster: str, payload: bytes, timeout: float | None, callback: ReplyCallback
+    ) -> None:
+        """`Node.request_callback`: `callback(reply, None)` or `callback(None, error)` once,
+        as the reply (or the failure) arrives; no Future."""
+        self._begin(cluster, payload, timeout, None, _KIND_REQUEST, 0, _Callback(callback))
+
+    @overload
     def _begin(
         self,
         cluster: str,
@@ -582,8 +654,33 @@ class Caller:
         hedge: float | bool | None,
         kind: int,
         priority: int = 0,
-    ) -> tuple[MeshCore, Driver, int, asyncio.Future[bytes]]:
-        """Check a request, hand it to the core, and arm the timer of its deadline."""
+        callback: None = None,
+    ) -> tuple[MeshCore, Driver, int, asyncio.Future[bytes]]: ...
+
+    @overload
+    def _begin(
+        self,
+        cluster: str,
+        payload: bytes,
+        timeout: float | None,
+        hedge: float | bool | None,
+        kind: int,
+        priority: int,
+        callback: _Callback,
+    ) -> tuple[MeshCore, Driver, int, _Callback]: ...
+
+    def _begin(
+        self,
+        cluster: str,
+        payload: bytes,
+        timeout: float | None,
+        hedge: float | bool | None,
+        kind: int,
+        priority: int = 0,
+        callback: _Callback | None = None,
+    ) -> tuple[MeshCore, Driver, int, asyncio.Future[bytes] | _Callback]:
+        """Check a request, hand it to the core, and arm the timer of its deadline; the reply
+        goes to a new Future, or to `callback` (returned in its place)."""
         core = self._core
         driver = self._driver
         if core is None or driver is None or self.closed:
@@ -615,7 +712,9 @@ class Caller:
             if self._telemetry is not None:
                 self._telemetry.refused(cluster, len(payload), exc, REQUEST_KIND)
             raise
-        fut: asyncio.Future[bytes] = loop.create_future()
+        fut: asyncio.Future[bytes] | _Callback = (
+            loop.create_future() if callback is None else callback
+        )
         recorder = self._recorder
         series = recorder.requests[cluster] if recorder is not None else None
         self._waiting[req_id] = (fut, cluster, now, series)

@@ -55,6 +55,7 @@ from typing import Any
 
 import msgpack
 
+from irismesh._core.events import RequestArrived, RequestCancelled
 from irismesh._core.frames import pack_error, unpack_error
 from irismesh._core.topics import topic_matches, validate_pattern
 from irismesh.errors import (
@@ -90,6 +91,9 @@ _SYNC_EVERY = 0.05  # redundant gateways: delivered ids told this often
 _STATE_EVERY = 0.2  # and each one's links this often (a fellow silent for 3 s is gone)
 _TOLD_BOUND = 1024  # messages for the other gateways waiting to be sent
 _WARM_UP = 0.6  # a gateway holds what it would export this long: fellows make themselves known
+_SWEEP_EVERY = 1.0  # requests passed on whose callers' deadlines are gone: forgotten this often
+_NEVER = float("inf")  # a request's deadline when it has none
+_DEADLINE_PASSED = "the request's deadline passed while it was passed on"
 
 
 def _check_link_keys(keyring: Keyring) -> None:
@@ -178,7 +182,12 @@ class Gateway:
         self._imports: dict[str, Node] = {}  # cluster -> the node that serves it here
         self._reconciling: asyncio.Task[None] | None = None
         self._reconcile_again = False
-        self._calls: dict[int, tuple[asyncio.Future[bytes], LinkEnd]] = {}
+        self._calls: dict[int, tuple[asyncio.Future[bytes], LinkEnd]] = {}  # fan-outs
+        # Requests passed on (`_pass_on`): call id -> (request, link, node), and the call ids
+        # by request (the caller's id and its request id), for callers that give up.
+        self._passed: dict[int, tuple[RequestArrived, LinkEnd, Node]] = {}
+        self._passed_ids: dict[tuple[bytes, int], int] = {}
+        self._sweeping: asyncio.TimerHandle | None = None
         self._broadcasting: set[asyncio.Task[bytes]] = set()  # from across a link
         self._call_ids = itertools.count(1)
         self._outstanding: Counter[int] = Counter()  # id(link end) -> requests through it
@@ -247,6 +256,8 @@ class Gateway:
             self._telling.cancel()
         for broadcast in list(self._broadcasting):
             broadcast.cancel()
+        if self._sweeping is not None:
+            self._sweeping.cancel()
         if self._reconciling is not None:
             self._reconciling.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -314,6 +325,7 @@ class Gateway:
         if self._link_file is not None:
             out["link_keyring_refused"] = self._link_file.refused
         out["republish_queue"] = 0 if self._inbound is None else self._inbound.qsize()
+        out["requests_in_flight"] = len(self._passed)  # passed on, not answered yet
         if self._redundancy is not None:
             out.update(self._redundancy.stats)
             out["standby_held"] = self._redundancy.held()
@@ -348,6 +360,9 @@ class Gateway:
                 if via is end and not future.done():
                     future.set_exception(TurnedAway("gateway_link_down"))
                     self._calls.pop(call_id, None)
+            for call_id, (_request, via, _node) in list(self._passed.items()):
+                if via is end and (settled := self._settle(call_id)) is not None:
+                    settled[1].answer(settled[0], TurnedAway("gateway_link_down"))
         if self._drained is not None:
             self._drained.set()  # exporters waiting on this link's window wake and look again
         self._reconcile()
@@ -421,10 +436,8 @@ class Gateway:
         name = None if self.name is None else f"{self.name}:{cluster}"[:64]
         node = Node(cluster, name=name, **args)
 
-        def forward(payload: bytes) -> asyncio.Future[bytes]:
-            return self._forward(cluster, payload)
-
-        node.on_request(forward, admission=False)  # the far mesh's members admit
+        # Requests pass on as they arrive (the far mesh's members admit), no handler run each.
+        node.forward_requests(partial(self._pass_on, node), self._given_up)
         node.on_broadcast(partial(self._forward_broadcast, cluster, node))
         node.on_survey(partial(self._forward_survey, cluster, node))
         try:
@@ -465,6 +478,60 @@ class Gateway:
         self.transport.flush_soon()
         return future
 
+    def _pass_on(self, node: Node, request: RequestArrived) -> None:
+        """Pass a request on over a link exporting its cluster; answered in `_on_reply`."""
+        cluster = request.cluster
+        ends = [e for e in self.transport.ends if e.up and cluster in e.peer_exports.clusters]
+        if not ends:
+            self.stats_counter["requests_turned_away"] += 1
+            node.answer(request, TurnedAway("gateway_down"))
+            return
+        end = ends[0] if len(ends) == 1 else min(ends, key=lambda e: self._outstanding[id(e)])
+        at = request.deadline
+        budget = self._default_timeout if at == _NEVER else at - time.monotonic()
+        if budget <= 0:
+            node.answer(request, TurnedAway("deadline"))
+            return
+        call_id = next(self._call_ids)
+        self._passed[call_id] = (request, end, node)
+        self._passed_ids[request.token[:2]] = call_id
+        self._outstanding[id(end)] += 1
+        end.send_plain([_REQUEST, call_id, cluster, max(1, int(budget * 1000)), request.payload])
+        self.stats_counter["requests_forwarded"] += 1
+        self.transport.flush_soon()
+        if self._sweeping is None:
+            loop = asyncio.get_running_loop()
+            self._sweeping = loop.call_later(_SWEEP_EVERY, self._sweep_passed)
+
+    def _settle(self, call_id: int) -> tuple[RequestArrived, Node] | None:
+        """A passed-on request is done with: forgotten, its link's count down."""
+        entry = self._passed.pop(call_id, None)
+        if entry is None:
+            return None
+        request, end, node = entry
+        self._passed_ids.pop(request.token[:2], None)
+        self._outstanding[id(end)] -= 1
+        return request, node
+
+    def _given_up(self, event: RequestCancelled) -> bool:
+        """A caller here gave up on a request passed on: its reply, if it comes, is unknown."""
+        call_id = self._passed_ids.get(event.token[:2])
+        return call_id is not None and self._settle(call_id) is not None
+
+    def _sweep_passed(self) -> None:
+        """Requests passed on whose callers' deadlines are gone, their replies lost: answered
+        as a handler's would be at its deadline, and forgotten (one timer for them all)."""
+        self._sweeping = None
+        now = time.monotonic()
+        for call_id, (request, _end, _node) in list(self._passed.items()):
+            if request.deadline <= now:
+                settled = self._settle(call_id)
+                if settled is not None:
+                    settled[1].answer(request, TimeoutError(_DEADLINE_PASSED))
+        if self._passed and not self._closing:
+            loop = asyncio.get_running_loop()
+            self._sweeping = loop.call_later(_SWEEP_EVERY, self._sweep_passed)
+
     async def _forward_broadcast(self, cluster: str, node: Node, payload: bytes) -> None:
         """A broadcast to `cluster` here reaches every gateway serving it: one of them (the
         lowest node id among those this one is linked to) passes it on, so that the far mesh's
@@ -495,6 +562,20 @@ class Gateway:
         if len(item) != 4 or type(item[1]) is not int or type(item[3]) is not bytes:
             self.stats_counter["dropped_malformed"] += 1
             return
+        if self._passed:
+            passed = self._settle(item[1])
+            if passed is not None:
+                request, node = passed
+                status, body = item[2], item[3]
+                if status == _OK:
+                    node.answer(request, body)
+                elif status == _TURNED_AWAY:
+                    self.stats_counter["requests_turned_away"] += 1
+                    reason = body.decode("utf-8", "replace")[:40] or "gateway"
+                    node.answer(request, TurnedAway(reason))
+                else:
+                    node.answer(request, ForwardedError(*unpack_error(body)))
+                return
         entry = self._calls.pop(item[1], None)
         if entry is None:
             self.stats_counter["replies_unknown"] += 1  # its caller gave up
@@ -527,12 +608,12 @@ class Gateway:
             )
             return
         self.stats_counter["requests_served"] += 1
-        try:
-            future = self.node.start_request(cluster, payload, timeout=budget_ms / 1000)
+        try:  # answered as the reply arrives: no Future, no loop turn
+            self.node.request_callback(
+                cluster, payload, partial(self._replied, end, call_id), timeout=budget_ms / 1000
+            )
         except MeshError as exc:
             self._answered(end, call_id, exc)
-            return
-        future.add_done_callback(partial(self._replied, end, call_id))
 
     def _on_fanout(self, end: LinkEnd, item: Item) -> None:
         """A broadcast or survey from across the link: made in this mesh, answered once it is
@@ -583,14 +664,13 @@ class Gateway:
         result = await self.node.survey(cluster, payload, timeout=timeout)
         return msgpack.packb(result.answers, use_bin_type=True)  # type: ignore[no-any-return]
 
-    def _replied(self, end: LinkEnd, call_id: int, future: asyncio.Future[bytes]) -> None:
-        if future.cancelled():
-            return  # the gateway is closing
-        exc = future.exception()
-        if exc is None:
-            self._answer(end, call_id, _OK, future.result())
-        else:
-            self._answered(end, call_id, exc)
+    def _replied(
+        self, end: LinkEnd, call_id: int, reply: bytes | None, error: BaseException | None
+    ) -> None:
+        if reply is not None:
+            self._answer(end, call_id, _OK, reply)
+        elif error is not None:
+            self._answered(end, call_id, error)
 
     def _answered(self, end: LinkEnd, call_id: int, exc: BaseException) -> None:
         """Send back what this mesh's request raised: turned away if another gateway could

@@ -112,6 +112,32 @@ def test_request_crosses_a_gateway_pair_and_errors_come_back() -> None:
     run(main())
 
 
+def test_a_request_given_up_or_never_answered_is_forgotten_by_the_gateway() -> None:
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        link = irismesh.Keyring.generate()
+        async with AsyncExitStack() as stack:
+            await member(stack, a, "db", b"A:")
+            gw_a = await gateway(stack, a, link, listen=True, export=("db",))
+            gw_b = await gateway(stack, b, link, peers=(gw_a.endpoint,))
+            client = await stack.enter_async_context(b.node())
+            await client.wait_for_members("db", timeout=10)
+            assert await client.request("db", b"x", timeout=5) == b"A:x"
+            gw_a._on_request = lambda end, item: None  # type: ignore[method-assign]
+            # The caller gives up: the gateway hears of it and forgets the request at once.
+            waiting = asyncio.ensure_future(client.request("db", b"y", timeout=30))
+            await wait_until(lambda: gw_b.stats["requests_in_flight"] == 1, 5, "passed on")
+            waiting.cancel()
+            await wait_until(lambda: gw_b.stats["requests_in_flight"] == 0, 2, "given up")
+            # No reply ever comes: forgotten once the caller's deadline is gone.
+            with pytest.raises(irismesh.RequestTimeout):
+                await client.request("db", b"z", timeout=0.3)
+            await wait_until(lambda: gw_b.stats["requests_in_flight"] == 0, 5, "forgotten")
+            assert gw_b.stats["requests_forwarded"] == 3
+
+    run(main())
+
+
 def test_wrong_link_key_is_refused_and_counted() -> None:
     async def main() -> None:
         a, b = Mesh("a"), Mesh("b")

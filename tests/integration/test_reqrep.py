@@ -13,6 +13,8 @@ from helpers import wait_until
 
 import irismesh
 from irismesh import sync
+from irismesh._core.events import RequestArrived, RequestCancelled
+from irismesh.patterns.reqrep import ForwardedError, TurnedAway
 
 Test = Callable[[], Awaitable[None]]
 
@@ -452,6 +454,67 @@ def test_peers_report_suspect_and_departed_states(keys: irismesh.Keyring) -> Non
             await asyncio.gather(caller.close(), member.close())
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_a_forwarder_answers_later_and_a_reply_callback_gets_each_answer(
+    keys: irismesh.Keyring,
+) -> None:
+    """`forward_requests` hands each request over as it arrives, answered later with `answer`
+    (bytes, another member's error, or turned away); a caller that gives up is heard of.
+    `request_callback` gets each reply, or each failure, once."""
+
+    async def main() -> None:
+        member = await irismesh.Node("db", keyring=keys).start()
+        held: list[RequestArrived] = []
+        gave_up: list[bytes] = []
+        loop = asyncio.get_running_loop()
+
+        def forward(request: RequestArrived) -> None:
+            assert request.cluster == "db"
+            assert request.deadline > loop.time()
+            if request.payload == b"hold":
+                held.append(request)
+            elif request.payload == b"fail":
+                member.answer(request, ForwardedError("KeyError", "nope"))
+            elif request.payload == b"away":
+                member.answer(request, TurnedAway("busy"))
+            else:
+                loop.call_later(0.01, member.answer, request, b"later:" + request.payload)
+
+        def cancelled(event: RequestCancelled) -> bool:
+            known = [r for r in held if r.token[:2] == event.token[:2]]
+            gave_up.extend(r.payload for r in known)
+            return bool(known)
+
+        member.forward_requests(forward, cancelled)
+        client = await irismesh.Node(keyring=keys, seeds=[member.endpoint]).start()
+        try:
+            await client.wait_for_members("db", timeout=5)
+            got: dict[bytes, tuple[bytes | None, BaseException | None]] = {}
+            for payload in [b"%d" % i for i in range(50)] + [b"fail", b"away"]:
+                client.request_callback(
+                    "db",
+                    payload,
+                    lambda reply, error, payload=payload: got.__setitem__(payload, (reply, error)),
+                    timeout=5,
+                )
+            await wait_until(lambda: len(got) == 52, 5, "every answer")
+            assert all(got[b"%d" % i] == (b"later:%d" % i, None) for i in range(50))
+            failed = got[b"fail"][1]
+            assert isinstance(failed, irismesh.RemoteError)
+            assert failed.remote_type == "KeyError"
+            assert isinstance(got[b"away"][1], irismesh.Overloaded)
+            with pytest.raises(irismesh.NoResponders):
+                client.request_callback("nobody", b"x", lambda r, e: None, timeout=1)
+            holding = client.start_request("db", b"hold", timeout=5)
+            await wait_until(lambda: len(held) == 1, 2, "the held request")
+            holding.cancel()
+            await wait_until(lambda: gave_up == [b"hold"], 2, "the forwarder to hear of it")
+            assert client.stats["requests_pending"] == 0
+        finally:
+            await close_all(client, member)
+
+    run(main())
 
 
 def test_a_handler_may_answer_with_a_future_and_start_request_gives_one(
