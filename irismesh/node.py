@@ -570,7 +570,12 @@ class Node(MemoryApi, KeyringApi):
         """Answer a request `forward_requests` passed on: with the reply's bytes, or with what a
         handler would have raised (`TurnedAway`: turned away unrun, so the caller tries another
         member; `ForwardedError`: the error another member answered)."""
-        self._runner.answer(request, reply)
+        core, driver = self._core, self._driver
+        if type(reply) is bytes and core is not None and driver is not None and not self._closing:
+            core.calls.reply(request.token, reply)  # the common case, without the runner
+            driver.flush_soon()
+        else:
+            self._runner.answer(request, reply)
 
     @overload
     def on_queued(self, handler: H, *, blocking: bool = False) -> H: ...

@@ -522,19 +522,25 @@ class _Callback:
         return self._done
 
     def set_result(self, reply: bytes) -> None:
-        self._call(reply, None)
-
-    def set_exception(self, error: BaseException) -> None:
-        self._call(None, error)
-
-    def _call(self, reply: bytes | None, error: BaseException | None) -> None:
         self._done = True
         try:
-            self._callback(reply, error)
-        except Exception as exc:  # reported as a Future's callback's would be; events go on
-            asyncio.get_running_loop().call_exception_handler(
-                {"message": "a request's reply callback raised", "exception": exc}
-            )
+            self._callback(reply, None)
+        except Exception as exc:
+            _callback_raised(exc)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._done = True
+        try:
+            self._callback(None, error)
+        except Exception as exc:
+            _callback_raised(exc)
+
+
+def _callback_raised(exc: Exception) -> None:
+    """Reported as a Future's callback's would be; the node's events go on."""
+    asyncio.get_running_loop().call_exception_handler(
+        {"message": "a request's reply callback raised", "exception": exc}
+    )
 
 
 class Caller:

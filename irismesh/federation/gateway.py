@@ -188,6 +188,7 @@ class Gateway:
         self._passed: dict[int, tuple[RequestArrived, LinkEnd, Node]] = {}
         self._passed_ids: dict[tuple[bytes, int], int] = {}
         self._sweeping: asyncio.TimerHandle | None = None
+        self._ends_for: dict[str, list[LinkEnd]] = {}  # cluster -> links up exporting it
         self._broadcasting: set[asyncio.Task[bytes]] = set()  # from across a link
         self._call_ids = itertools.count(1)
         self._outstanding: Counter[int] = Counter()  # id(link end) -> requests through it
@@ -355,6 +356,7 @@ class Gateway:
 
     def _on_link_state(self, end: LinkEnd, up: bool) -> None:
         self.stats_counter["link_ups" if up else "link_down_events"] += 1
+        self._ends_for.clear()
         if not up:
             for call_id, (future, via) in list(self._calls.items()):
                 if via is end and not future.done():
@@ -481,7 +483,10 @@ class Gateway:
     def _pass_on(self, node: Node, request: RequestArrived) -> None:
         """Pass a request on over a link exporting its cluster; answered in `_on_reply`."""
         cluster = request.cluster
-        ends = [e for e in self.transport.ends if e.up and cluster in e.peer_exports.clusters]
+        ends = self._ends_for.get(cluster)
+        if ends is None:  # the links up that export it, until a link comes or goes
+            ends = [e for e in self.transport.ends if e.up and cluster in e.peer_exports.clusters]
+            self._ends_for[cluster] = ends
         if not ends:
             self.stats_counter["requests_turned_away"] += 1
             node.answer(request, TurnedAway("gateway_down"))
@@ -493,10 +498,15 @@ class Gateway:
             node.answer(request, TurnedAway("deadline"))
             return
         call_id = next(self._call_ids)
+        item = [_REQUEST, call_id, cluster, max(1, int(budget * 1000)), request.payload]
+        if not end.send_plain(item):  # the link went down since the ends were looked up
+            self._ends_for.clear()
+            self.stats_counter["requests_turned_away"] += 1
+            node.answer(request, TurnedAway("gateway_down"))
+            return
         self._passed[call_id] = (request, end, node)
         self._passed_ids[request.token[:2]] = call_id
         self._outstanding[id(end)] += 1
-        end.send_plain([_REQUEST, call_id, cluster, max(1, int(budget * 1000)), request.payload])
         self.stats_counter["requests_forwarded"] += 1
         self.transport.flush_soon()
         if self._sweeping is None:

@@ -459,7 +459,8 @@ class LinkEnd:
             while self._plain and len(plain) < _MAX_BATCH_ITEMS and size < _MAX_BATCH_BYTES:
                 item = self._plain.popleft()
                 plain.append(item)
-                size += _approx_size(item)
+                last = item[-1] if item else b""  # _approx_size inlined: per request, per reply
+                size += 64 + len(last) if type(last) is bytes else 64
             frames.append(self._seal([self._consumed, batch, plain, self._received], now))
         if not frames and (self._ack_due or now - self._last_out >= cfg.heartbeat):
             frames.append(self._seal([self._consumed, [], [], self._received], now))
