@@ -79,13 +79,8 @@ class OriginIds:
         self._limit = limit
 
     def origin_id(self, publisher: str, topic: str, payload: bytes) -> bytes:
-        digest = hashlib.blake2b(digest_size=16)
-        digest.update(publisher.encode())
-        digest.update(b"\x00")
-        digest.update(topic.encode())
-        digest.update(b"\x00")
-        digest.update(payload)
-        base = digest.digest()
+        said = b"%s\x00%s\x00%s" % (publisher.encode(), topic.encode(), payload)
+        base = hashlib.blake2b(said, digest_size=16).digest()  # one call: per message
         repeats = self._repeats.get(base, 0)
         self._repeats[base] = repeats + 1
         self._repeats.move_to_end(base)

@@ -195,7 +195,8 @@ class Gateway:
         self._origin_ids = OriginIds()
         self._barrier = Barrier()
         # Crossings to republish, with the link each came by (acknowledged once republished).
-        self._inbound: asyncio.Queue[tuple[LinkEnd, Crossing]] | None = None
+        self._inbound: deque[tuple[LinkEnd, Crossing]] = deque()
+        self._inbound_ready: asyncio.Event | None = None  # set while `_inbound` holds some
         self._tasks: list[asyncio.Task[None]] = []
         self._subs: list[Subscription] = []
         self._drained: asyncio.Event | None = None
@@ -213,7 +214,7 @@ class Gateway:
     async def start(self) -> Gateway:
         await self.node.start()
         self._gateway_ids = {self.node.node_id.hex()}
-        self._inbound = asyncio.Queue()
+        self._inbound_ready = asyncio.Event()
         self._drained = asyncio.Event()
         self.transport.start()
         self._tasks.append(asyncio.create_task(self._republish()))
@@ -325,7 +326,7 @@ class Gateway:
         out["imports"] = len(self._imports)
         if self._link_file is not None:
             out["link_keyring_refused"] = self._link_file.refused
-        out["republish_queue"] = 0 if self._inbound is None else self._inbound.qsize()
+        out["republish_queue"] = len(self._inbound)
         out["requests_in_flight"] = len(self._passed)  # passed on, not answered yet
         if self._redundancy is not None:
             out.update(self._redundancy.stats)
@@ -761,14 +762,20 @@ class Gateway:
             end.consumed()
             return
         self.stats_counter["messages_received"] += 1
-        assert self._inbound is not None
-        self._inbound.put_nowait((end, crossing))
+        self._inbound.append((end, crossing))
+        if self._inbound_ready is not None:
+            self._inbound_ready.set()
 
     async def _republish(self) -> None:
         """Publish crossings here one at a time, in the order they came, then pass them on."""
-        assert self._inbound is not None
+        inbound, ready = self._inbound, self._inbound_ready
+        assert ready is not None
         while True:
-            end, crossing = await self._inbound.get()
+            if not inbound:
+                ready.clear()
+                await ready.wait()
+                continue
+            end, crossing = inbound.popleft()
             while True:
                 try:
                     await self.node.publish(crossing.topic, crossing.payload)
@@ -785,9 +792,8 @@ class Gateway:
                     log.warning("gateway could not republish on %r: %s", crossing.topic, exc)
                     self.stats_counter["dropped_republish_failed"] += 1
                     break
-            onward = crossing.through(self.mesh)
             if any(topic_matches(p, crossing.topic) for p in self.export.topics):
-                await self._cross(onward)
+                await self._cross(crossing.through(self.mesh))
             # Done with it: acknowledged now, so a mesh that reads slowly holds the sender
             # back by the link's window instead of filling this gateway's memory.
             end.consumed()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 import pytest
@@ -222,6 +223,11 @@ def test_origin_ids_agree_between_gateways_and_tell_repeats_apart() -> None:
     assert len(set(ids)) == 3
     assert [two.origin_id("p", "t", b"x") for _ in range(3)] == ids
     assert one.origin_id("q", "t", b"x") not in ids
+    # Gateways of different versions must agree too: the id is BLAKE2b-128 of publisher, topic
+    # and payload (NUL between them), then of that and the repeat count for a repeat.
+    first = hashlib.blake2b(b"p\x00t\x00x", digest_size=16).digest()
+    assert ids[0] == first
+    assert ids[2] == hashlib.blake2b(first + (2).to_bytes(8, "big"), digest_size=16).digest()
 
 
 def test_the_barrier_lets_each_message_through_once() -> None:
