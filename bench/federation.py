@@ -8,7 +8,10 @@ process runs the callers, the publisher and the subscribers: in mesh a (direct) 
 (through the gateways), in the same run, one after the other. Printed: request/reply
 throughput with --outstanding requests in flight, the p50 of one request at a time, pub/sub
 messages per second to one subscriber (direct on `local.x`, which no gateway exports), and
-each figure through the gateways over direct.
+each figure through the gateways over direct. Then the CPU time (user + system) each process
+spent per request or message in those throughput runs: this process (callers, publisher and
+subscribers), the member, and each gateway. On a shared machine the throughputs measure the
+machine as much as the code; the CPU per request is the figure to compare builds by.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
+
 import irismesh
 
 os.environ.setdefault("IRISMESH_DISCOVERY", "0")  # nodes join by seed only
@@ -37,6 +42,22 @@ def start(procs: list[subprocess.Popen[str]], *argv: str) -> dict[str, str]:
     procs.append(proc)
     assert proc.stdout is not None
     return json.loads(proc.stdout.readline())  # type: ignore[no-any-return]
+
+
+WHO = ("callers", "member", "gateway_a", "gateway_b")  # this process, then the children
+
+
+def cpu_seconds(procs: list[subprocess.Popen[str]]) -> list[float]:
+    """User + system CPU seconds so far of this process and of each child, in WHO's order."""
+    times = [psutil.Process(p.pid).cpu_times() for p in procs]
+    return [sum(psutil.Process().cpu_times()[:2]), *(sum(t[:2]) for t in times)]
+
+
+def cpu_per(
+    out: dict[str, float], key: str, before: list[float], after: list[float], n: int
+) -> None:
+    for who, began, ended in zip(WHO, before, after, strict=True):
+        out[f"cpu_{key}_{who}_us"] = (ended - began) / n * 1e6
 
 
 async def throughput(node: irismesh.Node, total: int, outstanding: int) -> float:
@@ -116,16 +137,20 @@ async def main(args: argparse.Namespace) -> dict[str, float]:
             out: dict[str, float] = {}
             for label, node in (("direct", a), ("gateway", b)):
                 await throughput(node, min(2000, args.requests), args.outstanding)  # warm up
+                before = cpu_seconds(procs)
                 out[f"reqrep_{label}_per_s"] = await throughput(
                     node, args.requests, args.outstanding
                 )
+                cpu_per(out, f"reqrep_{label}", before, cpu_seconds(procs), args.requests)
                 out[f"p50_{label}_us"] = await p50_us(node, 2000)
             # Different topics: the gateway exports bench.*, not local.*.
             for label, reader, topic in (
                 ("direct", a_reader, "local.x"),
                 ("gateway", b, "bench.x"),
             ):
+                before = cpu_seconds(procs)
                 out[f"pubsub_{label}_per_s"] = await pubsub_rate(a, reader, topic, args.messages)
+                cpu_per(out, f"pubsub_{label}", before, cpu_seconds(procs), args.messages)
             return out
     finally:
         for proc in procs:
@@ -162,6 +187,18 @@ def cli() -> None:
         f"| pub/sub, one subscriber, msg/s | {out['pubsub_direct_per_s']:,.0f} "
         f"| {out['pubsub_gateway_per_s']:,.0f} | {ps:.2f}x |"
     )
+    print()
+    print("| CPU per request or message, us | callers | member | gateway a | gateway b | total |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for key, what in (
+        ("reqrep_direct", "request/reply, direct"),
+        ("reqrep_gateway", "request/reply, through the gateways"),
+        ("pubsub_direct", "pub/sub, direct"),
+        ("pubsub_gateway", "pub/sub, through the gateways"),
+    ):
+        figures = [out[f"cpu_{key}_{who}_us"] for who in WHO]
+        cells = " | ".join(f"{f:.1f}" for f in figures)
+        print(f"| {what} | {cells} | {sum(figures):.1f} |")
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))
 
