@@ -556,8 +556,10 @@ class Node(MemoryApi, KeyringApi):
         handler run, Future or timer per request: `forward(request)` gets each request (a
         `RequestArrived`: its `payload`, `cluster`, and `deadline` on the event loop's clock)
         as it arrives, unadmitted (whoever answers it in the end admits it or not), and answers
-        it once with `answer`. `cancelled(event)` hears of each caller that gave up, and says
-        whether that request was still being forwarded (it is forgotten then)."""
+        it once with `answer`, whatever happens: this node keeps each request's place until
+        then. `cancelled(event)` hears of each caller that gave up (`event.token` is its
+        request's), and says whether that request was still being forwarded; it is answered
+        at once then (with an error: nobody reads it), and its reply forgotten."""
         if not self.served_clusters:
             raise ConfigurationError("a node without a cluster serves no requests: pass cluster=")
         runner = self._runner

@@ -94,6 +94,7 @@ _WARM_UP = 0.6  # a gateway holds what it would export this long: fellows make t
 _SWEEP_EVERY = 1.0  # requests passed on whose callers' deadlines are gone: forgotten this often
 _NEVER = float("inf")  # a request's deadline when it has none
 _DEADLINE_PASSED = "the request's deadline passed while it was passed on"
+_GAVE_UP = "the caller gave up while the request was passed on"
 
 
 def _check_link_keys(keyring: Keyring) -> None:
@@ -525,9 +526,14 @@ class Gateway:
         return request, node
 
     def _given_up(self, event: RequestCancelled) -> bool:
-        """A caller here gave up on a request passed on: its reply, if it comes, is unknown."""
+        """A caller here gave up on a request passed on: answered at once (a member keeps a
+        request's place until it is answered) and forgotten; its reply, if it comes, unknown."""
         call_id = self._passed_ids.get(event.token[:2])
-        return call_id is not None and self._settle(call_id) is not None
+        settled = None if call_id is None else self._settle(call_id)
+        if settled is None:
+            return False
+        settled[1].answer(settled[0], ConnectionAbortedError(_GAVE_UP))
+        return True
 
     def _sweep_passed(self) -> None:
         """Requests passed on whose callers' deadlines are gone, their replies lost: answered

@@ -134,6 +134,10 @@ def test_a_request_given_up_or_never_answered_is_forgotten_by_the_gateway() -> N
                 await client.request("db", b"z", timeout=0.3)
             await wait_until(lambda: gw_b.stats["requests_in_flight"] == 0, 5, "forgotten")
             assert gw_b.stats["requests_forwarded"] == 3
+            # Each was answered all the same: none keeps its place in the gateway's node.
+            core = gw_b._imports["db"]._core
+            assert core is not None
+            assert all(e.status >= 0 for e in core.reply_cache._entries.values())
 
     run(main())
 

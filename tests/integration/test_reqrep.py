@@ -483,7 +483,9 @@ def test_a_forwarder_answers_later_and_a_reply_callback_gets_each_answer(
 
         def cancelled(event: RequestCancelled) -> bool:
             known = [r for r in held if r.token[:2] == event.token[:2]]
-            gave_up.extend(r.payload for r in known)
+            for request in known:
+                gave_up.append(request.payload)
+                member.answer(request, ConnectionAbortedError("gave up"))
             return bool(known)
 
         member.forward_requests(forward, cancelled)
@@ -511,6 +513,14 @@ def test_a_forwarder_answers_later_and_a_reply_callback_gets_each_answer(
             holding.cancel()
             await wait_until(lambda: gave_up == [b"hold"], 2, "the forwarder to hear of it")
             assert client.stats["requests_pending"] == 0
+            # Every request was answered: none keeps its place in the member's reply window.
+            core = member._core
+            assert core is not None
+            await wait_until(
+                lambda: all(e.status >= 0 for e in core.reply_cache._entries.values()),
+                2,
+                "every request answered",
+            )
         finally:
             await close_all(client, member)
 
