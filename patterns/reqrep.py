@@ -49,8 +49,8 @@ if TYPE_CHECKING:
 
 RequestHandler = Callable[[bytes], Awaitable[bytes | bytearray | memoryview] | bytes]
 # A forwarder's handler (`Node.forward_requests`): given each request as it arrives, it answers
-# later with `HandlerRunner.answer`; its `cancelled` hook hears of callers that gave up (True:
-# the request was still being forwarded, and is forgotten now).
+# each once, later, with `HandlerRunner.answer`; its `cancelled` hook hears of callers that gave
+# up (True: the request was still being forwarded, and the forwarder has answered it now).
 Forward = Callable[[RequestArrived], None]
 ForwardCancelled = Callable[[RequestCancelled], bool]
 Reply = Callable[[Token, bytes], None]
@@ -244,7 +244,7 @@ class HandlerRunner:
 
     def cancel(self, event: RequestCancelled) -> None:
         """The caller gave up: a waiting request goes, a running `async def` handler is
-        cancelled (a blocking one runs on, unheard), a forwarded one is forgotten."""
+        cancelled (a blocking one runs on, unheard); a forwarder hears of it (`forward`)."""
         if self.forward_cancelled is not None:
             if self.forward_cancelled(event):
                 self.stats["requests_cancelled"] += 1
