@@ -733,6 +733,10 @@ class Gateway:
     async def _sync_once(self, redundancy: Redundancy, warm_until: float) -> float:
         now = time.monotonic()
         redundancy.forget_stale(now)
+        for fellow_id in list(redundancy.fellows):
+            # Membership's verdict (a SIGKILLed gateway's broken links make it probe at once)
+            # comes well before the fellow's silence reaches STALE_AFTER.
+            redundancy.judge(fellow_id, self.node.peer_state(fellow_id), now)
         ends = [e for e in self.transport.ends if e.peer_mesh]
         if now - self._state_at >= _STATE_EVERY:
             self._state_at = now

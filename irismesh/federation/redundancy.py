@@ -15,10 +15,14 @@ A standby keeps each message it would have sent, in arrival order, in a bounded 
 destination mesh. The forwarder tells its mesh's other gateways (a broadcast to the cluster
 `_gateway`, a few times a second) the origin ids the far side has acknowledged, that is,
 republished; the standbys drop those from their buffers. Every gateway also broadcasts, five
-times a second, which meshes it has links to. When the forwarder goes (SIGKILL: silent for
-`STALE_AFTER`; its link down; it closed), the next in line sends its buffer first, then goes
-on forwarding: what the dead one may not have delivered is sent again, in the order it was
-published. Meanwhile the messages wait in the standby's buffer, not lost.
+times a second, which meshes it has links to. When the forwarder goes, the next in line
+sends its buffer first, then goes on forwarding. Gone means: its link down (it says so); it
+closed (membership holds it "left"); SIGKILLed, which the mesh's membership sees first (its
+broken links make the others probe it at once): held "dead", or "suspect" and silent for
+`SUSPECT_SILENCE` (about half a second after the kill in all), else silent for `STALE_AFTER`
+(a stalled process that membership still holds alive). What the dead one may not have
+delivered is sent again, in the order it was published. Meanwhile the messages wait in
+the standby's buffer, not lost.
 
 Why an elected forwarder and not an idempotency barrier spanning the importing mesh's
 gateways: the forwarder's acknowledgements already say what was delivered, and one sender per
@@ -32,8 +36,9 @@ atomic step. Such doubles are bounded by what the forwarder had not yet reported
 of a second of traffic) and counted among `takeover_resent` (every message a takeover sent,
 an upper bound on the doubles). A standby whose buffer overflows drops the oldest, counted
 (`standby_dropped`): only a takeover after that can lose them. A forwarder that is alive
-but silent for `STALE_AFTER` (a stalled process) is taken over from, and both forward until it
-is heard again (`forwarding_changes` counts the switches). The origin id of a message
+but silent for `STALE_AFTER` (a stalled process), or suspected by membership and silent for
+`SUSPECT_SILENCE`, is taken over from, and both forward until it is heard again
+(`forwarding_changes` counts the switches). The origin id of a message
 published several times identically by one publisher depends on how many of them a gateway
 has seen, so a gateway that started late may give such repeats other ids than the forwarder:
 a takeover by it may resend them (counted likewise). Messages that cross this mesh from
@@ -53,6 +58,7 @@ __all__ = ["Fellow", "Redundancy"]
 
 STATE, DELIVERED = 0, 1
 STALE_AFTER = 3.0  # a fellow not heard from this long is taken for gone
+SUSPECT_SILENCE = 0.6  # nor this long, while membership suspects it (three state messages)
 WORD_AFTER = 0.5  # a fellow's links as it told them this long after this gateway's link came up
 
 
@@ -154,6 +160,24 @@ class Redundancy:
                 continue
             best = min(best, (mesh not in fellow.up, fellow.started, fid))
         return best[2] == self.own_id
+
+    def judge(self, fellow_id: str, state: str | None, now: float) -> bool:
+        """What the mesh's membership says of a fellow (`Node.peer_state`): one held "dead"
+        or "left", or "suspect" and silent here for `SUSPECT_SILENCE`, is out of the election
+        at once, without waiting for its silence to reach `STALE_AFTER`. True if it was put
+        out. Should it come back (a wrong verdict, refuted), its next state message makes it
+        a fellow again, and the election gives it back what it forwarded."""
+        fellow = self.fellows.get(fellow_id)
+        if fellow is None:
+            return False
+        if state in ("dead", "left"):
+            self.stats["fellows_declared_dead"] += 1
+        elif state == "suspect" and now - fellow.heard_at > SUSPECT_SILENCE:
+            self.stats["fellows_suspect_and_silent"] += 1
+        else:
+            return False
+        del self.fellows[fellow_id]
+        return True
 
     def forget_stale(self, now: float) -> None:
         for fid, fellow in list(self.fellows.items()):
