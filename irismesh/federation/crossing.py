@@ -28,6 +28,7 @@ from typing import Any
 from irismesh.errors import ProtocolError
 
 CROSSING = "pub"
+RESENT = "pubr"  # a crossing a takeover sends again (see `redundancy`): maybe there already
 MAX_SEEN = 32  # meshes a crossing may have been in
 
 
@@ -39,8 +40,8 @@ class Crossing:
     topic: str
     payload: bytes
 
-    def wire(self) -> list[Any]:
-        return [CROSSING, self.origin, self.origin_id, list(self.seen), self.topic, self.payload]
+    def wire(self, kind: str = CROSSING) -> list[Any]:
+        return [kind, self.origin, self.origin_id, list(self.seen), self.topic, self.payload]
 
     @classmethod
     def from_wire(cls, item: Sequence[Any]) -> Crossing:
@@ -105,6 +106,10 @@ class Barrier:
         self._seen: OrderedDict[tuple[str, bytes], None] = OrderedDict()
         self._window = window
         self.duplicates = 0
+
+    def holds(self, origin: str, origin_id: bytes) -> bool:
+        """Whether this message has come (within the window), without counting it."""
+        return (origin, origin_id) in self._seen
 
     def first(self, crossing: Crossing) -> bool:
         """True the first time this message comes; False (counted) for its copies."""

@@ -29,20 +29,26 @@ gateways: the forwarder's acknowledgements already say what was delivered, and o
 direction keeps each publisher's order with no merging on the far side, where a barrier
 across the importing gateways would have to agree on every message before republishing it.
 
-What it cannot do: a message the far side republished but whose acknowledgement had not yet
-reached the standbys when the forwarder died is sent again, and delivered twice. Exactly once
-across a crash would need the far gateway's republish and its acknowledgement to be one
-atomic step. Such doubles are bounded by what the forwarder had not yet reported (a fraction
-of a second of traffic) and counted among `takeover_resent` (every message a takeover sent,
-an upper bound on the doubles). A standby whose buffer overflows drops the oldest, counted
-(`standby_dropped`): only a takeover after that can lose them. A forwarder that is alive
-but silent for `STALE_AFTER` (a stalled process), or suspected by membership and silent for
-`SUSPECT_SILENCE`, is taken over from, and both forward until it is heard again
-(`forwarding_changes` counts the switches). The origin id of a message
-published several times identically by one publisher depends on how many of them a gateway
-has seen, so a gateway that started late may give such repeats other ids than the forwarder:
-a takeover by it may resend them (counted likewise). Messages that cross this mesh from
-another one (onward) go on through the gateway that received them, elected or not.
+Resends are not doubles as a rule. A takeover sends what it held as *resent* crossings
+(`crossing.RESENT`); the gateway of the far mesh that receives them asks its mesh's other
+gateways (a survey of `_gateway`) which of them they have republished, once each has
+republished what it had queued: the gateway that received from the dead forwarder lives on and
+knows exactly what came before the crash. Those are dropped there
+(`resends_dropped_republished_elsewhere`), the others republished in order. What it cannot do:
+when the far gateway that republished them is gone too (the importing end of the pair died), or
+does not answer within a second, the resends it may have republished are republished again and
+delivered twice (counted: `resends_unchecked` on the far side). `takeover_resent` on this side
+counts every message a takeover sent, an upper bound on the doubles whatever happened. Exactly
+once across any crash would need the far gateway's republish and its acknowledgement to be one
+atomic step. A standby whose buffer overflows drops the oldest, counted (`standby_dropped`):
+only a takeover after that can lose them. A forwarder that is alive but silent for
+`STALE_AFTER` (a stalled process), or suspected by membership and silent for `SUSPECT_SILENCE`,
+is taken over from, and both forward until it is heard again (`forwarding_changes` counts the
+switches). The origin id of a message published several times identically by one publisher
+depends on how many of them a gateway has seen, so a gateway that started late may give such
+repeats other ids than the forwarder: a takeover by it may resend them under those ids, which
+the far side cannot recognise (counted among `takeover_resent`). Messages that cross this mesh
+from another one (onward) go on through the gateway that received them, elected or not.
 """
 
 from __future__ import annotations

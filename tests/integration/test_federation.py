@@ -13,6 +13,7 @@ from helpers import wait_until
 
 import irismesh
 from irismesh.federation import LinkConfig, far_answers
+from irismesh.federation.crossing import CROSSING, RESENT, Crossing
 
 LOCAL = "tcp://127.0.0.1:0"
 FAST = LinkConfig(heartbeat=0.1, dead_after=0.6, retry=0.2, resend_after=0.4)
@@ -479,6 +480,50 @@ def test_two_gateway_pairs_for_the_same_topics_deliver_each_message_once() -> No
             assert b2.stats.get("messages_republished", 0) == 0
             assert a2.stats.get("takeover_resent", 0) == 0
             assert a2.stats.get("standby_dropped", 0) == 0
+
+    run(main())
+
+
+def test_resends_another_gateway_of_the_mesh_republished_are_dropped_the_others_not() -> None:
+    """What a takeover resends (a standby of mesh a, through its own pair) reaches a gateway
+    of mesh b that asks the other gateways of b which of them they republished already, from
+    the forwarder that went: those it drops, the others it republishes, in order."""
+
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        link = irismesh.Keyring.generate()
+        async with AsyncExitStack() as stack:
+            # Two gateway pairs, no topics exported: the test sends the crossings itself.
+            a1 = await gateway(stack, a, link, listen=True)
+            a2 = await gateway(stack, a, link, listen=True)
+            b1 = await gateway(stack, b, link, peers=(a1.endpoint,))
+            b2 = await gateway(stack, b, link, peers=(a2.endpoint,))
+            _, got = await subscribed(stack, b, "feeds.#")
+            for gw in (b1, b2):
+                await gw.node.wait_for_subscribers("feeds.x", 1, timeout=10)
+                await gw.node.wait_for_members("_gateway", 1, timeout=10)
+            await wait_until(lambda: a1.stats["links_up"] == a2.stats["links_up"] == 1, 10, "up")
+
+            def crossing(i: int) -> Crossing:
+                return Crossing("a", i.to_bytes(16, "big"), ("a",), "feeds.x", b"a:%d" % i)
+
+            def send(gw: irismesh.Gateway, kind: str, indices: range) -> None:
+                [end] = gw.transport.ends
+                for i in indices:
+                    assert end.send(crossing(i).wire(kind))
+                gw.transport.flush_soon()
+
+            send(a1, CROSSING, range(60))  # the forwarder's, republished by b1
+            await wait_until(lambda: len(got) == 60, 10, "the first 60")
+            send(a2, RESENT, range(40, 100))  # a takeover's: 40..59 were there already
+            await wait_until(lambda: len(got) >= 100, 10, "the rest")
+            await asyncio.sleep(0.2)  # a double would come now
+            check_once_in_order(got, ["a"], 100)
+            assert b2.stats["resends_received"] == 60
+            assert b2.stats["resends_dropped_republished_elsewhere"] == 20
+            assert b2.stats["messages_republished"] == 40
+            assert b2.stats.get("resends_unchecked", 0) == 0
+            assert b1.stats["resends_asked"] >= 60
 
     run(main())
 
