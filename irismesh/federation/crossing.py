@@ -8,7 +8,11 @@ republishes one in its own mesh if its own mesh is among them: in a ring of mesh
 enough to stop every loop. Where a message can reach a mesh by two paths (a complete graph:
 A to C directly, and A to B to C), the copies meet at the gateway that receives them, and its
 `Barrier` lets through the first and drops the others by origin id, within a bounded window
-of recent ids (`duplicates_dropped`).
+of recent ids (`duplicates_dropped`). Where redundant gateways of the origin mesh link to a
+mesh (one forwards there, the others stand by), the copies would come through two gateway
+processes instead, each with its barrier: so the gateway sending a copy marks as seen the
+meshes it and another gateway of its mesh link to (`Crossing.wire(also=...)`), and nobody
+relays it there.
 
 The origin id is made from the message itself (publisher, topic, payload, and how many
 identical messages that publisher sent before it), so every gateway that sees a message in its
@@ -40,8 +44,11 @@ class Crossing:
     topic: str
     payload: bytes
 
-    def wire(self, kind: str = CROSSING) -> list[Any]:
-        return [kind, self.origin, self.origin_id, list(self.seen), self.topic, self.payload]
+    def wire(self, kind: str = CROSSING, also: Sequence[str] = ()) -> list[Any]:
+        """The link item; `also`: meshes the sender sends it to itself, marked as seen so the
+        receiver does not relay it there (as many as `MAX_SEEN` leaves room for)."""
+        seen = [*self.seen, *also][:MAX_SEEN] if also else list(self.seen)
+        return [kind, self.origin, self.origin_id, seen, self.topic, self.payload]
 
     @classmethod
     def from_wire(cls, item: Sequence[Any]) -> Crossing:

@@ -208,6 +208,7 @@ class Gateway:
         self._telling: asyncio.Task[None] | None = None
         self._state_at = 0.0  # when this gateway last told its links
         self._linked_since: dict[str, float] = {}  # mesh -> when a link to it was first known
+        self._shared: frozenset[str] = frozenset()  # meshes fellows link to too (see _reach)
         self._closing = False
 
     # ------------------------------------------------------------- lifecycle
@@ -651,8 +652,15 @@ class Gateway:
         """Send to every link towards a mesh the message has not been in, waiting while a
         link that is up has a full window (the publishers wait too); a link that is down keeps
         it up to its buffer's bound. A message published here goes only to the meshes this
-        gateway is the forwarder for; for the others it is held (see `redundancy`)."""
-        wire = crossing.wire()
+        gateway is the forwarder for; for the others it is held (see `redundancy`).
+
+        Such a message is marked, on each copy, as seen in the other meshes that this gateway
+        and another gateway of this mesh both link to: the elected one of them sends it there,
+        the others hold it for their takeover, so the receiver does not relay it there too
+        (the copies would reach that mesh through two gateway processes, each republishing
+        it, where one barrier sees them both when a single gateway links to it)."""
+        reach = self._reach(crossing) if native else []
+        plain = crossing.wire()
         known = False
         redundancy = self._redundancy if native else None
         for end in self.transport.ends:
@@ -669,11 +677,30 @@ class Gateway:
                 self.transport.flush_soon()  # what waits goes out while this waits
                 self._drained.clear()
                 await self._drained.wait()
+            marked = reach and (len(reach) > 1 or reach[0] != end.peer_mesh)
+            wire = self._marked(crossing, end.peer_mesh, reach) if marked else plain
             if end.send(wire):
                 self.stats_counter["messages_sent"] += 1
         if not known:
             self.stats_counter["messages_no_link"] += 1  # no mesh to send it to yet
         self.transport.flush_soon()
+
+    def _reach(self, crossing: Crossing) -> list[str]:
+        """The meshes, not yet seen by `crossing`, this gateway links to (its link up or
+        down: a link down keeps what it is sent, to replay in order) and so does another
+        gateway of this mesh exporting the same topics (see `_cross`)."""
+        shared = self._shared
+        reach: list[str] = []
+        for end in self.transport.ends:
+            mesh = end.peer_mesh
+            if mesh in shared and mesh not in crossing.seen and mesh not in reach:
+                reach.append(mesh)
+        return reach
+
+    @staticmethod
+    def _marked(crossing: Crossing, to: str, reach: list[str], kind: str = CROSSING) -> list[Any]:
+        """`crossing` as sent to mesh `to`, marked as seen in the rest of `reach`."""
+        return crossing.wire(kind, [m for m in reach if m != to])
 
     def _on_crossing(self, end: LinkEnd, crossing: Crossing, *, resent: bool = False) -> None:
         if self.mesh in crossing.seen:
@@ -793,6 +820,7 @@ class Gateway:
             # Membership's verdict (a SIGKILLed gateway's broken links make it probe at once)
             # comes well before the fellow's silence reaches STALE_AFTER.
             redundancy.judge(fellow_id, self.node.peer_state(fellow_id), now)
+        self._shared = redundancy.shared(now)
         ends = [e for e in self.transport.ends if e.peer_mesh]
         if now - self._state_at >= _STATE_EVERY:
             self._state_at = now
@@ -842,7 +870,8 @@ class Gateway:
         if resend:
             log.info("gateway forwards to mesh %r now; resends %d messages", mesh, len(resend))
         for crossing in resend:
-            wire = crossing.wire(RESENT)  # the far side asks its gateways if they have it
+            # Marked RESENT: the far side asks its gateways if they have it already.
+            wire = self._marked(crossing, mesh, self._reach(crossing), RESENT)
             for end in ends:
                 if end.peer_mesh == mesh and end.send(wire):
                     self.stats_counter["messages_sent"] += 1

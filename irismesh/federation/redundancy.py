@@ -48,7 +48,10 @@ switches). The origin id of a message published several times identically by one
 depends on how many of them a gateway has seen, so a gateway that started late may give such
 repeats other ids than the forwarder: a takeover by it may resend them under those ids, which
 the far side cannot recognise (counted among `takeover_resent`). Messages that cross this mesh
-from another one (onward) go on through the gateway that received them, elected or not.
+from another one (onward) go on through the gateway that received them, elected or not; a
+message published here is sent by the elected forwarder alone to each mesh that several
+gateways here link to, and marked as seen there on its copies to other meshes (see
+`Gateway._cross`), so that no third mesh relays it onward to a mesh this election serves.
 """
 
 from __future__ import annotations
@@ -184,6 +187,16 @@ class Redundancy:
             return False
         del self.fellows[fellow_id]
         return True
+
+    def shared(self, now: float) -> frozenset[str]:
+        """The meshes some fellow exporting the same topics has a link to (up or down): for
+        each, the election picks one forwarder, and the others hold what it has not
+        delivered."""
+        meshes: set[str] = set()
+        for fellow in self.fellows.values():
+            if fellow.topics == self.topics and now - fellow.heard_at <= STALE_AFTER:
+                meshes |= fellow.known
+        return frozenset(meshes)
 
     def forget_stale(self, now: float) -> None:
         for fid, fellow in list(self.fellows.items()):
