@@ -882,7 +882,7 @@ class Gateway:
         this mesh has republished (received from the forwarder that died, before it died):
         those are not republished again. A survey of `_gateway`; a gateway that does not
         answer in time is taken to have none of them (what is republished then may be a
-        double: counted, `resends_unchecked`)."""
+        double: counted, `resends_unchecked`, as when no other gateway is here to ask)."""
         no = [False] * len(run)
         if GATEWAY_CLUSTER not in self.node.clusters:
             self.stats_counter["resends_unchecked"] += len(run)
@@ -891,8 +891,9 @@ class Gateway:
         question = msgpack.packb([_ASKED, self.node.node_id.hex(), origin, ids])
         try:
             result = await self.node.survey(GATEWAY_CLUSTER, question, timeout=_ASK_TIMEOUT)
-        except NoResponders:
-            return no  # no other gateway here: nobody else has republished them
+        except NoResponders:  # no other gateway here now: one that died may have had them
+            self.stats_counter["resends_unchecked"] += len(run)
+            return no
         except MeshError as exc:
             log.debug("gateway could not ask its fellows about resends: %s", exc)
             self.stats_counter["resends_unchecked"] += len(run)
@@ -930,8 +931,7 @@ class Gateway:
             self.stats_counter["sync_malformed"] += 1
             return b""  # the asker finds no answer in it
         progress, target = self._progress, self._queued
-        assert progress is not None
-        while self._done < target:  # the caller's deadline bounds the wait
+        while progress is not None and self._done < target:  # the caller's deadline bounds the wait
             progress.clear()
             await progress.wait()
         bits = 0

@@ -37,21 +37,23 @@ knows exactly what came before the crash. Those are dropped there
 (`resends_dropped_republished_elsewhere`), the others republished in order. What it cannot do:
 when the far gateway that republished them is gone too (the importing end of the pair died), or
 does not answer within a second, the resends it may have republished are republished again and
-delivered twice (counted: `resends_unchecked` on the far side). `takeover_resent` on this side
-counts every message a takeover sent, an upper bound on the doubles whatever happened. Exactly
-once across any crash would need the far gateway's republish and its acknowledgement to be one
-atomic step. A standby whose buffer overflows drops the oldest, counted (`standby_dropped`):
-only a takeover after that can lose them. A forwarder that is alive but silent for
-`STALE_AFTER` (a stalled process), or suspected by membership and silent for `SUSPECT_SILENCE`,
-is taken over from, and both forward until it is heard again (`forwarding_changes` counts the
-switches). The origin id of a message published several times identically by one publisher
-depends on how many of them a gateway has seen, so a gateway that started late may give such
-repeats other ids than the forwarder: a takeover by it may resend them under those ids, which
-the far side cannot recognise (counted among `takeover_resent`). Messages that cross this mesh
-from another one (onward) go on through the gateway that received them, elected or not; a
-message published here is sent by the elected forwarder alone to each mesh that several
-gateways here link to, and marked as seen there on its copies to other meshes (see
-`Gateway._cross`), so that no third mesh relays it onward to a mesh this election serves.
+delivered twice (`resends_unchecked` on the far side counts them when a gateway asked did not
+answer, or none was there to ask, but not when membership had already removed the one that died
+and others answered). `takeover_resent` on this side counts every message a takeover sent, an
+upper bound on the doubles whatever happened. Exactly once across any crash would need the far
+gateway's republish and its acknowledgement to be one atomic step. A standby whose buffer
+overflows drops the oldest, counted (`standby_dropped`): only a takeover after that can lose
+them. A forwarder that is alive but silent for `STALE_AFTER` (a stalled process), or suspected
+by membership and silent for `SUSPECT_SILENCE`, is taken over from, and both forward until it
+is heard again (`forwarding_changes` counts the switches). The origin id of a message published
+several times identically by one publisher depends on how many of them a gateway has seen, so a
+gateway that started late may give such repeats other ids than the forwarder: a takeover by it
+may resend them under those ids, which the far side cannot recognise (counted among
+`takeover_resent`). Messages that cross this mesh from another one (onward) go on through the
+gateway that received them, elected or not; a message published here is sent by the elected
+forwarder alone to each mesh that several gateways here link to, and marked as seen there on
+its copies to other meshes (see `Gateway._cross`), so that no third mesh relays it onward to a
+mesh this election serves.
 """
 
 from __future__ import annotations
