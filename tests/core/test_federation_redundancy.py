@@ -51,6 +51,15 @@ def test_a_fellow_membership_holds_dead_or_suspect_and_silent_is_out_at_once() -
     assert second.stats["fellows_suspect_and_silent"] == 1
 
 
+def test_shared_meshes_are_those_fresh_fellows_with_the_same_topics_link_to() -> None:
+    first, second = pair()
+    other = Redundancy("03", 1.0, ["other.#"], bound=4)
+    second.on_message(first.state_message(["b"], ["b", "c"]), now=1.0)  # c: its link down
+    second.on_message(other.state_message(["d"], ["d"]), now=1.0)
+    assert second.shared(now=1.5) == {"b", "c"}
+    assert second.shared(now=1.1 + STALE_AFTER) == frozenset()
+
+
 def test_undecided_while_a_fellow_has_not_told_its_links_since_this_one_came_up() -> None:
     first, second = pair()
     second.on_message(first.state_message([], []), now=1.0)  # before its link to b
