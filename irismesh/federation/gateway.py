@@ -94,6 +94,7 @@ _TOLD_BOUND = 1024  # messages for the other gateways waiting to be sent
 _WARM_UP = 0.6  # a gateway holds what it would export this long: fellows make themselves known
 _ASK_BATCH = 4096  # resent crossings one question to the other gateways covers, at most
 _ASK_TIMEOUT = 1.0  # how long a takeover's resends wait for the other gateways' answers
+_NOT_REPUBLISHED_KEPT = 4096  # crossings let through but not republished, remembered
 _ASKED = 2  # a question to the other gateways (STATE and DELIVERED are 0 and 1): which of
 # these origin ids have you republished?
 
@@ -783,7 +784,7 @@ class Gateway:
         """Let through the barrier but not published: not among what this gateway tells its
         fellows it republished."""
         self._not_republished[(crossing.origin, crossing.origin_id)] = None
-        if len(self._not_republished) > _ASK_BATCH:
+        if len(self._not_republished) > _NOT_REPUBLISHED_KEPT:
             self._not_republished.popitem(last=False)
 
     # ------------------------------------------------------------- redundant gateways
