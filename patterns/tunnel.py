@@ -214,6 +214,21 @@ class Tunnel:
             self._hub.flush_soon()
         self._end("closed by this end")
 
+    def reset(self, reason: str) -> None:
+        """End both directions at once, now: the other end's `send` and `recv` raise
+        TunnelReset with `reason` (a relay passing on why its own far end went away)."""
+        self._hub.forget(self._handle)
+        self._messages.clear()
+        self._partial = []
+        if self._reset is not None:
+            return
+        core = self._hub.core_or_none()
+        if core is not None:
+            with contextlib.suppress(TunnelError, Closed):
+                core.tunnel_send(self._handle, _RESET, 0, reason.encode()[:1000])
+            self._hub.flush_soon()
+        self._end(reason)
+
     async def __aenter__(self) -> Tunnel:
         return self
 

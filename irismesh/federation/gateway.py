@@ -70,8 +70,10 @@ from irismesh.errors import (
 )
 from irismesh.federation.crossing import CROSSING, RESENT, Barrier, Crossing, OriginIds
 from irismesh.federation.link import LinkTransport, describe
+from irismesh.federation.linkproto import TUNNEL as _TUNNEL
 from irismesh.federation.linkproto import Exports, Item, LinkConfig, LinkEnd, link_secrets
 from irismesh.federation.redundancy import Redundancy
+from irismesh.federation.tunnels import GatewayTunnels
 from irismesh.node import Node, SurveyResult
 from irismesh.patterns.pubsub import Message, Subscription
 from irismesh.patterns.reqrep import ForwardedError, TurnedAway, time_left
@@ -211,6 +213,15 @@ class Gateway:
         self._linked_since: dict[str, float] = {}  # mesh -> when a link to it was first known
         self._shared: frozenset[str] = frozenset()  # meshes fellows link to too (see _reach)
         self._closing = False
+        # Tunnels across the links (see `irismesh.federation.tunnels`).
+        self.tunnels = GatewayTunnels(
+            links=lambda: self.transport.ends,
+            exports=lambda: self.export.clusters,
+            node=lambda: self.node,
+            flush_soon=self.transport.flush_soon,
+            stats=self.stats_counter,
+            open_timeout=default_timeout,
+        )
 
     # ------------------------------------------------------------- lifecycle
 
@@ -266,6 +277,8 @@ class Gateway:
             self._reconciling.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._reconciling
+        await self.tunnels.close()  # every tunnel through here reset, at both ends
+        self.transport.flush()
         self.transport.close()
         for node in list(self._imports.values()):
             await node.close()
@@ -329,6 +342,7 @@ class Gateway:
         if self._link_file is not None:
             out["link_keyring_refused"] = self._link_file.refused
         out["republish_queue"] = 0 if self._inbound is None else self._inbound.qsize()
+        out.update(self.tunnels.figures())
         if self._redundancy is not None:
             out.update(self._redundancy.stats)
             out["standby_held"] = self._redundancy.held()
@@ -363,6 +377,7 @@ class Gateway:
                 if via is end and not future.done():
                     future.set_exception(TurnedAway("gateway_link_down"))
                     self._calls.pop(call_id, None)
+            self.tunnels.link_down(end)
         if self._drained is not None:
             self._drained.set()  # exporters waiting on this link's window wake and look again
         self._reconcile()
@@ -387,6 +402,8 @@ class Gateway:
                     self._on_fanout(end, item)
                 elif kind == _REPLY:
                     self._on_reply(item)
+                elif kind == _TUNNEL:
+                    self.tunnels.on_item(end, item)
                 else:
                     self.stats_counter["dropped_unknown_item"] += 1
             except MeshError:
@@ -442,6 +459,7 @@ class Gateway:
         node.on_request(forward, admission=False)  # the far mesh's members admit
         node.on_broadcast(partial(self._forward_broadcast, cluster, node))
         node.on_survey(partial(self._forward_survey, cluster, node))
+        node.on_tunnel(partial(self.tunnels.serve_import, cluster))
         try:
             await node.start()
         except MeshError as exc:
