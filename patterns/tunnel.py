@@ -82,6 +82,7 @@ class Tunnel:
         self._accepted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._readable: asyncio.Future[None] | None = None
         self._writable: asyncio.Future[None] | None = None
+        self._ended: asyncio.Future[None] | None = None  # for wait_reset
 
     def __repr__(self) -> str:
         state = (self._reset and "reset") or ("eof" if self._eof else "open")
@@ -214,6 +215,15 @@ class Tunnel:
             self._hub.flush_soon()
         self._end("closed by this end")
 
+    async def wait_reset(self) -> str:
+        """Wait until the tunnel ends by a reset (either end's, or the other end's node
+        going) or `close`, even while nobody sends or reads; the reason."""
+        if self._reset is None:
+            if self._ended is None:
+                self._ended = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._ended)
+        return self._reset or ""
+
     def reset(self, reason: str) -> None:
         """End both directions at once, now: the other end's `send` and `recv` raise
         TunnelReset with `reason` (a relay passing on why its own far end went away)."""
@@ -295,6 +305,8 @@ class Tunnel:
         if not self._accepted.done():
             self._accepted.set_exception(TunnelReset(reason))
             self._accepted.exception()  # retrieved: an opener that gave up is no error
+        if self._ended is not None and not self._ended.done():
+            self._ended.set_result(None)
         self._wake_reader()
         self._wake_writer()
 

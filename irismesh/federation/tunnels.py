@@ -194,29 +194,37 @@ class Relay:
     async def run(self, local: Tunnel) -> None:
         """Relay until both directions are done or the tunnel is reset; then end `local`."""
         self.local = local
+        finished = False
         try:
             if self.ended is None:
-                self._pumps = [
-                    asyncio.create_task(self._pump_out(local)),
-                    asyncio.create_task(self._pump_in(local)),
-                ]
-                await asyncio.wait(self._pumps)
-                for pump in self._pumps:
+                out = asyncio.create_task(self._pump_out(local))
+                into = asyncio.create_task(self._pump_in(local))
+                # A reset of `local` while neither pump waits on it (one direction done, the
+                # other idle) is noticed too, as inside one mesh.
+                self._pumps = [out, into, asyncio.create_task(self._watch(local))]
+                await asyncio.wait([out, into])
+                for pump in (out, into):
                     failed = None if pump.cancelled() else pump.exception()
                     if failed is not None:
                         log.warning("gateway tunnel relay failed: %r", failed)
                         self.abort(f"the gateway's relay failed: {failed}", tell_peer=True)
+                finished = self.ended is None
         finally:
             for pump in self._pumps:
                 pump.cancel()
             for pump in self._pumps:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await pump
-            if self.ended is not None:
-                local.reset(self.ended)
-            else:
+            if finished:
                 self.hub.forget(self)
                 await local.close()
+            else:  # stopped from outside (its node closing, say): the far end is told
+                self.abort("the gateway stopped relaying the tunnel", tell_peer=True)
+                local.reset(self.ended or "")
+
+    async def _watch(self, local: Tunnel) -> None:
+        reason = await local.wait_reset()
+        self.abort(reason or "the tunnel ended", tell_peer=True)
 
     async def _pump_out(self, local: Tunnel) -> None:
         """This mesh's tunnel to the link, within the far relay's credit."""

@@ -260,6 +260,31 @@ def test_closes_and_resets_propagate_both_ways() -> None:
     run(main())
 
 
+def test_a_reset_after_a_half_close_reaches_a_member_that_only_waits() -> None:
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            _, _, member, gw_a, gw_b, client = await federation(stack)
+            reasons: list[str] = []
+
+            @member.on_tunnel
+            async def idle(tunnel: irismesh.Tunnel) -> None:
+                async for _ in tunnel:  # to the caller's end of stream
+                    pass
+                await tunnel.send(b"done reading")
+                reasons.append(await tunnel.wait_reset())  # sends nothing more, reads nothing
+
+            tunnel = await client.tunnel("db", timeout=5)
+            await tunnel.send(b"x")
+            await tunnel.send_eof()
+            assert await tunnel.recv() == b"done reading"
+            await tunnel.close()  # the member had not finished: a reset
+            await wait_until(lambda: reasons, 5, "the member to see the reset")
+            assert "closed the tunnel" in reasons[0]
+            await closed_at_both(gw_a, gw_b)
+
+    run(main())
+
+
 def test_a_killed_member_resets_the_callers_tunnel_across_the_gateways(tmp_path: Path) -> None:
     async def main() -> None:
         async with AsyncExitStack() as stack:

@@ -276,3 +276,29 @@ def test_a_slow_reader_of_large_messages_buffers_a_window_and_one_message(
             await asyncio.gather(caller.close(), member.close())
 
     run(main())
+
+
+def test_reset_carries_its_reason_and_wait_reset_sees_it(keys: irismesh.Keyring) -> None:
+    async def main() -> None:
+        member, caller = await pair(keys)
+        try:
+            reasons: list[str] = []
+
+            @member.on_tunnel
+            async def refuse(tunnel: irismesh.Tunnel) -> None:
+                assert await tunnel.recv() == b"hello"
+                tunnel.reset("no more today")
+                reasons.append(await tunnel.wait_reset())
+
+            tunnel = await caller.tunnel("db", timeout=5)
+            waiting = asyncio.create_task(tunnel.wait_reset())
+            await tunnel.send(b"hello")
+            assert await asyncio.wait_for(waiting, 5) == "no more today"
+            with pytest.raises(irismesh.TunnelReset, match="no more today"):
+                await tunnel.recv()
+            await wait_until(lambda: reasons == ["no more today"], 5, "the member's own end")
+            await tunnel.close()
+        finally:
+            await asyncio.gather(caller.close(), member.close())
+
+    run(main())
