@@ -257,6 +257,8 @@ class Gateway:
         if self._closing:
             return
         self._closing = True
+        await self.tunnels.close()  # every tunnel through here reset, at both ends
+        self.transport.flush()
         for sub in self._subs:
             sub.close()
         for task in self._tasks:
@@ -277,8 +279,6 @@ class Gateway:
             self._reconciling.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._reconciling
-        await self.tunnels.close()  # every tunnel through here reset, at both ends
-        self.transport.flush()
         self.transport.close()
         for node in list(self._imports.values()):
             await node.close()
