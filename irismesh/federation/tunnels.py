@@ -41,6 +41,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import re
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 
@@ -80,6 +81,14 @@ _COUNTERS = (
     "tunnel_items_over_credit",
 )
 _Key = tuple[int, int, bool]  # (id(link end), tunnel id, opened by this gateway)
+# A tunnel's reset reasons from the core name the node that went ("member 0123456789ab is
+# gone (...)"): the id stays in its mesh, the rest crosses.
+_NODE_ID = re.compile(r"\b(member|caller) [0-9a-f]{12}\b")
+
+
+def crossing_reason(reason: str) -> str:
+    """A reset's reason as it crosses the link: node ids left out, at most 1000 bytes."""
+    return _NODE_ID.sub(r"\1", reason).encode()[:1000].decode("utf-8", "ignore")
 
 
 class Relay:
@@ -175,7 +184,7 @@ class Relay:
         self.ended = reason
         self.hub.stats["tunnels_reset"] += 1
         if tell_peer:
-            self.send(T_RESET, 0, reason.encode()[:1000])
+            self.send(T_RESET, 0, crossing_reason(reason).encode())
         self.hub.forget(self)
         self.hub.note_buffered(-self.buffered)
         self.buffered = 0
