@@ -37,6 +37,7 @@ from irismesh.errors import (
     ConfigurationError,
     EndOfStream,
     MeshError,
+    NoResponders,
     RequestTimeout,
     TunnelError,
     TunnelReset,
@@ -46,6 +47,9 @@ CHUNK = 64 << 10
 DEFAULT_WINDOW = 1 << 20
 DEFAULT_MAX_MESSAGE = 64 << 20
 YIELD_EVERY = 128  # messages a sender sends before it lets its event loop run
+# A member that resets an unaccepted tunnel with a reason starting so (a gateway whose far
+# mesh has no member of the cluster) makes the opener's `node.tunnel` raise NoResponders.
+NO_MEMBER = "no live member"
 
 _ACCEPT, _DATA, _CREDIT = int(TunnelOp.ACCEPT), int(TunnelOp.DATA), int(TunnelOp.CREDIT)
 _FIN, _RESET = int(TunnelOp.FIN), int(TunnelOp.RESET)
@@ -224,6 +228,18 @@ class Tunnel:
             await asyncio.shield(self._ended)
         return self._reset or ""
 
+    def accept(self) -> None:
+        """Accept a tunnel that a handler registered with `on_tunnel(..., accept=False)`
+        got unaccepted: the opener's `node.tunnel` returns, and it may send. TunnelReset if
+        the opener gave up meanwhile."""
+        if self._reset is not None:
+            raise TunnelReset(self._reset)
+        if self._accepted.done():
+            return
+        self._hub.core().tunnel_accept(self._handle, self._window)
+        self._accepted.set_result(None)
+        self._hub.flush_soon()
+
     def reset(self, reason: str) -> None:
         """End both directions at once, now: the other end's `send` and `recv` raise
         TunnelReset with `reason` (a relay passing on why its own far end went away)."""
@@ -361,6 +377,7 @@ class Tunnels:
         self._open: dict[int, Tunnel] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.handler: TunnelHandler | None = None
+        self.accept_first = True  # False: the handler accepts (Tunnel.accept) or resets
         self.record: Callable[[Tunnel], None] | None = None  # telemetry, as a tunnel ends
         self.window = DEFAULT_WINDOW
         self.max_message = DEFAULT_MAX_MESSAGE
@@ -398,6 +415,11 @@ class Tunnels:
         except TimeoutError:
             await tunnel.close()
             raise RequestTimeout(cluster, timeout) from None
+        except TunnelReset as exc:
+            await tunnel.close()
+            if exc.reason.startswith(NO_MEMBER):
+                raise NoResponders(cluster) from None
+            raise
         except BaseException:
             await tunnel.close()
             raise
@@ -420,12 +442,11 @@ class Tunnels:
         if handler is None:
             core.tunnel_send(event.handle, _RESET, 0, b"the member serves no tunnels")
             return
-        core.tunnel_accept(event.handle, self.window)
         tunnel = Tunnel(
             self, event.handle, event.cluster, event.peer.hex(), self.window, self.max_message
         )
-        if not tunnel._accepted.done():
-            tunnel._accepted.set_result(None)
+        if self.accept_first:
+            tunnel.accept()
         self._open[event.handle] = tunnel
         task = asyncio.get_running_loop().create_task(self._serve(handler, tunnel))
         self._tasks.add(task)

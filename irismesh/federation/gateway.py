@@ -459,7 +459,7 @@ class Gateway:
         node.on_request(forward, admission=False)  # the far mesh's members admit
         node.on_broadcast(partial(self._forward_broadcast, cluster, node))
         node.on_survey(partial(self._forward_survey, cluster, node))
-        node.on_tunnel(partial(self.tunnels.serve_import, cluster))
+        node.on_tunnel(partial(self.tunnels.serve_import, cluster), accept=False)
         try:
             await node.start()
         except MeshError as exc:

@@ -3,10 +3,14 @@
 Theory of operation
 -------------------
 A caller in mesh B opens `node.tunnel("db")` as inside one mesh. In B the members of an
-imported cluster are gateways: one accepts the tunnel (its import node's tunnel handler,
-`serve_import`) and opens a tunnel over the inter-mesh link to a gateway exporting "db"
-(OPEN). That gateway opens a tunnel in its own mesh, to a member chosen by its mesh's
-balancing (`Node.tunnel`), and answers ACCEPT, or RESET with the reason it could not.
+imported cluster are gateways: one gets the tunnel (its import node's tunnel handler,
+`serve_import`, not yet accepting it) and opens a tunnel over the inter-mesh link to a
+gateway exporting "db" (OPEN). That gateway opens a tunnel in its own mesh, to a member chosen
+by its mesh's balancing (`Node.tunnel`), and answers ACCEPT, or RESET with the reason it could
+not. Only then does the first gateway accept the caller's tunnel, so `node.tunnel` returns
+once a far member took it, and raises as inside one mesh when none did: NoResponders when the
+far mesh has no member (or the gateway no link: a reset reason starting `NO_MEMBER`),
+RequestTimeout when none accepted in time, TunnelReset with the far reason otherwise.
 
 Each gateway then runs a `Relay` between its tunnel in its mesh (`local`) and the link: one
 pump reads whole messages from `local` and sends them over the link as DATA items of at most
@@ -29,7 +33,7 @@ came before it is passed on; a reset, the far member's death, a closed tunnel, a
 down or a gateway closing reset the tunnel at both ends with the reason, so the caller's
 `recv` and `send` raise TunnelReset as they do when a member inside the mesh vanishes. A
 gateway with no link up for the cluster has left it (callers get NoResponders); one that
-still finds none when a tunnel arrives resets it at once.
+still finds none when a tunnel arrives refuses it at once, with NoResponders too.
 
 Malformed items, items of tunnels this gateway does not know (late, after a reset) and items
 beyond the credit granted are counted drops (`tunnel_items_*`).
@@ -45,7 +49,7 @@ import re
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 
-from irismesh.errors import EndOfStream, MeshError, ProtocolError, TunnelReset
+from irismesh.errors import EndOfStream, MeshError, NoResponders, ProtocolError, TunnelReset
 from irismesh.federation.linkproto import (
     T_ACCEPT,
     T_CREDIT,
@@ -61,7 +65,7 @@ from irismesh.federation.linkproto import (
     parse_tunnel_item,
 )
 from irismesh.node import Node
-from irismesh.patterns.tunnel import DEFAULT_MAX_MESSAGE, DEFAULT_WINDOW, Tunnel
+from irismesh.patterns.tunnel import DEFAULT_MAX_MESSAGE, DEFAULT_WINDOW, NO_MEMBER, Tunnel
 
 __all__ = ["GatewayTunnels", "Relay"]
 
@@ -121,6 +125,7 @@ class Relay:
         self._inbox: deque[tuple[int, int, bytes]] = deque()  # (op, arg, data) from the link
         self._inbox_ready = asyncio.Event()
         self._credit_ready = asyncio.Event()
+        self._accepted = asyncio.Event()  # the far gateway's ACCEPT (or the end)
         self._pumps: list[asyncio.Task[None]] = []
 
     @property
@@ -166,6 +171,7 @@ class Relay:
                 return
             self.credit = min(self.credit + item.arg, T_MAX_WINDOW)
             self._credit_ready.set()
+            self._accepted.set()
         elif op == T_FIN:
             self._inbox.append((op, 0, b""))
             self._inbox_ready.set()
@@ -195,6 +201,7 @@ class Relay:
                 pump.cancel()
         self._inbox_ready.set()
         self._credit_ready.set()
+        self._accepted.set()
         if self.local is not None:
             self.local.reset(reason)
 
@@ -205,12 +212,21 @@ class Relay:
         self.local = local
         finished = False
         try:
+            # A reset of `local` while neither pump waits on it (while opening, or with one
+            # direction done and the other idle) is noticed too, as inside one mesh.
+            self._pumps = [asyncio.create_task(self._watch(local))]
+            if self.opener and self.ended is None:
+                # The caller's `node.tunnel` waits until the far member accepted.
+                await self._accepted.wait()
+                if self.ended is None:
+                    try:
+                        local.accept()
+                    except TunnelReset as exc:
+                        self.abort(exc.reason, tell_peer=True)
             if self.ended is None:
                 out = asyncio.create_task(self._pump_out(local))
                 into = asyncio.create_task(self._pump_in(local))
-                # A reset of `local` while neither pump waits on it (one direction done, the
-                # other idle) is noticed too, as inside one mesh.
-                self._pumps = [out, into, asyncio.create_task(self._watch(local))]
+                self._pumps += [out, into]
                 await asyncio.wait([out, into])
                 for pump in (out, into):
                     failed = None if pump.cancelled() else pump.exception()
@@ -380,7 +396,7 @@ class GatewayTunnels:
         ends = [e for e in self._links() if e.up and cluster in e.peer_exports.clusters]
         if not ends or self._closing:
             self.stats["tunnels_refused_no_link"] += 1
-            local.reset(f"cluster {cluster!r} has no live member: the gateway has no link")
+            local.reset(f"{NO_MEMBER} of {cluster!r}: the gateway has no link up")
             return
         end = min(ends, key=lambda e: sum(1 for r in self.relays.values() if r.end is e))
         relay = Relay(self, end, next(self._ids), opener=True, cluster=cluster, window=self.window)
@@ -420,7 +436,7 @@ class GatewayTunnels:
         relay.credit = item.arg
         if cluster not in self._exports() or self._closing:
             self.stats["tunnels_refused_not_exported"] += 1
-            relay.send(T_RESET, 0, f"no cluster {cluster!r} is exported here".encode())
+            relay.send(T_RESET, 0, f"{NO_MEMBER} of {cluster!r}: not exported there".encode())
             return
         self.relays[relay.key] = relay
         self.stats["tunnels_served"] += 1
@@ -433,7 +449,11 @@ class GatewayTunnels:
             local = await self._node().tunnel(
                 relay.cluster, timeout=self.open_timeout, window=self.window
             )
-        except MeshError as exc:
+        except NoResponders:
+            self.stats["tunnels_refused_no_member"] += 1
+            relay.abort(f"{NO_MEMBER} of {relay.cluster!r} across the gateway", tell_peer=True)
+            return
+        except MeshError as exc:  # none accepted in time, or the member refused
             self.stats["tunnels_refused_no_member"] += 1
             relay.abort(f"{type(exc).__name__}: {exc}", tell_peer=True)
             return

@@ -249,11 +249,9 @@ def test_closes_and_resets_propagate_both_ways() -> None:
             with pytest.raises(irismesh.TunnelReset):
                 await asyncio.wait_for(tunnel.recv(), 5)
             await closed_at_both(gw_a, gw_b)
-            # No member left in mesh a: the next tunnel is refused with the reason.
-            tunnel = await client.tunnel("db", timeout=5)
-            with pytest.raises(irismesh.TunnelReset) as caught:
-                await asyncio.wait_for(tunnel.recv(), 10)
-            assert "NoResponders" in str(caught.value)
+            # No member left in mesh a: opening raises NoResponders, as inside one mesh.
+            with pytest.raises(irismesh.NoResponders):
+                await client.tunnel("db", timeout=5)
             assert gw_a.stats["tunnels_refused_no_member"] == 1
             await closed_at_both(gw_a, gw_b)
 
@@ -370,6 +368,7 @@ def test_a_link_going_down_or_a_gateway_closing_resets_tunnels_at_both_ends() ->
             await wait_until(lambda: len(seen) == 2, 5, "the member's end to be reset")
             await tunnel.close()
             # No link up: the gateway leaves "db", and a tunnel is refused at once.
+            # (A gateway that still serves "db" as its link goes refuses it at once too: below.)
             await wait_until(lambda: not client.members("db"), 10, "the gateway to leave db")
             started = asyncio.get_running_loop().time()
             with pytest.raises(irismesh.NoResponders):
@@ -417,5 +416,66 @@ def test_malformed_and_stray_tunnel_items_are_counted_and_dropped() -> None:
             async with client.tunnel("db", timeout=5) as tunnel:  # the link goes on
                 await tunnel.send(b"still here")
                 assert await tunnel.recv() == b"still here"
+
+    run(main())
+
+
+def test_a_gateway_whose_link_just_went_refuses_a_tunnel_with_no_responders() -> None:
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            _, _, member, _, gw_b, client = await federation(stack)
+
+            @member.on_tunnel
+            async def echo(tunnel: irismesh.Tunnel) -> None:
+                async for message in tunnel:
+                    await tunnel.send(message)
+
+            # The link is down but the gateway has not left "db" yet (nobody told it).
+            (end,) = gw_b.transport.ends
+            end.down()
+            started = asyncio.get_running_loop().time()
+            with pytest.raises(irismesh.NoResponders):
+                await client.tunnel("db", timeout=5)
+            assert asyncio.get_running_loop().time() - started < 1.0
+            assert gw_b.stats["tunnels_refused_no_link"] == 1
+
+    run(main())
+
+
+def test_opening_waits_for_the_far_member_and_times_out_as_inside_one_mesh() -> None:
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            _, _, member, gw_a, gw_b, client = await federation(stack)
+            opened: list[irismesh.Tunnel] = []
+
+            # The far member's node accepts late (a member whose handler accepts itself).
+            gate = asyncio.Event()
+
+            async def late(tunnel: irismesh.Tunnel) -> None:
+                await gate.wait()
+                tunnel.accept()
+                opened.append(tunnel)
+                async for message in tunnel:
+                    await tunnel.send(message)
+
+            member.on_tunnel(late, accept=False)
+
+            async def open_it() -> irismesh.Tunnel:
+                return await client.tunnel("db", timeout=5)
+
+            opening = asyncio.create_task(open_it())
+            await wait_until(lambda: gw_a.stats["tunnels_served"] == 1, 5, "the far open")
+            assert not opening.done()  # the caller waits for the far member, not the gateway
+            gate.set()
+            tunnel = await opening
+            await tunnel.send(b"late")
+            assert await tunnel.recv() == b"late"
+            await tunnel.close()
+            # A far member that never accepts: the caller's timeout, and both relays end.
+            gate.clear()
+            with pytest.raises(irismesh.RequestTimeout):
+                await client.tunnel("db", timeout=0.5)
+            gate.set()
+            await closed_at_both(gw_a, gw_b)
 
     run(main())
