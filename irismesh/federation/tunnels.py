@@ -17,7 +17,9 @@ pump reads whole messages from `local` and sends them over the link as DATA item
 `T_MAX_CHUNK` bytes; the other reassembles what the link brings and sends it on `local`. Link
 items are plain items of the sealed link (`linkproto`): sent in order, once, while the link is
 up. Each direction's items are numbered; a gap (items lost on the link) resets the tunnel, so
-what arrives is always in order or not at all.
+what arrives is always in order or not at all; so does a frame the link could not send (its
+`frames_unsent`, looked at every `_CHECK_EVERY` seconds), whose items might have been a
+tunnel's last for a while (a grant, a FIN), which no gap would ever show.
 
 Flow control holds end to end, with a bounded buffer at every hop: each relay grants the
 other `window` bytes (in OPEN and ACCEPT) and grants them again (CREDIT) only as it hands
@@ -85,6 +87,7 @@ _COUNTERS = (
     "tunnel_items_over_credit",
 )
 _Key = tuple[int, int, bool]  # (id(link end), tunnel id, opened by this gateway)
+_CHECK_EVERY = 0.1  # seconds between looks for frames a link could not send
 # A tunnel's reset reasons from the core name the node that went ("member 0123456789ab is
 # gone (...)"): the id stays in its mesh, the rest crosses.
 _NODE_ID = re.compile(r"\b(member|caller) [0-9a-f]{12}\b")
@@ -371,6 +374,8 @@ class GatewayTunnels:
         self._buffered = 0
         self._peak = 0
         self._closing = False
+        self._unsent: dict[int, int] = {}  # id(link end) -> its frames_unsent when last seen
+        self._checking: asyncio.TimerHandle | None = None
 
     def figures(self) -> dict[str, int]:
         """The tunnels' counters (shown even while 0) and gauges, for the gateway's stats."""
@@ -389,6 +394,30 @@ class GatewayTunnels:
         if self.relays.get(relay.key) is relay:
             del self.relays[relay.key]
 
+    def _add(self, relay: Relay) -> None:
+        self.relays[relay.key] = relay
+        self._unsent.setdefault(id(relay.end), relay.end.stats["frames_unsent"])
+        if self._checking is None:
+            self._checking = asyncio.get_running_loop().call_later(_CHECK_EVERY, self._check)
+
+    def _check(self) -> None:
+        """Frames a link could not send (its socket full, or reconnecting) took their plain
+        items with them: a tunnel whose item was lost cannot go on, and if the item was its
+        last for a while (a grant, a FIN) nothing else would show it, so every tunnel on that
+        link is reset."""
+        self._checking = None
+        ends = {id(r.end): r.end for r in self.relays.values()}
+        for key, end in ends.items():
+            unsent = end.stats["frames_unsent"]
+            if unsent != self._unsent.get(key, unsent):
+                for relay in [r for r in self.relays.values() if r.end is end]:
+                    self.stats["tunnel_items_lost"] += 1
+                    relay.abort("tunnel items were lost on the gateway link", tell_peer=True)
+            self._unsent[key] = unsent
+        self._unsent = {k: v for k, v in self._unsent.items() if k in ends}
+        if self.relays and not self._closing:
+            self._checking = asyncio.get_running_loop().call_later(_CHECK_EVERY, self._check)
+
     # ------------------------------------------------------------- importing side
 
     async def serve_import(self, cluster: str, local: Tunnel) -> None:
@@ -400,7 +429,7 @@ class GatewayTunnels:
             return
         end = min(ends, key=lambda e: sum(1 for r in self.relays.values() if r.end is e))
         relay = Relay(self, end, next(self._ids), opener=True, cluster=cluster, window=self.window)
-        self.relays[relay.key] = relay
+        self._add(relay)
         self.stats["tunnels_forwarded"] += 1
         if not relay.send(T_OPEN, self.window, cluster.encode()):
             relay.abort("the gateway link went down", tell_peer=False)
@@ -438,7 +467,7 @@ class GatewayTunnels:
             self.stats["tunnels_refused_not_exported"] += 1
             relay.send(T_RESET, 0, f"{NO_MEMBER} of {cluster!r}: not exported there".encode())
             return
-        self.relays[relay.key] = relay
+        self._add(relay)
         self.stats["tunnels_served"] += 1
         task = asyncio.get_running_loop().create_task(self._serve_export(relay))
         self._tasks.add(task)
@@ -474,6 +503,8 @@ class GatewayTunnels:
     async def close(self) -> None:
         """The gateway closes: every tunnel through it is reset at both ends."""
         self._closing = True
+        if self._checking is not None:
+            self._checking.cancel()
         for relay in list(self.relays.values()):
             relay.abort("the gateway closed", tell_peer=True)
         tasks = list(self._tasks)

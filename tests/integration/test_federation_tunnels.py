@@ -479,3 +479,29 @@ def test_opening_waits_for_the_far_member_and_times_out_as_inside_one_mesh() -> 
             await closed_at_both(gw_a, gw_b)
 
     run(main())
+
+
+def test_a_frame_the_link_could_not_send_resets_the_tunnels_on_it() -> None:
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            _, _, member, gw_a, gw_b, client = await federation(stack)
+            seen: list[str] = []
+
+            @member.on_tunnel
+            async def idle(tunnel: irismesh.Tunnel) -> None:
+                await tunnel.send(b"hi")
+                seen.append(await tunnel.wait_reset())
+
+            tunnel = await client.tunnel("db", timeout=5)
+            assert await tunnel.recv() == b"hi"
+            # As the link's send does when its socket refuses a frame (its plain items lost).
+            (end,) = gw_b.transport.ends
+            end.stats["frames_unsent"] += 1
+            with pytest.raises(irismesh.TunnelReset, match="lost on the gateway link"):
+                await asyncio.wait_for(tunnel.recv(), 5)
+            await wait_until(lambda: seen, 5, "the member's end to be reset")
+            assert "lost on the gateway link" in seen[0]
+            assert gw_b.stats["tunnel_items_lost"] == 1
+            await closed_at_both(gw_a, gw_b)
+
+    run(main())
