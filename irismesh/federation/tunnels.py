@@ -507,8 +507,7 @@ class GatewayTunnels:
             self._checking.cancel()
         for relay in list(self.relays.values()):
             relay.abort("the gateway closed", tell_peer=True)
-        tasks = list(self._tasks)
-        if tasks:
-            await asyncio.wait(tasks, timeout=2.0)
+        tasks = list(self._tasks)  # relays of this side's mesh, and tunnels still opening
         for task in tasks:
             task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
