@@ -16,7 +16,9 @@ client. Variants:
   sampling (one in 100) written to rotating spool files, and published for collectors;
   `--sample-every K` measures another sampling instead.
 
-Issue 6's target: spooled / off >= 0.95.
+The target: spooled / off >= 0.97 (telemetry costs at most 3% of request/reply throughput).
+On a busy machine req/s moves by far more than that from one window to the next, so the table
+also gives the ratio by CPU per request (both sides, same round), the steadier figure.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from _harness import (
 
 VARIANTS = ("off", "counters", "spooled")
 CLUSTER = "bench"
-TARGET = 0.95
+TARGET = 0.97
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -225,10 +227,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     }
                 rounds.append(figures)
                 ratio = figures["spooled"]["rps"] / figures["off"]["rps"]
+                off, spooled = figures["off"], figures["spooled"]
+                cpu_ratio = (off["server_us"] + off["client_us"]) / (
+                    spooled["server_us"] + spooled["client_us"]
+                )
                 progress(
                     f"{size} B round {index + 1}/{args.rounds}: "
                     + ", ".join(f"{v} {figures[v]['rps']:,.0f} req/s" for v in VARIANTS)
-                    + f"; spooled/off {ratio:.3f}"
+                    + f"; spooled/off {ratio:.3f}, by CPU {cpu_ratio:.3f}"
                 )
             results[str(size)] = rounds
     return results
@@ -240,11 +246,21 @@ def summarise(results: dict[str, Any]) -> dict[str, Any]:
         rows: dict[str, Any] = {}
         for variant in VARIANTS:
             ratios = [r[variant]["rps"] / r["off"]["rps"] for r in rounds]
+            # What the CPU allows: off's CPU per request (both sides) over the variant's, in
+            # the same round. A busy machine moves req/s far more than CPU per request.
+            cpu_ratios = [
+                (r["off"]["server_us"] + r["off"]["client_us"])
+                / (r[variant]["server_us"] + r[variant]["client_us"])
+                for r in rounds
+            ]
             rows[variant] = {
                 "rps": statistics.median(r[variant]["rps"] for r in rounds),
                 "ratio_median": statistics.median(ratios),
                 "ratio_min": min(ratios),
                 "ratio_max": max(ratios),
+                "cpu_ratio_median": statistics.median(cpu_ratios),
+                "cpu_ratio_min": min(cpu_ratios),
+                "cpu_ratio_max": max(cpu_ratios),
                 "server_us": statistics.median(r[variant]["server_us"] for r in rounds),
                 "client_us": statistics.median(r[variant]["client_us"] for r in rounds),
             }
@@ -262,8 +278,10 @@ def print_table(summary: dict[str, Any], args: argparse.Namespace) -> None:
         title=f"telemetry's cost to request/reply: {args.rounds} rounds of {args.window:g} s per "
         f"variant, {args.outstanding} outstanding, spooled records one in "
         f"{args.sample_every or TelemetryConfig(spool_dir='.').sample_every}, medians",
-        caption=f"ratio: the variant's req/s / telemetry off's in the same round (target for "
-        f"spooled: >= {TARGET}); CPU: of the process, per request",
+        caption=f"/ off: the variant's req/s / telemetry off's in the same round (target for "
+        f"spooled: >= {TARGET}); / off by CPU: off's CPU per request (server + client) / the "
+        "variant's, in the same round (the steadier figure on a busy machine); CPU: of the "
+        "process, per request",
     )
     for column in (
         "size",
@@ -271,6 +289,8 @@ def print_table(summary: dict[str, Any], args: argparse.Namespace) -> None:
         "req/s",
         "/ off",
         "range",
+        "/ off by CPU",
+        "range ",
         "CPU us server",
         "CPU us client",
     ):
@@ -284,6 +304,8 @@ def print_table(summary: dict[str, Any], args: argparse.Namespace) -> None:
                 f"{row['rps']:,.0f}",
                 f"{row['ratio_median']:.3f}x",
                 f"{row['ratio_min']:.2f}-{row['ratio_max']:.2f}",
+                f"{row['cpu_ratio_median']:.3f}x",
+                f"{row['cpu_ratio_min']:.2f}-{row['cpu_ratio_max']:.2f}",
                 f"{row['server_us']:.1f}",
                 f"{row['client_us']:.1f}",
             )

@@ -645,7 +645,30 @@ class PubSub:
         turns = self._turns
         if turns.holder is not None and turns.must_wait(priority):
             return None  # others of its priority (or higher) wait already: it queues behind
-        return self._try(core, topic, payload, msg_id)
+        if self._subscriptions:  # its own subscriptions may get it too
+            return self._try(core, topic, payload, msg_id)
+        # _try without local subscriptions, inlined: a Python call fewer per publish.
+        stamp = 0.0
+        if self.stamp_every is not None:
+            n = self._stamp_countdown - 1
+            if n:
+                self._stamp_countdown = n
+            else:
+                self._stamp_countdown = self.stamp_every()
+                stamp = time.time()
+        sent = core.pubsub.publish(topic, payload, stamp, msg_id)
+        if sent < 0:
+            return None
+        self.published += 1
+        if self.record is not None:
+            self._count("publish", topic, None, len(payload), 0)
+        unflushed = self._unflushed = self._unflushed + 1
+        if unflushed >= FLUSH_EVERY:
+            self._unflushed = 0
+            self._flush()
+        else:
+            self._driver_flush_soon()
+        return sent
 
     async def publish(self, topic: str, payload: bytes, timeout: float) -> int:
         """Publish, waiting up to `timeout` for room (in order with other waiting publishes)."""

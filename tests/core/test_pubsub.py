@@ -380,7 +380,8 @@ def test_one_publish_to_several_subscribers_stages_one_entry_for_all_of_them() -
     linked_for(net, pub, "t.x")
     pub.core.batching = True
     links = pub.core.peers()
-    assert len(links) == 3 and all(link.pub_runs for link in links)
+    assert len(links) == 3
+    assert all(link.pub_runs for link in links)
     for i in range(3):
         assert pub.core.publish("t.x", b"m%d" % i) == 3
     # The same entry object for every subscriber, after each link's own head (its stream seq).
