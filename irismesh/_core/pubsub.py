@@ -27,9 +27,13 @@ default key "*"), in the link slot whose offer matched that key (`Handshake.topi
 receiver accepts a topic only in the slot of the key it expects for it: its own key for a
 scope it has one for, so a holder of the default key cannot inject there.
 
-Hot paths: `publish` writes straight into the link's BATCH body (`OutLink.pub_parts`, sealed
-by the outbox), and `on_publish_batch` walks a BATCH with the entry checks inlined, making one
-MessagesArrived event per frame.
+Hot paths: `publish` routes a topic from a per-topic cache of (link, slot) pairs and writes
+straight into each link's frame body (`OutLink.pub_parts`, sealed by the outbox): a
+PUBLISH_RUN, whose entries carry no stream seq of their own, so one encoded entry is shared by
+every subscriber (each link's run head holds its first seq); or, for a peer that reads no runs,
+a BATCH with an entry header per link. `on_publish_batch` walks either with the entry checks
+inlined, making one MessagesArrived event per frame. Each link still seals its own frames:
+see SECURITY.md on why a seal shared by the subscribers would not pay.
 """
 
 from __future__ import annotations
@@ -81,7 +85,6 @@ _pack_run_head = RUN_HEAD.pack
 _unpack_run_head = RUN_HEAD.unpack_from
 _RUN_HEAD_SIZE = RUN_HEAD.size
 _pack_run_entry = RUN_ENTRY.pack
-_unpack_run_entry = RUN_ENTRY.unpack_from
 _RUN_ENTRY_SIZE = RUN_ENTRY.size
 _PUBLISH_RUN = int(Kind.PUBLISH_RUN)
 
@@ -434,7 +437,15 @@ class PubSubCore(LinkObserver):
                 if run:
                     if size - offset < _RUN_ENTRY_SIZE:
                         raise ProtocolError("bad_envelope", "PUBLISH_RUN")
-                    kind, length, topic_size = _unpack_run_entry(body, offset)
+                    # RUN_ENTRY (!BIB) read byte by byte: compiled, no call and no tuple.
+                    kind = body[offset]
+                    length = (
+                        body[offset + 1] << 24
+                        | body[offset + 2] << 16
+                        | body[offset + 3] << 8
+                        | body[offset + 4]
+                    )
+                    topic_size = body[offset + 5]
                     stream_seq = first_seq + count
                     start = offset + _RUN_ENTRY_SIZE
                     offset = start + length
