@@ -1,19 +1,22 @@
-"""Request/reply and pub/sub through a gateway pair, next to the same traffic inside one mesh.
+"""Request/reply and pub/sub through a gateway pair, and through one gateway process joining
+both meshes, next to the same traffic inside one mesh.
 
     python bench/federation.py [--requests 20000] [--outstanding 100] [--messages 50000]
 
 Processes: a member of cluster "db" (`mesh node`, echo) in mesh a, a gateway of mesh a
 exporting db and `bench.#`, and a gateway of mesh b linked to it (`mesh gateway`). This
 process runs the callers, the publisher and the subscribers: in mesh a (direct) and in mesh b
-(through the gateways), in the same run, one after the other. Printed: request/reply
+(through the gateways), in the same run, one after the other. Then the same through one
+gateway process of its own that joins mesh a and a third mesh c (`mesh gateway --join`),
+exporting db and `bench1.#`, with callers and a subscriber in mesh c. Printed: request/reply
 throughput with --outstanding requests in flight, the p50 of one request at a time, pub/sub
 messages per second to one subscriber (direct on `local.x`, which no gateway exports), tunnel
 throughput (--tunnel-mb through one tunnel to the member, which echoes it back, in 64 KiB
 messages; MB/s each way), and each figure through the gateways over direct. Then the CPU time
 (user + system) each process spent per request or message in the request/reply and pub/sub
-throughput runs: this process (callers, publisher and subscribers), the member, and each
-gateway. On a shared machine the throughputs measure the machine as much as the code; the CPU
-per request is the figure to compare builds by.
+throughput runs: this process (callers, publisher and subscribers), the member, each gateway
+of the pair, and the one process joining a and c. On a shared machine the throughputs measure
+the machine as much as the code; the CPU per request is the figure to compare builds by.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -37,7 +41,7 @@ os.environ.setdefault("IRISMESH_DISCOVERY", "0")  # nodes join by seed only
 LOCAL = "tcp://127.0.0.1:0"
 
 
-def start(procs: list[subprocess.Popen[str]], *argv: str) -> dict[str, str]:
+def start(procs: list[subprocess.Popen[str]], *argv: str) -> dict[str, Any]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "irismesh", *argv], stdout=subprocess.PIPE, text=True
     )
@@ -46,7 +50,7 @@ def start(procs: list[subprocess.Popen[str]], *argv: str) -> dict[str, str]:
     return json.loads(proc.stdout.readline())  # type: ignore[no-any-return]
 
 
-WHO = ("callers", "member", "gateway_a", "gateway_b")  # this process, then the children
+WHO = ("callers", "member", "gateway_a", "gateway_b", "gateway_ac")  # this, then the children
 
 
 def cpu_seconds(procs: list[subprocess.Popen[str]]) -> list[float]:
@@ -138,7 +142,7 @@ async def tunnel_rate(node: irismesh.Node, total: int, block: int = 64 << 10) ->
 async def main(args: argparse.Namespace) -> dict[str, float]:
     tmp = Path(tempfile.mkdtemp(prefix="irismesh-bench-federation-"))
     keys = {}
-    for name in ("a", "b", "link"):
+    for name in ("a", "b", "c", "link"):
         keys[name] = irismesh.Keyring.generate()
         keys[name].save(tmp / f"{name}.keys")
     procs: list[subprocess.Popen[str]] = []
@@ -153,14 +157,22 @@ async def main(args: argparse.Namespace) -> dict[str, float]:
         gw_b = start(
             procs, *gw, "--mesh", "b", "--keys", str(tmp / "b.keys"), "--peer", gw_a["endpoint"]
         )
+        gw_ac = start(
+            procs, "gateway", *common, "--mesh", "a", "--keys", str(tmp / "a.keys"), "--seed",
+            member["endpoint"], "--export", "db", "--topics", "bench1.#",
+            "--join", f"c;keys={tmp / 'c.keys'};discovery=off",
+        )  # fmt: skip
+        c_seed = gw_ac["joined"][0]["node_endpoint"]
         a = irismesh.Node(keyring=keys["a"], seeds=[member["endpoint"]], bind=LOCAL)
         b = irismesh.Node(keyring=keys["b"], seeds=[gw_b["node_endpoint"]], bind=LOCAL)
+        c = irismesh.Node(keyring=keys["c"], seeds=[c_seed], bind=LOCAL)
         a_reader = irismesh.Node(keyring=keys["a"], seeds=[member["endpoint"]], bind=LOCAL)
-        async with a, b, a_reader:
+        async with a, b, c, a_reader:
             await a.wait_for_members("db", timeout=20)
             await b.wait_for_members("db", timeout=20)
+            await c.wait_for_members("db", timeout=20)
             out: dict[str, float] = {}
-            for label, node in (("direct", a), ("gateway", b)):
+            for label, node in (("direct", a), ("gateway", b), ("one", c)):
                 await throughput(node, min(2000, args.requests), args.outstanding)  # warm up
                 before = cpu_seconds(procs)
                 out[f"reqrep_{label}_per_s"] = await throughput(
@@ -172,11 +184,12 @@ async def main(args: argparse.Namespace) -> dict[str, float]:
             for label, reader, topic in (
                 ("direct", a_reader, "local.x"),
                 ("gateway", b, "bench.x"),
+                ("one", c, "bench1.x"),
             ):
                 before = cpu_seconds(procs)
                 out[f"pubsub_{label}_per_s"] = await pubsub_rate(a, reader, topic, args.messages)
                 cpu_per(out, f"pubsub_{label}", before, cpu_seconds(procs), args.messages)
-            for label, node in (("direct", a), ("gateway", b)):
+            for label, node in (("direct", a), ("gateway", b), ("one", c)):
                 await tunnel_rate(node, 4 << 20)  # warm up
                 out[f"tunnel_{label}_mb_s"] = await tunnel_rate(node, args.tunnel_mb << 20)
             return out
@@ -199,36 +212,45 @@ def cli() -> None:
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     out = irismesh.run(main(args))
-    rr = out["reqrep_gateway_per_s"] / out["reqrep_direct_per_s"]
-    ps = out["pubsub_gateway_per_s"] / out["pubsub_direct_per_s"]
-    tn = out["tunnel_gateway_mb_s"] / out["tunnel_direct_mb_s"]
-    print("| 100 B | direct | through a gateway pair | ratio |")
-    print("| --- | --- | --- | --- |")
-    print(
-        f"| request/reply, {args.outstanding} outstanding, req/s "
-        f"| {out['reqrep_direct_per_s']:,.0f} | {out['reqrep_gateway_per_s']:,.0f} | {rr:.2f}x |"
-    )
-    print(
-        f"| one request at a time, p50 | {out['p50_direct_us']:,.0f} us "
-        f"| {out['p50_gateway_us']:,.0f} us "
-        f"| +{out['p50_gateway_us'] - out['p50_direct_us']:,.0f} us |"
-    )
-    print(
-        f"| pub/sub, one subscriber, msg/s | {out['pubsub_direct_per_s']:,.0f} "
-        f"| {out['pubsub_gateway_per_s']:,.0f} | {ps:.2f}x |"
-    )
-    print(
-        f"| tunnel, 64 KiB messages echoed, MB/s each way | {out['tunnel_direct_mb_s']:,.0f} "
-        f"| {out['tunnel_gateway_mb_s']:,.0f} | {tn:.2f}x |"
-    )
-    print()
-    print("| CPU per request or message, us | callers | member | gateway a | gateway b | total |")
+    direct = {
+        "reqrep": out["reqrep_direct_per_s"],
+        "pubsub": out["pubsub_direct_per_s"],
+        "tunnel": out["tunnel_direct_mb_s"],
+    }
+    print("| 100 B | direct | through a gateway pair | ratio | through one process | ratio |")
     print("| --- | --- | --- | --- | --- | --- |")
+
+    def row(what: str, key: str, unit: str, base: float) -> None:
+        pair, one = out[f"{key}_gateway_{unit}"], out[f"{key}_one_{unit}"]
+        print(
+            f"| {what} | {base:,.0f} | {pair:,.0f} | {pair / base:.2f}x "
+            f"| {one:,.0f} | {one / base:.2f}x |"
+        )
+
+    row(
+        f"request/reply, {args.outstanding} outstanding, req/s", "reqrep", "per_s", direct["reqrep"]
+    )
+    p50 = out["p50_direct_us"]
+    print(
+        f"| one request at a time, p50 | {p50:,.0f} us | {out['p50_gateway_us']:,.0f} us "
+        f"| +{out['p50_gateway_us'] - p50:,.0f} us | {out['p50_one_us']:,.0f} us "
+        f"| +{out['p50_one_us'] - p50:,.0f} us |"
+    )
+    row("pub/sub, one subscriber, msg/s", "pubsub", "per_s", direct["pubsub"])
+    row("tunnel, 64 KiB messages echoed, MB/s each way", "tunnel", "mb_s", direct["tunnel"])
+    print()
+    print(
+        "| CPU per request or message, us | callers | member | gateway a | gateway b "
+        "| one gateway process (a, c) | total |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for key, what in (
         ("reqrep_direct", "request/reply, direct"),
-        ("reqrep_gateway", "request/reply, through the gateways"),
+        ("reqrep_gateway", "request/reply, through the pair"),
+        ("reqrep_one", "request/reply, through one process"),
         ("pubsub_direct", "pub/sub, direct"),
-        ("pubsub_gateway", "pub/sub, through the gateways"),
+        ("pubsub_gateway", "pub/sub, through the pair"),
+        ("pubsub_one", "pub/sub, through one process"),
     ):
         figures = [out[f"cpu_{key}_{who}_us"] for who in WHO]
         cells = " | ".join(f"{f:.1f}" for f in figures)

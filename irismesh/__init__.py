@@ -31,7 +31,7 @@ from irismesh.errors import (
     TunnelError,
     TunnelReset,
 )
-from irismesh.federation import Gateway
+from irismesh.federation import Gateway, LocalGateways
 from irismesh.memory.store import Retention
 from irismesh.memory.store import Stored as Remembered
 from irismesh.node import Node, PeerInfo, SurveyResult, TelemetryConfig
@@ -52,6 +52,7 @@ __all__ = [
     "Gateway",
     "InterestTimeout",
     "Keyring",
+    "LocalGateways",
     "MdnsConfig",
     "MemberLost",
     "MembershipTimeout",

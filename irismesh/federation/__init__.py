@@ -4,10 +4,13 @@ linkproto  the inter-mesh link protocol without I/O: handshake, sealing, sequenc
 link       its sockets (pyzmq ROUTER/DEALER on asyncio)
 crossing   messages crossing meshes: origin ids, the meshes seen, the duplicate barrier
 gateway    `Gateway`: a node of its mesh plus links to peer gateways
+locallink  an in-process link, between gateways of one process
+local      `LocalGateways`: gateways of several meshes in one process, joined by in-process links
 redundancy redundant gateways: one forwarder of topics per direction, the others standing by
 """
 
 from irismesh.federation.gateway import GATEWAY_CLUSTER, Gateway, far_answers
 from irismesh.federation.linkproto import LinkConfig
+from irismesh.federation.local import LocalGateways
 
-__all__ = ["GATEWAY_CLUSTER", "Gateway", "LinkConfig", "far_answers"]
+__all__ = ["GATEWAY_CLUSTER", "Gateway", "LinkConfig", "LocalGateways", "far_answers"]

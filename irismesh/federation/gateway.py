@@ -51,7 +51,7 @@ import logging
 import os
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import Any
 
@@ -118,6 +118,9 @@ class Gateway:
     dial in (tcp://HOST:PORT), `peers` the gateways this one dials. `export` names the clusters,
     `topics` the topic patterns, that leave this mesh through it. `buffer` bounds the published
     messages a link keeps for a peer it cannot reach (beyond it they are dropped and counted).
+    `local=True`: the gateway is joined in-process to gateways of other meshes
+    (`irismesh.federation.LocalGateways`), so it needs no `listen`, `peers` or `link_keyring`
+    (it may have them too, for TCP links besides).
     The rest (`seeds`, `bind`, `discovery`, `interface`, `name`) are the gateway's node's.
     """
 
@@ -126,7 +129,7 @@ class Gateway:
         mesh: str,
         *,
         keyring: Keyring,
-        link_keyring: Keyring,
+        link_keyring: Keyring | None = None,
         listen: str | None = None,
         peers: Iterable[str] = (),
         export: Iterable[str] = (),
@@ -139,12 +142,15 @@ class Gateway:
         discovery: bool | None = None,
         interface: str | None = None,
         default_timeout: float = 5.0,
+        local: bool = False,
     ) -> None:
         if not mesh or len(mesh) > _MAX_MESH_NAME or not mesh.isprintable():
             raise ConfigurationError(f"a mesh name is 1-{_MAX_MESH_NAME} printable characters")
         peers = list(peers)
-        if listen is None and not peers:
-            raise ConfigurationError("a gateway needs listen= or peers= (or both)")
+        if listen is None and not peers and not local:
+            raise ConfigurationError("a gateway needs listen= or peers= (or both), or local=True")
+        if link_keyring is None and (listen is not None or peers):
+            raise ConfigurationError("a gateway with listen= or peers= needs link_keyring=")
         self.mesh = mesh
         self.keyring = keyring
         self.export = Exports(
@@ -176,12 +182,13 @@ class Gateway:
             self.node.on_broadcast(self._on_sync)
         self.link_keyring = link_keyring
         self._link_file: KeyringFile | None = None
-        if link_keyring.path is not None:  # reread when it changes, as nodes do theirs
+        # The link keyring file is reread when it changes, as nodes reread theirs.
+        if link_keyring is not None and link_keyring.path is not None:
             self._link_file = KeyringFile(link_keyring.path, link_keyring, check=_check_link_keys)
         self.transport = LinkTransport(
             gateway_id=self.gateway_id,
             mesh=mesh,
-            secrets=link_secrets(link_keyring),
+            secrets=() if link_keyring is None else link_secrets(link_keyring),
             exports=self.export,
             config=link_config,
             listen=listen,
@@ -531,6 +538,11 @@ class Gateway:
         if budget <= 0:
             node.answer(request, TurnedAway("deadline"))
             return
+        serve = end.serve_request  # set on an in-process link: the far gateway, called
+        if serve is not None:
+            self.stats_counter["requests_forwarded"] += 1
+            serve(cluster, request.payload, budget, partial(self._served, node, request))
+            return
         call_id = next(self._call_ids)
         item = [_REQUEST, call_id, cluster, max(1, int(budget * 1000)), request.payload]
         if not end.send_plain(item):  # the link went down since the ends were looked up
@@ -546,6 +558,26 @@ class Gateway:
         if self._sweeping is None:
             loop = asyncio.get_running_loop()
             self._sweeping = loop.call_later(_SWEEP_EVERY, self._sweep_passed)
+
+    def _served(
+        self,
+        node: Node,
+        request: RequestArrived,
+        reply: bytes | None,
+        error: BaseException | None,
+    ) -> None:
+        """The far gateway's answer to a request passed on in-process (`serve_request`)."""
+        if reply is not None:
+            node.answer(request, reply)
+        elif isinstance(error, NoResponders | Overloaded):
+            self.stats_counter["requests_turned_away"] += 1
+            node.answer(request, TurnedAway(type(error).__name__.lower()))
+        elif isinstance(error, ForwardedError):
+            node.answer(request, error)
+        elif isinstance(error, RemoteError):
+            node.answer(request, ForwardedError(error.remote_type, error.remote_message))
+        elif error is not None:
+            node.answer(request, ForwardedError(type(error).__name__, str(error)))
 
     def _settle(self, call_id: int) -> tuple[RequestArrived, Node] | None:
         """A passed-on request is done with: forgotten, its link's count down."""
@@ -663,6 +695,25 @@ class Gateway:
             )
         except MeshError as exc:
             self._answered(end, call_id, exc)
+
+    def serve_request(
+        self,
+        cluster: str,
+        payload: bytes,
+        timeout: float,
+        done: Callable[[bytes | None, BaseException | None], None],
+    ) -> None:
+        """A request from a gateway of this process (an in-process link): asked in this mesh
+        as one from across a link is, its reply or error given to `done` as it arrives."""
+        if cluster not in self.export.clusters:
+            self.stats_counter["requests_refused_not_exported"] += 1
+            done(None, ForwardedError("NoResponders", f"no cluster {cluster!r} is exported here"))
+            return
+        self.stats_counter["requests_served"] += 1
+        try:
+            self.node.request_callback(cluster, payload, done, timeout=timeout)
+        except MeshError as exc:
+            done(None, exc)
 
     def _on_fanout(self, end: LinkEnd, item: Item) -> None:
         """A broadcast or survey from across the link: made in this mesh, answered once it is

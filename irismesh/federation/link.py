@@ -95,6 +95,13 @@ class LinkTransport:
         self.ends.append(end)
         return end
 
+    def attach(self, end: LinkEnd) -> tuple[OnItems, OnState]:
+        """Adopt an end linked another way (in-process: `locallink`): it is one of `ends`,
+        flushed and ticked with them; it hands what arrives, and its state changes, to the
+        callbacks returned (the gateway's)."""
+        self.ends.append(end)
+        return self._on_items, self._on_state
+
     def use_secrets(self, secrets: tuple[bytes, ...]) -> None:
         """New link keys (a rotated link keyring): for new HELLOs, and for every end, whose
         session ends if its key is no longer accepted (dialled again at once)."""

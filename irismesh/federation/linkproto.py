@@ -70,6 +70,10 @@ _MAX_BATCH_ITEMS = 512
 _MAX_BATCH_BYTES = 256 * 1024
 
 Item = list[Any]
+# (cluster, payload, timeout, done): a request served in-process, `done(reply, error)` once.
+ServeRequest = Callable[
+    [str, bytes, float, Callable[[bytes | None, BaseException | None], None]], None
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -285,6 +289,9 @@ class LinkEnd:
     _last_out: float = 0.0
     _seen_hellos: dict[bytes, None] = field(default_factory=dict)
     up: bool = False
+    # Set on an in-process link (`locallink`): the far gateway's `serve_request`, which a
+    # request is handed to directly instead of as an item.
+    serve_request: ServeRequest | None = None
 
     def __post_init__(self) -> None:
         if not self.secrets:

@@ -1,0 +1,296 @@
+"""Gateways of two meshes in one process, joined by an in-process link, on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from collections.abc import Awaitable
+from contextlib import AsyncExitStack
+
+import pytest
+from helpers import wait_until
+
+import irismesh
+from irismesh.federation import LinkConfig, LocalGateways, far_answers
+
+LOCAL = "tcp://127.0.0.1:0"
+
+
+def run(coro: Awaitable[None], timeout: float = 45) -> None:
+    async def bounded() -> None:
+        await asyncio.wait_for(coro, timeout)
+
+    asyncio.run(bounded())
+
+
+class Mesh:
+    """One mesh: its keyring, and the endpoint of a node that others join through."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.keys = irismesh.Keyring.generate()
+        self.seeds: list[str] = []
+
+    async def node(self, stack: AsyncExitStack, cluster: str | None = None) -> irismesh.Node:
+        node = irismesh.Node(cluster, keyring=self.keys, seeds=list(self.seeds), bind=LOCAL)
+        await stack.enter_async_context(node)
+        if not self.seeds:
+            self.seeds.append(node.endpoint)
+        return node
+
+    def gateway(self, **kwargs: object) -> irismesh.Gateway:
+        return irismesh.Gateway(
+            self.name,
+            keyring=self.keys,
+            seeds=list(self.seeds),
+            bind=LOCAL,
+            local=True,
+            **kwargs,  # type: ignore[arg-type]
+        )
+
+
+async def member(stack: AsyncExitStack, mesh: Mesh, cluster: str, prefix: bytes) -> irismesh.Node:
+    node = await mesh.node(stack, cluster)
+
+    @node.on_request
+    def echo(payload: bytes) -> bytes:
+        if payload == b"boom":
+            raise ValueError("boom")
+        return prefix + payload
+
+    return node
+
+
+def test_requests_cross_one_process_and_the_unexported_cluster_stays_unseen() -> None:
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        async with AsyncExitStack() as stack:
+            await member(stack, a, "db", b"A:")
+            await member(stack, a, "secret", b"S:")
+            await member(stack, b, "search", b"B:")
+            joined = await stack.enter_async_context(
+                LocalGateways([a.gateway(export=["db"]), b.gateway(export=["search"])])
+            )
+            gw_a, gw_b = joined["a"], joined["b"]
+            client_b = await b.node(stack)
+            client_a = await a.node(stack)
+            await client_b.wait_for_members("db", timeout=10)
+            await client_a.wait_for_members("search", timeout=10)
+            assert await client_b.request("db", b"x", timeout=5) == b"A:x"
+            assert await client_a.request("search", b"y", timeout=5) == b"B:y"
+            with pytest.raises(irismesh.RemoteError) as caught:
+                await client_b.request("db", b"boom", timeout=5)
+            assert caught.value.remote_type == "ValueError"
+            replies = await asyncio.gather(
+                *(client_b.request("db", b"%d" % i, timeout=5) for i in range(500))
+            )
+            assert replies == [b"A:%d" % i for i in range(500)]
+            # Mesh b sees mesh a's exported cluster only.
+            assert gw_b.imports() == ["db"]
+            assert gw_a.imports() == ["search"]
+            assert client_b.members("secret") == []
+            with pytest.raises(irismesh.NoResponders):
+                await client_b.request("secret", b"x", timeout=1)
+            assert gw_b.stats["requests_forwarded"] == 502
+            assert gw_a.stats["requests_served"] == 502
+            assert gw_b.stats["links_up"] == gw_a.stats["links_up"] == 1
+            assert gw_b.links()[0]["peer_mesh"] == "a"
+            # A forged request for the cluster not exported is refused on the far side.
+            gw_b.transport.ends[0].send_plain(["req", 99, "secret", 1000, b"x"])
+            gw_b.transport.flush()
+            await wait_until(
+                lambda: gw_a.stats.get("requests_refused_not_exported", 0) == 1, 5, "refusal"
+            )
+
+    run(main())
+
+
+def test_a_broadcast_and_a_survey_cross_one_process() -> None:
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        async with AsyncExitStack() as stack:
+            got: dict[str, list[bytes]] = {}
+            far: dict[str, bytes] = {}
+            for prefix in ("1", "2"):
+                node = await member(stack, a, "db", prefix.encode())
+                got[prefix] = []
+                far[node.node_id.hex()] = prefix.encode()
+                node.on_broadcast(lambda payload, p=prefix: got[p].append(payload))
+            joined = LocalGateways([a.gateway(export=["db"]), b.gateway()])
+            await stack.enter_async_context(joined)
+            b.seeds.append(joined["b"].node.endpoint)
+            client = await b.node(stack)
+            await client.wait_for_members("db", timeout=10)
+            for i in range(10):
+                reached = await client.broadcast("db", b"%d" % i, timeout=5)
+                assert len(reached) == 1  # the one gateway that serves db in b
+            expected = [b"%d" % i for i in range(10)]
+            await wait_until(lambda: got == {"1": expected, "2": expected}, 5, "broadcasts")
+            result = await client.survey("db", b"ping", timeout=5)
+            assert far_answers(result) == {m: p + b"ping" for m, p in far.items()}
+
+    run(main())
+
+
+def check_in_order(got: list[bytes], origin: str, n: int) -> None:
+    assert got == [f"{origin}:{i}".encode() for i in range(n)]
+
+
+def test_topics_cross_both_ways_once_in_order_and_loops_end() -> None:
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        async with AsyncExitStack() as stack:
+            pub_a = await a.node(stack)
+            pub_b = await b.node(stack)
+            joined = await stack.enter_async_context(
+                LocalGateways([a.gateway(topics=["feeds.#"]), b.gateway(topics=["feeds.#"])])
+            )
+            got: dict[str, list[bytes]] = {"a": [], "b": []}
+            for mesh in (a, b):
+                node = await mesh.node(stack)
+                node.subscribe("feeds.#", callback=lambda m, k=mesh.name: got[k].append(m.payload))
+            n = 2000
+            for pub in (pub_a, pub_b):  # the subscriber and the gateway of its mesh
+                await pub.wait_for_subscribers("feeds.x", 2, timeout=10)
+
+            async def publish(mesh: str, pub: irismesh.Node) -> None:
+                for i in range(n):
+                    await pub.publish("feeds.x", f"{mesh}:{i}".encode())
+
+            await asyncio.gather(publish("a", pub_a), publish("b", pub_b))
+            await wait_until(lambda: len(got["a"]) >= 2 * n and len(got["b"]) >= 2 * n, 20, "all")
+            await asyncio.sleep(0.2)
+            for mesh in ("a", "b"):
+                for origin in ("a", "b"):
+                    check_in_order(
+                        [p for p in got[mesh] if p.startswith(origin.encode())], origin, n
+                    )
+            for gateway in joined.gateways:
+                assert gateway.stats["messages_exported"] == n
+                assert gateway.stats["messages_republished"] == n
+                assert gateway.stats["link_buffered"] == 0
+
+    run(main())
+
+
+def test_a_slow_subscriber_holds_the_publisher_back_by_the_window() -> None:
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        config = LinkConfig(window=64)
+        async with AsyncExitStack() as stack:
+            pub = await a.node(stack)
+            joined = await stack.enter_async_context(
+                LocalGateways(
+                    [
+                        a.gateway(topics=["feeds.#"], link_config=config),
+                        b.gateway(link_config=config),
+                    ]
+                )
+            )
+            gw_a, gw_b = joined["a"], joined["b"]
+            b.seeds.append(gw_b.node.endpoint)
+            reader = await b.node(stack)
+            sub = reader.subscribe("feeds.#", maxsize=16)  # "block": publishers wait for it
+            await gw_b.node.wait_for_subscribers("feeds.x", 1, timeout=10)
+            await pub.wait_for_subscribers("feeds.x", 1, timeout=10)
+            n = 12_000
+
+            async def publish() -> None:
+                for i in range(n):
+                    await pub.publish("feeds.x", f"a:{i}".encode())
+
+            publishing = asyncio.create_task(publish())
+            peak = 0
+            for _ in range(40):  # nobody reads for 0.4 s
+                await asyncio.sleep(0.01)
+                peak = max(peak, gw_b.stats["republish_queue"] + gw_a.stats["link_buffered"])
+            assert not publishing.done()
+            assert peak <= 3 * 64, peak  # the link's window, not what was published
+            got = [(await sub.get()).payload for _ in range(n)]
+            await publishing
+            check_in_order(got, "a", n)
+
+    run(main())
+
+
+def test_a_full_buffer_drops_and_counts() -> None:
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        config = LinkConfig(window=4, buffer=10)
+        async with LocalGateways(
+            [a.gateway(link_config=config), b.gateway(link_config=config)]
+        ) as joined:
+            end = joined["a"].transport.ends[0]
+            # Nobody in b consumes these (not crossings b republishes): the window and buffer
+            # fill, and what is beyond the buffer is dropped and counted.
+            joined["b"]._on_items = lambda end, items: None  # type: ignore[method-assign]
+            sent = [end.send(["x", i]) for i in range(15)]
+            assert sent == [True] * 10 + [False] * 5
+            assert joined["a"].stats["link_dropped_buffer_full"] == 5
+            assert joined["a"].stats["link_buffered"] == 10
+
+    run(main())
+
+
+def test_a_tunnel_crosses_in_order_and_closing_resets_it() -> None:
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        async with AsyncExitStack() as stack:
+            server = await a.node(stack, "db")
+
+            @server.on_tunnel
+            async def echo(tunnel: irismesh.Tunnel) -> None:
+                async for message in tunnel:
+                    await tunnel.send(message)
+                await tunnel.send_eof()
+
+            joined = LocalGateways([a.gateway(export=["db"]), b.gateway()])
+            await joined.start()
+            b.seeds.append(joined["b"].node.endpoint)
+            try:
+                client = await b.node(stack)
+                await client.wait_for_members("db", timeout=10)
+                messages = [os.urandom(size) for size in [0, 1, 70_000, 300_000] + [5000] * 50]
+                async with client.tunnel("db", timeout=5) as tunnel:
+
+                    async def write() -> None:
+                        for message in messages:
+                            await tunnel.send(message)
+                        await tunnel.send_eof()
+
+                    writer = asyncio.create_task(write())
+                    got = [await tunnel.recv() for _ in messages]
+                    with pytest.raises(irismesh.EndOfStream):
+                        await tunnel.recv()
+                    await writer
+                digest = hashlib.sha256
+                assert [digest(m).digest() for m in got] == [digest(m).digest() for m in messages]
+                assert joined["b"].stats["tunnels_forwarded"] == 1
+                assert joined["a"].stats["tunnels_served"] == 1
+                # A tunnel open while the process closes is reset at the caller.
+                tunnel = await client.tunnel("db", timeout=5)
+                await tunnel.send(b"x")
+                assert await tunnel.recv() == b"x"
+            finally:
+                await joined.close()
+            with pytest.raises(irismesh.TunnelReset):
+                await asyncio.wait_for(tunnel.recv(), 5)
+            assert all(g.stats["links_up"] == 0 for g in joined.gateways)
+            with pytest.raises(irismesh.NoResponders):  # db has gone from mesh b at once
+                await client.request("db", b"x", timeout=2)
+
+    run(main())
+
+
+def test_bad_combinations_are_refused() -> None:
+    keys = irismesh.Keyring.generate()
+    with pytest.raises(irismesh.ConfigurationError, match="local=True"):
+        irismesh.Gateway("a", keyring=keys)
+    with pytest.raises(irismesh.ConfigurationError, match="link_keyring"):
+        irismesh.Gateway("a", keyring=keys, listen=LOCAL)
+    one = irismesh.Gateway("a", keyring=keys, local=True)
+    with pytest.raises(irismesh.ConfigurationError, match="two gateways"):
+        LocalGateways([one])
+    with pytest.raises(irismesh.ConfigurationError, match="another mesh"):
+        LocalGateways([one, irismesh.Gateway("a", keyring=keys, local=True)])
