@@ -61,6 +61,7 @@ from irismesh._core.events import RequestArrived, RequestCancelled
 from irismesh._core.frames import pack_error, unpack_error
 from irismesh._core.topics import topic_matches, validate_pattern
 from irismesh.errors import (
+    Closed,
     ConfigurationError,
     MeshError,
     NoKey,
@@ -569,7 +570,8 @@ class Gateway:
         """The far gateway's answer to a request passed on in-process (`serve_request`)."""
         if reply is not None:
             node.answer(request, reply)
-        elif isinstance(error, NoResponders | Overloaded):
+        elif isinstance(error, NoResponders | Overloaded | Closed):
+            # Another gateway may take it (the far one closing is the link going down).
             self.stats_counter["requests_turned_away"] += 1
             node.answer(request, TurnedAway(type(error).__name__.lower()))
         elif isinstance(error, ForwardedError):
