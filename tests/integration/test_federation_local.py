@@ -294,3 +294,35 @@ def test_bad_combinations_are_refused() -> None:
         LocalGateways([one])
     with pytest.raises(irismesh.ConfigurationError, match="another mesh"):
         LocalGateways([one, irismesh.Gateway("a", keyring=keys, local=True)])
+
+
+def test_a_joined_gateway_also_links_over_tcp_and_passes_topics_on() -> None:
+    async def main() -> None:
+        a, b, c = Mesh("a"), Mesh("b"), Mesh("c")
+        link = irismesh.Keyring.generate()
+        fast = LinkConfig(heartbeat=0.1, dead_after=0.6, retry=0.2, resend_after=0.4)
+        async with AsyncExitStack() as stack:
+            pub = await a.node(stack)
+            gw_b = b.gateway(topics=["feeds.#"], link_keyring=link, listen=LOCAL, link_config=fast)
+            await stack.enter_async_context(LocalGateways([a.gateway(topics=["feeds.#"]), gw_b]))
+            gw_c = irismesh.Gateway(
+                "c", keyring=c.keys, link_keyring=link, peers=[gw_b.endpoint], bind=LOCAL,
+                link_config=fast,
+            )  # fmt: skip
+            await stack.enter_async_context(gw_c)
+            c.seeds.append(gw_c.node.endpoint)
+            reader = await c.node(stack)
+            got: list[bytes] = []
+            reader.subscribe("feeds.#", callback=lambda m: got.append(m.payload))
+            await wait_until(lambda: gw_b.stats["links_up"] == 2, 10, "both links")
+            await gw_c.node.wait_for_subscribers("feeds.x", 1, timeout=10)
+            await pub.wait_for_subscribers("feeds.x", 1, timeout=10)
+            await asyncio.sleep(0.3)  # the interest in c reaches b's gateway, then a's
+            n = 1000
+            for i in range(n):
+                await pub.publish("feeds.x", f"a:{i}".encode())
+            await wait_until(lambda: len(got) >= n, 20, "every message in c")
+            await asyncio.sleep(0.2)
+            check_in_order(got, "a", n)
+
+    run(main())
