@@ -101,11 +101,11 @@ class LocalEnd(LinkEnd):
         count = min(count, len(handed))
         if count <= 0:
             return
-        if self.acked_items is None:
-            for _ in range(count):
-                handed.popleft()
-        else:
-            self.acked_items.extend(handed.popleft() for _ in range(count))
+        acked = self.acked_items  # a list where redundant gateways tell what was delivered
+        for _ in range(count):
+            item = handed.popleft()
+            if acked is not None:
+                acked.append(item)
         self._room = True
         self._flush_soon()
 
