@@ -37,6 +37,11 @@ not yet delivered and send it on when they take over (`irismesh.federation.redun
 resends come marked (`RESENT`): the gateway receiving them asks the other gateways of its
 mesh which of them they have republished already, and drops those.
 
+In-process links. Gateways of several meshes in one process (`local.LocalGateways`) are
+linked by `locallink.LocalEnd`s, which sit among the transport's ends: items cross them as they
+are, with the same window and buffer bounds, and a request is handed straight to the far
+gateway's `serve_request` (no item, no call id), which asks its mesh as `_on_request` does.
+
 Stats. `gateway.stats` counts what crossed, what was refused and what was dropped, with the
 links' buffered items; the gateway's node answers requests to cluster `_gateway` with them,
 which is how `mesh top` shows every gateway's.
