@@ -109,8 +109,8 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
             "inside the process: no link keys, no TCP between them, about one hop less per\n"
             "request than a pair of gateway processes. Use it where one host reaches both\n"
             "segments; use a pair over --listen/--peer across a WAN or between administrations\n"
-            "(the process holds every joined mesh's keyring). --json then prints one object per\n"
-            "mesh, this one first."
+            "(the process holds every joined mesh's keyring). --json then adds `joined`: each\n"
+            "joined mesh's `mesh`, `node_endpoint`, `gateway_id` and `node_id`."
         ),
         examples=(
             "  mesh keygen link.keys\n"
