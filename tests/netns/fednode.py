@@ -4,6 +4,10 @@
     ip netns exec NS python fednode.py --keys a.keys --addr 10.77.0.2 --gateway a \
         --link-keys link.keys --listen tcp://10.77.0.2:7600 --export db --topics 'feeds.#'
 
+With `--join MESH --join-keys FILE [--join-export CLUSTER]...` the gateway also joins mesh
+MESH in the same process (`irismesh.LocalGateways`), on the same interface; `--link-keys` is
+then needed only with `--listen` or `--peer`.
+
 Either mode discovers its mesh by survey on its namespace's interface and prints one line
 `{"event": "ready", "id": ...}`. Then it reads one JSON command a line (`{"cmd", "id", ...}`)
 and answers each with `{"re": id, "ok": ...}`; commands run as tasks, so `progress` is answered
@@ -48,9 +52,15 @@ class Driver:
         self.done = 0
         self.got: list[int] = []
         self.gateway: irismesh.Gateway | None = None
+        self.joined: irismesh.LocalGateways | None = None
         self.node: irismesh.Node
 
     def stats(self) -> dict[str, Any]:
+        if self.joined is not None:
+            return {
+                "stats": self.joined.stats,
+                "imports": [g.imports() for g in self.joined.gateways],
+            }
         if self.gateway is not None:
             return {"stats": self.gateway.stats, "imports": self.gateway.imports()}
         return {"stats": dict(self.node.stats)}
@@ -151,16 +161,28 @@ async def main(args: argparse.Namespace) -> None:
     if args.gateway:
         driver.gateway = irismesh.Gateway(
             args.gateway,
-            link_keyring=irismesh.Keyring.load(args.link_keys),
+            link_keyring=irismesh.Keyring.load(args.link_keys) if args.link_keys else None,
             listen=args.listen,
             peers=args.peer,
             export=args.export,
             topics=args.topics,
             buffer=args.buffer,
             name=args.name,
+            local=bool(args.join),
             **common,
         )
-        await driver.gateway.start()
+        if args.join:
+            other = irismesh.Gateway(
+                args.join,
+                export=args.join_export,
+                buffer=args.buffer,
+                name=args.name,
+                local=True,
+                **{**common, "keyring": irismesh.Keyring.load(args.join_keys)},
+            )
+            driver.joined = await irismesh.LocalGateways([driver.gateway, other]).start()
+        else:
+            await driver.gateway.start()
         driver.node = driver.gateway.node
     else:
         driver.node = await irismesh.Node(args.cluster, name=args.name, **common).start()
@@ -198,7 +220,9 @@ async def main(args: argparse.Namespace) -> None:
     reading = asyncio.create_task(read())
     await stop.wait()
     reading.cancel()
-    if driver.gateway is not None:
+    if driver.joined is not None:
+        await driver.joined.close()
+    elif driver.gateway is not None:
         await driver.gateway.close()
     else:
         await driver.node.close()
@@ -218,5 +242,8 @@ if __name__ == "__main__":
     parser.add_argument("--export", action="append", default=[])
     parser.add_argument("--topics", action="append", default=[])
     parser.add_argument("--buffer", type=int, default=100_000)
+    parser.add_argument("--join", metavar="MESH")
+    parser.add_argument("--join-keys")
+    parser.add_argument("--join-export", action="append", default=[])
     parser.add_argument("--max-seconds", type=float, default=300)
     irismesh.run(main(parser.parse_args()))

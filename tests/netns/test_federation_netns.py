@@ -283,3 +283,28 @@ def test_a_tunnel_crosses_the_segments_in_order_and_a_killed_member_resets_it(
         f"a1 SIGKILLed under a stream: the caller's tunnel reset {took:.2f} s later"
         f" ({answer['error'][:80]}); gb buffered at most {stats['tunnel_buffered_peak']} bytes"
     )
+
+
+@pytest.mark.parametrize("fedlab", [("a1", "g", "cb")], indirect=True)
+def test_one_gateway_process_with_a_foot_in_each_segment_carries_requests(
+    fedlab: Lab, tmp_path: Path, report: Callable[[str], None]
+) -> None:
+    """Host g reaches both segments (as a host with an interface in each would); a1 and cb
+    reach only their own. One process on g is a gateway of mesh a and of mesh b, each finding
+    its mesh by survey: cb's requests to a's db cross it, and nothing else joins the meshes."""
+    lab = fedlab
+    a, b = keys(tmp_path, "a"), keys(tmp_path, "b")
+    segments(lab, ["a1"], ["cb"], [])  # g is in neither list: it reaches both
+    start(lab, "a1", a, "--cluster", "db")
+    start(lab, "g", a, "--gateway", "a", "--export", "db", "--join", "b", "--join-keys", b)
+    client = start(lab, "cb", b)
+    wait_for(lambda: lab.nodes["g"].call("stats")["imports"] == [[], ["db"]], 20, "db in b")
+    total = 2000
+    asked = client.send("requests", count=total, concurrency=32, timeout=10, cluster="db")
+    result = client.reply(asked, 120)
+    assert result["ok"], result
+    assert result["failed"] == 0, result["errors"]
+    assert result["wrong"] == 0
+    stats = lab.nodes["g"].call("stats")["stats"]
+    assert stats["b"]["requests_forwarded"] == stats["a"]["requests_served"] == total
+    report(f"{total} requests from segment b to segment a through one gateway process: 0 failed")
