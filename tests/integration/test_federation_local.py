@@ -326,3 +326,37 @@ def test_a_joined_gateway_also_links_over_tcp_and_passes_topics_on() -> None:
             check_in_order(got, "a", n)
 
     run(main())
+
+
+def test_three_meshes_in_one_process_get_each_message_once_in_order() -> None:
+    async def main() -> None:
+        meshes = [Mesh(name) for name in "abc"]
+        async with AsyncExitStack() as stack:
+            publishers = {m.name: await m.node(stack) for m in meshes}
+            joined = LocalGateways([m.gateway(topics=["feeds.#"]) for m in meshes])
+            await stack.enter_async_context(joined)
+            got: dict[str, list[bytes]] = {}
+            for mesh in meshes:
+                node = await mesh.node(stack)
+                got[mesh.name] = []
+                node.subscribe("feeds.#", callback=lambda m, k=mesh.name: got[k].append(m.payload))
+            for pub in publishers.values():  # the subscriber and the gateway of its mesh
+                await pub.wait_for_subscribers("feeds.x", 2, timeout=10)
+            await asyncio.sleep(0.3)  # every mesh's interest reaches the others' gateways
+            n = 1000
+
+            async def publish(mesh: str, pub: irismesh.Node) -> None:
+                for i in range(n):
+                    await pub.publish("feeds.x", f"{mesh}:{i}".encode())
+
+            await asyncio.gather(*(publish(m, p) for m, p in publishers.items()))
+            await wait_until(lambda: all(len(g) >= 3 * n for g in got.values()), 20, "all")
+            await asyncio.sleep(0.2)
+            for payloads in got.values():
+                assert len(payloads) == 3 * n
+                for origin in "abc":
+                    mine = [p for p in payloads if p.startswith(origin.encode())]
+                    check_in_order(mine, origin, n)
+            assert joined.links()["a"][0]["up"]
+
+    run(main())
