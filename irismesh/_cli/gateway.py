@@ -181,6 +181,8 @@ def _check(args: argparse.Namespace) -> None:
         raise CommandError(
             "--link-keys is needed (or --join, to join meshes in one process)", USAGE_ERROR
         )
+    if not joined and not (args.listen or args.peer):
+        raise CommandError("--listen or --peer is needed (or --join)", USAGE_ERROR)
     if args.link_keys is None and (args.listen or args.peer):
         raise CommandError("--listen and --peer need --link-keys", USAGE_ERROR)
     if joined and args.link_keys is not None and not (args.listen or args.peer):
