@@ -476,13 +476,13 @@ def _cancelled(event: RequestArrived) -> BaseException:
 
 
 class Caller:
-    """One node's calls in flight: a future per request, resolved by the core's events.
+    """One node's calls in flight: a future per request, resolved by the core.
 
     `request` and `fanout` check their arguments, hand the call to the core and wait on the
-    futures; the core's ReplyArrived and RequestFailed resolve them (`on_reply`, `on_failed`)
-    and, with telemetry, time them through the cluster's `Series` (inlined: the caller's hot
-    path). `events_at` is when the events being handled arrived: the node sets it once per
-    batch, so a batch of replies costs one clock read.
+    futures; the core resolves them as it reads each reply (`replied`, its reply sink, timed
+    by the drain's one clock read) and through RequestFailed events (`on_failed`), and, with
+    telemetry, they are timed through the cluster's `Series` (inlined: the caller's hot path).
+    `events_at` is when the events being handled arrived: the node sets it once per batch.
     """
 
     def __init__(
@@ -502,6 +502,7 @@ class Caller:
     def attach(self, core: MeshCore, driver: Driver) -> None:
         self._core = core
         self._driver = driver
+        core.calls.reply_sink = self.replied  # each reply as it arrives: no event for it
 
     def listen(self, on: Listen) -> None:
         on(ReplyArrived, self.on_reply)
@@ -619,9 +620,10 @@ class Caller:
         recorder = self._recorder
         series = recorder.requests[cluster] if recorder is not None else None
         self._waiting[req_id] = (fut, cluster, now, series)
-        if len(self._waiting) > 1:
-            # Others are in flight: send at the end of this loop iteration, together with the
-            # requests other tasks are about to make (one seal and one send for all of them).
+        if driver.flush_pending or len(self._waiting) > 1:
+            # A flush is queued (behind the tasks a batch of replies woke), or others are in
+            # flight: send in that flush, or at the end of this loop iteration, together with
+            # the requests other tasks are about to make (one seal and one send for all).
             driver.flush_soon()
         else:
             driver.flush()  # alone: no reason to wait
@@ -691,28 +693,34 @@ class Caller:
         return answers, errors, missing
 
     def on_reply(self, event: ReplyArrived) -> None:
-        entry = self._waiting.pop(event.req_id, None)
+        """A reply as an event (a core without the sink `attach` sets)."""
+        self.replied(event.req_id, event.status, event.payload, event.peer, self.events_at)
+
+    def replied(self, req_id: int, status: int, payload: bytes, peer: bytes, now: float) -> None:
+        """The reply to request `req_id` arrived at `now`: the core calls this as it reads it
+        (`Calls.reply_sink`), which spares an event object and its dispatch per reply."""
+        entry = self._waiting.pop(req_id, None)
         if entry is None:
             return
         fut, cluster, started, series = entry
-        if event.status == STATUS_OK:
+        if status == STATUS_OK:
             if not fut.done():
-                fut.set_result(event.payload)
+                fut.set_result(payload)
             if series is not None:  # Series.observe inlined: the caller's hot path
-                us = int((self.events_at - started) * 1e6)
+                us = int((now - started) * 1e6)
                 series.histogram[us.bit_length()] += 1
                 n = series.countdown - 1
                 if n:
                     series.countdown = n
                 else:
-                    series.sample(event.peer, us, len(event.payload), _OK)
+                    series.sample(peer, us, len(payload), _OK)
         else:
-            kind, message = unpack_error(event.payload)
+            kind, message = unpack_error(payload)
             if not fut.done():
                 fut.set_exception(RemoteError(cluster, kind, message))
             if series is not None:
-                us = int((self.events_at - started) * 1e6)
-                series.observe(event.peer, us, len(event.payload), _REMOTE_ERROR)
+                us = int((now - started) * 1e6)
+                series.observe(peer, us, len(payload), _REMOTE_ERROR)
 
     def on_failed(self, event: RequestFailed) -> None:
         entry = self._waiting.pop(event.req_id, None)
