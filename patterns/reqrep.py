@@ -316,7 +316,12 @@ class HandlerRunner:
             return
         finally:
             _deadline.reset(mark)
-        self._finish(event, started, result)
+        if type(result) is bytes and not self._ack_only:  # _finish's common case, inlined
+            self._reply(event.token, result)
+            if started and serving is not None:
+                serving[event.cluster].finish(event.token[0], started, len(result), _OK)
+        else:
+            self._finish(event, started, result)
         self._inline_done(began, now)
 
     def _inline_done(self, began: float, now: float) -> None:
@@ -540,25 +545,6 @@ class Caller:
             self.abandon(req_id)
             raise
 
-    def send(
-        self,
-        cluster: str,
-        payload: bytes,
-        timeout: float | None,
-        hedge: float | bool | None,
-        kind: int = _KIND_REQUEST,
-        priority: int = 0,
-    ) -> tuple[int, asyncio.Future[bytes]]:
-        """`request` up to its wait: the request's id and the future of its reply, which the
-        caller awaits (and `abandon`s when cancelled). `Node.request` awaits it itself: one
-        coroutine per request instead of two."""
-        core, driver, req_id, fut = self._begin(cluster, payload, timeout, hedge, kind, priority)
-        if self.busy_poll and len(self._waiting) == 1:
-            # Opt-in: wait for the reply without a trip through the loop (awaiting a done
-            # future then returns at once).
-            driver.spin(core.request_link(req_id), self.busy_poll, fut.done)
-        return req_id, fut
-
     def abandon(self, req_id: int) -> None:
         """The caller of `send` was cancelled while it waited: the core cancels the request."""
         if self._waiting.pop(req_id, None) is not None and self._core is not None:
@@ -566,7 +552,9 @@ class Caller:
 
     def start(self, cluster: str, payload: bytes, timeout: float | None) -> asyncio.Future[bytes]:
         """`Node.start_request`: the reply's future; cancelling it cancels the request."""
-        core, _driver, req_id, fut = self._begin(cluster, payload, timeout, None, _KIND_REQUEST)
+        req_id, fut = self.send(cluster, payload, timeout, None, _KIND_REQUEST, spin=False)
+        core = self._core
+        assert core is not None  # send has raised Closed otherwise
 
         def cancelled(done: asyncio.Future[bytes]) -> None:
             if done.cancelled() and self._waiting.pop(req_id, None) is not None:
@@ -575,16 +563,21 @@ class Caller:
         fut.add_done_callback(cancelled)
         return fut
 
-    def _begin(
+    def send(
         self,
         cluster: str,
         payload: bytes,
         timeout: float | None,
         hedge: float | bool | None,
-        kind: int,
+        kind: int = _KIND_REQUEST,
         priority: int = 0,
-    ) -> tuple[MeshCore, Driver, int, asyncio.Future[bytes]]:
-        """Check a request, hand it to the core, and arm the timer of its deadline."""
+        *,
+        spin: bool = True,
+    ) -> tuple[int, asyncio.Future[bytes]]:
+        """`request` up to its wait: check the request, hand it to the core, and arm the timer
+        of its deadline; returns its id and the future of its reply, which the caller awaits
+        (and `abandon`s when cancelled). `Node.request` awaits it itself: one coroutine per
+        request instead of two."""
         core = self._core
         driver = self._driver
         if core is None or driver is None or self.closed:
@@ -619,18 +612,25 @@ class Caller:
         fut: asyncio.Future[bytes] = loop.create_future()
         recorder = self._recorder
         series = recorder.requests[cluster] if recorder is not None else None
-        self._waiting[req_id] = (fut, cluster, now, series)
-        if driver.flush_pending or len(self._waiting) > 1:
-            # A flush is queued (behind the tasks a batch of replies woke), or others are in
-            # flight: send in that flush, or at the end of this loop iteration, together with
-            # the requests other tasks are about to make (one seal and one send for all).
-            driver.flush_soon()
-        else:
-            driver.flush()  # alone: no reason to wait
+        waiting = self._waiting
+        waiting[req_id] = (fut, cluster, now, series)
+        # A flush is queued (behind the tasks a batch of replies woke): the request goes in
+        # it. Others are in flight: at the end of this loop iteration, together with the
+        # requests other tasks are about to make (one seal and one send for all of them).
+        if not driver.flush_pending:
+            if len(waiting) > 1:
+                driver.flush_soon()
+            else:
+                driver.flush()  # alone: no reason to wait
         wake = now + (hedge if hedge is not None else timeout)
         if wake < driver.timer_at:
             driver.arm(wake)
-        return core, driver, req_id, fut
+        if self.busy_poll and spin and len(waiting) == 1:
+            # Opt-in: wait for the reply without a trip through the loop (awaiting a done
+            # future then returns at once), once the request is sent, not merely staged.
+            driver.flush()
+            driver.spin(core.request_link(req_id), self.busy_poll, fut.done)
+        return req_id, fut
 
     def _hedge_delay(self, cluster: str) -> float:
         """The cluster's measured p95 round trip (a power-of-two bound), or 10 ms unknown."""
