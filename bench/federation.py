@@ -7,8 +7,9 @@ exporting db and `bench.#`, and a gateway of mesh b linked to it (`mesh gateway`
 process runs the callers, the publisher and the subscribers: in mesh a (direct) and in mesh b
 (through the gateways), in the same run, one after the other. Printed: request/reply
 throughput with --outstanding requests in flight, the p50 of one request at a time, pub/sub
-messages per second to one subscriber (direct on `local.x`, which no gateway exports), and
-each figure through the gateways over direct.
+messages per second to one subscriber (direct on `local.x`, which no gateway exports), tunnel
+throughput (--tunnel-mb through one tunnel to the member, which echoes it back, in 64 KiB
+messages; MB/s each way), and each figure through the gateways over direct.
 """
 
 from __future__ import annotations
@@ -89,6 +90,29 @@ async def pubsub_rate(
         sub.close()
 
 
+async def tunnel_rate(node: irismesh.Node, total: int, block: int = 64 << 10) -> float:
+    """MB/s through one tunnel to "db" (`mesh node` echoes it back), one way."""
+    message = os.urandom(block)
+    count = max(1, total // block)
+    async with node.tunnel("db", timeout=10) as tunnel:
+
+        async def write() -> None:
+            for _ in range(count):
+                await tunnel.send(message)
+            await tunnel.send_eof()
+
+        started = time.perf_counter()
+        writer = asyncio.create_task(write())
+        got = 0
+        async for reply in tunnel:
+            got += len(reply)
+        await writer
+        elapsed = time.perf_counter() - started
+    if got != count * block:
+        raise RuntimeError(f"the tunnel echoed {got} bytes of {count * block}")
+    return got / elapsed / 1e6
+
+
 async def main(args: argparse.Namespace) -> dict[str, float]:
     tmp = Path(tempfile.mkdtemp(prefix="irismesh-bench-federation-"))
     keys = {}
@@ -126,6 +150,9 @@ async def main(args: argparse.Namespace) -> dict[str, float]:
                 ("gateway", b, "bench.x"),
             ):
                 out[f"pubsub_{label}_per_s"] = await pubsub_rate(a, reader, topic, args.messages)
+            for label, node in (("direct", a), ("gateway", b)):
+                await tunnel_rate(node, 4 << 20)  # warm up
+                out[f"tunnel_{label}_mb_s"] = await tunnel_rate(node, args.tunnel_mb << 20)
             return out
     finally:
         for proc in procs:
@@ -142,11 +169,13 @@ def cli() -> None:
     parser.add_argument("--requests", type=int, default=20000)
     parser.add_argument("--outstanding", type=int, default=100)
     parser.add_argument("--messages", type=int, default=50000)
+    parser.add_argument("--tunnel-mb", type=int, default=64)
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     out = irismesh.run(main(args))
     rr = out["reqrep_gateway_per_s"] / out["reqrep_direct_per_s"]
     ps = out["pubsub_gateway_per_s"] / out["pubsub_direct_per_s"]
+    tn = out["tunnel_gateway_mb_s"] / out["tunnel_direct_mb_s"]
     print("| 100 B | direct | through a gateway pair | ratio |")
     print("| --- | --- | --- | --- |")
     print(
@@ -161,6 +190,10 @@ def cli() -> None:
     print(
         f"| pub/sub, one subscriber, msg/s | {out['pubsub_direct_per_s']:,.0f} "
         f"| {out['pubsub_gateway_per_s']:,.0f} | {ps:.2f}x |"
+    )
+    print(
+        f"| tunnel, 64 KiB messages echoed, MB/s each way | {out['tunnel_direct_mb_s']:,.0f} "
+        f"| {out['tunnel_gateway_mb_s']:,.0f} | {tn:.2f}x |"
     )
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))

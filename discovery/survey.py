@@ -276,6 +276,17 @@ class SurveyConfig:
     # (interface, port).
     unicast_targets: tuple[str, ...] = ()
 
+    def next_interval(self, since_news: float, previous: float) -> float:
+        """The wait before the next question, before jitter.
+
+        ``since_news`` is the time since the node started or last heard of a node it did not
+        know; ``previous`` is the wait it used last. New or in a changing mesh, it asks every
+        ``fast_interval``; once stable it doubles the wait up to ``slow_interval``.
+        """
+        if since_news < self.fast_period:
+            return self.fast_interval
+        return min(self.slow_interval, 2 * previous)
+
     def __post_init__(self) -> None:
         try:
             group = ipaddress.IPv4Address(self.group)
@@ -554,10 +565,7 @@ class SurveyDiscovery:
                 question = self._datagram(SurveyKind.QUESTION)
                 self._send(question, (target, cfg.port), "unicast_questions_sent")
             asked = loop.time()
-            if asked - self._news_at < cfg.fast_period:
-                interval = cfg.fast_interval  # new here, or the mesh changed: ask often
-            else:  # stable: back off, doubling up to slow_interval
-                interval = min(cfg.slow_interval, 2 * interval)
+            interval = cfg.next_interval(asked - self._news_at, interval)
             delay = interval * (1.0 + self._rng.uniform(-cfg.jitter, cfg.jitter))
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(delay):

@@ -629,15 +629,19 @@ class Node(MemoryApi, KeyringApi):
             stats=self._serving_stats,
         )
 
-    def on_tunnel(self, handler: T) -> T:
+    def on_tunnel(self, handler: T, *, accept: bool = True) -> T:
         """Decorator: `async def handler(tunnel)` serves each tunnel a caller opens to this member.
 
         The tunnel closes when the handler returns; if it raises, the caller's end is reset
-        with the error's message.
+        with the error's message. With `accept=False` (`node.on_tunnel(handler, accept=False)`)
+        the handler gets the tunnel unaccepted, the caller's `node.tunnel` still waiting: it
+        calls `tunnel.accept()`, or `tunnel.reset(reason)` to refuse it (a reason starting
+        "no live member" makes the caller's `node.tunnel` raise NoResponders).
         """
         if not self.served_clusters:
             raise ConfigurationError("a node without a cluster serves no tunnels: pass cluster=")
         self._tunnels.handler = handler
+        self._tunnels.accept_first = accept
         return handler
 
     # ----------------------------------------------------------------- calling

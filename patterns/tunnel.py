@@ -37,6 +37,7 @@ from irismesh.errors import (
     ConfigurationError,
     EndOfStream,
     MeshError,
+    NoResponders,
     RequestTimeout,
     TunnelError,
     TunnelReset,
@@ -46,6 +47,9 @@ CHUNK = 64 << 10
 DEFAULT_WINDOW = 1 << 20
 DEFAULT_MAX_MESSAGE = 64 << 20
 YIELD_EVERY = 128  # messages a sender sends before it lets its event loop run
+# A member that resets an unaccepted tunnel with a reason starting so (a gateway whose far
+# mesh has no member of the cluster) makes the opener's `node.tunnel` raise NoResponders.
+NO_MEMBER = "no live member"
 
 _ACCEPT, _DATA, _CREDIT = int(TunnelOp.ACCEPT), int(TunnelOp.DATA), int(TunnelOp.CREDIT)
 _FIN, _RESET = int(TunnelOp.FIN), int(TunnelOp.RESET)
@@ -82,6 +86,7 @@ class Tunnel:
         self._accepted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._readable: asyncio.Future[None] | None = None
         self._writable: asyncio.Future[None] | None = None
+        self._ended: asyncio.Future[None] | None = None  # for wait_reset
 
     def __repr__(self) -> str:
         state = (self._reset and "reset") or ("eof" if self._eof else "open")
@@ -214,6 +219,42 @@ class Tunnel:
             self._hub.flush_soon()
         self._end("closed by this end")
 
+    async def wait_reset(self) -> str:
+        """Wait until the tunnel ends by a reset (either end's, or the other end's node
+        going) or `close`, even while nobody sends or reads; the reason."""
+        if self._reset is None:
+            if self._ended is None:
+                self._ended = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._ended)
+        return self._reset or ""
+
+    def accept(self) -> None:
+        """Accept a tunnel that a handler registered with `on_tunnel(..., accept=False)`
+        got unaccepted: the opener's `node.tunnel` returns, and it may send. TunnelReset if
+        the opener gave up meanwhile."""
+        if self._reset is not None:
+            raise TunnelReset(self._reset)
+        if self._accepted.done():
+            return
+        self._hub.core().tunnel_accept(self._handle, self._window)
+        self._accepted.set_result(None)
+        self._hub.flush_soon()
+
+    def reset(self, reason: str) -> None:
+        """End both directions at once, now: the other end's `send` and `recv` raise
+        TunnelReset with `reason` (a relay passing on why its own far end went away)."""
+        self._hub.forget(self._handle)
+        self._messages.clear()
+        self._partial = []
+        if self._reset is not None:
+            return
+        core = self._hub.core_or_none()
+        if core is not None:
+            with contextlib.suppress(TunnelError, Closed):
+                core.tunnel_send(self._handle, _RESET, 0, reason.encode()[:1000])
+            self._hub.flush_soon()
+        self._end(reason)
+
     async def __aenter__(self) -> Tunnel:
         return self
 
@@ -280,6 +321,8 @@ class Tunnel:
         if not self._accepted.done():
             self._accepted.set_exception(TunnelReset(reason))
             self._accepted.exception()  # retrieved: an opener that gave up is no error
+        if self._ended is not None and not self._ended.done():
+            self._ended.set_result(None)
         self._wake_reader()
         self._wake_writer()
 
@@ -334,6 +377,7 @@ class Tunnels:
         self._open: dict[int, Tunnel] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.handler: TunnelHandler | None = None
+        self.accept_first = True  # False: the handler accepts (Tunnel.accept) or resets
         self.record: Callable[[Tunnel], None] | None = None  # telemetry, as a tunnel ends
         self.window = DEFAULT_WINDOW
         self.max_message = DEFAULT_MAX_MESSAGE
@@ -371,6 +415,11 @@ class Tunnels:
         except TimeoutError:
             await tunnel.close()
             raise RequestTimeout(cluster, timeout) from None
+        except TunnelReset as exc:
+            await tunnel.close()
+            if exc.reason.startswith(NO_MEMBER):
+                raise NoResponders(cluster) from None
+            raise
         except BaseException:
             await tunnel.close()
             raise
@@ -393,12 +442,11 @@ class Tunnels:
         if handler is None:
             core.tunnel_send(event.handle, _RESET, 0, b"the member serves no tunnels")
             return
-        core.tunnel_accept(event.handle, self.window)
         tunnel = Tunnel(
             self, event.handle, event.cluster, event.peer.hex(), self.window, self.max_message
         )
-        if not tunnel._accepted.done():
-            tunnel._accepted.set_result(None)
+        if self.accept_first:
+            tunnel.accept()
         self._open[event.handle] = tunnel
         task = asyncio.get_running_loop().create_task(self._serve(handler, tunnel))
         self._tasks.add(task)

@@ -8,7 +8,11 @@ republishes one in its own mesh if its own mesh is among them: in a ring of mesh
 enough to stop every loop. Where a message can reach a mesh by two paths (a complete graph:
 A to C directly, and A to B to C), the copies meet at the gateway that receives them, and its
 `Barrier` lets through the first and drops the others by origin id, within a bounded window
-of recent ids (`duplicates_dropped`).
+of recent ids (`duplicates_dropped`). Where redundant gateways of the origin mesh link to a
+mesh (one forwards there, the others stand by), the copies would come through two gateway
+processes instead, each with its barrier: so the gateway sending a copy marks as seen the
+meshes it and another gateway of its mesh link to (`Crossing.wire(also=...)`), and nobody
+relays it there.
 
 The origin id is made from the message itself (publisher, topic, payload, and how many
 identical messages that publisher sent before it), so every gateway that sees a message in its
@@ -28,6 +32,7 @@ from typing import Any
 from irismesh.errors import ProtocolError
 
 CROSSING = "pub"
+RESENT = "pubr"  # a crossing a takeover sends again (see `redundancy`): maybe there already
 MAX_SEEN = 32  # meshes a crossing may have been in
 
 
@@ -39,8 +44,11 @@ class Crossing:
     topic: str
     payload: bytes
 
-    def wire(self) -> list[Any]:
-        return [CROSSING, self.origin, self.origin_id, list(self.seen), self.topic, self.payload]
+    def wire(self, kind: str = CROSSING, also: Sequence[str] = ()) -> list[Any]:
+        """The link item; `also`: meshes the sender sends it to itself, marked as seen so the
+        receiver does not relay it there (as many as `MAX_SEEN` leaves room for)."""
+        seen = [*self.seen, *also][:MAX_SEEN] if also else list(self.seen)
+        return [kind, self.origin, self.origin_id, seen, self.topic, self.payload]
 
     @classmethod
     def from_wire(cls, item: Sequence[Any]) -> Crossing:
@@ -105,6 +113,10 @@ class Barrier:
         self._seen: OrderedDict[tuple[str, bytes], None] = OrderedDict()
         self._window = window
         self.duplicates = 0
+
+    def holds(self, origin: str, origin_id: bytes) -> bool:
+        """Whether this message has come (within the window), without counting it."""
+        return (origin, origin_id) in self._seen
 
     def first(self, crossing: Crossing) -> bool:
         """True the first time this message comes; False (counted) for its copies."""

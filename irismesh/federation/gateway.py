@@ -33,7 +33,9 @@ time.
 
 Redundant gateways. Several gateways of a mesh may export the same topics (for when one
 dies): for each mesh they send to, they elect one forwarder, and the others keep what it has
-not yet delivered and send it on when they take over (`irismesh.federation.redundancy`).
+not yet delivered and send it on when they take over (`irismesh.federation.redundancy`). Such
+resends come marked (`RESENT`): the gateway receiving them asks the other gateways of its
+mesh which of them they have republished already, and drops those.
 
 Stats. `gateway.stats` counts what crossed, what was refused and what was dropped, with the
 links' buffered items; the gateway's node answers requests to cluster `_gateway` with them,
@@ -48,7 +50,7 @@ import itertools
 import logging
 import os
 import time
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from functools import partial
 from typing import Any
@@ -66,10 +68,12 @@ from irismesh.errors import (
     RemoteError,
     SlowConsumer,
 )
-from irismesh.federation.crossing import CROSSING, Barrier, Crossing, OriginIds
+from irismesh.federation.crossing import CROSSING, RESENT, Barrier, Crossing, OriginIds
 from irismesh.federation.link import LinkTransport, describe
+from irismesh.federation.linkproto import TUNNEL as _TUNNEL
 from irismesh.federation.linkproto import Exports, Item, LinkConfig, LinkEnd, link_secrets
 from irismesh.federation.redundancy import Redundancy
+from irismesh.federation.tunnels import GatewayTunnels
 from irismesh.node import Node, SurveyResult
 from irismesh.patterns.pubsub import Message, Subscription
 from irismesh.patterns.reqrep import ForwardedError, TurnedAway, time_left
@@ -90,6 +94,11 @@ _SYNC_EVERY = 0.05  # redundant gateways: delivered ids told this often
 _STATE_EVERY = 0.2  # and each one's links this often (a fellow silent for 3 s is gone)
 _TOLD_BOUND = 1024  # messages for the other gateways waiting to be sent
 _WARM_UP = 0.6  # a gateway holds what it would export this long: fellows make themselves known
+_ASK_BATCH = 4096  # resent crossings one question to the other gateways covers, at most
+_ASK_TIMEOUT = 1.0  # how long a takeover's resends wait for the other gateways' answers
+_NOT_REPUBLISHED_KEPT = 4096  # crossings let through but not republished, remembered
+_ASKED = 2  # a question to the other gateways (STATE and DELIVERED are 0 and 1): which of
+# these origin ids have you republished?
 
 
 def _check_link_keys(keyring: Keyring) -> None:
@@ -158,6 +167,7 @@ class Gateway:
         self.node = Node(clusters=serves, name=name, **self._node_args)
         if serves:
             self.node.on_request(self._describe)
+            self.node.on_survey(self._on_gateway_survey)
             self.node.on_broadcast(self._on_sync)
         self.link_keyring = link_keyring
         self._link_file: KeyringFile | None = None
@@ -184,8 +194,13 @@ class Gateway:
         self._outstanding: Counter[int] = Counter()  # id(link end) -> requests through it
         self._origin_ids = OriginIds()
         self._barrier = Barrier()
-        # Crossings to republish, with the link each came by (acknowledged once republished).
-        self._inbound: asyncio.Queue[tuple[LinkEnd, Crossing]] | None = None
+        # Crossings to republish, with the link each came by (acknowledged once republished)
+        # and whether a takeover resent it.
+        self._inbound: asyncio.Queue[tuple[LinkEnd, Crossing, bool]] | None = None
+        self._queued = 0  # crossings put in `_inbound`, and taken out and done with
+        self._done = 0
+        self._progress: asyncio.Event | None = None  # set as each is done
+        self._not_republished: OrderedDict[tuple[str, bytes], None] = OrderedDict()
         self._tasks: list[asyncio.Task[None]] = []
         self._subs: list[Subscription] = []
         self._drained: asyncio.Event | None = None
@@ -196,7 +211,17 @@ class Gateway:
         self._telling: asyncio.Task[None] | None = None
         self._state_at = 0.0  # when this gateway last told its links
         self._linked_since: dict[str, float] = {}  # mesh -> when a link to it was first known
+        self._shared: frozenset[str] = frozenset()  # meshes fellows link to too (see _reach)
         self._closing = False
+        # Tunnels across the links (see `irismesh.federation.tunnels`).
+        self.tunnels = GatewayTunnels(
+            links=lambda: self.transport.ends,
+            exports=lambda: self.export.clusters,
+            node=lambda: self.node,
+            flush_soon=self.transport.flush_soon,
+            stats=self.stats_counter,
+            open_timeout=default_timeout,
+        )
 
     # ------------------------------------------------------------- lifecycle
 
@@ -204,6 +229,7 @@ class Gateway:
         await self.node.start()
         self._gateway_ids = {self.node.node_id.hex()}
         self._inbound = asyncio.Queue()
+        self._progress = asyncio.Event()
         self._drained = asyncio.Event()
         self.transport.start()
         self._tasks.append(asyncio.create_task(self._republish()))
@@ -231,6 +257,8 @@ class Gateway:
         if self._closing:
             return
         self._closing = True
+        await self.tunnels.close()  # every tunnel through here reset, at both ends
+        self.transport.flush()
         for sub in self._subs:
             sub.close()
         for task in self._tasks:
@@ -314,6 +342,7 @@ class Gateway:
         if self._link_file is not None:
             out["link_keyring_refused"] = self._link_file.refused
         out["republish_queue"] = 0 if self._inbound is None else self._inbound.qsize()
+        out.update(self.tunnels.figures())
         if self._redundancy is not None:
             out.update(self._redundancy.stats)
             out["standby_held"] = self._redundancy.held()
@@ -348,6 +377,7 @@ class Gateway:
                 if via is end and not future.done():
                     future.set_exception(TurnedAway("gateway_link_down"))
                     self._calls.pop(call_id, None)
+            self.tunnels.link_down(end)
         if self._drained is not None:
             self._drained.set()  # exporters waiting on this link's window wake and look again
         self._reconcile()
@@ -359,19 +389,21 @@ class Gateway:
                 continue
             kind = item[0]
             try:
-                if kind == CROSSING:
+                if kind in (CROSSING, RESENT):
                     try:
                         crossing = Crossing.from_wire(item)
                     except MeshError:
                         end.consumed()
                         raise
-                    self._on_crossing(end, crossing)
+                    self._on_crossing(end, crossing, resent=kind == RESENT)
                 elif kind == _REQUEST:
                     self._on_request(end, item)
                 elif kind in (_BROADCAST, _SURVEY):
                     self._on_fanout(end, item)
                 elif kind == _REPLY:
                     self._on_reply(item)
+                elif kind == _TUNNEL:
+                    self.tunnels.on_item(end, item)
                 else:
                     self.stats_counter["dropped_unknown_item"] += 1
             except MeshError:
@@ -427,6 +459,7 @@ class Gateway:
         node.on_request(forward, admission=False)  # the far mesh's members admit
         node.on_broadcast(partial(self._forward_broadcast, cluster, node))
         node.on_survey(partial(self._forward_survey, cluster, node))
+        node.on_tunnel(partial(self.tunnels.serve_import, cluster), accept=False)
         try:
             await node.start()
         except MeshError as exc:
@@ -638,8 +671,15 @@ class Gateway:
         """Send to every link towards a mesh the message has not been in, waiting while a
         link that is up has a full window (the publishers wait too); a link that is down keeps
         it up to its buffer's bound. A message published here goes only to the meshes this
-        gateway is the forwarder for; for the others it is held (see `redundancy`)."""
-        wire = crossing.wire()
+        gateway is the forwarder for; for the others it is held (see `redundancy`).
+
+        Such a message is marked, on each copy, as seen in the other meshes that this gateway
+        and another gateway of this mesh both link to: the elected one of them sends it there,
+        the others hold it for their takeover, so the receiver does not relay it there too
+        (the copies would reach that mesh through two gateway processes, each republishing
+        it, where one barrier sees them both when a single gateway links to it)."""
+        reach = self._reach(crossing) if native else []
+        plain = crossing.wire()
         known = False
         redundancy = self._redundancy if native else None
         for end in self.transport.ends:
@@ -656,13 +696,32 @@ class Gateway:
                 self.transport.flush_soon()  # what waits goes out while this waits
                 self._drained.clear()
                 await self._drained.wait()
+            marked = reach and (len(reach) > 1 or reach[0] != end.peer_mesh)
+            wire = self._marked(crossing, end.peer_mesh, reach) if marked else plain
             if end.send(wire):
                 self.stats_counter["messages_sent"] += 1
         if not known:
             self.stats_counter["messages_no_link"] += 1  # no mesh to send it to yet
         self.transport.flush_soon()
 
-    def _on_crossing(self, end: LinkEnd, crossing: Crossing) -> None:
+    def _reach(self, crossing: Crossing) -> list[str]:
+        """The meshes, not yet seen by `crossing`, this gateway links to (its link up or
+        down: a link down keeps what it is sent, to replay in order) and so does another
+        gateway of this mesh exporting the same topics (see `_cross`)."""
+        shared = self._shared
+        reach: list[str] = []
+        for end in self.transport.ends:
+            mesh = end.peer_mesh
+            if mesh in shared and mesh not in crossing.seen and mesh not in reach:
+                reach.append(mesh)
+        return reach
+
+    @staticmethod
+    def _marked(crossing: Crossing, to: str, reach: list[str], kind: str = CROSSING) -> list[Any]:
+        """`crossing` as sent to mesh `to`, marked as seen in the rest of `reach`."""
+        return crossing.wire(kind, [m for m in reach if m != to])
+
+    def _on_crossing(self, end: LinkEnd, crossing: Crossing, *, resent: bool = False) -> None:
         if self.mesh in crossing.seen:
             self.stats_counter["loops_dropped"] += 1
             end.consumed()
@@ -671,37 +730,80 @@ class Gateway:
             end.consumed()
             return
         self.stats_counter["messages_received"] += 1
+        if resent:
+            self.stats_counter["resends_received"] += 1
         assert self._inbound is not None
-        self._inbound.put_nowait((end, crossing))
+        self._inbound.put_nowait((end, crossing, resent))
+        self._queued += 1
 
     async def _republish(self) -> None:
-        """Publish crossings here one at a time, in the order they came, then pass them on."""
-        assert self._inbound is not None
+        """Publish crossings here one at a time, in the order they came, then pass them on.
+        What a takeover resent is first checked with this mesh's other gateways (see
+        `_republished_elsewhere`), a run of them at a time."""
+        inbound, progress = self._inbound, self._progress
+        assert inbound is not None
+        assert progress is not None
+        carried: tuple[LinkEnd, Crossing, bool] | None = None
         while True:
-            end, crossing = await self._inbound.get()
-            while True:
-                try:
-                    await self.node.publish(crossing.topic, crossing.payload)
-                    self.stats_counter["messages_republished"] += 1
+            entry = carried if carried is not None else await inbound.get()
+            carried = None
+            end, crossing, resent = entry
+            if not resent:
+                await self._republish_one(end, crossing)
+                self._done += 1
+                progress.set()
+                continue
+            run = [(end, crossing)]
+            while len(run) < _ASK_BATCH and not inbound.empty():
+                following = inbound.get_nowait()
+                if not following[2] or following[1].origin != crossing.origin:
+                    carried = following
                     break
-                except SlowConsumer:
-                    # A subscriber here is slow (or its link lossy): wait on, as a publisher
-                    # whose subscribers block would; the messages after this one wait too.
-                    self.stats_counter["republish_waits"] += 1
-                except NoKey:
-                    self.stats_counter["dropped_no_key"] += 1
-                    break
-                except MeshError as exc:
-                    log.warning("gateway could not republish on %r: %s", crossing.topic, exc)
-                    self.stats_counter["dropped_republish_failed"] += 1
-                    break
-            onward = crossing.through(self.mesh)
-            if any(topic_matches(p, crossing.topic) for p in self.export.topics):
-                await self._cross(onward)
-            # Done with it: acknowledged now, so a mesh that reads slowly holds the sender
-            # back by the link's window instead of filling this gateway's memory.
-            end.consumed()
-            self.transport.flush_soon()
+                run.append((following[0], following[1]))
+            there = await self._republished_elsewhere(crossing.origin, [c for _, c in run])
+            for (end, crossing), elsewhere in zip(run, there, strict=True):
+                if elsewhere:
+                    self.stats_counter["resends_dropped_republished_elsewhere"] += 1
+                    end.consumed()
+                    self.transport.flush_soon()
+                else:
+                    await self._republish_one(end, crossing)
+                self._done += 1
+                progress.set()
+
+    async def _republish_one(self, end: LinkEnd, crossing: Crossing) -> None:
+        while True:
+            try:
+                await self.node.publish(crossing.topic, crossing.payload)
+                self.stats_counter["messages_republished"] += 1
+                break
+            except SlowConsumer:
+                # A subscriber here is slow (or its link lossy): wait on, as a publisher
+                # whose subscribers block would; the messages after this one wait too.
+                self.stats_counter["republish_waits"] += 1
+            except NoKey:
+                self.stats_counter["dropped_no_key"] += 1
+                self._not_republished_here(crossing)
+                break
+            except MeshError as exc:
+                log.warning("gateway could not republish on %r: %s", crossing.topic, exc)
+                self.stats_counter["dropped_republish_failed"] += 1
+                self._not_republished_here(crossing)
+                break
+        onward = crossing.through(self.mesh)
+        if any(topic_matches(p, crossing.topic) for p in self.export.topics):
+            await self._cross(onward)
+        # Done with it: acknowledged now, so a mesh that reads slowly holds the sender
+        # back by the link's window instead of filling this gateway's memory.
+        end.consumed()
+        self.transport.flush_soon()
+
+    def _not_republished_here(self, crossing: Crossing) -> None:
+        """Let through the barrier but not published: not among what this gateway tells its
+        fellows it republished."""
+        self._not_republished[(crossing.origin, crossing.origin_id)] = None
+        if len(self._not_republished) > _NOT_REPUBLISHED_KEPT:
+            self._not_republished.popitem(last=False)
 
     # ------------------------------------------------------------- redundant gateways
 
@@ -733,6 +835,11 @@ class Gateway:
     async def _sync_once(self, redundancy: Redundancy, warm_until: float) -> float:
         now = time.monotonic()
         redundancy.forget_stale(now)
+        for fellow_id in list(redundancy.fellows):
+            # Membership's verdict (a SIGKILLed gateway's broken links make it probe at once)
+            # comes well before the fellow's silence reaches STALE_AFTER.
+            redundancy.judge(fellow_id, self.node.peer_state(fellow_id), now)
+        self._shared = redundancy.shared(now)
         ends = [e for e in self.transport.ends if e.peer_mesh]
         if now - self._state_at >= _STATE_EVERY:
             self._state_at = now
@@ -769,7 +876,9 @@ class Gateway:
                 items, end.acked_items = end.acked_items, []
                 if redundancy.fellows:
                     ids = delivered.setdefault(end.peer_mesh, [])
-                    ids.extend(i[2] for i in items if i[0] == CROSSING and i[1] == self.mesh)
+                    ids.extend(
+                        i[2] for i in items if i[0] in (CROSSING, RESENT) and i[1] == self.mesh
+                    )
         for mesh, ids in delivered.items():
             if ids:
                 self._tell(redundancy.delivered_message(mesh, ids))
@@ -780,11 +889,82 @@ class Gateway:
         if resend:
             log.info("gateway forwards to mesh %r now; resends %d messages", mesh, len(resend))
         for crossing in resend:
-            wire = crossing.wire()
+            # Marked RESENT: the far side asks its gateways if they have it already.
+            wire = self._marked(crossing, mesh, self._reach(crossing), RESENT)
             for end in ends:
                 if end.peer_mesh == mesh and end.send(wire):
                     self.stats_counter["messages_sent"] += 1
         self.transport.flush_soon()
+
+    async def _republished_elsewhere(self, origin: str, run: list[Crossing]) -> list[bool]:
+        """Which of these crossings, resent by a takeover on the far side, another gateway of
+        this mesh has republished (received from the forwarder that died, before it died):
+        those are not republished again. A survey of `_gateway`; a gateway that does not
+        answer in time is taken to have none of them (what is republished then may be a
+        double: counted, `resends_unchecked`, as when no other gateway is here to ask)."""
+        no = [False] * len(run)
+        if GATEWAY_CLUSTER not in self.node.clusters:
+            self.stats_counter["resends_unchecked"] += len(run)
+            return no
+        ids = [c.origin_id for c in run]
+        question = msgpack.packb([_ASKED, self.node.node_id.hex(), origin, ids])
+        try:
+            result = await self.node.survey(GATEWAY_CLUSTER, question, timeout=_ASK_TIMEOUT)
+        except NoResponders:  # no other gateway here now: one that died may have had them
+            self.stats_counter["resends_unchecked"] += len(run)
+            return no
+        except MeshError as exc:
+            log.debug("gateway could not ask its fellows about resends: %s", exc)
+            self.stats_counter["resends_unchecked"] += len(run)
+            return no
+        own = self.node.node_id.hex()
+        there = no
+        for member, answer in result.answers.items():
+            try:
+                body = msgpack.unpackb(answer, raw=False)
+            except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+                body = None
+            if member == own or not isinstance(body, list) or len(body) != 2:
+                continue
+            kind, bitmap = body
+            if kind != _ASKED or type(bitmap) is not bytes or len(bitmap) != (len(run) + 7) // 8:
+                continue
+            bits = int.from_bytes(bitmap, "little")
+            there = [had or bool(bits >> i & 1) for i, had in enumerate(there)]
+        if result.errors or result.missing:
+            self.stats_counter["resends_unchecked"] += there.count(False)
+        return there
+
+    async def _on_gateway_survey(self, payload: bytes) -> bytes:
+        """A survey of `_gateway`: `mesh top` asks for the stats (an empty payload); a fellow
+        gateway asks which of a takeover's resends this one has republished, and gets a
+        bitmap ([_ASKED, bits]) once what this gateway had queued to republish is done."""
+        try:
+            body = msgpack.unpackb(payload, raw=False) if payload else None
+        except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+            body = None
+        if not (isinstance(body, list) and len(body) == 4 and body[0] == _ASKED):
+            return self._describe(payload)
+        _, _, origin, ids = body
+        if type(origin) is not str or not isinstance(ids, list):
+            self.stats_counter["sync_malformed"] += 1
+            return b""  # the asker finds no answer in it
+        progress, target = self._progress, self._queued
+        while progress is not None and self._done < target:  # the caller's deadline bounds the wait
+            progress.clear()
+            await progress.wait()
+        bits = 0
+        for i, origin_id in enumerate(ids):
+            key = (origin, origin_id)
+            if (
+                type(origin_id) is bytes
+                and self._barrier.holds(*key)
+                and key not in self._not_republished
+            ):
+                bits |= 1 << i
+        self.stats_counter["resends_asked"] += len(ids)
+        bitmap = bits.to_bytes((len(ids) + 7) // 8, "little")
+        return msgpack.packb([_ASKED, bitmap], use_bin_type=True)  # type: ignore[no-any-return]
 
     def _tell(self, body: list[Any]) -> None:
         """Broadcast to this mesh's other gateways, in order, without holding up the caller."""

@@ -283,6 +283,7 @@ class LinkTransport:
         except zmq.ZMQError:
             # Full or unroutable: what was reliable is sent again once acks stop progressing.
             self.stats["link_send_failed"] += 1
+            end.stats["frames_unsent"] += 1  # plain items in them are lost (tunnels reset)
         # The descriptor is edge-triggered and a send may have taken the edge of what arrived.
         loop = cast(asyncio.AbstractEventLoop, self._loop)
         if dealer is not None:

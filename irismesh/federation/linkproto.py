@@ -583,3 +583,86 @@ def _approx_size(item: Item) -> int:
     """About an item's size on the wire: its payload (the last field) and a little more."""
     last = item[-1] if item else b""
     return 64 + (len(last) if type(last) is bytes else 0)
+
+
+# ----------------------------------------------------------------- tunnel items
+
+# Tunnels crossing gateways (`irismesh.federation.tunnels`) ride plain items of their own kind:
+# [TUNNEL, TUNNEL_VERSION, tunnel id, from opener (bool), sequence, op, arg, data].
+# The tunnel id is the opening gateway's; `from opener` says which end sent the item, so
+# tunnels opened from either side of a link never share an id. `sequence` counts a
+# direction's items from 1: a gap means items were lost and the tunnel cannot go on.
+TUNNEL = "tun"
+TUNNEL_VERSION = 1
+T_OPEN, T_ACCEPT, T_DATA, T_CREDIT, T_FIN, T_RESET = 1, 2, 3, 4, 5, 6
+T_MAX_CHUNK = 64 << 10  # data in one item
+T_MAX_WINDOW = 1 << 30
+_T_MAX_ID = (1 << 63) - 1
+_T_MAX_TEXT = 1000  # a reset's reason, an OPEN's cluster name
+
+
+@dataclass(frozen=True, slots=True)
+class TunnelItem:
+    """One checked tunnel item (see `parse_tunnel_item`)."""
+
+    tunnel_id: int
+    from_opener: bool
+    seq: int
+    op: int
+    arg: int
+    data: bytes
+
+    def wire(self) -> Item:
+        return [
+            TUNNEL,
+            TUNNEL_VERSION,
+            self.tunnel_id,
+            self.from_opener,
+            self.seq,
+            self.op,
+            self.arg,
+            self.data,
+        ]
+
+
+def parse_tunnel_item(item: Item) -> TunnelItem:
+    """Check a tunnel item's version, shape and bounds; ProtocolError (its reason a counter
+    name: `tunnel_version`, `tunnel_malformed`) if it is not one this gateway can use.
+
+    OPEN: arg the window granted (bytes), data the cluster's name; ACCEPT and CREDIT: arg a
+    grant in bytes; DATA: arg 1 if more of the message follows, data at most T_MAX_CHUNK
+    bytes; FIN: nothing; RESET: data the reason."""
+    if len(item) < 2 or item[0] != TUNNEL:
+        raise ProtocolError("tunnel_malformed", "kind")
+    if type(item[1]) is not int or item[1] != TUNNEL_VERSION:
+        raise ProtocolError("tunnel_version", repr(item[1])[:20])
+    if len(item) != 8:
+        raise ProtocolError("tunnel_malformed", "length")
+    _, _, tunnel_id, from_opener, seq, op, arg, data = item
+    if not (
+        type(tunnel_id) is int
+        and 0 < tunnel_id <= _T_MAX_ID
+        and type(from_opener) is bool
+        and type(seq) is int
+        and 0 < seq <= _T_MAX_ID
+        and type(op) is int
+        and T_OPEN <= op <= T_RESET
+        and type(arg) is int
+        and type(data) is bytes
+    ):
+        raise ProtocolError("tunnel_malformed", "fields")
+    if op in (T_OPEN, T_ACCEPT, T_CREDIT):
+        ok = 0 < arg <= T_MAX_WINDOW and (op != T_OPEN or 0 < len(data) <= _T_MAX_TEXT)
+        ok = ok and (op == T_OPEN or not data)
+    elif op == T_DATA:
+        ok = arg in (0, 1) and len(data) <= T_MAX_CHUNK
+    else:
+        ok = arg == 0 and len(data) <= _T_MAX_TEXT and (op == T_RESET or not data)
+    opening = op == T_OPEN
+    if (
+        not ok
+        or (opening and (seq != 1 or not from_opener))
+        or (from_opener and seq == 1) != opening
+    ):
+        raise ProtocolError("tunnel_malformed", f"op {op}")
+    return TunnelItem(tunnel_id, from_opener, seq, op, arg, data)

@@ -15,29 +15,45 @@ A standby keeps each message it would have sent, in arrival order, in a bounded 
 destination mesh. The forwarder tells its mesh's other gateways (a broadcast to the cluster
 `_gateway`, a few times a second) the origin ids the far side has acknowledged, that is,
 republished; the standbys drop those from their buffers. Every gateway also broadcasts, five
-times a second, which meshes it has links to. When the forwarder goes (SIGKILL: silent for
-`STALE_AFTER`; its link down; it closed), the next in line sends its buffer first, then goes
-on forwarding: what the dead one may not have delivered is sent again, in the order it was
-published. Meanwhile the messages wait in the standby's buffer, not lost.
+times a second, which meshes it has links to. When the forwarder goes, the next in line
+sends its buffer first, then goes on forwarding. Gone means: its link down (it says so); it
+closed (membership holds it "left"); SIGKILLed, which the mesh's membership sees first (its
+broken links make the others probe it at once): held "dead", or "suspect" and silent for
+`SUSPECT_SILENCE` (about half a second after the kill in all), else silent for `STALE_AFTER`
+(a stalled process that membership still holds alive). What the dead one may not have
+delivered is sent again, in the order it was published. Meanwhile the messages wait in
+the standby's buffer, not lost.
 
 Why an elected forwarder and not an idempotency barrier spanning the importing mesh's
 gateways: the forwarder's acknowledgements already say what was delivered, and one sender per
 direction keeps each publisher's order with no merging on the far side, where a barrier
 across the importing gateways would have to agree on every message before republishing it.
 
-What it cannot do: a message the far side republished but whose acknowledgement had not yet
-reached the standbys when the forwarder died is sent again, and delivered twice. Exactly once
-across a crash would need the far gateway's republish and its acknowledgement to be one
-atomic step. Such doubles are bounded by what the forwarder had not yet reported (a fraction
-of a second of traffic) and counted among `takeover_resent` (every message a takeover sent,
-an upper bound on the doubles). A standby whose buffer overflows drops the oldest, counted
-(`standby_dropped`): only a takeover after that can lose them. A forwarder that is alive
-but silent for `STALE_AFTER` (a stalled process) is taken over from, and both forward until it
-is heard again (`forwarding_changes` counts the switches). The origin id of a message
-published several times identically by one publisher depends on how many of them a gateway
-has seen, so a gateway that started late may give such repeats other ids than the forwarder:
-a takeover by it may resend them (counted likewise). Messages that cross this mesh from
-another one (onward) go on through the gateway that received them, elected or not.
+Resends are not doubles as a rule. A takeover sends what it held as *resent* crossings
+(`crossing.RESENT`); the gateway of the far mesh that receives them asks its mesh's other
+gateways (a survey of `_gateway`) which of them they have republished, once each has
+republished what it had queued: the gateway that received from the dead forwarder lives on and
+knows exactly what came before the crash. Those are dropped there
+(`resends_dropped_republished_elsewhere`), the others republished in order. What it cannot do:
+when the far gateway that republished them is gone too (the importing end of the pair died), or
+does not answer within a second, the resends it may have republished are republished again and
+delivered twice (`resends_unchecked` on the far side counts them when a gateway asked did not
+answer, or none was there to ask, but not when membership had already removed the one that died
+and others answered). `takeover_resent` on this side counts every message a takeover sent, an
+upper bound on the doubles whatever happened. Exactly once across any crash would need the far
+gateway's republish and its acknowledgement to be one atomic step. A standby whose buffer
+overflows drops the oldest, counted (`standby_dropped`): only a takeover after that can lose
+them. A forwarder that is alive but silent for `STALE_AFTER` (a stalled process), or suspected
+by membership and silent for `SUSPECT_SILENCE`, is taken over from, and both forward until it
+is heard again (`forwarding_changes` counts the switches). The origin id of a message published
+several times identically by one publisher depends on how many of them a gateway has seen, so a
+gateway that started late may give such repeats other ids than the forwarder: a takeover by it
+may resend them under those ids, which the far side cannot recognise (counted among
+`takeover_resent`). Messages that cross this mesh from another one (onward) go on through the
+gateway that received them, elected or not; a message published here is sent by the elected
+forwarder alone to each mesh that several gateways here link to, and marked as seen there on
+its copies to other meshes (see `Gateway._cross`), so that no third mesh relays it onward to a
+mesh this election serves.
 """
 
 from __future__ import annotations
@@ -53,6 +69,7 @@ __all__ = ["Fellow", "Redundancy"]
 
 STATE, DELIVERED = 0, 1
 STALE_AFTER = 3.0  # a fellow not heard from this long is taken for gone
+SUSPECT_SILENCE = 0.6  # nor this long, while membership suspects it (three state messages)
 WORD_AFTER = 0.5  # a fellow's links as it told them this long after this gateway's link came up
 
 
@@ -154,6 +171,34 @@ class Redundancy:
                 continue
             best = min(best, (mesh not in fellow.up, fellow.started, fid))
         return best[2] == self.own_id
+
+    def judge(self, fellow_id: str, state: str | None, now: float) -> bool:
+        """What the mesh's membership says of a fellow (`Node.peer_state`): one held "dead"
+        or "left", or "suspect" and silent here for `SUSPECT_SILENCE`, is out of the election
+        at once, without waiting for its silence to reach `STALE_AFTER`. True if it was put
+        out. Should it come back (a wrong verdict, refuted), its next state message makes it
+        a fellow again, and the election gives it back what it forwarded."""
+        fellow = self.fellows.get(fellow_id)
+        if fellow is None:
+            return False
+        if state in ("dead", "left"):
+            self.stats["fellows_declared_dead"] += 1
+        elif state == "suspect" and now - fellow.heard_at > SUSPECT_SILENCE:
+            self.stats["fellows_suspect_and_silent"] += 1
+        else:
+            return False
+        del self.fellows[fellow_id]
+        return True
+
+    def shared(self, now: float) -> frozenset[str]:
+        """The meshes some fellow exporting the same topics has a link to (up or down): for
+        each, the election picks one forwarder, and the others hold what it has not
+        delivered."""
+        meshes: set[str] = set()
+        for fellow in self.fellows.values():
+            if fellow.topics == self.topics and now - fellow.heard_at <= STALE_AFTER:
+                meshes |= fellow.known
+        return frozenset(meshes)
 
     def forget_stale(self, now: float) -> None:
         for fid, fellow in list(self.fellows.items()):

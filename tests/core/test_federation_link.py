@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from irismesh.errors import ConfigurationError, ProtocolError
-from irismesh.federation.crossing import Barrier, Crossing, OriginIds
+from irismesh.federation.crossing import MAX_SEEN, RESENT, Barrier, Crossing, OriginIds
 from irismesh.federation.linkproto import Exports, LinkConfig, LinkEnd, open_hello
 
 KEY = os.urandom(32)
@@ -230,6 +230,30 @@ def test_the_barrier_lets_each_message_through_once() -> None:
     assert barrier.first(c)
     assert not barrier.first(c.through("b"))
     assert barrier.duplicates == 1
+
+
+def test_the_barrier_tells_what_it_holds_without_counting() -> None:
+    barrier = Barrier(window=4)
+    c = Crossing("a", b"\x01" * 16, ("a",), "t", b"x")
+    assert not barrier.holds("a", c.origin_id)
+    barrier.first(c)
+    assert barrier.holds("a", c.origin_id)
+    assert not barrier.holds("b", c.origin_id)
+    assert barrier.duplicates == 0
+
+
+def test_a_crossing_marked_as_seen_elsewhere_keeps_its_origin_and_the_bound() -> None:
+    c = Crossing("a", b"\x01" * 16, ("a", "c"), "t", b"x")
+    item = c.wire(RESENT, ["b"])
+    assert item[0] == RESENT
+    back = Crossing.from_wire(item)
+    assert back.seen == ("a", "c", "b")
+    assert back.origin == "a"
+    assert back.origin_id == c.origin_id
+    assert c.wire()[3] == ["a", "c"]
+    many = c.wire(also=[f"m{i}" for i in range(2 * MAX_SEEN)])
+    assert len(many[3]) == MAX_SEEN
+    assert Crossing.from_wire(many).seen[:2] == ("a", "c")
 
 
 def test_new_link_keys_end_only_a_session_under_a_key_no_longer_accepted() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from irismesh.federation.crossing import Crossing
-from irismesh.federation.redundancy import STALE_AFTER, Redundancy
+from irismesh.federation.redundancy import STALE_AFTER, SUSPECT_SILENCE, Redundancy
 
 
 def crossing(i: int) -> Crossing:
@@ -29,6 +29,35 @@ def test_the_gateway_that_started_first_forwards_and_the_other_stands_by() -> No
     second.on_message(first.state_message(["b"], ["b"]), now=3.0)
     assert second.elect("b", own_up=True, since=0.0, now=3.0) is False
     assert second.elect("b", own_up=True, since=0.0, now=3.1 + STALE_AFTER) is True
+
+
+def test_a_fellow_membership_holds_dead_or_suspect_and_silent_is_out_at_once() -> None:
+    first, second = pair()
+    second.on_message(first.state_message(["b"], ["b"]), now=1.0)
+    assert second.judge("01", "alive", now=1.1) is False
+    assert second.judge("01", "suspect", now=1.0 + SUSPECT_SILENCE / 2) is False  # heard lately
+    assert second.elect("b", own_up=True, since=0.0, now=1.2) is False
+    assert second.judge("01", "dead", now=1.2) is True  # long before STALE_AFTER
+    assert second.elect("b", own_up=True, since=0.0, now=1.2) is True
+    assert second.judge("01", "dead", now=1.3) is False  # not a fellow any more
+    # A wrong verdict, refuted: its next state message makes it the forwarder again.
+    second.on_message(first.state_message(["b"], ["b"]), now=2.0)
+    assert second.elect("b", own_up=True, since=0.0, now=2.0) is False
+    assert second.judge("01", "suspect", now=2.1 + SUSPECT_SILENCE) is True
+    assert second.elect("b", own_up=True, since=0.0, now=2.2 + SUSPECT_SILENCE) is True
+    second.on_message(first.state_message(["b"], ["b"]), now=4.0)
+    assert second.judge("01", "left", now=4.0) is True
+    assert second.stats["fellows_declared_dead"] == 2
+    assert second.stats["fellows_suspect_and_silent"] == 1
+
+
+def test_shared_meshes_are_those_fresh_fellows_with_the_same_topics_link_to() -> None:
+    first, second = pair()
+    other = Redundancy("03", 1.0, ["other.#"], bound=4)
+    second.on_message(first.state_message(["b"], ["b", "c"]), now=1.0)  # c: its link down
+    second.on_message(other.state_message(["d"], ["d"]), now=1.0)
+    assert second.shared(now=1.5) == {"b", "c"}
+    assert second.shared(now=1.1 + STALE_AFTER) == frozenset()
 
 
 def test_undecided_while_a_fellow_has_not_told_its_links_since_this_one_came_up() -> None:

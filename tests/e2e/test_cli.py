@@ -289,7 +289,9 @@ def test_exec_commands_run_at_most_concurrency_at_once() -> None:
 
 
 def test_peers_lists_every_member_alive(mesh: Mesh) -> None:
-    out = mesh.ok("peers", "--seed", mesh.seed)
+    # A long --wait: the command returns once every peer answered a probe (well under a second
+    # here), but a loaded machine must not cut it short with a peer not yet measured.
+    out = mesh.ok("peers", "--seed", mesh.seed, "--wait", "15")
     assert "peers (3)" in out
     for member in mesh.members.values():
         assert str(member["endpoint"]) in out
@@ -299,7 +301,7 @@ def test_peers_lists_every_member_alive(mesh: Mesh) -> None:
     assert out.count("alive") == 3
     header = next(line for line in out.splitlines() if " node " in line)
     assert " name " in header  # a column of its own
-    peers = mesh.json("peers", "--seed", mesh.seed)
+    peers = mesh.json("peers", "--seed", mesh.seed, "--wait", "15")
     assert isinstance(peers, list)
     by_id = {p["node_id"]: p for p in peers}
     assert set(by_id) == {str(m["node_id"]) for m in mesh.members.values()}

@@ -149,6 +149,7 @@ def test_job_queue_loses_no_job_across_kills_of_its_dispatcher_and_of_every_work
 def test_federation_crosses_two_meshes_and_hides_what_is_not_exported() -> None:
     out = run_example("federation.py").stdout
     assert "west asked east's db: 'east has k1'" in out
+    assert "through a tunnel to east's db and back: in order, intact" in out
     assert "west read east's prices in order: 1.08 1.09 1.07" in out
     assert "payroll is not exported: west cannot reach it (NoResponders)" in out
 

@@ -13,6 +13,7 @@ from helpers import wait_until
 
 import irismesh
 from irismesh.federation import LinkConfig, far_answers
+from irismesh.federation.crossing import CROSSING, RESENT, Crossing
 
 LOCAL = "tcp://127.0.0.1:0"
 FAST = LinkConfig(heartbeat=0.1, dead_after=0.6, retry=0.2, resend_after=0.4)
@@ -269,6 +270,80 @@ async def three_meshes(shape: str, n: int) -> None:
             assert sum(g.stats["duplicates_dropped"] for g in gws) > 0
 
 
+@pytest.mark.parametrize("first", ["pair", "others"])
+def test_three_meshes_with_a_redundant_pair_on_one_edge_deliver_each_message_once(
+    first: str,
+) -> None:
+    """A complete graph of three meshes, one gateway per mesh linked to both others, and a
+    second gateway pair on the edge a-b. Whichever of a's gateways forwards to b (`first`
+    started), a's messages reach b once: the gateway that sends them to c marks them as seen
+    in b (another gateway of a forwards there, or it holds them as a standby), so c does not
+    relay them to b, where they would come through another gateway process than the pair's."""
+
+    async def main() -> None:
+        meshes = {m: Mesh(m) for m in "abc"}
+        link = irismesh.Keyring.generate()
+        t = ("feeds.#",)
+        async with AsyncExitStack() as stack:
+            publishers = {}
+            for m, mesh in meshes.items():
+                publishers[m] = node = await stack.enter_async_context(mesh.node())
+                mesh.seeds.append(node.endpoint)
+            gws: dict[str, irismesh.Gateway] = {}
+
+            async def pair() -> None:
+                gws["a2"] = await gateway(stack, meshes["a"], link, listen=True, topics=t)
+                peer = (gws["a2"].endpoint,)
+                gws["b2"] = await gateway(stack, meshes["b"], link, peers=peer, topics=t)
+
+            if first == "pair":
+                await pair()
+            gws["a"] = ga = await gateway(stack, meshes["a"], link, listen=True, topics=t)
+            gws["b"] = gb = await gateway(
+                stack, meshes["b"], link, listen=True, peers=(ga.endpoint,), topics=t
+            )
+            gws["c"] = await gateway(
+                stack, meshes["c"], link, peers=(ga.endpoint, gb.endpoint), topics=t
+            )
+            if first == "others":
+                await pair()
+            readers = {m: await subscribed(stack, mesh, "feeds.#") for m, mesh in meshes.items()}
+            links = {"a": 2, "b": 2, "c": 2, "a2": 1, "b2": 1}
+            await wait_until(
+                lambda: all(g.stats["links_up"] == links[k] for k, g in gws.items()), 10, "links"
+            )
+            for k in ("a", "b", "a2", "b2"):
+                await wait_until(lambda k=k: gws[k].stats["fellows"] == 1, 10, f"{k}'s fellow")
+
+            def forwards(gw: irismesh.Gateway, mesh: str) -> bool:
+                assert gw._redundancy is not None
+                return gw._redundancy.forwarding.get(mesh, False)
+
+            for x, y in ("ab", "ba"):  # one forwarder each way: the one started first
+                pair_gw, other = gws[x + "2"], gws[x]
+                if first == "others":
+                    pair_gw, other = other, pair_gw
+                await wait_until(
+                    lambda g=pair_gw, o=other, y=y: forwards(g, y) and not forwards(o, y),
+                    10,
+                    f"one forwarder from {x} to {y}",
+                )
+            n = 1500
+            for m, node in publishers.items():  # its reader, and its mesh's gateways
+                await node.wait_for_subscribers("feeds.x", 1 + (1 if m == "c" else 2), timeout=10)
+            await publish_all(publishers, 1, n)
+            await wait_until(
+                lambda: all(len(got) >= 3 * n for _, got in readers.values()), 30, "all messages"
+            )
+            await asyncio.sleep(0.3)  # a double would come now
+            for _, got in readers.values():
+                check_once_in_order(got, list("abc"), n)
+            # Whichever forwards, nothing a takeover would resend was lost on the way.
+            assert all(g.stats.get("standby_dropped", 0) == 0 for g in gws.values())
+
+    run(main(), timeout=90)
+
+
 class Cable:
     """A TCP proxy on 127.0.0.1 between two gateways that the test can cut and mend."""
 
@@ -479,6 +554,50 @@ def test_two_gateway_pairs_for_the_same_topics_deliver_each_message_once() -> No
             assert b2.stats.get("messages_republished", 0) == 0
             assert a2.stats.get("takeover_resent", 0) == 0
             assert a2.stats.get("standby_dropped", 0) == 0
+
+    run(main())
+
+
+def test_resends_another_gateway_of_the_mesh_republished_are_dropped_the_others_not() -> None:
+    """What a takeover resends (a standby of mesh a, through its own pair) reaches a gateway
+    of mesh b that asks the other gateways of b which of them they republished already, from
+    the forwarder that went: those it drops, the others it republishes, in order."""
+
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        link = irismesh.Keyring.generate()
+        async with AsyncExitStack() as stack:
+            # Two gateway pairs, no topics exported: the test sends the crossings itself.
+            a1 = await gateway(stack, a, link, listen=True)
+            a2 = await gateway(stack, a, link, listen=True)
+            b1 = await gateway(stack, b, link, peers=(a1.endpoint,))
+            b2 = await gateway(stack, b, link, peers=(a2.endpoint,))
+            _, got = await subscribed(stack, b, "feeds.#")
+            for gw in (b1, b2):
+                await gw.node.wait_for_subscribers("feeds.x", 1, timeout=10)
+                await gw.node.wait_for_members("_gateway", 1, timeout=10)
+            await wait_until(lambda: a1.stats["links_up"] == a2.stats["links_up"] == 1, 10, "up")
+
+            def crossing(i: int) -> Crossing:
+                return Crossing("a", i.to_bytes(16, "big"), ("a",), "feeds.x", b"a:%d" % i)
+
+            def send(gw: irismesh.Gateway, kind: str, indices: range) -> None:
+                [end] = gw.transport.ends
+                for i in indices:
+                    assert end.send(crossing(i).wire(kind))
+                gw.transport.flush_soon()
+
+            send(a1, CROSSING, range(60))  # the forwarder's, republished by b1
+            await wait_until(lambda: len(got) == 60, 10, "the first 60")
+            send(a2, RESENT, range(40, 100))  # a takeover's: 40..59 were there already
+            await wait_until(lambda: len(got) >= 100, 10, "the rest")
+            await asyncio.sleep(0.2)  # a double would come now
+            check_once_in_order(got, ["a"], 100)
+            assert b2.stats["resends_received"] == 60
+            assert b2.stats["resends_dropped_republished_elsewhere"] == 20
+            assert b2.stats["messages_republished"] == 40
+            assert b2.stats.get("resends_unchecked", 0) == 0
+            assert b1.stats["resends_asked"] >= 60
 
     run(main())
 

@@ -10,7 +10,7 @@ import pytest
 from helpers import wait_until
 
 import irismesh
-from irismesh.patterns.tunnel import CHUNK
+from irismesh.patterns.tunnel import CHUNK, NO_MEMBER
 
 
 def run(coro: Awaitable[None], timeout: float = 60) -> None:
@@ -272,6 +272,73 @@ def test_a_slow_reader_of_large_messages_buffers_a_window_and_one_message(
             release.set()
             await asyncio.wait_for(pumping, 30)
             assert sent == 12
+        finally:
+            await asyncio.gather(caller.close(), member.close())
+
+    run(main())
+
+
+def test_reset_carries_its_reason_and_wait_reset_sees_it(keys: irismesh.Keyring) -> None:
+    async def main() -> None:
+        member, caller = await pair(keys)
+        try:
+            reasons: list[str] = []
+
+            @member.on_tunnel
+            async def refuse(tunnel: irismesh.Tunnel) -> None:
+                assert await tunnel.recv() == b"hello"
+                tunnel.reset("no more today")
+                reasons.append(await tunnel.wait_reset())
+
+            tunnel = await caller.tunnel("db", timeout=5)
+            waiting = asyncio.create_task(tunnel.wait_reset())
+            await tunnel.send(b"hello")
+            assert await asyncio.wait_for(waiting, 5) == "no more today"
+            with pytest.raises(irismesh.TunnelReset, match="no more today"):
+                await tunnel.recv()
+            await wait_until(lambda: reasons == ["no more today"], 5, "the member's own end")
+            await tunnel.close()
+        finally:
+            await asyncio.gather(caller.close(), member.close())
+
+    run(main())
+
+
+def test_a_handler_that_accepts_itself_decides_what_the_opener_gets(
+    keys: irismesh.Keyring,
+) -> None:
+    async def main() -> None:
+        member, caller = await pair(keys)
+        try:
+            decide = asyncio.Queue[str]()
+
+            async def handler(tunnel: irismesh.Tunnel) -> None:
+                verdict = await decide.get()
+                if verdict == "accept":
+                    tunnel.accept()
+                    await tunnel.send(b"welcome")
+                else:
+                    tunnel.reset(verdict)
+
+            member.on_tunnel(handler, accept=False)
+
+            async def open_it() -> irismesh.Tunnel:
+                return await caller.tunnel("db", timeout=5)
+
+            opening = asyncio.create_task(open_it())
+            await wait_until(lambda: member.stats["tunnels_open"] == 1, 5, "the member's end")
+            assert not opening.done()  # the opener waits for the handler's accept
+            decide.put_nowait("accept")
+            tunnel = await opening
+            assert await tunnel.recv() == b"welcome"
+            await tunnel.close()
+
+            decide.put_nowait(f"{NO_MEMBER} here, ask elsewhere")
+            with pytest.raises(irismesh.NoResponders):
+                await caller.tunnel("db", timeout=5)
+            decide.put_nowait("not today")
+            with pytest.raises(irismesh.TunnelReset, match="not today"):
+                await caller.tunnel("db", timeout=5)
         finally:
             await asyncio.gather(caller.close(), member.close())
 

@@ -14,6 +14,9 @@ while `requests` runs. Commands:
   checked; answers the totals when all are done. `progress`: how many are done so far.
 - `publish` (`topic`, `count`, `rate`): `count` messages `<index>` at `rate` per second.
 - `received`: what the subscription (`--subscribe`) got: count, whether in order, duplicates.
+- `tunnel` (`cluster`, `size`, `block`): a tunnel to the cluster (a member echoes it), `size`
+  bytes sent in numbered `block`-byte messages and checked as they come back; answers bytes
+  and seconds, or the error that ended it. `progress` then counts the bytes echoed so far.
 
 It exits on stdin EOF, SIGTERM, or after `--max-seconds`.
 """
@@ -77,6 +80,29 @@ class Driver:
         return {"done": self.done, "failed": len(failed), "errors": failed[:5], "wrong": wrong,
                 "stats": dict(self.node.stats)}  # fmt: skip
 
+    async def tunnel(self, cluster: str, size: int, block: int) -> dict[str, Any]:
+        await self.node.wait_for_members(cluster, timeout=20)
+        count = max(1, size // block)
+        start = time.monotonic()
+        async with self.node.tunnel(cluster, timeout=10) as tunnel:
+
+            async def write() -> None:
+                for i in range(count):
+                    await tunnel.send(i.to_bytes(8, "big") * (block // 8))
+                await tunnel.send_eof()
+
+            writer = asyncio.create_task(write())
+            try:
+                for i in range(count):
+                    message = await tunnel.recv()
+                    if message != i.to_bytes(8, "big") * (block // 8):
+                        raise ValueError(f"message {i} came back changed or out of order")
+                    self.done += len(message)
+                await writer
+            finally:
+                writer.cancel()
+        return {"bytes": self.done, "seconds": time.monotonic() - start}
+
     async def publish(self, topic: str, count: int, rate: float) -> dict[str, Any]:
         await self.node.wait_for_subscribers(topic, timeout=20)
         start = time.monotonic()
@@ -109,6 +135,8 @@ class Driver:
                 out = await self.publish(msg["topic"], msg["count"], msg["rate"])
             elif cmd == "received":
                 out = self.received()
+            elif cmd == "tunnel":
+                out = await self.tunnel(msg["cluster"], msg["size"], msg["block"])
             else:
                 raise ValueError(f"unknown command {cmd!r}")
             say({"re": ident, "ok": True, **out})
@@ -139,6 +167,13 @@ async def main(args: argparse.Namespace) -> None:
         if args.cluster:
             prefix = args.name.encode() + b":"
             driver.node.on_request(lambda payload: prefix + payload)
+
+            @driver.node.on_tunnel
+            async def echo(tunnel: irismesh.Tunnel) -> None:
+                async for message in tunnel:
+                    await tunnel.send(message)
+                await tunnel.send_eof()
+
     if args.subscribe:
         driver.node.subscribe(args.subscribe, callback=lambda m: driver.got.append(int(m.payload)))
     say({"event": "ready", "id": driver.node.node_id.hex(), "endpoint": driver.node.endpoint,

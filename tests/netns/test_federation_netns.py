@@ -244,3 +244,42 @@ def test_messages_cross_a_lossy_gateway_link_once_and_in_order(
         f" ({how}): all arrived once, in order; link downs {stats.get('link_downs', 0)},"
         f" resent {stats.get('link_resends', 0)}"
     )
+
+
+@pytest.mark.parametrize("fedlab", [("a1", "ga", "gb", "cb")], indirect=True)
+def test_a_tunnel_crosses_the_segments_in_order_and_a_killed_member_resets_it(
+    fedlab: Lab, tmp_path: Path, report: Callable[[str], None]
+) -> None:
+    lab = fedlab
+    a, b, link = keys(tmp_path, "a"), keys(tmp_path, "b"), keys(tmp_path, "link")
+    segments(lab, ["a1", "ga"], ["gb", "cb"], [("ga", "gb")])
+    start(lab, "a1", a, "--cluster", "db")
+    gateway(lab, "ga", "a", a, link, "--listen", listen(lab, "ga"), "--export", "db")
+    gb = gateway(lab, "gb", "b", b, link, "--peer", listen(lab, "ga"))
+    wait_for(lambda: gb.call("stats")["imports"] == ["db"], 20, "the import")
+    client = start(lab, "cb", b)
+    size = 32 << 20
+    done = client.call("tunnel", timeout=120, cluster="db", size=size, block=64 << 10)
+    assert done["bytes"] == size, done
+    report(
+        f"{size >> 20} MiB echoed in order through a tunnel across two segments and a gateway"
+        f" pair in {done['seconds']:.2f} s ({size / done['seconds'] / 1e6:.0f} MB/s each way)"
+    )
+    # A long stream; the member in segment a is SIGKILLed under it: the caller's tunnel resets.
+    streaming = client.send("tunnel", cluster="db", size=8 << 30, block=64 << 10)
+    before = client.call("progress")["done"]
+    wait_for(lambda: client.call("progress")["done"] > before + (8 << 20), 30, "the stream")
+    killed_at = time.monotonic()
+    lab.nodes["a1"].signal(signal.SIGKILL)
+    answer = client.reply(streaming, 30)
+    took = time.monotonic() - killed_at
+    assert not answer["ok"]
+    assert answer["error"].startswith("TunnelReset"), answer
+    assert "member is gone" in answer["error"], answer  # the far member's id stays there
+    stats = gb.call("stats")["stats"]
+    wait_for(lambda: gb.call("stats")["stats"]["tunnels_open"] == 0, 10, "gb's relay to end")
+    assert stats["tunnel_buffered_peak"] <= (1 << 20) + (128 << 10), stats
+    report(
+        f"a1 SIGKILLed under a stream: the caller's tunnel reset {took:.2f} s later"
+        f" ({answer['error'][:80]}); gb buffered at most {stats['tunnel_buffered_peak']} bytes"
+    )
