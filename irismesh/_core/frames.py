@@ -44,6 +44,15 @@ costs per request, measured):
 
     BATCH    repeated: !BI  kind, length | body of that kind (at most MAX_BATCH entries)
 
+Publishes that one flush sends to one subscriber in one scope travel as a PUBLISH_RUN when the
+subscriber's WELCOME says caps["run"]: the entries carry no stream seq of their own (the
+first entry's is in the run's head, and each next one counts up by one), so a publish to N
+subscribers encodes its entry once and stages the very same bytes for all of them:
+
+    PUBLISH_RUN  !Q  stream seq of the first entry | repeated: !BIB  kind (PUBLISH,
+             PUBLISH_STAMPED or PUBLISH_RETAINED), length of what follows, topic length |
+             [publish time !d | message id (16)] topic | payload  (at most MAX_BATCH entries)
+
 The body layout belongs to this module alone.
 """
 
@@ -88,6 +97,7 @@ class Kind(enum.IntEnum):
     PUBLISH_STAMPED = 21  # PUBLISH with the publisher's clock: fixed layout, see the docstring
     PUBLISH_RETAINED = 22  # PUBLISH with the message's id: fixed layout, see the docstring
     JOB = 23  # dialler -> listener: REQUEST's layout; a queued job (the docstring's JOB)
+    PUBLISH_RUN = 24  # dialler -> listener, in a topic scope: publishes, see the docstring
 
 
 KINDS: Final = frozenset(int(k) for k in Kind)
@@ -136,6 +146,9 @@ BATCH_ENTRY: Final = struct.Struct("!BI")
 # A BATCH entry's header and the PUBLISH fields after it, read in one go by a subscriber.
 PUBLISH_ENTRY: Final = struct.Struct("!BIQB")
 MAX_BATCH: Final = 4096
+# A PUBLISH_RUN's head (its first entry's stream seq) and each entry's header.
+RUN_HEAD: Final = struct.Struct("!Q")
+RUN_ENTRY: Final = struct.Struct("!BIB")
 
 
 def encode_batch(entries: list[tuple[int, bytes]]) -> bytes:

@@ -115,6 +115,7 @@ class Handshake:
         link.send_sealers[0] = keys.sealer(None, True)
         link.recv_sealers[0] = keys.sealer(None, False)
         link.priorities = caps.get("prio") == 1
+        link.pub_runs = caps.get("run") == 1
         link.state = LinkState.UP
         return learned
 
@@ -195,8 +196,9 @@ class Handshake:
         said = [self._node_id, nonce, self._endpoint, tags, keys.public, record]
         said += [peer_nonce, peer_public]
         proof = security.mesh_proof(b"welcome", self._codec.pack(said))
-        # "prio": this member reads requests' priorities (callers send others the default).
-        caps = {"kx": keys.public, "rec": record, "proof": proof, "prio": 1}
+        # "prio": this member reads requests' priorities (callers send others the default);
+        # "run": it reads publishes as PUBLISH_RUN frames (publishers send others BATCHes).
+        caps = {"kx": keys.public, "rec": record, "proof": proof, "prio": 1, "run": 1}
         body = self._codec.pack([self._node_id, nonce, self._endpoint, tags, caps])
         self._outbox.in_frames.append((routing_id, encode_header(Kind.WELCOME, 0, 0) + body))
         return link, learned

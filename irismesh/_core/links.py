@@ -72,8 +72,10 @@ class OutLink:
     credit: int = 0  # messages the peer lets us send now
     pub_seq: int = 0  # our PUBLISH stream to the peer
     pub_seen: int = 0  # pub_seq when the engine last looked (was it published to since?)
-    # Staged PUBLISH entries of one BATCH body (header, body, header, ...), their size, and
-    # the slot they are sealed in.
+    # Staged PUBLISH entries of one frame's body, their size, and the slot they are sealed in:
+    # a PUBLISH_RUN (its head, then one entry each) when the peer reads runs (`pub_runs`, its
+    # WELCOME's caps["run"]), else a BATCH (header, body, header, ...).
+    pub_runs: bool = False
     pub_parts: list[bytes] = field(default_factory=list)
     pub_size: int = 0
     pub_slot: int = 0

@@ -25,10 +25,11 @@ class in frames of its own, so a frame of a higher class is sealed (its sequence
 lower) and sent before any of a lower class staged in the same flush, and the peer reads it
 first. Entries of one class keep their order.
 
-Publishes are staged separately, straight into the link's BATCH body for one slot
-(`OutLink.pub_parts`, written by the publish hot path in `pubsub`), and the link is listed in
-`published`; `seal_published` closes such a body into one frame. The staging lists are never
-replaced, only cleared, so the hot paths of other concerns may hold them.
+Publishes are staged separately, straight into the link's frame body for one slot
+(`OutLink.pub_parts`, written by the publish hot path in `pubsub`: a PUBLISH_RUN whose entries
+are the same bytes for every subscriber, or a BATCH for a peer that reads no runs), and the
+link is listed in `published`; `seal_published` closes such a body into one frame. The staging
+lists are never replaced, only cleared, so the hot paths of other concerns may hold them.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from irismesh._core.frames import (
 from irismesh._core.links import InLink, LinkState, OutLink
 
 _BATCH = int(Kind.BATCH)
+_PUBLISH_RUN = int(Kind.PUBLISH_RUN)
 _BATCH_BYTES = 96 << 10
 _pack_header = HEADER.pack
 
@@ -167,19 +169,22 @@ class Outbox:
             staged_in.clear()
 
     def seal_published(self, link: OutLink) -> None:
-        """Seal the publishes staged for `link` as one BATCH frame."""
+        """Seal the publishes staged for `link` as one frame (PUBLISH_RUN or BATCH)."""
         parts = link.pub_parts
         if not parts:
             return
         body = b"".join(parts)
-        count = len(parts) >> 1
+        if link.pub_runs:  # a PUBLISH_RUN: its head, then the entries
+            kind, count = _PUBLISH_RUN, len(parts) - 1
+        else:
+            kind, count = _BATCH, len(parts) >> 1
         parts.clear()
         link.pub_size = 0
         if link.state is not LinkState.UP:
             return
         if count > 1:
             self._stats["batches_sent"] += 1
-        self.out_frames.append((link.link_id, self.frame(link, link.pub_slot, _BATCH, body)))
+        self.out_frames.append((link.link_id, self.frame(link, link.pub_slot, kind, body)))
 
     def seal_ranked(
         self,

@@ -27,9 +27,13 @@ default key "*"), in the link slot whose offer matched that key (`Handshake.topi
 receiver accepts a topic only in the slot of the key it expects for it: its own key for a
 scope it has one for, so a holder of the default key cannot inject there.
 
-Hot paths: `publish` writes straight into the link's BATCH body (`OutLink.pub_parts`, sealed
-by the outbox), and `on_publish_batch` walks a BATCH with the entry checks inlined, making one
-MessagesArrived event per frame.
+Hot paths: `publish` routes a topic from a per-topic cache of (link, slot) pairs and writes
+straight into each link's frame body (`OutLink.pub_parts`, sealed by the outbox): a
+PUBLISH_RUN, whose entries carry no stream seq of their own, so one encoded entry is shared by
+every subscriber (each link's run head holds its first seq); or, for a peer that reads no runs,
+a BATCH with an entry header per link. `on_publish_batch` walks either with the entry checks
+inlined, making one MessagesArrived event per frame. Each link still seals its own frames:
+see SECURITY.md on why a seal shared by the subscribers would not pay.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ from irismesh._core.frames import (
     PUBLISH_ENTRY,
     PUBLISH_FIELDS,
     PUBLISH_STAMP,
+    RUN_ENTRY,
+    RUN_HEAD,
     Kind,
 )
 from irismesh._core.handshake import Handshake
@@ -75,6 +81,12 @@ _PUBLISH_ENTRY_SIZE = PUBLISH_ENTRY.size
 _pack_stamp = PUBLISH_STAMP.pack
 _unpack_stamp = PUBLISH_STAMP.unpack_from
 _STAMP_SIZE = PUBLISH_STAMP.size
+_pack_run_head = RUN_HEAD.pack
+_unpack_run_head = RUN_HEAD.unpack_from
+_RUN_HEAD_SIZE = RUN_HEAD.size
+_pack_run_entry = RUN_ENTRY.pack
+_RUN_ENTRY_SIZE = RUN_ENTRY.size
+_PUBLISH_RUN = int(Kind.PUBLISH_RUN)
 
 
 class PubSubCore(LinkObserver):
@@ -113,6 +125,10 @@ class PubSubCore(LinkObserver):
         # published -> (UTF-8, scope).
         self._topics_heard: dict[bytes, tuple[str, str, bool]] = {}
         self._topics_out: dict[str, tuple[bytes, str]] = {}
+        # Per topic published: the links that want it, each with the slot it takes the topic's
+        # scope in, and how many others want it but cannot read it (`_route`); forgotten
+        # whenever interest or links change.
+        self._routes: dict[str, tuple[list[tuple[OutLink, int]], int]] = {}
 
     # ----------------------------------------------------------------- own subscriptions
 
@@ -184,6 +200,7 @@ class PubSubCore(LinkObserver):
         """SUBSCRIBE (`add`, with a `grant` of credit) or UNSUBSCRIBE from the peer at the
         other end of `link`."""
         link.credit = min(link.credit + grant, _MAX_CREDIT)
+        self._routes.clear()
         if add and not link.subscribed:
             link.subscribed = True
             self._ready.clear()
@@ -220,6 +237,7 @@ class PubSubCore(LinkObserver):
     def link_down(self, link: OutLink, reason: str, now: float) -> None:
         """A peer's link is gone, and with it the interest it carried."""
         self._ready.clear()
+        self._routes.clear()
         if link.interest:
             for pattern in link.interest:
                 self._interest.remove(pattern, link)
@@ -257,17 +275,19 @@ class PubSubCore(LinkObserver):
             self.blocked = True
             self._stats["publish_awaiting_readers"] += 1
             return -1
-        targets = self._interest.match_cached(topic)
-        if not targets:
-            return 0
-        for link in targets:
-            slot = link.topic_slots.get(scope)
-            if slot is None:
-                slot = self._topic_slot(link, scope)
-            if slot and link.credit <= 0:
+        route = self._routes.get(topic)
+        if route is None:
+            route = self._route(topic, scope)
+        links, unreadable = route
+        for link, _slot in links:
+            if link.credit <= 0:
                 self.blocked = True
                 self._stats["publish_blocked"] += 1
                 return -1
+        if unreadable:  # interested, but they hold no key we publish this scope under
+            self._stats["publish_unreadable"] += unreadable
+        if not links:
+            return 0
         if msg_id:
             if len(msg_id) != MESSAGE_ID_SIZE:
                 raise ConfigurationError(f"a message id is {MESSAGE_ID_SIZE} bytes")
@@ -280,39 +300,80 @@ class PubSubCore(LinkObserver):
             kind = _PUBLISH
             tail = encoded + payload
         size = len(encoded)
-        length = _PUBLISH_SIZE + len(tail)
         outbox = self._outbox
-        batching = outbox.batching
-        sent = 0
-        for link in targets:
-            slot = link.topic_slots[scope]
-            if not slot:  # interested, but it holds no key we publish this scope under
-                self._stats["publish_unreadable"] += 1
-                continue
+        if not outbox.batching:
+            for link, slot in links:
+                link.credit -= 1
+                seq = link.pub_seq = link.pub_seq + 1
+                outbox.stage_out(link, slot, kind, _pack_publish(seq, size) + tail)
+            return len(links)
+        # The publish hot path: straight into each link's frame body for this slot, with no
+        # entry list to walk and encode at flush time. A link that reads runs gets the very
+        # same entry bytes as every other such link (encoded once here); one that reads only
+        # BATCHes gets an entry header of its own (its stream seq is in it).
+        limit = outbox.batch_limit
+        published = outbox.published
+        entry = b""
+        length = _PUBLISH_SIZE + len(tail)
+        for link, slot in links:
             link.credit -= 1
             seq = link.pub_seq = link.pub_seq + 1
-            if batching:
-                # Straight into the link's BATCH body for this slot: no entry list to walk
-                # and encode at flush time (the publish hot path).
-                parts = link.pub_parts
+            parts = link.pub_parts
+            if link.pub_runs:
+                if not entry:
+                    entry = _pack_run_entry(kind, len(tail), size) + tail
                 if parts:
                     if (
                         slot != link.pub_slot
-                        or link.pub_size + length > outbox.batch_limit
-                        or len(parts) >= _MAX_PARTS
+                        or link.pub_size + len(entry) > limit
+                        or len(parts) > MAX_BATCH
                     ):
                         outbox.seal_published(link)  # the link stays listed in published
                         link.pub_slot = slot
+                        parts.append(_pack_run_head(seq))
+                        link.pub_size = _RUN_HEAD_SIZE
                 else:
-                    outbox.published.append(link)
+                    published.append(link)
                     link.pub_slot = slot
-                parts.append(_pack_publish_entry(kind, length, seq, size))
-                parts.append(tail)
-                link.pub_size += _ENTRY_SIZE + length
+                    parts.append(_pack_run_head(seq))
+                    link.pub_size = _RUN_HEAD_SIZE
+                parts.append(entry)
+                link.pub_size += len(entry)
+                continue
+            if parts:
+                if (
+                    slot != link.pub_slot
+                    or link.pub_size + length > limit
+                    or len(parts) >= _MAX_PARTS
+                ):
+                    outbox.seal_published(link)  # the link stays listed in published
+                    link.pub_slot = slot
             else:
-                outbox.stage_out(link, slot, kind, _pack_publish(seq, size) + tail)
-            sent += 1
-        return sent
+                published.append(link)
+                link.pub_slot = slot
+            parts.append(_pack_publish_entry(kind, length, seq, size))
+            parts.append(tail)
+            link.pub_size += _ENTRY_SIZE + length
+        return len(links)
+
+    def _route(self, topic: str, scope: str) -> tuple[list[tuple[OutLink, int]], int]:
+        """The links interested in `topic` with the slot each takes its scope in, and how many
+        more are interested but hold no key this node publishes the scope under; remembered
+        per topic until interest or links change (publishers repeat their topics)."""
+        links: list[tuple[OutLink, int]] = []
+        unreadable = 0
+        for link in self._interest.match_cached(topic):
+            slot = link.topic_slots.get(scope)
+            if slot is None:
+                slot = self._topic_slot(link, scope)
+            if slot:
+                links.append((link, slot))
+            else:
+                unreadable += 1
+        if len(self._routes) >= _MAX_TOPIC_SCOPES:
+            self._routes.clear()
+        route = self._routes[topic] = (links, unreadable)
+        return route
 
     def _settled(self, scope: str) -> bool:
         """Whether every node that reads `scope` is linked and has told its patterns."""
@@ -336,11 +397,18 @@ class PubSubCore(LinkObserver):
     # ----------------------------------------------------------------- receiving
 
     def on_publish(self, link: InLink, body: bytes, slot_scope: str, kind: int = _PUBLISH) -> None:
-        """One PUBLISH (or PUBLISH_STAMPED) frame: a batch of one."""
+        """One PUBLISH (PUBLISH_STAMPED, PUBLISH_RETAINED) frame: a batch of one; or a
+        PUBLISH_RUN."""
+        if kind == _PUBLISH_RUN:
+            self.on_publish_batch(link, body, slot_scope, True)
+            return
         self.on_publish_batch(link, _pack_entry(kind, len(body)) + body, slot_scope)
 
-    def on_publish_batch(self, link: InLink, body: bytes, slot_scope: str) -> None:
-        """The PUBLISH entries of a BATCH: one MessagesArrived event for all of them.
+    def on_publish_batch(
+        self, link: InLink, body: bytes, slot_scope: str, run: bool = False
+    ) -> None:
+        """The PUBLISH entries of a BATCH (or, `run`, of a PUBLISH_RUN): one MessagesArrived
+        event for all of them.
 
         The subscriber's hot path, so decode_batch's walk and each entry's checks are inlined.
         A bad message is counted and dropped (the credit it used is the sender's again); a
@@ -352,13 +420,41 @@ class PubSubCore(LinkObserver):
         ids: dict[int, bytes] | None = None
         offset, size, count = 0, len(body), 0
         heard, unpack, stats = self._topics_heard, _unpack_publish_entry, self._stats
+        kind: int
+        length: int
+        stream_seq: int
+        topic_size: int
+        first_seq = 0
         try:
+            if run:
+                if size < _RUN_HEAD_SIZE:
+                    raise ProtocolError("bad_envelope", "PUBLISH_RUN")
+                first_seq = _unpack_run_head(body, 0)[0]
+                offset = _RUN_HEAD_SIZE
             while offset < size:
-                if size - offset < _PUBLISH_ENTRY_SIZE or count >= MAX_BATCH:
+                if count >= MAX_BATCH:
                     raise ProtocolError("bad_envelope", "BATCH")
-                kind, length, stream_seq, topic_size = unpack(body, offset)
-                start = offset + _PUBLISH_ENTRY_SIZE
-                offset += _ENTRY_SIZE + length
+                if run:
+                    if size - offset < _RUN_ENTRY_SIZE:
+                        raise ProtocolError("bad_envelope", "PUBLISH_RUN")
+                    # RUN_ENTRY (!BIB) read byte by byte: compiled, no call and no tuple.
+                    kind = body[offset]
+                    length = (
+                        body[offset + 1] << 24
+                        | body[offset + 2] << 16
+                        | body[offset + 3] << 8
+                        | body[offset + 4]
+                    )
+                    topic_size = body[offset + 5]
+                    stream_seq = first_seq + count
+                    start = offset + _RUN_ENTRY_SIZE
+                    offset = start + length
+                else:
+                    if size - offset < _PUBLISH_ENTRY_SIZE:
+                        raise ProtocolError("bad_envelope", "BATCH")
+                    kind, length, stream_seq, topic_size = unpack(body, offset)
+                    start = offset + _PUBLISH_ENTRY_SIZE
+                    offset += _ENTRY_SIZE + length
                 stamp = 0.0
                 msg_id = b""
                 if kind == _PUBLISH_STAMPED and start + _STAMP_SIZE <= offset <= size:

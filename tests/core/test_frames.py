@@ -60,6 +60,7 @@ BINARY_KINDS = (
     Kind.PUBLISH,
     Kind.PUBLISH_STAMPED,
     Kind.PUBLISH_RETAINED,
+    Kind.PUBLISH_RUN,
     Kind.TUNNEL,
 )
 MSGPACK_KINDS = [k for k in Kind if k not in BINARY_KINDS]

@@ -12,7 +12,7 @@ from memnet import MemNet, MemNode
 from irismesh._core.config import CoreConfig
 from irismesh._core.events import CreditArrived, MessagesArrived
 from irismesh._core.frames import Kind
-from irismesh.errors import NoKey, PayloadTooLarge
+from irismesh.errors import NoKey, PayloadTooLarge, ProtocolError
 from irismesh.security.keyring import Keyring
 
 WINDOW = 8
@@ -246,7 +246,8 @@ def test_a_default_key_holder_cannot_inject_into_a_scope_keyed_apart() -> None:
     assert [m.payload for m in messages(insider)] == [b"fine"]
 
 
-def test_a_batch_delivers_its_good_messages_in_order_around_the_refused_ones() -> None:
+@pytest.mark.parametrize("runs", [True, False], ids=["runs", "batches"])
+def test_a_batch_delivers_its_good_messages_in_order_around_the_refused_ones(runs: bool) -> None:
     net = MemNet(seed=10, config=CONFIG)
     _publisher_keys, insider_keys, outsider_keys = keyrings(net)
     intruder = net.add("intruder", keyring=outsider_keys)
@@ -255,6 +256,8 @@ def test_a_batch_delivers_its_good_messages_in_order_around_the_refused_ones() -
     subscribe(net, insider, "#")
     linked_for(net, intruder, "secret.orders")
     intruder.core.batching = True
+    for link in intruder.core.peers():
+        link.pub_runs = runs
     # Both scopes go in the default key's slot, so they share one BATCH frame.
     for i in range(WINDOW):
         topic = "secret.orders" if i % 2 else "other.news"
@@ -271,11 +274,14 @@ def test_a_batch_delivers_its_good_messages_in_order_around_the_refused_ones() -
     assert link.credit == WINDOW // 2  # the refused half came back (a quarter window a grant)
 
 
-def test_messages_lost_in_transit_show_as_a_gap_before_the_next_one() -> None:
+@pytest.mark.parametrize("runs", [True, False], ids=["runs", "batches"])
+def test_messages_lost_in_transit_show_as_a_gap_before_the_next_one(runs: bool) -> None:
     net = MemNet(seed=11, config=CONFIG)
     pub, sub = pair(net)
     subscribe(net, sub, "t.#")
     pub.core.batching = True
+    for link in pub.core.peers():
+        link.pub_runs = runs
     for i in range(3):
         pub.core.publish("t.lost", b"lost %d" % i)
     pub.core.seal_staged()
@@ -318,14 +324,18 @@ def test_publish_without_credit_is_dropped_and_counted() -> None:
     ),
     seed=st.integers(0, 2**16),
 )
-@pytest.mark.parametrize("batched", [False, True], ids=["frames", "batches"])
+@pytest.mark.parametrize("mode", ["frames", "runs", "batches"])
 def test_credit_bounds_what_is_in_flight_and_nothing_is_lost_or_reordered(
-    ops: list[tuple[str, object]], seed: int, batched: bool
+    ops: list[tuple[str, object]], seed: int, mode: str
 ) -> None:
     net = MemNet(seed=seed, max_delay=0.005, config=CONFIG)
     pub, sub = pair(net)
-    pub.core.batching = batched  # batched: publishes wait for a "run" to be sealed together
+    batched = mode != "frames"
+    pub.core.batching = batched  # batched: publishes wait to be sealed together
     subscribe(net, sub, "a.#")
+    if mode == "batches":  # a subscriber whose WELCOME did not offer PUBLISH_RUN
+        for link in pub.core.peers():
+            link.pub_runs = False
     sent: list[bytes] = []
     released = 0
     for op, arg in ops:
@@ -358,3 +368,54 @@ def test_credit_bounds_what_is_in_flight_and_nothing_is_lost_or_reordered(
     net.collect(pub)
     deliver(net)
     assert [m.payload for m in messages(sub)] == sent
+
+
+def test_one_publish_to_several_subscribers_stages_one_entry_for_all_of_them() -> None:
+    net = MemNet(seed=12, config=CONFIG)
+    pub = net.add("pub")
+    subs = [net.add(f"sub{i}", seeds=[pub]) for i in range(3)]
+    net.advance(0.5)
+    for sub in subs:
+        subscribe(net, sub, "t.#")
+    linked_for(net, pub, "t.x")
+    pub.core.batching = True
+    links = pub.core.peers()
+    assert len(links) == 3
+    assert all(link.pub_runs for link in links)
+    for i in range(3):
+        assert pub.core.publish("t.x", b"m%d" % i) == 3
+    # The same entry object for every subscriber, after each link's own head (its stream seq).
+    for i in range(3):
+        entry = links[0].pub_parts[1 + i]
+        assert all(link.pub_parts[1 + i] is entry for link in links)
+    pub.core.seal_staged()
+    kinds = [frame[2] for _link_id, frame in pub.core.out_frames]
+    assert kinds == [Kind.PUBLISH_RUN] * 3
+    net.collect(pub)
+    deliver(net)
+    for sub in subs:
+        assert [(m.topic, m.payload, m.gap) for m in messages(sub)] == [
+            ("t.x", b"m%d" % i, 0) for i in range(3)
+        ]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"\0" * 7,  # no room for the head
+        b"\0" * 8 + b"\x10\0\0",  # a cut entry header
+        b"\0" * 8 + b"\x10\0\0\0\xff\x01t",  # an entry longer than the body
+        b"\0" * 8 + b"\x10\0\0\0\x01\x00x",  # an empty topic
+        b"\0" * 8 + b"\x05\0\0\0\x02\x01tx",  # not a publish
+    ],
+)
+def test_a_broken_run_is_refused(body: bytes) -> None:
+    net = MemNet(seed=13, config=CONFIG)
+    pub, sub = pair(net)
+    subscribe(net, sub, "t")
+    [inlink] = [link for link in sub.core.inbound() if link.peer_id == pub.node_id]
+    [slot] = inlink.topic_slots
+    with pytest.raises(ProtocolError) as caught:  # the engine counts it and drops the frame
+        sub.core.pubsub.on_publish(inlink, body, inlink.topic_slots[slot], int(Kind.PUBLISH_RUN))
+    assert caught.value.reason == "bad_envelope"
+    assert messages(sub) == []
