@@ -139,12 +139,15 @@ async def pump(node: Any, size: int, seconds: float, outstanding: int) -> dict[s
 
 
 def run_child(args: argparse.Namespace) -> None:
+    from irismesh import run
+
     exit_after(args.max_seconds)
     if args.role == "server":
         on_stdin_eof(lambda: os._exit(0))
-        asyncio.run(serve(args.keyring, args.variant, args.spool, args.sample_every))
+        # irismesh's own loop, as reqrep.py's mesh children: uvloop where installed.
+        run(serve(args.keyring, args.variant, args.spool, args.sample_every))
     else:
-        asyncio.run(
+        run(
             client(
                 args.keyring,
                 args.variant,

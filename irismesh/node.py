@@ -15,6 +15,7 @@ the membership the node reports (`members`, `peers`, `wait_for_members`).
 
 The core's events are dispatched by type (`_on_events`): each concern signs up for the types
 it handles with `listen`, so a node's event loop is one dict lookup and one call per event.
+Replies skip even that: the core hands each to the caller as it reads it (`Caller.replied`).
 """
 
 from __future__ import annotations

@@ -336,7 +336,12 @@ class HandlerRunner:
             return
         finally:
             _deadline.reset(mark)
-        self._finish(event, started, result)
+        if type(result) is bytes and not self._ack_only:  # _finish's common case, inlined
+            self._reply(event.token, result)
+            if started and serving is not None:
+                serving[event.cluster].finish(event.token[0], started, len(result), _OK)
+        else:
+            self._finish(event, started, result)
         self._inline_done(began, now)
 
     def _inline_done(self, began: float, now: float) -> None:
@@ -544,13 +549,13 @@ def _callback_raised(exc: Exception) -> None:
 
 
 class Caller:
-    """One node's calls in flight: a future per request, resolved by the core's events.
+    """One node's calls in flight: a future per request, resolved by the core.
 
     `request` and `fanout` check their arguments, hand the call to the core and wait on the
-    futures; the core's ReplyArrived and RequestFailed resolve them (`on_reply`, `on_failed`)
-    and, with telemetry, time them through the cluster's `Series` (inlined: the caller's hot
-    path). `events_at` is when the events being handled arrived: the node sets it once per
-    batch, so a batch of replies costs one clock read.
+    futures; the core resolves them as it reads each reply (`replied`, its reply sink, timed
+    by the drain's one clock read) and through RequestFailed events (`on_failed`), and, with
+    telemetry, they are timed through the cluster's `Series` (inlined: the caller's hot path).
+    `events_at` is when the events being handled arrived: the node sets it once per batch.
     """
 
     def __init__(
@@ -572,6 +577,7 @@ class Caller:
     def attach(self, core: MeshCore, driver: Driver) -> None:
         self._core = core
         self._driver = driver
+        core.calls.reply_sink = self.replied  # each reply as it arrives: no event for it
 
     def listen(self, on: Listen) -> None:
         on(ReplyArrived, self.on_reply)
@@ -609,25 +615,6 @@ class Caller:
             self.abandon(req_id)
             raise
 
-    def send(
-        self,
-        cluster: str,
-        payload: bytes,
-        timeout: float | None,
-        hedge: float | bool | None,
-        kind: int = _KIND_REQUEST,
-        priority: int = 0,
-    ) -> tuple[int, asyncio.Future[bytes]]:
-        """`request` up to its wait: the request's id and the future of its reply, which the
-        caller awaits (and `abandon`s when cancelled). `Node.request` awaits it itself: one
-        coroutine per request instead of two."""
-        core, driver, req_id, fut = self._begin(cluster, payload, timeout, hedge, kind, priority)
-        if self.busy_poll and len(self._waiting) == 1:
-            # Opt-in: wait for the reply without a trip through the loop (awaiting a done
-            # future then returns at once).
-            driver.spin(core.request_link(req_id), self.busy_poll, fut.done)
-        return req_id, fut
-
     def abandon(self, req_id: int) -> None:
         """The caller of `send` was cancelled while it waited: the core cancels the request."""
         if self._waiting.pop(req_id, None) is not None and self._core is not None:
@@ -635,7 +622,9 @@ class Caller:
 
     def start(self, cluster: str, payload: bytes, timeout: float | None) -> asyncio.Future[bytes]:
         """`Node.start_request`: the reply's future; cancelling it cancels the request."""
-        core, _driver, req_id, fut = self._begin(cluster, payload, timeout, None, _KIND_REQUEST)
+        req_id, fut = self.send(cluster, payload, timeout, None, _KIND_REQUEST, spin=False)
+        core = self._core
+        assert core is not None  # send has raised Closed otherwise
 
         def cancelled(done: asyncio.Future[bytes]) -> None:
             if done.cancelled() and self._waiting.pop(req_id, None) is not None:
@@ -649,44 +638,53 @@ class Caller:
     ) -> None:
         """`Node.request_callback`: `callback(reply, None)` or `callback(None, error)` once,
         as the reply (or the failure) arrives; no Future."""
-        self._begin(cluster, payload, timeout, None, _KIND_REQUEST, 0, _Callback(callback))
+        self.send(cluster, payload, timeout, None, spin=False, callback=_Callback(callback))
 
     @overload
-    def _begin(
+    def send(
         self,
         cluster: str,
         payload: bytes,
         timeout: float | None,
         hedge: float | bool | None,
-        kind: int,
+        kind: int = _KIND_REQUEST,
         priority: int = 0,
+        *,
+        spin: bool = True,
         callback: None = None,
-    ) -> tuple[MeshCore, Driver, int, asyncio.Future[bytes]]: ...
+    ) -> tuple[int, asyncio.Future[bytes]]: ...
 
     @overload
-    def _begin(
+    def send(
         self,
         cluster: str,
         payload: bytes,
         timeout: float | None,
         hedge: float | bool | None,
-        kind: int,
-        priority: int,
-        callback: _Callback,
-    ) -> tuple[MeshCore, Driver, int, _Callback]: ...
-
-    def _begin(
-        self,
-        cluster: str,
-        payload: bytes,
-        timeout: float | None,
-        hedge: float | bool | None,
-        kind: int,
+        kind: int = _KIND_REQUEST,
         priority: int = 0,
+        *,
+        spin: bool = True,
+        callback: _Callback,
+    ) -> tuple[int, _Callback]: ...
+
+    def send(
+        self,
+        cluster: str,
+        payload: bytes,
+        timeout: float | None,
+        hedge: float | bool | None,
+        kind: int = _KIND_REQUEST,
+        priority: int = 0,
+        *,
+        spin: bool = True,
         callback: _Callback | None = None,
-    ) -> tuple[MeshCore, Driver, int, asyncio.Future[bytes] | _Callback]:
-        """Check a request, hand it to the core, and arm the timer of its deadline; the reply
-        goes to a new Future, or to `callback` (returned in its place)."""
+    ) -> tuple[int, asyncio.Future[bytes] | _Callback]:
+        """`request` up to its wait: check the request, hand it to the core, and arm the timer
+        of its deadline; returns its id and the future of its reply, which the caller awaits
+        (and `abandon`s when cancelled). `Node.request` awaits it itself: one coroutine per
+        request instead of two. With `callback`, the reply goes to it instead of a Future
+        (returned in the Future's place)."""
         core = self._core
         driver = self._driver
         if core is None or driver is None or self.closed:
@@ -723,17 +721,25 @@ class Caller:
         )
         recorder = self._recorder
         series = recorder.requests[cluster] if recorder is not None else None
-        self._waiting[req_id] = (fut, cluster, now, series)
-        if len(self._waiting) > 1:
-            # Others are in flight: send at the end of this loop iteration, together with the
-            # requests other tasks are about to make (one seal and one send for all of them).
-            driver.flush_soon()
-        else:
-            driver.flush()  # alone: no reason to wait
+        waiting = self._waiting
+        waiting[req_id] = (fut, cluster, now, series)
+        # A flush is queued (behind the tasks a batch of replies woke): the request goes in
+        # it. Others are in flight: at the end of this loop iteration, together with the
+        # requests other tasks are about to make (one seal and one send for all of them).
+        if not driver.flush_pending:
+            if len(waiting) > 1:
+                driver.flush_soon()
+            else:
+                driver.flush()  # alone: no reason to wait
         wake = now + (hedge if hedge is not None else timeout)
         if wake < driver.timer_at:
             driver.arm(wake)
-        return core, driver, req_id, fut
+        if self.busy_poll and spin and len(waiting) == 1:
+            # Opt-in: wait for the reply without a trip through the loop (awaiting a done
+            # future then returns at once), once the request is sent, not merely staged.
+            driver.flush()
+            driver.spin(core.request_link(req_id), self.busy_poll, fut.done)
+        return req_id, fut
 
     def _hedge_delay(self, cluster: str) -> float:
         """The cluster's measured p95 round trip (a power-of-two bound), or 10 ms unknown."""
@@ -796,28 +802,34 @@ class Caller:
         return answers, errors, missing
 
     def on_reply(self, event: ReplyArrived) -> None:
-        entry = self._waiting.pop(event.req_id, None)
+        """A reply as an event (a core without the sink `attach` sets)."""
+        self.replied(event.req_id, event.status, event.payload, event.peer, self.events_at)
+
+    def replied(self, req_id: int, status: int, payload: bytes, peer: bytes, now: float) -> None:
+        """The reply to request `req_id` arrived at `now`: the core calls this as it reads it
+        (`Calls.reply_sink`), which spares an event object and its dispatch per reply."""
+        entry = self._waiting.pop(req_id, None)
         if entry is None:
             return
         fut, cluster, started, series = entry
-        if event.status == STATUS_OK:
+        if status == STATUS_OK:
             if not fut.done():
-                fut.set_result(event.payload)
+                fut.set_result(payload)
             if series is not None:  # Series.observe inlined: the caller's hot path
-                us = int((self.events_at - started) * 1e6)
+                us = int((now - started) * 1e6)
                 series.histogram[us.bit_length()] += 1
                 n = series.countdown - 1
                 if n:
                     series.countdown = n
                 else:
-                    series.sample(event.peer, us, len(event.payload), _OK)
+                    series.sample(peer, us, len(payload), _OK)
         else:
-            kind, message = unpack_error(event.payload)
+            kind, message = unpack_error(payload)
             if not fut.done():
                 fut.set_exception(RemoteError(cluster, kind, message))
             if series is not None:
-                us = int((self.events_at - started) * 1e6)
-                series.observe(event.peer, us, len(event.payload), _REMOTE_ERROR)
+                us = int((now - started) * 1e6)
+                series.observe(peer, us, len(payload), _REMOTE_ERROR)
 
     def on_failed(self, event: RequestFailed) -> None:
         entry = self._waiting.pop(event.req_id, None)

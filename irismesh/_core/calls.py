@@ -130,6 +130,10 @@ class Calls(LinkObserver):
         self._hedge_tokens = config.hedge_burst
         self._hedge_refilled = 0.0
         self.throttle = Throttle()
+        # Where replies go, when set (the node's caller sets it): called as each arrives with
+        # (req id, status, payload, member id, arrival time) instead of an event per reply.
+        # None: a ReplyArrived event each (a driver that takes events only, the tests).
+        self.reply_sink: Callable[[int, int, bytes, bytes, float], None] | None = None
 
     # ----------------------------------------------------------------- caller
 
@@ -404,7 +408,11 @@ class Calls(LinkObserver):
             other = request.hedged if request.link is link else request.link
             if other is not None:  # the hedge's other copy: its member may drop it
                 self._send_cancel(other, req_id)
-        self._outbox.events.append(ReplyArrived(req_id, status, payload, link.peer_id))
+        sink = self.reply_sink
+        if sink is not None:
+            sink(req_id, status, payload, link.peer_id, now)
+        else:
+            self._outbox.events.append(ReplyArrived(req_id, status, payload, link.peer_id))
 
     def _turned_away(self, request: PendingRequest, link: OutLink, why: bytes, now: float) -> None:
         """A member turned the request away unrun (it could not have answered in time): its

@@ -318,6 +318,7 @@ class MeshCore(CoreApi):
         self._out[link_id] = self._handshake.hello(link_id, record.endpoint, now)
         record.link_id = link_id
         self.outbox.events.append(OpenLink(link_id=link_id, endpoint=record.endpoint))
+        self.outbox.link_events = True
         self.stats["dials"] += 1
 
     def _goodbye(self, link: OutLink, now: float, reason: str) -> None:
@@ -478,6 +479,7 @@ class MeshCore(CoreApi):
         del self._out[link.link_id]
         events = self.outbox.events
         events.append(CloseLink(link_id=link.link_id))
+        self.outbox.link_events = True
         record = self._dials.get(link.endpoint)
         if record is not None and record.link_id == link.link_id:
             self._demand.dial_ended(record, reason, was_up, now)

@@ -67,6 +67,9 @@ class Outbox:
         max_payload: int,
     ) -> None:
         self.events: list[Event] = []
+        # An OpenLink or CloseLink is among the events since the driver last looked (it opens
+        # and closes links before it hands the rest on; without one it need not look).
+        self.link_events = False
         # Frames to send: (link_id, frame) on dialled links, (routing_id, frame) on the others.
         self.out_frames: list[tuple[int, bytes]] = []
         self.in_frames: list[tuple[bytes, bytes]] = []

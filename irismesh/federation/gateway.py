@@ -108,6 +108,7 @@ _GAVE_UP = "the caller gave up while the request was passed on"
 _ASK_BATCH = 4096  # resent crossings one question to the other gateways covers, at most
 _ASK_TIMEOUT = 1.0  # how long a takeover's resends wait for the other gateways' answers
 _NOT_REPUBLISHED_KEPT = 4096  # crossings let through but not republished, remembered
+_NATIVE_PUBLISHERS_KEPT = 4096  # publishers of this mesh known not to be gateways
 _ASKED = 2  # a question to the other gateways (STATE and DELIVERED are 0 and 1): which of
 # these origin ids have you republished?
 
@@ -229,6 +230,7 @@ class Gateway:
         self._subs: list[Subscription] = []
         self._drained: asyncio.Event | None = None
         self._gateway_ids: set[str] = set()
+        self._native_publishers: OrderedDict[str, None] = OrderedDict()  # see `_native`
         self._redundancy: Redundancy | None = None
         self._warm: asyncio.Event | None = None  # set once the first election is made
         self._told: deque[list[Any]] = deque()  # for the other gateways here, to send
@@ -811,11 +813,34 @@ class Gateway:
             await self._cross(crossing, native=True)
 
     def _native(self, msg: Message) -> bool:
-        """Published in this mesh, not republished by one of its gateways."""
-        return msg.publisher not in self._gateway_ids
+        """Published in this mesh, not republished by one of its gateways.
+
+        The ids of the gateways are a snapshot, refreshed each second; a publisher met for the
+        first time is looked up in membership at once, so a gateway that joined since (or
+        before this one's first look) is known before its first republished message is taken
+        for a native one: exported again under a new origin id, that message would reach the
+        other meshes twice. A node that serves `_gateway` says so when it links to this one,
+        and a message comes only over such a link. Publishers found not to be gateways are
+        remembered (a bounded table), so the lookup is made once per publisher."""
+        publisher = msg.publisher
+        if publisher in self._gateway_ids:
+            return False
+        if publisher in self._native_publishers:
+            self._native_publishers.move_to_end(publisher)
+            return True
+        if GATEWAY_CLUSTER in self.node.clusters:
+            self._gateway_ids = self._gateway_ids | set(self.node.members(GATEWAY_CLUSTER))
+            if publisher in self._gateway_ids:
+                self.stats_counter["gateways_learned_from_messages"] += 1
+                return False
+        self._native_publishers[publisher] = None
+        if len(self._native_publishers) > _NATIVE_PUBLISHERS_KEPT:
+            self._native_publishers.popitem(last=False)
+        return True
 
     async def _watch_gateways(self) -> None:
-        """Keep the ids of this mesh's gateways (members of `_gateway`) a second fresh."""
+        """Keep the ids of this mesh's gateways (members of `_gateway`) a second fresh (and
+        fresher where `_native` meets a publisher it does not know)."""
         own = self.node.node_id.hex()
         while True:
             self._gateway_ids = {own, *self.node.members(GATEWAY_CLUSTER)}

@@ -90,6 +90,40 @@ def test_request_reaches_a_member_and_its_reply_comes_back() -> None:
     assert len(client.replies[req_id]) == 1
 
 
+def test_a_reply_sink_takes_each_reply_instead_of_an_event() -> None:
+    net = MemNet(seed=2)
+    client, member = pair(net)
+    taken: list[tuple[int, int, bytes, bytes, float]] = []
+    client.core.calls.reply_sink = lambda *reply: taken.append(reply)
+    first = net.request(client, "db", b"one", timeout=1.0)
+    second = net.request(client, "db", b"two", timeout=1.0)
+    assert [(r[0], r[1], r[2], r[3]) for r in taken] == [
+        (first, STATUS_OK, b"re:one", member.node_id),
+        (second, STATUS_OK, b"re:two", member.node_id),
+    ]
+    assert all(0.0 < r[4] <= net.now for r in taken)  # when the driver read it
+    assert client.replies == {}  # no ReplyArrived for them
+    assert client.core.pending_count == 0
+    client.core.calls.reply_sink = None  # without a sink: events again
+    third = net.request(client, "db", b"three", timeout=1.0)
+    assert client.replies[third][0].payload == b"re:three"
+    assert len(taken) == 2
+
+
+def test_a_request_event_compares_and_prints_as_the_dataclass_it_was() -> None:
+    token = (b"p", 1, b"r", 1)
+    event = RequestArrived(token, "db", b"x", deadline=2.0)
+    assert event == RequestArrived(token=token, cluster="db", payload=b"x", kind=5, deadline=2.0)
+    assert event != RequestArrived(token, "db", b"y", deadline=2.0)
+    assert event != (token, "db", b"x", 5, 2.0, 0)
+    assert repr(event) == (
+        "RequestArrived(token=(b'p', 1, b'r', 1), cluster='db', payload=b'x', kind=5, "
+        "deadline=2.0, priority=0)"
+    )
+    event.priority = 3  # mutable, as it was
+    assert event.priority == 3
+
+
 def test_each_cluster_of_a_member_gets_its_own_requests() -> None:
     net = MemNet(seed=3)
     client, member = pair(net, clusters=("db", "cache"))

@@ -374,6 +374,55 @@ def test_three_meshes_with_a_redundant_pair_on_one_edge_deliver_each_message_onc
     run(main(), timeout=90)
 
 
+def test_a_gateway_not_yet_in_the_snapshot_of_its_fellow_is_known_by_its_first_message() -> None:
+    """Mesh a has two gateways: a1 exports feeds.#, a2 republishes what comes from mesh b. a1's
+    snapshot of its mesh's gateways is a second old at worst: were a2 missing from it (it
+    joined since), a2's republished messages would look published in a, and a1 would export
+    them again under new origin ids (delivered twice in a complete graph). A publisher a1 does
+    not know is looked up in membership at its first message instead; a native one once."""
+
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        link = irismesh.Keyring.generate()
+        async with AsyncExitStack() as stack:
+            pub = await stack.enter_async_context(a.node())
+            a.seeds.append(pub.endpoint)
+            a1 = await gateway(stack, a, link, listen=True, topics=("feeds.#",))
+            a2 = await gateway(stack, a, link, listen=True)
+            pub_b = await stack.enter_async_context(b.node())
+            b.seeds.append(pub_b.endpoint)
+            b1 = await gateway(stack, b, link, peers=(a2.endpoint,), topics=("feeds.#",))
+            _, got_a = await subscribed(stack, a, "feeds.#")
+            await wait_until(lambda: b1.stats["links_up"] == 1, 10, "the link")
+            await a2.node.wait_for_subscribers("feeds.x", 2, timeout=10)  # a1 and the reader
+            await pub_b.wait_for_subscribers("feeds.x", 1, timeout=10)  # b1
+            # a1's snapshot as if a2 had joined after it was taken, and not refreshed.
+            own = a1.node.node_id.hex()
+            for task in a1._tasks:
+                if task.get_coro().__name__ == "_watch_gateways":  # type: ignore[union-attr]
+                    task.cancel()
+            a1._gateway_ids = {own}
+            await pub_b.publish("feeds.x", b"b:0")
+            await wait_until(lambda: got_a == [b"b:0"], 10, "b's message republished in a")
+
+            def judged() -> int:
+                s = a1.stats
+                return s.get("gateways_learned_from_messages", 0) + s.get("messages_exported", 0)
+
+            await wait_until(lambda: judged() >= 1, 10, "a1 to judge a2's message")
+            assert a1.stats.get("messages_exported", 0) == 0  # not taken for a's own
+            assert a1.stats["gateways_learned_from_messages"] == 1
+            assert a2.node.node_id.hex() in a1._gateway_ids
+            await pub.wait_for_subscribers("feeds.x", 2, timeout=10)  # a1 and the reader
+            for i in range(3):  # a's own messages: exported, their publisher looked up once
+                await pub.publish("feeds.x", f"a:{i}".encode())
+            await wait_until(lambda: a1.stats.get("messages_exported", 0) == 3, 10, "a's own")
+            assert a1._native_publishers == {pub.node_id.hex(): None}
+            assert a1.stats["gateways_learned_from_messages"] == 1
+
+    run(main())
+
+
 class Cable:
     """A TCP proxy on 127.0.0.1 between two gateways that the test can cut and mend."""
 
