@@ -13,11 +13,13 @@ screenshot of its report (`screenshot_page`) when Chromium is installed.
 from __future__ import annotations
 
 import base64
+import contextlib
 import fcntl
 import json
 import os
 import select
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -196,7 +198,8 @@ def chromium(executable: str) -> Iterator[Browser]:
         os.dup2(commands_read, 3)
         os.dup2(replies_write, 4)
 
-    with tempfile.TemporaryDirectory(prefix="irismesh-chromium-") as profile:
+    profile = tempfile.mkdtemp(prefix="irismesh-chromium-")
+    try:
         process = subprocess.Popen(
             [executable, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"],
             stdin=subprocess.DEVNULL,
@@ -204,16 +207,35 @@ def chromium(executable: str) -> Iterator[Browser]:
             stderr=subprocess.DEVNULL,
             close_fds=False,  # our own descriptors are not inheritable (PEP 446)
             preexec_fn=onto_3_and_4,  # the pipe must sit on 3 and 4
+            start_new_session=True,  # its helpers (renderer, GPU, crash handler) go with it
         )
         os.close(commands_read)
         os.close(replies_write)
         try:
             yield Browser(process, commands_write, replies_read)
         finally:
-            process.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=10)
             os.close(commands_write)
             os.close(replies_read)
+    finally:
+        _remove_profile(profile)
+
+
+def _remove_profile(profile: str, timeout: float = 5.0) -> None:
+    """Remove a Chromium profile; a helper process still dying may write one last file."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            shutil.rmtree(profile)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)
 
 
 def screenshot_page(page: Path, shot: Path, *, timeout: float = 30.0) -> Path | None:
