@@ -101,8 +101,7 @@ def urgent_first(events: list[Event]) -> list[Event]:
     if not urgent:
         return events
     urgent.sort(key=lambda e: -e.priority)
-    first: list[Event] = list(urgent)
-    return first + rest
+    return [*urgent, *rest]
 
 
 class Driver:

@@ -391,7 +391,11 @@ class Calls(LinkObserver):
         link.acks.append(req_id)  # received: the member may forget it
         pending = self.pending
         request = pending.get(req_id)
-        if request is None or (request.link is not link and request.hedged is not link):
+        if (
+            request is None
+            or (request.link is not link and request.hedged is not link)
+            or now >= request.deadline  # its caller has given up, though the timer is not in
+        ):
             self._stats["replies_late"] += 1  # timed out, cancelled, or answered elsewhere
             return
         if status == STATUS_OVERLOADED:

@@ -210,6 +210,22 @@ def test_a_request_times_out_at_its_deadline() -> None:
     assert client.replies == {}
 
 
+def test_a_reply_at_the_deadline_is_late_even_before_the_timer_has_run() -> None:
+    """A member that stops at the same deadline answers "the caller gave up"; that answer
+    reaching the caller before its own timer does must not become the request's outcome."""
+    net = MemNet(seed=8)
+    client, member = pair(net, handler=hold)
+    start = net.now
+    req_id = net.request(client, "db", b"slow", timeout=0.5)
+    net.run(start + 0.5)
+    net.reply(member, member.held[0], b"at the deadline")  # before the client's timer
+    assert client.replies == {}
+    assert client.core.stats["replies_late"] == 1
+    net.tick(client)
+    [failed] = client.failures[req_id]
+    assert isinstance(failed.error, RequestTimeout)
+
+
 def test_a_cancelled_request_ignores_its_reply() -> None:
     net = MemNet(seed=9)
     client, member = pair(net, handler=hold)
