@@ -1,7 +1,7 @@
 """What telemetry costs request/reply: irismesh with telemetry off, counters only, and spooled.
 
     python bench/telemetry_cost.py [--rounds 8] [--window 2] [--sizes 100,1024] [--control]
-                                   [--json out.json]
+                                   [--fresh] [--json out.json]
 
 A server and a client process per variant, all started at once and left idle, then measured in
 rounds: in each round every variant's client runs `--outstanding` requests in flight for
@@ -18,6 +18,11 @@ client. Variants:
   `--sample-every K` measures another sampling instead;
 * off-again (with `--control`): a second pair with telemetry off, whose ratio to off is the
   noise floor of the run (what two identical setups differ by on this machine).
+
+With `--fresh` every variant's pair is started anew before each round: two pairs of identical
+processes kept for a whole run differ by a few per cent on their own (where each landed: its
+memory layout, its ports, which core its threads share), and that difference would be read
+as the cost of telemetry in every round; started anew, it is noise the median evens out.
 
 The target: spooled / off >= 0.97 (telemetry costs at most 3% of request/reply throughput).
 On a busy machine req/s moves by far more than that from one window to the next, so the table
@@ -39,6 +44,7 @@ from typing import Any
 
 from _harness import (
     BenchError,
+    Child,
     ChildProcesses,
     exit_after,
     on_stdin_eof,
@@ -173,10 +179,30 @@ def progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def start_pairs(
+    procs: ChildProcesses, args: argparse.Namespace, tmp: str, common: list[str]
+) -> tuple[dict[str, Child], dict[str, Child]]:
+    """A server and a client per variant, each client linked to its server and ready."""
+    me = os.path.abspath(__file__)
+    servers, clients = {}, {}
+    for variant in variants_of(args):
+        spool = os.path.join(tmp, f"spool-{variant}")
+        extra = [*common, "--variant", variant, "--spool", spool]
+        server = procs.spawn(f"{variant} server", [sys.executable, me, "--role", "server", *extra])
+        endpoint = server.expect_prefix("READY ", timeout=30)
+        servers[variant] = server
+        client_argv = [sys.executable, me, "--role", "client", *extra, "--endpoint", endpoint]
+        client_proc = procs.spawn(
+            f"{variant} client", [*client_argv, "--outstanding", str(args.outstanding)]
+        )
+        client_proc.expect_prefix("READY", timeout=30)
+        clients[variant] = client_proc
+    return servers, clients
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     import irismesh
 
-    me = os.path.abspath(__file__)
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="irismesh-telcost-") as tmp, ChildProcesses() as procs:
         keyring = os.path.join(tmp, "bench.keys")
@@ -184,35 +210,18 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         common = ["--keyring", keyring, "--max-seconds", str(args.max_seconds)]
         if args.sample_every is not None:
             common += ["--sample-every", str(args.sample_every)]
-        servers, clients = {}, {}
         variants = variants_of(args)
-        for variant in variants:
-            spool = os.path.join(tmp, f"spool-{variant}")
-            extra = [*common, "--variant", variant, "--spool", spool]
-            server = procs.spawn(
-                f"{variant} server", [sys.executable, me, "--role", "server", *extra]
-            )
-            endpoint = server.expect_prefix("READY ", timeout=30)
-            servers[variant] = server
-            client_proc = procs.spawn(
-                f"{variant} client",
-                [
-                    sys.executable,
-                    me,
-                    "--role",
-                    "client",
-                    *extra,
-                    "--endpoint",
-                    endpoint,
-                    "--outstanding",
-                    str(args.outstanding),
-                ],
-            )
-            client_proc.expect_prefix("READY", timeout=30)
-            clients[variant] = client_proc
+        servers, clients = start_pairs(procs, args, tmp, common)
         for size in args.sizes:
             rounds: list[dict[str, dict[str, float]]] = []
             for index in range(args.rounds):
+                if args.fresh and (index or size != args.sizes[0]):
+                    # New processes for every variant: where a pair landed (its memory layout,
+                    # ports, which core its threads share) differs from pair to pair, and a
+                    # pair kept for the whole run would carry its own bias into every round.
+                    for child in (*clients.values(), *servers.values()):
+                        procs.stop(child)
+                    servers, clients = start_pairs(procs, args, tmp, common)
                 turn = index % len(variants)
                 order = variants[turn:] + variants[:turn]
                 if index % 2:
@@ -345,6 +354,12 @@ def main() -> int:
         "--control",
         action="store_true",
         help=f"also measure a second pair with telemetry off ({CONTROL}): the noise floor",
+    )
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start new processes for every variant before each round (each pair's own bias,"
+        " from where it landed on the machine, becomes noise that the median evens out)",
     )
     parser.add_argument("--max-seconds", type=float, default=900.0, help=argparse.SUPPRESS)
     parser.add_argument("--role", choices=("server", "client"), help=argparse.SUPPRESS)

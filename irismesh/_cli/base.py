@@ -130,6 +130,24 @@ def _float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
 
 
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+_BYTES = re.compile(r"\s*(\d+)\s*(?:([kmg])i?b)?\s*", re.IGNORECASE)
+
+
+def window_size(text: str) -> int:
+    """A flow-control window: bytes, or a number with KiB, MiB or GiB (1 byte to 1 GiB).
+    KB, MB and GB are read as KiB, MiB and GiB."""
+    match = _BYTES.fullmatch(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"must be a size in bytes, KiB, MiB or GiB (e.g. 262144 or 256KiB), got {text!r}"
+        )
+    value = int(match[1]) * _UNITS[(match[2] or "").lower()]
+    if not 1 <= value <= 1 << 30:
+        raise argparse.ArgumentTypeError(f"must be 1 byte to 1 GiB, got {text!r}")
+    return value
+
+
 def _int(text: str) -> int:
     try:
         return int(text)

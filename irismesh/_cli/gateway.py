@@ -27,7 +27,9 @@ from irismesh._cli.base import (
     seed_endpoint,
     short_id,
     topic_pattern,
+    window_size,
 )
+from irismesh.patterns.tunnel import DEFAULT_WINDOW
 
 
 def _names(text: str) -> list[str]:
@@ -170,6 +172,16 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
         metavar="'NAME;keys=FILE;...'",
         help=f"another mesh this process joins, linked in-process (repeatable); {_JOIN_FIELDS}",
     )
+    parser.add_argument(
+        "--tunnel-window",
+        type=window_size,
+        default=DEFAULT_WINDOW,
+        metavar="BYTES",
+        help=(
+            "bytes of each tunnel through the gateway the far side may send before it is"
+            " granted more, e.g. 262144 or 256KiB (default: 1MiB)"
+        ),
+    )
     parser.add_argument("--name", metavar="NAME", help="the gateway's node name")
     add_joining_options(parser, wait=None, wait_help="")
     add_json_option(parser, "the first line as JSON")
@@ -216,6 +228,7 @@ async def run_gateway(args: argparse.Namespace) -> int:
             discovery=j.discovery,
             interface=j.interface,
             local=True,
+            tunnel_window=args.tunnel_window,
         )
         for j in args.join
     ]
@@ -234,6 +247,7 @@ async def run_gateway(args: argparse.Namespace) -> int:
         discovery=args.survey,
         interface=args.interface,
         local=bool(others),
+        tunnel_window=args.tunnel_window,
     )
     async with contextlib.AsyncExitStack() as stack:
         if others:

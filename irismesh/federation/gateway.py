@@ -80,10 +80,11 @@ from irismesh.federation.link import LinkTransport, describe
 from irismesh.federation.linkproto import TUNNEL as _TUNNEL
 from irismesh.federation.linkproto import Exports, Item, LinkConfig, LinkEnd, link_secrets
 from irismesh.federation.redundancy import Redundancy
-from irismesh.federation.tunnels import GatewayTunnels
+from irismesh.federation.tunnels import MAX_TUNNEL_WINDOW, GatewayTunnels
 from irismesh.node import Node, SurveyResult
 from irismesh.patterns.pubsub import Message, Subscription
 from irismesh.patterns.reqrep import ForwardedError, TurnedAway, time_left
+from irismesh.patterns.tunnel import DEFAULT_WINDOW
 from irismesh.security.keyring import Keyring
 from irismesh.security.rotation import POLL_INTERVAL, KeyringFile
 
@@ -127,7 +128,9 @@ class Gateway:
     messages a link keeps for a peer it cannot reach (beyond it they are dropped and counted).
     `local=True`: the gateway is joined in-process to gateways of other meshes
     (`irismesh.federation.LocalGateways`), so it needs no `listen`, `peers` or `link_keyring`
-    (it may have them too, for TCP links besides).
+    (it may have them too, for TCP links besides). `tunnel_window` is how many bytes of each
+    tunnel through this gateway it lets the far gateway send before it grants more (its buffer
+    per tunnel is about that much, plus one message).
     The rest (`seeds`, `bind`, `discovery`, `interface`, `name`) are the gateway's node's.
     """
 
@@ -150,6 +153,7 @@ class Gateway:
         interface: str | None = None,
         default_timeout: float = 5.0,
         local: bool = False,
+        tunnel_window: int = DEFAULT_WINDOW,
     ) -> None:
         if not mesh or len(mesh) > _MAX_MESH_NAME or not mesh.isprintable():
             raise ConfigurationError(f"a mesh name is 1-{_MAX_MESH_NAME} printable characters")
@@ -158,6 +162,10 @@ class Gateway:
             raise ConfigurationError("a gateway needs listen= or peers= (or both), or local=True")
         if link_keyring is None and (listen is not None or peers):
             raise ConfigurationError("a gateway with listen= or peers= needs link_keyring=")
+        if type(tunnel_window) is not int or not 1 <= tunnel_window <= MAX_TUNNEL_WINDOW:
+            raise ConfigurationError(
+                f"tunnel_window must be 1 byte to 1 GiB, got {tunnel_window!r}"
+            )
         self.mesh = mesh
         self.keyring = keyring
         self.export = Exports(
@@ -246,6 +254,7 @@ class Gateway:
             node=lambda: self.node,
             flush_soon=self.transport.flush_soon,
             stats=self.stats_counter,
+            window=tunnel_window,
             open_timeout=default_timeout,
         )
 

@@ -69,7 +69,9 @@ from irismesh.federation.linkproto import (
 from irismesh.node import Node
 from irismesh.patterns.tunnel import DEFAULT_MAX_MESSAGE, DEFAULT_WINDOW, NO_MEMBER, Tunnel
 
-__all__ = ["GatewayTunnels", "Relay"]
+__all__ = ["MAX_TUNNEL_WINDOW", "GatewayTunnels", "Relay"]
+
+MAX_TUNNEL_WINDOW = T_MAX_WINDOW  # a relay's window, at most: what an OPEN or ACCEPT can carry
 
 log = logging.getLogger("irismesh.federation")
 
@@ -382,6 +384,7 @@ class GatewayTunnels:
         return {
             **{name: self.stats[name] for name in _COUNTERS},
             "tunnels_open": len(self.relays),
+            "tunnel_window": self.window,
             "tunnel_buffered_bytes": self._buffered,
             "tunnel_buffered_peak": self._peak,
         }

@@ -37,6 +37,7 @@ def gateway_process(
     b_keys, b_file = keyring(tmp_path, "b")
     cmd = [sys.executable, "-m", "irismesh", "gateway", "--mesh", "a", "--keys", a_file]
     cmd += ["--bind", LOCAL, "--no-discovery", "--json", "--export", "db"]
+    cmd += ["--tunnel-window", "256KiB"]
     cmd += ["--join", f"b;keys={b_file};discovery=off;export=search"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     try:
@@ -90,6 +91,7 @@ def test_one_gateway_process_joins_two_meshes(
     assert view["mesh"] == "b"
     assert view["stats"]["links_up"] == 1
     assert view["stats"]["requests_forwarded"] == 1
+    assert view["stats"]["tunnel_window"] == 256 << 10  # --tunnel-window reached the gateway
 
 
 @pytest.mark.parametrize(
@@ -99,6 +101,8 @@ def test_one_gateway_process_joins_two_meshes(
         (["--join", "b;keys=b.keys;colour=red"], "the fields are"),
         (["--join", "a;keys=b.keys"], "another mesh"),
         (["--join", "b;keys=b.keys", "--peer", "tcp://127.0.0.1:1"], "need --link-keys"),
+        (["--join", "b;keys=b.keys", "--tunnel-window", "0"], "1 byte to 1 GiB"),
+        (["--join", "b;keys=b.keys", "--tunnel-window", "lots"], "KiB, MiB or GiB"),
         ([], "--link-keys is needed"),
         (["--link-keys", "a.keys"], "--listen or --peer is needed"),
     ],

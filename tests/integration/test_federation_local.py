@@ -289,6 +289,9 @@ def test_bad_combinations_are_refused() -> None:
         irismesh.Gateway("a", keyring=keys)
     with pytest.raises(irismesh.ConfigurationError, match="link_keyring"):
         irismesh.Gateway("a", keyring=keys, listen=LOCAL)
+    for window in (0, (1 << 30) + 1, 1.5):
+        with pytest.raises(irismesh.ConfigurationError, match="tunnel_window"):
+            irismesh.Gateway("a", keyring=keys, local=True, tunnel_window=window)  # type: ignore[arg-type]
     one = irismesh.Gateway("a", keyring=keys, local=True)
     with pytest.raises(irismesh.ConfigurationError, match="two gateways"):
         LocalGateways([one])

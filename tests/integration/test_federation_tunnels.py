@@ -63,9 +63,8 @@ async def gateway(
         link_config=FAST,
         seeds=list(mesh.seeds),
         bind=LOCAL,
+        **({} if window is None else {"tunnel_window": window}),
     )
-    if window is not None:
-        gw.tunnels.window = window
     await stack.enter_async_context(gw)
     if not mesh.seeds:
         mesh.seeds.append(gw.node.endpoint)
