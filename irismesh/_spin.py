@@ -9,8 +9,9 @@ machine, a caller spinning alone shortened its round trips, while a caller and a
 spinning made them three times longer.
 
 So each side decides from what it measured (`Spin`): it waits in runs of one way or the other,
-keeps the median wait of the last run each way, spins while that is the shorter and within the
-limit, and spends one run in `EXPLORE` the other way to keep both figures current. A member
+keeps the typical wait each way, spins unless sleeping is clearly quicker or what it waits for
+comes beyond the limit, and spends one run in `EXPLORE` the other way to keep both figures
+current. A member
 whose requests come seconds apart never spins (what it waits for does not come within the
 limit), and two processes spinning against each other on too few cores find that sleeping is
 quicker and stop. With fewer cores than the threads that must run at once while it spins (the
@@ -27,6 +28,9 @@ from collections import Counter
 RUN = 32  # waits decided one way in a row, timed together (the first few not counted)
 SETTLE = 8  # the first waits of a run, not counted: the scheduler settles into the new way
 EXPLORE = 8  # one run in this many goes the way the figures do not prefer
+# Sleeping is preferred only when it is clearly the quicker (by this share): busy polling was
+# asked for, and on a busy machine two runs of the same way differ by more than spinning saves.
+MARGIN = 0.2
 _MIN_SPIN = 50e-6  # the shortest spin worth starting, seconds
 
 
@@ -44,8 +48,10 @@ class Spin:
     Waits are decided in runs of `RUN` the same way: a spinning thread and the threads it
     competes with settle onto cores only after a few rounds, so single waits the other way
     would measure the wrong thing (a lone spin on a busy 2-core machine mostly starves its
-    own zmq I/O thread). `spinning` and `sleeping` are the median waits of the last run each
-    way.
+    own zmq I/O thread). `spinning` and `sleeping` are the median waits of the runs each way,
+    each run's averaged with those before (half and half). It spins unless sleeping was
+    clearly quicker (`MARGIN`) or what it waits for comes too late to catch (beyond the
+    limit).
 
     `limit` is the longest spin (`Node(busy_poll=...)`); `busy_threads` the threads that must
     run at the same time as the spinning one for what it waits for to arrive, counting itself.
@@ -80,8 +86,8 @@ class Spin:
     ) -> None:
         self.limit = limit
         self.enabled = limit > 0 and (cores() if available is None else available) >= busy_threads
-        self.spinning = 0.0  # the median wait (seconds) of the last run spent spinning (0: none)
-        self.sleeping = 0.0  # ... and of the last run spent sleeping
+        self.spinning = 0.0  # the typical wait (seconds) of the runs spent spinning (0: none)
+        self.sleeping = 0.0  # ... and of the runs spent sleeping
         self.mode = True  # this run spins
         self._left = RUN  # waits left in this run
         self._waits: list[float] = []  # the waits of this run timed so far
@@ -113,10 +119,11 @@ class Spin:
         if waits:  # the median: a busy machine's stalls would swing a mean
             waits.sort()
             middle = waits[len(waits) // 2]
+            # ... and averaged with the runs before, which a busy machine swings too
             if self.mode:
-                self.spinning = middle
+                self.spinning = middle if not self.spinning else (self.spinning + middle) / 2
             else:
-                self.sleeping = middle
+                self.sleeping = middle if not self.sleeping else (self.sleeping + middle) / 2
         self._waits, self._left = [], RUN
         self._runs += 1
         limit, spinning, sleeping = self.limit, self.spinning, self.sleeping
@@ -125,7 +132,7 @@ class Spin:
         elif sleeping == 0.0:
             self.mode = False
         else:
-            spin = spinning < sleeping and spinning <= limit
+            spin = spinning <= limit and sleeping >= spinning * (1 - MARGIN)
             if self._runs % EXPLORE == 0:
                 # Now and then a run the other way, so that a change (a slower member, a
                 # busier machine) is seen; spinning only where what it waits for could come

@@ -84,3 +84,11 @@ def test_counts_what_spinning_cost() -> None:
     spin.spun(500e-6, caught=False)
     assert stats["p_spun_us"] == 620
     assert stats["p_caught"] == 1
+
+
+def test_keeps_spinning_unless_sleeping_is_clearly_quicker() -> None:
+    """Busy polling was asked for: a busy machine's noise does not talk it out of spinning."""
+    spin = Spin(LIMIT, Counter(), "p", available=4)
+    runs = decide(spin, (110e-6, 100e-6), 4 * EXPLORE)
+    assert runs[:2] == [True, False]
+    assert runs[2:].count(False) == 3  # only the runs that keep the figures current
