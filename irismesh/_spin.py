@@ -8,16 +8,15 @@ to arrive (zmq's I/O thread, or the peer itself on the same machine). Measured o
 machine, a caller spinning alone shortened its round trips, while a caller and a member both
 spinning made them three times longer.
 
-So each side decides from what it measured (`Spin`): it waits in runs of one way or the other,
-keeps the typical wait each way, spins unless sleeping is clearly quicker or what it waits for
-comes beyond the limit, and spends one run in `EXPLORE` the other way to keep both figures
-current. A member
-whose requests come seconds apart never spins (what it waits for does not come within the
-limit), and two processes spinning against each other on too few cores find that sleeping is
-quicker and stop. With fewer cores than the threads that must run at once while it spins (the
-spinning one and zmq's I/O thread), it never spins at all. What spinning cost is counted (see
-`Spin`), in `Node.stats`: `busy_poll_replies_*` for a caller, `busy_poll_requests_*` for a
-member.
+So each side decides from what it measured (`Spin`): it waits in runs of one way or the other
+and keeps the typical wait each way. A caller spins while the replies it waits for come within
+`busy_poll`; a member spins unless sleeping is clearly quicker or requests come further apart
+than `busy_poll`, and spends one run in `EXPLORE` the other way to keep both figures current.
+So a member whose requests come seconds apart never spins, and where a caller and a member
+spin against each other on too few cores the member finds that sleeping is quicker and stops.
+With fewer cores than the threads that must run at once while it spins (the spinning one and
+zmq's I/O thread), neither ever spins. What spinning cost is counted (see `Spin`), in
+`Node.stats`: `busy_poll_replies_*` for a caller, `busy_poll_requests_*` for a member.
 """
 
 from __future__ import annotations
@@ -49,9 +48,15 @@ class Spin:
     competes with settle onto cores only after a few rounds, so single waits the other way
     would measure the wrong thing (a lone spin on a busy 2-core machine mostly starves its
     own zmq I/O thread). `spinning` and `sleeping` are the median waits of the runs each way,
-    each run's averaged with those before (half and half). It spins unless sleeping was
-    clearly quicker (`MARGIN`) or what it waits for comes too late to catch (beyond the
-    limit).
+    each run's averaged with those before (half and half). It spins unless what it waits for
+    comes too late to catch (beyond the limit) or, with `compare`, sleeping was clearly
+    quicker (`MARGIN`); it spends one run in `EXPLORE` the other way (with `compare`; without,
+    only to see whether waits too long to catch have become short).
+
+    A member compares (its spinning can take the core its callers need); a caller does not:
+    a caller alone spinning on a busy 2-core machine was quicker than sleeping in every
+    sitting, and each run spent sleeping to compare unsettled the cores for the runs after
+    it. Where both spin against each other, the member's comparison stops the member.
 
     `limit` is the longest spin (`Node(busy_poll=...)`); `busy_threads` the threads that must
     run at the same time as the spinning one for what it waits for to arrive, counting itself.
@@ -67,6 +72,7 @@ class Spin:
         "_spins",
         "_spun_us",
         "_waits",
+        "compare",
         "enabled",
         "limit",
         "mode",
@@ -81,11 +87,13 @@ class Spin:
         stats: Counter[str],
         prefix: str,
         *,
+        compare: bool = True,
         busy_threads: int = 2,
         available: int | None = None,
     ) -> None:
         self.limit = limit
         self.enabled = limit > 0 and (cores() if available is None else available) >= busy_threads
+        self.compare = compare
         self.spinning = 0.0  # the typical wait (seconds) of the runs spent spinning (0: none)
         self.sleeping = 0.0  # ... and of the runs spent sleeping
         self.mode = True  # this run spins
@@ -110,7 +118,7 @@ class Spin:
             return 0.0
         self.stats[self._spins] += 1
         spinning = self.spinning
-        if spinning == 0.0:
+        if spinning == 0.0 or not self.compare:
             return self.limit
         return min(self.limit, max(2 * spinning, _MIN_SPIN))
 
@@ -127,13 +135,17 @@ class Spin:
         self._waits, self._left = [], RUN
         self._runs += 1
         limit, spinning, sleeping = self.limit, self.spinning, self.sleeping
+        explore = self._runs % EXPLORE == 0
         if spinning == 0.0:
             self.mode = True  # not tried yet
+        elif not self.compare:
+            # Now and then a spin where waits too long to catch may have become short.
+            self.mode = spinning <= limit or (explore and sleeping <= 2 * limit)
         elif sleeping == 0.0:
             self.mode = False
         else:
             spin = spinning <= limit and sleeping >= spinning * (1 - MARGIN)
-            if self._runs % EXPLORE == 0:
+            if explore:
                 # Now and then a run the other way, so that a change (a slower member, a
                 # busier machine) is seen; spinning only where what it waits for could come
                 # in time.

@@ -565,13 +565,11 @@ class Caller:
         self.default_timeout = default_timeout
         self.busy_poll = busy_poll
         # Whether spinning for a lone request's reply pays (set with the core, `attach`), and
-        # the last lone request, timed for it: id (-1: none or done), when sent, whether spun
-        # for, and whether it was answered (see `_spin_for`).
+        # the lone request being timed for it: id (-1: none), when sent, whether spun for.
         self.reply_spin: Spin | None = None
         self._lone = -1
         self._lone_at = 0.0
         self._lone_spun = False
-        self._lone_answered = False
         self.events_at = 0.0
         self.closed = False  # the node is closing: no new calls
         self._telemetry = telemetry
@@ -588,7 +586,7 @@ class Caller:
         self._driver = driver
         core.calls.reply_sink = self.replied  # each reply as it arrives: no event for it
         if self.busy_poll:
-            self.reply_spin = Spin(self.busy_poll, core.stats, "busy_poll_replies")
+            self.reply_spin = Spin(self.busy_poll, core.stats, "busy_poll_replies", compare=False)
 
     def listen(self, on: Listen) -> None:
         on(ReplyArrived, self.on_reply)
@@ -753,16 +751,11 @@ class Caller:
         self, req_id: int, fut: asyncio.Future[bytes] | _Callback, core: MeshCore, driver: Driver
     ) -> None:
         """Opt-in (`busy_poll`), a lone request: wait for its reply without a trip through the
-        loop (awaiting a done future then returns at once), if `reply_spin` finds that pays.
-        What it judges by is the time from one lone request to the next when the first was
-        answered: spinning saves the loop's wake-up and the hop to the awaiting task, and the
-        next request shows both (a round trip timed to the reply would show neither hop)."""
+        loop (awaiting a done future then returns at once) while `reply_spin` finds replies
+        come within `busy_poll`; either way its round trip is timed for it (see `replied`)."""
         spin = self.reply_spin
-        began = time.perf_counter()
-        if spin is not None and self._lone_answered:
-            spin.observe(self._lone_spun, began - self._lone_at)
-        self._lone_answered = False
         budget = self.busy_poll if spin is None else spin.budget()
+        began = time.perf_counter()
         self._lone, self._lone_at, self._lone_spun = req_id, began, bool(budget)
         if budget:
             driver.flush()  # sent, not merely staged
@@ -840,9 +833,10 @@ class Caller:
         entry = self._waiting.pop(req_id, None)
         if entry is None:
             return
-        if req_id == self._lone:  # busy polling: the lone request was answered
+        if req_id == self._lone:  # busy polling: a lone request's round trip
             self._lone = -1
-            self._lone_answered = True
+            if self.reply_spin is not None:
+                self.reply_spin.observe(self._lone_spun, time.perf_counter() - self._lone_at)
         fut, cluster, started, series = entry
         if status == STATUS_OK:
             if not fut.done():

@@ -92,3 +92,19 @@ def test_keeps_spinning_unless_sleeping_is_clearly_quicker() -> None:
     runs = decide(spin, (110e-6, 100e-6), 4 * EXPLORE)
     assert runs[:2] == [True, False]
     assert runs[2:].count(False) == 3  # only the runs that keep the figures current
+
+
+def test_a_caller_spins_while_replies_come_within_the_limit() -> None:
+    """A caller does not compare with sleeping: it spins unless replies come too late."""
+    spin = Spin(LIMIT, Counter(), "p", compare=False, available=4)
+    assert all(decide(spin, (300e-6, 100e-6), 4 * EXPLORE))  # slower spinning: spins anyway
+    assert spin.budget() == LIMIT  # the whole limit, every time
+
+
+def test_a_caller_stops_spinning_for_slow_replies_and_tries_again_now_and_then() -> None:
+    spin = Spin(LIMIT, Counter(), "p", compare=False, available=4)
+    runs = decide(spin, (2e-3, 2e-3), 2 * EXPLORE)
+    assert runs[0]
+    assert not any(runs[1:])  # replies beyond the limit: not even an exploring spin
+    runs = decide(spin, (100e-6, 200e-6), 6 * EXPLORE)  # the member got quick again
+    assert all(runs[-EXPLORE:])  # (the averages forget the slow runs a half at a time)
