@@ -6,7 +6,7 @@ the loop's wake-up, at the cost of a core while it spins. It pays only when what
 comes soon, and only when the spinning thread does not take the core that the message needs
 to arrive (zmq's I/O thread, or the peer itself on the same machine). Measured on a 2-core
 machine, a caller spinning alone shortened its round trips, while a caller and a member both
-spinning made them three times longer.
+spinning made them about six times longer.
 
 So each side decides from what it measured (`Spin`): it waits in runs of one way or the other
 and keeps the typical wait each way. A caller spins while the replies it waits for come within
