@@ -1,24 +1,31 @@
 """What one request at a time costs each side in wake-ups: counts a busy machine does not blur.
 
-    python bench/wakeups.py [--only raw,raw-asyncio,mesh] [--requests 3000] [--size 100]
-                            [--no-counters] [--mesh-opt KEY=VALUE ...]
+    python bench/wakeups.py [--only raw,raw-asyncio,raw-asyncio-uv,mesh] [--requests 3000]
+                            [--size 100] [--no-counters] [--no-syscalls] [--json OUT]
+                            [--mesh-opt KEY=VALUE ...] [--caller-opt KEY=VALUE ...]
 
 For each system a member (the echo servers of `bench/reqrep.py`) and a caller run in child
 processes on 127.0.0.1; the caller sends --requests requests one at a time after a warm-up.
-Around exactly those requests, for each side and divided by the number of requests:
+`raw-asyncio` runs on asyncio's own loop (as in `bench/reqrep.py`), `raw-asyncio-uv` and
+irismesh on irismesh's (uvloop where installed). Around exactly those requests, for each side
+and divided by the number of requests:
 
 - system calls by kind, per thread (`perf trace -s` attached to the process; without perf,
-  none), so the main thread and zmq's I/O thread are told apart;
-- voluntary and involuntary context switches per thread (`/proc/PID/task/*/status`);
+  or with --no-syscalls, none), so the loop thread and zmq's I/O thread are told apart;
+- voluntary and involuntary context switches and CPU time per thread
+  (`/proc/PID/task/*/status` and `schedstat`);
 - event loop work, counted by a subclass of the loop: callbacks queued (`call_soon`), timers
   set (`call_at`/`call_later`) and cancelled, futures and tasks created;
 - zmq socket calls, counted by a subclass of `zmq.Socket`: recvs and the failing ones
   (`Again`), sends, `EVENTS` queries;
 - irismesh's driver passes: `_drain_*`, `process`, `_send`, `_recheck_input`, `arm`, ...
+  (`ns.driver.*`: wall time inside them, inclusive).
 
-The counting costs time (it wraps hot calls), so the p50 it prints with counters on is higher
-than `bench/reqrep.py`'s; `--no-counters` measures latency and system calls only. An
-epoll_wait (or poll) is one turn of the loop. Compare counts, not times, between builds.
+The counting costs time (it wraps hot calls) and perf trace slows every system call, so the
+p50 and CPU it prints with either on mean little; `--no-counters --no-syscalls` measures
+latency and CPU per thread only. An epoll_wait is one turn of the loop. Compare counts, not
+times, between builds; `--mesh-opt` goes to both irismesh nodes, `--caller-opt` to the
+caller's only (`--caller-opt busy_poll=0.0005`).
 """
 
 from __future__ import annotations
