@@ -36,6 +36,7 @@ import zmq
 from irismesh._core.engine import MeshCore
 from irismesh._core.events import CloseLink, Event, OpenLink, RequestArrived
 from irismesh._datagrams import DatagramSocket
+from irismesh._spin import Spin
 from irismesh.errors import ConfigurationError
 
 BATCH = 256
@@ -132,9 +133,13 @@ class Driver:
         self._recheck: set[int] = set()  # link ids (0: the router) to re-check for input
         self._closed = False
         self._max_frame = core.config.max_frame
-        # Opt-in busy polling (seconds): after serving, poll the listening socket this long for
-        # the next request before returning to the loop, while `idle()` says no handler waits.
+        # Opt-in busy polling (seconds): after serving, poll the listening socket up to this
+        # long for the next request before returning to the loop, while `idle()` says no
+        # handler waits, and while `request_spin` finds that it pays (see irismesh._spin).
         self.busy_poll = 0.0
+        self.request_spin: Spin | None = None
+        self._served_at = 0.0  # when the wait for the next request began (0.0: not timed)
+        self._served_spun = False  # ... and whether it was spent spinning
         self.idle: Callable[[], bool] = lambda: True
         loop.add_reader(router.FD, self._drain_router)
         self._datagrams = datagrams
@@ -176,21 +181,55 @@ class Driver:
         else:
             self._recheck.add(0)  # batch cut short: come back after others had a turn
         if got:
+            if self._served_at:
+                self._request_came()
             self.process()
-        if self.busy_poll and self.idle():
-            self._spin_router()
+            if self.busy_poll:
+                self._spin_router()
+
+    def _request_came(self) -> None:
+        """Busy polling: a request came after a wait that began when the last was served."""
+        spin = self.request_spin
+        if spin is not None:
+            spin.observe(self._served_spun, time.perf_counter() - self._served_at)
+        self._served_at = 0.0
 
     def _spin_router(self) -> None:
-        """Poll the listening socket for up to busy_poll for the next request (opt-in)."""
+        """After serving: poll the listening socket for the next request while no handler
+        awaits, for as long as `request_spin` finds that pays (opt-in: `busy_poll`)."""
         router, receive, clock = self._router, self.core.receive_in, time.perf_counter
-        until = clock() + self.busy_poll
-        while clock() < until:
-            try:
-                routing_id = router.recv(_NOBLOCK)
-            except zmq.Again:
-                continue
-            except zmq.ZMQError:
+        spin = self.request_spin
+        spun = False
+        while self.idle():
+            began = clock()
+            budget = self.busy_poll if spin is None else spin.budget()
+            if not budget:
+                break
+            spun = True
+            until = began + budget
+            caught = False
+            while True:
+                now = clock()
+                if now >= until:
+                    break
+                try:
+                    routing_id = router.recv(_NOBLOCK)
+                except zmq.Again:
+                    continue
+                except zmq.ZMQError:
+                    return
+                caught = True
+                break
+            if spin is not None:
+                spin.spun(now - began, caught)
+            if not caught:
+                # The wait goes on in the loop; the request that ends it tells how long it was.
+                self._served_at, self._served_spun = began, True
+                self._recheck.add(0)
+                self.flush_soon()
                 return
+            if spin is not None:
+                spin.observe(True, now - began)
             frame = router.recv(_NOBLOCK)
             if router.get(_RCVMORE):
                 while router.get(_RCVMORE):
@@ -199,11 +238,10 @@ class Driver:
                 continue
             receive(routing_id, frame, self.loop.time())
             self.process()
-            if not self.idle():
-                break  # a handler awaits: the loop must run it
-            until = clock() + self.busy_poll
-        self._recheck.add(0)
-        self.flush_soon()
+        self._served_at, self._served_spun = (clock(), False) if self.idle() else (0.0, False)
+        if spun:
+            self._recheck.add(0)
+            self.flush_soon()
 
     def spin(self, link_id: int, seconds: float, done: Callable[[], bool]) -> None:
         """Poll one dialled link for up to `seconds` until `done()`, not yielding (opt-in)."""

@@ -54,6 +54,7 @@ from irismesh._core.priority import Priority, check_priority
 from irismesh._core.records import MemberState, validate_name
 from irismesh._datagrams import DatagramSocket
 from irismesh._driver import Driver, listen
+from irismesh._spin import Spin
 from irismesh.discovery.mdns import MdnsConfig, MdnsDiscovery, mdns_config
 from irismesh.discovery.survey import SurveyConfig, SurveyDiscovery, survey_config
 from irismesh.errors import (
@@ -355,6 +356,7 @@ class Node(MemoryApi, KeyringApi):
         self._pubsub.attach(core, driver.flush_soon)
         if self._busy_poll:
             driver.busy_poll = self._busy_poll
+            driver.request_spin = Spin(self._busy_poll, core.stats, "busy_poll_requests")
             driver.idle = lambda: self._runner.running == 0
         now = loop.time()
         for seed in self._seeds:

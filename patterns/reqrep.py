@@ -39,6 +39,7 @@ from irismesh._core.events import (
 from irismesh._core.frames import STATUS_OK, Kind, unpack_error
 from irismesh._core.priority import check_priority, label
 from irismesh._driver import Driver
+from irismesh._spin import Spin
 from irismesh.errors import Closed, ConfigurationError, MeshError, RemoteError, RequestTimeout
 from irismesh.telemetry.node_telemetry import BROADCAST_KIND, REQUEST_KIND, SURVEY_KIND, outcome
 from irismesh.telemetry.schema import Outcome
@@ -563,6 +564,12 @@ class Caller:
     ) -> None:
         self.default_timeout = default_timeout
         self.busy_poll = busy_poll
+        # Whether spinning for a lone request's reply pays (set with the core, `attach`), and
+        # the lone request being timed for it: id (-1: none), when sent, whether spun for.
+        self.reply_spin: Spin | None = None
+        self._lone = -1
+        self._lone_at = 0.0
+        self._lone_spun = False
         self.events_at = 0.0
         self.closed = False  # the node is closing: no new calls
         self._telemetry = telemetry
@@ -578,6 +585,8 @@ class Caller:
         self._core = core
         self._driver = driver
         core.calls.reply_sink = self.replied  # each reply as it arrives: no event for it
+        if self.busy_poll:
+            self.reply_spin = Spin(self.busy_poll, core.stats, "busy_poll_replies", compare=False)
 
     def listen(self, on: Listen) -> None:
         on(ReplyArrived, self.on_reply)
@@ -735,11 +744,24 @@ class Caller:
         if wake < driver.timer_at:
             driver.arm(wake)
         if self.busy_poll and spin and len(waiting) == 1:
-            # Opt-in: wait for the reply without a trip through the loop (awaiting a done
-            # future then returns at once), once the request is sent, not merely staged.
-            driver.flush()
-            driver.spin(core.request_link(req_id), self.busy_poll, fut.done)
+            self._spin_for(req_id, fut, core, driver)
         return req_id, fut
+
+    def _spin_for(
+        self, req_id: int, fut: asyncio.Future[bytes] | _Callback, core: MeshCore, driver: Driver
+    ) -> None:
+        """Opt-in (`busy_poll`), a lone request: wait for its reply without a trip through the
+        loop (awaiting a done future then returns at once) while `reply_spin` finds replies
+        come within `busy_poll`; either way its round trip is timed for it (see `replied`)."""
+        spin = self.reply_spin
+        budget = self.busy_poll if spin is None else spin.budget()
+        began = time.perf_counter()
+        self._lone, self._lone_at, self._lone_spun = req_id, began, bool(budget)
+        if budget:
+            driver.flush()  # sent, not merely staged
+            driver.spin(core.request_link(req_id), budget, fut.done)
+            if spin is not None:
+                spin.spun(time.perf_counter() - began, fut.done())
 
     def _hedge_delay(self, cluster: str) -> float:
         """The cluster's measured p95 round trip (a power-of-two bound), or 10 ms unknown."""
@@ -811,6 +833,10 @@ class Caller:
         entry = self._waiting.pop(req_id, None)
         if entry is None:
             return
+        if req_id == self._lone:  # busy polling: a lone request's round trip
+            self._lone = -1
+            if self.reply_spin is not None:
+                self.reply_spin.observe(self._lone_spun, time.perf_counter() - self._lone_at)
         fut, cluster, started, series = entry
         if status == STATUS_OK:
             if not fut.done():
@@ -832,6 +858,8 @@ class Caller:
                 series.observe(peer, us, len(payload), _REMOTE_ERROR)
 
     def on_failed(self, event: RequestFailed) -> None:
+        if event.req_id == self._lone:
+            self._lone = -1
         entry = self._waiting.pop(event.req_id, None)
         if entry is not None:
             fut, _cluster, started, series = entry

@@ -14,6 +14,7 @@ from helpers import wait_until
 import irismesh
 from irismesh import sync
 from irismesh._core.events import RequestArrived, RequestCancelled
+from irismesh._spin import cores
 from irismesh.patterns.reqrep import ForwardedError, TurnedAway
 
 Test = Callable[[], Awaitable[None]]
@@ -400,6 +401,20 @@ def test_busy_polling_nodes_answer_lone_and_concurrent_requests_and_awaiting_han
             await caller.wait_for_members("db", 1, timeout=5)
             for i in range(200):  # alone: the caller spins for the reply
                 assert await caller.request("db", b"%d" % i, timeout=2) == b"re:%d" % i
+            # Each lone request's wait was decided (spun for or slept), what spinning cost is
+            # counted, and the member decided each wait for the next request likewise.
+            decided = (
+                caller.stats["busy_poll_replies_spins"] + caller.stats["busy_poll_replies_slept"]
+            )
+            served = (
+                member.stats["busy_poll_requests_spins"] + member.stats["busy_poll_requests_slept"]
+            )
+            if cores() >= 2:  # with one core busy polling is off
+                assert decided == 200
+                assert caller.stats["busy_poll_replies_spun_us"] > 0
+                assert served >= 190  # after serving each (the first ones: while starting)
+            else:
+                assert decided == served == 0
             payloads = [b"%d" % i for i in range(50)] + [b"slow%d" % i for i in range(5)]
             replies = await asyncio.gather(*(caller.request("db", p, timeout=5) for p in payloads))
             assert replies == [b"re:" + p for p in payloads]
