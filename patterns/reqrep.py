@@ -58,6 +58,9 @@ Reply = Callable[[Token, bytes], None]
 ReplyError = Callable[[Token, BaseException], None]
 _OK, _REMOTE_ERROR = str(Outcome.OK), str(Outcome.REMOTE_ERROR)
 _Timer = asyncio.TimerHandle | None
+# What round trips and handler runs are timed by: the loop's own clock is no good for that,
+# as uvloop's moves in whole milliseconds (once per turn of the loop).
+_clock = time.perf_counter
 _KIND_REQUEST = int(Kind.REQUEST)
 SLICE = 0.005  # seconds of plain-function handlers run in a row before the loop gets a turn
 
@@ -731,7 +734,7 @@ class Caller:
         recorder = self._recorder
         series = recorder.requests[cluster] if recorder is not None else None
         waiting = self._waiting
-        waiting[req_id] = (fut, cluster, now, series)
+        waiting[req_id] = (fut, cluster, _clock() if series is not None else 0.0, series)
         # A flush is queued (behind the tasks a batch of replies woke): the request goes in
         # it. Others are in flight: at the end of this loop iteration, together with the
         # requests other tasks are about to make (one seal and one send for all of them).
@@ -797,7 +800,7 @@ class Caller:
         series = self._recorder.series(label, cluster) if self._recorder is not None else None
         for req_id, member_id in sent:
             fut: asyncio.Future[bytes] = loop.create_future()
-            self._waiting[req_id] = (fut, cluster, now, series)
+            self._waiting[req_id] = (fut, cluster, _clock() if series is not None else 0.0, series)
             futures[member_id.hex()] = fut
         driver.flush()
         driver.arm(now + timeout)
@@ -842,7 +845,7 @@ class Caller:
             if not fut.done():
                 fut.set_result(payload)
             if series is not None:  # Series.observe inlined: the caller's hot path
-                us = int((now - started) * 1e6)
+                us = int((_clock() - started) * 1e6)
                 series.histogram[us.bit_length()] += 1
                 n = series.countdown - 1
                 if n:
@@ -854,7 +857,7 @@ class Caller:
             if not fut.done():
                 fut.set_exception(RemoteError(cluster, kind, message))
             if series is not None:
-                us = int((now - started) * 1e6)
+                us = int((_clock() - started) * 1e6)
                 series.observe(peer, us, len(payload), _REMOTE_ERROR)
 
     def on_failed(self, event: RequestFailed) -> None:
@@ -866,7 +869,7 @@ class Caller:
             if not fut.done():
                 fut.set_exception(event.error)
             if series is not None:
-                us = int((self.events_at - started) * 1e6)
+                us = int((_clock() - started) * 1e6)
                 series.observe(None, us, 0, outcome(event.error))
 
 
