@@ -859,7 +859,7 @@ def preflight(run: Run) -> None:
             try:
                 import nats  # noqa: F401
             except ImportError as exc:
-                run.skipped["nats"] = f"nats-py not installed ({exc}): pip install nats-py"
+                run.skipped["nats"] = f"nats-py not installed ({exc}): pip install -e '.[bench]'"
     if any(system in MESH_VARIANTS for system in run.systems):
         try:
             import irismesh

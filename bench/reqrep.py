@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import importlib.util
 import json
 import os
 import platform
@@ -672,6 +673,8 @@ def preflight(run: Run) -> None:
         )
         if run.nats_server is None:
             run.skipped["nats"] = f"nats-server not installed: {NATS_SERVER_INSTALL}"
+        elif importlib.util.find_spec("nats") is None:
+            run.skipped["nats"] = "its client, nats-py, is not installed: pip install -e '.[bench]'"
     if any(system in MESH_VARIANTS for system in run.systems):
         try:
             irismesh = import_mesh()
