@@ -13,19 +13,31 @@ than the window runs again, the at-least-once fallback past the window.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
 
 RequestKey = tuple[bytes, int]  # (caller node id, request id)
 
 
-@dataclass(slots=True)
 class CachedReply:
-    expires: float
-    routing_id: bytes  # the link the request (or its latest resend) arrived on
-    slot: int  # and its scope slot there
-    status: int = -1  # -1 while the handler runs
-    payload: bytes = b""
-    priority: int = 0  # the request's: its reply is staged in its class
+    """A request's entry. A plain class, not a dataclass: compiled, a dataclass's generated
+    `__init__` stays interpreted, and this one is made once per request."""
+
+    __slots__ = ("expires", "payload", "priority", "routing_id", "slot", "status")
+
+    def __init__(
+        self,
+        expires: float,
+        routing_id: bytes,  # the link the request (or its latest resend) arrived on
+        slot: int,  # and its scope slot there
+        status: int = -1,  # -1 while the handler runs
+        payload: bytes = b"",
+        priority: int = 0,  # the request's: its reply is staged in its class
+    ) -> None:
+        self.expires = expires
+        self.routing_id = routing_id
+        self.slot = slot
+        self.status = status
+        self.payload = payload
+        self.priority = priority
 
 
 class ReplyCache:
