@@ -6,6 +6,13 @@ pyzmq socket whose file descriptor is registered with `loop.add_reader`; when it
 driver drains up to `BATCH` messages with NOBLOCK, hands each to the core, then dispatches the
 core's events and sends its frames once for the whole batch.
 
+With many requests in flight, each side should work on one batch while the other works on
+the next. So a member answers a long run of requests in slices of equal length (`slice_length`),
+flushing after each, and a caller reads a dialled link's replies one frame at a time while the
+requests they trigger are still to go out (`_dealer_readable`): read together, two batches of
+replies would go back as one, and each side would wait while the other worked on the whole
+window.
+
 A zmq FD is edge-triggered and also signals after *sends* change the socket's state, so a
 wake-up can be consumed by a send: after sending on a socket, and after a batch cut short, the
 driver checks `EVENTS` and drains again soon if input is waiting. That is the "no lost
@@ -86,6 +93,14 @@ def listen(
         ctx.term()
         raise ConfigurationError(f"cannot listen on {bind}: {exc}") from None
     return router, router.get_string(zmq.LAST_ENDPOINT)
+
+
+def slice_length(count: int) -> int:
+    """How many of `count` events go between two flushes: at most EVENT_SLICE, in slices of
+    equal length (a run of 100 goes back as two frames of 50, not 64 and 36: the peer's next
+    two batches are then alike, and neither side waits long for the other's larger one)."""
+    slices = -(-count // EVENT_SLICE)
+    return -(-count // slices)
 
 
 def urgent_first(events: list[Event]) -> list[Event]:
@@ -262,6 +277,19 @@ class Driver:
         self._recheck.add(link_id)  # what arrived after: the loop's next turn reads it
         self.flush_soon()
 
+    def _dealer_readable(self, link_id: int) -> None:
+        """A dialled link's socket signalled (the loop's reader callback).
+
+        While a flush is queued, it goes first: replies just read woke the tasks that awaited
+        them, and the requests those make go out in that flush; reading more replies before it
+        would merge two batches into one, and then each side waits while the other works on
+        the whole window. So the link is read after the flush (`_recheck_input`), and two
+        batches stay in flight, one worked on at each end."""
+        if self.flush_pending:
+            self._recheck.add(link_id)
+            return
+        self._drain_dealer(link_id)
+
     def _drain_dealer(self, link_id: int) -> None:
         sock = self._dealers.get(link_id)
         if sock is None:
@@ -269,6 +297,7 @@ class Driver:
         receive = self.core.receive_out
         recv = sock.recv
         events = sock.get
+        pending = self.core.calls.pending
         now = self.loop.time()
         got = 0
         for _ in range(BATCH):
@@ -279,9 +308,15 @@ class Driver:
             # No RCVMORE check (it costs as much as the recv): on a dialled link every part is
             # judged as a frame of its own, so a peer gains nothing by sending several parts.
             got += 1
+            waiting = len(pending)
             receive(link_id, frame, now)
             if not cast(int, events(_EVENTS)) & _POLLIN:
                 break  # read out: asking costs a third of the failing read it saves
+            if len(pending) < waiting:
+                # Replies woke their callers: the requests those make next go out before more
+                # replies are read (see `_dealer_readable`); the rest is read after that flush.
+                self._recheck.add(link_id)
+                break
         else:
             self._recheck.add(link_id)
         if got:
@@ -331,8 +366,9 @@ class Driver:
                 # A long run of events (a batch of requests): send the replies of each slice
                 # as it is done, so that the peer works on them while this side does the rest
                 # (one batch answered whole would leave each side idle while the other works).
-                for start in range(0, len(events), EVENT_SLICE):
-                    self._on_events(events[start : start + EVENT_SLICE])
+                step = slice_length(len(events))
+                for start in range(0, len(events), step):
+                    self._on_events(events[start : start + step])
                     if not outbox.events:  # nothing to open first
                         self._send()
             self._send()
@@ -428,7 +464,7 @@ class Driver:
             self.core.link_failed(event.link_id, self.loop.time(), "bad_endpoint")
             return
         self._dealers[event.link_id] = sock
-        self.loop.add_reader(sock.FD, self._drain_dealer, event.link_id)
+        self.loop.add_reader(sock.FD, self._dealer_readable, event.link_id)
         try:
             monitor = sock.get_monitor_socket(_DISCONNECTED)
         except zmq.ZMQError:  # no socket left for the monitor: heartbeats still watch the link

@@ -19,6 +19,7 @@ import asyncio
 import contextvars
 import inspect
 import time
+import types
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -65,6 +66,8 @@ _KIND_REQUEST = int(Kind.REQUEST)
 SLICE = 0.005  # seconds of plain-function handlers run in a row before the loop gets a turn
 
 _deadline: ContextVar[float] = ContextVar("irismesh_deadline", default=float("inf"))
+_perf_counter = time.perf_counter
+_Coroutine = types.CoroutineType
 
 
 class TurnedAway(Exception):
@@ -158,6 +161,7 @@ class HandlerRunner:
         self._waiting: dict[tuple[bytes, int], RequestArrived] = {}  # queued, by request
         self._spent = 0.0  # seconds of inline handler runs since the runner last yielded
         self._pumping = False  # a pump is scheduled on the loop
+        self._shed: list[tuple[RequestArrived, str]] = []  # what one offer sheds (`run`)
         self._expiring: asyncio.TimerHandle | None = None
 
     # ----------------------------------------------------------------- admission
@@ -176,13 +180,15 @@ class HandlerRunner:
             return
         loop = asyncio.get_running_loop()
         now = loop.time()
-        shed: list[tuple[RequestArrived, str]] = []
+        shed = self._shed  # reused: a request rarely sheds another
         priority = event.priority
         verdict = admission.offer(
             event, event.deadline, now, shed, priority, may_start=self._spent < SLICE
         )
         if verdict is None:
             self._start(event, now)
+            if not shed:
+                return
         elif verdict == "queued":
             self.stats["requests_queued"] += 1
             if priority:
@@ -191,8 +197,11 @@ class HandlerRunner:
             self._schedule(loop)
         else:
             self._reject(event, verdict)
-        for item, reason in shed:
-            self._reject(item, reason)
+        if shed:
+            items = shed.copy()
+            shed.clear()
+            for item, reason in items:
+                self._reject(item, reason)
 
     def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start what waits: on the loop's next turn (after it has polled for I/O)."""
@@ -302,7 +311,7 @@ class HandlerRunner:
             if event.priority:
                 self.stats["requests_admitted_" + label(event.priority)] += 1
         mark = _deadline.set(event.deadline)
-        began = time.perf_counter()
+        began = _perf_counter()
         try:
             if self.blocking:
                 self._run_blocking(event, started, handler, now)
@@ -310,29 +319,30 @@ class HandlerRunner:
             result = handler(event.payload)
             # A plain function's bytes (the common case) skip the awaitable checks.
             if type(result) is not bytes:
-                if inspect.iscoroutine(result):
+                if type(result) is _Coroutine or inspect.iscoroutine(result):
                     try:
                         yielded = result.send(None)
                     except StopIteration as stop:
-                        self._finish(event, started, stop.value)
-                        self._inline_done(began, now)
+                        # Done in its first step (the common case): answered below, as a
+                        # plain function's bytes are.
+                        result = stop.value
+                    else:
+                        loop = asyncio.get_running_loop()
+                        task = loop.create_task(self._resume(event, started, result, yielded, now))
+                        self._track(event, task)
+                        self._spent += _perf_counter() - began
                         return
-                    loop = asyncio.get_running_loop()
-                    task = loop.create_task(self._resume(event, started, result, yielded, now))
-                    self._track(event, task)
-                    self._spent += time.perf_counter() - began
-                    return
-                if isinstance(result, asyncio.Future):
+                elif isinstance(result, asyncio.Future):
                     # A handler passing the request on (a gateway): answered when the future
                     # resolves, with no Task in between.
                     result.add_done_callback(partial(self._settled, event, started, now))
                     self._track(event, result)
-                    self._spent += time.perf_counter() - began
+                    self._spent += _perf_counter() - began
                     return
-                if inspect.isawaitable(result):
+                elif inspect.isawaitable(result):
                     task = asyncio.ensure_future(self._await(event, started, result, now))
                     self._track(event, task)
-                    self._spent += time.perf_counter() - began
+                    self._spent += _perf_counter() - began
                     return
         except Exception as exc:
             self._fail(event, started, exc)
@@ -346,11 +356,18 @@ class HandlerRunner:
                 serving[event.cluster].finish(event.token[0], started, len(result), _OK)
         else:
             self._finish(event, started, result)
-        self._inline_done(began, now)
+        # _inline_done, inlined: the hot path.
+        took = _perf_counter() - began
+        spent = self._spent = self._spent + took
+        if admission is not None:
+            admission.finished(took)
+            if spent >= SLICE and not self._pumping:
+                self._pumping = True  # a fresh slice once the loop has polled for I/O
+                asyncio.get_running_loop().call_soon(self._pump)
 
     def _inline_done(self, began: float, now: float) -> None:
         """A handler ran start to end inline: it counts against the slice, and as a run."""
-        took = time.perf_counter() - began
+        took = _perf_counter() - began
         self._spent += took
         if self.admission is not None:
             self.admission.finished(took)

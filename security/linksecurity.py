@@ -78,7 +78,7 @@ class AeadSealer:
     def seal(self, header: bytes, seq: int, body: bytes) -> bytes:
         return self._encrypt(_NONCE.pack(seq), body, header)
 
-    def open(self, header: bytes, seq: int, sealed: bytes) -> bytes:
+    def open(self, header: bytes, seq: int, sealed: bytes | memoryview) -> bytes:
         try:
             return self._decrypt(_NONCE.pack(seq), sealed, header)
         except InvalidTag:

@@ -386,8 +386,11 @@ class Calls(LinkObserver):
         link = balancer.choose(members, self._rng)
         self._send_to(request, link, now, "requests_hedged", hedge=True)
 
-    def on_reply(self, link: OutLink, body: bytes, now: float) -> None:
-        req_id, status, payload = decode_reply(body)
+    def on_reply(
+        self, link: OutLink, body: bytes, now: float, start: int = 0, end: int = -1
+    ) -> None:
+        """A REPLY: all of `body`, or its entry `body[start:end]` in a BATCH."""
+        req_id, status, payload = decode_reply(body, start, end)
         link.acks.append(req_id)  # received: the member may forget it
         pending = self.pending
         request = pending.get(req_id)
@@ -493,10 +496,21 @@ class Calls(LinkObserver):
 
     # ----------------------------------------------------------------- member
 
-    def on_request(self, link: InLink, slot: int, body: bytes, now: float, kind: int) -> None:
+    def on_request(
+        self,
+        link: InLink,
+        slot: int,
+        body: bytes,
+        now: float,
+        kind: int,
+        start: int = 0,
+        end: int = -1,
+    ) -> None:
+        """A REQUEST (or BROADCAST, SURVEY, JOB): all of `body`, or its entry
+        `body[start:end]` in a BATCH."""
         if slot == 0 or slot >= len(link.scopes) or link.scopes[slot] is None:
             raise ProtocolError("bad_scope", str(slot))
-        req_id, timeout_ms, acks, payload, priority = decode_request(body)
+        req_id, timeout_ms, acks, payload, priority = decode_request(body, start, end)
         if acks:
             self.forget_replies(link, acks)
         if len(payload) > self._max_payload:

@@ -62,7 +62,7 @@ from irismesh._core.frames import (
     MAX_CLUSTERS,
     BodyCodec,
     Kind,
-    decode_batch,
+    batch_spans,
     decode_header,
 )
 from irismesh._core.handshake import Handshake
@@ -359,11 +359,11 @@ class MeshCore(CoreApi):
                 self._on_tunnel_out(link, scope, body)
                 return
             if kind == _BATCH:
-                for entry_kind, entry in decode_batch(body, _REPLY_KINDS):
+                for entry_kind, start, end in batch_spans(body, _REPLY_KINDS):
                     if entry_kind == _REPLY:
-                        self._on_reply(link, entry, now)
+                        self._on_reply(link, body, now, start, end)
                     else:
-                        self._on_tunnel_out(link, scope, entry)
+                        self._on_tunnel_out(link, scope, body[start:end])
                 return
             env = self._codec.unpack(body, kind)
             if kind == _PONG:
@@ -411,11 +411,11 @@ class MeshCore(CoreApi):
                 if slot_scope is not None:
                     self._on_publish_batch(link, body, slot_scope)
                     return
-                for entry_kind, entry in decode_batch(body, _CALL_KINDS):
+                for entry_kind, start, end in batch_spans(body, _CALL_KINDS):
                     if entry_kind == _TUNNEL:
-                        self._on_tunnel_in(link, scope, entry)
+                        self._on_tunnel_in(link, scope, body[start:end])
                     else:
-                        self._on_request(link, scope, entry, now, entry_kind)
+                        self._on_request(link, scope, body, now, entry_kind, start, end)
                 return
             env = self._codec.unpack(body, kind)
             if kind == _PING:

@@ -39,13 +39,13 @@ from typing import Any
 
 from irismesh._core.events import Event
 from irismesh._core.frames import (
+    BATCH_ENTRY,
     HEADER,
     MAGIC,
     MAX_BATCH,
     VERSION,
     BodyCodec,
     Kind,
-    encode_batch,
 )
 from irismesh._core.links import InLink, LinkState, OutLink
 
@@ -53,6 +53,8 @@ _BATCH = int(Kind.BATCH)
 _PUBLISH_RUN = int(Kind.PUBLISH_RUN)
 _BATCH_BYTES = 96 << 10
 _pack_header = HEADER.pack
+_pack_entry = BATCH_ENTRY.pack
+_ENTRY_SIZE = BATCH_ENTRY.size
 
 
 class Outbox:
@@ -211,30 +213,58 @@ class Outbox:
         self, link: OutLink | InLink, staged: list[tuple[int, int, bytes]]
     ) -> list[bytes]:
         """The frames for `staged` entries: one per slot, a BATCH where several fit together."""
-        by_slot: dict[int, list[tuple[int, bytes]]] = {}
-        for slot, kind, body in staged:
-            by_slot.setdefault(slot, []).append((kind, body))
-        frames = []
+        frames: list[bytes] = []
+        slot = staged[0][0]
+        for entry in staged:
+            if entry[0] != slot:
+                break
+        else:  # one slot (the common case): no regrouping
+            self._seal_slot(link, slot, staged, frames)
+            return frames
+        by_slot: dict[int, list[tuple[int, int, bytes]]] = {}
+        for entry in staged:
+            entries = by_slot.get(entry[0])
+            if entries is None:
+                by_slot[entry[0]] = [entry]
+            else:
+                entries.append(entry)
+        for slot, entries in by_slot.items():
+            self._seal_slot(link, slot, entries, frames)
+        return frames
+
+    def _seal_slot(
+        self,
+        link: OutLink | InLink,
+        slot: int,
+        entries: list[tuple[int, int, bytes]],
+        frames: list[bytes],
+    ) -> None:
+        """Seal one slot's entries into `frames`: a BATCH of as many as fit, or one alone."""
         # A batch fits the peer's frame limit (like any one body) and stays below the sizes
         # malloc serves by mmap (one batch frame per 64 KiB tunnel chunk or so, not a MiB).
         limit = self.batch_limit
-        for slot, entries in by_slot.items():
-            start, count = 0, len(entries)
-            while start < count:
-                end, size = start + 1, len(entries[start][1])
-                while end < count and end - start < MAX_BATCH:
-                    size += len(entries[end][1]) + 5
-                    if size > limit:
-                        break
-                    end += 1
-                if end - start == 1:
-                    kind, body = entries[start]
-                else:
-                    kind, body = _BATCH, encode_batch(entries[start:end])
-                    self._stats["batches_sent"] += 1
-                start = end
-                frames.append(self.frame(link, slot, kind, body))
-        return frames
+        pack = _pack_entry
+        start, count = 0, len(entries)
+        while start < count:
+            end, size = start + 1, len(entries[start][2])
+            while end < count and end - start < MAX_BATCH:
+                size += len(entries[end][2]) + _ENTRY_SIZE
+                if size > limit:
+                    break
+                end += 1
+            if end - start == 1:
+                _slot, kind, body = entries[start]
+            else:
+                # One join of entry headers and bodies: each body is copied once.
+                parts: list[bytes] = []
+                for i in range(start, end):
+                    _slot, entry_kind, entry_body = entries[i]
+                    parts.append(pack(entry_kind, len(entry_body)))
+                    parts.append(entry_body)
+                kind, body = _BATCH, b"".join(parts)
+                self._stats["batches_sent"] += 1
+            start = end
+            frames.append(self.frame(link, slot, kind, body))
 
     def frame(self, link: OutLink | InLink, slot: int, kind: int, body: bytes) -> bytes:
         """The link's next frame: header (its next seq) and `body` sealed in `slot`."""

@@ -12,27 +12,65 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 from irismesh._core.links import OutLink
 
 
-@dataclass(slots=True, eq=False)
 class PendingRequest:
-    req_id: int
-    cluster: str
-    payload: bytes
-    deadline: float
-    timeout: float
-    sent_at: float
-    link: OutLink | None
-    attempts: int = 1
-    kind: int = 5  # Kind.REQUEST, BROADCAST, SURVEY or JOB
-    pinned: bool = False  # meant for one member (broadcast, survey): never resent elsewhere
-    hedged: OutLink | None = None  # a second copy in flight there (hedged requests)
-    hedge_at: float = float("inf")
-    refused: list[bytes] = field(default_factory=list)  # members that turned it away unrun
-    priority: int = 0  # higher is more important (`priority`)
+    """One request in flight. A plain class, not a dataclass: compiled, a dataclass's
+    generated `__init__` stays interpreted (a fifth of the caller's core per request)."""
+
+    __slots__ = (
+        "attempts",
+        "cluster",
+        "deadline",
+        "hedge_at",
+        "hedged",
+        "kind",
+        "link",
+        "payload",
+        "pinned",
+        "priority",
+        "refused",
+        "req_id",
+        "sent_at",
+        "timeout",
+    )
+
+    def __init__(
+        self,
+        req_id: int,
+        cluster: str,
+        payload: bytes,
+        deadline: float,
+        timeout: float,
+        sent_at: float,
+        link: OutLink | None,
+        attempts: int = 1,
+        kind: int = 5,  # Kind.REQUEST, BROADCAST, SURVEY or JOB
+        pinned: bool = False,  # meant for one member (broadcast, survey): never resent elsewhere
+        hedged: OutLink | None = None,  # a second copy in flight there (hedged requests)
+        hedge_at: float = float("inf"),
+        refused: list[bytes] | None = None,  # members that turned it away unrun
+        priority: int = 0,  # higher is more important (`priority`)
+    ) -> None:
+        self.req_id = req_id
+        self.cluster = cluster
+        self.payload = payload
+        self.deadline = deadline
+        self.timeout = timeout
+        self.sent_at = sent_at
+        self.link = link
+        self.attempts = attempts
+        self.kind = kind
+        self.pinned = pinned
+        self.hedged = hedged
+        self.hedge_at = hedge_at
+        self.refused: list[bytes] = [] if refused is None else refused
+        self.priority = priority
+
+    def __repr__(self) -> str:
+        return f"PendingRequest(req_id={self.req_id}, cluster={self.cluster!r})"
 
 
 class PendingRequests:

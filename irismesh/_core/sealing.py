@@ -36,8 +36,9 @@ class Sealer(Protocol):
 
     def seal(self, header: bytes, seq: int, body: bytes) -> bytes: ...
 
-    def open(self, header: bytes, seq: int, sealed: bytes) -> bytes:
-        """Return the plaintext body, or raise ProtocolError('bad_seal')."""
+    def open(self, header: bytes, seq: int, sealed: bytes | memoryview) -> bytes:
+        """Return the plaintext body (bytes, even from a view), or raise
+        ProtocolError('bad_seal')."""
         ...
 
 
@@ -113,8 +114,8 @@ class NullSealer:
     def seal(self, header: bytes, seq: int, body: bytes) -> bytes:
         return body
 
-    def open(self, header: bytes, seq: int, sealed: bytes) -> bytes:
-        return sealed
+    def open(self, header: bytes, seq: int, sealed: bytes | memoryview) -> bytes:
+        return sealed if isinstance(sealed, bytes) else bytes(sealed)
 
 
 NULL_SEALER = NullSealer()

@@ -63,3 +63,36 @@ def test_a_batch_with_a_foreign_entry_is_dropped_and_counted() -> None:
     [(routing_id, _)] = [(r, c) for r, c in net.routes.items() if c.dialler is client]
     member.core.receive_in(routing_id, frame, net.now)
     assert member.core.stats["dropped_bad_envelope"] == 1
+
+
+def test_large_batches_are_opened_in_place_and_each_entry_gets_its_reply() -> None:
+    # Batches of kilobyte payloads pass the size above which a frame is opened through a view
+    # of it (no copy of the body before the cipher reads it): the same replies, byte for byte.
+    net = MemNet(seed=4)
+    client, member = batched(net)
+    payloads = [bytes([i]) * 1024 for i in range(12)]
+    ids = [client.core.request("db", p, 2.0, net.now) for p in payloads]
+    flush(net, client)
+    assert [e.payload for e in member.arrived] == payloads
+    assert all(type(e.payload) is bytes for e in member.arrived)
+    flush(net, member)
+    for payload, req_id in zip(payloads, ids, strict=True):
+        [reply] = client.replies[req_id]
+        assert (reply.status, reply.payload) == (STATUS_OK, b"re:" + payload)
+        assert type(reply.payload) is bytes
+
+
+def test_a_large_batch_changed_in_flight_is_dropped_as_badly_sealed() -> None:
+    net = MemNet(seed=5)
+    client, member = batched(net)
+    for i in range(4):
+        client.core.request("db", bytes([i]) * 1024, 2.0, net.now)
+    client.core.seal_staged()
+    [(_link, frame)] = client.core.out_frames
+    client.core.out_frames.clear()
+    assert len(frame) > 4096
+    [(routing_id, _)] = [(r, c) for r, c in net.routes.items() if c.dialler is client]
+    changed = frame[:-100] + bytes([frame[-100] ^ 1]) + frame[-99:]
+    member.core.receive_in(routing_id, changed, net.now)
+    assert member.core.stats["dropped_bad_seal"] == 1
+    assert member.arrived == []

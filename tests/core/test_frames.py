@@ -27,9 +27,12 @@ from irismesh._core.frames import (
     VERSION,
     BodyCodec,
     Kind,
+    batch_spans,
+    decode_batch,
     decode_header,
     decode_reply,
     decode_request,
+    encode_batch,
     encode_header,
     encode_reply,
     encode_request,
@@ -163,6 +166,48 @@ def test_replies_round_trip(
 ) -> None:
     frame = encode_header(Kind.REPLY, *header) + encode_reply(req_id, status, payload)
     assert decode(frame) == (Kind.REPLY, *header, (req_id, status, payload))
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.booleans(), u64, st.integers(0, 2**32 - 1), acks, payloads, st.integers(0, 255)
+        ),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_batch_entries_decode_in_place_as_their_copies_do(
+    entries: list[tuple[bool, int, int, list[int], bytes, int]],
+) -> None:
+    bodies = [
+        (int(Kind.REQUEST), encode_request(req_id, timeout_ms, acked, payload))
+        if is_request
+        else (int(Kind.REPLY), encode_reply(req_id, status % 3, payload))
+        for is_request, req_id, timeout_ms, acked, payload, status in entries
+    ]
+    body = encode_batch(bodies)
+    kinds = frozenset((int(Kind.REQUEST), int(Kind.REPLY)))
+    assert decode_batch(body, kinds) == bodies
+    for (kind, start, end), (_kind, entry) in zip(batch_spans(body, kinds), bodies, strict=True):
+        if kind == Kind.REQUEST:
+            assert decode_request(body, start, end) == decode_request(entry)
+        else:
+            assert decode_reply(body, start, end) == decode_reply(entry)
+
+
+def test_an_entry_decoded_in_place_never_reads_past_its_end() -> None:
+    body = encode_batch(
+        [(int(Kind.REPLY), b"\x00" * 4), (int(Kind.REPLY), encode_reply(1, 0, b""))]
+    )
+    (_k1, start, end), _second = batch_spans(body, frozenset((int(Kind.REPLY),)))
+    with pytest.raises(ProtocolError, match="bad_envelope"):
+        decode_reply(body, start, end)  # four bytes: short, though the next entry follows
+    request = encode_request(1, 10, [5], b"")
+    body = encode_batch([(int(Kind.REQUEST), request[:-4]), (int(Kind.REPLY), b"x" * 20)])
+    (_k2, start, end), _rest = batch_spans(body, frozenset((int(Kind.REQUEST), int(Kind.REPLY))))
+    with pytest.raises(ProtocolError, match="bad_envelope"):
+        decode_request(body, start, end)  # its ack is cut short by its own end
 
 
 def test_limits_in_the_shapes_are_inclusive() -> None:
