@@ -59,13 +59,12 @@ Reply = Callable[[Token, bytes], None]
 ReplyError = Callable[[Token, BaseException], None]
 _OK, _REMOTE_ERROR = str(Outcome.OK), str(Outcome.REMOTE_ERROR)
 _Timer = asyncio.TimerHandle | None
-# What round trips and handler runs are timed by: the loop's own clock is no good for that,
-# as uvloop's moves in whole milliseconds (once per turn of the loop).
-_clock = time.perf_counter
 _KIND_REQUEST = int(Kind.REQUEST)
 SLICE = 0.005  # seconds of plain-function handlers run in a row before the loop gets a turn
 
 _deadline: ContextVar[float] = ContextVar("irismesh_deadline", default=float("inf"))
+# What round trips and handler runs are timed by: the loop's own clock is no good for that,
+# as uvloop's moves in whole milliseconds (once per turn of the loop).
 _perf_counter = time.perf_counter
 _Coroutine = types.CoroutineType
 
@@ -279,10 +278,9 @@ class HandlerRunner:
         admission = self.admission
         if admission is None:
             return
-        loop = asyncio.get_running_loop()
-        admission.finished(loop.time() - started_at)
+        admission.finished(_perf_counter() - started_at)
         if admission.waiting:
-            self._schedule(loop)
+            self._schedule(asyncio.get_running_loop())
 
     # ----------------------------------------------------------------- running
 
@@ -314,7 +312,7 @@ class HandlerRunner:
         began = _perf_counter()
         try:
             if self.blocking:
-                self._run_blocking(event, started, handler, now)
+                self._run_blocking(event, started, handler, began)
                 return
             result = handler(event.payload)
             # A plain function's bytes (the common case) skip the awaitable checks.
@@ -328,19 +326,20 @@ class HandlerRunner:
                         result = stop.value
                     else:
                         loop = asyncio.get_running_loop()
-                        task = loop.create_task(self._resume(event, started, result, yielded, now))
+                        resume = self._resume(event, started, result, yielded, began)
+                        task = loop.create_task(resume)
                         self._track(event, task)
                         self._spent += _perf_counter() - began
                         return
                 elif isinstance(result, asyncio.Future):
                     # A handler passing the request on (a gateway): answered when the future
                     # resolves, with no Task in between.
-                    result.add_done_callback(partial(self._settled, event, started, now))
+                    result.add_done_callback(partial(self._settled, event, started, began))
                     self._track(event, result)
                     self._spent += _perf_counter() - began
                     return
                 elif inspect.isawaitable(result):
-                    task = asyncio.ensure_future(self._await(event, started, result, now))
+                    task = asyncio.ensure_future(self._await(event, started, result, began))
                     self._track(event, task)
                     self._spent += _perf_counter() - began
                     return
@@ -376,14 +375,14 @@ class HandlerRunner:
                 asyncio.get_running_loop().call_soon(self._pump)
 
     def _run_blocking(
-        self, event: RequestArrived, started: int, handler: RequestHandler, now: float
+        self, event: RequestArrived, started: int, handler: RequestHandler, began: float
     ) -> None:
         loop = asyncio.get_running_loop()
         if self.pool is None:
             raise ConfigurationError("a blocking handler needs the node's thread pool")
         context = contextvars.copy_context()  # the handler reads its deadline in the thread
         future = loop.run_in_executor(self.pool, context.run, handler, event.payload)
-        self._track(event, asyncio.ensure_future(self._await(event, started, future, now)))
+        self._track(event, asyncio.ensure_future(self._await(event, started, future, began)))
 
     def _track(self, event: RequestArrived, task: asyncio.Future[Any]) -> None:
         self.running += 1
@@ -751,7 +750,7 @@ class Caller:
         recorder = self._recorder
         series = recorder.requests[cluster] if recorder is not None else None
         waiting = self._waiting
-        waiting[req_id] = (fut, cluster, _clock() if series is not None else 0.0, series)
+        waiting[req_id] = (fut, cluster, _perf_counter() if series is not None else 0.0, series)
         # A flush is queued (behind the tasks a batch of replies woke): the request goes in
         # it. Others are in flight: at the end of this loop iteration, together with the
         # requests other tasks are about to make (one seal and one send for all of them).
@@ -817,7 +816,8 @@ class Caller:
         series = self._recorder.series(label, cluster) if self._recorder is not None else None
         for req_id, member_id in sent:
             fut: asyncio.Future[bytes] = loop.create_future()
-            self._waiting[req_id] = (fut, cluster, _clock() if series is not None else 0.0, series)
+            started = _perf_counter() if series is not None else 0.0
+            self._waiting[req_id] = (fut, cluster, started, series)
             futures[member_id.hex()] = fut
         driver.flush()
         driver.arm(now + timeout)
@@ -862,7 +862,7 @@ class Caller:
             if not fut.done():
                 fut.set_result(payload)
             if series is not None:  # Series.observe inlined: the caller's hot path
-                us = int((_clock() - started) * 1e6)
+                us = int((_perf_counter() - started) * 1e6)
                 series.histogram[us.bit_length()] += 1
                 n = series.countdown - 1
                 if n:
@@ -874,7 +874,7 @@ class Caller:
             if not fut.done():
                 fut.set_exception(RemoteError(cluster, kind, message))
             if series is not None:
-                us = int((_clock() - started) * 1e6)
+                us = int((_perf_counter() - started) * 1e6)
                 series.observe(peer, us, len(payload), _REMOTE_ERROR)
 
     def on_failed(self, event: RequestFailed) -> None:
@@ -886,7 +886,7 @@ class Caller:
             if not fut.done():
                 fut.set_exception(event.error)
             if series is not None:
-                us = int((_clock() - started) * 1e6)
+                us = int((_perf_counter() - started) * 1e6)
                 series.observe(None, us, 0, outcome(event.error))
 
 
