@@ -156,6 +156,11 @@ class Driver:
         self._served_at = 0.0  # when the wait for the next request began (0.0: not timed)
         self._served_spun = False  # ... and whether it was spent spinning
         self.idle: Callable[[], bool] = lambda: True
+        # Drivers of other nodes of this process whose cores this one's relays requests to or
+        # answers (`Node.relay_requests`): what a pass here staged in theirs is sent in the
+        # same pass (`_flush_partners`), not a turn of the loop later.
+        self.partners: list[Driver] = []
+        self._flushing_partners = False
         loop.add_reader(router.FD, self._drain_router)
         self._datagrams = datagrams
         receive = core.receive_datagram
@@ -373,7 +378,28 @@ class Driver:
                         self._send()
             self._send()
             if not outbox.events:
+                if self.partners:
+                    self._flush_partners()
                 return
+
+    def _flush_partners(self) -> None:
+        """Send what this pass staged in the partners' cores (relayed requests, their replies)."""
+        if self._flushing_partners:
+            return
+        self._flushing_partners = True
+        try:
+            for partner in self.partners:
+                outbox = partner.core.outbox
+                if not partner._closed and (
+                    outbox.staged_out
+                    or outbox.staged_in
+                    or outbox.events
+                    or outbox.out_frames
+                    or outbox.in_frames
+                ):
+                    partner.process()
+        finally:
+            self._flushing_partners = False
 
     def flush(self) -> None:
         """Send what the core queued (after the links it asked for are open)."""

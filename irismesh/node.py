@@ -46,6 +46,7 @@ from irismesh._core.events import (
     PeerUp,
     RequestArrived,
     RequestCancelled,
+    RequestFailed,
     Token,
 )
 from irismesh._core.frames import MAX_CLUSTERS, Kind, pack_error
@@ -58,6 +59,7 @@ from irismesh._spin import Spin
 from irismesh.discovery.mdns import MdnsConfig, MdnsDiscovery, mdns_config
 from irismesh.discovery.survey import SurveyConfig, SurveyDiscovery, survey_config
 from irismesh.errors import (
+    Closed,
     ConfigurationError,
     MembershipTimeout,
     MeshError,
@@ -299,6 +301,7 @@ class Node(MemoryApi, KeyringApi):
         self._membership_changed: asyncio.Event | None = None
         self._departed: dict[str, PeerInfo] = {}  # hex id -> the peer as it went
         self._closing = False
+        self._relays_failures = False  # `_relay_failed` hears of RequestFailed events
         self.endpoint = ""
         # The core's events, by type: each concern signs up for its own.
         self._handlers: dict[type[Any], Callable[[Any], None]] = {}
@@ -479,6 +482,10 @@ class Node(MemoryApi, KeyringApi):
         if self._core is not None and self._driver is not None:
             self._core.close()
             self._driver.process()
+            if self._core.calls.relaying:  # relayed requests, left: answered where they came
+                self._core.calls.drop_relays(Closed("node closed"))
+                for partner in self._driver.partners:
+                    partner.flush_soon()
             self._driver.close()
         await self._tunnels.close()
         self._caller.close()
@@ -581,6 +588,45 @@ class Node(MemoryApi, KeyringApi):
             driver.flush_soon()
         else:
             self._runner.answer(request, reply)
+
+    def relay_requests(self, cluster: str, to: Node | None) -> None:
+        """For a node that `forward_requests` (a gateway joining two meshes in one process):
+        requests for `cluster` go straight to node `to`, of this process and event loop, which
+        asks its own mesh for each as `request_callback` would; its reply, or its member's
+        error, is this node's answer as it arrives, both nodes' sends in one pass, with no
+        event, Future or Python call per request. What `to` cannot serve (no member, too many
+        requests in flight, closing) is turned away unrun, so that its caller tries another
+        member; any other failure is the answer. `to=None`: `forward` gets them again (those
+        relayed already are answered as they come). Both nodes are started."""
+        core, driver = self._core, self._driver
+        if core is None or driver is None or self._closing:
+            raise Closed("relaying needs a started node")
+        if to is None:
+            core.calls.relays.pop(cluster, None)
+            return
+        if to._core is None or to._driver is None or to._closing:
+            raise Closed("relaying needs a started node to relay to")
+        if to._driver.loop is not driver.loop:
+            raise ConfigurationError("a relay joins two nodes of one event loop")
+        if not to._relays_failures:  # its relayed requests that fail are answered here
+            to._relays_failures = True
+            to._listen(RequestFailed, to._relay_failed)
+        core.calls.relays[cluster] = to._core.calls
+        for one, other in ((driver, to._driver), (to._driver, driver)):
+            if other not in one.partners:
+                one.partners.append(other)
+
+    def _relay_failed(self, event: RequestFailed) -> None:
+        """A request this node asked for another's (`relay_requests`) failed: answered there."""
+        core, driver = self._core, self._driver
+        if (
+            core is not None
+            and driver is not None
+            and core.calls.relaying
+            and core.calls.relay_failed(event.req_id, event.error)
+        ):
+            for partner in driver.partners:
+                partner.flush_soon()
 
     @overload
     def on_queued(self, handler: H, *, blocking: bool = False) -> H: ...

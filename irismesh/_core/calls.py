@@ -24,6 +24,16 @@ a request that already ran gets the remembered reply, and a resend of one still 
 for it; the reply goes out on the link the latest copy came on (`reply`). Acknowledged replies
 are forgotten, but only those answered on the very link the acknowledgement came on.
 
+Relays. Gateways of two meshes in one process join two cores in one event loop. A request
+for a cluster in `relays` (set on the importing core) is handed at once to the other core's
+`relay_request`, which asks its own mesh for it like any request and remembers whose it is
+(`relaying`: request id -> the importing core's calls and the request's token); its reply is
+answered on the importing core as it is read (`_relay_reply`), the payload's bytes passed
+through, so a request crossing makes no event, no Future and no Python call in between. A
+failure later (its deadline, no member left) comes out as a RequestFailed event, as for any
+request; the node hands it to `relay_failed`. The importing core still remembers the request
+in its reply cache, so a resend of it is answered as any other's.
+
 Hot paths: `_send_request`, `on_reply`, `on_request` and `reply` run once per message; their
 encoding and staging are inlined, and what they call is bound once.
 """
@@ -55,6 +65,7 @@ from irismesh._core.frames import (
     decode_request,
     encode_reply,
     pack_error,
+    unpack_error,
 )
 from irismesh._core.links import InLink, LinkObserver, LinkState, OutLink
 from irismesh._core.outbox import Outbox
@@ -67,6 +78,7 @@ from irismesh._core.throttle import key as throttle_key
 from irismesh.errors import (
     Closed,
     MemberLost,
+    MeshError,
     NoKey,
     NoResponders,
     Overloaded,
@@ -134,6 +146,10 @@ class Calls(LinkObserver):
         # (req id, status, payload, member id, arrival time) instead of an event per reply.
         # None: a ReplyArrived event each (a driver that takes events only, the tests).
         self.reply_sink: Callable[[int, int, bytes, bytes, float], None] | None = None
+        # Relays (see the module's docstring): cluster -> the calls of the core in this process
+        # that asks its mesh for requests to it; and, on that core, the requests it relays.
+        self.relays: dict[str, Calls] = {}
+        self.relaying: dict[int, tuple[Calls, Token]] = {}
 
     # ----------------------------------------------------------------- caller
 
@@ -415,6 +431,8 @@ class Calls(LinkObserver):
             other = request.hedged if request.link is link else request.link
             if other is not None:  # the hedge's other copy: its member may drop it
                 self._send_cancel(other, req_id)
+        if self.relaying and self._relay_reply(req_id, status, payload):
+            return
         sink = self.reply_sink
         if sink is not None:
             sink(req_id, status, payload, link.peer_id, now)
@@ -529,6 +547,11 @@ class Calls(LinkObserver):
         cluster = link.scopes[slot]
         assert cluster is not None
         token = (link.peer_id, req_id, link.routing_id, slot)
+        if self.relays and kind == _REQUEST and cluster in self.relays:
+            if priority:  # its reply goes in its class
+                entry.priority = priority
+            self._relay(cluster, payload, timeout_ms, now, token, priority)
+            return
         if priority:
             entry.priority = priority
             if priority > 0:
@@ -600,3 +623,65 @@ class Calls(LinkObserver):
         peer_id, routing_id = link.peer_id, link.routing_id
         for req_id in acks:
             discard((peer_id, req_id), routing_id)
+
+    # ----------------------------------------------------------------- relays
+
+    def _relay(
+        self, cluster: str, payload: bytes, timeout_ms: int, now: float, token: Token, priority: int
+    ) -> None:
+        """A request for a relayed cluster: to the other core now (see `relays`)."""
+        self._stats["requests_relayed"] += 1
+        if priority:
+            self._stats["requests_arrived_" + label(priority)] += 1
+        self.relays[cluster].relay_request(cluster, payload, timeout_ms / 1000, now, self, token)
+
+    def relay_request(
+        self, cluster: str, payload: bytes, timeout: float, now: float, back: Calls, token: Token
+    ) -> None:
+        """Ask this core's mesh for a request the core `back` took (request `token` there):
+        its reply is answered there as it arrives; what cannot be sent is answered at once."""
+        self._stats["requests_relay_served"] += 1
+        try:
+            req_id = self.request(cluster, payload, timeout, now)
+        except MeshError as exc:
+            back.relay_refused(token, exc)
+            return
+        self.relaying[req_id] = (back, token)
+
+    def _relay_reply(self, req_id: int, status: int, payload: bytes) -> bool:
+        """The reply to a relayed request (False: not one): answered where it came from."""
+        entry = self.relaying.pop(req_id, None)
+        if entry is None:
+            return False
+        back, token = entry
+        if status == STATUS_OK:
+            back.reply(token, payload)
+        else:  # a member's error, passed on as it was raised
+            kind, message = unpack_error(payload)
+            back.reply(token, pack_error(kind, message), error=True)
+        return True
+
+    def relay_failed(self, req_id: int, error: BaseException) -> bool:
+        """A relayed request failed here (its RequestFailed event; False: not one): answered
+        where it came from."""
+        entry = self.relaying.pop(req_id, None)
+        if entry is None:
+            return False
+        entry[0].relay_refused(entry[1], error)
+        return True
+
+    def relay_refused(self, token: Token, error: BaseException) -> None:
+        """The other core could not serve relayed request `token`: with no member there, too
+        many in flight or closing, it is turned away unrun (so that its caller asks another
+        gateway); otherwise answered with the error."""
+        if isinstance(error, NoResponders | Overloaded | Closed):
+            self._stats["requests_relay_turned_away"] += 1
+            self.turn_away(token, type(error).__name__.lower())
+        else:
+            self.reply(token, pack_error(type(error).__name__, str(error)), error=True)
+
+    def drop_relays(self, error: BaseException) -> None:
+        """This core closes: every request it relays is answered where it came from."""
+        relaying, self.relaying = self.relaying, {}
+        for back, token in relaying.values():
+            back.relay_refused(token, error)

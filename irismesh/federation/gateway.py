@@ -41,6 +41,9 @@ In-process links. Gateways of several meshes in one process (`local.LocalGateway
 linked by `locallink.LocalEnd`s, which sit among the transport's ends: items cross them as they
 are, with the same window and buffer bounds, and a request is handed straight to the far
 gateway's `serve_request` (no item, no call id), which asks its mesh as `_on_request` does.
+Where such a link is the only one up exporting a cluster, the importing gateway's node hands
+that cluster's requests to the far gateway's node itself (`Node.relay_requests`): core to core,
+with no Python call, event or Future per request (`_update_relays`).
 
 Stats. `gateway.stats` counts what crossed, what was refused and what was dropped, with the
 links' buffered items; the gateway's node answers requests to cluster `_gateway` with them,
@@ -106,6 +109,12 @@ _SWEEP_EVERY = 1.0  # requests passed on whose callers' deadlines are gone: forg
 _NEVER = float("inf")  # a request's deadline when it has none
 _DEADLINE_PASSED = "the request's deadline passed while it was passed on"
 _GAVE_UP = "the caller gave up while the request was passed on"
+# An importing node's core counts the requests it relays (`Node.relay_requests`): the gateway's
+# counts of the same names, as for requests passed on here.
+_RELAY_IMPORTING = {
+    "requests_relayed": "requests_forwarded",
+    "requests_relay_turned_away": "requests_turned_away",
+}
 _ASK_BATCH = 4096  # resent crossings one question to the other gateways covers, at most
 _ASK_TIMEOUT = 1.0  # how long a takeover's resends wait for the other gateways' answers
 _NOT_REPUBLISHED_KEPT = 4096  # crossings let through but not republished, remembered
@@ -373,6 +382,7 @@ class Gateway:
     def stats(self) -> dict[str, int]:
         """What crossed, was refused or dropped; `link_buffered` and `links_up` are gauges."""
         out = dict(self.stats_counter)
+        self._relay_figures(out)
         out.update(self.transport.figures())
         out["duplicates_dropped"] = self._barrier.duplicates
         out["imports"] = len(self._imports)
@@ -411,6 +421,7 @@ class Gateway:
     def _on_link_state(self, end: LinkEnd, up: bool) -> None:
         self.stats_counter["link_ups" if up else "link_down_events"] += 1
         self._ends_for.clear()
+        self._update_relays()
         if not up:
             for call_id, (future, via) in list(self._calls.items()):
                 if via is end and not future.done():
@@ -465,6 +476,39 @@ class Gateway:
             return
         self._reconciling = asyncio.get_running_loop().create_task(self._reconcile_loop())
 
+    def _update_relays(self) -> None:
+        """Each import whose one link up exporting it is in-process: its node relays the
+        requests to the far gateway's node (`Node.relay_requests`); the others' requests come
+        to `_pass_on`, which balances them over the links."""
+        for cluster, node in self._imports.items():
+            ends = [e for e in self.transport.ends if e.up and cluster in e.peer_exports.clusters]
+            target = None
+            if len(ends) == 1 and ends[0].relay_target is not None and not self._closing:
+                target = ends[0].relay_target(cluster)
+            try:
+                node.relay_requests(cluster, target)
+            except MeshError:  # a node closing: its requests pass on as they come, if any
+                with contextlib.suppress(MeshError):
+                    node.relay_requests(cluster, None)
+
+    def relay_target(self, cluster: str) -> Node | None:
+        """This gateway's node, where a gateway of this process may relay requests for
+        `cluster` to it (`Node.relay_requests`): it exports the cluster and is running."""
+        if self._closing or cluster not in self.export.clusters or not self.node.endpoint:
+            return None
+        return self.node
+
+    def _relay_figures(self, out: dict[str, int]) -> None:
+        """The relayed requests (counted by the nodes' cores) in the gateway's counts."""
+        for node in self._imports.values():
+            figures = node.stats
+            for key, into in _RELAY_IMPORTING.items():
+                if figures.get(key):
+                    out[into] = out.get(into, 0) + figures[key]
+        served = self.node.stats.get("requests_relay_served", 0)
+        if served:
+            out["requests_served"] = out.get("requests_served", 0) + served
+
     def _wanted(self) -> set[str]:
         wanted = set()
         for end in self.transport.ends:
@@ -483,9 +527,13 @@ class Gateway:
             wanted = self._wanted()
             for cluster in sorted(set(self._imports) - wanted):
                 node = self._imports.pop(cluster)
+                figures = node.stats  # what it relayed stays counted
+                for key, into in _RELAY_IMPORTING.items():
+                    self.stats_counter[into] += figures.get(key, 0)
                 await node.close()
             for cluster in sorted(wanted - set(self._imports)):
                 await self._start_import(cluster)
+            self._update_relays()
             if not self._reconcile_again:
                 return
 

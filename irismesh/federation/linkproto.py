@@ -292,6 +292,9 @@ class LinkEnd:
     # Set on an in-process link (`locallink`): the far gateway's `serve_request`, which a
     # request is handed to directly instead of as an item.
     serve_request: ServeRequest | None = None
+    # And the far gateway's `relay_target`: its node, for an importing gateway's node to relay
+    # a cluster's requests to (`Node.relay_requests`), or None where it cannot.
+    relay_target: Callable[[str], Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.secrets:

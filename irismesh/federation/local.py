@@ -51,6 +51,7 @@ def _join(first: Gateway, second: Gateway) -> tuple[LocalEnd, LocalEnd]:
     b.peer_id, b.peer_mesh, b.peer_exports = first.gateway_id, first.mesh, first.export
     # Requests skip the items: handed to the far gateway, which asks its mesh at once.
     a.serve_request, b.serve_request = second.serve_request, first.serve_request
+    a.relay_target, b.relay_target = second.relay_target, first.relay_target
     return a, b
 
 

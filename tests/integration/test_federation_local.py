@@ -106,6 +106,94 @@ def test_requests_cross_one_process_and_the_unexported_cluster_stays_unseen() ->
     run(main())
 
 
+def test_requests_go_core_to_core_and_failures_come_back_as_before() -> None:
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        async with AsyncExitStack() as stack:
+            server = await a.node(stack, "db")
+            release = asyncio.Event()
+
+            @server.on_request
+            async def serve(payload: bytes) -> bytes:
+                if payload == b"boom":
+                    raise ValueError("boom")
+                if payload == b"slow":
+                    await release.wait()
+                return b"A:" + payload
+
+            joined = await stack.enter_async_context(
+                LocalGateways([a.gateway(export=["db"]), b.gateway()])
+            )
+            gw_a, gw_b = joined["a"], joined["b"]
+            b.seeds.append(gw_b.node.endpoint)
+            client = await b.node(stack)
+            await client.wait_for_members("db", timeout=10)
+            importer = gw_b._imports["db"]
+            await wait_until(lambda: "db" in importer._core.calls.relays, 5, "the relay")
+            replies = await asyncio.gather(
+                *(client.request("db", b"%d" % i, timeout=5) for i in range(300))
+            )
+            assert replies == [b"A:%d" % i for i in range(300)]
+            with pytest.raises(irismesh.RemoteError) as caught:
+                await client.request("db", b"boom", timeout=5)
+            assert (caught.value.remote_type, caught.value.remote_message) == ("ValueError", "boom")
+            # Past its deadline the far request fails too, and nothing is left behind.
+            with pytest.raises(irismesh.RequestTimeout):
+                await client.request("db", b"slow", timeout=0.3)
+            far = gw_a.node._core.calls
+            await wait_until(lambda: not far.relaying, 5, "the far request given up")
+            assert importer.stats["requests_relayed"] == 302
+            assert gw_b.stats["requests_forwarded"] == 302
+            assert gw_a.stats["requests_served"] == 302
+            assert gw_b.stats.get("requests_turned_away", 0) == 0
+            # With no member left in mesh a the request is turned away unrun, and counted.
+            release.set()
+            await server.close()
+            await wait_until(lambda: not gw_a.node.members("db"), 10, "the member gone")
+            with pytest.raises(irismesh.Overloaded):
+                await client.request("db", b"x", timeout=2)
+            assert gw_b.stats["requests_turned_away"] == 1
+            assert importer.stats["requests_shed_noresponders"] == 1
+
+    run(main())
+
+
+def test_requests_relayed_when_the_far_node_closes_are_turned_away_at_once() -> None:
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        async with AsyncExitStack() as stack:
+            server = await a.node(stack, "db")
+            release = asyncio.Event()
+
+            @server.on_request
+            async def serve(payload: bytes) -> bytes:
+                await release.wait()
+                return payload
+
+            joined = await stack.enter_async_context(
+                LocalGateways([a.gateway(export=["db"]), b.gateway()])
+            )
+            gw_a, gw_b = joined["a"], joined["b"]
+            b.seeds.append(gw_b.node.endpoint)
+            client = await b.node(stack)
+            await client.wait_for_members("db", timeout=10)
+            importer = gw_b._imports["db"]
+            await wait_until(lambda: "db" in importer._core.calls.relays, 5, "the relay")
+            far = gw_a.node._core.calls
+            waiting = asyncio.ensure_future(client.request("db", b"x", timeout=10))
+            await wait_until(lambda: len(far.relaying) == 1, 5, "the request relayed")
+            began = asyncio.get_running_loop().time()
+            await gw_a.node.close()
+            with pytest.raises(irismesh.Overloaded):
+                await waiting
+            assert asyncio.get_running_loop().time() - began < 3
+            assert not far.relaying
+            assert gw_b.stats["requests_turned_away"] == 1
+            release.set()
+
+    run(main())
+
+
 def test_a_broadcast_and_a_survey_cross_one_process() -> None:
     async def main() -> None:
         a, b = Mesh("a"), Mesh("b")
