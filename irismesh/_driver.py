@@ -76,10 +76,11 @@ def _configure(sock: zmq.Socket[bytes], max_frame: int) -> None:
 
 
 def listen(
-    ctx: zmq.Context[zmq.Socket[bytes]], bind: str, max_frame: int
+    ctx: zmq.Context[zmq.Socket[bytes]], bind: str, max_frame: int, *, term: bool = True
 ) -> tuple[zmq.Socket[bytes], str]:
     """The node's listening ROUTER socket, bound at `bind`, and the endpoint it got; when it
-    cannot bind, ConfigurationError (and `ctx` is terminated)."""
+    cannot bind, ConfigurationError (and `ctx` is terminated, if `term`: not one shared with
+    other nodes)."""
     router = ctx.socket(zmq.ROUTER)
     router.setsockopt(zmq.ROUTER_MANDATORY, 1)
     router.setsockopt(zmq.LINGER, 0)
@@ -90,7 +91,8 @@ def listen(
         router.bind(bind)
     except zmq.ZMQError as exc:
         router.close(0)
-        ctx.term()
+        if term:
+            ctx.term()
         raise ConfigurationError(f"cannot listen on {bind}: {exc}") from None
     return router, router.get_string(zmq.LAST_ENDPOINT)
 

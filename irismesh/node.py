@@ -187,6 +187,7 @@ class Node(MemoryApi, KeyringApi):
         memory_retention: Sequence[tuple[str, Retention]] = (),
         replicas: int = 2,
         name: str | None = None,
+        zmq_context: zmq.Context[zmq.Socket[bytes]] | None = None,
     ) -> None:
         self.name = default_name() if name is None else validate_name(name)
         if keyring is None:
@@ -240,6 +241,9 @@ class Node(MemoryApi, KeyringApi):
         self._driver: Driver | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
+        # A zmq context shared with other nodes of this process (fewer I/O threads), which
+        # whoever made it terminates; None: one of its own, terminated as the node closes.
+        self._shared_ctx = zmq_context
         self._mdns_config = mdns_config(mdns, keyring, where)
         self._discovery: list[MdnsDiscovery | SurveyDiscovery] = []  # started, in order
         self._rediscovering: asyncio.Task[None] | None = None
@@ -327,17 +331,19 @@ class Node(MemoryApi, KeyringApi):
         if self._core is not None:
             return self
         loop = asyncio.get_running_loop()
-        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        router, endpoint = listen(ctx, self._bind, self._config.max_frame)
+        shared = self._shared_ctx
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context() if shared is None else shared
+        router, endpoint = listen(ctx, self._bind, self._config.max_frame, term=shared is None)
         host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
         try:  # membership's datagrams: the same host, the same port number if it is free
             datagrams = DatagramSocket(host.strip("[]"), int(port))
         except OSError as exc:
             router.close(0)
-            ctx.term()
+            if shared is None:
+                ctx.term()
             raise ConfigurationError(f"cannot take datagrams on {host}: {exc}") from None
         self.endpoint = endpoint
-        self._ctx = ctx
+        self._ctx = ctx if shared is None else None  # terminated as the node closes
         self._loop = loop
         self._security = KeyedLinkSecurity(self.keyring, sealing=self._sealing)
         self._core = core = MeshCore(

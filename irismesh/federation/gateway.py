@@ -64,6 +64,7 @@ from functools import partial
 from typing import Any
 
 import msgpack
+import zmq
 
 from irismesh._core.events import RequestArrived, RequestCancelled
 from irismesh._core.frames import pack_error, unpack_error
@@ -121,6 +122,26 @@ _NOT_REPUBLISHED_KEPT = 4096  # crossings let through but not republished, remem
 _NATIVE_PUBLISHERS_KEPT = 4096  # publishers of this mesh known not to be gateways
 _ASKED = 2  # a question to the other gateways (STATE and DELIVERED are 0 and 1): which of
 # these origin ids have you republished?
+
+
+# Every gateway of this process, its nodes and its links share one zmq context: one I/O thread
+# for them all instead of one each (a gateway joining two meshes ran three nodes and a link
+# transport, each with its own; sharing saved about a tenth of its CPU per request, measured).
+# It lives as long as the process, as `zmq.Context.instance()` does; its socket limit is
+# raised, since it holds what several contexts held.
+_SHARED_MAX_SOCKETS = 16384
+_shared: dict[int, zmq.Context[zmq.Socket[bytes]]] = {}  # by process id: none crosses a fork
+
+
+def shared_context() -> zmq.Context[zmq.Socket[bytes]]:
+    """The zmq context this process's gateways share (made on first use)."""
+    pid = os.getpid()
+    ctx = _shared.get(pid)
+    if ctx is None:
+        _shared.clear()
+        ctx = _shared[pid] = zmq.Context()
+        ctx.set(zmq.MAX_SOCKETS, _SHARED_MAX_SOCKETS)
+    return ctx
 
 
 def _check_link_keys(keyring: Keyring) -> None:
@@ -190,6 +211,7 @@ class Gateway:
         self.gateway_id = os.urandom(16)
         self.name = name
         self._node_args: dict[str, Any] = {
+            "zmq_context": shared_context(),
             "keyring": keyring,
             "seeds": list(seeds),
             "bind": bind,
@@ -219,6 +241,7 @@ class Gateway:
             peers=peers,
             on_items=self._on_items,
             on_state=self._on_link_state,
+            context=self._node_args["zmq_context"],
         )
         self.stats_counter: Counter[str] = Counter()
         self._imports: dict[str, Node] = {}  # cluster -> the node that serves it here

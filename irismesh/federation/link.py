@@ -55,6 +55,7 @@ class LinkTransport:
         peers: Sequence[str],
         on_items: OnItems,
         on_state: OnState,
+        context: zmq.Context[zmq.Socket[bytes]] | None = None,
     ) -> None:
         for endpoint in [*([listen] if listen else []), *peers]:
             if not endpoint.startswith("tcp://"):
@@ -71,7 +72,8 @@ class LinkTransport:
         self.stats: Counter[str] = Counter()
         self.ends: list[LinkEnd] = []
         self.endpoint = ""  # where the ROUTER listens, once started
-        self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
+        self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None  # its own, if it made one
+        self._shared_ctx = context  # or one shared with the gateway's nodes, not terminated here
         self._router: zmq.Socket[bytes] | None = None
         self._dealers: dict[int, zmq.Socket[bytes]] = {}  # id(end) -> its socket
         self._by_peer: dict[bytes, LinkEnd] = {}  # listened ends by peer gateway id
@@ -113,7 +115,9 @@ class LinkTransport:
 
     def start(self) -> None:
         loop = self._loop = asyncio.get_running_loop()
-        ctx = self._ctx = zmq.Context()
+        ctx = self._shared_ctx
+        if ctx is None:
+            ctx = self._ctx = zmq.Context()
         if self._listen:
             router = self._router = ctx.socket(zmq.ROUTER)
             _tune(router)
@@ -123,7 +127,9 @@ class LinkTransport:
                 router.bind(self._listen)
             except zmq.ZMQError as exc:
                 router.close(0)
-                ctx.term()
+                if self._ctx is not None:
+                    self._ctx.term()
+                    self._ctx = None
                 raise ConfigurationError(f"cannot listen on {self._listen}: {exc}") from None
             self.endpoint = cast(bytes, router.getsockopt(zmq.LAST_ENDPOINT)).decode()
             loop.add_reader(router.FD, self._drain_router)
