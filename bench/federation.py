@@ -15,8 +15,11 @@ throughput (--tunnel-mb through one tunnel to the member, which echoes it back, 
 messages; MB/s each way), and each figure through the gateways over direct. Then the CPU time
 (user + system) each process spent per request or message in the request/reply and pub/sub
 throughput runs: this process (callers, publisher and subscribers), the member, each gateway
-of the pair, and the one process joining a and c. On a shared machine the throughputs measure
-the machine as much as the code; the CPU per request is the figure to compare builds by.
+of the pair, and the one process joining a and c; and, for the request/reply throughput runs,
+the share of the wall time each process's event loop spent running and runnable but waiting
+for a CPU (the rest it slept, with requests in flight), and how often it went to sleep. On a
+shared machine the throughputs measure the machine as much as the code; the CPU per request is
+the figure to compare builds by.
 """
 
 from __future__ import annotations
@@ -64,6 +67,39 @@ def cpu_per(
 ) -> None:
     for who, began, ended in zip(WHO, before, after, strict=True):
         out[f"cpu_{key}_{who}_us"] = (ended - began) / n * 1e6
+
+
+def main_threads(procs: list[subprocess.Popen[str]]) -> list[tuple[float, float, int]]:
+    """For the event loop's thread of this process and of each child, in WHO's order: seconds
+    on a CPU, seconds runnable but waiting for one, and voluntary sleeps, so far (Linux's
+    /proc; zeros elsewhere)."""
+    figures = []
+    for pid in [os.getpid(), *(p.pid for p in procs)]:
+        try:
+            run, wait, _ = Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()
+            status = Path(f"/proc/{pid}/task/{pid}/status").read_text()
+            sleeps = int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+        except (OSError, IndexError, ValueError):
+            figures.append((0.0, 0.0, 0))
+            continue
+        figures.append((int(run) / 1e9, int(wait) / 1e9, sleeps))
+    return figures
+
+
+def time_shares(
+    out: dict[str, float],
+    key: str,
+    before: list[tuple[float, float, int]],
+    after: list[tuple[float, float, int]],
+    seconds: float,
+    n: int,
+) -> None:
+    """Each event loop's share of the wall time running and waiting for a CPU (asleep is the
+    rest), and how often it slept, per 100 requests."""
+    for who, began, ended in zip(WHO, before, after, strict=True):
+        out[f"loop_{key}_{who}_running"] = (ended[0] - began[0]) / seconds
+        out[f"loop_{key}_{who}_waiting"] = (ended[1] - began[1]) / seconds
+        out[f"loop_{key}_{who}_sleeps_per_100"] = (ended[2] - began[2]) / n * 100
 
 
 async def throughput(node: irismesh.Node, total: int, outstanding: int) -> float:
@@ -174,11 +210,13 @@ async def main(args: argparse.Namespace) -> dict[str, float]:
             out: dict[str, float] = {}
             for label, node in (("direct", a), ("gateway", b), ("one", c)):
                 await throughput(node, min(2000, args.requests), args.outstanding)  # warm up
-                before = cpu_seconds(procs)
+                before, loops, began = cpu_seconds(procs), main_threads(procs), time.monotonic()
                 out[f"reqrep_{label}_per_s"] = await throughput(
                     node, args.requests, args.outstanding
                 )
                 cpu_per(out, f"reqrep_{label}", before, cpu_seconds(procs), args.requests)
+                seconds = time.monotonic() - began
+                time_shares(out, label, loops, main_threads(procs), seconds, args.requests)
                 out[f"p50_{label}_us"] = await p50_us(node, 2000)
             # Different topics: the gateway exports bench.*, not local.*.
             for label, reader, topic in (
@@ -255,6 +293,24 @@ def cli() -> None:
         figures = [out[f"cpu_{key}_{who}_us"] for who in WHO]
         cells = " | ".join(f"{f:.1f}" for f in figures)
         print(f"| {what} | {cells} | {sum(figures):.1f} |")
+    print()
+    print(
+        "| request/reply throughput, each event loop: running, waiting for a CPU "
+        "[sleeps per 100 requests] | callers | member | gateway a | gateway b "
+        "| one gateway process (a, c) |"
+    )
+    print("| --- | --- | --- | --- | --- | --- |")
+    for label, what in (
+        ("direct", "direct"),
+        ("gateway", "through the pair"),
+        ("one", "through one process"),
+    ):
+        cells = " | ".join(
+            f"{out[f'loop_{label}_{who}_running']:.2f}, {out[f'loop_{label}_{who}_waiting']:.2f}"
+            f" [{out[f'loop_{label}_{who}_sleeps_per_100']:.1f}]"
+            for who in WHO
+        )
+        print(f"| {what} | {cells} |")
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))
 
