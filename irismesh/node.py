@@ -612,7 +612,7 @@ class Node(MemoryApi, KeyringApi):
             return
         if to._core is None or to._driver is None or to._closing:
             raise Closed("relaying needs a started node to relay to")
-        if to._driver.loop is not driver.loop:
+        if to is self or to._driver.loop is not driver.loop:
             raise ConfigurationError("a relay joins two nodes of one event loop")
         if not to._relays_failures:  # its relayed requests that fail are answered here
             to._relays_failures = True

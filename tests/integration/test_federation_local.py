@@ -12,6 +12,7 @@ import pytest
 from helpers import wait_until
 
 import irismesh
+from irismesh._core.events import RequestArrived
 from irismesh.federation import LinkConfig, LocalGateways, far_answers
 
 LOCAL = "tcp://127.0.0.1:0"
@@ -190,6 +191,44 @@ def test_requests_relayed_when_the_far_node_closes_are_turned_away_at_once() -> 
             assert not far.relaying
             assert gw_b.stats["requests_turned_away"] == 1
             release.set()
+
+    run(main())
+
+
+def test_a_node_relays_a_cluster_to_another_node_of_its_process() -> None:
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        async with AsyncExitStack() as stack:
+            await member(stack, a, "db", b"A:")
+            back = await a.node(stack)  # asks mesh a
+            front = irismesh.Node("db", keyring=b.keys, bind=LOCAL)  # serves db in mesh b
+            forwarded: list[bytes] = []
+
+            def forward(request: RequestArrived) -> None:
+                forwarded.append(request.payload)
+                front.answer(request, b"forwarded")
+
+            front.forward_requests(forward, lambda event: False)
+            with pytest.raises(irismesh.Closed):
+                front.relay_requests("db", back)  # not started
+            await stack.enter_async_context(front)
+            b.seeds.append(front.endpoint)
+            client = await b.node(stack)
+            await client.wait_for_members("db", timeout=10)
+            await back.wait_for_members("db", timeout=10)
+            with pytest.raises(irismesh.ConfigurationError):
+                front.relay_requests("db", front)
+            front.relay_requests("db", back)
+            replies = await asyncio.gather(
+                *(client.request("db", b"%d" % i, timeout=5) for i in range(100))
+            )
+            assert replies == [b"A:%d" % i for i in range(100)]
+            assert forwarded == []
+            assert front.stats["requests_relayed"] == 100
+            assert back.stats["requests_relay_served"] == 100
+            front.relay_requests("db", None)  # forward gets them again
+            assert await client.request("db", b"x", timeout=5) == b"forwarded"
+            assert forwarded == [b"x"]
 
     run(main())
 
