@@ -159,10 +159,9 @@ class Driver:
         self._served_spun = False  # ... and whether it was spent spinning
         self.idle: Callable[[], bool] = lambda: True
         # Drivers of other nodes of this process whose cores this one's relays requests to or
-        # answers (`Node.relay_requests`): what a pass here staged in theirs is sent in the
-        # same pass (`_flush_partners`), not a turn of the loop later.
+        # answers (`Node.relay_requests`): what a drain here staged in theirs is sent at its
+        # end (`_flush_partners`), not a turn of the loop later.
         self.partners: list[Driver] = []
-        self._flushing_partners = False
         loop.add_reader(router.FD, self._drain_router)
         self._datagrams = datagrams
         receive = core.receive_datagram
@@ -206,6 +205,8 @@ class Driver:
             if self._served_at:
                 self._request_came()
             self.process()
+            if self.partners:
+                self._flush_partners()
             if self.busy_poll:
                 self._spin_router()
 
@@ -328,6 +329,8 @@ class Driver:
             self._recheck.add(link_id)
         if got:
             self.process()
+            if self.partners:
+                self._flush_partners()
             # Replies woke the tasks that awaited them, and those are queued on the loop now:
             # a flush queued behind them sends the requests they make next in the same turn of
             # the loop, together (`Caller` stages a request while this is pending).
@@ -380,28 +383,22 @@ class Driver:
                         self._send()
             self._send()
             if not outbox.events:
-                if self.partners:
-                    self._flush_partners()
                 return
 
     def _flush_partners(self) -> None:
-        """Send what this pass staged in the partners' cores (relayed requests, their replies)."""
-        if self._flushing_partners:
-            return
-        self._flushing_partners = True
-        try:
-            for partner in self.partners:
-                outbox = partner.core.outbox
-                if not partner._closed and (
-                    outbox.staged_out
-                    or outbox.staged_in
-                    or outbox.events
-                    or outbox.out_frames
-                    or outbox.in_frames
-                ):
-                    partner.process()
-        finally:
-            self._flushing_partners = False
+        """Send what a drain here staged in the partners' cores (relayed requests, their
+        replies). Only a drain calls this, as a callback of the loop of its own, so no
+        partner is inside its own pass (a pass entered twice would reorder its events)."""
+        for partner in self.partners:
+            outbox = partner.core.outbox
+            if not partner._closed and (
+                outbox.staged_out
+                or outbox.staged_in
+                or outbox.events
+                or outbox.out_frames
+                or outbox.in_frames
+            ):
+                partner.process()
 
     def flush(self) -> None:
         """Send what the core queued (after the links it asked for are open)."""
