@@ -242,8 +242,9 @@ class Node(MemoryApi, KeyringApi):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
         # A zmq context shared with other nodes of this process (fewer I/O threads), which
-        # whoever made it terminates; None: one of its own, terminated as the node closes.
-        self._shared_ctx = zmq_context
+        # whoever made it terminates; None: one of its own, made at start and terminated as the
+        # node closes. Set it before `start`.
+        self.zmq_context = zmq_context
         self._mdns_config = mdns_config(mdns, keyring, where)
         self._discovery: list[MdnsDiscovery | SurveyDiscovery] = []  # started, in order
         self._rediscovering: asyncio.Task[None] | None = None
@@ -331,7 +332,7 @@ class Node(MemoryApi, KeyringApi):
         if self._core is not None:
             return self
         loop = asyncio.get_running_loop()
-        shared = self._shared_ctx
+        shared = self.zmq_context
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context() if shared is None else shared
         router, endpoint = listen(ctx, self._bind, self._config.max_frame, term=shared is None)
         host, _, port = endpoint.removeprefix("tcp://").rpartition(":")

@@ -124,23 +124,20 @@ _ASKED = 2  # a question to the other gateways (STATE and DELIVERED are 0 and 1)
 # these origin ids have you republished?
 
 
-# Every gateway of this process, its nodes and its links share one zmq context: one I/O thread
-# for them all instead of one each (a gateway joining two meshes ran three nodes and a link
-# transport, each with its own; sharing saved about a tenth of its CPU per request, measured).
-# It lives as long as the process, as `zmq.Context.instance()` does; its socket limit is
-# raised, since it holds what several contexts held.
+# A gateway's nodes and its link transport share one zmq context, and so do the gateways joined
+# in one process (`LocalGateways`): one I/O thread for them all instead of one each (a gateway
+# joining two meshes ran three nodes and a link transport, each with its own; sharing saved
+# about a tenth of its CPU per request, measured). It holds what several contexts held, so its
+# socket limit is raised. It is terminated once everything on it has closed, which waits for
+# the goodbyes its sockets still hold to leave (as each node's own context did).
 _SHARED_MAX_SOCKETS = 16384
-_shared: dict[int, zmq.Context[zmq.Socket[bytes]]] = {}  # by process id: none crosses a fork
 
 
-def shared_context() -> zmq.Context[zmq.Socket[bytes]]:
-    """The zmq context this process's gateways share (made on first use)."""
-    pid = os.getpid()
-    ctx = _shared.get(pid)
-    if ctx is None:
-        _shared.clear()
-        ctx = _shared[pid] = zmq.Context()
-        ctx.set(zmq.MAX_SOCKETS, _SHARED_MAX_SOCKETS)
+def new_context() -> zmq.Context[zmq.Socket[bytes]]:
+    """A zmq context for a gateway's nodes and links (its I/O thread starts with its first
+    socket)."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    ctx.set(zmq.MAX_SOCKETS, _SHARED_MAX_SOCKETS)
     return ctx
 
 
@@ -210,8 +207,10 @@ class Gateway:
             raise ConfigurationError("pass buffer= or link_config=, not both")
         self.gateway_id = os.urandom(16)
         self.name = name
+        self._context = new_context()  # terminated as the gateway closes, if its own
+        self._owns_context = True
         self._node_args: dict[str, Any] = {
-            "zmq_context": shared_context(),
+            "zmq_context": self._context,
             "keyring": keyring,
             "seeds": list(seeds),
             "bind": bind,
@@ -241,7 +240,7 @@ class Gateway:
             peers=peers,
             on_items=self._on_items,
             on_state=self._on_link_state,
-            context=self._node_args["zmq_context"],
+            context=self._context,
         )
         self.stats_counter: Counter[str] = Counter()
         self._imports: dict[str, Node] = {}  # cluster -> the node that serves it here
@@ -353,12 +352,26 @@ class Gateway:
             await node.close()
         self._imports.clear()
         await self.node.close()
+        if self._owns_context:  # once the goodbyes its sockets hold have left
+            self._owns_context = False
+            await asyncio.get_running_loop().run_in_executor(None, self._context.term)
 
     async def __aenter__(self) -> Gateway:
         return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    def share_context(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
+        """Use `ctx` for this gateway's nodes and links instead of a context of its own, and
+        leave terminating it to whoever made it (`LocalGateways`); before `start`."""
+        if self.node.endpoint:
+            raise ConfigurationError("a gateway takes a shared context before it starts")
+        own, self._context, self._owns_context = self._context, ctx, False
+        own.term()  # no socket was made on it
+        self._node_args["zmq_context"] = ctx
+        self.node.zmq_context = ctx
+        self.transport.context = ctx
 
     # ------------------------------------------------------------- the link keyring
 

@@ -73,7 +73,8 @@ class LinkTransport:
         self.ends: list[LinkEnd] = []
         self.endpoint = ""  # where the ROUTER listens, once started
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None  # its own, if it made one
-        self._shared_ctx = context  # or one shared with the gateway's nodes, not terminated here
+        # Or one shared with the gateway's nodes, not terminated here (set before `start`).
+        self.context = context
         self._router: zmq.Socket[bytes] | None = None
         self._dealers: dict[int, zmq.Socket[bytes]] = {}  # id(end) -> its socket
         self._by_peer: dict[bytes, LinkEnd] = {}  # listened ends by peer gateway id
@@ -115,7 +116,7 @@ class LinkTransport:
 
     def start(self) -> None:
         loop = self._loop = asyncio.get_running_loop()
-        ctx = self._shared_ctx
+        ctx = self.context
         if ctx is None:
             ctx = self._ctx = zmq.Context()
         if self._listen:

@@ -16,13 +16,14 @@ sees the exported traffic of every mesh it joins (SECURITY.md).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 from collections.abc import Iterable
 from typing import Any
 
 from irismesh.errors import ConfigurationError
-from irismesh.federation.gateway import Gateway
+from irismesh.federation.gateway import Gateway, new_context
 from irismesh.federation.locallink import LocalEnd, up
 
 __all__ = ["LocalGateways"]
@@ -81,6 +82,10 @@ class LocalGateways:
             )
         if len({id(g) for g in self.gateways}) != len(self.gateways):
             raise ConfigurationError("a gateway is given twice")
+        # One zmq context for them all (one I/O thread), terminated once all have closed.
+        self._context = new_context()
+        for gateway in self.gateways:
+            gateway.share_context(self._context)
         self._links = [_join(a, b) for a, b in itertools.combinations(self.gateways, 2)]
         self._started: list[Gateway] = []
 
@@ -107,6 +112,8 @@ class LocalGateways:
         for gateway in reversed(started):
             with contextlib.suppress(Exception):
                 await gateway.close()
+        if started:  # once the goodbyes its sockets hold have left
+            await asyncio.get_running_loop().run_in_executor(None, self._context.term)
 
     async def __aenter__(self) -> LocalGateways:
         return await self.start()
