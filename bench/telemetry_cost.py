@@ -262,6 +262,11 @@ def variants_of(args: argparse.Namespace) -> tuple[str, ...]:
     return (*VARIANTS, CONTROL) if args.control else VARIANTS
 
 
+def cpu_us(figures: dict[str, float]) -> float:
+    """CPU per request of server and client together."""
+    return figures["server_us"] + figures["client_us"]
+
+
 def summarise(results: dict[str, Any], variants: tuple[str, ...]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for size, rounds in results.items():
@@ -275,7 +280,21 @@ def summarise(results: dict[str, Any], variants: tuple[str, ...]) -> dict[str, A
                 / (r[variant]["server_us"] + r[variant]["client_us"])
                 for r in rounds
             ]
+            pooled: dict[str, float] = {}
+            if CONTROL in variants and variant not in ("off", CONTROL):
+                # Against both telemetry-off pairs of the same round: half their own noise.
+                pooled = {
+                    "pooled_ratio_median": statistics.median(
+                        r[variant]["rps"] / ((r["off"]["rps"] + r[CONTROL]["rps"]) / 2)
+                        for r in rounds
+                    ),
+                    "pooled_cpu_ratio_median": statistics.median(
+                        (cpu_us(r["off"]) + cpu_us(r[CONTROL])) / 2 / cpu_us(r[variant])
+                        for r in rounds
+                    ),
+                }
             rows[variant] = {
+                **pooled,
                 "rps": statistics.median(r[variant]["rps"] for r in rounds),
                 "ratio_median": statistics.median(ratios),
                 "ratio_min": min(ratios),
@@ -333,6 +352,14 @@ def print_table(summary: dict[str, Any], args: argparse.Namespace) -> None:
             )
         table.add_section()
     Console().print(table)
+    for size, rows in summary.items():
+        for variant, row in rows.items():
+            if "pooled_ratio_median" in row:
+                print(
+                    f"{int(size):,} B {variant} / both telemetry-off pairs of the same round,"
+                    f" medians: {row['pooled_ratio_median']:.3f}x by req/s,"
+                    f" {row['pooled_cpu_ratio_median']:.3f}x by CPU per request"
+                )
 
 
 def main() -> int:
