@@ -572,9 +572,9 @@ class Caller:
     """One node's calls in flight: a future per request, resolved by the core.
 
     `request` and `fanout` check their arguments, hand the call to the core and wait on the
-    futures; the core resolves them as it reads each reply (`replied`, its reply sink, timed
-    by the drain's one clock read) and through RequestFailed events (`on_failed`), and, with
-    telemetry, they are timed through the cluster's `Series` (inlined: the caller's hot path).
+    futures; the core resolves them as it reads each reply (`replied`, its reply sink) and
+    through RequestFailed events (`on_failed`), and, with telemetry, they are timed by
+    perf_counter through the cluster's `Series` (inlined: the caller's hot path).
     `events_at` is when the events being handled arrived: the node sets it once per batch.
     """
 

@@ -65,7 +65,6 @@ from irismesh._core.frames import (
     decode_request,
     encode_reply,
     pack_error,
-    unpack_error,
 )
 from irismesh._core.links import InLink, LinkObserver, LinkState, OutLink
 from irismesh._core.outbox import Outbox
@@ -654,11 +653,8 @@ class Calls(LinkObserver):
         if entry is None:
             return False
         back, token = entry
-        if status == STATUS_OK:
-            back.reply(token, payload)
-        else:  # a member's error, passed on as it was raised
-            kind, message = unpack_error(payload)
-            back.reply(token, pack_error(kind, message), error=True)
+        # A member's error is passed on as it came (packed already): the far caller reads it.
+        back.reply(token, payload, error=status != STATUS_OK)
         return True
 
     def relay_failed(self, req_id: int, error: BaseException) -> bool:

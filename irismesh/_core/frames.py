@@ -152,10 +152,17 @@ RUN_ENTRY: Final = struct.Struct("!BIB")
 
 
 def encode_batch(entries: list[tuple[int, bytes]]) -> bytes:
-    # One join of headers and bodies: each body is copied once, not once more per entry.
+    """A BATCH body of (kind, body) entries."""
+    return encode_batch_of([(0, kind, body) for kind, body in entries], 0, len(entries))
+
+
+def encode_batch_of(entries: list[tuple[int, int, bytes]], start: int, end: int) -> bytes:
+    """A BATCH body of the staged (slot, kind, body) entries `entries[start:end]`, in one join
+    of entry headers and bodies: each body is copied once."""
     pack = BATCH_ENTRY.pack
     parts: list[bytes] = []
-    for kind, body in entries:
+    for i in range(start, end):
+        _slot, kind, body = entries[i]
         parts.append(pack(kind, len(body)))
         parts.append(body)
     return b"".join(parts)

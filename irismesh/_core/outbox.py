@@ -46,6 +46,7 @@ from irismesh._core.frames import (
     VERSION,
     BodyCodec,
     Kind,
+    encode_batch_of,
 )
 from irismesh._core.links import InLink, LinkState, OutLink
 
@@ -53,7 +54,6 @@ _BATCH = int(Kind.BATCH)
 _PUBLISH_RUN = int(Kind.PUBLISH_RUN)
 _BATCH_BYTES = 96 << 10
 _pack_header = HEADER.pack
-_pack_entry = BATCH_ENTRY.pack
 _ENTRY_SIZE = BATCH_ENTRY.size
 
 
@@ -243,7 +243,6 @@ class Outbox:
         # A batch fits the peer's frame limit (like any one body) and stays below the sizes
         # malloc serves by mmap (one batch frame per 64 KiB tunnel chunk or so, not a MiB).
         limit = self.batch_limit
-        pack = _pack_entry
         start, count = 0, len(entries)
         while start < count:
             end, size = start + 1, len(entries[start][2])
@@ -255,13 +254,7 @@ class Outbox:
             if end - start == 1:
                 _slot, kind, body = entries[start]
             else:
-                # One join of entry headers and bodies: each body is copied once.
-                parts: list[bytes] = []
-                for i in range(start, end):
-                    _slot, entry_kind, entry_body = entries[i]
-                    parts.append(pack(entry_kind, len(entry_body)))
-                    parts.append(entry_body)
-                kind, body = _BATCH, b"".join(parts)
+                kind, body = _BATCH, encode_batch_of(entries, start, end)
                 self._stats["batches_sent"] += 1
             start = end
             frames.append(self.frame(link, slot, kind, body))

@@ -12,6 +12,8 @@ than the window runs again, the at-least-once fallback past the window.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 RequestKey = tuple[bytes, int]  # (caller node id, request id)
 
 
@@ -42,9 +44,11 @@ class ReplyCache:
     __slots__ = ("_bytes", "_entries", "evicted", "max_bytes", "max_entries")
 
     def __init__(self, max_entries: int, max_bytes: int) -> None:
-        # A plain dict keeps insertion order, and costs a third of an OrderedDict per request
-        # (an insert, two lookups and a delete; nothing here moves an entry).
-        self._entries: dict[RequestKey, CachedReply] = {}
+        # Oldest first. Not a plain dict: entries leave from the front (expiry, eviction), and
+        # a dict's iteration skips every slot deleted at its front until it is resized, so
+        # taking the first entry again and again costs time quadratic in the entries taken
+        # (50,000 expiring at once: 0.8 s, against 0.02 s here).
+        self._entries: OrderedDict[RequestKey, CachedReply] = OrderedDict()
         self._bytes = 0
         self.max_entries = max_entries
         self.max_bytes = max_bytes
@@ -104,7 +108,6 @@ class ReplyCache:
             self._bytes -= len(entry.payload)
 
     def _evict_one(self) -> None:
-        entries = self._entries
-        entry = entries.pop(next(iter(entries)))
+        _key, entry = self._entries.popitem(last=False)
         self._bytes -= len(entry.payload)
         self.evicted += 1
