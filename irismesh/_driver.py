@@ -29,6 +29,10 @@ What TCP does not show (a stopped process, a silent network) membership's probes
 Replies go out with ROUTER_MANDATORY so an unroutable reply is an error we count, not a silent
 drop. Send queues are unbounded in zmq; the core bounds them by its limits on requests in
 flight.
+
+This module is compiled by mypyc together with the core (see setup.py and irismesh._core),
+so its attributes are typed slots and its calls into the core are native; it runs as Python
+wherever the core does.
 """
 
 from __future__ import annotations
@@ -36,9 +40,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 import zmq
+import zmq.backend
 
 from irismesh._core.engine import MeshCore
 from irismesh._core.events import CloseLink, Event, OpenLink, RequestArrived
@@ -60,6 +65,9 @@ _POLLIN = int(zmq.POLLIN)
 _EVENTS = int(zmq.EVENTS)
 _RCVMORE = int(zmq.RCVMORE)
 _DISCONNECTED = int(zmq.EVENT_DISCONNECTED)
+# pyzmq's own `send` (its extension's), called with the socket: the `zmq.Socket.send` every
+# socket has wraps it in Python for options frames of bytes never use, at a third of a send.
+_send_frame: Callable[..., Any] = zmq.backend.Socket.send
 
 
 def _readable(sock: zmq.Socket[bytes]) -> bool:
@@ -171,7 +179,9 @@ class Driver:
 
     # ----------------------------------------------------------------- input
 
-    def _drain_router(self) -> None:
+    def _drain_router(self, woken: bool = True) -> None:
+        """Read the listening socket: the loop's reader callback (`woken`), or a look for
+        input queued after a flush, or the timer's (not `woken`: read in one batch)."""
         router = self._router
         receive = self.core.receive_in
         now = self.loop.time()
@@ -197,6 +207,14 @@ class Driver:
                 continue
             got += 1
             receive(routing_id, frame, now)
+            if woken:
+                # The first frame of a wake-up is answered before asking for more: at one
+                # request in flight nothing else waits, and the reply goes out one `EVENTS`
+                # query sooner. Whether more came is asked once, after the reply went out
+                # (`_send`'s look, which a send needs anyway); what waits is read then, in
+                # one batch (a busy node reads there, not in this callback).
+                self._recheck.add(0)
+                break
             if not cast(int, more(_EVENTS)) & _POLLIN:
                 break  # read out: asking costs a third of the failing read it saves
         else:
@@ -318,32 +336,35 @@ class Driver:
             got += 1
             waiting = len(pending)
             receive(link_id, frame, now)
-            if not cast(int, events(_EVENTS)) & _POLLIN:
-                break  # read out: asking costs a third of the failing read it saves
             if len(pending) < waiting:
                 # Replies woke their callers: the requests those make next go out before more
-                # replies are read (see `_dealer_readable`); the rest is read after that flush.
+                # replies are read (see `_dealer_readable`); whether more came is asked after
+                # that flush, once (`_recheck_input`), not here on the way to the callers.
                 self._recheck.add(link_id)
                 break
+            if not cast(int, events(_EVENTS)) & _POLLIN:
+                break  # read out: asking costs a third of the failing read it saves
         else:
             self._recheck.add(link_id)
         if got:
-            self.process()
-            if self.partners:
-                self._flush_partners()
             # Replies woke the tasks that awaited them, and those are queued on the loop now:
             # a flush queued behind them sends the requests they make next in the same turn of
-            # the loop, together (`Caller` stages a request while this is pending).
+            # the loop, together (`Caller` stages a request while this is pending), and
+            # handles whatever else the frames brought (a reply reaches its caller without an
+            # event: `Calls.reply_sink`). That flush also asks whether more input came.
             if not self.flush_pending:
                 self.flush_pending = True
                 self.loop.call_soon(self._recheck_input)
+            if self.partners:
+                self.process()
+                self._flush_partners()
 
     def drain_all(self) -> None:
         """Read the zmq sockets that have input waiting (their FDs are edge-triggered: a
         wake-up may have been consumed). The datagram socket needs no look: asyncio runs the
         callbacks of readable sockets before the timers due in the same turn of the loop."""
         if _readable(self._router):
-            self._drain_router()
+            self._drain_router(False)
         for link_id, sock in list(self._dealers.items()):
             if _readable(sock):
                 self._drain_dealer(link_id)
@@ -422,18 +443,18 @@ class Driver:
                     core.stats["frames_for_closed_links"] += 1
                     continue
                 try:
-                    sock.send(frame, _NOBLOCK)
+                    _send_frame(sock, frame, _NOBLOCK)
                 except zmq.Again:
                     core.link_failed(link_id, self.loop.time(), "unsendable")
                 recheck.add(link_id)
         if core.in_frames:
             frames2 = core.in_frames
             core.in_frames = []
-            send = self._router.send
+            router = self._router
             for routing_id, frame in frames2:
                 try:
-                    send(routing_id, _SNDMORE_NOBLOCK)
-                    send(frame, _NOBLOCK)
+                    _send_frame(router, routing_id, _SNDMORE_NOBLOCK)
+                    _send_frame(router, frame, _NOBLOCK)
                 except zmq.ZMQError:  # EHOSTUNREACH: the caller left; it resends if it returns
                     core.stats["replies_unroutable"] += 1
             recheck.add(0)
@@ -457,16 +478,19 @@ class Driver:
             self.loop.call_soon(self._recheck_input)
 
     def _recheck_input(self) -> None:
-        self.flush_pending = False
         if self._closed:
+            self.flush_pending = False
             return
+        # The flush first, with `flush_pending` still set: `_send` leaves the look for input
+        # to the loop below, which asks each socket once, after everything went out.
+        self.process()
+        self.flush_pending = False
         ids = self._recheck
         self._recheck = set()
-        self.process()
         for link_id in ids:
             if link_id == 0:
                 if _readable(self._router):
-                    self._drain_router()
+                    self._drain_router(False)
             else:
                 sock = self._dealers.get(link_id)
                 if sock is not None and _readable(sock):

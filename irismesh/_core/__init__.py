@@ -3,11 +3,12 @@
 Nothing here imports asyncio or zmq, reads a clock or draws randomness of its own: time and
 random bytes are passed in. A test enforces it.
 
-Installed from source where a C compiler is present, every module of the core is also compiled
-to a C extension by mypyc (see setup.py), which Python imports in preference to the source. The
-source stays the truth: with IRISMESH_PURE=1 in the environment, or when a source file is newer
-than its compiled module (edited since the last install), the whole core is imported from its
-Python source instead, so compiled and pure modules never mix.
+Installed from source where a C compiler is present, every module of the core, and the driver
+(irismesh._driver), is also compiled to a C extension by mypyc (see setup.py), which Python
+imports in preference to the source. The source stays the truth: with IRISMESH_PURE=1 in the
+environment, or when a source file is newer than its compiled module (edited since the last
+install), the whole core and the driver are imported from their Python source instead, so
+compiled and pure modules never mix.
 """
 
 from __future__ import annotations
@@ -23,6 +24,12 @@ from typing import Final
 _HERE: Final = os.path.dirname(os.path.abspath(__file__))
 
 
+# The driver (irismesh._driver) is compiled with the core, in one group: its compiled form calls
+# the core's compiled classes natively, so it runs with the compiled core or not at all.
+_PARENT: Final = os.path.dirname(_HERE)
+_DRIVER: Final = "irismesh._driver"
+
+
 def _compiled_modules() -> dict[str, str]:
     """Each core module with a compiled form here: name -> its extension's path."""
     found: dict[str, str] = {}
@@ -31,6 +38,12 @@ def _compiled_modules() -> dict[str, str]:
         if entry.endswith(suffix):
             found[entry[: -len(suffix)]] = os.path.join(_HERE, entry)
     return found
+
+
+def _compiled_driver() -> dict[str, str]:
+    """The driver's compiled form, if there is one: {"_driver": its extension's path}."""
+    path = os.path.join(_PARENT, "_driver" + EXTENSION_SUFFIXES[0])
+    return {"_driver": path} if os.path.exists(path) else {}
 
 
 def _stale(compiled: dict[str, str], folder: str = _HERE) -> list[str]:
@@ -52,9 +65,12 @@ class _SourceFinder:
     def find_spec(
         self, fullname: str, path: object = None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
-        if not fullname.startswith(self.prefix) or "." in fullname[len(self.prefix) :]:
+        if fullname == _DRIVER:
+            source = os.path.join(_PARENT, "_driver.py")
+        elif not fullname.startswith(self.prefix) or "." in fullname[len(self.prefix) :]:
             return None
-        source = os.path.join(_HERE, fullname[len(self.prefix) :] + ".py")
+        else:
+            source = os.path.join(_HERE, fullname[len(self.prefix) :] + ".py")
         if not os.path.exists(source):
             return None
         loader = SourceFileLoader(fullname, source)
@@ -63,12 +79,15 @@ class _SourceFinder:
 
 def _choose() -> bool:
     compiled = _compiled_modules()
+    driver = _compiled_driver()
     if not compiled:
+        if driver:  # a compiled driver cannot drive a pure core
+            sys.meta_path.insert(0, _SourceFinder())
         return False
     if os.environ.get("IRISMESH_PURE", "") not in ("", "0"):
         sys.meta_path.insert(0, _SourceFinder())
         return False
-    stale = _stale(compiled)
+    stale = _stale(compiled) + _stale(driver, _PARENT)
     if stale:
         logging.getLogger("irismesh").warning(
             "irismesh: the compiled core is older than its source (%s): running the pure"
