@@ -138,10 +138,17 @@ def test_requests_go_core_to_core_and_failures_come_back_as_before() -> None:
             with pytest.raises(irismesh.RemoteError) as caught:
                 await client.request("db", b"boom", timeout=5)
             assert (caught.value.remote_type, caught.value.remote_message) == ("ValueError", "boom")
-            # Past its deadline the far request fails too, and nothing is left behind.
-            with pytest.raises(irismesh.RequestTimeout):
-                await client.request("db", b"slow", timeout=0.3)
+            # Past its deadline the far request fails too, and nothing is left behind: the far
+            # node's timer is armed for it as it arrives.
             far = gw_a.node._core.calls
+            slow = asyncio.ensure_future(client.request("db", b"slow", timeout=0.3))
+            await wait_until(lambda: len(far.relaying) == 1, 5, "the slow request relayed")
+            due = far.pending.next_deadline()
+            assert due is not None
+            assert gw_a.node._driver is not None
+            assert gw_a.node._driver.timer_at <= due
+            with pytest.raises(irismesh.RequestTimeout):
+                await slow
             await wait_until(lambda: not far.relaying, 5, "the far request given up")
             assert importer.stats["requests_relayed"] == 302
             assert gw_b.stats["requests_forwarded"] == 302
