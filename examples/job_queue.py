@@ -13,8 +13,8 @@ other takes over) and starts it again on its database; while the workers are bus
 each worker in turn and starts a new one. It waits until every job has been handled and
 prints how many ran twice (a job in hand when its worker died runs again: delivery is at least
 once) and how many repeats the workers answered without running them again (a job handed out
-again to the member that had answered it), or one JSON object. The exit status is 1 if a job
-was lost.
+again to the member that had answered it), or one JSON object; what it is doing goes to stderr
+as it happens. The exit status is 1 if a job was lost.
 """
 
 from __future__ import annotations
@@ -46,6 +46,14 @@ def start(args: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[str], 
     return proc, first
 
 
+_BEGAN = time.perf_counter()
+
+
+def say(message: str) -> None:
+    """Progress on stderr (stdout carries the result), with the time since the start."""
+    print(f"[{time.perf_counter() - _BEGAN:6.2f} s] {message}", file=sys.stderr, flush=True)
+
+
 async def produce(jobs: int, seconds: float) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="irismesh-jobs-") as tmp:
         return await run_all(Path(tmp), jobs, seconds)
@@ -72,6 +80,7 @@ async def run_all(tmp: Path, jobs: int, seconds: float) -> dict[str, object]:
     restart_args = [*MEMORY, "--data", str(data), "--seed", seed, *bind]
     worker_args = [sys.executable, __file__, "--role", "worker", "--seed", seed]
     workers = [start(worker_args, env)[0] for _ in range(2)]
+    say("2 memory members and 2 workers started")
     done: Counter[str] = Counter()
     absorbed: list[int] = []
     progress = asyncio.Event()  # a job was reported done
@@ -85,6 +94,8 @@ async def run_all(tmp: Path, jobs: int, seconds: float) -> dict[str, object]:
             progress.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(progress.wait(), deadline - loop.time())
+        if len(done) < handled:
+            say(f"gave up waiting after {limit:.0f} s: {len(done)} of {handled} jobs handled")
 
     def watch(proc: subprocess.Popen[str]) -> None:
         async def read() -> None:
@@ -104,25 +115,30 @@ async def run_all(tmp: Path, jobs: int, seconds: float) -> dict[str, object]:
     try:
         async with irismesh.Node(keyring=keys, seeds=[seed], name="producer") as node:
             await node.wait_for_members("_memory", 2, timeout=20)
+            say(f"queueing {jobs} jobs")
             started = time.perf_counter()
             restart: asyncio.Future[tuple[subprocess.Popen[str], str]] | None = None
             for i in range(jobs):
                 if i == jobs // 3:  # the dispatcher dies mid-stream; it comes back
                     dispatcher.kill()
                     dispatcher.wait(timeout=10)
+                    say(f"SIGKILLed the dispatching memory member after {i} jobs; restarting it")
                     restart = loop.run_in_executor(None, start, restart_args, env)
                 await node.enqueue("resize", f"job-{i}".encode())
             queued = time.perf_counter() - started
+            say(f"all {jobs} jobs queued in {queued:.2f} s; {len(done)} handled so far")
             if restart is not None:
                 restarted.append((await restart)[0])
             for n, victim in enumerate(list(workers)):  # each worker dies mid-job in turn
                 await until(jobs * (n + 2) // 4, seconds)
+                say(f"{len(done)} of {jobs} handled; SIGKILLing worker {n + 1}")
                 victim.send_signal(signal.SIGKILL)
                 replacement = start(worker_args, env)[0]
                 workers.append(replacement)
                 watch(replacement)
             await until(jobs, seconds)
             handled_in = time.perf_counter() - started
+            say(f"{len(done)} of {jobs} handled in {handled_in:.2f} s")
     finally:
         procs = [*workers, *restarted, first, second]
         for proc in procs:
