@@ -16,16 +16,15 @@ directory outside the worktrees, so each build imports its own irismesh.
 from __future__ import annotations
 
 import argparse
-import re
+import json
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+from typing import Any
 
 WAKEUPS = Path(__file__).resolve().parent / "wakeups.py"
-_P50 = re.compile(r"(\S+): p50 (\d+) us")
-_CALLER = re.compile(r"caller, per request:\s+python/\d+: ([\d.]+) us CPU")
-_MEMBER = re.compile(r"member, per request:\s+python/\d+: ([\d.]+) us CPU")
 
 
 def parse_build(text: str) -> tuple[str, str, list[str]]:
@@ -37,13 +36,29 @@ def parse_build(text: str) -> tuple[str, str, list[str]]:
     return name, python, extra
 
 
-def run_once(python: str, only: str, args: argparse.Namespace, extra: list[str]) -> str:
-    argv = [python, str(WAKEUPS), "--only", only, "--size", str(args.size)]
-    argv += ["--requests", str(args.requests), "--no-counters", "--no-syscalls", *extra]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(argv)} failed:\n{done.stderr[-2000:]}")
-    return done.stdout
+def run_once(python: str, only: str, args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
+    """One run of wakeups.py; its figures (`--json`), by system."""
+    with tempfile.TemporaryDirectory(prefix="latency-ab-") as tmp:
+        out = Path(tmp) / "figures.json"
+        argv = [python, str(WAKEUPS), "--only", only, "--size", str(args.size)]
+        argv += ["--requests", str(args.requests), "--no-counters", "--no-syscalls"]
+        argv += ["--json", str(out), *extra]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+        if done.returncode != 0 or not out.exists():
+            raise SystemExit(f"{' '.join(argv)} failed:\n{done.stderr[-2000:]}")
+        figures: dict[str, Any] = json.loads(out.read_text())
+        return figures
+
+
+def loop_cpu_us(side: dict[str, Any]) -> float:
+    """CPU per request of a side's event-loop thread: its main thread, the lowest thread id
+    among its `python/<tid>` threads (the others are helpers such as the executor's)."""
+    threads = {
+        int(name.split("/")[-1]): f
+        for name, f in side["switches"].items()
+        if name.startswith("python/")
+    }
+    return float(threads[min(threads)]["cpu_us"])
 
 
 def main() -> int:
@@ -62,20 +77,14 @@ def main() -> int:
     for round_ in range(args.rounds):
         for index, (name, python, extra) in enumerate(builds):
             only = "raw,mesh" if round_ % 3 == 0 and index == 0 else "mesh"
-            out = run_once(python, only, args, extra)
-            for block in out.split("== ")[1:]:
-                found = _P50.match(block)
-                if found is None:
-                    continue
-                if found.group(1) == "raw":
-                    raw.append(float(found.group(2)))
-                    continue
-                p50[name].append(float(found.group(2)))
-                caller, member = _CALLER.search(block), _MEMBER.search(block)
-                if caller and member:
-                    cpu[name].append((float(caller.group(1)), float(member.group(1))))
-        latest = {name: values[-1] for name, values in p50.items() if values}
-        print(f"round {round_ + 1}/{args.rounds}: p50 {latest} us", file=sys.stderr, flush=True)
+            figures = run_once(python, only, args, extra)
+            if "raw" in figures:
+                raw.append(float(figures["raw"]["p50_us"]))
+            mesh = figures["mesh"]
+            p50[name].append(float(mesh["p50_us"]))
+            cpu[name].append((loop_cpu_us(mesh["caller"]), loop_cpu_us(mesh["member"])))
+        latest = ", ".join(f"{name} {values[-1]:.0f} us" for name, values in p50.items() if values)
+        print(f"round {round_ + 1}/{args.rounds}: p50 {latest}", file=sys.stderr, flush=True)
     med = statistics.median
     print(f"one outstanding, {args.size} B, medians of {args.rounds} interleaved runs:")
     if raw:
@@ -84,11 +93,11 @@ def main() -> int:
         line = f"  {name}: p50 {med(p50[name]):.1f} us"
         if raw:
             line += f" ({med(p50[name]) / med(raw):.2f}x raw pyzmq)"
-        if cpu[name]:
-            caller = med(c for c, _ in cpu[name])
-            member = med(m for _, m in cpu[name])
-            line += f"; loop-thread CPU per request: caller {caller:.1f} us, member {member:.1f} us"
-        print(line)
+        caller = med(c for c, _ in cpu[name])
+        member = med(m for _, m in cpu[name])
+        print(
+            f"{line}; loop-thread CPU per request: caller {caller:.1f} us, member {member:.1f} us"
+        )
     return 0
 
 

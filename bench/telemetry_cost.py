@@ -275,11 +275,7 @@ def summarise(results: dict[str, Any], variants: tuple[str, ...]) -> dict[str, A
             ratios = [r[variant]["rps"] / r["off"]["rps"] for r in rounds]
             # What the CPU allows: off's CPU per request (both sides) over the variant's, in
             # the same round. A busy machine moves req/s far more than CPU per request.
-            cpu_ratios = [
-                (r["off"]["server_us"] + r["off"]["client_us"])
-                / (r[variant]["server_us"] + r[variant]["client_us"])
-                for r in rounds
-            ]
+            cpu_ratios = [cpu_us(r["off"]) / cpu_us(r[variant]) for r in rounds]
             pooled: dict[str, float] = {}
             if CONTROL in variants and variant not in ("off", CONTROL):
                 # Against both telemetry-off pairs of the same round: half their own noise.

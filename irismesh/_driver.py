@@ -423,9 +423,10 @@ class Driver:
                 # The requests relayed to it came without a `Caller`, which arms the timer for
                 # a request's deadline: arm it here, so one whose member never answers fails
                 # at its deadline, not at the partner's next tick.
-                due = partner.core.calls.pending.next_deadline()
-                if due is not None and due < partner.timer_at:
-                    partner.arm(due)
+                if partner.core.calls.relaying:
+                    due = partner.core.calls.pending.next_deadline()
+                    if due is not None and due < partner.timer_at:
+                        partner.arm(due)
 
     def flush(self) -> None:
         """Send what the core queued (after the links it asked for are open)."""
