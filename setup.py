@@ -1,5 +1,6 @@
-"""Builds irismesh; its pure core (irismesh/_core) and the driver that connects it to zmq and
-the event loop (irismesh/_driver.py) compiled to C with mypyc where they can be.
+"""Builds irismesh; its pure core (irismesh/_core) and the drivers that connect it to the
+network and the event loop (irismesh/_driver.py, irismesh/_stream.py) compiled to C with mypyc
+where they can be.
 
 The compiled core is the same source, type-checked strictly, turned into C extension modules;
 it carries a request in about a fifth less CPU. Without a C compiler, or with
@@ -18,7 +19,7 @@ from setuptools import setup
 
 HERE = Path(__file__).resolve().parent
 CORE = "irismesh/_core"
-DRIVER = "irismesh/_driver.py"
+DRIVERS = ["irismesh/_driver.py", "irismesh/_stream.py"]
 
 
 def _say(message: str) -> None:
@@ -40,11 +41,12 @@ def compiled_core() -> list[Any]:
         for path in (HERE / CORE).glob("*.py")
         if path.name != "__init__.py"
     )
-    # The driver, the glue between the core and zmq and the event loop, is compiled with it: it
-    # runs for every frame, and compiled in the same group its calls into the core are native.
-    sources.append(DRIVER)
+    # The drivers, the glue between the core and the network and the event loop, are compiled
+    # with it: they run for every frame, and in the same group their calls into the core are
+    # native.
+    sources.extend(DRIVERS)
     options = [
-        # Only the core and the driver are compiled; what they import from the rest of the
+        # Only the core and the drivers are compiled; what they import from the rest of the
         # package, msgpack, zmq and asyncio is read for types, and its problems are not theirs.
         "--follow-imports=silent",
         "--ignore-missing-imports",

@@ -131,31 +131,26 @@ def urgent_first(events: list[Event]) -> list[Event]:
 
 
 class Driver:
-    """Connects one MeshCore to the network and the event loop."""
+    """Connects one MeshCore to the network and the event loop: what every transport shares
+    (dispatching the core's events, sending in slices, the timer, partners). A transport's
+    driver (`ZmqDriver` here, `irismesh._stream.StreamDriver`) reads and writes its links."""
 
     def __init__(
         self,
         core: MeshCore,
-        context: zmq.Context[zmq.Socket[bytes]],
-        router: zmq.Socket[bytes],
         loop: asyncio.AbstractEventLoop,
         on_events: Callable[[list[Event]], None],
         datagrams: DatagramSocket,
     ) -> None:
         self.core = core
         core.batching = True  # seal what one flush sends on a link together
-        self._ctx = context
-        self._router = router
         self.loop = loop  # the event loop it runs on (its clock is the core's)
         self._on_events = on_events
-        self._dealers: dict[int, zmq.Socket[bytes]] = {}
-        self._monitors: dict[int, zmq.Socket[bytes]] = {}
         self._timer: asyncio.TimerHandle | None = None
         self.timer_at = float("inf")  # when the timer fires next (read it; `arm` sets it)
         # A pass that flushes and re-checks input is queued on the loop (read it; `flush_soon`
         # sets it): a request staged meanwhile goes out in that pass.
         self.flush_pending = False
-        self._recheck: set[int] = set()  # link ids (0: the router) to re-check for input
         self._closed = False
         self._max_frame = core.config.max_frame
         # Opt-in busy polling (seconds): after serving, poll the listening socket up to this
@@ -170,12 +165,164 @@ class Driver:
         # answers (`Node.relay_requests`): what a drain here staged in theirs is sent at its
         # end (`_flush_partners`), not a turn of the loop later.
         self.partners: list[Driver] = []
-        loop.add_reader(router.FD, self._drain_router)
         self._datagrams = datagrams
         receive = core.receive_datagram
         datagrams.start(
             loop, lambda source, data: receive(source, data, loop.time()), self.process, core.stats
         )
+
+    # ----------------------------------------------------------------- what a transport does
+
+    async def serve(self) -> None:
+        """Start accepting the links peers dial (before `start`)."""
+
+    def drain_all(self) -> None:
+        """Read every link with input waiting (before the core's tick)."""
+        raise NotImplementedError
+
+    def _send(self) -> None:
+        """Seal what is staged and send the core's frames and datagrams."""
+        raise NotImplementedError
+
+    def _recheck_input(self) -> None:
+        """The pass `flush_soon` queued: flush, then read the links marked for a look."""
+        raise NotImplementedError
+
+    def _open(self, event: OpenLink) -> None:
+        raise NotImplementedError
+
+    def _close_link(self, link_id: int) -> None:
+        raise NotImplementedError
+
+    def spin(self, link_id: int, seconds: float, done: Callable[[], bool]) -> None:
+        """Poll one dialled link for up to `seconds` until `done()`, not yielding (opt-in)."""
+        raise NotImplementedError
+
+    async def wait_closed(self, timeout: float) -> None:
+        """After `close`: wait up to `timeout` for what was sent to be gone."""
+
+    def close(self, linger_ms: int = 200) -> None:
+        """Flush goodbyes (given `linger_ms` to leave) and close every socket."""
+        raise NotImplementedError
+
+    # ----------------------------------------------------------------- output
+
+    def process(self) -> None:
+        """Dispatch the core's events, then send its frames (and again, for the events that
+        sending found: failed links). Links are opened as their events come, before anything
+        is sent on them, or their HELLOs would be lost."""
+        core = self.core
+        outbox = core.outbox
+        while True:
+            while outbox.events:
+                events = outbox.events
+                outbox.events = []
+                if outbox.link_events:  # links to open or close among them
+                    outbox.link_events = False
+                    for event in events:
+                        if isinstance(event, OpenLink):
+                            self._open(event)
+                        elif isinstance(event, CloseLink):
+                            self._close_link(event.link_id)
+                if core.calls.urgent:  # requests above the default priority came: first
+                    core.calls.urgent = False
+                    events = urgent_first(events)
+                if len(events) <= EVENT_SLICE:
+                    self._on_events(events)
+                    continue
+                # A long run of events (a batch of requests): send the replies of each slice
+                # as it is done, so that the peer works on them while this side does the rest
+                # (one batch answered whole would leave each side idle while the other works).
+                step = slice_length(len(events))
+                for start in range(0, len(events), step):
+                    self._on_events(events[start : start + step])
+                    if not outbox.events:  # nothing to open first
+                        self._send()
+            self._send()
+            if not outbox.events:
+                return
+
+    def _flush_partners(self) -> None:
+        """Send what a drain here staged in the partners' cores (relayed requests, their
+        replies). Only a drain calls this, as a callback of the loop of its own, so no
+        partner is inside its own pass (a pass entered twice would reorder its events)."""
+        for partner in self.partners:
+            outbox = partner.core.outbox
+            if not partner._closed and (
+                outbox.staged_out
+                or outbox.staged_in
+                or outbox.events
+                or outbox.out_frames
+                or outbox.in_frames
+            ):
+                partner.process()
+                # The requests relayed to it came without a `Caller`, which arms the timer for
+                # a request's deadline: arm it here, so one whose member never answers fails
+                # at its deadline, not at the partner's next tick.
+                if partner.core.calls.relaying:
+                    due = partner.core.calls.pending.next_deadline()
+                    if due is not None and due < partner.timer_at:
+                        partner.arm(due)
+
+    def flush(self) -> None:
+        """Send what the core queued (after the links it asked for are open)."""
+        self.process()
+
+    def flush_soon(self) -> None:
+        """Send what the core queued, once, at the end of this loop iteration."""
+        if not self.flush_pending:
+            self.flush_pending = True
+            self.loop.call_soon(self._recheck_input)
+
+    def arm(self, when: float) -> None:
+        """Make sure the timer fires no later than `when`."""
+        if when < self.timer_at and not self._closed:
+            if self._timer is not None:
+                self._timer.cancel()
+            self.timer_at = when
+            self._timer = self.loop.call_at(when, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self.timer_at = float("inf")
+        if self._closed:
+            return
+        self.drain_all()
+        now = self.loop.time()
+        self.core.tick(now)
+        self.process()
+        self.arm(max(self.core.next_deadline(now), now + 0.001))
+
+    def start(self) -> None:
+        self.arm(self.loop.time())
+
+    def _request_came(self) -> None:
+        """Busy polling: a request came after a wait that began when the last was served."""
+        spin = self.request_spin
+        if spin is not None:
+            spin.observe(self._served_spun, time.perf_counter() - self._served_at)
+        self._served_at = 0.0
+
+
+class ZmqDriver(Driver):
+    """Links over zmq: a ROUTER for the links peers dialled, a DEALER per link dialled."""
+
+    def __init__(
+        self,
+        core: MeshCore,
+        context: zmq.Context[zmq.Socket[bytes]],
+        router: zmq.Socket[bytes],
+        loop: asyncio.AbstractEventLoop,
+        on_events: Callable[[list[Event]], None],
+        datagrams: DatagramSocket,
+    ) -> None:
+        super().__init__(core, loop, on_events, datagrams)
+        self._ctx = context
+        self._router = router
+        self._dealers: dict[int, zmq.Socket[bytes]] = {}
+        self._monitors: dict[int, zmq.Socket[bytes]] = {}
+        self._recheck: set[int] = set()  # link ids (0: the router) to re-check for input
+        loop.add_reader(router.FD, self._drain_router)
 
     # ----------------------------------------------------------------- input
 
@@ -227,13 +374,6 @@ class Driver:
                 self._flush_partners()
             if self.busy_poll:
                 self._spin_router()
-
-    def _request_came(self) -> None:
-        """Busy polling: a request came after a wait that began when the last was served."""
-        spin = self.request_spin
-        if spin is not None:
-            spin.observe(self._served_spun, time.perf_counter() - self._served_at)
-        self._served_at = 0.0
 
     def _spin_router(self) -> None:
         """After serving: poll the listening socket for the next request while no handler
@@ -371,67 +511,6 @@ class Driver:
 
     # ----------------------------------------------------------------- output
 
-    def process(self) -> None:
-        """Dispatch the core's events, then send its frames (and again, for the events that
-        sending found: failed links). Links are opened as their events come, before anything
-        is sent on them, or their HELLOs would be lost."""
-        core = self.core
-        outbox = core.outbox
-        while True:
-            while outbox.events:
-                events = outbox.events
-                outbox.events = []
-                if outbox.link_events:  # links to open or close among them
-                    outbox.link_events = False
-                    for event in events:
-                        if isinstance(event, OpenLink):
-                            self._open(event)
-                        elif isinstance(event, CloseLink):
-                            self._close_link(event.link_id)
-                if core.calls.urgent:  # requests above the default priority came: first
-                    core.calls.urgent = False
-                    events = urgent_first(events)
-                if len(events) <= EVENT_SLICE:
-                    self._on_events(events)
-                    continue
-                # A long run of events (a batch of requests): send the replies of each slice
-                # as it is done, so that the peer works on them while this side does the rest
-                # (one batch answered whole would leave each side idle while the other works).
-                step = slice_length(len(events))
-                for start in range(0, len(events), step):
-                    self._on_events(events[start : start + step])
-                    if not outbox.events:  # nothing to open first
-                        self._send()
-            self._send()
-            if not outbox.events:
-                return
-
-    def _flush_partners(self) -> None:
-        """Send what a drain here staged in the partners' cores (relayed requests, their
-        replies). Only a drain calls this, as a callback of the loop of its own, so no
-        partner is inside its own pass (a pass entered twice would reorder its events)."""
-        for partner in self.partners:
-            outbox = partner.core.outbox
-            if not partner._closed and (
-                outbox.staged_out
-                or outbox.staged_in
-                or outbox.events
-                or outbox.out_frames
-                or outbox.in_frames
-            ):
-                partner.process()
-                # The requests relayed to it came without a `Caller`, which arms the timer for
-                # a request's deadline: arm it here, so one whose member never answers fails
-                # at its deadline, not at the partner's next tick.
-                if partner.core.calls.relaying:
-                    due = partner.core.calls.pending.next_deadline()
-                    if due is not None and due < partner.timer_at:
-                        partner.arm(due)
-
-    def flush(self) -> None:
-        """Send what the core queued (after the links it asked for are open)."""
-        self.process()
-
     def _send(self) -> None:
         core = self.core
         core.seal_staged()  # returns at once when nothing is staged
@@ -477,12 +556,6 @@ class Driver:
                     self.loop.call_soon(self._recheck_input)
                     return
             recheck.clear()
-
-    def flush_soon(self) -> None:
-        """Send what the core queued, once, at the end of this loop iteration."""
-        if not self.flush_pending:
-            self.flush_pending = True
-            self.loop.call_soon(self._recheck_input)
 
     def _recheck_input(self) -> None:
         if self._closed:
@@ -567,28 +640,6 @@ class Driver:
             sock.close(0)
 
     # ----------------------------------------------------------------- time
-
-    def arm(self, when: float) -> None:
-        """Make sure the timer fires no later than `when`."""
-        if when < self.timer_at and not self._closed:
-            if self._timer is not None:
-                self._timer.cancel()
-            self.timer_at = when
-            self._timer = self.loop.call_at(when, self._on_timer)
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        self.timer_at = float("inf")
-        if self._closed:
-            return
-        self.drain_all()
-        now = self.loop.time()
-        self.core.tick(now)
-        self.process()
-        self.arm(max(self.core.next_deadline(now), now + 0.001))
-
-    def start(self) -> None:
-        self.arm(self.loop.time())
 
     def close(self, linger_ms: int = 200) -> None:
         """Flush goodbyes (given `linger_ms` to leave) and close every socket."""

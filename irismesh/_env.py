@@ -4,6 +4,8 @@
                         or unset leaves it on
     IRISMESH_SEEDS      endpoints added to every node's seeds, separated by commas or spaces
     IRISMESH_INTERFACE  the address of the interface discovery runs on (default 127.0.0.1)
+    IRISMESH_TRANSPORT  what links run on where `Node(transport=...)` does not say: tcp (the
+                        default: irismesh's framing over the event loop's TCP) or zmq
     IRISMESH_CONFIG     the `mesh` config file (default: config.toml in the config directory)
     XDG_CONFIG_HOME     the config directory is $XDG_CONFIG_HOME/irismesh (~/.config/irismesh)
 
@@ -24,6 +26,8 @@ DISCOVERY = "IRISMESH_DISCOVERY"
 SEEDS = "IRISMESH_SEEDS"
 INTERFACE = "IRISMESH_INTERFACE"
 CONFIG = "IRISMESH_CONFIG"
+TRANSPORT = "IRISMESH_TRANSPORT"
+TRANSPORTS = ("tcp", "zmq")
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -47,6 +51,16 @@ def seeds(environ: Mapping[str, str] | None = None) -> list[str]:
     """The endpoints in IRISMESH_SEEDS, in order."""
     text = _environ(environ).get(SEEDS, "")
     return [seed for seed in text.replace(",", " ").split() if seed]
+
+
+def transport(environ: Mapping[str, str] | None = None) -> str:
+    """The link transport IRISMESH_TRANSPORT names, "tcp" when unset."""
+    text = _environ(environ).get(TRANSPORT, "").strip().lower()
+    if not text:
+        return TRANSPORTS[0]
+    if text not in TRANSPORTS:
+        raise ConfigurationError(f"{TRANSPORT}={text!r}: expected one of {', '.join(TRANSPORTS)}")
+    return text
 
 
 def interface(environ: Mapping[str, str] | None = None) -> str | None:

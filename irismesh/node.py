@@ -35,7 +35,7 @@ from typing import Any, TypeVar, overload
 
 import zmq
 
-from irismesh import _env
+from irismesh import _env, _stream
 from irismesh._core.admission import Admission
 from irismesh._core.config import CoreConfig
 from irismesh._core.engine import MeshCore
@@ -54,8 +54,9 @@ from irismesh._core.gossip import MAX_NAME
 from irismesh._core.priority import Priority, check_priority
 from irismesh._core.records import MemberState, validate_name
 from irismesh._datagrams import DatagramSocket
-from irismesh._driver import Driver, listen
+from irismesh._driver import Driver, ZmqDriver, listen
 from irismesh._spin import Spin
+from irismesh._stream import StreamDriver
 from irismesh.discovery.mdns import MdnsConfig, MdnsDiscovery, mdns_config
 from irismesh.discovery.survey import SurveyConfig, SurveyDiscovery, survey_config
 from irismesh.errors import (
@@ -188,6 +189,7 @@ class Node(MemoryApi, KeyringApi):
         replicas: int = 2,
         name: str | None = None,
         zmq_context: zmq.Context[zmq.Socket[bytes]] | None = None,
+        transport: str | None = None,
     ) -> None:
         self.name = default_name() if name is None else validate_name(name)
         if keyring is None:
@@ -206,6 +208,15 @@ class Node(MemoryApi, KeyringApi):
             bind = DEFAULT_BIND if interface is None else f"tcp://{interface}:0"
         if not bind.startswith("tcp://"):
             raise ConfigurationError(f"bind must be a tcp:// endpoint, got {bind!r}")
+        if transport is None:
+            transport = _env.transport()
+        elif transport not in _env.TRANSPORTS:
+            raise ConfigurationError(
+                f"transport must be one of {', '.join(_env.TRANSPORTS)}, got {transport!r}"
+            )
+        # What links run on: "tcp", irismesh's framing over the event loop's own TCP (no zmq
+        # I/O thread), or "zmq". Every node of a mesh must use the same.
+        self.transport = transport
         self.cluster = cluster
         # The clusters this node serves, as a tuple; called, `clusters()` lists every cluster
         # of the mesh the keyring opens (see ServedClusters).
@@ -333,14 +344,23 @@ class Node(MemoryApi, KeyringApi):
             return self
         loop = asyncio.get_running_loop()
         shared = self.zmq_context
-        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context() if shared is None else shared
-        router, endpoint = listen(ctx, self._bind, self._config.max_frame, term=shared is None)
+        ctx: zmq.Context[zmq.Socket[bytes]] | None = None
+        router: zmq.Socket[bytes] | None = None
+        listener: socket.socket | None = None
+        if self.transport == "zmq":
+            ctx = zmq.Context() if shared is None else shared
+            router, endpoint = listen(ctx, self._bind, self._config.max_frame, term=shared is None)
+        else:
+            listener, endpoint = _stream.listen(self._bind)
         host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
         try:  # membership's datagrams: the same host, the same port number if it is free
             datagrams = DatagramSocket(host.strip("[]"), int(port))
         except OSError as exc:
-            router.close(0)
-            if shared is None:
+            if listener is not None:
+                listener.close()
+            if router is not None:
+                router.close(0)
+            if ctx is not None and shared is None:
                 ctx.term()
             raise ConfigurationError(f"cannot take datagrams on {host}: {exc}") from None
         self.endpoint = endpoint
@@ -361,7 +381,19 @@ class Node(MemoryApi, KeyringApi):
         )
         self._membership_changed = asyncio.Event()
         self._tunnels.attach(core)
-        self._driver = driver = Driver(core, ctx, router, loop, self._on_events, datagrams)
+        driver: Driver
+        if ctx is not None and router is not None:
+            driver = ZmqDriver(core, ctx, router, loop, self._on_events, datagrams)
+        else:
+            assert listener is not None
+            driver = StreamDriver(core, listener, loop, self._on_events, datagrams)
+            try:
+                await driver.serve()
+            except ConfigurationError:
+                driver.close(0)
+                self._core = None
+                raise
+        self._driver = driver
         self._caller.attach(core, driver)
         self._pubsub.attach(core, driver.flush_soon)
         if self._busy_poll:
@@ -494,6 +526,7 @@ class Node(MemoryApi, KeyringApi):
                 for partner in self._driver.partners:
                     partner.flush_soon()
             self._driver.close()
+            await self._driver.wait_closed(0.2)
         await self._tunnels.close()
         self._caller.close()
         if self._ctx is not None:

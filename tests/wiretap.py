@@ -1,10 +1,11 @@
-"""Recording what crosses 127.0.0.1: a ZMTP-aware TCP proxy, and a capture of the loopback.
+"""Recording what crosses 127.0.0.1: a frame-aware TCP proxy, and a capture of the loopback.
 
 `RecordingProxy` sits between a node that dials and the endpoint it should reach: the dialler
 is given the proxy's endpoint, and the proxy forwards every byte both ways and keeps them. It
-forwards whole ZMTP frames (after the 64-byte greeting), so it can also split what it saw into
-zmq messages and inject bytes between two frames of a live connection, as a man in the middle
-would (`Connection.inject`).
+forwards whole frames, of either link transport: irismesh's own (a 4-byte length, then the
+frame) or ZMTP (after its 64-byte greeting, which starts with 0xff, a byte no length of ours
+starts with). So it can also split what it saw into messages and inject frames between two
+frames of a live connection, as a man in the middle would (`Connection.inject`).
 
 `LoopbackCapture` records packets on the `lo` interface with an AF_PACKET socket (root only),
 kernel-filtered to the given TCP ports and to UDP, and puts TCP streams back together by
@@ -48,23 +49,42 @@ def free_tcp_port() -> int:
 
 @dataclass(eq=False)
 class Connection:
-    """One proxied TCP connection: the bytes each way, and its zmq messages."""
+    """One proxied TCP connection: the bytes each way, and its messages."""
 
     upstream: bytearray = field(default_factory=bytearray)  # dialler -> listener
     downstream: bytearray = field(default_factory=bytearray)  # listener -> dialler
-    frames_up: list[bytes] = field(default_factory=list)  # whole ZMTP frames, commands too
+    frames_up: list[bytes] = field(default_factory=list)  # whole frames, ZMTP's commands too
     writer_up: asyncio.StreamWriter | None = None
+    zmtp: bool = False  # ZMTP (a zmq link), not irismesh's own framing
 
     def messages(self, upstream: bool = True) -> list[bytes]:
-        """The bodies of the single-part zmq messages sent one way (commands left out)."""
+        """The bodies of the messages sent one way (ZMTP's commands left out)."""
         data = bytes(self.upstream if upstream else self.downstream)
+        if not self.zmtp:
+            return stream_frames(data)
         return [body for flags, body in zmtp_frames(data[ZMTP_GREETING:]) if not flags & _COMMAND]
 
     def inject(self, frame_bodies: Iterable[bytes]) -> None:
-        """Send zmq messages to the listener on this live connection, between two frames."""
+        """Send messages to the listener on this live connection, between two frames."""
         assert self.writer_up is not None
         for body in frame_bodies:
-            self.writer_up.write(zmtp_frame(body))
+            self.writer_up.write(zmtp_frame(body) if self.zmtp else stream_frame(body))
+
+
+def stream_frames(data: bytes) -> list[bytes]:
+    """Each complete frame of irismesh's own framing in `data` (which starts at a frame)."""
+    frames, at = [], 0
+    while at + 4 <= len(data):
+        size = int.from_bytes(data[at : at + 4], "big")
+        if at + 4 + size > len(data):
+            break
+        frames.append(data[at + 4 : at + 4 + size])
+        at += 4 + size
+    return frames
+
+
+def stream_frame(body: bytes) -> bytes:
+    return len(body).to_bytes(4, "big") + body
 
 
 def zmtp_frames(data: bytes) -> list[tuple[int, bytes]]:
@@ -151,8 +171,8 @@ class RecordingProxy:
         conn = Connection(writer_up=up_writer)
         self.connections.append(conn)
         for pump in (
-            self._pump(reader, up_writer, conn.upstream, conn.frames_up),
-            self._pump(up_reader, writer, conn.downstream, None),
+            self._pump(reader, up_writer, conn.upstream, conn.frames_up, conn),
+            self._pump(up_reader, writer, conn.downstream, None, None),
         ):
             task = asyncio.get_running_loop().create_task(pump)
             self._tasks.add(task)
@@ -163,9 +183,30 @@ class RecordingProxy:
         writer: asyncio.StreamWriter,
         record: bytearray,
         frames: list[bytes] | None,
+        conn: Connection | None,
     ) -> None:
-        """Forward the greeting as it comes, then whole frames, so injections never split one."""
+        """Forward whole frames (and ZMTP's greeting as it comes), so injections never split
+        one. The dialler's first byte says which framing the connection uses (`conn.zmtp`)."""
         try:
+            first = await reader.read(1)
+            if not first:
+                return
+            if first[0] != 0xFF:  # irismesh's own framing: a length, then the frame
+                if conn is not None:
+                    conn.zmtp = False
+                head = first + await reader.readexactly(3)
+                while True:
+                    frame = head + await reader.readexactly(int.from_bytes(head, "big"))
+                    record += frame
+                    if frames is not None:
+                        frames.append(frame)
+                    writer.write(frame)
+                    await writer.drain()
+                    head = await reader.readexactly(4)
+            if conn is not None:
+                conn.zmtp = True
+            record += first
+            writer.write(first)
             while len(record) < ZMTP_GREETING:
                 data = await reader.read(ZMTP_GREETING - len(record))
                 if not data:

@@ -3,12 +3,12 @@
 Nothing here imports asyncio or zmq, reads a clock or draws randomness of its own: time and
 random bytes are passed in. A test enforces it.
 
-Installed from source where a C compiler is present, every module of the core, and the driver
-(irismesh._driver), is also compiled to a C extension by mypyc (see setup.py), which Python
-imports in preference to the source. The source stays the truth: with IRISMESH_PURE=1 in the
-environment, or when a source file is newer than its compiled module (edited since the last
-install), the whole core and the driver are imported from their Python source instead, so
-compiled and pure modules never mix.
+Installed from source where a C compiler is present, every module of the core, and the drivers
+(irismesh._driver, irismesh._stream), is also compiled to a C extension by mypyc (see
+setup.py), which Python imports in preference to the source. The source stays the truth: with
+IRISMESH_PURE=1 in the environment, or when a source file is newer than its compiled module
+(edited since the last install), the whole core and the drivers are imported from their Python
+source instead, so compiled and pure modules never mix.
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ from typing import Final
 _HERE: Final = os.path.dirname(os.path.abspath(__file__))
 
 
-# The driver (irismesh._driver) is compiled with the core, in one group: its compiled form calls
-# the core's compiled classes natively, so it runs with the compiled core or not at all.
+# The drivers (irismesh._driver, irismesh._stream) are compiled with the core, in one group:
+# their compiled form calls the core's compiled classes natively, so they run with the compiled
+# core or not at all.
 _PARENT: Final = os.path.dirname(_HERE)
-_DRIVER: Final = "irismesh._driver"
+_DRIVERS: Final = ("_driver", "_stream")
 
 
 def _compiled_modules() -> dict[str, str]:
@@ -41,9 +42,13 @@ def _compiled_modules() -> dict[str, str]:
 
 
 def _compiled_driver() -> dict[str, str]:
-    """The driver's compiled form, if there is one: {"_driver": its extension's path}."""
-    path = os.path.join(_PARENT, "_driver" + EXTENSION_SUFFIXES[0])
-    return {"_driver": path} if os.path.exists(path) else {}
+    """The drivers' compiled forms that there are: name -> its extension's path."""
+    found: dict[str, str] = {}
+    for name in _DRIVERS:
+        path = os.path.join(_PARENT, name + EXTENSION_SUFFIXES[0])
+        if os.path.exists(path):
+            found[name] = path
+    return found
 
 
 def _stale(compiled: dict[str, str], folder: str = _HERE) -> list[str]:
@@ -65,8 +70,8 @@ class _SourceFinder:
     def find_spec(
         self, fullname: str, path: object = None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
-        if fullname == _DRIVER:
-            source = os.path.join(_PARENT, "_driver.py")
+        if fullname.startswith("irismesh.") and fullname[len("irismesh.") :] in _DRIVERS:
+            source = os.path.join(_PARENT, fullname[len("irismesh.") :] + ".py")
         elif not fullname.startswith(self.prefix) or "." in fullname[len(self.prefix) :]:
             return None
         else:

@@ -14,8 +14,8 @@ from irismesh._core import _stale
 
 PROBE = (
     "import irismesh, irismesh._core as c, irismesh._core.calls as calls, "
-    "irismesh._core.frames as frames, irismesh._driver as driver; "
-    "print(c.COMPILED, calls.__file__, frames.__file__, driver.__file__)"
+    "irismesh._core.frames as frames, irismesh._driver as driver, irismesh._stream as stream; "
+    "print(c.COMPILED, calls.__file__, frames.__file__, driver.__file__, stream.__file__)"
 )
 
 
@@ -32,23 +32,20 @@ def _probe(**env: str) -> list[str]:
 
 
 def test_irismesh_pure_runs_every_core_module_from_source() -> None:
-    compiled, calls, frames, driver = _probe(IRISMESH_PURE="1")
+    compiled, calls, frames, driver, stream = _probe(IRISMESH_PURE="1")
     assert compiled == "False"
     assert calls.endswith("calls.py")
     assert frames.endswith("frames.py")
     assert driver.endswith("_driver.py")  # compiled with the core: never with a pure one
+    assert stream.endswith("_stream.py")
 
 
 def test_a_compiled_core_is_used_whole() -> None:
-    compiled, calls, frames, driver = _probe(IRISMESH_PURE="0")
+    compiled, *files = _probe(IRISMESH_PURE="0")
     if compiled == "True":
-        assert not calls.endswith(".py")
-        assert not frames.endswith(".py")
-        assert not driver.endswith(".py")
+        assert not any(file.endswith(".py") for file in files)
     else:  # built without a compiler, or edited since: all from source
-        assert calls.endswith(".py")
-        assert frames.endswith(".py")
-        assert driver.endswith(".py")
+        assert all(file.endswith(".py") for file in files)
     assert compiled == str(core.COMPILED) or "IRISMESH_PURE" in os.environ
 
 

@@ -4,8 +4,8 @@ but its own key for the cluster) becomes a peer yet cannot join the cluster, ans
 get a forged, injected or replayed frame past a member. Every attempt is counted.
 
 The real member and the rogue members run as their own processes (examples/failover.py's
-worker, each with its own keyring file); the frame-level attacks use a raw zmq DEALER that
-speaks irismesh frames by hand, and a recording proxy (tests/wiretap.py) on a real client's
+worker, each with its own keyring file); the frame-level attacks use a raw connection that
+speaks irismesh frames by hand (TCP in irismesh's framing, or a zmq DEALER to a zmq node), and a recording proxy (tests/wiretap.py) on a real client's
 connection to capture frames and to inject them back into that live connection.
 """
 
@@ -146,12 +146,17 @@ def test_a_node_without_the_clusters_key_gets_a_local_error_naming_it(
 
 
 class RawPeer:
-    """A zmq DEALER speaking irismesh frames by hand, with a keyring of its own."""
+    """A connection speaking irismesh frames by hand, with a keyring of its own: a zmq DEALER
+    to a node on the zmq transport, else a TCP connection in irismesh's own framing."""
 
-    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, keys: irismesh.Keyring) -> None:
-        self.sock = ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(endpoint)
+    def __init__(self, ctx: zmq.asyncio.Context, member: irismesh.Node, keys: irismesh.Keyring):
+        self.zmq = member.transport == "zmq"
+        self.endpoint = member.endpoint
+        if self.zmq:
+            self.sock = ctx.socket(zmq.DEALER)
+            self.sock.setsockopt(zmq.LINGER, 0)
+            self.sock.connect(member.endpoint)
+        self.stream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
         self.security = KeyedLinkSecurity(keys)
         self.keys = self.security.begin()
         self.nonce = os.urandom(16)
@@ -172,7 +177,7 @@ class RawPeer:
     async def handshake(self, node_id: bytes | None = None) -> None:
         await self.send(self.hello(node_id))
         while True:
-            frame = await asyncio.wait_for(self.sock.recv(), 5)
+            frame = await asyncio.wait_for(self.recv(), 5)
             if frame[2] == Kind.WELCOME:
                 break
         env = CODEC.unpack(frame[HEADER_SIZE:], Kind.WELCOME)
@@ -191,9 +196,36 @@ class RawPeer:
         header = encode_header(kind, scope, self.seq)
         return header + sealer.seal(header, self.seq, body)
 
+    async def _connected(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if self.stream is None:
+            host, _, port = self.endpoint.removeprefix("tcp://").rpartition(":")
+            self.stream = await asyncio.open_connection(host, int(port))
+        return self.stream
+
     async def send(self, *frames: bytes) -> None:
-        for frame in frames:
-            await self.sock.send(frame)
+        if self.zmq:
+            for frame in frames:
+                await self.sock.send(frame)
+            return
+        await self.send_raw(b"".join(len(frame).to_bytes(4, "big") + frame for frame in frames))
+
+    async def send_raw(self, data: bytes) -> None:
+        """Bytes as they are, on the TCP connection (not the zmq transport's)."""
+        _reader, writer = await self._connected()
+        writer.write(data)
+        await writer.drain()
+
+    async def recv(self) -> bytes:
+        if self.zmq:
+            frame: bytes = await self.sock.recv()
+            return frame
+        reader, _writer = await self._connected()
+        size = int.from_bytes(await reader.readexactly(4), "big")
+        return await reader.readexactly(size)
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream[1].close()
 
 
 @asynccontextmanager
@@ -225,6 +257,7 @@ def test_forged_injected_and_replayed_frames_are_counted_and_never_handled(
 ) -> None:
     async def main() -> None:
         ctx = zmq.asyncio.Context()
+        peers: list[RawPeer] = []
         stranger_keys = irismesh.Keyring.generate()  # another mesh
         rogue_keys = insider_keys(keys)  # the mesh key, and a '*' key that says it serves "work"
         try:
@@ -245,17 +278,20 @@ def test_forged_injected_and_replayed_frames_are_counted_and_never_handled(
                 before = dict(member.stats)
 
                 # 1. Requests and broadcasts with no handshake at all.
-                bare = RawPeer(ctx, member.endpoint, rogue_keys)
+                bare = RawPeer(ctx, member, rogue_keys)
+                peers.append(bare)
                 await bare.send(*real)
                 await counted(member, "unknown_link", before, len(real))
 
                 # 2. A handshake under another mesh key: its proof fails, nothing answers it.
-                stranger = RawPeer(ctx, member.endpoint, stranger_keys)
+                stranger = RawPeer(ctx, member, stranger_keys)
+                peers.append(stranger)
                 await stranger.send(stranger.hello())
                 await counted(member, "bad_proof", before, 1)
 
                 # 3. A handshake under the mesh key, then frames sealed with the wrong key.
-                rogue = RawPeer(ctx, member.endpoint, rogue_keys)
+                rogue = RawPeer(ctx, member, rogue_keys)
+                peers.append(rogue)
                 await rogue.handshake()
                 # The member's WELCOME offered "work" (and the topics under its default key),
                 # but not in a way the rogue can tell.
@@ -275,16 +311,27 @@ def test_forged_injected_and_replayed_frames_are_counted_and_never_handled(
                 )
                 await rogue.send(link_sealed)
                 await counted(member, "bad_scope", before, 1)
-                # Garbage, and a message of several frames.
+                # Garbage, and a message of several frames (zmq), or a frame longer than any
+                # the member takes (irismesh's framing: the connection is closed, as zmq's
+                # MAXMSGSIZE closes it).
                 await rogue.send(b"\x00" * 40, b"\x49\x02" + bytes(30))
-                await rogue.sock.send_multipart([real[0], real[0]])
                 await counted(member, "bad_magic", before, 1)
                 await counted(member, "bad_version", before, 1)
-                await counted(member, "multipart", before, 1)
+                if rogue.zmq:
+                    await rogue.sock.send_multipart([real[0], real[0]])
+                    await counted(member, "multipart", before, 1)
+                else:
+                    oversize = RawPeer(ctx, member, rogue_keys)
+                    peers.append(oversize)
+                    await oversize.send_raw((1 << 31).to_bytes(4, "big") + bytes(100))
+                    await counted(member, "stream_oversize", before, 1)
+                    reader, _writer = await oversize._connected()
+                    assert await asyncio.wait_for(reader.read(), 5) == b""  # closed on it
 
                 # 4. The real client's captured frames, replayed on a new connection after its
                 #    captured HELLO: the new link has fresh keys, so every one fails its seal.
-                replayer = RawPeer(ctx, member.endpoint, rogue_keys)
+                replayer = RawPeer(ctx, member, rogue_keys)
+                peers.append(replayer)
                 await replayer.send(hello, *sealed)
                 await counted(member, "bad_seal", before, len(forged) + len(sealed))
 
@@ -300,6 +347,8 @@ def test_forged_injected_and_replayed_frames_are_counted_and_never_handled(
                 assert len(requests) == 20
                 assert client.stats.get("requests_timed_out", 0) == 0
         finally:
+            for peer in peers:
+                peer.close()
             ctx.destroy(linger=0)
 
     run(main)

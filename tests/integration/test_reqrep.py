@@ -279,17 +279,30 @@ def test_a_port_in_use_is_a_clear_error(keys: irismesh.Keyring) -> None:
 def test_garbage_on_the_listening_socket_is_counted_not_fatal(keys: irismesh.Keyring) -> None:
     import zmq
 
+    junk = [b"", b"\x49", b"\x49\x01\x05" + b"\x00" * 20, b"x" * 100, b"\xff" * 14]
+
     async def main() -> None:
         members = await echo_members(keys, 1)
         member = members[0]
         ctx = zmq.Context()
         rogue = ctx.socket(zmq.DEALER)
         rogue.setsockopt(zmq.LINGER, 0)
-        rogue.connect(member.endpoint)
+        streams: list[asyncio.StreamWriter] = []
         try:
-            for junk in [b"", b"\x49", b"\x49\x01\x05" + b"\x00" * 20, b"x" * 100, b"\xff" * 14]:
-                rogue.send(junk)
-            rogue.send_multipart([b"a", b"b", b"c"])
+            if member.transport == "zmq":
+                rogue.connect(member.endpoint)
+                for frame in junk:
+                    rogue.send(frame)
+                rogue.send_multipart([b"a", b"b", b"c"])
+            else:  # irismesh's framing: frames of junk, then a length no frame may have
+                host, _, port = member.endpoint.removeprefix("tcp://").rpartition(":")
+                reader, writer = await asyncio.open_connection(host, int(port))
+                streams.append(writer)
+                writer.write(b"".join(len(frame).to_bytes(4, "big") + frame for frame in junk))
+                writer.write((1 << 30).to_bytes(4, "big") + b"x" * 1000)
+                await writer.drain()
+                assert await asyncio.wait_for(reader.read(), 5) == b""  # closed on it
+                assert member.stats["dropped_stream_oversize"] == 1
             await wait_until(
                 lambda: sum(v for k, v in member.stats.items() if k.startswith("dropped_")) >= 6,
                 5,
@@ -299,6 +312,8 @@ def test_garbage_on_the_listening_socket_is_counted_not_fatal(keys: irismesh.Key
                 await client.wait_for_members("db", timeout=5)
                 assert await client.request("db", b"still") == b"m0:still"
         finally:
+            for writer in streams:
+                writer.close()
             rogue.close()
             ctx.term()
             await close_all(*members)

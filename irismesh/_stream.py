@@ -1,0 +1,541 @@
+"""Links over the event loop's own TCP: irismesh's framing, no zmq and no I/O thread.
+
+Over zmq, each message crosses from the event loop's thread to zmq's I/O thread and back on
+each side of a link: four thread hand-offs per round trip, each a wake-up. Here the event loop
+reads and writes the TCP connections itself (uvloop's transports, in C, where it runs), so a
+request is one system call out and one wake-up in on each side (`bench/tcp_floor.py` measures
+what that leaves out: about 0.6x raw pyzmq's p50 for a plain echo).
+
+Framing: each frame goes as its length (4 bytes, big-endian) and the frame. A frame longer than
+the node's largest frame allows is refused from its length, before anything of it is buffered:
+counted (`dropped_stream_oversize`) and the connection closed, as zmq's MAXMSGSIZE does; there
+is no finding the next frame after one refused.
+
+- **Links peers dialled**: the node listens on one TCP socket; each connection accepted gets a
+  routing id of its own (as a zmq ROUTER names its peers), the name the core keeps its inbound
+  link under. A reply to a connection that is gone is counted (`replies_unroutable`), the way
+  ROUTER_MANDATORY's error is.
+- **Links this node dialled**: one connection per link. What the core sends before the
+  connection is up waits, in order, and goes out once it is. A dial refused or failed, and a
+  connection that drops, fail the link at once (`MeshCore.link_failed`): the link never
+  reconnects on its own (a new connection needs a new handshake), and membership is asked to
+  probe the peer. What TCP does not show, a stopped process or a silent network, membership's
+  probes and the handshake's timeout find.
+
+What the loop reads is cut into frames at once and waits in the connection's queue; the driver
+takes frames from that queue the way the zmq driver reads its sockets (a caller's replies one
+at a time while the requests they wake are still to go out, a member's requests in batches), so
+the two sides still work on alternate batches when many requests are in flight. Send buffers
+are unbounded, as zmq's are with SNDHWM 0: the core bounds them by its limits on requests in
+flight. Busy polling (opt-in) reads a duplicate of the connection's descriptor without
+yielding to the loop.
+
+This module is compiled by mypyc with the core and `irismesh._driver` (see setup.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, cast
+
+from irismesh._core.engine import MeshCore
+from irismesh._core.events import Event, OpenLink
+from irismesh._datagrams import DatagramSocket, join_address
+from irismesh._driver import BATCH, Driver
+from irismesh.errors import ConfigurationError
+
+_LENGTH = 4  # bytes of the length before each frame
+_SLACK = 64  # what a frame may exceed the core's largest frame by (as zmq's MAXMSGSIZE here)
+_JOIN_BELOW = 65536  # a shorter frame goes out joined to its length, a longer one beside it
+_READ = 262144  # bytes one read of a busy poll takes at most
+_BACKLOG = 1024
+# A `Connection` is the loop's protocol object, though no subclass of asyncio.Protocol (a class
+# compiled by mypyc cannot extend one): the loop only calls its methods.
+_Factory = Callable[[], asyncio.Protocol]
+
+
+def split_endpoint(endpoint: str) -> tuple[str, int]:
+    """("host", port) of "tcp://host:port" ("*" for a host: every interface; "*" or 0 for a
+    port: any free one); ValueError when it is no such endpoint."""
+    if not endpoint.startswith("tcp://"):
+        raise ValueError(f"not a tcp:// endpoint: {endpoint!r}")
+    host, sep, port = endpoint[6:].rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host:
+        raise ValueError(f"no host and port in {endpoint!r}")
+    number = 0 if port == "*" else int(port)
+    if not 0 <= number <= 65535:
+        raise ValueError(f"no such port: {port}")
+    return ("0.0.0.0" if host == "*" else host), number
+
+
+def listen(bind: str) -> tuple[socket.socket, str]:
+    """A listening, non-blocking TCP socket at `bind` and the endpoint it got (its port filled
+    in); ConfigurationError when it cannot be had."""
+    try:
+        host, port = split_endpoint(bind)
+    except ValueError as exc:
+        raise ConfigurationError(f"cannot listen on {bind}: {exc}") from None
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(_BACKLOG)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        raise ConfigurationError(f"cannot listen on {bind}: {exc}") from None
+    return sock, "tcp://" + join_address(host, int(sock.getsockname()[1]))
+
+
+class Connection:
+    """One TCP connection of a link: the loop's protocol object for it, the frames read from it
+    and not yet taken, and what waits to be written until it is up."""
+
+    def __init__(self, driver: StreamDriver, link_id: int, routing_id: bytes) -> None:
+        self.driver = driver
+        self.link_id = link_id  # the dialled link's id; 0 for a connection a peer dialled
+        self.routing_id = routing_id  # a connection a peer dialled: its name to the core
+        self.limit = driver.frame_limit
+        self.transport: Any = None  # set once up (uvloop's transports are no asyncio.Transport)
+        self.frames: deque[bytes] = deque()
+        self.partial = bytearray()  # the start of a frame still arriving
+        self.unsent: list[bytes] = []  # written before the connection was up
+        self.closed = False
+        self.closing = False  # a frame too long came: the rest is not read
+        self.connecting: asyncio.Task[None] | None = None
+        self.raw: socket.socket | None = None  # a duplicate of its descriptor, to busy-poll
+
+    # ----------------------------------------------------------------- the loop's protocol
+
+    def connection_made(self, transport: Any) -> None:
+        driver = self.driver
+        if self.closed or driver.closed:
+            transport.close()
+            return
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.link_id == 0:
+            driver.accepted(self)
+        elif self.unsent:
+            transport.write(b"".join(self.unsent))
+            self.unsent = []
+
+    def data_received(self, data: bytes) -> None:
+        if self.take(data):
+            self.driver.readable(self)
+
+    def eof_received(self) -> bool:
+        return False  # the transport closes, and connection_lost says so
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        was_closed = self.closed
+        self.closed = True
+        self.close_raw()
+        self.driver.lost(self, was_closed)
+
+    def pause_writing(self) -> None:
+        """Unbounded, as zmq's queues are: the core bounds what is in flight."""
+
+    def resume_writing(self) -> None:
+        """See `pause_writing`."""
+
+    # ----------------------------------------------------------------- frames
+
+    def take(self, data: bytes) -> bool:
+        """Cut what was read into frames, queued in `frames`; whether any came whole."""
+        limit = self.limit
+        partial = self.partial
+        if self.closing:
+            return False
+        if partial:
+            partial += data
+            if len(partial) < _LENGTH:
+                return False
+            size = int.from_bytes(partial[:_LENGTH], "big")
+            if size > limit:
+                self._oversize()
+                return False
+            if len(partial) < _LENGTH + size:
+                return False
+            data = bytes(partial)
+            self.partial = bytearray()
+        frames = self.frames
+        queued = len(frames)
+        pos = 0
+        end = len(data)
+        while end - pos >= _LENGTH:
+            size = int.from_bytes(data[pos : pos + _LENGTH], "big")
+            if size > limit:
+                self._oversize()  # the frames before it still count
+                break
+            stop = pos + _LENGTH + size
+            if stop > end:
+                break
+            frames.append(data[pos + _LENGTH : stop])
+            pos = stop
+        if pos < end and not self.closing:
+            self.partial = bytearray(data[pos:])
+        return len(frames) > queued
+
+    def _oversize(self) -> None:
+        self.driver.core.stats["dropped_stream_oversize"] += 1
+        self.partial = bytearray()
+        self.closing = True  # nothing after it is read
+        if self.transport is not None:
+            self.transport.abort()  # connection_lost follows
+
+    def write(self, frame: bytes) -> None:
+        size = len(frame)
+        head = size.to_bytes(_LENGTH, "big")
+        transport = self.transport
+        if transport is None:
+            self.unsent.append(head + frame)
+        elif size < _JOIN_BELOW:
+            transport.write(head + frame)
+        else:
+            transport.writelines((head, frame))
+
+    def raw_socket(self) -> socket.socket | None:
+        """A duplicate of the connection's descriptor, to read without the loop (busy polling;
+        closed with the connection: a duplicate left open would keep the connection open)."""
+        if self.raw is None and self.transport is not None and not self.closed:
+            sock = self.transport.get_extra_info("socket")
+            if sock is None:
+                return None
+            raw = socket.socket(fileno=os.dup(sock.fileno()))
+            raw.setblocking(False)
+            self.raw = raw
+        return self.raw
+
+    def close_raw(self) -> None:
+        raw, self.raw = self.raw, None
+        if raw is not None:
+            raw.close()
+
+    def close(self) -> None:
+        self.closed = True
+        self.frames.clear()
+        self.unsent = []
+        self.close_raw()
+        if self.connecting is not None:
+            self.connecting.cancel()
+        if self.transport is not None:
+            self.transport.close()  # what was written still goes out
+
+
+class StreamDriver(Driver):
+    """Links over TCP connections the event loop reads and writes itself."""
+
+    def __init__(
+        self,
+        core: MeshCore,
+        listener: socket.socket,
+        loop: asyncio.AbstractEventLoop,
+        on_events: Callable[[list[Event]], None],
+        datagrams: DatagramSocket,
+    ) -> None:
+        super().__init__(core, loop, on_events, datagrams)
+        self.frame_limit = self._max_frame + _SLACK
+        self.closed = False
+        self._listener = listener
+        self._server: asyncio.AbstractServer | None = None
+        self._out: dict[int, Connection] = {}  # link id -> the connection this node dialled
+        self._in: dict[bytes, Connection] = {}  # routing id -> a connection a peer dialled
+        self._routes = 0  # routing ids given so far
+        self._recheck: set[Connection] = set()  # connections to take more frames from
+        self._last_in: Connection | None = None  # the last to bring a request (busy polling)
+        self._closing: set[Connection] = set()  # closed by this node, still open (`close`)
+        self._all_closed: asyncio.Event | None = None
+
+    async def serve(self) -> None:
+        try:
+            self._server = await self.loop.create_server(
+                cast(_Factory, self._accept), sock=self._listener, backlog=_BACKLOG
+            )
+        except OSError as exc:
+            raise ConfigurationError(f"cannot accept links: {exc}") from None
+
+    def _accept(self) -> Connection:
+        self._routes += 1
+        return Connection(self, 0, self._routes.to_bytes(5, "big"))
+
+    def accepted(self, conn: Connection) -> None:
+        self._in[conn.routing_id] = conn
+
+    def lost(self, conn: Connection, closed_here: bool) -> None:
+        """A connection closed (`closed_here`: this node closed it, and it is gone now)."""
+        if closed_here:
+            closing = self._closing
+            closing.discard(conn)
+            if not closing and self._all_closed is not None:
+                self._all_closed.set()
+            return
+        if conn.link_id == 0:
+            if self._in.get(conn.routing_id) is conn:
+                del self._in[conn.routing_id]
+            return
+        if self._out.get(conn.link_id) is conn and not self.closed:
+            del self._out[conn.link_id]
+            self.core.link_failed(conn.link_id, self.loop.time(), "disconnected")
+            self.process()
+
+    # ----------------------------------------------------------------- input
+
+    def readable(self, conn: Connection) -> None:
+        """Frames came whole on `conn` (called as the loop reads it)."""
+        if conn.link_id == 0:
+            self._drain_in(conn)
+        elif self.flush_pending:
+            # Replies just read woke the tasks that awaited them, and the requests those make
+            # go out in the queued flush: taking more replies before it would merge two batches
+            # into one, and then each side waits while the other works on the whole window.
+            self._recheck.add(conn)
+        else:
+            self._drain_out(conn)
+
+    def _drain_in(self, conn: Connection) -> None:
+        frames = conn.frames
+        receive = self.core.receive_in
+        routing_id = conn.routing_id
+        now = self.loop.time()
+        got = 0
+        while frames:
+            if got == BATCH:  # come back after others had a turn
+                self._recheck.add(conn)
+                break
+            receive(routing_id, frames.popleft(), now)
+            got += 1
+        if got:
+            self._last_in = conn
+            if self._served_at:
+                self._request_came()
+            self.process()
+            if self.partners:
+                self._flush_partners()
+            if self.busy_poll:
+                self._spin_in(conn)
+
+    def _drain_out(self, conn: Connection) -> None:
+        frames = conn.frames
+        receive = self.core.receive_out
+        link_id = conn.link_id
+        pending = self.core.calls.pending
+        now = self.loop.time()
+        got = 0
+        while frames and not conn.closed:
+            if got == BATCH:
+                self._recheck.add(conn)
+                break
+            got += 1
+            waiting = len(pending)
+            receive(link_id, frames.popleft(), now)
+            if len(pending) < waiting:
+                # Replies woke their callers: the requests those make next go out before more
+                # replies are taken (see `readable`), in the flush queued below.
+                if frames:
+                    self._recheck.add(conn)
+                break
+        if got:
+            if not self.flush_pending:
+                self.flush_pending = True
+                self.loop.call_soon(self._recheck_input)
+            if self.partners:
+                self.process()
+                self._flush_partners()
+
+    def drain_all(self) -> None:
+        """Take every frame read and not yet taken (before the core's tick)."""
+        for conn in list(self._in.values()):
+            if conn.frames:
+                self._drain_in(conn)
+        for conn in list(self._out.values()):
+            if conn.frames:
+                self._drain_out(conn)
+
+    def _recheck_input(self) -> None:
+        if self.closed:
+            self.flush_pending = False
+            return
+        self.process()
+        self.flush_pending = False
+        conns = self._recheck
+        if not conns:
+            return
+        self._recheck = set()
+        for conn in conns:
+            if conn.frames and not conn.closed:
+                if conn.link_id == 0:
+                    self._drain_in(conn)
+                else:
+                    self._drain_out(conn)
+
+    # ----------------------------------------------------------------- output
+
+    def _send(self) -> None:
+        core = self.core
+        core.seal_staged()  # returns at once when nothing is staged
+        if core.membership.outbox:
+            send_datagram = self._datagrams.send
+            for address, datagram in core.take_datagrams():
+                send_datagram(address, datagram)
+        if core.out_frames:
+            frames = core.out_frames
+            core.out_frames = []
+            out = self._out
+            for link_id, frame in frames:
+                conn = out.get(link_id)
+                if conn is None:  # the link closed meanwhile; the core has already moved on
+                    core.stats["frames_for_closed_links"] += 1
+                    continue
+                conn.write(frame)
+        if core.in_frames:
+            frames2 = core.in_frames
+            core.in_frames = []
+            routes = self._in
+            for routing_id, frame in frames2:
+                conn2 = routes.get(routing_id)
+                if conn2 is None or conn2.closed:  # the caller left; it resends if it returns
+                    core.stats["replies_unroutable"] += 1
+                    continue
+                conn2.write(frame)
+
+    # ----------------------------------------------------------------- links
+
+    def _open(self, event: OpenLink) -> None:
+        try:
+            host, port = split_endpoint(event.endpoint)
+        except ValueError:
+            self.core.link_failed(event.link_id, self.loop.time(), "bad_endpoint")
+            return
+        conn = Connection(self, event.link_id, b"")
+        self._out[event.link_id] = conn
+        conn.connecting = self.loop.create_task(self._connect(conn, host, port))
+
+    async def _connect(self, conn: Connection, host: str, port: int) -> None:
+        try:
+            await self.loop.create_connection(cast(_Factory, lambda: conn), host, port)
+        except OSError as exc:
+            if self._out.get(conn.link_id) is conn and not self.closed:
+                del self._out[conn.link_id]
+                conn.closed = True
+                self.core.stats["dials_unconnected"] += 1
+                reason = "refused" if isinstance(exc, ConnectionRefusedError) else "unreachable"
+                self.core.link_failed(conn.link_id, self.loop.time(), reason)
+                self.process()
+        finally:
+            conn.connecting = None
+
+    async def wait_closed(self, timeout: float) -> None:
+        """Wait up to `timeout` for the connections `close` closed to be gone (what they
+        still had to send sent), and the loop to have turned meanwhile."""
+        if not self._closing:
+            return
+        done = self._all_closed = asyncio.Event()
+        try:
+            await asyncio.wait_for(done.wait(), timeout)
+        except TimeoutError:
+            self.core.stats["close_lingered"] += 1
+
+    def _close_link(self, link_id: int) -> None:
+        conn = self._out.pop(link_id, None)
+        if conn is not None:
+            self._recheck.discard(conn)
+            conn.close()
+
+    # ----------------------------------------------------------------- busy polling
+
+    def _read_raw(self, conn: Connection, until: float) -> bool:
+        """Read `conn` without the loop until frames come whole or `until` (perf_counter);
+        whether they came."""
+        raw = conn.raw_socket()
+        if raw is None:
+            return False
+        clock = time.perf_counter
+        while clock() < until:
+            try:
+                data = raw.recv(_READ)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                return False
+            if not data:
+                return False  # closed: the loop sees it too
+            if conn.take(data):
+                return True
+        return False
+
+    def spin(self, link_id: int, seconds: float, done: Callable[[], bool]) -> None:
+        conn = self._out.get(link_id)
+        if conn is None:
+            return
+        receive, clock = self.core.receive_out, time.perf_counter
+        until = clock() + seconds
+        while not done() and self._read_raw(conn, until):
+            frames = conn.frames
+            while frames and not conn.closed:
+                receive(link_id, frames.popleft(), self.loop.time())
+            self.process()
+        self.flush_soon()
+
+    def _spin_in(self, conn: Connection) -> None:
+        """After serving: poll the connection that brought the request for the next one while
+        no handler awaits, for as long as `request_spin` finds that pays (opt-in)."""
+        spin, clock = self.request_spin, time.perf_counter
+        spun = False
+        while self.idle() and not conn.closed:
+            began = clock()
+            budget = self.busy_poll if spin is None else spin.budget()
+            if not budget:
+                break
+            spun = True
+            caught = self._read_raw(conn, began + budget)
+            now = clock()
+            if spin is not None:
+                spin.spun(now - began, caught)
+            if not caught:
+                # The wait goes on in the loop; the request that ends it tells how long it was.
+                self._served_at, self._served_spun = began, True
+                self.flush_soon()
+                return
+            if spin is not None:
+                spin.observe(True, now - began)
+            frames, receive = conn.frames, self.core.receive_in
+            while frames:
+                receive(conn.routing_id, frames.popleft(), self.loop.time())
+            self.process()
+        self._served_at, self._served_spun = (clock(), False) if self.idle() else (0.0, False)
+        if spun:
+            self.flush_soon()
+
+    # ----------------------------------------------------------------- closing
+
+    def close(self, linger_ms: int = 200) -> None:
+        """Flush goodbyes and close every connection (what was written still goes out: the
+        loop's transports send their buffers before they close)."""
+        if self.closed:
+            return
+        self.process()
+        self.closed = self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._server is not None:
+            self._server.close()
+        else:
+            self._listener.close()
+        for conn in [*self._out.values(), *self._in.values()]:
+            if conn.transport is not None:
+                self._closing.add(conn)
+            conn.close()
+        self._out.clear()
+        self._in.clear()
+        self._recheck.clear()
+        self._datagrams.close()
