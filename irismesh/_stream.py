@@ -68,9 +68,12 @@ def split_endpoint(endpoint: str) -> tuple[str, int]:
     host = host.strip("[]")
     if not sep or not host:
         raise ValueError(f"no host and port in {endpoint!r}")
-    number = 0 if port == "*" else int(port)
+    try:
+        number = 0 if port == "*" else int(port)
+    except ValueError:
+        number = -1
     if not 0 <= number <= 65535:
-        raise ValueError(f"no such port: {port}")
+        raise ValueError(f"no such port: {port!r}")
     return ("0.0.0.0" if host == "*" else host), number
 
 
@@ -94,6 +97,62 @@ def listen(bind: str) -> tuple[socket.socket, str]:
     return sock, "tcp://" + join_address(host, int(sock.getsockname()[1]))
 
 
+def framed(frame: bytes) -> bytes:
+    """`frame` as it goes on the wire: its length, then itself."""
+    return len(frame).to_bytes(_LENGTH, "big") + frame
+
+
+class Framer:
+    """Cuts a byte stream into frames, `frames`, as it arrives; stops reading for good at a
+    length beyond `limit` (`oversize`), before buffering anything of that frame."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.frames: deque[bytes] = deque()
+        self.partial = bytearray()  # the start of a frame still arriving
+        self.oversize = False
+
+    def take(self, data: bytes) -> bool:
+        """Cut what was read into frames, queued in `frames`; whether any came whole."""
+        if self.oversize:
+            return False
+        limit = self.limit
+        partial = self.partial
+        if partial:
+            partial += data
+            if len(partial) < _LENGTH:
+                return False
+            size = int.from_bytes(partial[:_LENGTH], "big")
+            if size > limit:
+                self._refuse()
+                return False
+            if len(partial) < _LENGTH + size:
+                return False
+            data = bytes(partial)
+            self.partial = bytearray()
+        frames = self.frames
+        queued = len(frames)
+        pos = 0
+        end = len(data)
+        while end - pos >= _LENGTH:
+            size = int.from_bytes(data[pos : pos + _LENGTH], "big")
+            if size > limit:
+                self._refuse()  # the frames before it still count
+                return len(frames) > queued
+            stop = pos + _LENGTH + size
+            if stop > end:
+                break
+            frames.append(data[pos + _LENGTH : stop])
+            pos = stop
+        if pos < end:
+            self.partial = bytearray(data[pos:])
+        return len(frames) > queued
+
+    def _refuse(self) -> None:
+        self.oversize = True
+        self.partial = bytearray()
+
+
 class Connection:
     """One TCP connection of a link: the loop's protocol object for it, the frames read from it
     and not yet taken, and what waits to be written until it is up."""
@@ -102,13 +161,11 @@ class Connection:
         self.driver = driver
         self.link_id = link_id  # the dialled link's id; 0 for a connection a peer dialled
         self.routing_id = routing_id  # a connection a peer dialled: its name to the core
-        self.limit = driver.frame_limit
+        self.framer = Framer(driver.frame_limit)
+        self.frames = self.framer.frames  # read and not yet taken by the driver
         self.transport: Any = None  # set once up (uvloop's transports are no asyncio.Transport)
-        self.frames: deque[bytes] = deque()
-        self.partial = bytearray()  # the start of a frame still arriving
         self.unsent: list[bytes] = []  # written before the connection was up
         self.closed = False
-        self.closing = False  # a frame too long came: the rest is not read
         self.connecting: asyncio.Task[None] | None = None
         self.raw: socket.socket | None = None  # a duplicate of its descriptor, to busy-poll
 
@@ -130,8 +187,11 @@ class Connection:
             self.unsent = []
 
     def data_received(self, data: bytes) -> None:
-        if self.take(data):
+        framer = self.framer
+        if framer.take(data):
             self.driver.readable(self)
+        if framer.oversize:
+            self.refuse()
 
     def eof_received(self) -> bool:
         return False  # the transport closes, and connection_lost says so
@@ -150,59 +210,22 @@ class Connection:
 
     # ----------------------------------------------------------------- frames
 
-    def take(self, data: bytes) -> bool:
-        """Cut what was read into frames, queued in `frames`; whether any came whole."""
-        limit = self.limit
-        partial = self.partial
-        if self.closing:
-            return False
-        if partial:
-            partial += data
-            if len(partial) < _LENGTH:
-                return False
-            size = int.from_bytes(partial[:_LENGTH], "big")
-            if size > limit:
-                self._oversize()
-                return False
-            if len(partial) < _LENGTH + size:
-                return False
-            data = bytes(partial)
-            self.partial = bytearray()
-        frames = self.frames
-        queued = len(frames)
-        pos = 0
-        end = len(data)
-        while end - pos >= _LENGTH:
-            size = int.from_bytes(data[pos : pos + _LENGTH], "big")
-            if size > limit:
-                self._oversize()  # the frames before it still count
-                break
-            stop = pos + _LENGTH + size
-            if stop > end:
-                break
-            frames.append(data[pos + _LENGTH : stop])
-            pos = stop
-        if pos < end and not self.closing:
-            self.partial = bytearray(data[pos:])
-        return len(frames) > queued
-
-    def _oversize(self) -> None:
-        self.driver.core.stats["dropped_stream_oversize"] += 1
-        self.partial = bytearray()
-        self.closing = True  # nothing after it is read
-        if self.transport is not None:
-            self.transport.abort()  # connection_lost follows
+    def refuse(self) -> None:
+        """A frame too long came: count it and drop the connection (once)."""
+        transport = self.transport
+        if transport is not None and not self.closed and not transport.is_closing():
+            self.driver.core.stats["dropped_stream_oversize"] += 1
+            transport.abort()  # connection_lost follows
 
     def write(self, frame: bytes) -> None:
         size = len(frame)
-        head = size.to_bytes(_LENGTH, "big")
         transport = self.transport
         if transport is None:
-            self.unsent.append(head + frame)
+            self.unsent.append(framed(frame))
         elif size < _JOIN_BELOW:
-            transport.write(head + frame)
+            transport.write(size.to_bytes(_LENGTH, "big") + frame)
         else:
-            transport.writelines((head, frame))
+            transport.writelines((size.to_bytes(_LENGTH, "big"), frame))
 
     def raw_socket(self) -> socket.socket | None:
         """A duplicate of the connection's descriptor, to read without the loop (busy polling;
@@ -469,8 +492,12 @@ class StreamDriver(Driver):
                 return False
             if not data:
                 return False  # closed: the loop sees it too
-            if conn.take(data):
+            framer = conn.framer
+            if framer.take(data):
                 return True
+            if framer.oversize:
+                conn.refuse()
+                return False
         return False
 
     def spin(self, link_id: int, seconds: float, done: Callable[[], bool]) -> None:

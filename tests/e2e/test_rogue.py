@@ -5,8 +5,9 @@ get a forged, injected or replayed frame past a member. Every attempt is counted
 
 The real member and the rogue members run as their own processes (examples/failover.py's
 worker, each with its own keyring file); the frame-level attacks use a raw connection that
-speaks irismesh frames by hand (TCP in irismesh's framing, or a zmq DEALER to a zmq node), and a recording proxy (tests/wiretap.py) on a real client's
-connection to capture frames and to inject them back into that live connection.
+speaks irismesh frames by hand (TCP in irismesh's framing, or a zmq DEALER to a zmq node), and
+a recording proxy (tests/wiretap.py) on a real client's connection to capture frames and to
+inject them back into that live connection.
 """
 
 from __future__ import annotations
