@@ -43,7 +43,7 @@ from _harness import (
     wait_for_tcp,
 )
 
-SYSTEMS = ("raw", "raw-asyncio", "nats", "mesh", "mesh-null", "mesh-notel")
+SYSTEMS = ("raw", "raw-asyncio", "nats", "mesh", "mesh-null", "mesh-notel", "mesh-zmq")
 DEFAULT_SYSTEMS = ("raw", "raw-asyncio", "nats", "mesh")
 LABELS = {
     "raw": "raw pyzmq",
@@ -52,10 +52,17 @@ LABELS = {
     "mesh": "irismesh",
     "mesh-null": "irismesh, null sealer",
     "mesh-notel": "irismesh, telemetry off",
+    "mesh-zmq": "irismesh, zmq links",
 }
 # irismesh variants run as "mesh" children with these Node options added: what sealing and
-# telemetry cost is the default system divided by its variant, measured in the same run.
-MESH_VARIANTS = {"mesh": [], "mesh-null": ["sealing=false"], "mesh-notel": ["telemetry=false"]}
+# telemetry cost, and what the default transport gains over zmq's, is the default system
+# divided by its variant, measured in the same run.
+MESH_VARIANTS = {
+    "mesh": [],
+    "mesh-null": ["sealing=false"],
+    "mesh-notel": ["telemetry=false"],
+    "mesh-zmq": ["transport=zmq"],
+}
 ALIASES = {"irismesh": "mesh", "pyzmq": "raw", "asyncio": "raw-asyncio"}
 SIZES = (100, 1024)
 SCENARIOS = ("throughput", "latency", "sustained")
@@ -884,9 +891,12 @@ def print_tables(run: Run, requested: list[str], elapsed: float) -> None:
             table.add_row(*(Text(cell) for cell in row))  # Text: "[p99]" is not markup
         table.add_section()
     console.print(table)
-    variants = [v for v in ("mesh-null", "mesh-notel") if v in run.systems]
+    variants = [v for v in ("mesh-null", "mesh-notel", "mesh-zmq") if v in run.systems]
     if variants and "mesh" in run.systems:
-        costs = Table(title="what sealing and telemetry cost: irismesh / its variant, same run")
+        costs = Table(
+            title="what sealing and telemetry cost, and the transport gains: irismesh / its "
+            "variant, same run"
+        )
         costs.add_column("scenario")
         costs.add_column("size", justify="right")
         for variant in variants:
@@ -957,7 +967,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--only",
         default=",".join(DEFAULT_SYSTEMS),
         help=f"comma-separated systems (default: {','.join(DEFAULT_SYSTEMS)}; also mesh-null: "
-        "sealing off, mesh-notel: telemetry off; irismesh = mesh)",
+        "sealing off, mesh-notel: telemetry off, mesh-zmq: links on zmq; irismesh = mesh)",
     )
     parser.add_argument(
         "--mesh-opt",

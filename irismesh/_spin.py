@@ -4,9 +4,9 @@
 the next request, instead of sleeping in the event loop until the socket wakes it: that saves
 the loop's wake-up, at the cost of a core while it spins. It pays only when what it waits for
 comes soon, and only when the spinning thread does not take the core that the message needs
-to arrive (zmq's I/O thread, or the peer itself on the same machine). Measured on a 2-core
-machine, a caller spinning alone shortened its round trips, while a caller and a member both
-spinning made them about six times longer.
+to arrive (the peer itself on the same machine, and zmq's I/O thread where links run on zmq).
+Measured on a 2-core machine, a caller spinning alone shortened its round trips, while a
+caller and a member both spinning made them about six times longer.
 
 So each side decides from what it measured (`Spin`): it waits in runs of one way or the other
 and keeps the typical wait each way. A caller spins while the replies it waits for come within
@@ -15,8 +15,8 @@ than `busy_poll`, and spends one run in `EXPLORE` the other way to keep both fig
 So a member whose requests come seconds apart never spins, and where a caller and a member
 spin against each other on too few cores the member finds that sleeping is quicker and stops.
 With fewer cores than the threads that must run at once while it spins (the spinning one and
-zmq's I/O thread), neither ever spins. What spinning cost is counted (see `Spin`), in
-`Node.stats`: `busy_poll_replies_*` for a caller, `busy_poll_requests_*` for a member.
+the peer, or zmq's I/O thread), neither ever spins. What spinning cost is counted (see `Spin`),
+in `Node.stats`: `busy_poll_replies_*` for a caller, `busy_poll_requests_*` for a member.
 """
 
 from __future__ import annotations

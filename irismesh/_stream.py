@@ -446,7 +446,7 @@ class StreamDriver(Driver):
     async def _connect(self, conn: Connection, host: str, port: int) -> None:
         try:
             await self.loop.create_connection(cast(_Factory, lambda: conn), host, port)
-        except OSError as exc:
+        except Exception as exc:  # refused, unreachable, a name that does not resolve
             if self._out.get(conn.link_id) is conn and not self.closed:
                 del self._out[conn.link_id]
                 conn.closed = True
