@@ -13,8 +13,9 @@ is no finding the next frame after one refused.
 
 - **Links peers dialled**: the node listens on one TCP socket; each connection accepted gets a
   routing id of its own (as a zmq ROUTER names its peers), the name the core keeps its inbound
-  link under. A reply to a connection that is gone is counted (`replies_unroutable`), the way
-  ROUTER_MANDATORY's error is.
+  link under. When the connection closes the core forgets that link at once
+  (`MeshCore.inbound_closed`; a ROUTER never tells). A reply to a connection that is gone is
+  counted (`replies_unroutable`), the way ROUTER_MANDATORY's error is.
 - **Links this node dialled**: one connection per link. What the core sends before the
   connection is up waits, in order, and goes out once it is. A dial refused or failed, and a
   connection that drops, fail the link at once (`MeshCore.link_failed`): the link never
@@ -305,6 +306,9 @@ class StreamDriver(Driver):
         if conn.link_id == 0:
             if self._in.get(conn.routing_id) is conn:
                 del self._in[conn.routing_id]
+                if not self.closed:
+                    self.core.inbound_closed(conn.routing_id)
+                    self.process()
             return
         if self._out.get(conn.link_id) is conn and not self.closed:
             del self._out[conn.link_id]

@@ -505,6 +505,15 @@ class MeshCore(CoreApi):
         if self._in_by_peer.get(link.peer_id) is link:
             del self._in_by_peer[link.peer_id]
 
+    def inbound_closed(self, routing_id: bytes) -> None:
+        """The driver saw the connection of a link a peer dialled close (a transport that can
+        tell): the link is forgotten at once, as on its BYE (its tunnels break), not when
+        membership declares the peer dead; a peer that dials again gets a new link."""
+        link = self._in.get(routing_id)
+        if link is not None:
+            self.stats["links_in_closed"] += 1
+            self._forget_in(link)
+
     def link_failed(self, link_id: int, now: float, reason: str = "transport") -> None:
         """The driver saw the transport fail (disconnect, unroutable, refused)."""
         link = self._out.get(link_id)

@@ -220,3 +220,38 @@ def test_a_member_that_goes_fails_its_link_at_once_and_close_waits_for_its_goodb
                 assert client.stats.get("requests_timed_out", 0) == 0
 
     run(main())
+
+
+def test_a_link_whose_connection_breaks_is_forgotten_by_the_member_at_once(
+    keys: irismesh.Keyring,
+) -> None:
+    """A connection reset under a live link: the caller's link fails and is dialled again, and
+    the member forgets the old inbound link when its connection closes (it does not wait for
+    membership to declare a live peer dead), so links do not pile up on a flapping network."""
+
+    async def main() -> None:
+        async with irismesh.Node("db", keyring=keys, transport="tcp") as member:
+            member.on_request(lambda payload: b"ok:" + payload)
+            async with irismesh.Node(
+                keyring=keys, seeds=[member.endpoint], transport="tcp"
+            ) as client:
+                await client.wait_for_members("db", timeout=5)
+                assert await client.request("db", b"1") == b"ok:1"
+                core = member._core
+                assert core is not None
+                assert len(core._in) == 1
+                for round_ in range(1, 4):
+                    driver = client._driver
+                    assert driver is not None
+                    [conn] = [c for c in driver._out.values() if c.transport is not None]
+                    conn.transport.abort()  # as a reset on the wire
+                    await wait_until(
+                        lambda r=round_: member.stats.get("links_in_closed", 0) == r,
+                        5,
+                        "the member to forget the link",
+                    )
+                    assert await client.request("db", b"again") == b"ok:again"  # dialled anew
+                    assert len(core._in) == 1
+                assert client.stats["links_down_disconnected"] == 3
+
+    run(main())
