@@ -184,6 +184,16 @@ class Driver:
         """Seal what is staged and send the core's frames and datagrams."""
         raise NotImplementedError
 
+    def _seal_and_send_datagrams(self) -> None:
+        """What every `_send` does first: seal what is staged (returns at once when nothing
+        is), and send membership's datagrams."""
+        core = self.core
+        core.seal_staged()
+        if core.membership.outbox:
+            send_datagram = self._datagrams.send
+            for address, datagram in core.take_datagrams():
+                send_datagram(address, datagram)
+
     def _recheck_input(self) -> None:
         """The pass `flush_soon` queued: flush, then read the links marked for a look."""
         raise NotImplementedError
@@ -267,6 +277,14 @@ class Driver:
     def flush(self) -> None:
         """Send what the core queued (after the links it asked for are open)."""
         self.process()
+
+    def _dialled_link_read(self) -> None:
+        """Frames were read on a dialled link: the flush is queued (see the drivers), and
+        what they staged in partners' cores goes out now."""
+        self.flush_soon()
+        if self.partners:
+            self.process()
+            self._flush_partners()
 
     def flush_soon(self) -> None:
         """Send what the core queued, once, at the end of this loop iteration."""
@@ -492,12 +510,7 @@ class ZmqDriver(Driver):
             # the loop, together (`Caller` stages a request while this is pending), and
             # handles whatever else the frames brought (a reply reaches its caller without an
             # event: `Calls.reply_sink`). That flush also asks whether more input came.
-            if not self.flush_pending:
-                self.flush_pending = True
-                self.loop.call_soon(self._recheck_input)
-            if self.partners:
-                self.process()
-                self._flush_partners()
+            self._dialled_link_read()
 
     def drain_all(self) -> None:
         """Read the zmq sockets that have input waiting (their FDs are edge-triggered: a
@@ -513,11 +526,7 @@ class ZmqDriver(Driver):
 
     def _send(self) -> None:
         core = self.core
-        core.seal_staged()  # returns at once when nothing is staged
-        if core.membership.outbox:
-            send_datagram = self._datagrams.send
-            for address, datagram in core.take_datagrams():
-                send_datagram(address, datagram)
+        self._seal_and_send_datagrams()
         recheck = self._recheck
         if core.out_frames:
             frames = core.out_frames

@@ -372,12 +372,7 @@ class StreamDriver(Driver):
                     self._recheck.add(conn)
                 break
         if got:
-            if not self.flush_pending:
-                self.flush_pending = True
-                self.loop.call_soon(self._recheck_input)
-            if self.partners:
-                self.process()
-                self._flush_partners()
+            self._dialled_link_read()
 
     def drain_all(self) -> None:
         """Take every frame read and not yet taken (before the core's tick)."""
@@ -409,11 +404,7 @@ class StreamDriver(Driver):
 
     def _send(self) -> None:
         core = self.core
-        core.seal_staged()  # returns at once when nothing is staged
-        if core.membership.outbox:
-            send_datagram = self._datagrams.send
-            for address, datagram in core.take_datagrams():
-                send_datagram(address, datagram)
+        self._seal_and_send_datagrams()
         if core.out_frames:
             frames = core.out_frames
             core.out_frames = []
