@@ -11,8 +11,8 @@ warm-up:
 
 Both sides of raw pyzmq pay zmq's I/O thread: a message crosses from the application's thread to
 it and back on each side. Plain TCP on an event loop does not. The medians of the rounds' p50s
-say what a transport without that hop could save irismesh, whose links run on zmq (see
-bench/README.md: irismesh sits at 1.3-1.9x raw pyzmq's p50).
+are the floor under irismesh's TCP links (the default, `irismesh/_stream.py`), which carry
+irismesh's frames over the same kind of connection (see bench/README.md).
 """
 
 from __future__ import annotations

@@ -252,9 +252,9 @@ class Node(MemoryApi, KeyringApi):
         self._driver: Driver | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
-        # A zmq context shared with other nodes of this process (fewer I/O threads), which
-        # whoever made it terminates; None: one of its own, made at start and terminated as the
-        # node closes. Set it before `start`.
+        # With transport="zmq": a zmq context shared with other nodes of this process (fewer
+        # I/O threads), which whoever made it terminates; None: one of its own, made at start
+        # and terminated as the node closes. Set it before `start`. TCP links use none.
         self.zmq_context = zmq_context
         self._mdns_config = mdns_config(mdns, keyring, where)
         self._discovery: list[MdnsDiscovery | SurveyDiscovery] = []  # started, in order

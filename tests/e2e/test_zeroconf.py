@@ -227,6 +227,11 @@ def test_first_errors_come_in_order_and_name_their_fix(seeded: Env, tmp_path: Pa
     )
     assert_error(seeded.run("peers", IRISMESH_DISCOVERY="maybe"), 2, "IRISMESH_DISCOVERY='maybe'")
     assert_error(seeded.run("peers", IRISMESH_SEEDS="127.0.0.1:7400"), 2, "IRISMESH_SEEDS: bad")
+    assert_error(
+        seeded.run("peers", "--seed", "tcp://127.0.0.1:1", IRISMESH_TRANSPORT="udp"),
+        2,
+        "IRISMESH_TRANSPORT='udp': expected one of tcp, zmq",
+    )
     # An address that is no address: refused before any node exists (the addresses refused
     # for being no one interface's are checked without a process, in test_discovery_default).
     assert_error(seeded.run("peers", "--interface", "999.0.0.1"), 2, "--interface: bad interface")
