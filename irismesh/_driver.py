@@ -1,4 +1,8 @@
-"""The asyncio driver: owns the zmq sockets, feeds frames to the core, flushes what it sends.
+"""The asyncio drivers: what every transport shares (`Driver`), and the links over zmq.
+
+`Driver` feeds frames to the core and flushes what it sends; a transport's driver reads and
+writes its links: `ZmqDriver` below, or `irismesh._stream.StreamDriver` (TCP, the default),
+which keeps to the same batching. The rest of this text is about the zmq links.
 
 Hot path, and why it looks like this: `zmq.asyncio` creates a Future per received message,
 which costs more than all the rest of a request. Here each socket is a plain non-blocking
@@ -321,6 +325,35 @@ class Driver:
             spin.observe(self._served_spun, time.perf_counter() - self._served_at)
         self._served_at = 0.0
 
+    def _spin_for_requests(self, poll: Callable[[float], bool], take: Callable[[], None]) -> None:
+        """After serving (opt-in `busy_poll`): `poll(until)` for the next request while no
+        handler awaits, for as long as `request_spin` finds that pays, and `take()` what it
+        caught. The transport gives the two; the policy is the same on each."""
+        spin, clock = self.request_spin, time.perf_counter
+        spun = False
+        while self.idle():
+            began = clock()
+            budget = self.busy_poll if spin is None else spin.budget()
+            if not budget:
+                break
+            spun = True
+            caught = poll(began + budget)
+            now = clock()
+            if spin is not None:
+                spin.spun(now - began, caught)
+            if not caught:
+                # The wait goes on in the loop; the request that ends it tells how long it was.
+                self._served_at, self._served_spun = began, True
+                self.flush_soon()
+                return
+            if spin is not None:
+                spin.observe(True, now - began)
+            take()
+            self.process()
+        self._served_at, self._served_spun = (clock(), False) if self.idle() else (0.0, False)
+        if spun:
+            self.flush_soon()
+
 
 class ZmqDriver(Driver):
     """Links over zmq: a ROUTER for the links peers dialled, a DEALER per link dialled."""
@@ -340,6 +373,7 @@ class ZmqDriver(Driver):
         self._dealers: dict[int, zmq.Socket[bytes]] = {}
         self._monitors: dict[int, zmq.Socket[bytes]] = {}
         self._recheck: set[int] = set()  # link ids (0: the router) to re-check for input
+        self._polled_route = b""  # busy polling: the routing id of the request caught
         loop.add_reader(router.FD, self._drain_router)
 
     # ----------------------------------------------------------------- input
@@ -394,53 +428,31 @@ class ZmqDriver(Driver):
                 self._spin_router()
 
     def _spin_router(self) -> None:
-        """After serving: poll the listening socket for the next request while no handler
-        awaits, for as long as `request_spin` finds that pays (opt-in: `busy_poll`)."""
-        router, receive, clock = self._router, self.core.receive_in, time.perf_counter
-        spin = self.request_spin
-        spun = False
-        while self.idle():
-            began = clock()
-            budget = self.busy_poll if spin is None else spin.budget()
-            if not budget:
-                break
-            spun = True
-            until = began + budget
-            caught = False
-            while True:
-                now = clock()
-                if now >= until:
-                    break
-                try:
-                    routing_id = router.recv(_NOBLOCK)
-                except zmq.Again:
-                    continue
-                except zmq.ZMQError:
-                    return
-                caught = True
-                break
-            if spin is not None:
-                spin.spun(now - began, caught)
-            if not caught:
-                # The wait goes on in the loop; the request that ends it tells how long it was.
-                self._served_at, self._served_spun = began, True
-                self._recheck.add(0)
-                self.flush_soon()
-                return
-            if spin is not None:
-                spin.observe(True, now - began)
-            frame = router.recv(_NOBLOCK)
-            if router.get(_RCVMORE):
-                while router.get(_RCVMORE):
-                    router.recv(_NOBLOCK)
-                self.core.stats["dropped_multipart"] += 1
+        """After serving: poll the listening socket for the next request (opt-in)."""
+        self._recheck.add(0)  # what came after the spin: the pass it queues looks at once
+        self._spin_for_requests(self._poll_router, self._take_polled)
+
+    def _poll_router(self, until: float) -> bool:
+        router, clock = self._router, time.perf_counter
+        while clock() < until:
+            try:
+                self._polled_route = router.recv(_NOBLOCK)
+            except zmq.Again:
                 continue
-            receive(routing_id, frame, self.loop.time())
-            self.process()
-        self._served_at, self._served_spun = (clock(), False) if self.idle() else (0.0, False)
-        if spun:
-            self._recheck.add(0)
-            self.flush_soon()
+            except zmq.ZMQError:
+                return False
+            return True
+        return False
+
+    def _take_polled(self) -> None:
+        router = self._router
+        frame = router.recv(_NOBLOCK)
+        if router.get(_RCVMORE):
+            while router.get(_RCVMORE):
+                router.recv(_NOBLOCK)
+            self.core.stats["dropped_multipart"] += 1
+            return
+        self.core.receive_in(self._polled_route, frame, self.loop.time())
 
     def spin(self, link_id: int, seconds: float, done: Callable[[], bool]) -> None:
         """Poll one dialled link for up to `seconds` until `done()`, not yielding (opt-in)."""

@@ -174,7 +174,7 @@ class Connection:
 
     def connection_made(self, transport: Any) -> None:
         driver = self.driver
-        if self.closed or driver.closed:
+        if self.closed or driver._closed:
             transport.close()
             return
         self.transport = transport
@@ -214,7 +214,7 @@ class Connection:
     def refuse(self) -> None:
         """A frame too long came: count it and drop the connection (once)."""
         transport = self.transport
-        if transport is not None and not self.closed and not transport.is_closing():
+        if transport is not None and not transport.is_closing():
             self.driver.core.stats["dropped_stream_oversize"] += 1
             transport.abort()  # connection_lost follows
 
@@ -269,14 +269,12 @@ class StreamDriver(Driver):
     ) -> None:
         super().__init__(core, loop, on_events, datagrams)
         self.frame_limit = self._max_frame + _SLACK
-        self.closed = False
         self._listener = listener
         self._server: asyncio.AbstractServer | None = None
         self._out: dict[int, Connection] = {}  # link id -> the connection this node dialled
         self._in: dict[bytes, Connection] = {}  # routing id -> a connection a peer dialled
         self._routes = 0  # routing ids given so far
         self._recheck: set[Connection] = set()  # connections to take more frames from
-        self._last_in: Connection | None = None  # the last to bring a request (busy polling)
         self._closing: set[Connection] = set()  # closed by this node, still open (`close`)
         self._all_closed: asyncio.Event | None = None
 
@@ -306,11 +304,11 @@ class StreamDriver(Driver):
         if conn.link_id == 0:
             if self._in.get(conn.routing_id) is conn:
                 del self._in[conn.routing_id]
-                if not self.closed:
+                if not self._closed:
                     self.core.inbound_closed(conn.routing_id)
                     self.process()
             return
-        if self._out.get(conn.link_id) is conn and not self.closed:
+        if self._out.get(conn.link_id) is conn and not self._closed:
             del self._out[conn.link_id]
             self.core.link_failed(conn.link_id, self.loop.time(), "disconnected")
             self.process()
@@ -342,7 +340,6 @@ class StreamDriver(Driver):
             receive(routing_id, frames.popleft(), now)
             got += 1
         if got:
-            self._last_in = conn
             if self._served_at:
                 self._request_came()
             self.process()
@@ -384,7 +381,7 @@ class StreamDriver(Driver):
                 self._drain_out(conn)
 
     def _recheck_input(self) -> None:
-        if self.closed:
+        if self._closed:
             self.flush_pending = False
             return
         self.process()
@@ -442,7 +439,7 @@ class StreamDriver(Driver):
         try:
             await self.loop.create_connection(cast(_Factory, lambda: conn), host, port)
         except Exception as exc:  # refused, unreachable, a name that does not resolve
-            if self._out.get(conn.link_id) is conn and not self.closed:
+            if self._out.get(conn.link_id) is conn and not self._closed:
                 del self._out[conn.link_id]
                 conn.closed = True
                 self.core.stats["dials_unconnected"] += 1
@@ -509,44 +506,26 @@ class StreamDriver(Driver):
         self.flush_soon()
 
     def _spin_in(self, conn: Connection) -> None:
-        """After serving: poll the connection that brought the request for the next one while
-        no handler awaits, for as long as `request_spin` finds that pays (opt-in)."""
-        spin, clock = self.request_spin, time.perf_counter
-        spun = False
-        while self.idle() and not conn.closed:
-            began = clock()
-            budget = self.busy_poll if spin is None else spin.budget()
-            if not budget:
-                break
-            spun = True
-            caught = self._read_raw(conn, began + budget)
-            now = clock()
-            if spin is not None:
-                spin.spun(now - began, caught)
-            if not caught:
-                # The wait goes on in the loop; the request that ends it tells how long it was.
-                self._served_at, self._served_spun = began, True
-                self.flush_soon()
-                return
-            if spin is not None:
-                spin.observe(True, now - began)
-            frames, receive = conn.frames, self.core.receive_in
-            while frames:
-                receive(conn.routing_id, frames.popleft(), self.loop.time())
-            self.process()
-        self._served_at, self._served_spun = (clock(), False) if self.idle() else (0.0, False)
-        if spun:
-            self.flush_soon()
+        """After serving: poll the connection that brought the request for the next one
+        (opt-in)."""
+        self._spin_for_requests(
+            lambda until: self._read_raw(conn, until), lambda: self._take_in(conn)
+        )
+
+    def _take_in(self, conn: Connection) -> None:
+        frames, receive = conn.frames, self.core.receive_in
+        while frames:
+            receive(conn.routing_id, frames.popleft(), self.loop.time())
 
     # ----------------------------------------------------------------- closing
 
     def close(self, linger_ms: int = 200) -> None:
         """Flush goodbyes and close every connection (what was written still goes out: the
         loop's transports send their buffers before they close)."""
-        if self.closed:
+        if self._closed:
             return
         self.process()
-        self.closed = self._closed = True
+        self._closed = True
         if self._timer is not None:
             self._timer.cancel()
         if self._server is not None:

@@ -41,7 +41,7 @@ def _compiled_modules() -> dict[str, str]:
     return found
 
 
-def _compiled_driver() -> dict[str, str]:
+def _compiled_drivers() -> dict[str, str]:
     """The drivers' compiled forms that there are: name -> its extension's path."""
     found: dict[str, str] = {}
     for name in _DRIVERS:
@@ -84,7 +84,7 @@ class _SourceFinder:
 
 def _choose() -> bool:
     compiled = _compiled_modules()
-    driver = _compiled_driver()
+    driver = _compiled_drivers()
     if not compiled:
         if driver:  # a compiled driver cannot drive a pure core
             sys.meta_path.insert(0, _SourceFinder())
