@@ -313,7 +313,7 @@ class Node(MemoryApi, KeyringApi):
                 self._reply, self._reply_error, self._flush_soon, serving
             )
             self._memory_runner.handler = member.serve
-        self._tunnels = Tunnels(self._flush_soon, self._flush_now)
+        self._tunnels = Tunnels(self._flush_soon, self._flush_now, self._caller.turns)
         self._membership_changed: asyncio.Event | None = None
         self._departed: dict[str, PeerInfo] = {}  # hex id -> the peer as it went
         self._closing = False
@@ -795,8 +795,16 @@ class Node(MemoryApi, KeyringApi):
         if not queue:
             # Caller.request inlined (the hot path: one coroutine per request, not two).
             caller = self._caller
-            req_id, fut = caller.send(cluster, payload, timeout, hedge, _KIND_REQUEST, priority)
             try:
+                req_id, fut = caller.send(cluster, payload, timeout, hedge, _KIND_REQUEST, priority)
+            except MeshError:
+                turns = caller.turns
+                if turns.spend():  # refused at once: a retry loop must not keep the loop
+                    await turns.pause()
+                raise
+            try:
+                if caller.busy_poll and fut.done() and caller.turns.spend():
+                    await caller.turns.pause()  # answered while it spun: no wait of its own
                 return await fut
             except asyncio.CancelledError:
                 caller.abandon(req_id)
@@ -911,20 +919,29 @@ class Node(MemoryApi, KeyringApi):
         lower ones that wait. A subscriber gets each publisher's messages in the order they
         were sent, so messages of one topic stay in order when they share a priority.
         """
-        if self._closing or self._core is None:
-            self._caller.running()  # raises Closed, saying why
-        if timeout is not None and not timeout > 0:
-            raise ConfigurationError(f"timeout must be positive, got {timeout!r}")
-        if priority:
-            priority = check_priority(priority)
-        if type(payload) is not bytes:
-            payload = as_bytes(payload)
-        msg_id = b""
-        if retain:
-            msg_id = await self.memory.retain(topic, payload, timeout)
-        pubsub = self._pubsub
-        sent = pubsub.publish_now(topic, payload, msg_id, priority)  # the common case
+        turns = self._caller.turns
+        try:
+            if self._closing or self._core is None:
+                self._caller.running()  # raises Closed, saying why
+            if timeout is not None and not timeout > 0:
+                raise ConfigurationError(f"timeout must be positive, got {timeout!r}")
+            if priority:
+                priority = check_priority(priority)
+            if type(payload) is not bytes:
+                payload = as_bytes(payload)
+            msg_id = b""
+            if retain:
+                msg_id = await self.memory.retain(topic, payload, timeout)
+            pubsub = self._pubsub
+            sent = pubsub.publish_now(topic, payload, msg_id, priority)  # the common case
+        except MeshError:
+            if turns.spend():  # refused at once: a retry loop must not keep the loop
+                await turns.pause()
+            raise
         if sent is not None:
+            # Sent without waiting (or to nobody): a publishing loop still lets its loop run.
+            if turns.spend():
+                await turns.pause()
             return sent
         return await pubsub.publish_later(
             topic, payload, self._default_timeout if timeout is None else timeout, msg_id, priority
@@ -993,9 +1010,13 @@ class Node(MemoryApi, KeyringApi):
             raise ConfigurationError(f"max_message must be a positive int, got {max_message!r}")
 
         async def opener() -> Tunnel:
-            self._caller.running()
-            remaining = await self._linked(cluster, timeout, every=False)
-            return await self._tunnels.open(cluster, remaining, window, max_message)
+            try:
+                self._caller.running()
+                remaining = await self._linked(cluster, timeout, every=False)
+                return await self._tunnels.open(cluster, remaining, window, max_message)
+            except MeshError:
+                await self._caller.turns.maybe_pause()  # refused at once: still fair
+                raise
 
         return TunnelOpening(opener)
 
@@ -1183,6 +1204,7 @@ class Node(MemoryApi, KeyringApi):
         stats["messages_delivered"] = self._pubsub.delivered
         stats["messages_unmatched"] = self._pubsub.unmatched
         stats["tunnels_open"] = self._tunnels.open_count
+        stats["loop_turns_given"] = self._caller.turns.given
         stats.update(self.memory.stats)
         if self.memory.member is not None:
             for name, value in self.memory.member.figures().items():
@@ -1271,10 +1293,14 @@ class Node(MemoryApi, KeyringApi):
     async def _linked(self, cluster: str, timeout: float | None, *, every: bool = True) -> float:
         """Wait until this node is linked to every member of `cluster` membership knows (or,
         not `every`, to one), within half of `timeout`; returns what is left of `timeout`."""
-        core, driver = self._caller.running()
-        timeout = self._default_timeout if timeout is None else timeout
-        if not timeout > 0:
-            raise ConfigurationError(f"timeout must be positive, got {timeout!r}")
+        try:
+            core, driver = self._caller.running()
+            timeout = self._default_timeout if timeout is None else timeout
+            if not timeout > 0:
+                raise ConfigurationError(f"timeout must be positive, got {timeout!r}")
+        except MeshError:
+            await self._caller.turns.maybe_pause()  # refused at once: still fair
+            raise
         loop = driver.loop
         start = loop.time()
         changed = self._membership_changed

@@ -41,6 +41,7 @@ from irismesh._core.frames import STATUS_OK, Kind, unpack_error
 from irismesh._core.priority import check_priority, label
 from irismesh._driver import Driver
 from irismesh._spin import Spin
+from irismesh._turns import Turns
 from irismesh.errors import Closed, ConfigurationError, MeshError, RemoteError, RequestTimeout
 from irismesh.telemetry.node_telemetry import BROADCAST_KIND, REQUEST_KIND, SURVEY_KIND, outcome
 from irismesh.telemetry.schema import Outcome
@@ -593,6 +594,9 @@ class Caller:
         self.closed = False  # the node is closing: no new calls
         self._telemetry = telemetry
         self._recorder = telemetry.recorder if telemetry is not None else None
+        # The node's account of calls that completed without waiting (shared with its other
+        # patterns): a loop of them still gives the event loop its turns.
+        self.turns = Turns()
         self._core: MeshCore | None = None
         self._driver: Driver | None = None
         # req id -> (future, cluster, sent at, the telemetry series that times it, if any)
@@ -636,8 +640,15 @@ class Caller:
         priority: int = 0,
     ) -> bytes:
         """`Node.request`: one member's reply (`kind` JOB: a queued job the memory hands out)."""
-        req_id, fut = self.send(cluster, payload, timeout, hedge, kind, priority)
         try:
+            req_id, fut = self.send(cluster, payload, timeout, hedge, kind, priority)
+        except MeshError:
+            if self.turns.spend():  # refused at once: a retry loop must not keep the loop
+                await self.turns.pause()
+            raise
+        try:
+            if fut.done() and self.turns.spend():  # answered while busy polling
+                await self.turns.pause()
             return await fut
         except asyncio.CancelledError:
             self.abandon(req_id)
@@ -792,25 +803,30 @@ class Caller:
         self, kind: Kind, cluster: str, payload: bytes, timeout: float | None
     ) -> tuple[dict[str, bytes], dict[str, MeshError], list[str]]:
         """`Node.broadcast` and `Node.survey`: (answers, errors, missing) by member hex id."""
-        core, driver = self.running()
-        timeout = self.default_timeout if timeout is None else timeout
-        if not timeout > 0:
-            raise ConfigurationError(f"timeout must be positive, got {timeout!r}")
-        if type(payload) is not bytes:
-            payload = as_bytes(payload)
-        loop = driver.loop
-        now = loop.time()
-        inherited = _deadline.get()
-        if inherited < now + timeout:  # called from a handler: within its caller's deadline
-            timeout = inherited - now
-            if timeout <= 0:
-                raise RequestTimeout(cluster, 0.0, 0)
-        label = BROADCAST_KIND if kind is Kind.BROADCAST else SURVEY_KIND
         try:
-            sent = core.fanout(int(kind), cluster, payload, timeout, now)
-        except MeshError as exc:
-            if self._telemetry is not None:
-                self._telemetry.refused(cluster, len(payload), exc, label)
+            core, driver = self.running()
+            timeout = self.default_timeout if timeout is None else timeout
+            if not timeout > 0:
+                raise ConfigurationError(f"timeout must be positive, got {timeout!r}")
+            if type(payload) is not bytes:
+                payload = as_bytes(payload)
+            loop = driver.loop
+            now = loop.time()
+            inherited = _deadline.get()
+            if inherited < now + timeout:  # called from a handler: within its caller's deadline
+                timeout = inherited - now
+                if timeout <= 0:
+                    raise RequestTimeout(cluster, 0.0, 0)
+            label = BROADCAST_KIND if kind is Kind.BROADCAST else SURVEY_KIND
+            try:
+                sent = core.fanout(int(kind), cluster, payload, timeout, now)
+            except MeshError as exc:
+                if self._telemetry is not None:
+                    self._telemetry.refused(cluster, len(payload), exc, label)
+                raise
+        except MeshError:
+            if self.turns.spend():  # refused at once: a retry loop must not keep the loop
+                await self.turns.pause()
             raise
         futures: dict[str, asyncio.Future[bytes]] = {}
         series = self._recorder.series(label, cluster) if self._recorder is not None else None

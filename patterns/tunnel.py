@@ -32,6 +32,7 @@ from typing import Any
 from irismesh._core.engine import MeshCore
 from irismesh._core.events import Listen, TunnelArrived, TunnelFrame
 from irismesh._core.frames import TunnelOp
+from irismesh._turns import Turns, weight_of
 from irismesh.errors import (
     Closed,
     ConfigurationError,
@@ -46,7 +47,6 @@ from irismesh.errors import (
 CHUNK = 64 << 10
 DEFAULT_WINDOW = 1 << 20
 DEFAULT_MAX_MESSAGE = 64 << 20
-YIELD_EVERY = 128  # messages a sender sends before it lets its event loop run
 # A member that resets an unaccepted tunnel with a reason starting so (a gateway whose far
 # mesh has no member of the cluster) makes the opener's `node.tunnel` raise NoResponders.
 NO_MEMBER = "no live member"
@@ -70,7 +70,6 @@ class Tunnel:
         self.bytes_sent = 0
         self.bytes_received = 0
         self.opened_at = asyncio.get_running_loop().time()
-        self._unyielded = 0  # messages sent since this end last let the loop run
         self._hub = hub
         self._handle = handle
         self._window = window
@@ -115,7 +114,6 @@ class Tunnel:
             credit = core.tunnel_credit(self._handle) if self._reset is None else 0
             want = min(CHUNK, size - offset)
             if want and credit <= 0:
-                self._unyielded = 0
                 await self._wait_writable()
                 continue
             take = min(want, credit)
@@ -127,12 +125,12 @@ class Tunnel:
             if not more:
                 break
         self._hub.flush_soon()
-        self._unyielded += 1
-        if self._unyielded >= YIELD_EVERY:
-            # Small messages: a window holds many thousands, and a sender that never waits
-            # for credit would keep its loop (heartbeats, input) from running meanwhile.
-            self._unyielded = 0
-            await asyncio.sleep(0)
+        # Within the window a send never waits: a window holds many thousands of small
+        # messages, and a sender that never waits for credit would keep its loop (heartbeats,
+        # input) from running meanwhile.
+        turns = self._hub.turns
+        if turns.spend(weight_of(size)):
+            await turns.pause()
 
     async def send_eof(self) -> None:
         """Half close: no more messages from this end; the other end may still send."""
@@ -176,6 +174,10 @@ class Tunnel:
         message, ungranted = self._messages.popleft()
         if ungranted:
             self._grant(ungranted)
+        # A reader of a full window finds many messages waiting: it yields now and then too.
+        turns = self._hub.turns
+        if turns.spend(weight_of(len(message))):
+            await turns.pause()
         return message
 
     def __aiter__(self) -> Tunnel:
@@ -370,9 +372,15 @@ class TunnelOpening:
 class Tunnels:
     """A node's tunnels: opening, serving through the handler, and events from the core."""
 
-    def __init__(self, flush_soon: Callable[[], None], flush: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        flush_soon: Callable[[], None],
+        flush: Callable[[], None],
+        turns: Turns | None = None,
+    ) -> None:
         self.flush_soon = flush_soon
         self.flush = flush
+        self.turns = turns if turns is not None else Turns()
         self._core: MeshCore | None = None
         self._open: dict[int, Tunnel] = {}
         self._tasks: set[asyncio.Task[None]] = set()

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import faulthandler
 import os
 import shutil
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -58,3 +61,61 @@ def workers(keyfile: Path) -> Iterator[Workers]:
         yield group
     finally:
         group.close()
+
+
+# The last resort against a hung test: pytest-timeout ends a test by raising in the main
+# thread, which ends the one coroutine it lands in; an event loop whose other tasks never
+# yield then runs on, and the suite with it, until CI's own limit, naming nothing. So a
+# watchdog thread ends the whole run once a test has outlived its timeout by GRACE seconds
+# (or the run its SUITE_LIMIT): the hung test's name and every thread's stack on stderr,
+# exit status 3.
+GRACE = 30.0
+SUITE_LIMIT = float(os.environ.get("IRISMESH_SUITE_LIMIT", 1800))
+
+
+class Watchdog:
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.test = ""
+        self.until = float("inf")
+        self.changed = threading.Condition()
+        threading.Thread(target=self._watch, name="test-watchdog", daemon=True).start()
+
+    def running(self, test: str, limit: float) -> None:
+        with self.changed:
+            self.test, self.until = test, time.monotonic() + limit + GRACE
+            self.changed.notify()
+
+    def _watch(self) -> None:
+        with self.changed:
+            while True:
+                now = time.monotonic()
+                suite_left = self.started + SUITE_LIMIT - now
+                if now < self.until and suite_left > 0:
+                    self.changed.wait(min(self.until - now, suite_left, 60.0))
+                    continue
+                why = (
+                    f"the suite outlived its limit of {SUITE_LIMIT:.0f} s"
+                    if suite_left <= 0
+                    else f"it outlived its timeout by {GRACE:.0f} s"
+                )
+                sys.stderr.write(f"\n\nHUNG TEST: {self.test}: {why}; every thread's stack:\n")
+                faulthandler.dump_traceback(all_threads=True)
+                sys.stderr.write(f"\nHUNG TEST: {self.test}\n")
+                sys.stderr.flush()
+                os._exit(3)
+
+
+_watchdog = Watchdog()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    marker = item.get_closest_marker("timeout")
+    if marker is not None and marker.args:
+        limit = float(marker.args[0])
+    else:
+        limit = float(item.config.getini("timeout") or 0)
+    _watchdog.running(item.nodeid, limit if limit > 0 else SUITE_LIMIT)
+    yield
+    _watchdog.running("(between tests)", SUITE_LIMIT)

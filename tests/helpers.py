@@ -7,8 +7,10 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -111,3 +113,97 @@ def run_all(
                 proc.kill()
                 proc.communicate()
     assert not failures, "\n".join(failures)
+
+
+class LoadStalled(AssertionError):
+    """A load's requests have all failed for a while: its members are gone (the test fails)."""
+
+
+class RequestLoad:
+    """Workers that keep `workers` requests to `cluster` in flight, in bounded memory.
+
+    Every outcome is counted (replies, wrong replies, failures by error type, with the first
+    `SAMPLES` failures kept as examples), never listed. A failed request is retried after a
+    pause of `backoff`, as a real client would. `wait_until` waits on a condition like the
+    module's `wait_until`, and fails at once, saying so, when no request has succeeded for
+    `stall` seconds while failures came: the members died, and waiting longer only spins.
+    """
+
+    SAMPLES = 5
+
+    def __init__(
+        self,
+        node: Any,
+        cluster: str,
+        *,
+        workers: int = 16,
+        timeout: float = 5.0,
+        stall: float = 3.0,
+        backoff: float = 0.01,
+    ) -> None:
+        self.node = node
+        self.cluster = cluster
+        self.timeout = timeout
+        self.stall = stall
+        self.backoff = backoff
+        self.served = 0
+        self.wrong = 0
+        self.failed: Counter[str] = Counter()
+        self.samples: list[str] = []
+        self._last_ok = time.monotonic()
+        self._running = True
+        self._tasks = [asyncio.ensure_future(self._worker(w)) for w in range(workers)]
+
+    @property
+    def failures(self) -> int:
+        return sum(self.failed.values())
+
+    def summary(self) -> str:
+        kinds = ", ".join(f"{count} {kind}" for kind, count in self.failed.most_common())
+        return f"{self.served} served, {self.wrong} wrong, {self.failures} failed" + (
+            f" ({kinds}; first: {self.samples})" if kinds else ""
+        )
+
+    def stalled(self) -> bool:
+        return bool(self.failed) and time.monotonic() - self._last_ok > self.stall
+
+    async def _worker(self, worker: int) -> None:
+        i = 0
+        while self._running:
+            payload = b"%d-%d" % (worker, i)
+            i += 1
+            try:
+                reply = await self.node.request(self.cluster, payload, timeout=self.timeout)
+            except Exception as exc:  # every failure is a count, never a crash of the load
+                self.failed[type(exc).__name__] += 1
+                if len(self.samples) < self.SAMPLES:
+                    self.samples.append(f"{payload!r}: {exc!r}")
+                await asyncio.sleep(self.backoff)
+                continue
+            self._last_ok = time.monotonic()
+            if not reply.endswith(payload):
+                self.wrong += 1
+            self.served += 1
+
+    async def wait_until(self, predicate: Callable[[], object], timeout: float, what: str) -> float:
+        """Poll `predicate` every 5 ms; fail the test at the deadline, or as the load stalls."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        while not predicate():
+            if self.stalled():
+                pytest.fail(
+                    f"the load on {self.cluster!r} stalled while waiting for {what}: no reply "
+                    f"for {self.stall} s, its members are gone ({self.summary()})"
+                )
+            if loop.time() - start > timeout:
+                pytest.fail(f"timed out after {timeout} s waiting for {what} ({self.summary()})")
+            await asyncio.sleep(0.005)
+        return loop.time() - start
+
+    async def stop(self) -> None:
+        """End the workers (each within its request's timeout) and wait for them."""
+        self._running = False
+        _done, pending = await asyncio.wait(self._tasks, timeout=self.timeout + 1)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -55,7 +55,11 @@ class MemoryApi:
         stored path that matches, its `latest` newest retained messages, newest first, each
         with its topic, payload, publish time and unique, time-ordered id. NoResponders when
         no memory member is running."""
-        return await self.memory.reread(pattern, latest, timeout)
+        try:
+            return await self.memory.reread(pattern, latest, timeout)
+        except MeshError:
+            await self._caller.turns.maybe_pause()  # refused at once: still fair
+            raise
 
     async def _memory_catch_up(self) -> None:
         """A memory member that starts copies what the others hold, once membership has had a
@@ -84,11 +88,15 @@ class MemoryApi:
         the memory forgets the job only once a member has answered; a job whose handler
         fails goes again, five times in all; one still unhandled after `expiry` seconds is
         dropped. Delivery is at least once. NoResponders at once without a memory member."""
-        self._check_cluster(cluster)
-        if type(payload) is not bytes:
-            payload = as_bytes(payload)
-        self.keyring.require(cluster)  # the job is sealed under the cluster's key
-        return await self.memory.enqueue(cluster, payload, expiry, timeout)
+        try:
+            self._check_cluster(cluster)
+            if type(payload) is not bytes:
+                payload = as_bytes(payload)
+            self.keyring.require(cluster)  # the job is sealed under the cluster's key
+            return await self.memory.enqueue(cluster, payload, expiry, timeout)
+        except MeshError:
+            await self._caller.turns.maybe_pause()  # refused at once: still fair
+            raise
 
     async def _dispatch_job(
         self, cluster: str, job_id: bytes, payload: bytes, timeout: float

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import MESH, wait_until
+from helpers import MESH, RequestLoad, wait_until
 
 import irismesh
 from irismesh import Keyring, ScopeKey
@@ -124,27 +124,8 @@ def test_three_rotation_steps_by_editing_files_fail_no_request(tmp_path: Path) -
             keyring = Keyring.load(files["caller"])
             async with irismesh.Node(keyring=keyring, seeds=[seed], discovery=False) as caller:
                 await caller.wait_for_members("echo", 3, timeout=20)
-                served = 0
-                failures: list[str] = []
-                running = True
-
-                async def load(worker: int) -> None:
-                    nonlocal served
-                    i = 0
-                    while running:
-                        payload = b"%d-%d" % (worker, i)
-                        i += 1
-                        try:
-                            reply = await caller.request("echo", payload, timeout=5)
-                        except irismesh.MeshError as exc:
-                            failures.append(f"{payload!r}: {exc!r}")
-                            continue
-                        if reply != payload:
-                            failures.append(f"{payload!r}: got {reply!r}")
-                        served += 1
-
-                workers = [asyncio.ensure_future(load(w)) for w in range(16)]
-                await wait_until(lambda: served >= 200, 20, "the load to start")
+                load = RequestLoad(caller, "echo", workers=16, timeout=5)
+                await load.wait_until(lambda: load.served >= 200, 20, "the load to start")
                 progress = []
                 timings: list[str] = []
                 started = asyncio.get_running_loop().time()
@@ -153,7 +134,7 @@ def test_three_rotation_steps_by_editing_files_fail_no_request(tmp_path: Path) -
                 ):
                     for path in files.values():  # editing the files: nothing else
                         keys.save(path, overwrite=True)
-                    reread = await wait_until(
+                    reread = await load.wait_until(
                         lambda step=step, keys=keys: (
                             all(m.reloads() == step for m in members) and caller.keyring == keys
                         ),
@@ -168,20 +149,23 @@ def test_three_rotation_steps_by_editing_files_fail_no_request(tmp_path: Path) -
                         if seen == ((4, new_held, new_first), (4, old_held, 4 - new_first)):
                             break
                         assert asyncio.get_running_loop().time() < deadline, (step, seen)
+                        assert not load.stalled(), f"the load stalled: {load.summary()}"
                     progress.append(seen)
-                    before = served
-                    await wait_until(lambda before=before: served >= before + 200, 20, "load")
-                running = False
-                await asyncio.gather(*workers)
+                    before = load.served
+                    await load.wait_until(
+                        lambda before=before: load.served >= before + 200, 20, "load"
+                    )
+                await load.stop()
                 took = asyncio.get_running_loop().time() - started
                 print(
-                    f"\nrotation under load: {served} requests in {took:.1f} s, "
-                    f"{len(failures)} failed, {caller.stats.get('requests_resent', 0)} resent, "
+                    f"\nrotation under load: {load.summary()} in {took:.1f} s, "
+                    f"{caller.stats.get('requests_resent', 0)} resent, "
                     f"{caller.stats.get('links_down_rekey', 0)} links rekeyed; "
                     + "; ".join(timings)
                 )
-                assert failures == [], failures[:5]
-                assert served > 800
+                assert load.failures == 0, load.summary()
+                assert load.wrong == 0, load.summary()
+                assert load.served > 800
                 assert [e for m in members for e in m.errors if "not reloaded" in e] == []
                 # The links under the old key were replaced, not left to run on it.
                 assert caller.stats.get("links_down_rekey", 0) >= 3

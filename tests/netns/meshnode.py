@@ -86,6 +86,10 @@ class Membership:
         return max((self.since.get(i, 0.0) for i in (*present, *absent)), default=0.0)
 
 
+MAX_EXAMPLES = 20  # failures and wrong replies kept as examples
+MAX_SAMPLES = 200_000  # latencies kept for the percentiles
+
+
 class Load:
     """Requests in a loop from `workers` tasks; every outcome counted, every reply checked."""
 
@@ -106,10 +110,14 @@ class Load:
         self.label = label
         self.sent = 0
         self.ok = 0
+        # Counted, with the first few kept as examples: a dying mesh fails requests at once,
+        # and a list of every failure would grow without bound.
+        self.failed = 0
         self.failures: list[dict[str, Any]] = []
+        self.wrong_count = 0
         self.wrong: list[str] = []
         self.served: Counter[str] = Counter()
-        self.latencies: list[float] = []
+        self.latencies: list[float] = []  # of the first MAX_SAMPLES replies
         self.late = 0  # requests that took longer than their timeout (plus 100 ms of slack)
         self.max_elapsed = 0.0
         self.started = time.monotonic()
@@ -126,23 +134,28 @@ class Load:
                 reply = await self.node.request(self.cluster, payload, timeout=self.timeout)
             except Exception as exc:  # every failure is a figure, never a crash
                 elapsed = time.monotonic() - began
-                self.failures.append(
-                    {
-                        "i": i,
-                        "at": began,
-                        "elapsed": elapsed,
-                        "error": f"{type(exc).__name__}: {exc}",
-                    }
-                )
+                self.failed += 1
+                if len(self.failures) < MAX_EXAMPLES:
+                    self.failures.append(
+                        {
+                            "i": i,
+                            "at": began,
+                            "elapsed": elapsed,
+                            "error": f"{type(exc).__name__}: {exc}",
+                        }
+                    )
             else:
                 elapsed = time.monotonic() - began
                 who, _, echoed = reply.partition(b":")
                 if echoed != payload:
-                    self.wrong.append(f"{i}: {reply[:80]!r}")
+                    self.wrong_count += 1
+                    if len(self.wrong) < MAX_EXAMPLES:
+                        self.wrong.append(f"{i}: {reply[:80]!r}")
                 else:
                     self.ok += 1
                     self.served[who.decode(errors="replace")] += 1
-                    self.latencies.append(elapsed)
+                    if len(self.latencies) < MAX_SAMPLES:
+                        self.latencies.append(elapsed)
             self.max_elapsed = max(self.max_elapsed, elapsed)
             if elapsed > self.timeout + 0.1:
                 self.late += 1
@@ -153,8 +166,8 @@ class Load:
         return {
             "sent": self.sent,
             "replied": self.ok,
-            "failed": len(self.failures),
-            "wrong": len(self.wrong),
+            "failed": self.failed,
+            "wrong": self.wrong_count,
             "served_by": dict(self.served),
             "pending": self.node.stats.get("requests_pending", 0),
         }
