@@ -57,15 +57,19 @@ def rows(bench: str, results: dict[str, Any]) -> dict[str, float]:
 
 
 def run_once(python: str, bench: str) -> dict[str, float]:
+    """One run's rates by row; none (said on stderr) if the run failed."""
     script = bench_dir(python) / f"{bench}.py"
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        subprocess.run(
+        done = subprocess.run(
             [python, str(script), *BENCHES[bench], "--json", out.name],
-            check=True,
             stdout=subprocess.DEVNULL,
             cwd=tempfile.gettempdir(),
         )
-        return rows(bench, json.load(open(out.name, encoding="utf-8"))["results"])
+        if done.returncode != 0:
+            print(f"{bench} with {python} failed (status {done.returncode})", file=sys.stderr)
+            return {}
+        with open(out.name, encoding="utf-8") as document:
+            return rows(bench, json.load(document)["results"])
 
 
 def main() -> int:
@@ -101,7 +105,7 @@ def main() -> int:
             if not rates:
                 continue
             median = statistics.median(rates)
-            cells.append(f"{name} {median:,.0f}/s ({median / base:.3f}x)")
+            cells.append(f"{name} {median:,.0f}/s ({median / base:.3f}x, n={len(rates)})")
         print(f"{row:<34} " + "   ".join(cells))
     return 0
 
