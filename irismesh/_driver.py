@@ -29,7 +29,13 @@ this node dialled, and one UDP socket for membership (`_datagrams`). Each DEALER
 monitor: when its TCP connection drops (a peer killed by SIGKILL closes its sockets at once)
 the link fails within milliseconds, and membership is asked to probe the peer; a link cannot
 survive zmq's silent reconnect anyway (the peer would see a new connection with no handshake).
-What TCP does not show (a stopped process, a silent network) membership's probes find.
+A connect that fails is no error to a DEALER, which retries it quietly: the monitor's
+EVENT_CONNECT_RETRIED is the only sign, and the link fails on it as "refused", as the TCP
+links' do on ECONNREFUSED (the core then knows a dropped member gone, see `MeshCore`). zmq does
+not say why the connect failed: one that fails this soon was refused, or the network answered
+that the host is unreachable; a connect that gets no answer retries only after the kernel gives
+up, long after the handshake's timeout. What TCP does not show (a stopped process, a silent
+network) membership's probes find.
 Replies go out with ROUTER_MANDATORY so an unroutable reply is an error we count, not a silent
 drop. Send queues are unbounded in zmq; the core bounds them by its limits on requests in
 flight.
@@ -69,6 +75,7 @@ _POLLIN = int(zmq.POLLIN)
 _EVENTS = int(zmq.EVENTS)
 _RCVMORE = int(zmq.RCVMORE)
 _DISCONNECTED = int(zmq.EVENT_DISCONNECTED)
+_CONNECT_RETRIED = int(zmq.EVENT_CONNECT_RETRIED)
 # pyzmq's own `send` (its extension's), called with the socket: the `zmq.Socket.send` every
 # socket has wraps it in Python for options frames of bytes never use, at a third of a send.
 _send_frame: Callable[..., Any] = zmq.backend.Socket.send
@@ -607,18 +614,25 @@ class ZmqDriver(Driver):
             self.core.link_failed(event.link_id, self.loop.time(), "no_socket")
             return
         _configure(sock, self._max_frame)
+        # The monitor before the connect: a refusal on loopback comes at once, and an event
+        # from before the monitor is lost (the next try's comes RECONNECT_IVL later).
+        monitor: zmq.Socket[bytes] | None = None
+        try:
+            monitor = sock.get_monitor_socket(_DISCONNECTED | _CONNECT_RETRIED)
+        except zmq.ZMQError:  # no socket left for the monitor: heartbeats still watch the link
+            self.core.stats["monitors_unavailable"] += 1
         try:
             sock.connect(event.endpoint)
         except zmq.ZMQError:
+            if monitor is not None:
+                sock.disable_monitor()
+                monitor.close(0)
             sock.close(0)
             self.core.link_failed(event.link_id, self.loop.time(), "bad_endpoint")
             return
         self._dealers[event.link_id] = sock
         self.loop.add_reader(sock.FD, self._dealer_readable, event.link_id)
-        try:
-            monitor = sock.get_monitor_socket(_DISCONNECTED)
-        except zmq.ZMQError:  # no socket left for the monitor: heartbeats still watch the link
-            self.core.stats["monitors_unavailable"] += 1
+        if monitor is None:
             return
         self._monitors[event.link_id] = monitor
         self.loop.add_reader(monitor.FD, self._drain_monitor, event.link_id)
@@ -630,20 +644,22 @@ class ZmqDriver(Driver):
         monitor = self._monitors.get(link_id)
         if monitor is None:
             return
-        disconnected = False
+        disconnected = retried = False
         while True:
             try:
                 parts = monitor.recv_multipart(_NOBLOCK)
             except zmq.Again:
                 break
-            if (
-                parts
-                and len(parts[0]) >= 2
-                and int.from_bytes(parts[0][:2], "little") == _DISCONNECTED
-            ):
-                disconnected = True
+            if parts and len(parts[0]) >= 2:
+                kind = int.from_bytes(parts[0][:2], "little")
+                disconnected |= kind == _DISCONNECTED
+                retried |= kind == _CONNECT_RETRIED
         if disconnected:
             self.core.link_failed(link_id, self.loop.time(), "disconnected")
+            self.process()
+        elif retried:  # the connect failed (see the module's docstring)
+            self.core.stats["dials_unconnected"] += 1
+            self.core.link_failed(link_id, self.loop.time(), "refused")
             self.process()
 
     def _close_link(self, link_id: int) -> None:

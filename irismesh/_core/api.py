@@ -90,7 +90,8 @@ class CoreApi:
             self._demand.candidate(endpoint, now, seed=seed)
 
     def want(self, cluster: str, now: float) -> int:
-        """This node calls `cluster`: link to its members; how many membership knows."""
+        """This node calls `cluster`: link to its members; how many membership knows, less
+        those this node found gone itself (`LinkDemand.unreachable`)."""
         return self._demand.want(cluster, now)
 
     def take_datagrams(self) -> list[tuple[str, bytes]]:

@@ -11,7 +11,8 @@ a key for the cluster, else NoResponders).
 
 A pending request moves to another member in three cases, all through `_send_to` (the same
 request id each time, so the member's reply cache can spot a duplicate): its link went down
-(`link_down`: resend to another member, or park it until one appears or the deadline passes;
+(`link_down`: resend to another member, or park it until one appears or the deadline passes,
+or fails with NoResponders once the cluster has no live member left, `fail_unserved`;
 a pinned one fails with MemberLost), its link is vouched for by other peers but silent here
 (`migrate`: alive is not the same as useful), or no reply came within its hedge delay (`_hedge`:
 a copy goes to a second member, within a token-bucket budget, and the first reply wins).
@@ -488,6 +489,25 @@ class Calls(LinkObserver):
                 self._outbox.events.append(RequestFailed(req_id=request.req_id, error=error))
             else:
                 self._resend(request, now, link)
+
+    def fail_unserved(self, now: float) -> None:
+        """Members went (dead, or out of this node's routing): parked requests of a cluster
+        left with no live member fail with NoResponders now, as a new request to it would,
+        rather than at their deadline."""
+        parked = [request for request in self.pending if request.link is None]
+        if not parked:
+            return
+        served: dict[str, int] = {}
+        events = self._outbox.events
+        for request in parked:
+            cluster = request.cluster
+            count = served.get(cluster)
+            if count is None:
+                count = served[cluster] = self._want(cluster, now)
+            if not count:
+                self.pending.pop(request.req_id)
+                self._stats["requests_unserved"] += 1
+                events.append(RequestFailed(req_id=request.req_id, error=NoResponders(cluster)))
 
     def tick(self, now: float) -> None:
         """Hedges due, deadlines passed, replies remembered too long."""

@@ -13,6 +13,15 @@ wants, closes the links no longer needed (with a goodbye, so the peer forgets it
 dials the wanted members still missing, and redials seeds while this node finds itself alone
 (once in the mesh, membership keeps it there). At `max_links` the least recently needed link
 closes to make room (`close_least_needed`).
+
+Members this node found gone itself (`unreachable`): when an UP link's connection drops, its
+endpoint is dialled again at once, and a refusal there (no process listens any more: a killed
+member's kernel closes its sockets and refuses new ones) takes the member out of this node's
+routing: `want` and `readers` leave it out, so a call into a cluster with no other member
+fails at once. Membership is not told: it still decides with its probes whether the member is
+dead. The member is still dialled on demand, with backoff, and comes back (`MeshCore`) when a
+handshake with it completes or membership hears a newer incarnation of it; membership's
+verdict of death or leave forgets it here.
 """
 
 from __future__ import annotations
@@ -27,6 +36,12 @@ from irismesh._core.links import DialRecord, OutLink
 from irismesh._core.records import MemberRecord
 
 MAX_DIAL_RECORDS = 4096  # endpoints remembered (seeds always are)
+# Why an UP link closes when its transport broke under it (the drivers' and `link_failed`'s
+# reasons): the peer may have died, so its endpoint is dialled again at once.
+DROPPED = frozenset(("disconnected", "transport"))
+# Dials after a drop that may connect and drop again before their handshake (a dying process's
+# listener), each followed by another at once, before the drop counts as no evidence.
+REDIALS_AFTER_DROP = 2
 
 
 class LinkDemand:
@@ -65,19 +80,30 @@ class LinkDemand:
         # Cluster or topic scope -> when this node last needed links for it.
         self.clusters: dict[str, float] = {}
         self.scopes: dict[str, float] = {}
+        # Members out of this node's routing (see the module's docstring): node id -> the
+        # incarnation membership held when it was taken out (a newer one puts it back).
+        self.unreachable: dict[bytes, int] = {}
 
     def want(self, cluster: str, now: float) -> int:
         """This node calls `cluster`: link to its members (dialling those not linked yet);
-        how many live members membership knows it has."""
+        how many live members membership knows it has, less those `unreachable`."""
         self.clusters[cluster] = now
-        return len(self.link_to(self._directory.servers(cluster), now))
+        servers = self.link_to(self._directory.servers(cluster), now)
+        unreachable = self.unreachable
+        if unreachable:
+            return sum(node_id not in unreachable for node_id in servers)
+        return len(servers)
 
     def readers(self, scope: str) -> dict[bytes, MemberRecord]:
-        """Live members that read topic `scope`: this node publishes there, so it links to
-        each of them (dialling those not linked yet)."""
+        """Live members that read topic `scope`, less those `unreachable`: this node publishes
+        there, so it links to each of them (dialling those not linked yet)."""
         now = self._clock()
         self.scopes[scope] = now
-        return self.link_to(self._directory.readers(scope), now)
+        readers = self.link_to(self._directory.readers(scope), now)
+        unreachable = self.unreachable
+        if unreachable:
+            return {k: v for k, v in readers.items() if k not in unreachable}
+        return readers
 
     def link_to(self, records: dict[bytes, MemberRecord], now: float) -> dict[bytes, MemberRecord]:
         peers = self._peers
@@ -137,7 +163,9 @@ class LinkDemand:
         cfg = self._config
         if reason in ("self", "duplicate"):
             record.next_at = float("inf")  # never useful to dial again
-        elif reason == "rekey":  # closed to handshake again with new keys: at once
+        elif reason == "rekey" or (was_up and reason in DROPPED):
+            # At once: to handshake again with new keys, or to see whether anyone still
+            # listens where a connection dropped.
             record.next_at = now
         elif was_up and reason in ("bye", "idle", "dead", "left"):
             if record.seed:  # dialled again only if this node finds itself alone

@@ -14,7 +14,20 @@ through it (seeds, discovery), and closes a link nothing has needed for `idle_li
 least recently needed first when it reaches `max_links`. A node sends its requests on the
 links it dialled and serves requests on the links dialled to it. Membership's verdicts act on
 the links: a member declared dead or gone has its links closed, and its requests in flight are
-resent to other members within their deadlines.
+resent to other members within their deadlines; those left with no live member to go to fail
+with NoResponders at once, as a new request would.
+
+What the transport shows is quicker than any probe: a killed process's kernel closes its
+connections at once and refuses new ones. So when an UP link's connection drops, its endpoint
+is dialled again at once (again at once, a few times, if that connects and drops before its
+handshake: a dying process's listener may still take one), and if a dial is refused the member
+is taken out of this node's routing (`LinkDemand.unreachable`; counted in `peers_taken_out`):
+calls into a cluster with no other member fail with NoResponders at once, parked ones
+included. It is this node's view alone: membership still probes the member and gives its own
+verdict. A drop alone is no such evidence (a live peer may close or lose a connection), nor is
+a refusal alone (an endpoint may be stale) or a dial that times out. The member is put back
+(`peers_put_back`) when a handshake with it completes, either way, or membership hears a newer
+incarnation of it.
 
 `MeshCore` keeps the link table and walks each link through its lifecycle (`links`): it dials,
 runs the handshake (`handshake`, which also proves the mesh key and exchanges membership
@@ -47,7 +60,7 @@ from typing import Any
 from irismesh._core.api import CoreApi
 from irismesh._core.calls import Calls
 from irismesh._core.config import CoreConfig
-from irismesh._core.demand import LinkDemand
+from irismesh._core.demand import DROPPED, REDIALS_AFTER_DROP, LinkDemand
 from irismesh._core.directory import Directory
 from irismesh._core.events import (
     CloseLink,
@@ -79,8 +92,10 @@ from irismesh._core.membership import Membership
 from irismesh._core.outbox import Outbox
 from irismesh._core.pubsub import PubSubCore
 from irismesh._core.records import (
+    MemberChanged,
     MemberDown,
     MemberRecord,
+    MemberState,
     MemberSuspect,
     MemberUp,
     validate_name,
@@ -287,6 +302,10 @@ class MeshCore(CoreApi):
                     if link is not None:
                         link.suspect = change.suspect
                     events.append(PeerSuspect(node_id=change.node_id, suspect=change.suspect))
+                    if not change.suspect:  # refuted: a newer incarnation spoke
+                        self._put_back(change.node_id)
+                elif isinstance(change, MemberChanged):  # a newer incarnation's record
+                    self._put_back(change.record.node_id)
             self.pubsub.readers_changed()
         if gained:
             self._demand.dial_wanted(now)
@@ -299,12 +318,14 @@ class MeshCore(CoreApi):
         """
         node_id = record.node_id
         self.stats["peers_down_" + reason] += 1
+        self._demand.unreachable.pop(node_id, None)  # membership's verdict now
         if reason == "dead":
             link = self._peers.get(node_id)
             if link is not None:
                 self._close_out(link, now, reason)
             for inlink in [x for x in self._in.values() if x.peer_id == node_id]:
                 self._forget_in(inlink)
+            self.calls.fail_unserved(now)
         self._demand.forget(record.endpoint)
         self.outbox.events.append(
             PeerDown(node_id=node_id, endpoint=record.endpoint, reason=reason, name=record.name)
@@ -443,6 +464,8 @@ class MeshCore(CoreApi):
         # two names and kept the first) or it is gone, and then membership says so.
         self._in[routing_id] = link
         self._in_by_peer[link.peer_id] = link
+        if self._demand.unreachable:
+            self._put_back(link.peer_id)
         for observer in self._observers:
             observer.inbound_up(link, now)
         self.membership.learn(record, incarnation, now)
@@ -459,9 +482,12 @@ class MeshCore(CoreApi):
         record, incarnation = self._handshake.welcome(link, env)
         link.last_heard = link.last_sample = now
         self._peers[peer_id] = link
+        if self._demand.unreachable:
+            self._put_back(peer_id)
         dial = self._dials.get(link.endpoint)
         if dial is not None:
             dial.failures = 0
+            dial.dropped = b""  # answered
         self.calls.linked.clear()
         self.stats["links_up"] += 1
         self.outbox.events.append(LinksChanged())
@@ -481,22 +507,83 @@ class MeshCore(CoreApi):
         events.append(CloseLink(link_id=link.link_id))
         self.outbox.link_events = True
         record = self._dials.get(link.endpoint)
-        if record is not None and record.link_id == link.link_id:
+        if record is not None and record.link_id != link.link_id:
+            record = None  # not the record this link was dialled through
+        dropped = b""
+        if record is not None:
+            dropped, record.dropped = record.dropped, b""
             self._demand.dial_ended(record, reason, was_up, now)
         if not was_up:
             self.stats["dials_failed"] += 1
             self.stats["dials_failed_" + reason.partition(":")[0]] += 1
+            if dropped and record is not None:
+                self._redial_failed(record, dropped, reason, now)
             return
         self.stats["links_down_" + reason] += 1
         if self._peers.get(link.peer_id) is link:
             del self._peers[link.peer_id]
         self.calls.linked.clear()
         events.append(LinksChanged())
+        redial = False
+        if record is not None and reason in DROPPED:
+            # Its endpoint is dialled again at once (`dial_ended`), by the resends below or
+            # here if the link was still needed: a refusal there says the member is gone.
+            record.dropped = link.peer_id
+            redial = self._demand.needed(link, now)  # asked before the resends empty it
         for observer in self._observers:
             observer.link_down(link, reason, now)
         if reason not in ("bye", "idle", "dead", "left", _REKEY):
             # The transport broke (a peer killed closes its sockets at once): ask membership.
             self.membership.probe_soon(link.peer_id, now)
+        if (
+            redial
+            and record is not None
+            and not record.link_id
+            and self._dials.get(record.endpoint) is record
+            and not self._closed
+        ):
+            self._demand.dial(record, now)
+
+    def _redial_failed(self, record: DialRecord, node_id: bytes, reason: str, now: float) -> None:
+        """The dial made through `record` since `node_id`'s link dropped failed, for `reason`."""
+        if reason == "refused":  # the transport's own refusal (a REFUSE says "refused: ...")
+            self._take_out(node_id, now)
+        elif (
+            reason in DROPPED
+            and record.failures <= REDIALS_AFTER_DROP
+            and self._dials.get(record.endpoint) is record
+            and not record.link_id
+            and not self._closed
+        ):
+            # Connected, then dropped before its handshake: a killed process's listener may
+            # still take a connection while its kernel closes its sockets one by one (the
+            # connection first). Dial again at once: by then nothing listens.
+            record.dropped = node_id
+            self._demand.dial(record, now)
+
+    def _take_out(self, node_id: bytes, now: float) -> None:
+        """`node_id`'s link dropped and its endpoint refused the redial: out of this node's
+        routing (see the module's docstring), unless membership holds it dead already or
+        another link to it is up."""
+        member = self.membership.get(node_id)
+        unreachable = self._demand.unreachable
+        if (
+            member is None
+            or member.state > MemberState.SUSPECT
+            or node_id in self._peers
+            or node_id in unreachable
+        ):
+            return
+        unreachable[node_id] = member.incarnation
+        self.stats["peers_taken_out"] += 1
+        self.pubsub.readers_changed()
+        self.calls.fail_unserved(now)
+
+    def _put_back(self, node_id: bytes) -> None:
+        """A member taken out of routing showed it lives: it routes again."""
+        if self._demand.unreachable.pop(node_id, None) is not None:
+            self.stats["peers_put_back"] += 1
+            self.pubsub.readers_changed()
 
     def _forget_in(self, link: InLink) -> None:
         for observer in self._observers:
@@ -579,9 +666,21 @@ class MeshCore(CoreApi):
                 self._close_out(link, now, "handshake_timeout")
         if now >= self._next_housekeeping:
             self._next_housekeeping = now + _HOUSEKEEPING
+            if self._demand.unreachable:
+                self._recheck_unreachable()
             self._demand.housekeep(now)
         self.calls.tick(now)
         self._tick_due = self.next_deadline(now)
+
+    def _recheck_unreachable(self) -> None:
+        """Members taken out of routing: put back those of which membership heard a newer
+        incarnation (a restart that kept its id refutes in time), forget those it lost."""
+        for node_id, incarnation in list(self._demand.unreachable.items()):
+            member = self.membership.get(node_id)
+            if member is None or member.state > MemberState.SUSPECT:
+                del self._demand.unreachable[node_id]
+            elif member.incarnation > incarnation:
+                self._put_back(node_id)
 
     def close(self) -> None:
         """Say goodbye on every link and fail what is pending; the driver then flushes."""

@@ -4,7 +4,9 @@ A link is one transport connection that this node dialled (`OutLink`: its reques
 and replies come back on it) or that a peer dialled (`InLink`: its requests come in). Links are
 opened on demand, to the peers a node actually talks to: members of the clusters it calls,
 subscribers of the topics it publishes, nodes it joins the mesh through; a link nothing needs
-is closed after a while. Whether a peer is alive is membership's to say, not the links'.
+is closed after a while. Whether a peer is alive is membership's to say, not the links'; but
+what a link's transport saw (its connection dropped, and the peer's endpoint then refused a
+new one) takes the peer out of this node's own routing at once (`LinkDemand.unreachable`).
 
 Link lifecycle, dialler side:
 
@@ -133,6 +135,9 @@ class DialRecord:
     next_at: float = 0.0
     link_id: int = 0  # the live OutLink dialled to it, 0 if none
     join: bool = True  # exchange membership tables with it once linked (seeds, discovery)
+    # The node whose UP link through this endpoint dropped: the redial's answer is awaited
+    # (refused: no process listens there any more). b"" if none.
+    dropped: bytes = b""
 
 
 class LinkObserver:

@@ -6,8 +6,9 @@
 carries membership datagrams (`take_datagrams` -> `receive_datagram` at their address), and
 keeps a virtual clock. Like TCP, a link delivers its frames in order; different links may
 be delayed independently (so frames reorder *between* links), frames may be lost, nodes may
-be killed, paused (a stalled loop) or partitioned from each other. Everything random comes
-from one seeded `random.Random`, so a failing run replays exactly.
+be killed (silently: `kill`; or as SIGKILL does, their connections closed and their endpoint
+refusing dials: `crash`), paused (a stalled loop) or partitioned from each other. Everything
+random comes from one seeded `random.Random`, so a failing run replays exactly.
 
 Members answer requests through a handler: `echo` answers at once with b"re:" + payload,
 `hold` keeps the token in `node.held` for the test to answer later.
@@ -118,6 +119,7 @@ class MemNode:
     failures: dict[int, list[RequestFailed]] = field(default_factory=dict)
     conns: dict[int, Conn] = field(default_factory=dict)
     security: LinkSecurity | None = None  # what its core decides with (rekeyed by MemNet.rekey)
+    refused: list[int] = field(default_factory=list)  # its dials refused, not yet told
 
     @property
     def node_id(self) -> bytes:
@@ -173,6 +175,7 @@ class MemNet:
         self._datagrams: list[tuple[float, int, str, str, bytes]] = []
         self.routes: dict[bytes, Conn] = {}
         self.partitions: set[frozenset[str]] = set()
+        self.refusing: set[str] = set()  # endpoints of crashed nodes: dials there are refused
         self.delivered: list[Delivery] = []
         self.lost: Counter[str] = Counter()
         self._queue: list[tuple[float, int, float, Conn, bool, bytes]] = []
@@ -217,6 +220,7 @@ class MemNet:
         node = MemNode(name, endpoint, core, handler, spec, security=security)
         self.nodes[name] = node
         self.listeners[endpoint] = node
+        self.refusing.discard(endpoint)
         self.by_address[core.address] = node
         for seed in spec.seeds:
             core.add_candidate(seed, self.now, seed=True)
@@ -239,6 +243,24 @@ class MemNet:
     def kill(self, node: MemNode) -> None:
         """The process dies: nothing more reaches it or leaves it."""
         node.alive = False
+
+    def crash(self, node: MemNode) -> None:
+        """The process is killed as SIGKILL does: its kernel closes its connections at once,
+        and their other ends see it; dials to its endpoint are refused until a node listens
+        there again (`restart`). Like `kill`, nothing more reaches it or leaves it."""
+        node.alive = False
+        self.refusing.add(node.endpoint)
+        for conn in list(self.routes.values()):
+            if not conn.open or node not in (conn.dialler, conn.listener):
+                continue
+            conn.open = False
+            if conn.listener is node and conn.dialler.alive:
+                conn.dialler.core.link_failed(conn.link_id, self.now, "disconnected")
+                self.collect(conn.dialler)
+            elif conn.dialler is node and conn.listener is not None and conn.listener.alive:
+                conn.listener.core.inbound_closed(conn.routing_id)
+                self.collect(conn.listener)
+        self.run(self.now)
 
     def partition(self, a: MemNode, b: MemNode) -> None:
         self.partitions.add(frozenset((a.name, b.name)))
@@ -299,10 +321,19 @@ class MemNet:
     def collect(self, node: MemNode) -> None:
         """Act on a core's events and put its frames on the wire, as the driver does."""
         core = node.core
-        while core.events or core.out_frames or core.in_frames or core.membership.outbox:
+        while (
+            core.events
+            or core.out_frames
+            or core.in_frames
+            or core.membership.outbox
+            or node.refused
+        ):
             events, core.events = core.events, []
             for event in events:
                 self._on_event(node, event)
+            refused, node.refused = node.refused, []
+            for link_id in refused:  # the transport says so once the dial is made
+                core.link_failed(link_id, self.now, "refused")
             out, core.out_frames = core.out_frames, []
             for link_id, frame in out:
                 conn = node.conns.get(link_id)
@@ -324,6 +355,9 @@ class MemNet:
             conn = Conn(node, event.link_id, listener, routing_id)
             node.conns[event.link_id] = conn
             self.routes[routing_id] = conn
+            if event.endpoint in self.refusing:
+                conn.open = False
+                node.refused.append(event.link_id)
         elif isinstance(event, CloseLink):
             closed = node.conns.pop(event.link_id, None)
             if closed is not None:

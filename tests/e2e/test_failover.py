@@ -6,11 +6,14 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 
-from helpers import ROOT, Workers, wait_until
+import pytest
+from helpers import MESH, ROOT, Workers, wait_until
 
 import irismesh
 
@@ -87,6 +90,80 @@ def test_killed_member_stops_receiving_requests_within_two_seconds(
                 assert (await client.request("work", b"%d" % i, timeout=2)).startswith(b"w1:")
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def _free_port() -> int:
+    """A port free for both TCP and UDP on 127.0.0.1 a moment ago (a node takes both)."""
+    while True:
+        with socket.socket() as tcp, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+            tcp.bind(("127.0.0.1", 0))
+            port: int = tcp.getsockname()[1]
+            try:
+                udp.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+
+
+@pytest.mark.parametrize("transport", ["tcp", "zmq"])
+def test_the_only_member_sigkilled_gives_no_responders_at_once_and_its_restart_serves(
+    keyfile: Path, keys: irismesh.Keyring, transport: str
+) -> None:
+    """Its link drops and its endpoint refuses the redial: the caller takes it out of its own
+    routing at once, well before membership's probes could declare it dead (seconds)."""
+    endpoint = f"tcp://127.0.0.1:{_free_port()}"
+    env = dict(os.environ, IRISMESH_KEYFILE=str(keyfile), IRISMESH_TRANSPORT=transport)
+    env.pop("IRISMESH_KEYS", None)
+    argv = [*MESH, "node", "--cluster", "work", "--prefix", "m:", "--bind", endpoint]
+    procs: list[subprocess.Popen[str]] = []
+
+    def start_member() -> subprocess.Popen[str]:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
+        procs.append(proc)
+        assert proc.stdout is not None
+        assert endpoint in proc.stdout.readline(), "the member did not start"
+        return proc
+
+    async def main() -> None:
+        member = start_member()
+        async with irismesh.Node(keyring=keys, seeds=[endpoint], transport=transport) as client:
+            await client.wait_for_members("work", 1, timeout=10)
+            assert await client.request("work", b"x", timeout=5) == b"m:x"
+            loop = asyncio.get_running_loop()
+            member.send_signal(signal.SIGKILL)
+            killed = loop.time()
+            while True:  # bounded: a request's deadline each, and the loop's below
+                assert loop.time() - killed < 10, "no NoResponders within 10 s"
+                try:
+                    await client.request("work", b"y", timeout=0.5)
+                except irismesh.NoResponders:
+                    break
+                except irismesh.RequestTimeout:
+                    continue
+            taken = loop.time() - killed
+            print(f"{transport}: NoResponders {taken * 1000:.0f} ms after the SIGKILL")
+            assert taken < 0.8, f"NoResponders after {taken:.2f} s"
+            assert client.stats.get("peers_taken_out", 0) == 1, client.stats
+            # The same endpoint, a new process: the caller still calls, so it dials the
+            # endpoint again, and the new member's handshake makes it routable.
+            start_member()
+            restarted = loop.time()
+            while True:
+                assert loop.time() - restarted < 10, "the restarted member was never asked"
+                try:
+                    reply = await client.request("work", b"z", timeout=2)
+                    break
+                except irismesh.NoResponders:
+                    await asyncio.sleep(0.02)
+            assert reply == b"m:z"
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), 60))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate(timeout=10)
 
 
 def test_stopped_member_for_300ms_is_not_declared_dead(

@@ -138,10 +138,16 @@ def _closed_port() -> int:
         return port
 
 
-def test_a_refused_dial_fails_at_once_not_at_the_handshake_timeout(keys: irismesh.Keyring) -> None:
+@pytest.mark.parametrize("transport", ["tcp", "zmq"])
+def test_a_refused_dial_fails_at_once_not_at_the_handshake_timeout(
+    keys: irismesh.Keyring, transport: str
+) -> None:
+    """Over zmq too: a DEALER retries a refused connect quietly, and its monitor's
+    EVENT_CONNECT_RETRIED fails the link."""
+
     async def main() -> None:
         nowhere = f"tcp://127.0.0.1:{_closed_port()}"
-        async with irismesh.Node(keyring=keys, seeds=[nowhere], transport="tcp") as node:
+        async with irismesh.Node(keyring=keys, seeds=[nowhere], transport=transport) as node:
             await wait_until(
                 lambda: node.stats.get("dials_failed_refused", 0) >= 1, 5, "the dial to fail"
             )
@@ -253,5 +259,7 @@ def test_a_link_whose_connection_breaks_is_forgotten_by_the_member_at_once(
                     assert await client.request("db", b"again") == b"ok:again"  # dialled anew
                     assert len(core._in) == 1
                 assert client.stats["links_down_disconnected"] == 3
+                # Each redial was let in: a live member whose connection reset stays routable.
+                assert client.stats.get("peers_taken_out", 0) == 0
 
     run(main())
