@@ -2,20 +2,22 @@
 
     python bench/death.py [--runs 7] [--transport tcp zmq] [--idle 0 20] [--json out.json]
 
-Each run starts a member of cluster "death" in a child process and a caller in this one,
-seeded with it; once a request has been answered, a second request is sent and held by the
-member's handler, and the member is SIGKILLed. The caller then asks again and again, each
-request with a deadline of 50 ms, until one raises NoResponders: the time from the kill to that
-is the run's figure. The held request's outcome, and when it came, are reported beside it.
-With --idle N, N nodes of another cluster (one child process) are in the mesh as well: the
-member joins through them, so the caller's membership holds N + 1 nodes. Prints the median and
-every figure per transport and mesh size.
+Each run starts a member of a cluster of its own ("death-<run>": a member killed in an earlier
+run, not yet declared dead everywhere, serves no cluster called now) in a child process, and a
+caller in this one, seeded with it. Once a request has been answered, a second one is sent and
+held by the member's handler, and the member is SIGKILLed. The caller then asks again and
+again, each request with a deadline of 50 ms, until one raises NoResponders: the time from the
+kill to that is the run's figure. The held request's outcome, and when it came, are reported
+beside it. With --idle N, N nodes of another cluster (one child process) are in the mesh as
+well: the member joins through them, so the caller's membership holds N + 1 nodes. Prints the
+median and every figure per transport and mesh size.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import signal
@@ -30,9 +32,9 @@ from _harness import ChildProcesses, on_stdin_eof
 import irismesh
 from irismesh.errors import NoResponders, RequestTimeout
 
-CLUSTER = "death"
 GIVE_UP = 15.0  # seconds after the kill: the run failed
 HELD_TIMEOUT = 3.0  # the deadline of the request in flight at the kill
+SLOW = 0.3  # seconds: a run slower than this prints what the caller saw
 
 
 async def child(transport: str, seeds: list[str], nodes: int, cluster: str) -> None:
@@ -71,13 +73,14 @@ async def one_run(
     idle: str | None,
     idle_count: int,
     keys: irismesh.Keyring,
+    cluster: str,
 ) -> tuple[float, str, float]:
     """(seconds from the kill to NoResponders, the held request's outcome, and when)."""
-    argv = [sys.executable, __file__, "--child", transport, "1", CLUSTER]
+    argv = [sys.executable, __file__, "--child", transport, "1", cluster]
     member = children.spawn("member", [*argv, *([idle] if idle else [])])
     endpoint = member.expect_prefix("READY", 30)
     async with irismesh.Node(keyring=keys, transport=transport, seeds=[endpoint]) as caller:
-        await caller.wait_for_members(CLUSTER, 1, timeout=10)
+        await caller.wait_for_members(cluster, 1, timeout=10)
         loop = asyncio.get_running_loop()
         until = loop.time() + 10
         while len(caller.peers()) < idle_count + 1:
@@ -86,8 +89,8 @@ async def one_run(
                     f"the caller knows {len(caller.peers())} nodes, not {idle_count + 1}"
                 )
             await asyncio.sleep(0.05)
-        assert await caller.request(CLUSTER, b"warm", timeout=5) == b"warm"
-        held = asyncio.ensure_future(caller.request(CLUSTER, b"hold", timeout=HELD_TIMEOUT))
+        assert await caller.request(cluster, b"warm", timeout=5) == b"warm"
+        held = asyncio.ensure_future(caller.request(cluster, b"hold", timeout=HELD_TIMEOUT))
         await asyncio.sleep(0.05)  # the held request reached the member
         os.kill(member.pid, signal.SIGKILL)
         killed = loop.time()
@@ -95,7 +98,7 @@ async def one_run(
             if loop.time() - killed > GIVE_UP:
                 raise RuntimeError(f"no NoResponders within {GIVE_UP} s of the kill")
             try:
-                await caller.request(CLUSTER, b"x", timeout=0.05)
+                await caller.request(cluster, b"x", timeout=0.05)
             except NoResponders:
                 known = loop.time() - killed
                 break
@@ -107,12 +110,17 @@ async def one_run(
         except (NoResponders, RequestTimeout) as exc:
             outcome = type(exc).__name__
         held_at = loop.time() - killed
+        if known > SLOW:  # say what the caller saw
+            counters = ("links_down_", "dials_failed_", "peers_")
+            seen = {k: v for k, v in caller.stats.items() if k.startswith(counters)}
+            print(f"  a slow run ({known:.3f} s): {seen}", file=sys.stderr)
     children.stop(member)
     return known, outcome, held_at
 
 
 async def measure(args: argparse.Namespace, keys: irismesh.Keyring) -> dict[str, dict[str, object]]:
     results: dict[str, dict[str, object]] = {}
+    runs = itertools.count(1)
     with ChildProcesses() as children:
         for idle_count in args.idle:
             for transport in args.transport:
@@ -126,8 +134,9 @@ async def measure(args: argparse.Namespace, keys: irismesh.Keyring) -> dict[str,
                 outcomes: Counter[str] = Counter()
                 held: list[float] = []
                 for _ in range(args.runs):
+                    cluster = f"death-{next(runs)}"
                     known, outcome, held_at = await one_run(
-                        children, transport, idle, idle_count, keys
+                        children, transport, idle, idle_count, keys, cluster
                     )
                     figures.append(known)
                     outcomes[outcome] += 1

@@ -194,3 +194,23 @@ def test_a_refused_dial_without_a_dropped_link_is_left_to_membership() -> None:
     [failed] = client.failures[req_id]
     assert isinstance(failed.error, NoResponders)  # at the verdict, not at the deadline
     assert client.core.pending_count == 0
+
+
+def test_a_crashed_subscriber_holds_no_publish_up() -> None:
+    """A publisher waits until it is linked to every reader of a topic scope membership
+    knows: not for one taken out of its routing."""
+    net = MemNet(seed=10)
+    publisher = net.add("publisher")
+    reader = net.add("reader", seeds=[publisher])
+    net.advance(0.5)
+    reader.core.subscribe("news.#")
+    net.collect(reader)
+    net.advance(1.0)  # membership spreads the interest
+    publisher.core.subscribers("news.today")  # the publisher links to its readers
+    net.collect(publisher)
+    net.advance(0.5)
+    assert publisher.core.publish("news.today", b"one") == 1
+    net.crash(reader)
+    assert publisher.core.stats["peers_taken_out"] == 1
+    assert publisher.core.publish("news.today", b"two") == 0  # no reader left: not held
+    assert publisher.core.stats["publish_awaiting_readers"] == 0
