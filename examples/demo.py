@@ -132,9 +132,10 @@ async def run_client(
         next_id = 0
         victim = sorted(procs)[-1]
         killed = False
+        killed_at = 0.0
 
         async def caller() -> None:
-            nonlocal next_id, killed
+            nonlocal next_id, killed, killed_at
             while next_id < args.requests:
                 i = next_id
                 next_id += 1
@@ -151,6 +152,7 @@ async def run_client(
                 if not killed and sum(served.values()) >= args.requests // 3:
                     killed = True
                     procs[victim].send_signal(signal.SIGKILL)
+                    killed_at = time.perf_counter()
                     say(
                         f"      SIGKILLed {victim} with "
                         f"{client.stats['requests_pending']} requests in flight"
@@ -165,6 +167,16 @@ async def run_client(
             f"{len(failures)} failed; " + ", ".join(f"{w}: {n}" for w, n in sorted(served.items()))
         )
         await client.wait_for_members(CLUSTER, len(procs) - 1, timeout=5)
+        # The client took the victim out of its own routing as soon as its connection dropped
+        # and its endpoint refused a new one; membership's verdict, for the whole mesh (and
+        # the report's deaths), comes from its probes.
+        verdict = "not within 10 s"
+        while time.perf_counter() - killed_at < 10:
+            if any(p.name == victim and p.state == "dead" for p in client.peers(departed=True)):
+                verdict = f"{time.perf_counter() - killed_at:.2f} s after the kill"
+                break
+            await asyncio.sleep(0.02)
+        say(f"      membership declared {victim} dead {verdict}")
 
         received = await client.broadcast(CLUSTER, b"flush caches", timeout=5)
         say(f"[2/6] broadcast reached {len(received)} live workers")
