@@ -142,6 +142,20 @@ def test_a_handshake_with_the_member_puts_it_back() -> None:
     assert client.downs() == []
 
 
+def test_the_member_dialling_the_caller_puts_it_back() -> None:
+    """A handshake either way proves the member lives: one it dials to the caller too."""
+    net = MemNet(seed=11)
+    client, member = pair(net)
+    net.refusing.add(member.endpoint)  # the caller's dials stay refused
+    net.break_link(client, client.conn_to(member).link_id, "disconnected")
+    assert client.core.stats["peers_taken_out"] == 1
+    member.core.add_candidate(client.endpoint, net.now, seed=True)
+    net.collect(member)
+    net.settle()
+    assert client.core.stats["peers_put_back"] == 1
+    assert client.core.want("db", net.now) == 1
+
+
 def test_a_newer_incarnation_heard_by_membership_puts_the_member_back() -> None:
     net = MemNet(seed=5)
     client, member = pair(net)
