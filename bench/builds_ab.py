@@ -6,8 +6,9 @@ Each NAME=PYTHON is a build: the interpreter of a virtualenv holding that build 
 `.venv/bin/python`); each build runs the benchmark scripts of its own checkout (the `bench/`
 beside its `irismesh`). Every round runs, for each build in turn, `reqrep.py --quick --only
 mesh` (request/reply with 100 outstanding and sustained, 100 B and 1 KiB) and `pubsub.py
---only mesh --sizes 100 --fanouts 1,4`; then it prints, per row, each build's median rate and
-its ratio to the first build's. A busy machine moves single runs by a fifth or more:
+--only mesh --sizes 100 --fanouts 1,4`; then it prints, per row, each build's median rate (or
+CPU per message, where a busy machine shows less: the publisher's, each side's of request/reply
+sustained) and its ratio to the first build's. A busy machine moves single runs by a fifth or more:
 alternating the builds and taking medians is what makes a difference of a few percent
 visible. Run it from a directory outside the worktrees, so each build imports its own irismesh.
 """
@@ -48,11 +49,19 @@ def rows(bench: str, results: dict[str, Any]) -> dict[str, float]:
     if bench == "reqrep":
         for size, figures in mesh.items():
             found[f"reqrep {size} B, 100 outstanding"] = figures["throughput"]["rps"]
-            found[f"reqrep {size} B, sustained"] = figures["sustained"]["rps"]
+            sustained = figures["sustained"]
+            found[f"reqrep {size} B, sustained"] = sustained["rps"]
+            for side in ("client", "server"):
+                cpu = sustained["memory"][side]["cpu_s"]
+                found[f"reqrep {size} B, {side} CPU us/req"] = cpu / sustained["requests"] * 1e6
     else:
         for size, by_fanout in mesh.items():
             for fanout, figures in by_fanout.items():
                 found[f"pubsub {size} B to {fanout}"] = figures["rate"]
+                publisher = figures["publisher"]
+                found[f"pubsub {size} B to {fanout}, publisher CPU us/msg"] = (
+                    publisher["cpu_s"] / publisher["published"] * 1e6
+                )
     return found
 
 
@@ -105,8 +114,9 @@ def main() -> int:
             if not rates:
                 continue
             median = statistics.median(rates)
-            cells.append(f"{name} {median:,.0f}/s ({median / base:.3f}x, n={len(rates)})")
-        print(f"{row:<34} " + "   ".join(cells))
+            unit = "" if "CPU" in row else "/s"
+            cells.append(f"{name} {median:,.1f}{unit} ({median / base:.3f}x, n={len(rates)})")
+        print(f"{row:<44} " + "   ".join(cells))
     return 0
 
 
