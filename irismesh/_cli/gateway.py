@@ -8,11 +8,13 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import irismesh
+from irismesh import _env
 from irismesh._cli.base import (
     USAGE_ERROR,
     CommandError,
@@ -20,6 +22,7 @@ from irismesh._cli.base import (
     add_command,
     add_joining_options,
     add_json_option,
+    add_metrics_option,
     load_keyring,
     positive_int,
     print_json,
@@ -184,6 +187,7 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
     )
     parser.add_argument("--name", metavar="NAME", help="the gateway's node name")
     add_joining_options(parser, wait=None, wait_help="")
+    add_metrics_option(parser)
     add_json_option(parser, "the first line as JSON")
 
 
@@ -215,6 +219,10 @@ async def run_gateway(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    if args.metrics is not None:
+        # Every node the gateways make (one per imported cluster too) serves there, each
+        # under its own `node` label: the gateways make their nodes themselves.
+        os.environ[_env.METRICS] = args.metrics
     others = [
         irismesh.Gateway(
             j.mesh,
@@ -255,6 +263,11 @@ async def run_gateway(args: argparse.Namespace) -> int:
         else:
             await stack.enter_async_context(gateway)
         node = gateway.node
+        if node.metrics_address:
+            from irismesh.telemetry import prometheus
+
+            for one in (gateway, *others):
+                prometheus.add_source(one.node, "gateway", one)
         reload_keys_on_hangup(node)  # the node's keyring, and the link keyring below
 
         def hangup() -> None:

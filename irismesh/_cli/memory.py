@@ -12,6 +12,7 @@ from irismesh._cli.base import (
     add_command,
     add_joining_options,
     add_json_option,
+    add_metrics_option,
     load_keyring,
     make_node,
     positive_int,
@@ -52,6 +53,7 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
         "--data", type=Path, required=True, metavar="DIR", help="directory of the database"
     )
     add_joining_options(memory, wait=None, wait_help="unused")
+    add_metrics_option(memory)
     add_json_option(memory, "the first line as a JSON object")
 
     reread = add_command(

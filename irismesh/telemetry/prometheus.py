@@ -1,0 +1,523 @@
+"""Live metrics in the Prometheus text exposition format, read from what a node already counts.
+
+Theory of operation
+-------------------
+A node keeps exact counters and latency histograms whether or not anyone looks (`Recorder`,
+`Node.stats`). This module adds nothing to the hot path: `NodeCollector` is a
+`prometheus_client` collector that, at scrape time, walks those counters and yields metric
+families. A node nobody scrapes pays nothing; a scrape costs one walk over its series and
+counters, a few hundred samples.
+
+The scrape runs on the node's own event loop (`MetricsEndpoint`, an asyncio HTTP server), not
+on prometheus_client's server thread: the node's dicts and counters are only ever touched from
+its loop, so reading them there sees one consistent state and needs no lock or copy, where a
+thread would race every dict it iterates. The loop spends the walk's time (well under a
+millisecond for a node with a handful of clusters) once per scrape.
+
+Several nodes of one process may ask for the same address (a gateway and its per-cluster
+nodes, or `IRISMESH_METRICS` set for a process that runs many): they share one endpoint, and
+every sample carries the `node` label (the node's name) to keep them apart. The endpoint closes
+when its last node does.
+
+Histograms. A `Series` counts latencies in power-of-two microsecond buckets: bucket b holds
+the integer microseconds below 2**b. So the count of events faster than 2**b us is exact, and
+the Prometheus `le` bounds are those powers of two in seconds: 32 us (2**5, everything faster
+folds into it) to 16.8 s (2**24), twenty bounds covering 50 us to 10 s, each twice the last,
+then +Inf. `histogram_quantile` interpolates within a bucket, so a quantile is good to within
+one bucket, a factor of two. The node keeps no running sum of latencies (it would cost the hot
+path an addition per event), so histograms have `_bucket` and `_count` samples and no `_sum`.
+
+Labels stay bounded: clusters and topic scopes (a topic's first segment) are what the node's
+recorder keys its series by; past `MAX_LABEL_VALUES` of one kind the rest fold into "_other".
+Topics themselves never become labels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.samples import Sample
+
+from irismesh._core.records import MemberState
+from irismesh._env import metrics_address
+from irismesh.errors import ConfigurationError
+from irismesh.telemetry.recorder import HISTOGRAM_BUCKETS, Series
+from irismesh.telemetry.schema import Kind
+
+if TYPE_CHECKING:
+    from irismesh.node import Node
+
+MAX_LABEL_VALUES = 200  # clusters or topic scopes per node before the rest fold into "_other"
+OTHER = "_other"
+FIRST_BOUND, LAST_BOUND = 5, 24  # le bounds: 2**5 us (32 us) to 2**24 us (16.8 s)
+LE_BOUNDS = tuple(f"{(1 << b) / 1e6:.6g}" for b in range(FIRST_BOUND, LAST_BOUND + 1))
+_MAX_REQUEST_HEAD = 8192  # bytes of an HTTP request line and headers
+_MAX_CONNECTIONS = 16  # scrapers at once; more are closed at once
+_IDLE_TIMEOUT = 120.0  # a kept-alive scraper that says nothing this long is closed
+
+# Node.stats entries that are levels, not counts (besides the admission's, below).
+GAUGES = frozenset(
+    {
+        "reply_cache_entries",
+        "tunnels_open",
+        "memory_paths",
+        "memory_messages",
+        "memory_payload_bytes",
+        "memory_jobs_pending",
+        "memory_jobs_dead",
+    }
+)
+# Node.stats entries named `<prefix><reason>`: one family with a `reason` label each.
+REASON_FAMILIES = (
+    ("dropped_", "dropped", "frames and datagrams the node dropped, by reason"),
+    ("peers_down_", "peers_down", "peers membership lost, by reason (dead, left)"),
+    ("links_down_", "links_down", "links that closed, by reason"),
+    ("dials_failed_", "dial_failures", "dials that failed, by reason"),
+)
+# Node.stats entries the families of their own below already export (dials_failed: the sum
+# of the dial_failures family).
+_COVERED = frozenset(
+    {
+        "messages_published",
+        "messages_delivered",
+        "messages_unmatched",
+        "dials_failed",
+        "requests_pending",
+        "handlers_running",
+        "handler_limit",
+        "requests_waiting",
+    }
+)
+_UNSAFE = re.compile(r"[^a-zA-Z0-9_]")
+
+_REQUEST, _SERVE = str(Kind.REQUEST), str(Kind.SERVE)
+_PUBLISH, _DELIVER = str(Kind.PUBLISH), str(Kind.DELIVER)
+_CALLS = {  # caller-side kinds besides requests: family stem, what it is
+    str(Kind.BROADCAST): ("broadcasts", "broadcasts sent"),
+    str(Kind.SURVEY): ("surveys", "surveys sent"),
+    str(Kind.TUNNEL): ("tunnels", "tunnels ended"),
+}
+_STATES = {
+    MemberState.ALIVE: "alive",
+    MemberState.SUSPECT: "suspect",
+    MemberState.DEAD: "dead",
+    MemberState.LEFT: "left",
+}
+_MEMBER_STATES = tuple(_STATES.values())
+
+
+class StatsSource(Protocol):
+    """Anything with counters to export beside a node's (a gateway: `Gateway.stats`)."""
+
+    @property
+    def stats(self) -> Mapping[str, int]: ...
+
+
+class NodeCollector:
+    """What one node counts, as Prometheus metric families (read at scrape time)."""
+
+    def __init__(
+        self, node: Node, extra: Iterable[tuple[str, StatsSource]] = (), *, label: str = ""
+    ) -> None:
+        self.node = node
+        self.label = label or node.name  # the `node` label on every sample
+        # (family prefix, source): e.g. ("gateway", gateway) exports irismesh_gateway_*.
+        self.extra = list(extra)
+
+    def collect(self) -> Iterator[Metric]:
+        node = self.node
+        name = self.label
+        node.flush_telemetry()  # publishes and deliveries tallied since the last flush
+        stats = dict(node.stats)
+        recorder = node.recorder
+        series = recorder.all_series() if recorder is not None else []
+        yield from _calls(name, series)
+        yield from _messages(name, series, stats)
+        yield from _admission(name, stats)
+        yield from _membership(name, node)
+        yield from _stats(name, "", stats)
+        for prefix, source in self.extra:
+            yield from _stats(name, prefix + "_", dict(source.stats))
+
+
+# ----------------------------------------------------------------- families
+
+
+def _by_kind(series: Iterable[Series], kind: str) -> dict[str, list[Series]]:
+    """The series of one kind by cluster (or topic scope): past MAX_LABEL_VALUES, the rest
+    fold into OTHER (the recorder's series keep their order, so the fold is stable)."""
+    grouped: dict[str, list[Series]] = {}
+    for one in series:
+        if one.kind == kind:
+            key = one.cluster
+            if key not in grouped and len(grouped) >= MAX_LABEL_VALUES:
+                key = OTHER
+            grouped.setdefault(key, []).append(one)
+    return grouped
+
+
+def _gauge(metric: str, doc: str, node: str, value: float) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(metric, doc, labels=["node"])
+    family.add_metric([node], value)
+    return family
+
+
+def _buckets(series: list[Series]) -> list[tuple[str, float]]:
+    """Cumulative `le` buckets in seconds of the series' power-of-two histograms, summed."""
+    counts = [0] * HISTOGRAM_BUCKETS
+    for one in series:
+        for bucket, n in enumerate(one.buckets()):
+            counts[bucket] += n
+    cumulative: list[tuple[str, float]] = []
+    seen = sum(counts[: FIRST_BOUND + 1])
+    cumulative.append((LE_BOUNDS[0], float(seen)))
+    for bucket in range(FIRST_BOUND + 1, LAST_BOUND + 1):
+        seen += counts[bucket]
+        cumulative.append((LE_BOUNDS[bucket - FIRST_BOUND], float(seen)))
+    cumulative.append(("+Inf", float(sum(counts))))
+    return cumulative
+
+
+def _histogram(name: str, doc: str, labels: list[str]) -> HistogramMetricFamily:
+    return HistogramMetricFamily(name, doc, labels=labels)
+
+
+def _observe(family: HistogramMetricFamily, values: list[str], series: list[Series]) -> None:
+    """One labelled histogram: its buckets and `_count` (there is no `_sum`; see above)."""
+    buckets = _buckets(series)
+    family.add_metric(values, buckets, None)
+    labels = dict(zip(family._labelnames, values, strict=True))
+    family.samples.append(Sample(family.name + "_count", labels, buckets[-1][1]))
+
+
+def _outcomes(series: list[Series]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for one in series:
+        for outcome, n in one.outcomes().items():
+            total[outcome] = total.get(outcome, 0) + n
+    return total
+
+
+def _calls(node: str, series: list[Series]) -> Iterator[Metric]:
+    requests = CounterMetricFamily(
+        "irismesh_requests",
+        "Requests by cluster: side caller (sent and ended) or member (handler runs of requests, "
+        "broadcasts and surveys), by outcome",
+        labels=["node", "cluster", "side", "outcome"],
+    )
+    caller = _histogram(
+        "irismesh_request_duration_seconds",
+        "Caller side: each request's round trip, whatever its outcome",
+        ["node", "cluster"],
+    )
+    member = _histogram(
+        "irismesh_handler_duration_seconds",
+        "Member side: handler service time, one run in the recorder's sample_every timed",
+        ["node", "cluster"],
+    )
+    for kind, side, histogram in ((_REQUEST, "caller", caller), (_SERVE, "member", member)):
+        for cluster, group in _by_kind(series, kind).items():
+            for outcome, n in _outcomes(group).items():
+                requests.add_metric([node, cluster, side, outcome], n)
+            _observe(histogram, [node, cluster], group)
+    yield requests
+    yield caller
+    yield member
+    for kind, (stem, doc) in _CALLS.items():
+        counts = CounterMetricFamily(
+            f"irismesh_{stem}", f"{doc.capitalize()} by cluster and outcome",
+            labels=["node", "cluster", "outcome"],
+        )  # fmt: skip
+        durations = _histogram(
+            f"irismesh_{stem.removesuffix('s')}_duration_seconds",
+            f"How long {doc} took, by cluster",
+            ["node", "cluster"],
+        )
+        for cluster, group in _by_kind(series, kind).items():
+            for outcome, n in _outcomes(group).items():
+                counts.add_metric([node, cluster, outcome], n)
+            _observe(durations, [node, cluster], group)
+        yield counts
+        yield durations
+
+
+def _messages(node: str, series: list[Series], stats: Mapping[str, int]) -> Iterator[Metric]:
+    for kind, stem, doc in (
+        (_PUBLISH, "published", "Messages this node published"),
+        (_DELIVER, "delivered", "Messages delivered to this node's subscriptions"),
+    ):
+        family = CounterMetricFamily(
+            f"irismesh_messages_{stem}", f"{doc}, by topic scope (a topic's first segment)",
+            labels=["node", "scope"],
+        )  # fmt: skip
+        for scope, group in _by_kind(series, kind).items():
+            family.add_metric([node, scope], sum(_outcomes(group).values()))
+        yield family
+    latency = _histogram(
+        "irismesh_message_deliver_latency_seconds",
+        "From the publisher's clock to this node's delivery (stamped messages, a sample), by "
+        "topic scope",
+        ["node", "scope"],
+    )
+    for scope, group in _by_kind(series, _DELIVER).items():
+        _observe(latency, [node, scope], group)
+    yield latency
+    dropped = CounterMetricFamily(
+        "irismesh_messages_dropped",
+        "Messages lost: missed (dropped by a subscription's policy or lost on the way), "
+        "unmatched (arrived for no subscription)",
+        labels=["node", "reason"],
+    )
+    drops = next((s for s in series if s.kind == str(Kind.DROP)), None)
+    missed = drops.counts.get("messages_missed", 0) if drops is not None else 0
+    dropped.add_metric([node, "missed"], missed)
+    dropped.add_metric([node, "unmatched"], stats.get("messages_unmatched", 0))
+    yield dropped
+
+
+def _admission(node: str, stats: Mapping[str, int]) -> Iterator[Metric]:
+    levels = (
+        ("irismesh_requests_in_flight", "requests_pending", "Requests sent, not yet answered"),
+        ("irismesh_handlers_running", "handlers_running", "Handlers running now"),
+        ("irismesh_admission_limit", "handler_limit", "Handlers admission lets run at once"),
+        ("irismesh_admission_queue_length", "requests_waiting", "Requests waiting to run"),
+    )
+    for metric, key, doc in levels:
+        if key in stats:
+            yield _gauge(metric, doc, node, stats[key])
+    shed = CounterMetricFamily(
+        "irismesh_requests_shed",
+        "Requests turned away before they ran (the caller sees Overloaded), by reason",
+        labels=["node", "reason"],
+    )
+    for key, n in stats.items():
+        reason = key.removeprefix("requests_shed_")
+        if reason != key and not reason.endswith(_PRIORITY_SUFFIXES):
+            shed.add_metric([node, _safe(reason)], n)
+    yield shed
+
+
+_PRIORITY_SUFFIXES = ("_low", "_normal", "_high", *tuple(f"_p{p}" for p in range(-9, 10)))
+
+
+def _membership(node: str, mesh: Node) -> Iterator[Metric]:
+    members = GaugeMetricFamily(
+        "irismesh_members", "Peers membership holds, by state", labels=["node", "state"]
+    )
+    counts = dict.fromkeys(_MEMBER_STATES, 0)
+    # The node's own view, read on its loop: membership is the core's (no copy, no lock).
+    core = mesh._core
+    if core is None:
+        yield members
+        return
+    for member in core.membership.members():
+        state = _STATES.get(member.state, str(member.state))
+        counts[state] = counts.get(state, 0) + 1
+    for state, n in counts.items():
+        members.add_metric([node, state], n)
+    yield members
+    yield _gauge(
+        "irismesh_membership_health",
+        "Lifeguard's local health score: 0 is healthy, higher stretches probe timeouts",
+        node,
+        core.membership.health,
+    )
+
+
+def _stats(node: str, prefix: str, stats: Mapping[str, int]) -> Iterator[Metric]:
+    """Every counter of `stats`: irismesh_<prefix><name>_total (a gauge without _total), the
+    reason families as one family with a `reason` label each."""
+    reasons: dict[str, CounterMetricFamily] = {}
+    for key in sorted(stats):
+        value = stats[key]
+        if not prefix and (key in _COVERED or key.startswith("requests_shed_")):
+            continue
+        family_for = next(
+            ((stem, doc, key[len(p) :]) for p, stem, doc in REASON_FAMILIES if key.startswith(p)),
+            None,
+        )
+        if family_for is not None:
+            stem, doc, reason = family_for
+            metric = f"irismesh_{prefix}{stem}"
+            family = reasons.get(metric)
+            if family is None:
+                family = reasons[metric] = CounterMetricFamily(
+                    metric, doc.capitalize(), labels=["node", "reason"]
+                )
+            family.add_metric([node, _safe(reason)], value)
+            continue
+        metric = f"irismesh_{prefix}{_safe(key)}"
+        if key in GAUGES or (prefix and key in _EXTRA_GAUGES):
+            yield _gauge(metric, f"{key} (stats)", node, value)
+        else:
+            family = CounterMetricFamily(metric, f"{key} (stats)", labels=["node"])
+            family.add_metric([node], value)
+            yield family
+    yield from reasons.values()
+
+
+_EXTRA_GAUGES = frozenset(
+    {
+        "link_buffered",
+        "links_up",
+        "imports",
+        "republish_queue",
+        "requests_in_flight",
+        "standby_held",
+        "forwarding",
+        "fellows",
+    }
+)
+
+
+def _safe(name: str) -> str:
+    return _UNSAFE.sub("_", name)
+
+
+# ----------------------------------------------------------------- serving
+
+
+class MetricsEndpoint:
+    """One HTTP endpoint on the event loop serving every registered node's metrics at
+    /metrics (and /), for as long as one is registered."""
+
+    def __init__(self, host: str, port: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.host = host
+        self.port = port
+        self.loop = loop
+        self.collectors: list[NodeCollector] = []
+        self.scrapes = 0
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[Any]] = set()
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    async def start(self) -> None:
+        try:
+            self._server = await asyncio.start_server(
+                self._serve, self.host, self.port, limit=_MAX_REQUEST_HEAD
+            )
+        except OSError as exc:
+            raise ConfigurationError(f"cannot serve metrics on {self.address}: {exc}") from None
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for task in list(self._connections):
+                task.cancel()
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
+            self._server = None
+
+    async def withdraw(self, node: Node) -> None:
+        """`node` closes: its metrics go; the endpoint closes with its last node."""
+        self.collectors = [c for c in self.collectors if c.node is not node]
+        if not self.collectors:
+            if _endpoints.get((self.host, self.port)) is self:
+                del _endpoints[(self.host, self.port)]
+            await self.close()
+
+    def collect(self) -> Iterator[Metric]:
+        """What `generate_latest` reads: every node's families."""
+        for collector in self.collectors:
+            yield from collector.collect()
+
+    def exposition(self) -> bytes:
+        self.scrapes += 1
+        return generate_latest(self)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if len(self._connections) >= _MAX_CONNECTIONS or task is None:
+            writer.close()
+            return
+        self._connections.add(task)
+        try:
+            while True:
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _IDLE_TIMEOUT)
+                line, _, headers = head.decode("latin-1").partition("\r\n")
+                method, _, rest = line.partition(" ")
+                path = rest.partition(" ")[0].partition("?")[0]
+                close = "connection: close" in headers.lower()
+                if method not in ("GET", "HEAD"):
+                    status, body, kind = "405 Method Not Allowed", b"GET only\n", "text/plain"
+                elif path not in ("/metrics", "/"):
+                    status, body, kind = "404 Not Found", b"see /metrics\n", "text/plain"
+                else:
+                    status, body, kind = "200 OK", self.exposition(), CONTENT_TYPE_LATEST
+                writer.write(
+                    f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\n"
+                    f"Content-Length: {len(body)}\r\n"
+                    f"Connection: {'close' if close else 'keep-alive'}\r\n\r\n".encode()
+                )
+                if method != "HEAD":
+                    writer.write(body)
+                await writer.drain()
+                if close:
+                    break
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
+            pass  # the scraper went, idled out or sent more head than a scrape needs
+        finally:
+            self._connections.discard(task)
+            writer.close()
+
+
+_endpoints: dict[tuple[str, int], MetricsEndpoint] = {}
+
+
+async def serve(
+    node: Node, address: str, extra: Iterable[tuple[str, StatsSource]] = ()
+) -> MetricsEndpoint:
+    """Serve `node`'s metrics at `address` (HOST:PORT), sharing an endpoint another node of
+    this process serves there; `MetricsEndpoint.withdraw` ends it."""
+    host, port = metrics_address(address)
+    loop = asyncio.get_running_loop()
+    endpoint = _endpoints.get((host, port)) if port else None
+    if endpoint is None:
+        endpoint = MetricsEndpoint(host, port, loop)
+        await endpoint.start()
+        _endpoints[(host, endpoint.port)] = endpoint
+    elif endpoint.loop is not loop:
+        raise ConfigurationError(
+            f"metrics on {address} are served by a node on another event loop: give this node "
+            "an address of its own"
+        )
+    # Nodes of one process share a default name (host and process id): a second one with the
+    # same name is told apart by its id, or its samples would clash with the first's.
+    label = node.name
+    if any(c.label == label for c in endpoint.collectors):
+        label = f"{node.name}/{node.node_id.hex()[:8]}"
+    endpoint.collectors.append(NodeCollector(node, extra, label=label))
+    return endpoint
+
+
+def add_source(node: Node, prefix: str, source: StatsSource) -> None:
+    """Export `source`'s counters beside `node`'s, as irismesh_<prefix>_<name>."""
+    for endpoint in _endpoints.values():
+        for collector in endpoint.collectors:
+            if collector.node is node:
+                collector.extra.append((prefix, source))
+
+
+__all__ = [
+    "LE_BOUNDS",
+    "MetricsEndpoint",
+    "NodeCollector",
+    "add_source",
+    "serve",
+]
