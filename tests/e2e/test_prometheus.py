@@ -23,8 +23,10 @@ import irismesh
 
 PROMETHEUS = shutil.which("prometheus")
 WINDOW = 8  # seconds of rate() and of the client's own count
-LOAD = WINDOW + 5  # seconds of load: the window ends a second before the load does
-WORKERS = 8
+LOAD = WINDOW + 8  # seconds of load: room to choose the steadiest window in it
+EDGE = 1.5  # seconds about each end of a window where the load must be steady
+RATE = 500  # requests per second
+MAX_IN_FLIGHT = 2000  # a stall of the machine's of up to 2.5 s is caught up, not lost
 
 pytestmark = pytest.mark.skipif(
     PROMETHEUS is None,
@@ -86,7 +88,7 @@ class Prometheus:
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, "prometheus exited: see prometheus.log"
             try:
-                targets = get_json(f"{self.base}/api/v1/targets")["data"]["active"]  # type: ignore[index]
+                targets = get_json(f"{self.base}/api/v1/targets")["data"]["activeTargets"]  # type: ignore[index]
                 up = sum(1 for t in targets if t["health"] == "up")  # type: ignore[union-attr]
             except OSError:
                 up = 0
@@ -107,36 +109,61 @@ class Prometheus:
 
 
 class Load:
-    """WORKERS requests in flight; counts replies (with when) and latencies per second."""
+    """Requests at a steady RATE per second (started on a schedule, at most MAX_IN_FLIGHT at
+    once): rate() over a window is then the count over it, whatever else the machine runs.
+    Counts replies (with when) and latencies per wall-clock second."""
 
     def __init__(self, node: irismesh.Node) -> None:
         self.node = node
         self.done = 0
         self.failed = 0
-        self.marks: list[tuple[float, int]] = []  # (wall clock, replies so far), every 50 ms
+        self.behind = 0  # requests not started on time: MAX_IN_FLIGHT were outstanding
+        self.marks: list[tuple[float, int]] = []  # (wall clock, replies so far), every tick
         self.latencies: dict[int, Counter[int]] = {}  # wall-clock second -> us -> count
+        self._in_flight: set[asyncio.Task[None]] = set()
 
     async def run(self, seconds: float) -> None:
-        end = time.monotonic() + seconds
-        await asyncio.gather(self._mark(end), *(self._worker(end) for _ in range(WORKERS)))
-
-    async def _mark(self, end: float) -> None:
-        while time.monotonic() < end:
+        start = time.monotonic()
+        started = 0
+        while (elapsed := time.monotonic() - start) < seconds:
             self.marks.append((time.time(), self.done))
-            await asyncio.sleep(0.05)
+            for _ in range(int(elapsed * RATE) - started):
+                started += 1
+                if len(self._in_flight) >= MAX_IN_FLIGHT:
+                    self.behind += 1
+                    continue
+                task = asyncio.create_task(self._one())
+                self._in_flight.add(task)
+                task.add_done_callback(self._in_flight.discard)
+            await asyncio.sleep(0.005)
+        await asyncio.gather(*self._in_flight)
 
-    async def _worker(self, end: float) -> None:
-        while time.monotonic() < end:
-            started = time.perf_counter()
-            try:
-                await self.node.request("echo", b"x" * 100, timeout=5)
-            except irismesh.MeshError:
-                self.failed += 1
-                continue
-            us = int((time.perf_counter() - started) * 1e6)
-            self.done += 1
-            second = self.latencies.setdefault(int(time.time()), Counter())
-            second[us] += 1
+    async def _one(self) -> None:
+        started = time.perf_counter()
+        try:
+            await self.node.request("echo", b"x" * 100, timeout=5)
+        except irismesh.MeshError:
+            self.failed += 1
+            return
+        us = int((time.perf_counter() - started) * 1e6)
+        self.done += 1
+        second = self.latencies.setdefault(int(time.time()), Counter())
+        second[us] += 1
+
+    def unsteadiness(self, at: float) -> float:
+        """How far from RATE the replies ran near the ends of the window ending at `at`: the
+        largest relative miss over quarter seconds within EDGE of either end. rate()
+        extrapolates from the samples nearest the ends, and a scrape served late (its process
+        stalled by the machine) is stamped when Prometheus asked: near the ends the load must
+        be steady for rate() and the count to measure the same thing."""
+        worst = 0.0
+        for end in (at - WINDOW, at):
+            t = end - EDGE
+            while t < end + EDGE:
+                got = self.count_at(t + 0.25) - self.count_at(t)
+                worst = max(worst, abs(got - RATE * 0.25) / (RATE * 0.25))
+                t += 0.25
+        return worst
 
     def count_at(self, at: float) -> float:
         """Replies by wall-clock time `at`, interpolated between marks."""
@@ -203,18 +230,28 @@ def test_prometheus_rate_and_p99_agree_with_the_client(tmp_path: Path) -> None:
 
         load, started, _ended = asyncio.run(asyncio.wait_for(main(), 90))
         assert prometheus is not None
-        at = started + LOAD - 1  # the window ends a second before the load does
+        # The window whose ends the load crossed most steadily (the machine is shared).
+        ends = [started + WINDOW + 2 + 0.25 * i for i in range(int((LOAD - WINDOW - 4) / 0.25))]
+        at = min(ends, key=load.unsteadiness)
+        assert load.unsteadiness(at) < 0.2, (
+            f"no steady window: the load missed its rate by {load.unsteadiness(at):.0%} near "
+            "the ends of every window (the machine stalled the processes for seconds)"
+        )
         counted = (load.count_at(at) - load.count_at(at - WINDOW)) / WINDOW
-        assert counted > 50, f"the load ran at {counted:.0f}/s only ({load.failed} failed)"
+        assert counted > 0.5 * RATE, (
+            f"the load ran at {counted:.0f}/s of {RATE} ({load.failed} failed, {load.behind} not "
+            "started on time)"
+        )
         caller = f'{{cluster="echo",side="caller",node="client",outcome="ok"}}[{WINDOW}s]'
         rate = query(prometheus.base, f"sum(rate(irismesh_requests_total{caller}))", at)
         assert abs(rate - counted) <= 0.05 * counted, (
             f"rate() {rate:.1f}/s, counted {counted:.1f}/s"
         )
-        # The members' side of the same requests: every one served by one of the three.
+        # The members' side of the same requests: every one served by one of the three. Three
+        # processes, each scraped at its own moments on a shared machine: within 10%.
         served = f'{{cluster="echo",side="member"}}[{WINDOW}s]'
         member_rate = query(prometheus.base, f"sum(rate(irismesh_requests_total{served}))", at)
-        assert abs(member_rate - counted) <= 0.05 * counted, (
+        assert abs(member_rate - counted) <= 0.1 * counted, (
             f"members served {member_rate:.1f}/s, the client counted {counted:.1f}/s"
         )
         buckets = (
@@ -223,6 +260,10 @@ def test_prometheus_rate_and_p99_agree_with_the_client(tmp_path: Path) -> None:
         )
         p99 = query(prometheus.base, f"histogram_quantile(0.99, {buckets})", at)
         measured = load.p99(at - WINDOW, at)
+        print(  # the figures, for -s
+            f"rate() {rate:.1f}/s, members {member_rate:.1f}/s, counted {counted:.1f}/s; p99 "
+            f"{p99 * 1e6:.0f} us from histogram_quantile, {measured * 1e6:.0f} us measured"
+        )
         assert abs(bucket(p99) - bucket(measured)) <= 1, (
             f"histogram_quantile p99 {p99 * 1e6:.0f} us, the client measured "
             f"{measured * 1e6:.0f} us"
