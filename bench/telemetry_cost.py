@@ -206,6 +206,10 @@ class Scraper:
         self.scrapes = 0
         self.failures = 0
         self.bytes = 0
+        # Per address, as the node reports it: (wall clock, its loop's seconds spent answering
+        # scrapes so far, its scrapes so far), first and last seen.
+        self.first: dict[str, tuple[float, float, float]] = {}
+        self.last: dict[str, tuple[float, float, float]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -225,10 +229,34 @@ class Scraper:
             for address in list(self.addresses):
                 try:
                     with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as r:
-                        self.bytes += len(r.read())
-                    self.scrapes += 1
+                        text = r.read()
                 except OSError:
                     self.failures += 1
+                    continue
+                self.scrapes += 1
+                self.bytes += len(text)
+                own = dict.fromkeys(("scrape_seconds", "scrapes"), 0.0)
+                for line in text.decode().splitlines():
+                    name, _, value = line.partition(" ")
+                    stem = name.removeprefix("irismesh_metrics_").removesuffix("_total")
+                    if stem in own and name.startswith("irismesh_metrics_"):
+                        own[stem] = float(value)
+                seen = (time.monotonic(), own["scrape_seconds"], own["scrapes"])
+                self.first.setdefault(address, seen)
+                self.last[address] = seen
+
+    def loop_share(self) -> tuple[float, float]:
+        """The largest share of a node's event loop that answering scrapes took, and the
+        median time one answer took (both as the nodes measured them)."""
+        shares, each = [], []
+        for address, (t0, busy0, n0) in self.first.items():
+            t1, busy1, n1 = self.last[address]
+            if t1 > t0 and n1 > n0:
+                shares.append((busy1 - busy0) / (t1 - t0))
+                each.append((busy1 - busy0) / (n1 - n0))
+        if not shares:
+            return 0.0, 0.0
+        return max(shares), statistics.median(each)
 
 
 def start_pairs(
@@ -325,11 +353,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 )
             results[str(size)] = rounds
     scraper.stop()
-    if scraper.every > 0:
+    if scraper.every > 0 and scraper.scrapes:
+        share, each = scraper.loop_share()
         progress(
             f"scraped {scraper.scrapes} times every {scraper.every:g} s "
-            f"({scraper.bytes / max(scraper.scrapes, 1):,.0f} B each), {scraper.failures} failed"
+            f"({scraper.bytes / max(scraper.scrapes, 1):,.0f} B each), {scraper.failures} failed;"
+            f" answering took {each * 1e3:.2f} ms of a node's loop each (median), at most "
+            f"{share:.3%} of a node's loop over the run"
         )
+        results["scrapes"] = {"loop_share_max": share, "seconds_each_median": each}
     return results
 
 
@@ -348,6 +380,8 @@ def summarise(
 ) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for size, rounds in results.items():
+        if not size.isdigit():  # the scraper's figures, not a size's rounds
+            continue
         rows: dict[str, Any] = {}
         for variant in variants:
             ratios = [r[variant]["rps"] / r[base]["rps"] for r in rounds]

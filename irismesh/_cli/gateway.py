@@ -220,9 +220,13 @@ async def run_gateway(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     if args.metrics is not None:
+        from irismesh.telemetry import prometheus
+
         # Every node the gateways make (one per imported cluster too) serves there, each
-        # under its own `node` label: the gateways make their nodes themselves.
-        os.environ[_env.METRICS] = args.metrics
+        # under its own `node` label: the gateways make their nodes themselves. Opened first,
+        # so that port 0 is one port for them all.
+        endpoint = await prometheus.open_endpoint(args.metrics)
+        os.environ[_env.METRICS] = endpoint.address
     others = [
         irismesh.Gateway(
             j.mesh,
@@ -290,14 +294,16 @@ async def run_gateway(args: argparse.Namespace) -> int:
                     "gateway_id": gateway.gateway_id.hex(),
                     "node_id": node.node_id.hex(),
                     "mesh": gateway.mesh,
+                    **({"metrics": node.metrics_address} if node.metrics_address else {}),
                     **({"joined": [_joined_json(other) for other in others]} if others else {}),
                 }
             )
         else:
             where = f"listening on {gateway.endpoint}" if gateway.endpoint else "dialling"
+            metrics = f"; metrics on {node.metrics_address}" if node.metrics_address else ""
             print(
                 f"gateway of mesh {gateway.mesh!r} {where}; node {short_id(node.node_id.hex())}"
-                f" on {node.endpoint}",
+                f" on {node.endpoint}{metrics}",
                 flush=True,
             )
             for other in others:

@@ -103,13 +103,15 @@ async def run_memory(args: argparse.Namespace) -> int:
                     "data": str(args.data),
                     "messages": stats.get("memory_messages", 0),
                     "paths": stats.get("memory_paths", 0),
+                    **({"metrics": node.metrics_address} if node.metrics_address else {}),
                 }
             )
         else:
+            metrics = f"; metrics on {node.metrics_address}" if node.metrics_address else ""
             print(
                 f"memory member {short_id(node.node_id.hex())} on {node.endpoint}: "
                 f"{stats.get('memory_messages', 0)} message(s) on "
-                f"{stats.get('memory_paths', 0)} path(s) in {args.data}",
+                f"{stats.get('memory_paths', 0)} path(s) in {args.data}{metrics}",
                 flush=True,
             )
         await stop.wait()

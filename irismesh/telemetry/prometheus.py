@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -398,6 +399,7 @@ class MetricsEndpoint:
         self.loop = loop
         self.collectors: list[NodeCollector] = []
         self.scrapes = 0
+        self.busy_seconds = 0.0  # loop time spent answering scrapes, up to the previous one
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[Any]] = set()
 
@@ -436,10 +438,22 @@ class MetricsEndpoint:
         """What `generate_latest` reads: every node's families."""
         for collector in self.collectors:
             yield from collector.collect()
+        yield from self._own()
 
     def exposition(self) -> bytes:
         self.scrapes += 1
         return generate_latest(self)
+
+    def _own(self) -> Iterator[Metric]:
+        """What serving costs the loop: scrapes, and the time their answers took to make."""
+        scrapes = CounterMetricFamily("irismesh_metrics_scrapes", "Scrapes of this endpoint")
+        scrapes.add_metric([], self.scrapes)
+        busy = CounterMetricFamily(
+            "irismesh_metrics_scrape_seconds",
+            "Event-loop time spent answering scrapes (reading the counters, writing the text)",
+        )
+        busy.add_metric([], self.busy_seconds)
+        return iter((scrapes, busy))
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -450,6 +464,7 @@ class MetricsEndpoint:
         try:
             while True:
                 head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _IDLE_TIMEOUT)
+                began = time.perf_counter()
                 line, _, headers = head.decode("latin-1").partition("\r\n")
                 method, _, rest = line.partition(" ")
                 path = rest.partition(" ")[0].partition("?")[0]
@@ -467,6 +482,7 @@ class MetricsEndpoint:
                 )
                 if method != "HEAD":
                     writer.write(body)
+                self.busy_seconds += time.perf_counter() - began
                 await writer.drain()
                 if close:
                     break
@@ -480,11 +496,9 @@ class MetricsEndpoint:
 _endpoints: dict[tuple[str, int], MetricsEndpoint] = {}
 
 
-async def serve(
-    node: Node, address: str, extra: Iterable[tuple[str, StatsSource]] = ()
-) -> MetricsEndpoint:
-    """Serve `node`'s metrics at `address` (HOST:PORT), sharing an endpoint another node of
-    this process serves there; `MetricsEndpoint.withdraw` ends it."""
+async def open_endpoint(address: str) -> MetricsEndpoint:
+    """The endpoint serving at `address` (HOST:PORT) in this process, opened if none is; port 0
+    opens one on a free port. Open without a node, it closes with the last node served."""
     host, port = metrics_address(address)
     loop = asyncio.get_running_loop()
     endpoint = _endpoints.get((host, port)) if port else None
@@ -497,6 +511,15 @@ async def serve(
             f"metrics on {address} are served by a node on another event loop: give this node "
             "an address of its own"
         )
+    return endpoint
+
+
+async def serve(
+    node: Node, address: str, extra: Iterable[tuple[str, StatsSource]] = ()
+) -> MetricsEndpoint:
+    """Serve `node`'s metrics at `address` (HOST:PORT), sharing an endpoint another node of
+    this process serves there; `MetricsEndpoint.withdraw` ends it."""
+    endpoint = await open_endpoint(address)
     # Nodes of one process share a default name (host and process id): a second one with the
     # same name is told apart by its id, or its samples would clash with the first's.
     label = node.name
@@ -519,5 +542,6 @@ __all__ = [
     "MetricsEndpoint",
     "NodeCollector",
     "add_source",
+    "open_endpoint",
     "serve",
 ]
