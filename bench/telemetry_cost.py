@@ -313,6 +313,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     # New processes for every variant: where a pair landed (its memory layout,
                     # ports, which core its threads share) differs from pair to pair, and a
                     # pair kept for the whole run would carry its own bias into every round.
+                    scraper.addresses = []  # a stopped node is no failed scrape
                     for child in (*clients.values(), *servers.values()):
                         procs.stop(child)
                     servers, clients = start_pairs(procs, args, tmp, common, scraper)

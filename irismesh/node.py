@@ -167,6 +167,9 @@ class Node(MemoryApi, KeyringApi):
     telemetry show it. 1 to 64 printable characters without whitespace; by default this host's
     name and this process's id. Names need not be unique (the node id is the identity), and
     travel only under the mesh key.
+
+    `metrics="127.0.0.1:9464"` (or IRISMESH_METRICS) serves the node's counters live in the
+    Prometheus text format at http://127.0.0.1:9464/metrics (`telemetry.prometheus`).
     """
 
     def __init__(

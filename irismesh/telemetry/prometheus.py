@@ -304,12 +304,14 @@ def _admission(node: str, stats: Mapping[str, int]) -> Iterator[Metric]:
     )
     for key, n in stats.items():
         reason = key.removeprefix("requests_shed_")
-        if reason != key and not reason.endswith(_PRIORITY_SUFFIXES):
+        if reason != key and not _BY_PRIORITY.search(reason):
             shed.add_metric([node, _safe(reason)], n)
     yield shed
 
 
-_PRIORITY_SUFFIXES = ("_low", "_normal", "_high", *tuple(f"_p{p}" for p in range(-9, 10)))
+# requests_shed_<reason>_<priority> splits a reason's count by priority (priority.label): left
+# out, as sum() over the family would count those requests twice.
+_BY_PRIORITY = re.compile(r"_(low|normal|high|p-?[0-9]+)$")
 
 
 def _membership(node: str, mesh: Node) -> Iterator[Metric]:
