@@ -245,18 +245,19 @@ class Scraper:
                 self.first.setdefault(address, seen)
                 self.last[address] = seen
 
-    def loop_share(self) -> tuple[float, float]:
-        """The largest share of a node's event loop that answering scrapes took, and the
-        median time one answer took (both as the nodes measured them)."""
+    def loop_share(self) -> tuple[float, float, float]:
+        """Answering scrapes, as the nodes measured it (their loop's CPU time): the median
+        and the largest share of a node's time it took, over nodes scraped for at least 10 s,
+        and the median CPU time of one answer."""
         shares, each = [], []
         for address, (t0, busy0, n0) in self.first.items():
             t1, busy1, n1 = self.last[address]
-            if t1 > t0 and n1 > n0:
+            if t1 - t0 >= 10 and n1 > n0:
                 shares.append((busy1 - busy0) / (t1 - t0))
                 each.append((busy1 - busy0) / (n1 - n0))
         if not shares:
-            return 0.0, 0.0
-        return max(shares), statistics.median(each)
+            return 0.0, 0.0, 0.0
+        return statistics.median(shares), max(shares), statistics.median(each)
 
 
 def start_pairs(
@@ -355,14 +356,18 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             results[str(size)] = rounds
     scraper.stop()
     if scraper.every > 0 and scraper.scrapes:
-        share, each = scraper.loop_share()
+        share, most, each = scraper.loop_share()
         progress(
             f"scraped {scraper.scrapes} times every {scraper.every:g} s "
             f"({scraper.bytes / max(scraper.scrapes, 1):,.0f} B each), {scraper.failures} failed;"
-            f" answering took {each * 1e3:.2f} ms of a node's loop each (median), at most "
-            f"{share:.3%} of a node's loop over the run"
+            f" answering one took {each * 1e3:.2f} ms of a node's loop CPU (median), in all "
+            f"{share:.3%} of a node's time (median; at most {most:.3%})"
         )
-        results["scrapes"] = {"loop_share_max": share, "seconds_each_median": each}
+        results["scrapes"] = {
+            "loop_share_median": share,
+            "loop_share_max": most,
+            "cpu_seconds_each_median": each,
+        }
     return results
 
 
