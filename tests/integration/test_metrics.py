@@ -222,3 +222,14 @@ def test_le_bounds_are_powers_of_two_microseconds_from_50us_to_10s() -> None:
     assert seconds[-2] < 10 <= seconds[-1]
     for low, high in itertools.pairwise(seconds):
         assert math.isclose(high / low, 2, rel_tol=1e-5)
+
+
+def test_a_blocking_node_serves_metrics_from_its_loop_thread(keys: irismesh.Keyring) -> None:
+    import irismesh.sync
+
+    with irismesh.sync.Node("db", keyring=keys, name="blocking", metrics="127.0.0.1:0") as node:
+        node.on_request(lambda payload: payload)
+        status, text = asyncio.run(scrape(node.metrics_address))
+    assert status == 200
+    alive = ("irismesh_members", frozenset({("node", "blocking"), ("state", "alive")}))
+    assert samples(text)[alive] == 0  # alone in its mesh
