@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import math
+import re
 import subprocess
 import sys
 from collections.abc import Iterable
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -16,6 +19,7 @@ import irismesh
 from irismesh.telemetry.prometheus import LE_BOUNDS
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 async def scrape(address: str, path: str = "/metrics") -> tuple[int, str]:
@@ -43,9 +47,8 @@ def samples(text: str) -> Samples:
     out: Samples = {}
     for family in text_string_to_metric_families(text):
         if not family.samples:
-            out[(family.name + ("_total" if family.type == "counter" else ""), frozenset())] = (
-                math.nan
-            )
+            suffix = {"counter": "_total", "histogram": "_bucket"}.get(family.type, "")
+            out[(family.name + suffix, frozenset())] = math.nan
         for sample in family.samples:
             key = (sample.name, frozenset(sample.labels.items()))
             assert key not in out, f"duplicate sample {key}"
@@ -233,3 +236,28 @@ def test_a_blocking_node_serves_metrics_from_its_loop_thread(keys: irismesh.Keyr
     assert status == 200
     alive = ("irismesh_members", frozenset({("node", "blocking"), ("state", "alive")}))
     assert samples(text)[alive] == 0  # alone in its mesh
+
+
+def test_the_dashboard_asks_for_metrics_a_node_serves(keys: irismesh.Keyring) -> None:
+    dashboard = json.loads((ROOT / "examples" / "grafana-dashboard.json").read_text())
+    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
+    asked = {name for expr in exprs for name in re.findall(r"irismesh_[a-z_]+", expr)}
+
+    async def main() -> Samples:
+        async with irismesh.Node("db", keyring=keys, metrics="127.0.0.1:0") as member:
+            member.on_request(lambda payload: payload)
+            async with irismesh.Node(
+                keyring=keys, seeds=[member.endpoint], metrics="127.0.0.1:0"
+            ) as client:
+                await client.wait_for_members("db", timeout=5)
+                await client.request("db", b"x")
+                async with client.subscribe("news.#"):
+                    await member.wait_for_subscribers("news.x", 1, timeout=5)
+                    await member.publish("news.x", b"x")
+                found = samples((await scrape(member.metrics_address))[1])
+                return found | samples((await scrape(client.metrics_address))[1])
+
+    served = names(asyncio.run(asyncio.wait_for(main(), 30)))
+    # Counters of node.stats are served from their first count on: none refuted or lost here.
+    first_counted = {"irismesh_refutations_total", "irismesh_peers_down_total"}
+    assert asked - served <= first_counted, asked - served - first_counted
