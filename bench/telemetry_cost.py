@@ -247,12 +247,12 @@ class Scraper:
 
     def loop_share(self) -> tuple[float, float, float]:
         """Answering scrapes, as the nodes measured it (their loop's CPU time): the median
-        and the largest share of a node's time it took, over nodes scraped for at least 10 s,
+        and the largest share of a node's time it took, over nodes scraped for at least 5 s,
         and the median CPU time of one answer."""
         shares, each = [], []
         for address, (t0, busy0, n0) in self.first.items():
             t1, busy1, n1 = self.last[address]
-            if t1 - t0 >= 10 and n1 > n0:
+            if t1 - t0 >= 5 and n1 > n0:
                 shares.append((busy1 - busy0) / (t1 - t0))
                 each.append((busy1 - busy0) / (n1 - n0))
         if not shares:
@@ -357,6 +357,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     scraper.stop()
     if scraper.every > 0 and scraper.scrapes:
         share, most, each = scraper.loop_share()
+        if not each:
+            progress(f"scraped {scraper.scrapes} times; no node was scraped for 5 s or more")
+            return results
         progress(
             f"scraped {scraper.scrapes} times every {scraper.every:g} s "
             f"({scraper.bytes / max(scraper.scrapes, 1):,.0f} B each), {scraper.failures} failed;"
