@@ -101,7 +101,7 @@ from irismesh.telemetry.node_telemetry import (
 from irismesh.telemetry.recorder import Recorder, Series
 
 if TYPE_CHECKING:
-    from irismesh.telemetry.prometheus import MetricsEndpoint
+    from irismesh.telemetry.metrics_endpoint import MetricsEndpoint
 
 H = TypeVar("H", bound=RequestHandler)
 B = TypeVar("B", bound=Callable[[bytes], Any])
@@ -169,7 +169,7 @@ class Node(MemoryApi, KeyringApi):
     travel only under the mesh key.
 
     `metrics="127.0.0.1:9464"` (or IRISMESH_METRICS) serves the node's counters live in the
-    Prometheus text format at http://127.0.0.1:9464/metrics (`telemetry.prometheus`).
+    Prometheus text format at http://127.0.0.1:9464/metrics (`telemetry.metrics_endpoint`).
     """
 
     def __init__(
@@ -438,10 +438,10 @@ class Node(MemoryApi, KeyringApi):
         return self
 
     async def _serve_metrics(self) -> None:
-        from irismesh.telemetry import prometheus  # imported only when metrics are asked for
+        from irismesh.telemetry import metrics_endpoint  # imported only when asked for
 
         try:
-            self._metrics = await prometheus.serve(self, self.metrics_address)
+            self._metrics = await metrics_endpoint.serve(self, self.metrics_address)
         except BaseException:
             await self.close()
             raise

@@ -220,12 +220,12 @@ async def run_gateway(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     if args.metrics is not None:
-        from irismesh.telemetry import prometheus
+        from irismesh.telemetry import metrics_endpoint
 
         # Every node the gateways make (one per imported cluster too) serves there, each
         # under its own `node` label: the gateways make their nodes themselves. Opened first,
         # so that port 0 is one port for them all.
-        endpoint = await prometheus.open_endpoint(args.metrics)
+        endpoint = await metrics_endpoint.open_endpoint(args.metrics)
         os.environ[_env.METRICS] = endpoint.address
     others = [
         irismesh.Gateway(
@@ -268,10 +268,10 @@ async def run_gateway(args: argparse.Namespace) -> int:
             await stack.enter_async_context(gateway)
         node = gateway.node
         if node.metrics_address:
-            from irismesh.telemetry import prometheus
+            from irismesh.telemetry import metrics_endpoint
 
             for one in (gateway, *others):
-                prometheus.add_source(one.node, "gateway", one)
+                metrics_endpoint.add_source(one.node, "gateway", one)
         reload_keys_on_hangup(node)  # the node's keyring, and the link keyring below
 
         def hangup() -> None:
