@@ -23,7 +23,7 @@ import irismesh
 
 PROMETHEUS = shutil.which("prometheus")
 WINDOW = 8  # seconds of rate() and of the client's own count
-LOAD = WINDOW + 8  # seconds of load: room to choose the steadiest window in it
+LOAD = WINDOW + 6  # seconds of load: room to choose the steadiest window in it
 EDGE = 1.5  # seconds about each end of a window where the load must be steady
 RATE = 500  # requests per second
 MAX_IN_FLIGHT = 2000  # a stall of the machine's of up to 2.5 s is caught up, not lost
