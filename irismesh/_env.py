@@ -6,6 +6,8 @@
     IRISMESH_INTERFACE  the address of the interface discovery runs on (default 127.0.0.1)
     IRISMESH_TRANSPORT  what links run on where `Node(transport=...)` does not say: tcp (the
                         default: irismesh's framing over the event loop's TCP) or zmq
+    IRISMESH_METRICS    HOST:PORT where every node of the process serves Prometheus metrics
+                        (`Node(metrics=...)` comes first; HOST defaults to 127.0.0.1)
     IRISMESH_CONFIG     the `mesh` config file (default: config.toml in the config directory)
     XDG_CONFIG_HOME     the config directory is $XDG_CONFIG_HOME/irismesh (~/.config/irismesh)
 
@@ -27,6 +29,7 @@ SEEDS = "IRISMESH_SEEDS"
 INTERFACE = "IRISMESH_INTERFACE"
 CONFIG = "IRISMESH_CONFIG"
 TRANSPORT = "IRISMESH_TRANSPORT"
+METRICS = "IRISMESH_METRICS"
 TRANSPORTS = ("tcp", "zmq")
 
 _TRUE = ("1", "true", "yes", "on")
@@ -61,6 +64,34 @@ def transport(environ: Mapping[str, str] | None = None) -> str:
     if text not in TRANSPORTS:
         raise ConfigurationError(f"{TRANSPORT}={text!r}: expected one of {', '.join(TRANSPORTS)}")
     return text
+
+
+def metrics(environ: Mapping[str, str] | None = None) -> str:
+    """Where IRISMESH_METRICS asks nodes to serve their metrics ("": nowhere)."""
+    return _environ(environ).get(METRICS, "").strip()
+
+
+def metrics_address(text: str) -> tuple[str, int]:
+    """A metrics address, HOST:PORT, :PORT or PORT, as (host, port); HOST is an IP address,
+    127.0.0.1 unless given (metrics stay on loopback unless asked otherwise)."""
+    given = text.strip()
+    host, sep, port = given.rpartition(":")
+    if not sep:
+        host, port = "", given
+    host = host.strip("[]") or "127.0.0.1"
+    if host == "localhost":
+        host = "127.0.0.1"
+    try:
+        ipaddress.ip_address(host)
+        number = int(port)
+    except ValueError:
+        number = -1
+    if not 0 <= number <= 65535:
+        raise ConfigurationError(
+            f"bad metrics address {text!r}: expected HOST:PORT with an IP address, e.g. "
+            "127.0.0.1:9464"
+        )
+    return host, number
 
 
 def interface(environ: Mapping[str, str] | None = None) -> str | None:

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import zmq
 
@@ -100,6 +100,9 @@ from irismesh.telemetry.node_telemetry import (
 )
 from irismesh.telemetry.recorder import Recorder, Series
 
+if TYPE_CHECKING:
+    from irismesh.telemetry.metrics_endpoint import MetricsEndpoint
+
 H = TypeVar("H", bound=RequestHandler)
 B = TypeVar("B", bound=Callable[[bytes], Any])
 T = TypeVar("T", bound=TunnelHandler)
@@ -164,6 +167,9 @@ class Node(MemoryApi, KeyringApi):
     telemetry show it. 1 to 64 printable characters without whitespace; by default this host's
     name and this process's id. Names need not be unique (the node id is the identity), and
     travel only under the mesh key.
+
+    `metrics="127.0.0.1:9464"` (or IRISMESH_METRICS) serves the node's counters live in the
+    Prometheus text format at http://127.0.0.1:9464/metrics (`telemetry.metrics_endpoint`).
     """
 
     def __init__(
@@ -190,6 +196,7 @@ class Node(MemoryApi, KeyringApi):
         name: str | None = None,
         zmq_context: zmq.Context[zmq.Socket[bytes]] | None = None,
         transport: str | None = None,
+        metrics: str | None = None,
     ) -> None:
         self.name = default_name() if name is None else validate_name(name)
         if keyring is None:
@@ -259,6 +266,12 @@ class Node(MemoryApi, KeyringApi):
         self._mdns_config = mdns_config(mdns, keyring, where)
         self._discovery: list[MdnsDiscovery | SurveyDiscovery] = []  # started, in order
         self._rediscovering: asyncio.Task[None] | None = None
+        # Prometheus metrics at HOST:PORT (telemetry.prometheus), else $IRISMESH_METRICS; ""
+        # none. Once started, the address served (a port 0 given is the one the system chose).
+        self.metrics_address = _env.metrics() if metrics is None else metrics
+        if self.metrics_address:
+            _env.metrics_address(self.metrics_address)
+        self._metrics: MetricsEndpoint | None = None
         # Exact counters and histograms unless telemetry=False; records only with a spool.
         spool = telemetry if isinstance(telemetry, TelemetryConfig) else None
         self.telemetry = (
@@ -419,8 +432,20 @@ class Node(MemoryApi, KeyringApi):
                 flush_tally=self._pubsub.flush_tally,
                 publish=self.publish,
             )
+        if self.metrics_address:
+            await self._serve_metrics()
         await self._start_all_discovery(endpoint, required=True)
         return self
+
+    async def _serve_metrics(self) -> None:
+        from irismesh.telemetry import metrics_endpoint  # imported only when asked for
+
+        try:
+            self._metrics = await metrics_endpoint.serve(self, self.metrics_address)
+        except BaseException:
+            await self.close()
+            raise
+        self.metrics_address = self._metrics.address
 
     async def _start_all_discovery(self, endpoint: str, *, required: bool) -> None:
         """Start the discovery configured; `required`: failing to start closes the node."""
@@ -497,6 +522,8 @@ class Node(MemoryApi, KeyringApi):
         if self._closing:
             return
         self._closing = self._caller.closed = True
+        if self._metrics is not None:
+            await self._metrics.withdraw(self)
         await self._stop_keyring_watch()
         if self._rediscovering is not None:
             with contextlib.suppress(Exception):

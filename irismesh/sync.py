@@ -56,6 +56,7 @@ class Node:
         default_timeout: float = 5.0,
         handler_threads: int = 8,
         name: str | None = None,
+        metrics: str | None = None,
     ) -> None:
         self._node = _async.Node(
             cluster,
@@ -71,6 +72,7 @@ class Node:
             default_timeout=default_timeout,
             handler_threads=handler_threads,
             name=name,
+            metrics=metrics,
         )
         self._default_timeout = default_timeout
         self._pool = concurrent.futures.ThreadPoolExecutor(
@@ -128,6 +130,11 @@ class Node:
     @property
     def endpoint(self) -> str:
         return self._node.endpoint
+
+    @property
+    def metrics_address(self) -> str:
+        """Where the node serves Prometheus metrics ("" nowhere)."""
+        return self._node.metrics_address
 
     @property
     def node_id(self) -> bytes:

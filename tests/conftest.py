@@ -36,7 +36,7 @@ if irismesh.loop_factory() is not asyncio.new_event_loop:
 # `mesh` and the library read their config and default keyring under XDG_CONFIG_HOME: a
 # directory of the run's own, never the user's. Subprocesses inherit all of it.
 os.environ["IRISMESH_DISCOVERY"] = "0"
-for _name in ("IRISMESH_SEEDS", "IRISMESH_INTERFACE", "IRISMESH_CONFIG"):
+for _name in ("IRISMESH_SEEDS", "IRISMESH_INTERFACE", "IRISMESH_CONFIG", "IRISMESH_METRICS"):
     os.environ.pop(_name, None)
 os.environ["XDG_CONFIG_HOME"] = _config_home = tempfile.mkdtemp(prefix="irismesh-tests-config-")
 atexit.register(shutil.rmtree, _config_home, True)

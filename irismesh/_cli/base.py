@@ -173,6 +173,15 @@ def bind_endpoint(text: str) -> str:
     return text
 
 
+def metrics_address(text: str) -> str:
+    """--metrics: HOST:PORT (or :PORT, PORT) where the node serves Prometheus metrics."""
+    try:
+        _env.metrics_address(text)
+    except ConfigurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def node_name(text: str) -> str:
     """--name: what peers, `mesh peers`, `mesh top` and the telemetry report call the node."""
     try:
@@ -307,6 +316,16 @@ def add_priority_option(parser: MeshArgumentParser, what: str) -> None:
     )
 
 
+def add_metrics_option(parser: MeshArgumentParser) -> None:
+    parser.add_argument(
+        "--metrics",
+        type=metrics_address,
+        metavar="ADDR",
+        help="serve Prometheus metrics at HOST:PORT/metrics (HOST defaults to 127.0.0.1; "
+        "also $IRISMESH_METRICS)",
+    )
+
+
 def add_json_option(parser: MeshArgumentParser, what: str = "JSON for scripts") -> None:
     parser.add_argument("--json", action="store_true", help=what)
 
@@ -410,6 +429,7 @@ def make_node(
         interface=args.interface,
         name=name,
         memory=memory,
+        metrics=getattr(args, "metrics", None),
     )
 
 

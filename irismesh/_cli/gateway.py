@@ -8,11 +8,13 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import irismesh
+from irismesh import _env
 from irismesh._cli.base import (
     USAGE_ERROR,
     CommandError,
@@ -20,6 +22,7 @@ from irismesh._cli.base import (
     add_command,
     add_joining_options,
     add_json_option,
+    add_metrics_option,
     load_keyring,
     positive_int,
     print_json,
@@ -184,6 +187,7 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
     )
     parser.add_argument("--name", metavar="NAME", help="the gateway's node name")
     add_joining_options(parser, wait=None, wait_help="")
+    add_metrics_option(parser)
     add_json_option(parser, "the first line as JSON")
 
 
@@ -215,6 +219,14 @@ async def run_gateway(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    if args.metrics is not None:
+        from irismesh.telemetry import metrics_endpoint
+
+        # Every node the gateways make (one per imported cluster too) serves there, each
+        # under its own `node` label: the gateways make their nodes themselves. Opened first,
+        # so that port 0 is one port for them all.
+        endpoint = await metrics_endpoint.open_endpoint(args.metrics)
+        os.environ[_env.METRICS] = endpoint.address
     others = [
         irismesh.Gateway(
             j.mesh,
@@ -255,6 +267,11 @@ async def run_gateway(args: argparse.Namespace) -> int:
         else:
             await stack.enter_async_context(gateway)
         node = gateway.node
+        if node.metrics_address:
+            from irismesh.telemetry import metrics_endpoint
+
+            for one in (gateway, *others):
+                metrics_endpoint.add_source(one.node, "gateway", one)
         reload_keys_on_hangup(node)  # the node's keyring, and the link keyring below
 
         def hangup() -> None:
@@ -277,14 +294,16 @@ async def run_gateway(args: argparse.Namespace) -> int:
                     "gateway_id": gateway.gateway_id.hex(),
                     "node_id": node.node_id.hex(),
                     "mesh": gateway.mesh,
+                    **({"metrics": node.metrics_address} if node.metrics_address else {}),
                     **({"joined": [_joined_json(other) for other in others]} if others else {}),
                 }
             )
         else:
             where = f"listening on {gateway.endpoint}" if gateway.endpoint else "dialling"
+            metrics = f"; metrics on {node.metrics_address}" if node.metrics_address else ""
             print(
                 f"gateway of mesh {gateway.mesh!r} {where}; node {short_id(node.node_id.hex())}"
-                f" on {node.endpoint}",
+                f" on {node.endpoint}{metrics}",
                 flush=True,
             )
             for other in others:

@@ -12,6 +12,7 @@ from irismesh._cli.base import (
     add_command,
     add_joining_options,
     add_json_option,
+    add_metrics_option,
     load_keyring,
     make_node,
     positive_int,
@@ -52,6 +53,7 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
         "--data", type=Path, required=True, metavar="DIR", help="directory of the database"
     )
     add_joining_options(memory, wait=None, wait_help="unused")
+    add_metrics_option(memory)
     add_json_option(memory, "the first line as a JSON object")
 
     reread = add_command(
@@ -101,13 +103,15 @@ async def run_memory(args: argparse.Namespace) -> int:
                     "data": str(args.data),
                     "messages": stats.get("memory_messages", 0),
                     "paths": stats.get("memory_paths", 0),
+                    **({"metrics": node.metrics_address} if node.metrics_address else {}),
                 }
             )
         else:
+            metrics = f"; metrics on {node.metrics_address}" if node.metrics_address else ""
             print(
                 f"memory member {short_id(node.node_id.hex())} on {node.endpoint}: "
                 f"{stats.get('memory_messages', 0)} message(s) on "
-                f"{stats.get('memory_paths', 0)} path(s) in {args.data}",
+                f"{stats.get('memory_paths', 0)} path(s) in {args.data}{metrics}",
                 flush=True,
             )
         await stop.wait()

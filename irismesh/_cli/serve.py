@@ -26,6 +26,7 @@ from irismesh._cli.base import (
     add_command,
     add_joining_options,
     add_json_option,
+    add_metrics_option,
     cluster_name,
     load_keyring,
     make_node,
@@ -63,7 +64,8 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
             "last line of its stderr. No time limit applies: a tunnel lasts as long as CMD, and\n"
             "at most --concurrency run at once (a tunnel beyond that is refused). --name names\n"
             "the node for its peers, `mesh peers`, `mesh top` and the telemetry report (1-64\n"
-            "printable characters, no whitespace; default: host name and process id). The\n"
+            "printable characters, no whitespace; default: host name and process id).\n"
+            "--metrics ADDR serves Prometheus metrics at http://ADDR/metrics. The\n"
             "first line printed says where the node listens (--json: an object with\n"
             "`endpoint`, `node_id` and `name`)."
         ),
@@ -116,6 +118,7 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
         help="what peers and reports call this node (default: host name and process id)",
     )
     add_joining_options(parser, wait=None, wait_help="")
+    add_metrics_option(parser)
     add_json_option(parser, "print the listening line as JSON")
 
 
@@ -233,13 +236,16 @@ async def run_node(args: argparse.Namespace) -> int:
                     "node_id": node.node_id.hex(),
                     "name": node.name,
                     "clusters": clusters,
+                    **({"metrics": node.metrics_address} if node.metrics_address else {}),
                 }
             )
         else:
             names = ", ".join(map(repr, clusters))
             me = short_id(node.node_id.hex())
+            metrics = f"; metrics on {node.metrics_address}" if node.metrics_address else ""
             print(
-                f"member of {names} listening on {node.endpoint} (node {me}, {node.name})",
+                f"member of {names} listening on {node.endpoint} (node {me}, {node.name})"
+                + metrics,
                 flush=True,
             )
         await stop.wait()

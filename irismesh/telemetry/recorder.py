@@ -365,6 +365,10 @@ class Recorder:
             if exporter is not None:
                 exporter.append(record)
 
+    def all_series(self) -> list[Series]:
+        """Every Series so far, in the order they were made."""
+        return list(self._series.values())
+
     @property
     def counts(self) -> dict[tuple[str, str, str], int]:
         """Exact counts by (kind, cluster, outcome)."""
