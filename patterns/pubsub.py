@@ -51,7 +51,9 @@ TALLY_EVERY = 1024  # messages tallied before they are handed to the telemetry
 CACHED_TOPICS = 4096  # topics (and publishers) whose routes and names a node remembers
 RELEASE_EVERY = 32  # messages read from one peer before their credit goes back (or none left)
 _new = tuple.__new__  # Message(...) without its __new__'s keyword handling: once per message
-SEEN_IDS = 65536  # retained messages a rereading subscription remembers having delivered
+# Ids a subscription remembers having delivered: retained messages (reread and live), and
+# messages republished by gateways (their origin id), each delivered once within the window.
+SEEN_IDS = 65536
 
 
 class Message(NamedTuple):
@@ -61,7 +63,9 @@ class Message(NamedTuple):
     payload: bytes
     publisher: str  # the publishing node's hex id ("" for a message reread from the memory)
     missed: int = 0  # messages this subscription lost just before this one
-    id: bytes | None = None  # a retained message's id (the memory holds it too), else None
+    # A retained message's id (the memory holds it too), or a message's origin id as a gateway
+    # republished it from another mesh; else None. A subscription delivers each id once.
+    id: bytes | None = None
 
 
 class _Hold:
@@ -233,10 +237,13 @@ class Subscription:
             self._put(message, hold, gap)
 
     def _seen_before(self, msg_id: bytes) -> bool:
+        """Whether a message with this id was delivered here already, within the window of
+        the last SEEN_IDS ids (a copy that comes later than that is delivered again)."""
         seen = self._seen
         if seen is None:
-            return False
+            seen = self._seen = {}
         if msg_id in seen:
+            self._hub.duplicates += 1
             return True
         seen[msg_id] = None
         if len(seen) > SEEN_IDS:
@@ -385,6 +392,7 @@ class PubSub:
         self._stamp_countdown = 1
         self.record_delivery: Callable[[str, bytes, float, int], None] | None = None
         self.unmatched = 0  # messages that arrived for no subscription (one just ended)
+        self.duplicates = 0  # messages with an id a subscription had delivered: dropped
 
     def listen(self, on: Listen) -> None:
         """Sign up for the core's events this handles: messages, credit, interest."""

@@ -15,6 +15,13 @@ sends it to another gateway; when no link exporting a cluster is up, the gateway
 cluster, so callers get `NoResponders` at once. A request for a cluster the peer does not
 export is refused on the far side and counted (`requests_refused_not_exported`).
 
+Ports. An import's node listens on the gateway node's host (that of `bind`, else `interface`):
+on the first free port of `import_ports` when the operator gave a range, else on any free port;
+never on the gateway node's own, so a gateway given a fixed `bind` serves every import too. An
+import that cannot start (no free port left in the range, say) is logged once as an error,
+shown by `mesh top` (the report's `errors`; `imports_not_started` counts them) and tried again
+every `_IMPORT_RETRY` seconds.
+
 Broadcasts and surveys. A broadcast or survey of an imported cluster reaches every gateway
 serving it here; the one whose node for the cluster has the lowest id among those it is linked
 to passes it on (so the far members get it once), and the far gateway broadcasts or surveys in
@@ -25,7 +32,12 @@ gateways' links to each other change, a broadcast may be passed on by two of the
 Topics. The gateway subscribes in its mesh to the topics it exports and sends each message
 published there, as a `Crossing`, over every link to a mesh the message has not been in; the
 link keeps it until acknowledged (see `linkproto`). A gateway receiving a crossing republishes
-it in its own mesh, once (`crossing.Barrier`), and passes it on to its other links.
+it in its own mesh, once (`crossing.Barrier`), and passes it on to its other links. The
+republished message carries its origin id (as `Message.id`): a subscriber delivers each id
+once within its window of the last `pubsub.SEEN_IDS` ids, so a message that two gateways of
+its mesh republish (one died before it acknowledged, or a restarted one was sent it again)
+reaches each subscriber once (`Subscription.duplicates`, the node's
+`messages_duplicates_dropped`).
 Messages a gateway republished are not exported again by the gateways of that mesh (they know
 each other as members of the cluster `_gateway`): a crossing carries its history only from
 gateway to gateway, so a message crosses from mesh to mesh through one gateway process at a
@@ -85,7 +97,7 @@ from irismesh.federation.linkproto import TUNNEL as _TUNNEL
 from irismesh.federation.linkproto import Exports, Item, LinkConfig, LinkEnd, link_secrets
 from irismesh.federation.redundancy import Redundancy
 from irismesh.federation.tunnels import MAX_TUNNEL_WINDOW, GatewayTunnels
-from irismesh.node import Node, SurveyResult
+from irismesh.node import DEFAULT_BIND, Node, SurveyResult
 from irismesh.patterns.pubsub import Message, Subscription
 from irismesh.patterns.reqrep import ForwardedError, TurnedAway, time_left
 from irismesh.patterns.tunnel import DEFAULT_WINDOW
@@ -120,6 +132,7 @@ _ASK_BATCH = 4096  # resent crossings one question to the other gateways covers,
 _ASK_TIMEOUT = 1.0  # how long a takeover's resends wait for the other gateways' answers
 _NOT_REPUBLISHED_KEPT = 4096  # crossings let through but not republished, remembered
 _NATIVE_PUBLISHERS_KEPT = 4096  # publishers of this mesh known not to be gateways
+_IMPORT_RETRY = 5.0  # an import that could not start is tried again this often
 _ASKED = 2  # a question to the other gateways (STATE and DELIVERED are 0 and 1): which of
 # these origin ids have you republished?
 
@@ -159,6 +172,8 @@ class Gateway:
     tunnel through this gateway it lets the far gateway send before it grants more (its buffer
     per tunnel is about that much, plus one message).
     The rest (`seeds`, `bind`, `discovery`, `interface`, `name`) are the gateway's node's.
+    `import_ports` (first, last): the ports the nodes serving imported clusters take, one each,
+    on the host of `bind` (or `interface`); without it they take any free port there.
     """
 
     def __init__(
@@ -181,6 +196,7 @@ class Gateway:
         default_timeout: float = 5.0,
         local: bool = False,
         tunnel_window: int = DEFAULT_WINDOW,
+        import_ports: tuple[int, int] | None = None,
     ) -> None:
         if not mesh or len(mesh) > _MAX_MESH_NAME or not mesh.isprintable():
             raise ConfigurationError(f"a mesh name is 1-{_MAX_MESH_NAME} printable characters")
@@ -193,6 +209,14 @@ class Gateway:
             raise ConfigurationError(
                 f"tunnel_window must be 1 byte to 1 GiB, got {tunnel_window!r}"
             )
+        if import_ports is not None:
+            first, last = import_ports
+            if not (type(first) is int and type(last) is int and 1 <= first <= last <= 65535):
+                raise ConfigurationError(
+                    "import_ports is (first, last), 1 <= first <= last <= 65535, got"
+                    f" {import_ports!r}"
+                )
+        self.import_ports = import_ports
         self.mesh = mesh
         self.keyring = keyring
         self.export = Exports(
@@ -244,6 +268,8 @@ class Gateway:
         )
         self.stats_counter: Counter[str] = Counter()
         self._imports: dict[str, Node] = {}  # cluster -> the node that serves it here
+        self.import_errors: dict[str, str] = {}  # cluster -> why its import could not start
+        self._import_retry: asyncio.TimerHandle | None = None
         self._reconciling: asyncio.Task[None] | None = None
         self._reconcile_again = False
         self._calls: dict[int, tuple[asyncio.Future[bytes], LinkEnd]] = {}  # fan-outs
@@ -343,6 +369,8 @@ class Gateway:
             broadcast.cancel()
         if self._sweeping is not None:
             self._sweeping.cancel()
+        if self._import_retry is not None:
+            self._import_retry.cancel()
         if self._reconciling is not None:
             self._reconciling.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -422,6 +450,7 @@ class Gateway:
         out.update(self.transport.figures())
         out["duplicates_dropped"] = self._barrier.duplicates
         out["imports"] = len(self._imports)
+        out["imports_not_started"] = len(self.import_errors)
         if self._link_file is not None:
             out["link_keyring_refused"] = self._link_file.refused
         out["republish_queue"] = 0 if self._inbound is None else self._inbound.qsize()
@@ -449,6 +478,7 @@ class Gateway:
             "gateway_id": self.gateway_id.hex(),
             "stats": self.stats,
             "links": self.links(),
+            "errors": [f"cannot serve cluster {c!r}: {e}" for c, e in self.import_errors.items()],
         }
         return msgpack.packb(report, use_bin_type=True)  # type: ignore[no-any-return]
 
@@ -561,6 +591,8 @@ class Gateway:
         while True:
             self._reconcile_again = False
             wanted = self._wanted()
+            for cluster in set(self.import_errors) - wanted:
+                del self.import_errors[cluster]
             for cluster in sorted(set(self._imports) - wanted):
                 node = self._imports.pop(cluster)
                 figures = node.stats  # what it relayed stays counted
@@ -574,23 +606,62 @@ class Gateway:
                 return
 
     async def _start_import(self, cluster: str) -> None:
-        args = dict(self._node_args)
-        args["seeds"] = [self.node.endpoint, *args["seeds"]]
-        name = None if self.name is None else f"{self.name}:{cluster}"[:64]
-        node = Node(cluster, name=name, **args)
-
-        # Requests pass on as they arrive (the far mesh's members admit), no handler run each.
-        node.forward_requests(partial(self._pass_on, node), self._given_up)
-        node.on_broadcast(partial(self._forward_broadcast, cluster, node))
-        node.on_survey(partial(self._forward_survey, cluster, node))
-        node.on_tunnel(partial(self.tunnels.serve_import, cluster), accept=False)
-        try:
-            await node.start()
-        except MeshError as exc:
-            log.warning("gateway cannot serve cluster %r: %s", cluster, exc)
+        node = None
+        error = "no port to listen on"
+        for bind in self._import_binds():
+            args = dict(self._node_args)
+            args["seeds"] = [self.node.endpoint, *args["seeds"]]
+            args["bind"] = bind
+            name = None if self.name is None else f"{self.name}:{cluster}"[:64]
+            node = Node(cluster, name=name, **args)
+            # Requests pass on as they arrive (the far mesh's members admit), no handler each.
+            node.forward_requests(partial(self._pass_on, node), self._given_up)
+            node.on_broadcast(partial(self._forward_broadcast, cluster, node))
+            node.on_survey(partial(self._forward_survey, cluster, node))
+            node.on_tunnel(partial(self.tunnels.serve_import, cluster), accept=False)
+            try:
+                await node.start()
+                break
+            except MeshError as exc:  # its port taken, most likely: the next one of the range
+                error = str(exc)
+                node = None
+        if node is None:
             self.stats_counter["imports_failed"] += 1
+            if self.import_errors.get(cluster) != error:  # logged once, not at every retry
+                log.error("gateway cannot serve cluster %r: %s", cluster, error)
+            self.import_errors[cluster] = error
+            if self._import_retry is None and not self._closing:
+                self._import_retry = asyncio.get_running_loop().call_later(
+                    _IMPORT_RETRY, self._retry_imports
+                )
             return
+        if self.import_errors.pop(cluster, None) is not None:
+            log.warning("gateway serves cluster %r now (on %s)", cluster, node.endpoint)
         self._imports[cluster] = node
+
+    def _retry_imports(self) -> None:
+        self._import_retry = None
+        self._reconcile()
+
+    def _import_binds(self) -> list[str | None]:
+        """Where an import node may listen, in the order tried: each free port of
+        `import_ports`, else any free port on the gateway node's host (None: the node's own
+        default, where the gateway was given neither `bind` nor a range)."""
+        bind = self._node_args["bind"]
+        interface = self._node_args["interface"]
+        if bind is not None:
+            host = bind.removeprefix("tcp://").rpartition(":")[0]
+        elif interface is not None:
+            host = interface
+        elif self.import_ports is not None:
+            host = DEFAULT_BIND.removeprefix("tcp://").rpartition(":")[0]
+        else:
+            return [None]
+        if self.import_ports is None:
+            return [f"tcp://{host}:0"]
+        used = {n.endpoint.rpartition(":")[2] for n in self._imports.values()}
+        first, last = self.import_ports
+        return [f"tcp://{host}:{p}" for p in range(first, last + 1) if str(p) not in used]
 
     def _forward(self, cluster: str, payload: bytes, kind: str = _REQUEST) -> asyncio.Future[bytes]:
         """Pass a request (or a broadcast, a survey: `kind`) on over a link exporting
@@ -1046,7 +1117,9 @@ class Gateway:
     async def _republish_one(self, end: LinkEnd, crossing: Crossing) -> None:
         while True:
             try:
-                await self.node.publish(crossing.topic, crossing.payload)
+                await _publish_identified(
+                    self.node, crossing.topic, crossing.payload, crossing.origin_id
+                )
                 self.stats_counter["messages_republished"] += 1
                 break
             except SlowConsumer:
@@ -1257,6 +1330,19 @@ class Gateway:
             except MeshError as exc:
                 self.stats_counter["sync_not_sent"] += 1
                 log.debug("gateway could not tell its fellows: %s", exc)
+
+
+async def _publish_identified(node: Node, topic: str, payload: bytes, msg_id: bytes) -> None:
+    """`node.publish(topic, payload)`, the message carrying `msg_id` (its origin id) to the
+    subscribers, which deliver each id once (`Subscription`: a bounded window of ids)."""
+    if node._closing or node._core is None:
+        node._caller.running()  # raises Closed, saying why
+    pubsub = node._pubsub
+    turns = node._caller.turns
+    if pubsub.publish_now(topic, payload, msg_id) is None:
+        await pubsub.publish_later(topic, payload, node._default_timeout, msg_id)
+    elif turns.spend():  # sent at once: a republishing run still lets the loop turn
+        await turns.pause()
 
 
 def far_answers(result: SurveyResult) -> dict[str, bytes]:
