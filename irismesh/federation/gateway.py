@@ -133,6 +133,8 @@ _ASK_TIMEOUT = 1.0  # how long a takeover's resends wait for the other gateways'
 _NOT_REPUBLISHED_KEPT = 4096  # crossings let through but not republished, remembered
 _NATIVE_PUBLISHERS_KEPT = 4096  # publishers of this mesh known not to be gateways
 _IMPORT_RETRY = 5.0  # an import that could not start is tried again this often
+_MESH_WAIT = 3.0  # a gateway waits at most this long to know its mesh before it republishes
+_MESH_SETTLED = 0.3  # ... and until the number of peers it knows has stayed the same this long
 _ASKED = 2  # a question to the other gateways (STATE and DELIVERED are 0 and 1): which of
 # these origin ids have you republished?
 
@@ -279,6 +281,9 @@ class Gateway:
         self._passed_ids: dict[tuple[bytes, int], int] = {}
         self._sweeping: asyncio.TimerHandle | None = None
         self._ends_for: dict[str, list[LinkEnd]] = {}  # cluster -> links up exporting it
+        # id(link end) -> the sequence number up to which what it held was carried over to
+        # another link to the same mesh (`_carry_over`).
+        self._carried: dict[int, int] = {}
         self._broadcasting: set[asyncio.Task[bytes]] = set()  # from across a link
         self._call_ids = itertools.count(1)
         self._outstanding: Counter[int] = Counter()  # id(link end) -> requests through it
@@ -488,7 +493,10 @@ class Gateway:
         self.stats_counter["link_ups" if up else "link_down_events"] += 1
         self._ends_for.clear()
         self._update_relays()
-        if not up:
+        if up:
+            self._carry_over(end, end)
+        else:
+            self._carry_over(end, None)
             for call_id, (future, via) in list(self._calls.items()):
                 if via is end and not future.done():
                     future.set_exception(TurnedAway("gateway_link_down"))
@@ -500,6 +508,46 @@ class Gateway:
         if self._drained is not None:
             self._drained.set()  # exporters waiting on this link's window wake and look again
         self._reconcile()
+
+    def _carry_over(self, end: LinkEnd, to: LinkEnd | None) -> None:
+        """Messages a link to a mesh holds unacknowledged are sent on another link to that
+        mesh too, marked resent, before any new one: when a link comes up (`to`: a gateway
+        restarted there dialled in as a new peer, while the link to the one that died may not
+        know yet) from every other link to that mesh, and when a link goes down (`to` None)
+        from it, to a link up. The far gateway asks its fellows which of them it republished,
+        and the subscribers deliver each once. The source link keeps its copies (its peer may
+        come back); each message is carried over once (`_carried`)."""
+        mesh = end.peer_mesh
+        ends = self.transport.ends
+        live = {id(e) for e in ends}
+        for gone in [k for k in self._carried if k not in live]:  # forgotten ends
+            del self._carried[gone]
+        if to is None:
+            to = next((e for e in ends if e.up and e.peer_mesh == mesh), None)
+            sources = [end]
+        else:
+            sources = [e for e in ends if e is not to and e.peer_mesh == mesh]
+        if to is None:
+            return
+        for source in sources:
+            if source.peer_id == to.peer_id or not source.buffered:
+                continue
+            items, next_seq = source.unacknowledged(self._carried.get(id(source), 0))
+            self._carried[id(source)] = next_seq
+            for item in items:
+                if item[0] in (CROSSING, RESENT) and self._send(to, [RESENT, *item[1:]]):
+                    self.stats_counter["messages_carried_over"] += 1
+        self.transport.flush_soon()
+
+    def _send(self, end: LinkEnd, wire: Item) -> bool:
+        """A reliable item on `end`; counted as carried over already if `end` is the source
+        of a carry-over (it was sent on every other link to its mesh too)."""
+        if not end.send(wire):
+            return False
+        carried = self._carried
+        if carried and id(end) in carried:
+            carried[id(end)] += 1
+        return True
 
     def _on_items(self, end: LinkEnd, items: list[Item]) -> None:
         for item in items:
@@ -1041,7 +1089,7 @@ class Gateway:
                 await self._drained.wait()
             marked = reach and (len(reach) > 1 or reach[0] != end.peer_mesh)
             wire = self._marked(crossing, end.peer_mesh, reach) if marked else plain
-            if end.send(wire):
+            if self._send(end, wire):
                 self.stats_counter["messages_sent"] += 1
         if not known:
             self.stats_counter["messages_no_link"] += 1  # no mesh to send it to yet
@@ -1087,6 +1135,7 @@ class Gateway:
         assert inbound is not None
         assert progress is not None
         carried: tuple[LinkEnd, Crossing, bool] | None = None
+        await self._know_the_mesh()
         while True:
             entry = carried if carried is not None else await inbound.get()
             carried = None
@@ -1113,6 +1162,24 @@ class Gateway:
                     await self._republish_one(end, crossing)
                 self._done += 1
                 progress.set()
+
+    async def _know_the_mesh(self) -> None:
+        """Before the first republish: wait until this gateway's node knows its mesh. A node
+        just started knows no subscriber yet, and what it published would reach nobody (a
+        restarted gateway is sent at once what its link holds). Done when it has peers and
+        their number has not changed for `_MESH_SETTLED`; at most `_MESH_WAIT` (a gateway
+        alone in its mesh). Crossings wait meanwhile, unacknowledged."""
+        loop = asyncio.get_running_loop()
+        started = since = loop.time()
+        count = -1
+        while (now := loop.time()) - started < _MESH_WAIT:
+            known = len(self.node.peers())
+            if known != count:
+                count, since = known, now
+            elif known and now - since >= _MESH_SETTLED:
+                return
+            await asyncio.sleep(0.05)
+        self.stats_counter["republish_started_alone"] += 1
 
     async def _republish_one(self, end: LinkEnd, crossing: Crossing) -> None:
         while True:
@@ -1236,7 +1303,7 @@ class Gateway:
             # Marked RESENT: the far side asks its gateways if they have it already.
             wire = self._marked(crossing, mesh, self._reach(crossing), RESENT)
             for end in ends:
-                if end.peer_mesh == mesh and end.send(wire):
+                if end.peer_mesh == mesh and self._send(end, wire):
                     self.stats_counter["messages_sent"] += 1
         self.transport.flush_soon()
 

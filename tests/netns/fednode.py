@@ -21,7 +21,7 @@ while `requests` runs. Commands:
   are checked, none started after `seconds` if given; answers the totals (and the longest wait
   between two replies of one caller) when all are done. `progress`: how many are done so far.
 - `publish` (`topic`, `count`, `rate`): `count` messages `<index>` at `rate` per second.
-- `subscribers` (`topic`, `timeout`): answers once a subscriber of `topic` is known.
+- `subscribers` (`topic`, `wait`): answers once a subscriber of `topic` is known.
 - `received`: what the subscription (`--subscribe`) got: count, whether in order, duplicates.
 - `tunnel` (`cluster`, `size`, `block`): a tunnel to the cluster (a member echoes it), `size`
   bytes sent in numbered `block`-byte messages and checked as they come back; answers bytes
@@ -142,8 +142,12 @@ class Driver:
     def received(self) -> dict[str, Any]:
         got = self.got
         ordered = all(a < b for a, b in itertools.pairwise(got))
-        return {"count": len(got), "in_order": ordered, "distinct": len(set(got)),
-                "last": got[-1] if got else None}  # fmt: skip
+        distinct = set(got)
+        missing = [i for i in range(max(got) + 1) if i not in distinct] if got else []
+        backwards = [(a, b) for a, b in itertools.pairwise(got) if a >= b]
+        return {"count": len(got), "in_order": ordered, "distinct": len(distinct),
+                "last": got[-1] if got else None, "missing": missing[:20],
+                "missing_count": len(missing), "backwards": backwards[:10]}  # fmt: skip
 
     async def command(self, line: str) -> None:
         msg = json.loads(line)
@@ -161,7 +165,7 @@ class Driver:
             elif cmd == "publish":
                 out = await self.publish(msg["topic"], msg["count"], msg["rate"])
             elif cmd == "subscribers":
-                await self.node.wait_for_subscribers(msg["topic"], timeout=msg["timeout"])
+                await self.node.wait_for_subscribers(msg["topic"], timeout=msg["wait"])
                 out = {}
             elif cmd == "received":
                 out = self.received()

@@ -357,7 +357,7 @@ def imported(gw: MeshProcess) -> None:
     ports = gw.call("stats")["ports"]
     assert ports[0] == NODE_PORT, ports
     assert all(IMPORT_PORTS[0] <= p <= IMPORT_PORTS[1] for p in ports[1:]), ports
-    gw.call("subscribers", timeout=20, topic="feeds.x")
+    gw.call("subscribers", timeout=30, topic="feeds.x", wait=20)
 
 
 def forwarders(lab: Lab) -> int:
@@ -369,20 +369,36 @@ def forwarder(lab: Lab) -> str:
     return name
 
 
+def describe(lab: Lab, client: MeshProcess) -> str:
+    """What the subscriber got, and the counters of the gateways still running."""
+    out = [f"wc: {client.call('received')}"]
+    for name in ("e1", "e2", "w1", "w2"):
+        node = lab.nodes[name]
+        if node.proc.poll() is None:
+            stats = node.call("stats")["stats"]
+            keep = {k: v for k, v in stats.items() if not k.startswith(("tunnel", "request"))}
+            out.append(f"{name}: {keep}")
+    return "\n".join(out)
+
+
 def check_exactly_once(
     lab: Lab, east: MeshProcess, client: MeshProcess, publishing: int, asked: int, count: int
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     done = east.reply(publishing, 90)
     assert done["ok"], done
-    wait_for(lambda: client.call("received")["count"] >= count, 60, "every message")
+    deadline = time.monotonic() + 60
+    while client.call("received")["count"] < count:
+        if time.monotonic() > deadline:
+            pytest.fail(f"not every message arrived: {describe(lab, client)}")
+        time.sleep(0.05)
     result = client.reply(asked, 60)
     time.sleep(0.5)  # a double would come now
     got = client.call("received")
     assert result["ok"], result
     assert result["failed"] == 0, result["errors"]
     assert result["wrong"] == 0
-    assert got["count"] == got["distinct"] == count, got
-    assert got["in_order"], got
+    assert got["count"] == got["distinct"] == count, describe(lab, client)
+    assert got["in_order"], describe(lab, client)
     return result, got
 
 
