@@ -1129,3 +1129,48 @@ def test_a_subscription_delivers_an_id_once_within_its_window_and_again_past_it(
             assert got[20:] == [b"0", b"plain", b"plain"]
 
     run(main())
+
+
+def test_what_a_link_held_for_a_gateway_that_died_goes_first_to_the_one_that_replaced_it() -> None:
+    """Mesh b's gateway goes (its link on a's side still up, not knowing yet) and a new one
+    dials in as a new peer: what a's link to the first held unacknowledged is carried over to
+    the new link, before the new messages, and b's subscriber gets every message once in
+    order."""
+
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        link = irismesh.Keyring.generate()
+        async with AsyncExitStack() as stack:
+            pub = await stack.enter_async_context(a.node())
+            a.seeds.append(pub.endpoint)
+            gw_a = await gateway(stack, a, link, listen=True, topics=("feeds.#",))
+            reader, got = await subscribed(stack, b, "feeds.#")
+            b.seeds.append(reader.endpoint)
+            first = irismesh.Gateway(
+                "b", keyring=b.keys, link_keyring=link, peers=(gw_a.endpoint,),
+                link_config=FAST, seeds=list(b.seeds), bind=LOCAL,
+            )  # fmt: skip
+            await first.start()
+            try:
+                await first.node.wait_for_subscribers("feeds.x", 1, timeout=10)
+                await wait_until(lambda: gw_a.stats["links_up"] == 1, 10, "the link")
+                await pub.wait_for_subscribers("feeds.x", 1, timeout=10)
+                for i in range(50):
+                    await pub.publish("feeds.x", b"a:%d" % i)
+                await wait_until(lambda: len(got) == 50, 10, "the first 50")
+            finally:
+                await first.close()
+            for i in range(50, 150):  # held by a's link to the gateway that went
+                await pub.publish("feeds.x", b"a:%d" % i)
+            await wait_until(lambda: gw_a.stats["link_buffered"] >= 100, 10, "held")
+            second = await gateway(stack, b, link, peers=(gw_a.endpoint,))
+            await second.node.wait_for_subscribers("feeds.x", 1, timeout=10)
+            for i in range(150, 200):
+                await pub.publish("feeds.x", b"a:%d" % i)
+            await wait_until(lambda: len(got) >= 200, 15, "every message")
+            await asyncio.sleep(0.2)  # a double would come now
+            check_once_in_order(got, ["a"], 200)
+            assert gw_a.stats["messages_carried_over"] >= 100
+            assert second.stats["resends_received"] >= 100
+
+    run(main())
