@@ -41,6 +41,7 @@ from irismesh.errors import (
     MeshError,
     SlowConsumer,
 )
+from irismesh.patterns.dedup import IdWindow
 
 _log = logging.getLogger("irismesh.pubsub")
 
@@ -114,7 +115,7 @@ class Subscription:
         # A subscription that rereads the memory: live messages wait in `_priming` until the
         # remembered ones are in, and a retained message is delivered once, live or reread.
         self._priming: deque[tuple[Message, _Hold | bytes | None, int]] | None = None
-        self._seen: dict[bytes, None] | None = None  # ids delivered, oldest first
+        self._seen: IdWindow | None = None  # ids delivered lately (made at the first id)
         self.duplicates = 0  # retained messages that came twice (reread and live): dropped once
         self.reread_error: MeshError | None = None  # why the memory could not be reread
 
@@ -225,7 +226,7 @@ class Subscription:
 
     def _begin_priming(self) -> None:
         self._priming = deque()
-        self._seen = {}
+        self._seen = IdWindow(SEEN_IDS)
 
     def _end_priming(self, remembered: list[Message]) -> None:
         """The remembered messages first, then the live ones that came meanwhile (each
@@ -241,13 +242,10 @@ class Subscription:
         the last SEEN_IDS ids (a copy that comes later than that is delivered again)."""
         seen = self._seen
         if seen is None:
-            seen = self._seen = {}
-        if msg_id in seen:
+            seen = self._seen = IdWindow(SEEN_IDS)
+        if seen.seen(msg_id):
             self._hub.duplicates += 1
             return True
-        seen[msg_id] = None
-        if len(seen) > SEEN_IDS:
-            del seen[next(iter(seen))]
         return False
 
     def _let_go(self, hold: _Hold | bytes | None) -> None:
@@ -485,7 +483,7 @@ class PubSub:
         if stamps is not None:
             self._time_deliveries(event, stamps)
         ids = event.ids
-        plain = gaps is None and ids is None
+        plain = gaps is None  # no gap: the one subscription takes the inlined path
         routes = self._routes
         counting = self.record is not None
         free = 0  # messages no blocking subscription holds: their credit goes back now
@@ -510,7 +508,14 @@ class PubSub:
                 route = found if found is not None else self._route(topic)
                 only = route[2] if plain else None
             if only is not None:
-                message = _new(Message, (topic, payload, publisher, 0, None))
+                msg_id = None
+                if ids is not None:
+                    msg_id = ids.get(index)
+                    if msg_id is not None and only._seen_before(msg_id):
+                        only.duplicates += 1  # a copy: dropped, its credit back now
+                        free += 1
+                        continue
+                message = _new(Message, (topic, payload, publisher, 0, msg_id))
                 only.received += 1
                 callback = only._callback
                 if callback is None:
