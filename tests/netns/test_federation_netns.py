@@ -381,6 +381,20 @@ def describe(lab: Lab, client: MeshProcess) -> str:
     return "\n".join(out)
 
 
+def west_resends(lab: Lab) -> str:
+    """What the west gateways did with resent messages: received, dropped as republished by
+    the other, republished unchecked."""
+    total: dict[str, int] = {}
+    for name in ("w1", "w2"):
+        stats = lab.nodes[name].call("stats")["stats"]
+        for key in ("resends_received", "resends_dropped_republished_elsewhere"):
+            total[key] = total.get(key, 0) + stats.get(key, 0)
+        total["resends_unchecked"] = total.get("resends_unchecked", 0) + stats.get(
+            "resends_unchecked", 0
+        )
+    return ", ".join(f"{k} {v}" for k, v in total.items())
+
+
 def check_exactly_once(
     lab: Lab, east: MeshProcess, client: MeshProcess, publishing: int, asked: int, count: int
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -435,7 +449,8 @@ def test_fixed_ports_a_west_gateway_then_the_east_forwarder_sigkilled_under_load
         f"{victim} SIGKILLed and restarted on its fixed ports, then {killed} (the east"
         f" forwarder): {result['done']} requests, 0 failed, longest wait {result['slowest']:.2f}"
         f" s; {count} messages at {rate}/s each once in order"
-        f" ({stats.get('messages_duplicates_dropped', 0)} copies dropped by the subscriber)"
+        f" ({stats.get('messages_duplicates_dropped', 0)} copies dropped by the subscriber;"
+        f" west gateways: {west_resends(lab)})"
     )
 
 
@@ -461,5 +476,6 @@ def test_fixed_ports_a_ten_second_outage_of_the_forwarders_link_under_load(
     report(
         f"10 s outage of {cut}'s link: {result['done']} requests, 0 failed, longest wait"
         f" {result['slowest']:.2f} s; {count} messages at {rate}/s each once in order"
-        f" ({stats.get('messages_duplicates_dropped', 0)} copies dropped by the subscriber)"
+        f" ({stats.get('messages_duplicates_dropped', 0)} copies dropped by the subscriber;"
+        f" west gateways: {west_resends(lab)})"
     )
