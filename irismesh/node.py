@@ -1230,6 +1230,7 @@ class Node(MemoryApi, KeyringApi):
         stats["messages_published"] = self._pubsub.published
         stats["messages_delivered"] = self._pubsub.delivered
         stats["messages_unmatched"] = self._pubsub.unmatched
+        stats["messages_duplicates_dropped"] = self._pubsub.duplicates
         stats["tunnels_open"] = self._tunnels.open_count
         stats["loop_turns_given"] = self._caller.turns.given
         stats.update(self.memory.stats)

@@ -41,6 +41,7 @@ from irismesh.errors import (
     MeshError,
     SlowConsumer,
 )
+from irismesh.patterns.dedup import IdWindow
 
 _log = logging.getLogger("irismesh.pubsub")
 
@@ -51,7 +52,9 @@ TALLY_EVERY = 1024  # messages tallied before they are handed to the telemetry
 CACHED_TOPICS = 4096  # topics (and publishers) whose routes and names a node remembers
 RELEASE_EVERY = 32  # messages read from one peer before their credit goes back (or none left)
 _new = tuple.__new__  # Message(...) without its __new__'s keyword handling: once per message
-SEEN_IDS = 65536  # retained messages a rereading subscription remembers having delivered
+# Ids a subscription remembers having delivered: retained messages (reread and live), and
+# messages republished by gateways (their origin id), each delivered once within the window.
+SEEN_IDS = 65536
 
 
 class Message(NamedTuple):
@@ -61,7 +64,9 @@ class Message(NamedTuple):
     payload: bytes
     publisher: str  # the publishing node's hex id ("" for a message reread from the memory)
     missed: int = 0  # messages this subscription lost just before this one
-    id: bytes | None = None  # a retained message's id (the memory holds it too), else None
+    # A retained message's id (the memory holds it too), or a message's origin id as a gateway
+    # republished it from another mesh; else None. A subscription delivers each id once.
+    id: bytes | None = None
 
 
 class _Hold:
@@ -110,7 +115,7 @@ class Subscription:
         # A subscription that rereads the memory: live messages wait in `_priming` until the
         # remembered ones are in, and a retained message is delivered once, live or reread.
         self._priming: deque[tuple[Message, _Hold | bytes | None, int]] | None = None
-        self._seen: dict[bytes, None] | None = None  # ids delivered, oldest first
+        self._seen: IdWindow | None = None  # ids delivered lately (made at the first id)
         self.duplicates = 0  # retained messages that came twice (reread and live): dropped once
         self.reread_error: MeshError | None = None  # why the memory could not be reread
 
@@ -221,7 +226,7 @@ class Subscription:
 
     def _begin_priming(self) -> None:
         self._priming = deque()
-        self._seen = {}
+        self._seen = IdWindow(SEEN_IDS)
 
     def _end_priming(self, remembered: list[Message]) -> None:
         """The remembered messages first, then the live ones that came meanwhile (each
@@ -233,14 +238,14 @@ class Subscription:
             self._put(message, hold, gap)
 
     def _seen_before(self, msg_id: bytes) -> bool:
+        """Whether a message with this id was delivered here already, within the window of
+        the last SEEN_IDS ids (a copy that comes later than that is delivered again)."""
         seen = self._seen
         if seen is None:
-            return False
-        if msg_id in seen:
+            seen = self._seen = IdWindow(SEEN_IDS)
+        if seen.seen(msg_id):
+            self._hub.duplicates += 1
             return True
-        seen[msg_id] = None
-        if len(seen) > SEEN_IDS:
-            del seen[next(iter(seen))]
         return False
 
     def _let_go(self, hold: _Hold | bytes | None) -> None:
@@ -385,6 +390,7 @@ class PubSub:
         self._stamp_countdown = 1
         self.record_delivery: Callable[[str, bytes, float, int], None] | None = None
         self.unmatched = 0  # messages that arrived for no subscription (one just ended)
+        self.duplicates = 0  # messages with an id a subscription had delivered: dropped
 
     def listen(self, on: Listen) -> None:
         """Sign up for the core's events this handles: messages, credit, interest."""
@@ -477,7 +483,7 @@ class PubSub:
         if stamps is not None:
             self._time_deliveries(event, stamps)
         ids = event.ids
-        plain = gaps is None and ids is None
+        plain = gaps is None  # no gap: the one subscription takes the inlined path
         routes = self._routes
         counting = self.record is not None
         free = 0  # messages no blocking subscription holds: their credit goes back now
@@ -502,7 +508,14 @@ class PubSub:
                 route = found if found is not None else self._route(topic)
                 only = route[2] if plain else None
             if only is not None:
-                message = _new(Message, (topic, payload, publisher, 0, None))
+                msg_id = None
+                if ids is not None:
+                    msg_id = ids.get(index)
+                    if msg_id is not None and only._seen_before(msg_id):
+                        only.duplicates += 1  # a copy: dropped, its credit back now
+                        free += 1
+                        continue
+                message = _new(Message, (topic, payload, publisher, 0, msg_id))
                 only.received += 1
                 callback = only._callback
                 if callback is None:

@@ -56,6 +56,18 @@ class Joined:
 _JOIN_FIELDS = "keys=FILE (needed), seed=, export=, topics=, interface=, bind=, discovery=on|off"
 
 
+def port_range(text: str) -> tuple[int, int]:
+    """`FIRST-LAST` (or one port): the ports imported clusters' nodes take."""
+    first, _, last = text.partition("-")
+    try:
+        ports = (int(first), int(last or first))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a port range is FIRST-LAST, got {text!r}") from None
+    if not 1 <= ports[0] <= ports[1] <= 65535:
+        raise argparse.ArgumentTypeError(f"a port range is 1 to 65535, first <= last: {text!r}")
+    return ports
+
+
 def joined_mesh(text: str) -> Joined:
     """`NAME;keys=FILE;seed=tcp://H:P;export=db,search;topics=feeds.#;discovery=off`."""
     name, *fields = [part.strip() for part in text.split(";")]
@@ -185,6 +197,15 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
             " granted more, e.g. 262144 or 256KiB (default: 1MiB)"
         ),
     )
+    parser.add_argument(
+        "--import-ports",
+        type=port_range,
+        metavar="FIRST-LAST",
+        help=(
+            "the ports (TCP, and UDP for membership) of the nodes serving imported clusters,"
+            " one each, on --bind's or --interface's host (default: any free port)"
+        ),
+    )
     parser.add_argument("--name", metavar="NAME", help="the gateway's node name")
     add_joining_options(parser, wait=None, wait_help="")
     add_metrics_option(parser)
@@ -260,6 +281,7 @@ async def run_gateway(args: argparse.Namespace) -> int:
         interface=args.interface,
         local=bool(others),
         tunnel_window=args.tunnel_window,
+        import_ports=args.import_ports,
     )
     async with contextlib.AsyncExitStack() as stack:
         if others:

@@ -145,6 +145,7 @@ class GatewayView:
     duplicates: int
     forwarded: int
     stats: dict[str, int]
+    errors: tuple[str, ...] = ()  # imports that could not start, and why
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -223,6 +224,7 @@ async def gateway_views(
                     duplicates=stats.get("duplicates_dropped", 0),
                     forwarded=stats.get("requests_forwarded", 0),
                     stats=stats,
+                    errors=tuple(str(e) for e in report.get("errors", ())),
                 )
             )
         except (ValueError, KeyError, TypeError, AttributeError, msgpack.ExtraData):
@@ -293,7 +295,10 @@ def frame_json(frame: Frame) -> dict[str, object]:
             }
             for x in frame.latency
         ],
-        "gateways": [{"name": g.name, "mesh": g.mesh, "stats": g.stats} for g in frame.gateways],
+        "gateways": [
+            {"name": g.name, "mesh": g.mesh, "stats": g.stats, "errors": list(g.errors)}
+            for g in frame.gateways
+        ],
     }
 
 
@@ -314,6 +319,9 @@ def render(frame: Frame, args: argparse.Namespace, live: bool) -> RenderableType
         parts.append(clusters_table(frame.clusters, {p.node_id: p.name for p in frame.peers}))
     if frame.gateways:
         parts.append(gateways_table(frame.gateways))
+        for g in frame.gateways:
+            for error in g.errors:
+                parts.append(Text(f"gateway {g.name}: {error}", style="bold red"))
     if frame.latency:
         parts.append(latency_table(frame.latency))
     parts.append(counters_table(frame.counters))

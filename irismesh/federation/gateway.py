@@ -15,6 +15,13 @@ sends it to another gateway; when no link exporting a cluster is up, the gateway
 cluster, so callers get `NoResponders` at once. A request for a cluster the peer does not
 export is refused on the far side and counted (`requests_refused_not_exported`).
 
+Ports. An import's node listens on the gateway node's host (that of `bind`, else `interface`):
+on the first free port of `import_ports` when the operator gave a range, else on any free port;
+never on the gateway node's own, so a gateway given a fixed `bind` serves every import too. An
+import that cannot start (no free port left in the range, say) is logged once as an error,
+shown by `mesh top` (the report's `errors`; `imports_not_started` counts them) and tried again
+every `_IMPORT_RETRY` seconds.
+
 Broadcasts and surveys. A broadcast or survey of an imported cluster reaches every gateway
 serving it here; the one whose node for the cluster has the lowest id among those it is linked
 to passes it on (so the far members get it once), and the far gateway broadcasts or surveys in
@@ -25,7 +32,12 @@ gateways' links to each other change, a broadcast may be passed on by two of the
 Topics. The gateway subscribes in its mesh to the topics it exports and sends each message
 published there, as a `Crossing`, over every link to a mesh the message has not been in; the
 link keeps it until acknowledged (see `linkproto`). A gateway receiving a crossing republishes
-it in its own mesh, once (`crossing.Barrier`), and passes it on to its other links.
+it in its own mesh, once (`crossing.Barrier`), and passes it on to its other links. The
+republished message carries its origin id (as `Message.id`): a subscriber delivers each id
+once within its window of the last `pubsub.SEEN_IDS` ids, so a message that two gateways of
+its mesh republish (one died before it acknowledged, or a restarted one was sent it again)
+reaches each subscriber once (`Subscription.duplicates`, the node's
+`messages_duplicates_dropped`).
 Messages a gateway republished are not exported again by the gateways of that mesh (they know
 each other as members of the cluster `_gateway`): a crossing carries its history only from
 gateway to gateway, so a message crosses from mesh to mesh through one gateway process at a
@@ -85,7 +97,7 @@ from irismesh.federation.linkproto import TUNNEL as _TUNNEL
 from irismesh.federation.linkproto import Exports, Item, LinkConfig, LinkEnd, link_secrets
 from irismesh.federation.redundancy import Redundancy
 from irismesh.federation.tunnels import MAX_TUNNEL_WINDOW, GatewayTunnels
-from irismesh.node import Node, SurveyResult
+from irismesh.node import DEFAULT_BIND, Node, SurveyResult
 from irismesh.patterns.pubsub import Message, Subscription
 from irismesh.patterns.reqrep import ForwardedError, TurnedAway, time_left
 from irismesh.patterns.tunnel import DEFAULT_WINDOW
@@ -120,6 +132,9 @@ _ASK_BATCH = 4096  # resent crossings one question to the other gateways covers,
 _ASK_TIMEOUT = 1.0  # how long a takeover's resends wait for the other gateways' answers
 _NOT_REPUBLISHED_KEPT = 4096  # crossings let through but not republished, remembered
 _NATIVE_PUBLISHERS_KEPT = 4096  # publishers of this mesh known not to be gateways
+_IMPORT_RETRY = 5.0  # an import that could not start is tried again this often
+_MESH_WAIT = 3.0  # a gateway waits at most this long to know its mesh before it republishes
+_MESH_SETTLED = 0.3  # ... and until the number of peers it knows has stayed the same this long
 _ASKED = 2  # a question to the other gateways (STATE and DELIVERED are 0 and 1): which of
 # these origin ids have you republished?
 
@@ -159,6 +174,8 @@ class Gateway:
     tunnel through this gateway it lets the far gateway send before it grants more (its buffer
     per tunnel is about that much, plus one message).
     The rest (`seeds`, `bind`, `discovery`, `interface`, `name`) are the gateway's node's.
+    `import_ports` (first, last): the ports the nodes serving imported clusters take, one each,
+    on the host of `bind` (or `interface`); without it they take any free port there.
     """
 
     def __init__(
@@ -181,6 +198,7 @@ class Gateway:
         default_timeout: float = 5.0,
         local: bool = False,
         tunnel_window: int = DEFAULT_WINDOW,
+        import_ports: tuple[int, int] | None = None,
     ) -> None:
         if not mesh or len(mesh) > _MAX_MESH_NAME or not mesh.isprintable():
             raise ConfigurationError(f"a mesh name is 1-{_MAX_MESH_NAME} printable characters")
@@ -193,6 +211,14 @@ class Gateway:
             raise ConfigurationError(
                 f"tunnel_window must be 1 byte to 1 GiB, got {tunnel_window!r}"
             )
+        if import_ports is not None:
+            first, last = import_ports
+            if not (type(first) is int and type(last) is int and 1 <= first <= last <= 65535):
+                raise ConfigurationError(
+                    "import_ports is (first, last), 1 <= first <= last <= 65535, got"
+                    f" {import_ports!r}"
+                )
+        self.import_ports = import_ports
         self.mesh = mesh
         self.keyring = keyring
         self.export = Exports(
@@ -244,6 +270,8 @@ class Gateway:
         )
         self.stats_counter: Counter[str] = Counter()
         self._imports: dict[str, Node] = {}  # cluster -> the node that serves it here
+        self.import_errors: dict[str, str] = {}  # cluster -> why its import could not start
+        self._import_retry: asyncio.TimerHandle | None = None
         self._reconciling: asyncio.Task[None] | None = None
         self._reconcile_again = False
         self._calls: dict[int, tuple[asyncio.Future[bytes], LinkEnd]] = {}  # fan-outs
@@ -253,6 +281,9 @@ class Gateway:
         self._passed_ids: dict[tuple[bytes, int], int] = {}
         self._sweeping: asyncio.TimerHandle | None = None
         self._ends_for: dict[str, list[LinkEnd]] = {}  # cluster -> links up exporting it
+        # id(link end) -> the sequence number up to which what it held was carried over to
+        # another link to the same mesh (`_carry_over`).
+        self._carried: dict[int, int] = {}
         self._broadcasting: set[asyncio.Task[bytes]] = set()  # from across a link
         self._call_ids = itertools.count(1)
         self._outstanding: Counter[int] = Counter()  # id(link end) -> requests through it
@@ -343,6 +374,8 @@ class Gateway:
             broadcast.cancel()
         if self._sweeping is not None:
             self._sweeping.cancel()
+        if self._import_retry is not None:
+            self._import_retry.cancel()
         if self._reconciling is not None:
             self._reconciling.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -422,6 +455,7 @@ class Gateway:
         out.update(self.transport.figures())
         out["duplicates_dropped"] = self._barrier.duplicates
         out["imports"] = len(self._imports)
+        out["imports_not_started"] = len(self.import_errors)
         if self._link_file is not None:
             out["link_keyring_refused"] = self._link_file.refused
         out["republish_queue"] = 0 if self._inbound is None else self._inbound.qsize()
@@ -449,6 +483,7 @@ class Gateway:
             "gateway_id": self.gateway_id.hex(),
             "stats": self.stats,
             "links": self.links(),
+            "errors": [f"cannot serve cluster {c!r}: {e}" for c, e in self.import_errors.items()],
         }
         return msgpack.packb(report, use_bin_type=True)  # type: ignore[no-any-return]
 
@@ -458,7 +493,10 @@ class Gateway:
         self.stats_counter["link_ups" if up else "link_down_events"] += 1
         self._ends_for.clear()
         self._update_relays()
-        if not up:
+        if up:
+            self._carry_over(end, end)
+        else:
+            self._carry_over(end, None)
             for call_id, (future, via) in list(self._calls.items()):
                 if via is end and not future.done():
                     future.set_exception(TurnedAway("gateway_link_down"))
@@ -470,6 +508,46 @@ class Gateway:
         if self._drained is not None:
             self._drained.set()  # exporters waiting on this link's window wake and look again
         self._reconcile()
+
+    def _carry_over(self, end: LinkEnd, to: LinkEnd | None) -> None:
+        """Messages a link to a mesh holds unacknowledged are sent on another link to that
+        mesh too, marked resent, before any new one: when a link comes up (`to`: a gateway
+        restarted there dialled in as a new peer, while the link to the one that died may not
+        know yet) from every other link to that mesh, and when a link goes down (`to` None)
+        from it, to a link up. The far gateway asks its fellows which of them it republished,
+        and the subscribers deliver each once. The source link keeps its copies (its peer may
+        come back); each message is carried over once (`_carried`)."""
+        mesh = end.peer_mesh
+        ends = self.transport.ends
+        live = {id(e) for e in ends}
+        for gone in [k for k in self._carried if k not in live]:  # forgotten ends
+            del self._carried[gone]
+        if to is None:
+            to = next((e for e in ends if e.up and e.peer_mesh == mesh), None)
+            sources = [end]
+        else:
+            sources = [e for e in ends if e is not to and e.peer_mesh == mesh]
+        if to is None:
+            return
+        for source in sources:
+            if source.peer_id == to.peer_id or not source.buffered:
+                continue
+            items, next_seq = source.unacknowledged(self._carried.get(id(source), 0))
+            self._carried[id(source)] = next_seq
+            for item in items:
+                if item[0] in (CROSSING, RESENT) and self._send(to, [RESENT, *item[1:]]):
+                    self.stats_counter["messages_carried_over"] += 1
+        self.transport.flush_soon()
+
+    def _send(self, end: LinkEnd, wire: Item) -> bool:
+        """A reliable item on `end`; counted as carried over already if `end` is the source
+        of a carry-over (it was sent on every other link to its mesh too)."""
+        if not end.send(wire):
+            return False
+        carried = self._carried
+        if carried and id(end) in carried:
+            carried[id(end)] += 1
+        return True
 
     def _on_items(self, end: LinkEnd, items: list[Item]) -> None:
         for item in items:
@@ -561,6 +639,8 @@ class Gateway:
         while True:
             self._reconcile_again = False
             wanted = self._wanted()
+            for cluster in set(self.import_errors) - wanted:
+                del self.import_errors[cluster]
             for cluster in sorted(set(self._imports) - wanted):
                 node = self._imports.pop(cluster)
                 figures = node.stats  # what it relayed stays counted
@@ -574,23 +654,62 @@ class Gateway:
                 return
 
     async def _start_import(self, cluster: str) -> None:
-        args = dict(self._node_args)
-        args["seeds"] = [self.node.endpoint, *args["seeds"]]
-        name = None if self.name is None else f"{self.name}:{cluster}"[:64]
-        node = Node(cluster, name=name, **args)
-
-        # Requests pass on as they arrive (the far mesh's members admit), no handler run each.
-        node.forward_requests(partial(self._pass_on, node), self._given_up)
-        node.on_broadcast(partial(self._forward_broadcast, cluster, node))
-        node.on_survey(partial(self._forward_survey, cluster, node))
-        node.on_tunnel(partial(self.tunnels.serve_import, cluster), accept=False)
-        try:
-            await node.start()
-        except MeshError as exc:
-            log.warning("gateway cannot serve cluster %r: %s", cluster, exc)
+        node = None
+        error = "no port to listen on"
+        for bind in self._import_binds():
+            args = dict(self._node_args)
+            args["seeds"] = [self.node.endpoint, *args["seeds"]]
+            args["bind"] = bind
+            name = None if self.name is None else f"{self.name}:{cluster}"[:64]
+            node = Node(cluster, name=name, **args)
+            # Requests pass on as they arrive (the far mesh's members admit), no handler each.
+            node.forward_requests(partial(self._pass_on, node), self._given_up)
+            node.on_broadcast(partial(self._forward_broadcast, cluster, node))
+            node.on_survey(partial(self._forward_survey, cluster, node))
+            node.on_tunnel(partial(self.tunnels.serve_import, cluster), accept=False)
+            try:
+                await node.start()
+                break
+            except MeshError as exc:  # its port taken, most likely: the next one of the range
+                error = str(exc)
+                node = None
+        if node is None:
             self.stats_counter["imports_failed"] += 1
+            if self.import_errors.get(cluster) != error:  # logged once, not at every retry
+                log.error("gateway cannot serve cluster %r: %s", cluster, error)
+            self.import_errors[cluster] = error
+            if self._import_retry is None and not self._closing:
+                self._import_retry = asyncio.get_running_loop().call_later(
+                    _IMPORT_RETRY, self._retry_imports
+                )
             return
+        if self.import_errors.pop(cluster, None) is not None:
+            log.warning("gateway serves cluster %r now (on %s)", cluster, node.endpoint)
         self._imports[cluster] = node
+
+    def _retry_imports(self) -> None:
+        self._import_retry = None
+        self._reconcile()
+
+    def _import_binds(self) -> list[str | None]:
+        """Where an import node may listen, in the order tried: each free port of
+        `import_ports`, else any free port on the gateway node's host (None: the node's own
+        default, where the gateway was given neither `bind` nor a range)."""
+        bind = self._node_args["bind"]
+        interface = self._node_args["interface"]
+        if bind is not None:
+            host = bind.removeprefix("tcp://").rpartition(":")[0]
+        elif interface is not None:
+            host = interface
+        elif self.import_ports is not None:
+            host = DEFAULT_BIND.removeprefix("tcp://").rpartition(":")[0]
+        else:
+            return [None]
+        if self.import_ports is None:
+            return [f"tcp://{host}:0"]
+        used = {n.endpoint.rpartition(":")[2] for n in self._imports.values()}
+        first, last = self.import_ports
+        return [f"tcp://{host}:{p}" for p in range(first, last + 1) if str(p) not in used]
 
     def _forward(self, cluster: str, payload: bytes, kind: str = _REQUEST) -> asyncio.Future[bytes]:
         """Pass a request (or a broadcast, a survey: `kind`) on over a link exporting
@@ -970,7 +1089,7 @@ class Gateway:
                 await self._drained.wait()
             marked = reach and (len(reach) > 1 or reach[0] != end.peer_mesh)
             wire = self._marked(crossing, end.peer_mesh, reach) if marked else plain
-            if end.send(wire):
+            if self._send(end, wire):
                 self.stats_counter["messages_sent"] += 1
         if not known:
             self.stats_counter["messages_no_link"] += 1  # no mesh to send it to yet
@@ -1016,6 +1135,7 @@ class Gateway:
         assert inbound is not None
         assert progress is not None
         carried: tuple[LinkEnd, Crossing, bool] | None = None
+        await self._know_the_mesh()
         while True:
             entry = carried if carried is not None else await inbound.get()
             carried = None
@@ -1043,10 +1163,30 @@ class Gateway:
                 self._done += 1
                 progress.set()
 
+    async def _know_the_mesh(self) -> None:
+        """Before the first republish: wait until this gateway's node knows its mesh. A node
+        just started knows no subscriber yet, and what it published would reach nobody (a
+        restarted gateway is sent at once what its link holds). Done when it has peers and
+        their number has not changed for `_MESH_SETTLED`; at most `_MESH_WAIT` (a gateway
+        alone in its mesh). Crossings wait meanwhile, unacknowledged."""
+        loop = asyncio.get_running_loop()
+        started = since = loop.time()
+        count = -1
+        while (now := loop.time()) - started < _MESH_WAIT:
+            known = len(self.node.peers())
+            if known != count:
+                count, since = known, now
+            elif known and now - since >= _MESH_SETTLED:
+                return
+            await asyncio.sleep(0.05)
+        self.stats_counter["republish_started_alone"] += 1
+
     async def _republish_one(self, end: LinkEnd, crossing: Crossing) -> None:
         while True:
             try:
-                await self.node.publish(crossing.topic, crossing.payload)
+                await _publish_identified(
+                    self.node, crossing.topic, crossing.payload, crossing.origin_id
+                )
                 self.stats_counter["messages_republished"] += 1
                 break
             except SlowConsumer:
@@ -1163,7 +1303,7 @@ class Gateway:
             # Marked RESENT: the far side asks its gateways if they have it already.
             wire = self._marked(crossing, mesh, self._reach(crossing), RESENT)
             for end in ends:
-                if end.peer_mesh == mesh and end.send(wire):
+                if end.peer_mesh == mesh and self._send(end, wire):
                     self.stats_counter["messages_sent"] += 1
         self.transport.flush_soon()
 
@@ -1257,6 +1397,19 @@ class Gateway:
             except MeshError as exc:
                 self.stats_counter["sync_not_sent"] += 1
                 log.debug("gateway could not tell its fellows: %s", exc)
+
+
+async def _publish_identified(node: Node, topic: str, payload: bytes, msg_id: bytes) -> None:
+    """`node.publish(topic, payload)`, the message carrying `msg_id` (its origin id) to the
+    subscribers, which deliver each id once (`Subscription`: a bounded window of ids)."""
+    if node._closing or node._core is None:
+        node._caller.running()  # raises Closed, saying why
+    pubsub = node._pubsub
+    turns = node._caller.turns
+    if pubsub.publish_now(topic, payload, msg_id) is None:
+        await pubsub.publish_later(topic, payload, node._default_timeout, msg_id)
+    elif turns.spend():  # sent at once: a republishing run still lets the loop turn
+        await turns.pause()
 
 
 def far_answers(result: SurveyResult) -> dict[str, bytes]:

@@ -571,6 +571,12 @@ class LinkEnd:
             del self._buf[: self._head]
             self._head = 0
 
+    def unacknowledged(self, since: int = 0) -> tuple[list[Item], int]:
+        """The reliable items the peer has not acknowledged, from sequence number `since` on
+        (the oldest first), and the sequence number the next one sent will have."""
+        start = self._head + max(0, since - self._base_seq)
+        return self._buf[start : self._head + self._next_seq - self._base_seq], self._next_seq
+
     def silent_for(self, now: float) -> float:
         """Seconds since this end last heard its peer (or came to be)."""
         return now - self._last_in

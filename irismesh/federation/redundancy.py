@@ -40,8 +40,9 @@ does not answer within a second, the resends it may have republished are republi
 delivered twice (`resends_unchecked` on the far side counts them when a gateway asked did not
 answer, or none was there to ask, but not when membership had already removed the one that died
 and others answered). `takeover_resent` on this side counts every message a takeover sent, an
-upper bound on the doubles whatever happened. Exactly once across any crash would need the far
-gateway's republish and its acknowledgement to be one atomic step. A standby whose buffer
+upper bound on the doubles whatever happened. Such doubles stop at the subscribers: a
+republished message carries its origin id, and each subscription delivers an id once within
+its window (`patterns.dedup.IdWindow`). A standby whose buffer
 overflows drops the oldest, counted (`standby_dropped`): only a takeover after that can lose
 them. A forwarder that is alive but silent for `STALE_AFTER` (a stalled process), or suspected
 by membership and silent for `SUSPECT_SILENCE`, is taken over from, and both forward until it

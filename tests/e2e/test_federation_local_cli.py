@@ -103,6 +103,8 @@ def test_one_gateway_process_joins_two_meshes(
         (["--join", "b;keys=b.keys", "--peer", "tcp://127.0.0.1:1"], "need --link-keys"),
         (["--join", "b;keys=b.keys", "--tunnel-window", "0"], "1 byte to 1 GiB"),
         (["--join", "b;keys=b.keys", "--tunnel-window", "lots"], "KiB, MiB or GiB"),
+        (["--join", "b;keys=b.keys", "--import-ports", "7420-7410"], "first <= last"),
+        (["--join", "b;keys=b.keys", "--import-ports", "many"], "FIRST-LAST"),
         ([], "--link-keys is needed"),
         (["--link-keys", "a.keys"], "--listen or --peer is needed"),
     ],

@@ -1,19 +1,26 @@
-"""Gateways between meshes on 127.0.0.1: each mesh its own keyring, joined only by gateways."""
+"""Gateways between meshes on 127.0.0.1: each mesh its own keyring, joined only by gateways;
+gateways on the ports they are given, and subscribers that deliver each message once."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import random
+import socket
 from collections.abc import Awaitable
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, ExitStack
 from pathlib import Path
 
 import pytest
 from helpers import wait_until
 
 import irismesh
+from irismesh._cli.top import gateway_views
 from irismesh.federation import LinkConfig, far_answers
+from irismesh.federation import gateway as gateway_module
 from irismesh.federation.crossing import CROSSING, RESENT, Crossing
+from irismesh.patterns import pubsub as pubsub_module
 
 LOCAL = "tcp://127.0.0.1:0"
 FAST = LinkConfig(heartbeat=0.1, dead_after=0.6, retry=0.2, resend_after=0.4)
@@ -867,5 +874,303 @@ def test_a_survey_crosses_two_gateway_pairs_and_the_far_answers_come_back_merged
             assert merged == {member_id: prefix + b"ping" for member_id, prefix in far.items()}
             asked = b1.stats.get("surveys_forwarded", 0) + b2.stats.get("surveys_forwarded", 0)
             assert asked == 1
+
+    run(main())
+
+
+# ------------------------------------------------ fixed ports, and each message once
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` consecutive ports free on 127.0.0.1 for TCP and UDP now (held by nobody once
+    returned: a test binds them at once)."""
+    for _ in range(200):
+        first = random.randrange(20000, 60000 - count)
+        with ExitStack() as held:
+            try:
+                for port in range(first, first + count):
+                    for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+                        sock = held.enter_context(socket.socket(socket.AF_INET, kind))
+                        sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return list(range(first, first + count))
+    raise RuntimeError("no free run of ports on 127.0.0.1")
+
+
+def port_of(endpoint: str) -> int:
+    return int(endpoint.rpartition(":")[2])
+
+
+async def fixed_gateway(
+    stack: AsyncExitStack,
+    mesh: Mesh,
+    link: irismesh.Keyring,
+    bind: str,
+    **kwargs: object,
+) -> irismesh.Gateway:
+    gw = irismesh.Gateway(
+        mesh.name,
+        keyring=mesh.keys,
+        link_keyring=link,
+        link_config=FAST,
+        seeds=list(mesh.seeds),
+        bind=bind,
+        **kwargs,  # type: ignore[arg-type]
+    )
+    return await stack.enter_async_context(gw)
+
+
+def test_a_gateway_on_a_fixed_port_serves_every_import_on_ports_of_its_range() -> None:
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        link = irismesh.Keyring.generate()
+        node_port, *range_ports = free_ports(4)
+        async with AsyncExitStack() as stack:
+            await member(stack, a, "db", b"A:")
+            await member(stack, a, "search", b"S:")
+            gw_a = irismesh.Gateway(
+                "a", keyring=a.keys, link_keyring=link, listen=LOCAL, export=("db", "search"),
+                link_config=FAST, seeds=list(a.seeds), bind=LOCAL,
+            )  # fmt: skip
+            await stack.enter_async_context(gw_a)
+            gw_b = await fixed_gateway(
+                stack, b, link, f"tcp://127.0.0.1:{node_port}", peers=(gw_a.endpoint,),
+                import_ports=(range_ports[0], range_ports[-1]),
+            )  # fmt: skip
+            b.seeds.append(gw_b.node.endpoint)
+            client = await stack.enter_async_context(b.node())
+            await wait_until(lambda: gw_b.imports() == ["db", "search"], 10, "both imports")
+            assert port_of(gw_b.node.endpoint) == node_port
+            ports = {port_of(n.endpoint) for n in gw_b._imports.values()}
+            assert ports <= set(range_ports), ports
+            assert len(ports) == 2
+            for cluster, prefix in (("db", b"A:"), ("search", b"S:")):
+                await client.wait_for_members(cluster, timeout=10)
+                assert await client.request(cluster, b"x", timeout=5) == prefix + b"x"
+            assert gw_b.stats.get("imports_failed", 0) == 0
+            assert gw_b.import_errors == {}
+
+    run(main())
+
+
+def test_a_fixed_bind_without_a_range_imports_on_free_ports_of_its_host() -> None:
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        link = irismesh.Keyring.generate()
+        [node_port] = free_ports(1)
+        async with AsyncExitStack() as stack:
+            await member(stack, a, "db", b"A:")
+            gw_a = irismesh.Gateway(
+                "a", keyring=a.keys, link_keyring=link, listen=LOCAL, export=("db",),
+                link_config=FAST, seeds=list(a.seeds), bind=LOCAL,
+            )  # fmt: skip
+            await stack.enter_async_context(gw_a)
+            gw_b = await fixed_gateway(
+                stack, b, link, f"tcp://127.0.0.1:{node_port}", peers=(gw_a.endpoint,)
+            )
+            b.seeds.append(gw_b.node.endpoint)
+            client = await stack.enter_async_context(b.node())
+            await wait_until(lambda: gw_b.imports() == ["db"], 10, "the import")
+            await client.wait_for_members("db", timeout=10)
+            assert await client.request("db", b"x", timeout=5) == b"A:x"
+            [node] = gw_b._imports.values()
+            assert node.endpoint.startswith("tcp://127.0.0.1:")
+            assert port_of(node.endpoint) != node_port
+
+    run(main())
+
+
+def test_an_import_that_cannot_start_is_an_error_once_shown_by_top_and_retried(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(gateway_module, "_IMPORT_RETRY", 0.3)
+
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        link = irismesh.Keyring.generate()
+        node_port, taken = free_ports(2)
+        squatter = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        try:
+            async with AsyncExitStack() as stack:
+                await member(stack, a, "db", b"A:")
+                gw_a = irismesh.Gateway(
+                    "a", keyring=a.keys, link_keyring=link, listen=LOCAL, export=("db",),
+                    link_config=FAST, seeds=list(a.seeds), bind=LOCAL,
+                )  # fmt: skip
+                await stack.enter_async_context(gw_a)
+                gw_b = await fixed_gateway(
+                    stack, b, link, f"tcp://127.0.0.1:{node_port}", peers=(gw_a.endpoint,),
+                    import_ports=(taken, taken),
+                )  # fmt: skip
+                b.seeds.append(gw_b.node.endpoint)
+                await wait_until(lambda: gw_b.stats.get("imports_failed", 0) >= 3, 10, "retries")
+                assert "db" in gw_b.import_errors
+                assert "Address already in use" in gw_b.import_errors["db"]
+                assert gw_b.stats["imports_not_started"] == 1
+                errors = [
+                    r
+                    for r in caplog.records
+                    if r.levelno == logging.ERROR and "cannot serve cluster 'db'" in r.message
+                ]
+                assert len(errors) == 1  # once, not at each retry
+                # mesh top's view of the gateway shows it.
+                viewer = await stack.enter_async_context(b.node())
+                await viewer.wait_for_members("_gateway", timeout=10)
+                views = await gateway_views(viewer, 5.0, wait=True)
+                [view] = views
+                assert any("cannot serve cluster 'db'" in e for e in view.errors), view
+                # The port is freed: the next retry serves the cluster there.
+                squatter.close()
+                await wait_until(lambda: gw_b.imports() == ["db"], 10, "the import")
+                assert port_of(gw_b._imports["db"].endpoint) == taken
+                assert gw_b.import_errors == {}
+                await viewer.wait_for_members("db", timeout=10)
+                assert await viewer.request("db", b"y", timeout=5) == b"A:y"
+        finally:
+            squatter.close()
+
+    with caplog.at_level(logging.WARNING, logger="irismesh.federation"):
+        run(main())
+
+
+def test_bad_import_ports_are_refused() -> None:
+    keys = irismesh.Keyring.generate()
+    for bad in ((0, 10), (10, 9), (1, 70000)):
+        with pytest.raises(irismesh.ConfigurationError, match="import_ports"):
+            irismesh.Gateway("a", keyring=keys, link_keyring=keys, listen=LOCAL, import_ports=bad)
+
+
+def test_a_message_two_gateways_republish_reaches_each_subscriber_once_and_in_order() -> None:
+    """Mesh b's two gateways are both sent messages 40..59 (as when a gateway died before it
+    acknowledged them, or restarted and was sent them again): each republishes them, with the
+    origin id, and the subscribers of b deliver each id once."""
+
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        link = irismesh.Keyring.generate()
+        async with AsyncExitStack() as stack:
+            a1 = irismesh.Gateway(
+                "a", keyring=a.keys, link_keyring=link, listen=LOCAL, link_config=FAST,
+                bind=LOCAL,
+            )  # fmt: skip
+            await stack.enter_async_context(a1)
+            a.seeds.append(a1.node.endpoint)
+            a2 = irismesh.Gateway(
+                "a", keyring=a.keys, link_keyring=link, listen=LOCAL, link_config=FAST,
+                bind=LOCAL, seeds=list(a.seeds),
+            )  # fmt: skip
+            await stack.enter_async_context(a2)
+            b1 = await fixed_gateway(stack, b, link, LOCAL, peers=(a1.endpoint,))
+            b.seeds.append(b1.node.endpoint)
+            b2 = await fixed_gateway(stack, b, link, LOCAL, peers=(a2.endpoint,))
+            sub, got = await subscribed(stack, b, "feeds.#")
+            queued = sub.subscribe("feeds.#")  # a buffered subscription too
+            for gw in (b1, b2):
+                await gw.node.wait_for_subscribers("feeds.x", 1, timeout=10)
+            await wait_until(lambda: a1.stats["links_up"] == a2.stats["links_up"] == 1, 10, "up")
+
+            def send(gw: irismesh.Gateway, indices: range) -> None:
+                [end] = gw.transport.ends
+                for i in indices:
+                    wire = Crossing("a", i.to_bytes(16, "big"), ("a",), "feeds.x", b"a:%d" % i)
+                    assert end.send(wire.wire(CROSSING))
+                gw.transport.flush_soon()
+
+            send(a1, range(60))
+            await wait_until(lambda: len(got) == 60, 10, "the first 60")
+            send(a2, range(40, 100))
+            await wait_until(lambda: len(got) >= 100, 10, "the rest")
+            await wait_until(
+                lambda: sub.stats["messages_duplicates_dropped"] == 2 * 20, 10, "the copies"
+            )
+            check_once_in_order(got, ["a"], 100)
+            assert b1.stats["messages_republished"] == 60
+            assert b2.stats["messages_republished"] == 60  # b2 did not know: its subscribers did
+            buffered = [queued.get_nowait() for _ in range(queued.qsize())]
+            check_once_in_order([m.payload for m in buffered if m is not None], ["a"], 100)
+            assert queued.duplicates == 20
+            assert buffered[0] is not None
+            assert buffered[0].id == (0).to_bytes(16, "big")  # the origin id, as Message.id
+
+    run(main())
+
+
+def test_a_subscription_delivers_an_id_once_within_its_window_and_again_past_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(pubsub_module, "SEEN_IDS", 8)
+
+    async def main() -> None:
+        mesh = Mesh("a")
+        async with AsyncExitStack() as stack:
+            pub = await stack.enter_async_context(mesh.node())
+            mesh.seeds.append(pub.endpoint)
+            _, got = await subscribed(stack, mesh, "t.#")
+            await pub.wait_for_subscribers("t.x", 1, timeout=10)
+            publish = gateway_module._publish_identified
+
+            def ident(i: int) -> bytes:
+                return i.to_bytes(16, "big")
+
+            for i in range(4):  # each twice: delivered once
+                await publish(pub, "t.x", b"%d" % i, ident(i))
+                await publish(pub, "t.x", b"%d" % i, ident(i))
+            for i in range(4, 20):  # 16 more ids: the first four leave the window of 8
+                await publish(pub, "t.x", b"%d" % i, ident(i))
+            await publish(pub, "t.x", b"0", ident(0))  # past the window: delivered again
+            await pub.publish("t.x", b"plain")  # no id: always delivered
+            await pub.publish("t.x", b"plain")
+            await wait_until(lambda: len(got) == 23, 10, "every message")
+            await asyncio.sleep(0.1)
+            assert got[:4] == [b"0", b"1", b"2", b"3"]
+            assert got[20:] == [b"0", b"plain", b"plain"]
+
+    run(main())
+
+
+def test_what_a_link_held_for_a_gateway_that_died_goes_first_to_the_one_that_replaced_it() -> None:
+    """Mesh b's gateway goes (its link on a's side still up, not knowing yet) and a new one
+    dials in as a new peer: what a's link to the first held unacknowledged is carried over to
+    the new link, before the new messages, and b's subscriber gets every message once in
+    order."""
+
+    async def main() -> None:
+        a, b = Mesh("a"), Mesh("b")
+        link = irismesh.Keyring.generate()
+        async with AsyncExitStack() as stack:
+            pub = await stack.enter_async_context(a.node())
+            a.seeds.append(pub.endpoint)
+            gw_a = await gateway(stack, a, link, listen=True, topics=("feeds.#",))
+            reader, got = await subscribed(stack, b, "feeds.#")
+            b.seeds.append(reader.endpoint)
+            first = irismesh.Gateway(
+                "b", keyring=b.keys, link_keyring=link, peers=(gw_a.endpoint,),
+                link_config=FAST, seeds=list(b.seeds), bind=LOCAL,
+            )  # fmt: skip
+            await first.start()
+            try:
+                await first.node.wait_for_subscribers("feeds.x", 1, timeout=10)
+                await wait_until(lambda: gw_a.stats["links_up"] == 1, 10, "the link")
+                await pub.wait_for_subscribers("feeds.x", 1, timeout=10)
+                for i in range(50):
+                    await pub.publish("feeds.x", b"a:%d" % i)
+                await wait_until(lambda: len(got) == 50, 10, "the first 50")
+            finally:
+                await first.close()
+            for i in range(50, 150):  # held by a's link to the gateway that went
+                await pub.publish("feeds.x", b"a:%d" % i)
+            await wait_until(lambda: gw_a.stats["link_buffered"] >= 100, 10, "held")
+            second = await gateway(stack, b, link, peers=(gw_a.endpoint,))
+            await second.node.wait_for_subscribers("feeds.x", 1, timeout=10)
+            for i in range(150, 200):
+                await pub.publish("feeds.x", b"a:%d" % i)
+            await wait_until(lambda: len(got) >= 200, 15, "every message")
+            await asyncio.sleep(0.2)  # a double would come now
+            check_once_in_order(got, ["a"], 200)
+            assert gw_a.stats["messages_carried_over"] >= 100
+            assert second.stats["resends_received"] >= 100
 
     run(main())

@@ -4,6 +4,9 @@
     ip netns exec NS python fednode.py --keys a.keys --addr 10.77.0.2 --gateway a \
         --link-keys link.keys --listen tcp://10.77.0.2:7600 --export db --topics 'feeds.#'
 
+A gateway takes `--bind tcp://ADDR:PORT` (its node's fixed port) and `--import-ports FIRST-LAST`
+(the imported clusters' nodes' ports).
+
 With `--join MESH --join-keys FILE [--join-export CLUSTER]...` the gateway also joins mesh
 MESH in the same process (`irismesh.LocalGateways`), on the same interface; `--link-keys` is
 then needed only with `--listen` or `--peer`.
@@ -14,9 +17,11 @@ and answers each with `{"re": id, "ok": ...}`; commands run as tasks, so `progre
 while `requests` runs. Commands:
 
 - `stats`: the node's (or the gateway's) counters.
-- `requests` (`count`, `concurrency`, `timeout`, `cluster`): requests whose replies are
-  checked; answers the totals when all are done. `progress`: how many are done so far.
+- `requests` (`count`, `concurrency`, `timeout`, `cluster`, `seconds`): requests whose replies
+  are checked, none started after `seconds` if given; answers the totals (and the longest wait
+  between two replies of one caller) when all are done. `progress`: how many are done so far.
 - `publish` (`topic`, `count`, `rate`): `count` messages `<index>` at `rate` per second.
+- `subscribers` (`topic`, `wait`): answers once a subscriber of `topic` is known.
 - `received`: what the subscription (`--subscribe`) got: count, whether in order, duplicates.
 - `tunnel` (`cluster`, `size`, `block`): a tunnel to the cluster (a member echoes it), `size`
   bytes sent in numbered `block`-byte messages and checked as they come back; answers bytes
@@ -62,20 +67,31 @@ class Driver:
                 "imports": [g.imports() for g in self.joined.gateways],
             }
         if self.gateway is not None:
-            return {"stats": self.gateway.stats, "imports": self.gateway.imports()}
+            nodes = [self.gateway.node, *self.gateway._imports.values()]
+            return {"stats": self.gateway.stats, "imports": self.gateway.imports(),
+                    "ports": [int(n.endpoint.rpartition(":")[2]) for n in nodes],
+                    "import_errors": self.gateway.import_errors}  # fmt: skip
         return {"stats": dict(self.node.stats)}
 
     async def requests(
-        self, count: int, concurrency: int, timeout: float, cluster: str
+        self, count: int, concurrency: int, timeout: float, cluster: str, seconds: float | None
     ) -> dict[str, Any]:
         await self.node.wait_for_members(cluster, timeout=20)
         failed: list[str] = []
         wrong = 0
         left = iter(range(count))
+        until = None if seconds is None else time.monotonic() + seconds
+        slowest = 0.0  # the longest wait between two replies
 
         async def caller() -> None:
-            nonlocal wrong
+            nonlocal wrong, slowest
+            last = time.monotonic()
             for i in left:
+                if until is not None and time.monotonic() > until:
+                    break
+                now = time.monotonic()
+                slowest = max(slowest, now - last)
+                last = now
                 try:
                     reply = await self.node.request(cluster, b"%d" % i, timeout=timeout)
                 except irismesh.MeshError as exc:
@@ -88,7 +104,7 @@ class Driver:
 
         await asyncio.gather(*(caller() for _ in range(concurrency)))
         return {"done": self.done, "failed": len(failed), "errors": failed[:5], "wrong": wrong,
-                "stats": dict(self.node.stats)}  # fmt: skip
+                "slowest": slowest, "stats": dict(self.node.stats)}  # fmt: skip
 
     async def tunnel(self, cluster: str, size: int, block: int) -> dict[str, Any]:
         await self.node.wait_for_members(cluster, timeout=20)
@@ -126,8 +142,12 @@ class Driver:
     def received(self) -> dict[str, Any]:
         got = self.got
         ordered = all(a < b for a, b in itertools.pairwise(got))
-        return {"count": len(got), "in_order": ordered, "distinct": len(set(got)),
-                "last": got[-1] if got else None}  # fmt: skip
+        distinct = set(got)
+        missing = [i for i in range(max(got) + 1) if i not in distinct] if got else []
+        backwards = [(a, b) for a, b in itertools.pairwise(got) if a >= b]
+        return {"count": len(got), "in_order": ordered, "distinct": len(distinct),
+                "last": got[-1] if got else None, "missing": missing[:20],
+                "missing_count": len(missing), "backwards": backwards[:10]}  # fmt: skip
 
     async def command(self, line: str) -> None:
         msg = json.loads(line)
@@ -139,10 +159,14 @@ class Driver:
                 out = {"done": self.done}
             elif cmd == "requests":
                 out = await self.requests(
-                    msg["count"], msg["concurrency"], msg["timeout"], msg.get("cluster", "db")
-                )
+                    msg["count"], msg["concurrency"], msg["timeout"], msg.get("cluster", "db"),
+                    msg.get("seconds"),
+                )  # fmt: skip
             elif cmd == "publish":
                 out = await self.publish(msg["topic"], msg["count"], msg["rate"])
+            elif cmd == "subscribers":
+                await self.node.wait_for_subscribers(msg["topic"], timeout=msg["wait"])
+                out = {}
             elif cmd == "received":
                 out = self.received()
             elif cmd == "tunnel":
@@ -169,6 +193,8 @@ async def main(args: argparse.Namespace) -> None:
             buffer=args.buffer,
             name=args.name,
             local=bool(args.join),
+            bind=args.bind,
+            import_ports=args.import_ports,
             **common,
         )
         if args.join:
@@ -245,5 +271,9 @@ if __name__ == "__main__":
     parser.add_argument("--join", metavar="MESH")
     parser.add_argument("--join-keys")
     parser.add_argument("--join-export", action="append", default=[])
+    parser.add_argument("--bind")
+    parser.add_argument(
+        "--import-ports", type=lambda t: tuple(int(p) for p in t.split("-")), default=None
+    )
     parser.add_argument("--max-seconds", type=float, default=300)
     irismesh.run(main(parser.parse_args()))

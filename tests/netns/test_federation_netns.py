@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from netlab import Lab, MeshProcess, unavailable
@@ -308,3 +309,173 @@ def test_one_gateway_process_with_a_foot_in_each_segment_carries_requests(
     stats = lab.nodes["g"].call("stats")["stats"]
     assert stats["b"]["requests_forwarded"] == stats["a"]["requests_served"] == total
     report(f"{total} requests from segment b to segment a through one gateway process: 0 failed")
+
+
+NODE_PORT, IMPORT_PORTS = 7401, (7410, 7419)  # a gateway's node, its imports' nodes
+
+
+def fixed(lab: Lab, name: str) -> str:
+    return f"tcp://{lab.hosts[name].addr}:{NODE_PORT}"
+
+
+def two_fixed_pairs(
+    lab: Lab, tmp_path: Path
+) -> tuple[MeshProcess, MeshProcess, Callable[[int], MeshProcess]]:
+    """Mesh east (db member and publisher edb, gateways e1 and e2 listening on the link port)
+    and mesh west (gateways w1 and w2 dialling e1 and e2, client and subscriber wc), every
+    gateway's node on a fixed port and its imports on a fixed range; returns edb, wc, and
+    what starts west gateway i (again)."""
+    e, w, link = keys(tmp_path, "e"), keys(tmp_path, "w"), keys(tmp_path, "link")
+    segments(lab, ["edb", "e1", "e2"], ["w1", "w2", "wc"], [("e1", "w1"), ("e2", "w2")])
+    east = start(lab, "edb", e, "--cluster", "db")
+    for i in (1, 2):
+        gateway(
+            lab, f"e{i}", "east", e, link, "--listen", listen(lab, f"e{i}"), "--export", "db",
+            "--topics", "feeds.#", "--bind", fixed(lab, f"e{i}"),
+        )  # fmt: skip
+    ports = "-".join(map(str, IMPORT_PORTS))
+
+    def west(i: int) -> MeshProcess:
+        return gateway(
+            lab, f"w{i}", "west", w, link, "--peer", listen(lab, f"e{i}"),
+            "--bind", fixed(lab, f"w{i}"), "--import-ports", ports,
+        )  # fmt: skip
+
+    for i in (1, 2):
+        west(i)
+    client = start(lab, "wc", w, "--subscribe", "feeds.#")
+    for i in (1, 2):
+        imported(lab.nodes[f"w{i}"])
+    wait_for(lambda: forwarders(lab) == 1, 20, "one east forwarder")
+    return east, client, west
+
+
+def imported(gw: MeshProcess) -> None:
+    """Wait for the west gateway's import of db, its ports the fixed ones, and the
+    subscriber's interest in feeds."""
+    wait_for(lambda: gw.call("stats")["imports"] == ["db"], 30, f"{gw.name} to import db")
+    ports = gw.call("stats")["ports"]
+    assert ports[0] == NODE_PORT, ports
+    assert all(IMPORT_PORTS[0] <= p <= IMPORT_PORTS[1] for p in ports[1:]), ports
+    gw.call("subscribers", timeout=30, topic="feeds.x", wait=20)
+
+
+def forwarders(lab: Lab) -> int:
+    return sum(lab.nodes[n].call("stats")["stats"].get("forwarding", 0) for n in ("e1", "e2"))
+
+
+def forwarder(lab: Lab) -> str:
+    [name] = [n for n in ("e1", "e2") if lab.nodes[n].call("stats")["stats"].get("forwarding", 0)]
+    return name
+
+
+def describe(lab: Lab, client: MeshProcess) -> str:
+    """What the subscriber got, and the counters of the gateways still running."""
+    out = [f"wc: {client.call('received')}"]
+    for name in ("e1", "e2", "w1", "w2"):
+        node = lab.nodes[name]
+        if node.proc.poll() is None:
+            stats = node.call("stats")["stats"]
+            keep = {k: v for k, v in stats.items() if not k.startswith(("tunnel", "request"))}
+            out.append(f"{name}: {keep}")
+    return "\n".join(out)
+
+
+def west_resends(lab: Lab) -> str:
+    """What the west gateways did with resent messages: received, dropped as republished by
+    the other, republished unchecked."""
+    total: dict[str, int] = {}
+    for name in ("w1", "w2"):
+        stats = lab.nodes[name].call("stats")["stats"]
+        for key in ("resends_received", "resends_dropped_republished_elsewhere"):
+            total[key] = total.get(key, 0) + stats.get(key, 0)
+        total["resends_unchecked"] = total.get("resends_unchecked", 0) + stats.get(
+            "resends_unchecked", 0
+        )
+    return ", ".join(f"{k} {v}" for k, v in total.items())
+
+
+def check_exactly_once(
+    lab: Lab, east: MeshProcess, client: MeshProcess, publishing: int, asked: int, count: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    done = east.reply(publishing, 90)
+    assert done["ok"], done
+    deadline = time.monotonic() + 60
+    while client.call("received")["count"] < count:
+        if time.monotonic() > deadline:
+            pytest.fail(f"not every message arrived: {describe(lab, client)}")
+        time.sleep(0.05)
+    result = client.reply(asked, 60)
+    time.sleep(0.5)  # a double would come now
+    got = client.call("received")
+    assert result["ok"], result
+    assert result["failed"] == 0, result["errors"]
+    assert result["wrong"] == 0
+    assert got["count"] == got["distinct"] == count, describe(lab, client)
+    assert got["in_order"], describe(lab, client)
+    return result, got
+
+
+@pytest.mark.parametrize("fedlab", [("edb", "e1", "e2", "w1", "w2", "wc")], indirect=True)
+def test_fixed_ports_a_west_gateway_then_the_east_forwarder_sigkilled_under_load(
+    fedlab: Lab, tmp_path: Path, report: Callable[[str], None]
+) -> None:
+    """Two gateway pairs on fixed ports; under requests and published messages, the west
+    gateway on the forwarder's link is SIGKILLed and restarted on the same ports, then the
+    east forwarder is SIGKILLed: no request fails, and the west subscriber gets every message
+    once, in order."""
+    lab = fedlab
+    east, client, west = two_fixed_pairs(lab, tmp_path)
+    count, rate = 6000, 400
+    publishing = east.send("publish", topic="feeds.x", count=count, rate=rate)
+    asked = client.send(
+        "requests", count=10**9, concurrency=16, timeout=10, cluster="db",
+        seconds=count / rate + 2,
+    )  # fmt: skip
+    wait_for(lambda: client.call("received")["count"] >= 1000, 30, "messages flowing")
+    victim = "w1" if forwarder(lab) == "e1" else "w2"
+    old = lab.nodes[victim]
+    old.signal(signal.SIGKILL)
+    old.proc.wait(10)
+    restarted = west(int(victim[1]))  # the same fixed ports, at once
+    imported(restarted)
+    at = client.call("received")["count"]
+    wait_for(lambda: client.call("received")["count"] >= at + 600, 30, "messages after it")
+    killed = forwarder(lab)
+    lab.nodes[killed].signal(signal.SIGKILL)
+    result, _got = check_exactly_once(lab, east, client, publishing, asked, count)
+    stats = result["stats"]
+    report(
+        f"{victim} SIGKILLed and restarted on its fixed ports, then {killed} (the east"
+        f" forwarder): {result['done']} requests, 0 failed, longest wait {result['slowest']:.2f}"
+        f" s; {count} messages at {rate}/s each once in order"
+        f" ({stats.get('messages_duplicates_dropped', 0)} copies dropped by the subscriber;"
+        f" west gateways: {west_resends(lab)})"
+    )
+
+
+@pytest.mark.parametrize("fedlab", [("edb", "e1", "e2", "w1", "w2", "wc")], indirect=True)
+def test_fixed_ports_a_ten_second_outage_of_the_forwarders_link_under_load(
+    fedlab: Lab, tmp_path: Path, report: Callable[[str], None]
+) -> None:
+    lab = fedlab
+    east, client, _west = two_fixed_pairs(lab, tmp_path)
+    count, rate = 6000, 400
+    publishing = east.send("publish", topic="feeds.x", count=count, rate=rate)
+    asked = client.send(
+        "requests", count=10**9, concurrency=16, timeout=10, cluster="db",
+        seconds=count / rate + 2,
+    )  # fmt: skip
+    wait_for(lambda: client.call("received")["count"] >= 800, 30, "messages flowing")
+    cut = forwarder(lab)
+    heal = outage(lab, cut, "w" + cut[1])
+    time.sleep(10)
+    heal()
+    result, _got = check_exactly_once(lab, east, client, publishing, asked, count)
+    stats = result["stats"]
+    report(
+        f"10 s outage of {cut}'s link: {result['done']} requests, 0 failed, longest wait"
+        f" {result['slowest']:.2f} s; {count} messages at {rate}/s each once in order"
+        f" ({stats.get('messages_duplicates_dropped', 0)} copies dropped by the subscriber;"
+        f" west gateways: {west_resends(lab)})"
+    )
