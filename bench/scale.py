@@ -1016,6 +1016,7 @@ GROWTH = {
 
 # Figures set side by side in the comparison: (label, key in a result, sub-key).
 COMPARED = (
+    ("startup_s", "startup_s", None),
     ("full_after_ready_s", "full_after_ready_s", None),
     ("cpu_percent_per_node", "cpu_percent_per_node", "mean"),
     ("mesh_cpu_cores", "mesh_cpu_cores", None),
@@ -1232,8 +1233,22 @@ def comparison(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         cpu = row["cpu_percent_per_node"]
         row["cpu_ratio"] = cpu["survey"] / cpu["seeds"] if cpu["seeds"] and cpu["survey"] else None
         row["saturated"] = bool(seeded.get("saturated") or zero.get("saturated"))
+        row["unfinished"] = {"seeds": unfinished(seeded), "survey": unfinished(zero)}
         rows.append(row)
     return rows
+
+
+def unfinished(result: dict[str, Any]) -> str | None:
+    """Why a run has no convergence figure, in a few words; None if it has one."""
+    if not result:
+        return "not run"
+    if result.get("failed"):
+        return "failed"
+    if not result.get("started"):
+        return f"not started in {result['timeout_s']:.0f} s ({result.get('nodes_ready', 0)} ready)"
+    if not result.get("converged"):
+        return f"not converged in {result['timeout_s']:.0f} s"
+    return None
 
 
 def print_comparison(console: Any, results: list[dict[str, Any]]) -> None:
@@ -1244,12 +1259,15 @@ def print_comparison(console: Any, results: list[dict[str, Any]]) -> None:
     table = Table(
         title="zero configuration against seeds: the same N, one after the other in this run",
         caption="each cell: seeded / zero-configuration (no seeds, survey discovery alone); "
-        "full: every node knows all N-1 others, after the last node was ready; idle CPU per "
+        "startup: first spawn to the last node ready (the nodes already running compete with "
+        "those starting); full: every node knows all N-1 others, after the last node was ready; "
+        "idle CPU per "
         "node in % of one core (mean); ratio: zero-configuration's idle CPU per node over the "
         "seeded run's",
     )
     for column in (
         "N",
+        "startup s",
         "full after last READY s",
         "CPU/node %",
         "ratio",
@@ -1263,13 +1281,18 @@ def print_comparison(console: Any, results: list[dict[str, Any]]) -> None:
     def pair(values: dict[str, float | None], spec: str) -> str:
         return f"{fmt(values['seeds'], spec)} / {fmt(values['survey'], spec)}"
 
+    def full(row: dict[str, Any]) -> str:
+        figures, why = row["full_after_ready_s"], row["unfinished"]
+        return " / ".join(why[mode] or fmt(figures[mode], ".2f") for mode in ("seeds", "survey"))
+
     for row in rows:
         table.add_row(
             *(
                 Text(cell)
                 for cell in (
                     str(row["nodes"]),
-                    pair(row["full_after_ready_s"], ".2f"),
+                    pair(row["startup_s"], ".0f"),
+                    full(row),
                     pair(row["cpu_percent_per_node"], ".2f"),
                     fmt(row["cpu_ratio"], ".2f") + "x" * (row["cpu_ratio"] is not None),
                     pair(row["mesh_cpu_cores"], ".2f"),
@@ -1281,13 +1304,15 @@ def print_comparison(console: Any, results: list[dict[str, Any]]) -> None:
         )
     console.print(table)
     for row in rows:
-        full, ratio = row["full_after_ready_s"]["survey"], row["cpu_ratio"]
-        if full is not None:
-            verdict = "within" if full <= ZERO_CONFIG_CONVERGENCE_TARGET else "above"
+        converged, ratio = row["full_after_ready_s"]["survey"], row["cpu_ratio"]
+        if converged is not None:
+            verdict = "within" if converged <= ZERO_CONFIG_CONVERGENCE_TARGET else "above"
             console.print(
-                f"{row['nodes']} nodes with no seeds knew each other {full:.2f} s after the last "
-                f"start: {verdict} the target of {ZERO_CONFIG_CONVERGENCE_TARGET:.0f} s"
+                f"{row['nodes']} nodes with no seeds knew each other {converged:.2f} s after the "
+                f"last start: {verdict} the target of {ZERO_CONFIG_CONVERGENCE_TARGET:.0f} s"
             )
+        elif row["unfinished"]["survey"]:
+            console.print(f"{row['nodes']} nodes with no seeds: {row['unfinished']['survey']}")
         if ratio is not None:
             verdict = "within" if ratio <= ZERO_CONFIG_CPU_TARGET else "above"
             capped = " (saturated: may be understated)" if row["saturated"] else ""

@@ -533,6 +533,9 @@ def test_every_socket_is_on_loopback_or_the_group() -> None:
         {"port": 0},
         {"fast_interval": 0.0},
         {"jitter": 1.0},
+        {"mesh_interval": 0.0},
+        {"merge_after": 0.0},
+        {"answer_spread": -0.1},
         {"realm": b"r" * 33},
     ],
 )
