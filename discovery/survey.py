@@ -292,8 +292,9 @@ class SurveyConfig:
     slow_interval: float = 5.0
     jitter: float = 0.25
     # A node in a mesh asks every mesh_interval x (the nodes it knows + 1), at least every
-    # slow_interval: the whole mesh asks about once per mesh_interval.
-    mesh_interval: float = 1.0
+    # slow_interval: the whole mesh asks about once per mesh_interval, and each of its nodes
+    # hears that many questions (each costs a receiver about 0.1 ms of CPU).
+    mesh_interval: float = 2.0
     # How long a candidate may stay unknown to membership before it is taken for a node of
     # another mesh and passed on (to be dialled and merged).
     merge_after: float = 0.5
