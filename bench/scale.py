@@ -85,6 +85,16 @@ CPU_GROWTH_TARGET = 1.3  # per-node idle CPU, largest size over smallest: the ai
 ZERO_CONFIG_CPU_TARGET = 1.2  # idle CPU per node with no seeds over that with seeds
 ZERO_CONFIG_CONVERGENCE_TARGET = 2.0  # seconds from the last start, with no seeds
 WATCH_HZ = 20.0  # how often a node looks for the victim while told to watch
+# What an idle mesh still does, counted over the idle hold: links opened, and discovery's
+# questions, answers and candidates passed on to be dialled.
+ACTIVITY = (
+    "dials",
+    "links_idle_closed",
+    "survey_questions_sent",
+    "survey_answers_sent",
+    "survey_answers_withheld",
+    "survey_candidates_passed",
+)
 CHECK_EVERY = 10.0  # seconds between the parent's progress checks during the hold
 PAYLOAD = b"x" * 100
 
@@ -129,6 +139,7 @@ class Agent:
             "requests_parked",
             "requests_unparked",
             "links_down_disconnected",
+            *ACTIVITY,
         )
         return {
             k: int(v)
@@ -685,6 +696,7 @@ class Run:
             self.nodes, lambda: all(n.got("check", seq) for n in nodes), time.monotonic() + timeout
         )
         down: Counter[str] = Counter()
+        activity: Counter[str] = Counter()
         suspected = missing = affected = unanswered = 0
         for n in nodes:
             event = n.got("check", seq)
@@ -698,6 +710,7 @@ class Run:
                     down[key.removeprefix("peers_down_")] += value
                     lost += value
             suspected += delta.get("members_suspected", 0)
+            activity.update({key: delta.get(key, 0) for key in ACTIVITY})
             missing += max(0, self.size - 1 - event["peers"])
             affected += lost > 0 or event["peers"] < self.size - 1
         return {
@@ -707,6 +720,7 @@ class Run:
             "nodes_affected": affected,
             "suspicions": suspected,
             "unanswered": unanswered,
+            "activity": dict(activity),
         }
 
     def idle(self) -> None:
@@ -788,6 +802,10 @@ class Run:
             + f" ({final['nodes_affected']} nodes affected, {final['missing_at_check']} peers "
             f"missing at the end), suspicions {final['suspicions']}"
             + (f", {final['unanswered']} nodes did not answer" if final["unanswered"] else "")
+        )
+        progress(
+            "  meanwhile, all nodes together: "
+            + ", ".join(f"{key} {value}" for key, value in final["activity"].items())
         )
 
     def pick_victim(self, k: int) -> Node | None:

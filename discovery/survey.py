@@ -313,7 +313,8 @@ class SurveyConfig:
     unicast_targets: tuple[str, ...] = ()
 
     def next_interval(self, since_news: float, previous: float) -> float:
-        """The wait before the next question, before jitter.
+        """The wait before the next question of a node alone (`joined_interval`: of a node in
+        a mesh), before jitter.
 
         ``since_news`` is the time since the node started or last heard of a node it did not
         know; ``previous`` is the wait it used last. New or in a changing mesh, it asks every
