@@ -2,7 +2,7 @@
 idle CPU and RSS per node, false deaths, and how fast a crashed member is known dead.
 
     python bench/scale.py [--sizes 10,20,40] [--clusters K] [--clients 2] [--hold 10]
-                          [--kills 3] [--discovery seeds|survey] [--seeds 2] [--window 5]
+                          [--kills 3] [--discovery seeds|survey|both] [--seeds 2] [--window 5]
                           [--json out.json | --json -]
 
 For each size N the parent starts N node processes (this same file with `--role node`), all
@@ -11,8 +11,11 @@ bound to 127.0.0.1: N - `--clients` members, member i serving the cluster `bench
 cluster. With `--discovery seeds` (the default) the first `--seeds` members start first and
 every other node is given their endpoints, so the rest of the mesh is learnt by gossip; with
 `--discovery survey` no node has a seed and they find each other by SURVEY multicast pinned to
-127.0.0.1 (a random group and port per run). Processes start a few at a time (`--spawn-batch`
-still importing at once), so that N Python start-ups do not thrash the machine.
+127.0.0.1 (a random group and port per run, the default timings: the default discovery alone).
+`--discovery both` measures each size both ways, seeded first, and sets the two side by side:
+convergence after the last start, and the ratio of their idle CPU per node (zero configuration's
+over the seeded). Processes start a few at a time (`--spawn-batch` still importing at once), so
+that N Python start-ups do not thrash the machine.
 
 Figures per size:
 - startup: from the first spawn until the last node printed READY;
@@ -79,7 +82,19 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 SATURATED = 90.0  # % of the whole machine busy: CPU figures are capped, not measured
 CPU_GROWTH_TARGET = 1.3  # per-node idle CPU, largest size over smallest: the aim of the design
+ZERO_CONFIG_CPU_TARGET = 1.2  # idle CPU per node with no seeds over that with seeds
+ZERO_CONFIG_CONVERGENCE_TARGET = 2.0  # seconds from the last start, with no seeds
 WATCH_HZ = 20.0  # how often a node looks for the victim while told to watch
+# What an idle mesh still does, counted over the idle hold: links opened, and discovery's
+# questions, answers and candidates passed on to be dialled.
+ACTIVITY = (
+    "dials",
+    "links_idle_closed",
+    "survey_questions_sent",
+    "survey_answers_sent",
+    "survey_answers_withheld",
+    "survey_candidates_passed",
+)
 CHECK_EVERY = 10.0  # seconds between the parent's progress checks during the hold
 PAYLOAD = b"x" * 100
 
@@ -124,6 +139,7 @@ class Agent:
             "requests_parked",
             "requests_unparked",
             "links_down_disconnected",
+            *ACTIVITY,
         )
         return {
             k: int(v)
@@ -480,7 +496,12 @@ class Run:
     """One size: its processes, in phases, filling `result`."""
 
     def __init__(
-        self, procs: ChildProcesses, size: int, args: argparse.Namespace, keyring: str
+        self,
+        procs: ChildProcesses,
+        size: int,
+        args: argparse.Namespace,
+        keyring: str,
+        discovery: str,
     ) -> None:
         self.procs = procs
         self.size = size
@@ -488,7 +509,7 @@ class Run:
         self.clients = args.clients
         self.members = size - self.clients
         self.clusters = clusters_for(size, args)
-        self.n_seeds = 0 if args.discovery == "survey" else min(args.seeds, self.members)
+        self.n_seeds = 0 if discovery == "survey" else min(args.seeds, self.members)
         self.timeout = float(args.timeout) if args.timeout else default_timeout(size)
         self.nodes: list[Node] = []
         self.rng = random.Random(size)
@@ -497,7 +518,7 @@ class Run:
         self.base += ["--members", str(self.members), "--clusters", str(self.clusters)]
         self.base += ["--request-timeout", str(args.request_timeout)]
         self.base += ["--max-seconds", f"{self.child_lifetime():.0f}"]
-        if args.discovery == "survey":
+        if discovery == "survey":
             group = f"239.255.{random.randint(74, 250)}.{random.randint(1, 254)}"
             realm = os.urandom(16).hex()
             self.base += ["--survey", f"{group},{free_udp_port()},{realm}"]
@@ -508,7 +529,7 @@ class Run:
             "clusters": self.clusters,
             "cluster_sizes": layout(self.members, self.clusters),
             "seeds": self.n_seeds,
-            "discovery": args.discovery,
+            "discovery": discovery,
             "timeout_s": self.timeout,
             "converged": False,
         }
@@ -675,6 +696,7 @@ class Run:
             self.nodes, lambda: all(n.got("check", seq) for n in nodes), time.monotonic() + timeout
         )
         down: Counter[str] = Counter()
+        activity: Counter[str] = Counter()
         suspected = missing = affected = unanswered = 0
         for n in nodes:
             event = n.got("check", seq)
@@ -688,6 +710,7 @@ class Run:
                     down[key.removeprefix("peers_down_")] += value
                     lost += value
             suspected += delta.get("members_suspected", 0)
+            activity.update({key: delta.get(key, 0) for key in ACTIVITY})
             missing += max(0, self.size - 1 - event["peers"])
             affected += lost > 0 or event["peers"] < self.size - 1
         return {
@@ -697,6 +720,7 @@ class Run:
             "nodes_affected": affected,
             "suspicions": suspected,
             "unanswered": unanswered,
+            "activity": dict(activity),
         }
 
     def idle(self) -> None:
@@ -778,6 +802,10 @@ class Run:
             + f" ({final['nodes_affected']} nodes affected, {final['missing_at_check']} peers "
             f"missing at the end), suspicions {final['suspicions']}"
             + (f", {final['unanswered']} nodes did not answer" if final["unanswered"] else "")
+        )
+        progress(
+            "  meanwhile, all nodes together: "
+            + ", ".join(f"{key} {value}" for key, value in final["activity"].items())
         )
 
     def pick_victim(self, k: int) -> Node | None:
@@ -956,9 +984,9 @@ def default_timeout(size: int) -> float:
     return max(60.0, 0.8 * size)
 
 
-def measure(size: int, args: argparse.Namespace, keyring: str) -> dict[str, Any]:
+def measure(size: int, args: argparse.Namespace, keyring: str, discovery: str) -> dict[str, Any]:
     with ChildProcesses() as procs:
-        run = Run(procs, size, args, keyring)
+        run = Run(procs, size, args, keyring, discovery)
         try:
             return run.run()
         finally:
@@ -1004,6 +1032,18 @@ GROWTH = {
 }
 
 
+# Figures set side by side in the comparison: (label, key in a result, sub-key).
+COMPARED = (
+    ("startup_s", "startup_s", None),
+    ("full_after_ready_s", "full_after_ready_s", None),
+    ("cpu_percent_per_node", "cpu_percent_per_node", "mean"),
+    ("mesh_cpu_cores", "mesh_cpu_cores", None),
+    ("false_deaths", "idle", "false_deaths"),
+    ("known_dead_s", "crash", "known_dead_by_every_node_s"),
+    ("machine_busy_percent", "machine_busy_percent", None),
+)
+
+
 def figure(result: dict[str, Any], key: str, sub: str | None) -> float | None:
     value = result.get(key)
     if isinstance(value, dict) and sub is not None:
@@ -1030,14 +1070,30 @@ def fmt(value: Any, spec: str = ".2f", missing: str = "-") -> str:
     return missing if value is None else format(value, spec)
 
 
+def modes(discovery: str) -> tuple[str, ...]:
+    """The ways of joining a `--discovery` choice measures, in the order they run per size."""
+    return ("seeds", "survey") if discovery == "both" else (discovery,)
+
+
 def print_report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
     from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
 
     out = sys.stderr if args.json == "-" else sys.stdout  # stdout then carries the JSON
     console = Console(file=out) if out.isatty() else Console(file=out, width=160)
-    how = "survey on 127.0.0.1" if args.discovery == "survey" else f"{args.seeds} seed(s) + gossip"
+    for mode in modes(args.discovery):
+        print_mode(console, [r for r in results if r.get("discovery") == mode], args, mode)
+    if args.discovery == "both":
+        print_comparison(console, results)
+
+
+def print_mode(
+    console: Any, results: list[dict[str, Any]], args: argparse.Namespace, mode: str
+) -> None:
+    """The tables of one way of joining: each size, its crashes, the growth between sizes."""
+    from rich.table import Table
+    from rich.text import Text
+
+    how = "no seeds, survey on 127.0.0.1" if mode == "survey" else f"{args.seeds} seed(s) + gossip"
     table = Table(
         title=f"irismesh at scale: N node processes on 127.0.0.1, {how}, {os.cpu_count()} CPUs",
         caption="K/C: clusters / pure clients among the N; full: every node knows all N-1 "
@@ -1180,6 +1236,110 @@ def print_report(results: list[dict[str, Any]], args: argparse.Namespace) -> Non
         )
 
 
+def comparison(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per size measured both ways: the zero-configuration run's figures beside the seeded
+    one's, and the ratio of their idle CPU per node."""
+    by_size: dict[int, dict[str, dict[str, Any]]] = {}
+    for r in results:
+        by_size.setdefault(int(r["nodes"]), {})[str(r.get("discovery"))] = r
+    rows = []
+    for size, runs in sorted(by_size.items()):
+        seeded, zero = runs.get("seeds", {}), runs.get("survey", {})
+        row: dict[str, Any] = {"nodes": size}
+        for label, key, sub in COMPARED:
+            row[label] = {"seeds": figure(seeded, key, sub), "survey": figure(zero, key, sub)}
+        cpu = row["cpu_percent_per_node"]
+        row["cpu_ratio"] = cpu["survey"] / cpu["seeds"] if cpu["seeds"] and cpu["survey"] else None
+        row["saturated"] = bool(seeded.get("saturated") or zero.get("saturated"))
+        row["unfinished"] = {"seeds": unfinished(seeded), "survey": unfinished(zero)}
+        rows.append(row)
+    return rows
+
+
+def unfinished(result: dict[str, Any]) -> str | None:
+    """Why a run has no convergence figure, in a few words; None if it has one."""
+    if not result:
+        return "not run"
+    if result.get("failed"):
+        return "failed"
+    if not result.get("started"):
+        return f"not started in {result['timeout_s']:.0f} s ({result.get('nodes_ready', 0)} ready)"
+    if not result.get("converged"):
+        return f"not converged in {result['timeout_s']:.0f} s"
+    return None
+
+
+def print_comparison(console: Any, results: list[dict[str, Any]]) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    rows = comparison(results)
+    table = Table(
+        title="zero configuration against seeds: the same N, one after the other in this run",
+        caption="each cell: seeded / zero-configuration (no seeds, survey discovery alone); "
+        "startup: first spawn to the last node ready (the nodes already running compete with "
+        "those starting); full: every node knows all N-1 others, after the last node was ready; "
+        "idle CPU per "
+        "node in % of one core (mean); ratio: zero-configuration's idle CPU per node over the "
+        "seeded run's",
+    )
+    for column in (
+        "N",
+        "startup s",
+        "full after last READY s",
+        "CPU/node %",
+        "ratio",
+        "mesh CPU cores",
+        "false deaths in hold",
+        "known dead by every node s",
+        "machine busy %",
+    ):
+        table.add_column(column, justify="right")
+
+    def pair(values: dict[str, float | None], spec: str) -> str:
+        return f"{fmt(values['seeds'], spec)} / {fmt(values['survey'], spec)}"
+
+    def full(row: dict[str, Any]) -> str:
+        figures, why = row["full_after_ready_s"], row["unfinished"]
+        return " / ".join(why[mode] or fmt(figures[mode], ".2f") for mode in ("seeds", "survey"))
+
+    for row in rows:
+        table.add_row(
+            *(
+                Text(cell)
+                for cell in (
+                    str(row["nodes"]),
+                    pair(row["startup_s"], ".0f"),
+                    full(row),
+                    pair(row["cpu_percent_per_node"], ".2f"),
+                    fmt(row["cpu_ratio"], ".2f") + "x" * (row["cpu_ratio"] is not None),
+                    pair(row["mesh_cpu_cores"], ".2f"),
+                    pair(row["false_deaths"], ".0f"),
+                    pair(row["known_dead_s"], ".2f"),
+                    pair(row["machine_busy_percent"], ".0f"),
+                )
+            )
+        )
+    console.print(table)
+    for row in rows:
+        converged, ratio = row["full_after_ready_s"]["survey"], row["cpu_ratio"]
+        if converged is not None:
+            verdict = "within" if converged <= ZERO_CONFIG_CONVERGENCE_TARGET else "above"
+            console.print(
+                f"{row['nodes']} nodes with no seeds knew each other {converged:.2f} s after the "
+                f"last start: {verdict} the target of {ZERO_CONFIG_CONVERGENCE_TARGET:.0f} s"
+            )
+        elif row["unfinished"]["survey"]:
+            console.print(f"{row['nodes']} nodes with no seeds: {row['unfinished']['survey']}")
+        if ratio is not None:
+            verdict = "within" if ratio <= ZERO_CONFIG_CPU_TARGET else "above"
+            capped = " (saturated: may be understated)" if row["saturated"] else ""
+            console.print(
+                f"{row['nodes']} nodes idle with no seeds cost {ratio:.2f}x the seeded run's CPU "
+                f"per node{capped}: {verdict} the target of at most {ZERO_CONFIG_CPU_TARGET:.1f}x"
+            )
+
+
 def parse_sizes(text: str, clients: int) -> list[int]:
     try:
         sizes = [int(part) for part in text.split(",") if part.strip()]
@@ -1188,6 +1348,41 @@ def parse_sizes(text: str, clients: int) -> list[int]:
     if not sizes or any(n < clients + 2 for n in sizes):
         raise SystemExit(f"--sizes: every size must be at least --clients + 2 = {clients + 2}")
     return sizes
+
+
+def measure_size(
+    i: int,
+    sizes: list[int],
+    mode: str,
+    failed_at: int | None,
+    args: argparse.Namespace,
+    keyring: str,
+) -> dict[str, Any]:
+    """One size joined one way; skipped when a smaller size joined that way did not converge."""
+    size = sizes[i]
+    if failed_at is not None and size >= failed_at:
+        progress(
+            f"[{i + 1}/{len(sizes)}] {size} nodes ({mode}): skipped, {failed_at} did not "
+            "converge and a bigger mesh on this machine will not either"
+        )
+        return {
+            "nodes": size,
+            "discovery": mode,
+            "failed": f"skipped: {failed_at} nodes did not converge",
+        }
+    k = clusters_for(size, args)
+    progress(
+        f"[{i + 1}/{len(sizes)}] {size} nodes: {size - args.clients} members in {k} "
+        f"cluster(s), {args.clients} client(s) ({mode})"
+    )
+    try:
+        return measure(size, args, keyring, mode)
+    except ChildFailed as exc:
+        progress(f"  FAILED: {exc}")
+        return {"nodes": size, "discovery": mode, "failed": f"{exc.name}: {exc.reason}"}
+    except BenchError as exc:
+        progress(f"  FAILED: {exc}")
+        return {"nodes": size, "discovery": mode, "failed": str(exc)}
 
 
 def main_parent(args: argparse.Namespace) -> int:
@@ -1207,34 +1402,14 @@ def main_parent(args: argparse.Namespace) -> int:
         keyring = os.path.join(tmp, "scale.keys")
         irismesh.Keyring.generate().save(keyring)
         try:
-            failed_at: int | None = None  # the smallest size that did not converge
+            failed_at: dict[str, int] = {}  # per way of joining: the smallest size that failed
             for i, size in enumerate(sizes):
-                if failed_at is not None and size >= failed_at:
-                    progress(
-                        f"[{i + 1}/{len(sizes)}] {size} nodes: skipped, {failed_at} did not "
-                        "converge and a bigger mesh on this machine will not either"
-                    )
-                    results.append(
-                        {"nodes": size, "failed": f"skipped: {failed_at} nodes did not converge"}
-                    )
-                    continue
-                k = clusters_for(size, args)
-                progress(
-                    f"[{i + 1}/{len(sizes)}] {size} nodes: {size - args.clients} members in {k} "
-                    f"cluster(s), {args.clients} client(s) ({args.discovery})"
-                )
-                try:
-                    result = measure(size, args, keyring)
-                except ChildFailed as exc:
-                    progress(f"  FAILED: {exc}")
-                    result = {"nodes": size, "failed": f"{exc.name}: {exc.reason}"}
-                except BenchError as exc:
-                    progress(f"  FAILED: {exc}")
-                    result = {"nodes": size, "failed": str(exc)}
-                results.append(result)
-                if not result.get("converged"):
-                    status = 1
-                    failed_at = size if failed_at is None else min(failed_at, size)
+                for mode in modes(args.discovery):
+                    result = measure_size(i, sizes, mode, failed_at.get(mode), args, keyring)
+                    results.append(result)
+                    if not result.get("converged"):
+                        status = 1
+                        failed_at[mode] = min(size, failed_at.get(mode, size))
         except KeyboardInterrupt:
             progress("interrupted; every node process has been stopped")
             return 130
@@ -1267,9 +1442,18 @@ def main_parent(args: argparse.Namespace) -> int:
                 "timeout_s": args.timeout or "auto",
             },
             "results": results,
-            "growth": growth([r for r in results if r.get("cpu_percent_per_node")]),
+            "growth": growth([r for r in results if r.get("cpu_percent_per_node")])
+            if args.discovery != "both"
+            else {
+                mode: growth(
+                    [r for r in results if r.get("cpu_percent_per_node") and r["discovery"] == mode]
+                )
+                for mode in modes(args.discovery)
+            },
             "elapsed_s": elapsed,
         }
+        if args.discovery == "both":
+            document["comparison"] = comparison(results)
         if args.json == "-":
             json.dump(document, sys.stdout, indent=2)
             print()
@@ -1291,7 +1475,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--clients", type=int, default=2, help="pure clients among the N nodes (default 2)"
     )
-    parser.add_argument("--discovery", choices=("seeds", "survey"), default="seeds")
+    parser.add_argument(
+        "--discovery",
+        choices=("seeds", "survey", "both"),
+        default="seeds",
+        help="how nodes join: seeds (default), survey (no seeds: the default discovery alone), "
+        "or both, one after the other for each size, compared side by side",
+    )
     parser.add_argument("--seeds", type=int, default=2, help="seed nodes (default 2)")
     parser.add_argument(
         "--spawn-batch",

@@ -13,11 +13,36 @@ Theory of operation. Each node holds three UDP sockets:
   Questions leave from it so that their source address is where answers should go: a reply to
   the shared listener port would reach only one of the processes that share it.
 
-A node asks every ``fast_interval`` while younger than ``fast_period`` (a new node wants peers
-quickly), and again for ``fast_period`` after it hears of a node it had not heard before (the
-mesh is changing); once stable it backs off, doubling the interval up to ``slow_interval`` (to
-find nodes whose questions were lost). Each interval is jittered by the injected rng so nodes
-started together do not ask in lockstep.
+A node alone asks every ``fast_interval`` while younger than ``fast_period`` (a new node wants
+peers quickly), and again for ``fast_period`` after it hears of a node it had not heard before
+(the mesh is changing); once stable it backs off, doubling the interval up to ``slow_interval``
+(to find nodes whose questions were lost). Each interval is jittered by the injected rng so
+nodes started together do not ask in lockstep.
+
+The survey only has to find *one* member: once a node has joined, membership's gossip and
+table exchanges bring it the rest. So when the node's membership is given (`live_peers`,
+`alive`: what `Node` wires in), discovery quiets down as the node joins:
+
+* **Asking.** A node with live peers asks only in the background, to merge meshes that formed
+  apart on one network: every ``mesh_interval`` times the number of nodes it knows (at least
+  ``slow_interval``), so that the whole mesh asks about once a ``mesh_interval`` whatever its
+  size, and each node hears a fixed number of questions a second. Left alone again, it asks
+  at once and fast.
+* **Answering.** A question from a node membership holds alive at that endpoint is not
+  answered (``answers_withheld``): the asker is in the mesh already, and heard that question
+  as a notice of its presence. So a converged mesh sends no answers at all, and a newcomer's
+  question is answered by the nodes that do not know it yet. A node with live peers sends its
+  answer after a random delay of up to ``answer_spread`` seconds, so that a newcomer's socket
+  takes in a mesh's answers one after another instead of dropping most of a burst.
+* **Candidates.** Only nodes membership does not hold alive are candidates. A node alone
+  passes one on at once and then at most one per ``fast_interval`` (nodes that start together
+  must not all dial all); the rest wait. A waiting candidate still unknown ``merge_after``
+  seconds after it was heard belongs to another mesh (nodes that started together and joined
+  apart, or a mesh that grew elsewhere): one is passed on per review, one that answered this
+  node's question always (its answers come to this node alone), one only heard asking with
+  probability 1/(live peers) (every node of the mesh heard that question; about one dials).
+  A newcomer's question is heard by every member and dialled by none: the newcomer dials one
+  of the nodes that answered it, and gossip has made it known before the review.
 
 Nodes that multicast cannot reach (another subnet) are asked by unicast (`unicast_targets`),
 and seeds work over TCP: a seed's link handshake answers with its peer list. `poll_now` asks
@@ -27,7 +52,9 @@ and mesh endpoint, so a question also announces the asker to every listener.
 
 Every datagram also carries the sender's cluster names, sealed for holders of the keys that open
 them (`irismesh.discovery.sealed`): a receiver keeps what its keyring opens, so that
-`Node.clusters()` lists the clusters of nodes it can open, and those nodes' members.
+`Node.clusters()` lists the clusters of nodes it can open, and those nodes' members. A node's
+clusters are fixed for its life, so what it announced is kept while membership holds it alive
+(a quiet mesh asks rarely), and otherwise for a few slow intervals after it was last heard.
 
 Datagrams cannot be replayed. Each carries its sender's wall-clock time in milliseconds (strictly
 increasing per sender) and ends with a tag, HMAC-SHA256 under the realm key over the whole
@@ -264,6 +291,15 @@ class SurveyConfig:
     fast_period: float = 2.0
     slow_interval: float = 5.0
     jitter: float = 0.25
+    # A node in a mesh asks every mesh_interval x (the nodes it knows + 1), at least every
+    # slow_interval: the whole mesh asks about once per mesh_interval, and each of its nodes
+    # hears that many questions (each costs a receiver about 0.1 ms of CPU).
+    mesh_interval: float = 2.0
+    # How long a candidate may stay unknown to membership before it is taken for a node of
+    # another mesh and passed on (to be dialled and merged).
+    merge_after: float = 0.5
+    # A node with live peers answers after a random delay of up to this (seconds).
+    answer_spread: float = 0.2
     # The realm key: datagrams are tagged with it, and only datagrams whose tag verifies under
     # it (or under one of `accepted_realms`, during a key rotation) give candidates.
     realm: bytes = b""
@@ -277,7 +313,8 @@ class SurveyConfig:
     unicast_targets: tuple[str, ...] = ()
 
     def next_interval(self, since_news: float, previous: float) -> float:
-        """The wait before the next question, before jitter.
+        """The wait before the next question of a node alone (`joined_interval`: of a node in
+        a mesh), before jitter.
 
         ``since_news`` is the time since the node started or last heard of a node it did not
         know; ``previous`` is the wait it used last. New or in a changing mesh, it asks every
@@ -286,6 +323,11 @@ class SurveyConfig:
         if since_news < self.fast_period:
             return self.fast_interval
         return min(self.slow_interval, 2 * previous)
+
+    def joined_interval(self, live_peers: int) -> float:
+        """The wait between a joined node's questions, before jitter: proportional to the
+        mesh's size, so the whole mesh asks about once per ``mesh_interval``."""
+        return min(MAX_INTERVAL, max(self.slow_interval, self.mesh_interval * (live_peers + 1)))
 
     def __post_init__(self) -> None:
         try:
@@ -304,7 +346,14 @@ class SurveyConfig:
             )
         if not 1 <= self.port <= 65535:
             raise ConfigurationError(f"survey port {self.port} is not in 1..65535")
-        if not (self.fast_interval > 0 and self.slow_interval > 0 and self.fast_period >= 0):
+        if not (
+            self.fast_interval > 0
+            and self.slow_interval > 0
+            and self.fast_period >= 0
+            and self.mesh_interval > 0
+            and self.merge_after > 0
+            and self.answer_spread >= 0
+        ):
             raise ConfigurationError("survey intervals must be positive")
         if not 0 <= self.jitter < 1:
             raise ConfigurationError(f"survey jitter {self.jitter} is not in [0, 1)")
@@ -341,8 +390,13 @@ _STAT_NAMES = (
     "dropped_old_version",
     "announcements",
     "heard_outside_realm",
+    "answers_withheld",
+    "candidates_passed",
 )
 MAX_SENDERS = 4096  # senders remembered, for replays and for their announcements
+MAX_INTERVAL = 3600.0  # the longest wait between a joined node's questions
+MAX_WAITING = 256  # candidates waiting to be passed on; the oldest is forgotten first
+MAX_DELAYED_ANSWERS = 512  # answers waiting for their delay; beyond, answered at once
 MAX_TIMES_PER_SENDER = 64  # datagram times remembered per sender within the freshness window
 
 
@@ -397,6 +451,16 @@ class _Announced:
     heard_at: float  # time.monotonic()
 
 
+@dataclass(slots=True)
+class _Waiting:
+    """A candidate not passed on yet: where it listens, when it was first heard (loop time),
+    and whether it answered this node's question."""
+
+    endpoint: str
+    heard_at: float
+    answered: bool
+
+
 class _SurveyProtocol(asyncio.DatagramProtocol):
     def __init__(self, owner: SurveyDiscovery, *, via_group: bool) -> None:
         self._owner = owner
@@ -416,10 +480,13 @@ class _SurveyProtocol(asyncio.DatagramProtocol):
 
 
 class SurveyDiscovery:
-    """Ask a multicast group who is there; report every other node heard as a candidate.
+    """Ask a multicast group who is there; report the other nodes heard as candidates.
 
     `keyring` and `clusters` (those this node serves) say what its datagrams announce, sealed,
     and what it can open of others' (`clusters_heard`); `clock` is the wall clock, in seconds.
+    `live_peers` (how many other nodes membership holds alive) and `alive` (whether it holds
+    a node id alive at an endpoint) let the survey quiet down once the node has joined; without
+    them every node heard is a candidate and every question is answered.
     """
 
     def __init__(
@@ -433,8 +500,16 @@ class SurveyDiscovery:
         keyring: Keyring | None = None,
         clusters: Sequence[str] = (),
         clock: Callable[[], float] = time.time,
+        live_peers: Callable[[], int] | None = None,
+        alive: Callable[[bytes, str], bool] | None = None,
     ) -> None:
         self._node_id = node_id
+        self._live_peers = live_peers
+        self._alive = alive
+        self._waiting: OrderedDict[bytes, _Waiting] = OrderedDict()
+        self._passed_at = -float("inf")  # when a node alone last passed a candidate on
+        self._review: asyncio.TimerHandle | None = None
+        self._delayed: set[asyncio.TimerHandle] = set()  # answers waiting for their delay
         self._endpoint = endpoint
         self._config = config
         self._on_candidate = on_candidate
@@ -466,20 +541,26 @@ class SurveyDiscovery:
         self._seal = ClusterSeal(keyring, self._clusters)
 
     @property
+    def config(self) -> SurveyConfig:
+        """Where this survey asks, how often, and its realm."""
+        return self._config
+
+    @property
     def stats(self) -> Mapping[str, int]:
         """A snapshot of the counters."""
         return dict(self._stats)
 
     def clusters_heard(self, max_age: float | None = None) -> dict[str, dict[bytes, str]]:
-        """Cluster name -> {node id: endpoint} of the nodes whose datagrams, heard within
-        `max_age` seconds (default: three times the slow interval, at least 15 s), named it
-        under a key this node's keyring opens it with."""
+        """Cluster name -> {node id: endpoint} of the nodes whose datagrams named it under a
+        key this node's keyring opens it with: heard within `max_age` seconds (default: three
+        times the slow interval, at least 15 s), or held alive by membership at that
+        endpoint (a mesh that has joined asks rarely; a node's clusters are fixed)."""
         if max_age is None:
             max_age = max(15.0, 3 * self._config.slow_interval)
         horizon = time.monotonic() - max_age
         heard: dict[str, dict[bytes, str]] = {}
         for node_id, announced in self._announced.items():
-            if announced.heard_at >= horizon:
+            if announced.heard_at >= horizon or self._known(node_id, announced.endpoint):
                 for name in announced.names:
                     heard.setdefault(name, {})[node_id] = announced.endpoint
         return heard
@@ -525,6 +606,12 @@ class SurveyDiscovery:
     async def close(self) -> None:
         """Stop asking and close both sockets; safe to call more than once."""
         self._closed = True
+        if self._review is not None:
+            self._review.cancel()
+            self._review = None
+        for handle in self._delayed:
+            handle.cancel()
+        self._delayed.clear()
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -552,6 +639,14 @@ class SurveyDiscovery:
         self._protocols.append(protocol)
         return transport
 
+    def _joined(self) -> bool:
+        """Whether membership holds another node alive (never, without membership given)."""
+        return self._live_peers is not None and self._live_peers() > 0
+
+    def _known(self, node_id: bytes, endpoint: str) -> bool:
+        """Whether membership holds `node_id` alive at `endpoint`."""
+        return self._alive is not None and self._alive(node_id, endpoint)
+
     async def _poll(self) -> None:
         loop = asyncio.get_running_loop()
         self._news_at = loop.time()
@@ -565,13 +660,25 @@ class SurveyDiscovery:
                 question = self._datagram(SurveyKind.QUESTION)
                 self._send(question, (target, cfg.port), "unicast_questions_sent")
             asked = loop.time()
-            interval = cfg.next_interval(asked - self._news_at, interval)
-            delay = interval * (1.0 + self._rng.uniform(-cfg.jitter, cfg.jitter))
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):
-                    await self._wake.wait()
-                # Woken by poll_now: a caller calling it in a loop must not flood the group.
-                await asyncio.sleep(max(0.0, asked + cfg.fast_interval - loop.time()))
+            joined = self._joined()
+            if joined:
+                assert self._live_peers is not None
+                interval = cfg.joined_interval(self._live_peers())
+            else:
+                interval = cfg.next_interval(asked - self._news_at, interval)
+            due = asked + interval * (1.0 + self._rng.uniform(-cfg.jitter, cfg.jitter))
+            while (now := loop.time()) < due:
+                # A joined node's long wait is looked at every slow interval: left alone, it
+                # asks at once, and fast again.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(min(due - now, cfg.slow_interval)):
+                        await self._wake.wait()
+                    # Woken by poll_now: a caller calling it in a loop must not flood the group.
+                    await asyncio.sleep(max(0.0, asked + cfg.fast_interval - loop.time()))
+                    break
+                if joined and not self._joined():
+                    self._news_at = loop.time()
+                    break
 
     def _send(self, data: bytes, addr: tuple[str, int], counter: str) -> None:
         if self._unicast_transport is None:
@@ -620,26 +727,102 @@ class SurveyDiscovery:
         if opened.names:
             self._count("announcements")
             self._remember(message.node_id, message.endpoint, opened.names)
+        known = in_realm and self._known(message.node_id, message.endpoint)
         # Only fresh questions from this realm, or from a holder of one of this node's keys,
         # are answered, each once: datagrams of this version differ in size only by their
         # endpoints, so an answer is about as large as its question: no amplification, and no
         # open reflector (a recorded question is a replay, an unkeyed one is not answered).
+        # A member of this node's mesh asking needs no answer: membership told it of us.
         if via_group:
-            answer = self._datagram(SurveyKind.ANSWER)
-            self._send(answer, (str(addr[0]), int(addr[1])), "answers_sent")
+            if known:
+                self._count("answers_withheld")
+            else:
+                self._answer((str(addr[0]), int(addr[1])))
         if not in_realm:  # a holder of a key, listing clusters: not of this mesh
             self._count("heard_outside_realm")
             return
         self._count("candidates")
-        if message.node_id not in self._heard:
+        if known:
+            return
+        loop = asyncio.get_running_loop()
+        if message.node_id not in self._heard and not self._joined():
             if len(self._heard) >= 4096:
                 self._heard.clear()
             self._heard.add(message.node_id)
             # Someone new: the mesh is changing, ask fast again (it may bring others).
-            self._news_at = asyncio.get_running_loop().time()
+            self._news_at = loop.time()
             self._wake.set()
+        self._offer(message.node_id, message.endpoint, answered=not via_group, now=loop.time())
+
+    def _answer(self, addr: tuple[str, int]) -> None:
+        """Answer a question from `addr`: at once when alone (a newcomer wants a peer fast),
+        after a random delay when in a mesh, whose members all answer a newcomer."""
+        spread = self._config.answer_spread
+        if not spread or not self._joined() or len(self._delayed) >= MAX_DELAYED_ANSWERS:
+            self._send(self._datagram(SurveyKind.ANSWER), addr, "answers_sent")
+            return
+        loop = asyncio.get_running_loop()
+
+        def send() -> None:
+            self._delayed.discard(handle)
+            if not self._closed:
+                self._send(self._datagram(SurveyKind.ANSWER), addr, "answers_sent")
+
+        handle = loop.call_later(self._rng.uniform(0.0, spread), send)
+        self._delayed.add(handle)
+
+    def _offer(self, node_id: bytes, endpoint: str, *, answered: bool, now: float) -> None:
+        """A node of this realm that membership does not hold alive: pass it on now, or let it
+        wait for a review (see the module's docstring)."""
+        if self._live_peers is None:  # no membership to ask: every node heard is a candidate
+            self._pass_on(node_id, endpoint)
+            return
+        if not self._joined() and now - self._passed_at >= self._config.fast_interval:
+            self._passed_at = now
+            self._waiting.pop(node_id, None)
+            self._pass_on(node_id, endpoint)
+            return
+        waiting = self._waiting.get(node_id)
+        if waiting is None or waiting.endpoint != endpoint:
+            self._waiting[node_id] = _Waiting(endpoint, now, answered)
+            if len(self._waiting) > MAX_WAITING:
+                self._waiting.popitem(last=False)
+        else:
+            waiting.answered |= answered
+        self._schedule_review()
+
+    def _schedule_review(self) -> None:
+        if self._review is None and self._waiting and not self._closed:
+            delay = self._config.merge_after * (1.0 + self._rng.uniform(0.0, self._config.jitter))
+            self._review = asyncio.get_running_loop().call_later(delay, self._review_waiting)
+
+    def _review_waiting(self) -> None:
+        """Forget the waiting candidates membership has learnt meanwhile (or heard of too long
+        ago); pass on one of those still unknown after `merge_after`."""
+        self._review = None
+        now = asyncio.get_running_loop().time()
+        merge_after = self._config.merge_after
+        ready: list[bytes] = []
+        for node_id, waiting in list(self._waiting.items()):
+            age = now - waiting.heard_at
+            if self._known(node_id, waiting.endpoint) or age > 10 * merge_after:
+                del self._waiting[node_id]
+            elif age >= merge_after:
+                ready.append(node_id)
+        if ready:
+            node_id = self._rng.choice(ready)
+            waiting = self._waiting[node_id]
+            live = self._live_peers() if self._live_peers is not None else 0
+            # Every node of a mesh heard a question; about one of them should dial its asker.
+            if waiting.answered or live <= 1 or self._rng.random() * live < 1.0:
+                del self._waiting[node_id]
+                self._pass_on(node_id, waiting.endpoint)
+        self._schedule_review()
+
+    def _pass_on(self, node_id: bytes, endpoint: str) -> None:
+        self._count("candidates_passed")
         try:
-            self._on_candidate(message.node_id, message.endpoint)
+            self._on_candidate(node_id, endpoint)
         except Exception:
             self._count("callback_errors")
             level = logging.WARNING if self._stats["callback_errors"] == 1 else logging.DEBUG

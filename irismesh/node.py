@@ -468,9 +468,25 @@ class Node(MemoryApi, KeyringApi):
                     on_candidate=self._on_candidate,
                     keyring=self.keyring,
                     clusters=self.served_clusters,
+                    live_peers=self._live_peers,
+                    alive=self._alive_at,
                 ),
                 required=required and self._survey_required,
             )
+
+    def _live_peers(self) -> int:
+        """How many other nodes membership holds alive: discovery quiets down once joined."""
+        return 0 if self._core is None else len(self._core.membership)
+
+    def _alive_at(self, node_id: bytes, endpoint: str) -> bool:
+        """Whether membership holds `node_id` alive at `endpoint` (discovery neither answers
+        nor dials a node the mesh already has)."""
+        member = None if self._core is None else self._core.membership.get(node_id)
+        return (
+            member is not None
+            and member.state <= MemberState.SUSPECT
+            and member.record.endpoint == endpoint
+        )
 
     def _rediscover(self, keyring: Keyring) -> None:
         """Discovery seals cluster names under their keys: the running survey takes the new
@@ -1240,7 +1256,7 @@ class Node(MemoryApi, KeyringApi):
         for discovery in self._discovery:  # the survey's drops, replays and stale ones too
             if isinstance(discovery, SurveyDiscovery):
                 for name, value in discovery.stats.items():
-                    if name.startswith("dropped_") or name in ("candidates", "announcements"):
+                    if name.startswith("dropped_") or name in _SURVEY_STATS:
                         stats["survey_" + name] = value
         return stats
 
@@ -1405,6 +1421,17 @@ class Node(MemoryApi, KeyringApi):
             return
         self._core.add_candidate(endpoint, self._driver.loop.time())
         self._driver.process()
+
+
+# The survey's counters besides its drops that node.stats shows, prefixed "survey_".
+_SURVEY_STATS = (
+    "candidates",
+    "announcements",
+    "questions_sent",
+    "answers_sent",
+    "answers_withheld",
+    "candidates_passed",
+)
 
 
 def default_name() -> str:

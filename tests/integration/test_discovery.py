@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import random
 import socket
@@ -40,6 +41,60 @@ def test_nodes_find_each_other_by_survey_alone(keys: irismesh.Keyring) -> None:
             assert replies == {b"0", b"1", b"2"}
         finally:
             await asyncio.gather(*(n.close() for n in [client, *members]))
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_a_mesh_found_by_survey_goes_quiet_and_a_late_node_joins_it_at_once(
+    keys: irismesh.Keyring,
+) -> None:
+    """Once joined, members ask in the background only and answer no member's question; a
+    node that starts later is answered (nobody knows it yet) and joins through one of them."""
+
+    async def main() -> None:
+        # The background poll every 0.5 s rather than 5 s, so that this test sees a few.
+        config = dataclasses.replace(survey_config(), slow_interval=0.5, mesh_interval=0.1)
+        nodes = [await irismesh.Node("db", keyring=keys, survey=config).start() for _ in range(3)]
+        late: irismesh.Node | None = None
+        try:
+            await wait_until(lambda: all(len(n.peers()) == 2 for n in nodes), 5.0, "a mesh of 3")
+
+            async def more_withheld(what: str) -> None:
+                withheld = [n.stats["survey_answers_withheld"] for n in nodes]
+                await wait_until(
+                    lambda: all(
+                        n.stats["survey_answers_withheld"] >= w + 2
+                        for n, w in zip(nodes, withheld, strict=True)
+                    ),
+                    5.0,
+                    what,
+                )
+
+            # Answers to questions asked before the mesh formed may still go out (each after
+            # up to answer_spread): a whole round of questions with no answer is what counts.
+            for _ in range(3):
+                answered = [n.stats["survey_answers_sent"] for n in nodes]
+                await more_withheld("each member to hear two more questions of the others")
+                if [n.stats["survey_answers_sent"] for n in nodes] == answered:
+                    break
+            else:
+                pytest.fail("members kept answering each other's questions")
+            late = await irismesh.Node(keyring=keys, survey=config).start()
+            taken = await wait_until(
+                lambda: len(late.peers()) == 3 and all(len(n.peers()) == 3 for n in nodes),
+                5.0,
+                "the late node and the mesh to know each other",
+            )
+            print(f"a late node joined a quiet mesh of 3 in {taken * 1000:.0f} ms")
+            await wait_until(
+                lambda: sum(n.stats["survey_answers_sent"] for n in nodes) > sum(answered),
+                3.0,
+                "the members to answer the late node's question",
+            )
+            # It dialled one of those that answered, not each: membership brought the rest.
+            assert late.stats["survey_candidates_passed"] <= 2, dict(late.stats)
+        finally:
+            await asyncio.gather(*(n.close() for n in [*nodes, *([late] if late else [])]))
 
     asyncio.run(asyncio.wait_for(main(), 30))
 

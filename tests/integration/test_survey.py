@@ -533,6 +533,9 @@ def test_every_socket_is_on_loopback_or_the_group() -> None:
         {"port": 0},
         {"fast_interval": 0.0},
         {"jitter": 1.0},
+        {"mesh_interval": 0.0},
+        {"merge_after": 0.0},
+        {"answer_spread": -0.1},
         {"realm": b"r" * 33},
     ],
 )
@@ -725,5 +728,228 @@ def test_a_forged_slot_or_tag_is_neither_a_candidate_nor_a_name() -> None:
                 )
             assert node.survey.stats["answers_sent"] == 0
             assert node.survey.clusters_heard() == {}
+
+    run(scenario)
+
+
+# ------------------------------------------- once joined: with membership's answers
+# Stand-ins for membership (`live_peers`, `alive`) that each test sets as it needs.
+
+
+@dataclass
+class Member:
+    """A survey whose node's membership is a set of (node id, endpoint) this test controls."""
+
+    node_id: bytes
+    endpoint: str
+    survey: SurveyDiscovery
+    mesh: set[tuple[bytes, str]] = field(default_factory=set)
+    passed: list[tuple[bytes, str]] = field(default_factory=list)
+
+    @property
+    def me(self) -> tuple[bytes, str]:
+        return (self.node_id, self.endpoint)
+
+    def stat(self, name: str) -> int:
+        return self.survey.stats[name]
+
+
+def make_member(config: SurveyConfig, keyring: Keyring | None = None) -> Member:
+    node_id = os.urandom(16)
+    endpoint = f"tcp://{LOOPBACK}:{random.randint(20000, 60000)}"
+    mesh: set[tuple[bytes, str]] = set()
+    passed: list[tuple[bytes, str]] = []
+    survey = SurveyDiscovery(
+        node_id=node_id,
+        endpoint=endpoint,
+        config=config,
+        on_candidate=lambda i, e: passed.append((i, e)),
+        rng=random.Random(node_id),
+        live_peers=lambda: len(mesh),
+        alive=lambda i, e: (i, e) in mesh,
+        keyring=keyring,
+    )
+    return Member(node_id=node_id, endpoint=endpoint, survey=survey, mesh=mesh, passed=passed)
+
+
+def joined(*members: Member) -> None:
+    """Each of `members` holds the others alive: one mesh."""
+    for member in members:
+        member.mesh.update(m.me for m in members if m is not member)
+
+
+class Questions:
+    """The questions each node sends to the group, as a listener of the group hears them."""
+
+    def __init__(self, config: SurveyConfig) -> None:
+        self._listener = group_listener(config)
+        self._listener.setblocking(False)
+        self.times: dict[bytes, list[float]] = {}
+
+    def __enter__(self) -> Questions:
+        loop = asyncio.get_running_loop()
+
+        def on_readable() -> None:
+            message = decode(self._listener.recv(2048))
+            self.times.setdefault(message.node_id, []).append(loop.time())
+
+        loop.add_reader(self._listener, on_readable)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        asyncio.get_running_loop().remove_reader(self._listener)
+        self._listener.close()
+
+    def of(self, member: Member) -> list[float]:
+        return self.times.get(member.node_id, [])
+
+
+def quiet_config(**overrides: Any) -> SurveyConfig:
+    """Fast timings, so that the schedules below fit in a few seconds."""
+    timings: dict[str, Any] = {
+        "fast_interval": 0.05,
+        "fast_period": 0.5,
+        "slow_interval": 0.5,
+        "mesh_interval": 0.25,
+        "merge_after": 0.2,
+        "jitter": 0.1,
+    }
+    return fresh_config(**{**timings, **overrides})
+
+
+def test_a_joined_node_asks_once_per_mesh_interval_times_the_mesh() -> None:
+    async def scenario() -> None:
+        config = quiet_config()
+        member, alone = make_member(config), make_member(config)
+        # A mesh of 8 as member's membership has it: it asks every 8 x 0.25 = 2 s.
+        member.mesh.update((os.urandom(16), f"tcp://{LOOPBACK}:{port}") for port in range(7))
+        assert config.joined_interval(7) == 2.0
+        loop = asyncio.get_running_loop()
+        with Questions(config) as questions:
+            async with started(member, alone):
+                began = loop.time()
+                await wait_until(lambda: len(questions.of(alone)) >= 12, 3.0, "a lone node asks")
+                # The lone node asked fast; meanwhile the joined one asked once, at its start.
+                assert len(questions.of(member)) == 1
+                assert loop.time() - began < 0.9 * 2.0
+                # Left alone again, it asks at once (within a slow interval) and fast.
+                member.mesh.clear()
+                await wait_until(lambda: len(questions.of(member)) >= 4, 2.0, "fast again")
+
+    run(scenario)
+
+
+def test_a_question_from_a_node_of_the_mesh_is_not_answered() -> None:
+    async def scenario() -> None:
+        config = quiet_config(fast_period=5.0)  # every node asks every 50 ms throughout
+        a, b = make_member(config), make_member(config)
+        stranger = make_node(config)  # no membership: answers all, passes all on
+        joined(a, b)
+        async with started(a, b, stranger):
+            await wait_until(
+                lambda: a.stat("answers_withheld") >= 3 and b.stat("answers_withheld") >= 3,
+                3.0,
+                "questions of the mesh heard and not answered",
+            )
+            # A node neither knows is answered, by both (it is not of their mesh).
+            await wait_until(lambda: {a.me, b.me} <= stranger.seen, 3.0, "the stranger answered")
+            answered = a.stat("answers_sent") + b.stat("answers_sent")
+            stranger_asked = stranger.survey.stats["questions_sent"]
+            assert 0 < answered <= 2 * stranger_asked
+            # Nor is a member of the mesh ever a candidate of the other.
+            assert a.me not in b.passed
+            assert b.me not in a.passed
+
+    run(scenario)
+
+
+def test_a_newcomer_the_mesh_learns_is_dialled_by_none_of_its_members() -> None:
+    async def scenario() -> None:
+        # A newcomer alone passes on at most one node per fast interval; a member reviews what
+        # it heard after merge_after: both long enough that this test sees the policy, not a
+        # race with its own bookkeeping.
+        config = quiet_config(fast_interval=0.5, fast_period=5.0, merge_after=0.6)
+        members = [make_member(config) for _ in range(3)]
+        joined(*members)
+        newcomer = make_member(config)
+        async with started(*members):
+            await wait_until(lambda: all(m.stat("questions_sent") for m in members), 2.0, "asked")
+            async with started(newcomer):
+                # Alone: it passes on the first member that answers, at once.
+                await wait_until(lambda: newcomer.passed, 1.0, "the newcomer to pass one on")
+                assert newcomer.passed[0] in {m.me for m in members}
+                # It joins through that member: membership brings it the rest, before any
+                # review would pass them on.
+                joined(*members, newcomer)
+                await wait_until(
+                    lambda: all(m.stat("answers_withheld") for m in members), 3.0, "known now"
+                )
+                await asyncio.sleep(1.5 * config.merge_after)
+            assert len(newcomer.passed) == 1, newcomer.passed
+            for member in members:  # the members heard it ask, and left the dialling to it
+                assert member.passed == []
+                assert member.stat("candidates") >= 1
+
+    run(scenario)
+
+
+def test_nodes_alone_together_pass_on_one_candidate_at_a_time() -> None:
+    async def scenario() -> None:
+        config = quiet_config(fast_interval=0.5, fast_period=5.0, merge_after=5.0)
+        nodes = [make_member(config) for _ in range(6)]
+        async with started(*nodes):
+            await wait_until(
+                lambda: all(n.stat("candidates") >= 5 for n in nodes), 3.0, "everyone heard"
+            )
+            # Each heard five others, and passed on the first it heard alone: one a node, not
+            # all five (nodes that start together must not all dial all).
+            assert all(len(n.passed) <= 2 for n in nodes), [len(n.passed) for n in nodes]
+            assert all(n.passed for n in nodes)
+
+    run(scenario)
+
+
+def test_two_meshes_on_one_network_find_each_other_through_the_background_poll() -> None:
+    """Two meshes formed apart (each node's membership holds its own mesh alone): every
+    question of one is answered by the other, whose nodes are then passed on to be dialled,
+    again at every background question, within the joined schedule's bound."""
+
+    async def scenario() -> None:
+        config = quiet_config(slow_interval=1.0, mesh_interval=0.25)
+        blue = [make_member(config) for _ in range(2)]
+        green = [make_member(config) for _ in range(2)]
+        joined(*blue)
+        joined(*green)
+        greens = {g.me for g in green}
+
+        def blue_found_green() -> bool:
+            return any(greens & set(b.passed) for b in blue)
+
+        async with started(*blue, *green):
+            await wait_until(blue_found_green, 3.0, "blue to pass a green node on")
+            for b in blue:
+                b.passed.clear()
+            # The next background question (each asks every 1 s, jittered by 10%), then a
+            # review of the answers (0.2 s, jittered): a bound with room for a loaded machine.
+            bound = 1.1 * config.joined_interval(1) + 1.1 * config.merge_after + 1.0
+            await wait_until(blue_found_green, bound, "blue to find green again")
+            assert all(not (set(g.passed) & {b.me for b in green}) for g in green)
+
+    run(scenario)
+
+
+def test_what_a_member_announced_is_listed_while_membership_holds_it_alive() -> None:
+    async def scenario() -> None:
+        keys = Keyring([STAR])
+        db = make_keyed(quiet_config(), keys, ["db"])
+        lister = make_member(db.survey.config, keyring=keys)
+        async with started(db, lister):
+            await wait_until(lambda: "db" in lister.survey.clusters_heard(), 3.0, "db heard")
+        # Long after db was last heard, it is listed while membership holds it alive...
+        lister.mesh.add(db.me)
+        assert set(lister.survey.clusters_heard(max_age=0.0)["db"]) == {db.node_id}
+        # ...and not once membership does not.
+        lister.mesh.clear()
+        assert lister.survey.clusters_heard(max_age=0.0) == {}
 
     run(scenario)
