@@ -13,15 +13,28 @@ is no finding the next frame after one refused.
 
 - **Links peers dialled**: the node listens on one TCP socket; each connection accepted gets a
   routing id of its own (as a zmq ROUTER names its peers), the name the core keeps its inbound
-  link under. When the connection closes the core forgets that link at once
-  (`MeshCore.inbound_closed`; a ROUTER never tells). A reply to a connection that is gone is
-  counted (`replies_unroutable`), the way ROUTER_MANDATORY's error is.
+  link under; until its HELLO proves the mesh key it is a *stranger* (see below). When the
+  connection closes the core forgets that link at once (`MeshCore.inbound_closed`; a ROUTER
+  never tells). A reply to a connection that is gone is counted (`replies_unroutable`), the
+  way ROUTER_MANDATORY's error is.
 - **Links this node dialled**: one connection per link. What the core sends before the
   connection is up waits, in order, and goes out once it is. A dial refused or failed, and a
   connection that drops, fail the link at once (`MeshCore.link_failed`): the link never
   reconnects on its own (a new connection needs a new handshake), and membership is asked to
   probe the peer. What TCP does not show, a stopped process or a silent network, membership's
   probes and the handshake's timeout find.
+
+Strangers cost little and not for long. A dialler sends its HELLO alone and waits for the
+answer, so a stranger's first frame must be a HELLO that proves the key (the core then knows its
+link: `MeshCore.knows_inbound`), or the connection is closed (`strangers_unproven`). Until then
+it may send no frame longer than `HELLO_LIMIT` (a longer length closes it at once:
+`dropped_stranger_oversize`), and it has `CoreConfig.hello_timeout` to do so
+(`strangers_timed_out`). At most `max_strangers` are open at once, `max_strangers_per_address`
+from one address: past either, the oldest is closed (`strangers_evicted`), so the room goes to
+the newest connection, and a peer with the key, which proves itself at once, gets in however
+many are held. Accepting is the driver's own (a reader on the listening socket): out of
+descriptors, it closes the oldest stranger and tries again (`accept_out_of_descriptors`, a
+warning at most every ten seconds), or pauses a moment when there is none.
 
 What the loop reads is cut into frames at once and waits in the connection's queue; the driver
 takes frames from that queue the way the zmq driver reads its sockets (a caller's replies one
