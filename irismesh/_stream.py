@@ -79,6 +79,9 @@ _ACCEPTS = 64  # connections accepted in one turn of the loop, at most
 _OUT_OF_DESCRIPTORS = frozenset((errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM))
 _ACCEPT_PAUSE = 0.5  # out of descriptors with no stranger to close: accept again after this
 _LOG_EVERY = 10.0  # seconds between two warnings of running out of descriptors
+# The strangers' deadline came this late: the loop stalled, and a HELLO that came meanwhile may
+# be waiting to be read (uvloop runs due timers before it reads): it is read first.
+_STALLED = 0.25
 _log = logging.getLogger(__name__)
 # A `Connection` is the loop's protocol object, though no subclass of asyncio.Protocol (a class
 # compiled by mypyc cannot extend one): the loop only calls its methods.
@@ -317,6 +320,7 @@ class StreamDriver(Driver):
         self._strangers: dict[Connection, float] = {}
         self._strangers_from: dict[str, int] = {}  # address -> its strangers
         self._stranger_timer: asyncio.TimerHandle | None = None
+        self._stranger_timer_at = 0.0  # when it is due
         self._accepting = False
         self._starved_since_log = 0  # accepts without a descriptor since the last warning
         self._starved_logged_at = float("-inf")
@@ -427,7 +431,7 @@ class StreamDriver(Driver):
         counts[source] = counts.get(source, 0) + 1
         stats["strangers_connected"] = len(strangers)
         if self._stranger_timer is None:
-            self._stranger_timer = self.loop.call_at(now + self._hello_timeout, self._strangers_due)
+            self._strangers_due_at(now + self._hello_timeout)
 
     def _forget_stranger(self, conn: Connection) -> None:
         """`conn` is no stranger to count any more (proven, or closed)."""
@@ -449,18 +453,25 @@ class StreamDriver(Driver):
         if transport is not None and not transport.is_closing():
             transport.abort()  # connection_lost follows, and forgets it
 
+    def _strangers_due_at(self, when: float) -> None:
+        self._stranger_timer_at = when
+        self._stranger_timer = self.loop.call_at(when, self._strangers_due)
+
     def _strangers_due(self) -> None:
         """Close the strangers whose time to prove the key is up; wait for the next one."""
         self._stranger_timer = None
         if self._closed:
             return
         now = self.loop.time()
+        if now - self._stranger_timer_at > _STALLED:
+            self._strangers_due_at(now + 0.05)  # after the loop has read what waits
+            return
         timeout = self._hello_timeout
         strangers = self._strangers
         while strangers:
             conn, since = next(iter(strangers.items()))
             if now < since + timeout:
-                self._stranger_timer = self.loop.call_at(since + timeout, self._strangers_due)
+                self._strangers_due_at(since + timeout)
                 return
             self.core.stats["strangers_timed_out"] += 1
             self._drop_stranger(conn)

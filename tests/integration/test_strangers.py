@@ -14,7 +14,9 @@ import asyncio
 import json
 import os
 import resource
+import socket
 import sys
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager, suppress
@@ -26,7 +28,7 @@ from helpers import ROOT, wait_until
 import irismesh
 from irismesh._core.config import CoreConfig
 from irismesh._core.frames import BodyCodec, Kind, encode_header
-from irismesh._core.gossip import MAX_ADDRESS, MAX_NAME, MAX_TAGS
+from irismesh._core.gossip import MAX_ADDRESS, MAX_NAME, MAX_TAGS, seal_name
 from irismesh._stream import HELLO_LIMIT, framed
 from irismesh.security.keyring import Keyring
 from irismesh.security.linksecurity import KeyedLinkSecurity
@@ -249,6 +251,61 @@ def test_silent_and_half_sent_connections_are_closed_at_the_hello_deadline_and_c
                 calls = await caller.stop()
             assert calls["failed"] == 0
             assert calls["ok"] > 10
+
+    run(main())
+
+
+def a_hello(keys: irismesh.Keyring) -> bytes:
+    """A HELLO proving `keys`' mesh key, as a dialler sends it."""
+    security = KeyedLinkSecurity(keys)
+    node_id, nonce, kx = os.urandom(16), os.urandom(16), security.begin().public
+    endpoint = "tcp://127.0.0.1:9"
+    name = seal_name(security.datagram_sealer(node_id), node_id, 1, "dialler")
+    record = [0, "127.0.0.1:9", b"", name]
+    codec = BodyCodec(1 << 20)
+    said = codec.pack([node_id, nonce, endpoint, kx, record])
+    caps = {"kx": kx, "rec": record, "proof": security.mesh_proof(b"hello", said)}
+    return encode_header(Kind.HELLO, 0, 0) + codec.pack([node_id, nonce, endpoint, caps])
+
+
+def stall_then_send(sock: socket.socket, before: float, data: bytes, after: float) -> None:
+    """Hold the event loop (this is no coroutine), sending `data` in the middle."""
+    time.sleep(before)
+    sock.sendall(data)
+    time.sleep(after)
+
+
+def test_a_hello_that_came_while_the_loop_stalled_past_the_deadline_is_read_first(
+    keys: irismesh.Keyring,
+) -> None:
+    """A member whose loop stalls past a connection's deadline reads the HELLO that came
+    meanwhile before it judges the connection (uvloop runs due timers before it reads)."""
+
+    async def main() -> None:
+        config = CoreConfig(hello_timeout=1.0)
+        async with irismesh.Node("db", keyring=keys, config=config, transport="tcp") as member:
+            host, _, port = member.endpoint.removeprefix("tcp://").rpartition(":")
+            with socket.create_connection((host, int(port)), timeout=5) as sock:
+                await wait_until(lambda: member.stats.get("strangers_connected") == 1, 5, "accept")
+                # The stall is an I/O callback's, the hardest case: with uvloop, the timers
+                # that fell due meanwhile run before the loop reads again.
+                loop = asyncio.get_running_loop()
+                wake, woken = socket.socketpair()
+                stalled = asyncio.Event()
+
+                def on_wake() -> None:
+                    loop.remove_reader(woken.fileno())
+                    stall_then_send(sock, 1.2, framed(a_hello(keys)), 0.3)
+                    stalled.set()
+
+                with wake, woken:
+                    loop.add_reader(woken.fileno(), on_wake)
+                    wake.send(b"!")
+                    await asyncio.wait_for(stalled.wait(), 5)
+                await wait_until(lambda: member.stats["strangers_connected"] == 0, 5, "proof")
+                assert member.stats.get("strangers_timed_out", 0) == 0
+                size = int.from_bytes(sock.recv(4, socket.MSG_WAITALL), "big")
+                assert sock.recv(size, socket.MSG_WAITALL)[2] == Kind.WELCOME
 
     run(main())
 
