@@ -25,16 +25,17 @@ is no finding the next frame after one refused.
   probes and the handshake's timeout find.
 
 Strangers cost little and not for long. A dialler sends its HELLO alone and waits for the
-answer, so a stranger's first frame must be a HELLO that proves the key (the core then knows its
-link: `MeshCore.knows_inbound`), or the connection is closed (`strangers_unproven`). Until then
-it may send no frame longer than `HELLO_LIMIT` (a longer length closes it at once:
-`dropped_stranger_oversize`), and it has `CoreConfig.hello_timeout` to do so
-(`strangers_timed_out`). At most `max_strangers` are open at once, `max_strangers_per_address`
-from one address: past either, the oldest is closed (`strangers_evicted`), so the room goes to
-the newest connection, and a peer with the key, which proves itself at once, gets in however
-many are held. Accepting is the driver's own (a reader on the listening socket): out of
-descriptors, it closes the oldest stranger and tries again (`accept_out_of_descriptors`, a
-warning at most every ten seconds), or pauses a moment when there is none.
+answer, so a stranger's first frame must be a HELLO that proves the key (the core then knows
+its link: `MeshCore.knows_inbound`), or the connection is closed
+(`dropped_stranger_unproven`). Until then it may send no frame longer than `HELLO_LIMIT` (a
+longer length closes it at once: `dropped_stranger_oversize`), and it has
+`CoreConfig.hello_timeout` to do so (`dropped_stranger_timeout`). At most `max_strangers` are
+open at once, `max_strangers_per_address` from one address: past either, the oldest is closed
+(`dropped_stranger_evicted`), so the room goes to the newest connection, and a peer with the
+key, which proves itself at once, gets in however many are held. Accepting is the driver's own
+(a reader on the listening socket): out of descriptors, it closes the oldest stranger and tries
+again (`accept_out_of_descriptors`, a warning at most every ten seconds), or pauses a moment
+when there is none. Each `dropped_stranger_*` is a drop in the telemetry too.
 
 What the loop reads is cut into frames at once and waits in the connection's queue; the driver
 takes frames from that queue the way the zmq driver reads its sockets (a caller's replies one
@@ -72,8 +73,8 @@ _READ = 262144  # bytes one read of a busy poll takes at most
 _BACKLOG = 1024
 # The largest frame a stranger (a connection accepted that has not proven the mesh key) may
 # send: a HELLO. The largest irismesh sends, with every field at its limit (a 256-character
-# endpoint and address, 1 KiB of tags, a 64-character name), is about 2.5 KiB
-# (tests/integration/test_strangers.py builds it); this leaves room for more capabilities.
+# endpoint and address, 1 KiB of tags, a 64-character name), is 1,988 bytes
+# (tests/integration/test_strangers.py builds it): room four times over, for capabilities.
 HELLO_LIMIT = 8192
 _ACCEPTS = 64  # connections accepted in one turn of the loop, at most
 _OUT_OF_DESCRIPTORS = frozenset((errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM))
@@ -397,7 +398,7 @@ class StreamDriver(Driver):
             self._starved_since_log = 0
         self._pause_accepting()
         if self._strangers:
-            stats["strangers_evicted"] += 1
+            stats["dropped_stranger_evicted"] += 1
             self._drop_stranger(next(iter(self._strangers)))
             # Its descriptor is released as the loop closes it, this turn or the next: then
             # accept again (a callback queued now runs after the close the loop queued).
@@ -421,10 +422,10 @@ class StreamDriver(Driver):
         strangers, counts, source = self._strangers, self._strangers_from, conn.source
         if counts.get(source, 0) >= self._max_per_address:
             oldest = next(c for c in strangers if c.source == source)
-            stats["strangers_evicted"] += 1
+            stats["dropped_stranger_evicted"] += 1
             self._drop_stranger(oldest)
         if len(strangers) >= self._max_strangers:
-            stats["strangers_evicted"] += 1
+            stats["dropped_stranger_evicted"] += 1
             self._drop_stranger(next(iter(strangers)))
         now = self.loop.time()
         strangers[conn] = now
@@ -473,7 +474,7 @@ class StreamDriver(Driver):
             if now < since + timeout:
                 self._strangers_due_at(since + timeout)
                 return
-            self.core.stats["strangers_timed_out"] += 1
+            self.core.stats["dropped_stranger_timeout"] += 1
             self._drop_stranger(conn)
 
     def _judge(self, conn: Connection) -> None:
@@ -485,7 +486,7 @@ class StreamDriver(Driver):
             conn.stranger = False
             conn.framer.limit = self.frame_limit
             return
-        self.core.stats["strangers_unproven"] += 1
+        self.core.stats["dropped_stranger_unproven"] += 1
         self._recheck.discard(conn)
         if self._in.get(conn.routing_id) is conn:
             del self._in[conn.routing_id]

@@ -301,7 +301,7 @@ def test_garbage_on_the_listening_socket_is_counted_not_fatal(keys: irismesh.Key
                 writer.write(b"".join(len(frame).to_bytes(4, "big") + frame for frame in junk))
                 await writer.drain()
                 assert await asyncio.wait_for(reader.read(), 5) == b""  # no HELLO: closed
-                assert member.stats["strangers_unproven"] == 1
+                assert member.stats["dropped_stranger_unproven"] == 1
                 reader, writer = await asyncio.open_connection(host, int(port))
                 streams.append(writer)
                 writer.write((1 << 30).to_bytes(4, "big") + b"x" * 1000)
