@@ -1,8 +1,9 @@
 """Strangers on the TCP links: connections that have not proven the mesh key.
 
 Each mechanism alone, against a member whose other defences are out of the way: the deadline
-(with the bounds raised), the bound per address (with the deadline far off), the room made
-when descriptors run out (with both far off), and what a stranger may buffer. Members that
+(the bounds not reached), and a HELLO that came while the loop stalled past it; the bound per
+address (the deadline far off); the room made when descriptors run out (both far off); what a
+stranger may buffer; and zmq's deadline on a gateway's link listener. Members that
 hold connections by the thousand run in a process of their own (tests/held_member.py), with a
 descriptor limit of 1,024; the connections are this process's, each opened again when the
 member closes it, until the test is done.
@@ -18,7 +19,7 @@ import socket
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 
@@ -45,14 +46,21 @@ def run(coro: Awaitable[None], timeout: float = 60) -> None:
 
 
 @pytest.fixture(autouse=True)
-def descriptors() -> None:
-    """Room in this process for the connections it holds (its own limit, raised if need be)."""
+def descriptors() -> Iterator[None]:
+    """Room in this process for the connections it holds (its own limit, raised meanwhile if
+    need be)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = 4 * HELD
-    if soft < want:
-        if hard != resource.RLIM_INFINITY and hard < want:
-            pytest.skip(f"this process may open {hard} descriptors, the test needs {want}")
-        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    if soft >= want:
+        yield
+        return
+    if hard != resource.RLIM_INFINITY and hard < want:
+        pytest.skip(f"this process may open {hard} descriptors, the test needs {want}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 @asynccontextmanager
