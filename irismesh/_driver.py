@@ -106,6 +106,9 @@ def listen(
     router.setsockopt(zmq.SNDHWM, 0)
     router.setsockopt(zmq.RCVHWM, 0)
     router.setsockopt(zmq.MAXMSGSIZE, max_frame + 64)
+    # A connection that has not finished zmq's greeting in 2 s is closed (zmq's default: 30 s),
+    # as a TCP link's stranger is (`CoreConfig.hello_timeout`).
+    router.setsockopt(zmq.HANDSHAKE_IVL, 2000)
     try:
         router.bind(bind)
     except zmq.ZMQError as exc:

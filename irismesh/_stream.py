@@ -13,15 +13,29 @@ is no finding the next frame after one refused.
 
 - **Links peers dialled**: the node listens on one TCP socket; each connection accepted gets a
   routing id of its own (as a zmq ROUTER names its peers), the name the core keeps its inbound
-  link under. When the connection closes the core forgets that link at once
-  (`MeshCore.inbound_closed`; a ROUTER never tells). A reply to a connection that is gone is
-  counted (`replies_unroutable`), the way ROUTER_MANDATORY's error is.
+  link under; until its HELLO proves the mesh key it is a *stranger* (see below). When the
+  connection closes the core forgets that link at once (`MeshCore.inbound_closed`; a ROUTER
+  never tells). A reply to a connection that is gone is counted (`replies_unroutable`), the
+  way ROUTER_MANDATORY's error is.
 - **Links this node dialled**: one connection per link. What the core sends before the
   connection is up waits, in order, and goes out once it is. A dial refused or failed, and a
   connection that drops, fail the link at once (`MeshCore.link_failed`): the link never
   reconnects on its own (a new connection needs a new handshake), and membership is asked to
   probe the peer. What TCP does not show, a stopped process or a silent network, membership's
   probes and the handshake's timeout find.
+
+Strangers cost little and not for long. A dialler sends its HELLO alone and waits for the
+answer, so a stranger's first frame must be a HELLO that proves the key (the core then knows
+its link: `MeshCore.knows_inbound`), or the connection is closed
+(`dropped_stranger_unproven`). Until then it may send no frame longer than `HELLO_LIMIT` (a
+longer length closes it at once: `dropped_stranger_oversize`), and it has
+`CoreConfig.hello_timeout` to do so (`dropped_stranger_timeout`). At most `max_strangers` are
+open at once, `max_strangers_per_address` from one address: past either, the oldest is closed
+(`dropped_stranger_evicted`), so the room goes to the newest connection, and a peer with the
+key, which proves itself at once, gets in however many are held. Accepting is the driver's own
+(a reader on the listening socket): out of descriptors, it closes the oldest stranger and tries
+again (`accept_out_of_descriptors`, a warning at most every ten seconds), or pauses a moment
+when there is none. Each `dropped_stranger_*` is a drop in the telemetry too.
 
 What the loop reads is cut into frames at once and waits in the connection's queue; the driver
 takes frames from that queue the way the zmq driver reads its sockets (a caller's replies one
@@ -37,6 +51,8 @@ This module is compiled by mypyc with the core and `irismesh._driver` (see setup
 from __future__ import annotations
 
 import asyncio
+import errno
+import logging
 import os
 import socket
 import time
@@ -55,6 +71,19 @@ _SLACK = 64  # what a frame may exceed the core's largest frame by (as zmq's MAX
 _JOIN_BELOW = 65536  # a shorter frame goes out joined to its length, a longer one beside it
 _READ = 262144  # bytes one read of a busy poll takes at most
 _BACKLOG = 1024
+# The largest frame a stranger (a connection accepted that has not proven the mesh key) may
+# send: a HELLO. The largest irismesh sends, with every field at its limit (a 256-character
+# endpoint and address, 1 KiB of tags, a 64-character name), is 1,988 bytes
+# (tests/integration/test_strangers.py builds it): room four times over, for capabilities.
+HELLO_LIMIT = 8192
+_ACCEPTS = 64  # connections accepted in one turn of the loop, at most
+_OUT_OF_DESCRIPTORS = frozenset((errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM))
+_ACCEPT_PAUSE = 0.5  # out of descriptors with no stranger to close: accept again after this
+_LOG_EVERY = 10.0  # seconds between two warnings of running out of descriptors
+# The strangers' deadline came this late: the loop stalled, and a HELLO that came meanwhile may
+# be waiting to be read (uvloop runs due timers before it reads): it is read first.
+_STALLED = 0.25
+_log = logging.getLogger(__name__)
 # A `Connection` is the loop's protocol object, though no subclass of asyncio.Protocol (a class
 # compiled by mypyc cannot extend one): the loop only calls its methods.
 _Factory = Callable[[], asyncio.Protocol]
@@ -162,7 +191,11 @@ class Connection:
         self.driver = driver
         self.link_id = link_id  # the dialled link's id; 0 for a connection a peer dialled
         self.routing_id = routing_id  # a connection a peer dialled: its name to the core
-        self.framer = Framer(driver.frame_limit)
+        # A connection a peer dialled is a stranger until its HELLO proves the mesh key: only
+        # a frame a HELLO fits in is read from it meanwhile.
+        self.stranger = link_id == 0
+        self.source = ""  # a stranger's address (its host), which its share is counted under
+        self.framer = Framer(HELLO_LIMIT if link_id == 0 else driver.frame_limit)
         self.frames = self.framer.frames  # read and not yet taken by the driver
         self.transport: Any = None  # set once up (uvloop's transports are no asyncio.Transport)
         self.unsent: list[bytes] = []  # written before the connection was up
@@ -215,7 +248,11 @@ class Connection:
         """A frame too long came: count it and drop the connection (once)."""
         transport = self.transport
         if transport is not None and not transport.is_closing():
-            self.driver.core.stats["dropped_stream_oversize"] += 1
+            stats = self.driver.core.stats
+            if self.stranger:  # longer than any HELLO, before the key was proven
+                stats["dropped_stranger_oversize"] += 1
+            else:
+                stats["dropped_stream_oversize"] += 1
             transport.abort()  # connection_lost follows
 
     def write(self, frame: bytes) -> None:
@@ -270,31 +307,195 @@ class StreamDriver(Driver):
         super().__init__(core, loop, on_events, datagrams)
         self.frame_limit = self._max_frame + _SLACK
         self._listener = listener
-        self._server: asyncio.AbstractServer | None = None
         self._out: dict[int, Connection] = {}  # link id -> the connection this node dialled
         self._in: dict[bytes, Connection] = {}  # routing id -> a connection a peer dialled
         self._routes = 0  # routing ids given so far
         self._recheck: set[Connection] = set()  # connections to take more frames from
         self._closing: set[Connection] = set()  # closed by this node, still open (`close`)
         self._all_closed: asyncio.Event | None = None
+        config = core.config
+        self._hello_timeout = config.hello_timeout
+        self._max_strangers = config.max_strangers
+        self._max_per_address = config.max_strangers_per_address
+        # Connections accepted that have not proven the mesh key, oldest first: when each was.
+        self._strangers: dict[Connection, float] = {}
+        self._strangers_from: dict[str, int] = {}  # address -> its strangers
+        self._stranger_timer: asyncio.TimerHandle | None = None
+        self._stranger_timer_at = 0.0  # when it is due
+        self._accepting = False
+        self._starved_since_log = 0  # accepts without a descriptor since the last warning
+        self._starved_logged_at = float("-inf")
+
+    # ----------------------------------------------------------------- accepting
 
     async def serve(self) -> None:
-        try:
-            self._server = await self.loop.create_server(
-                cast(_Factory, self._accept), sock=self._listener, backlog=_BACKLOG
-            )
-        except OSError as exc:
-            raise ConfigurationError(f"cannot accept links: {exc}") from None
+        """Accept connections: a reader on the listening socket (not the loop's server, whose
+        accept logs a traceback each time it runs out of descriptors, and then cannot make
+        room; here a stranger's descriptor makes room, see `_starved`)."""
+        self._resume_accepting()
 
-    def _accept(self) -> Connection:
-        self._routes += 1
-        return Connection(self, 0, self._routes.to_bytes(5, "big"))
+    def _resume_accepting(self) -> None:
+        if not self._accepting and not self._closed:
+            self._accepting = True
+            self.loop.add_reader(self._listener.fileno(), self._accept_ready)
+
+    def _pause_accepting(self) -> None:
+        if self._accepting:
+            self._accepting = False
+            self.loop.remove_reader(self._listener.fileno())
+
+    def _accept_ready(self) -> None:
+        listener = self._listener
+        for _ in range(_ACCEPTS):
+            try:
+                sock, _address = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in _OUT_OF_DESCRIPTORS:
+                    self._starved()
+                    return
+                # The peer gave up before its turn (ECONNABORTED), or worse: the next one.
+                self.core.stats["accept_failed"] += 1
+                continue
+            self._routes += 1
+            conn = Connection(self, 0, self._routes.to_bytes(5, "big"))
+            conn.connecting = self.loop.create_task(self._adopt(conn, sock))
+
+    async def _adopt(self, conn: Connection, sock: socket.socket) -> None:
+        """Make an accepted socket the loop's transport, `conn` its protocol."""
+        try:
+            sock.setblocking(False)
+            await self.loop.connect_accepted_socket(cast(_Factory, lambda: conn), sock)
+        except OSError:  # reset before it was adopted
+            sock.close()
+            self.core.stats["accept_failed"] += 1
+        except asyncio.CancelledError:  # the loop is closing
+            sock.close()
+            raise
+        finally:
+            conn.connecting = None
+
+    def _starved(self) -> None:
+        """Accept found no descriptor free (this process's limit, or the system's).
+
+        The oldest stranger is closed to make room, and accepting goes on once it is gone: a
+        peer with the key still gets in while strangers hold descriptors. With no stranger to
+        close, accepting pauses a moment; the peers waiting meanwhile stay in the backlog.
+        Counted each time, logged at most once per `_LOG_EVERY` seconds."""
+        stats = self.core.stats
+        stats["accept_out_of_descriptors"] += 1
+        self._starved_since_log += 1
+        now = self.loop.time()
+        if now - self._starved_logged_at >= _LOG_EVERY:
+            _log.warning(
+                "out of file descriptors accepting links (%d times since the last warning): "
+                "closing the oldest of %d connections that have not proven the mesh key",
+                self._starved_since_log,
+                len(self._strangers),
+            )
+            self._starved_logged_at = now
+            self._starved_since_log = 0
+        self._pause_accepting()
+        if self._strangers:
+            stats["dropped_stranger_evicted"] += 1
+            self._drop_stranger(next(iter(self._strangers)))
+            # Its descriptor is released as the loop closes it, this turn or the next: then
+            # accept again (a callback queued now runs after the close the loop queued).
+            self.loop.call_soon(self._resume_accepting)
+        else:
+            self.loop.call_later(_ACCEPT_PAUSE, self._resume_accepting)
 
     def accepted(self, conn: Connection) -> None:
         self._in[conn.routing_id] = conn
+        peer = conn.transport.get_extra_info("peername")
+        conn.source = str(peer[0]) if peer else ""
+        self._admit_stranger(conn)
+
+    # ----------------------------------------------------------------- strangers
+
+    def _admit_stranger(self, conn: Connection) -> None:
+        """Count a new connection among the strangers, closing the oldest past a bound (of
+        its address, then of all): a stranger's room goes to the newest, so a peer with the
+        key gets in however many idle connections are held, and proves itself at once."""
+        stats = self.core.stats
+        strangers, counts, source = self._strangers, self._strangers_from, conn.source
+        if counts.get(source, 0) >= self._max_per_address:
+            oldest = next(c for c in strangers if c.source == source)
+            stats["dropped_stranger_evicted"] += 1
+            self._drop_stranger(oldest)
+        if len(strangers) >= self._max_strangers:
+            stats["dropped_stranger_evicted"] += 1
+            self._drop_stranger(next(iter(strangers)))
+        now = self.loop.time()
+        strangers[conn] = now
+        counts[source] = counts.get(source, 0) + 1
+        stats["strangers_connected"] = len(strangers)
+        if self._stranger_timer is None:
+            self._strangers_due_at(now + self._hello_timeout)
+
+    def _forget_stranger(self, conn: Connection) -> None:
+        """`conn` is no stranger to count any more (proven, or closed)."""
+        if self._strangers.pop(conn, None) is None:
+            return
+        counts = self._strangers_from
+        left = counts[conn.source] - 1
+        if left:
+            counts[conn.source] = left
+        else:
+            del counts[conn.source]
+        self.core.stats["strangers_connected"] = len(self._strangers)
+
+    def _drop_stranger(self, conn: Connection) -> None:
+        """Close a stranger at once (what it sent is dropped, nothing is said to it)."""
+        self._forget_stranger(conn)
+        conn.frames.clear()
+        transport = conn.transport
+        if transport is not None and not transport.is_closing():
+            transport.abort()  # connection_lost follows, and forgets it
+
+    def _strangers_due_at(self, when: float) -> None:
+        self._stranger_timer_at = when
+        self._stranger_timer = self.loop.call_at(when, self._strangers_due)
+
+    def _strangers_due(self) -> None:
+        """Close the strangers whose time to prove the key is up; wait for the next one."""
+        self._stranger_timer = None
+        if self._closed:
+            return
+        now = self.loop.time()
+        if now - self._stranger_timer_at > _STALLED:
+            self._strangers_due_at(now + 0.05)  # after the loop has read what waits
+            return
+        timeout = self._hello_timeout
+        strangers = self._strangers
+        while strangers:
+            conn, since = next(iter(strangers.items()))
+            if now < since + timeout:
+                self._strangers_due_at(since + timeout)
+                return
+            self.core.stats["dropped_stranger_timeout"] += 1
+            self._drop_stranger(conn)
+
+    def _judge(self, conn: Connection) -> None:
+        """A stranger's first frames were read: whether they proved the mesh key. A dialler
+        sends its HELLO alone and waits for the answer, so one that did not is closed (what
+        the core answered, a REFUSE, still goes out first)."""
+        self._forget_stranger(conn)
+        if self.core.knows_inbound(conn.routing_id):
+            conn.stranger = False
+            conn.framer.limit = self.frame_limit
+            return
+        self.core.stats["dropped_stranger_unproven"] += 1
+        self._recheck.discard(conn)
+        if self._in.get(conn.routing_id) is conn:
+            del self._in[conn.routing_id]
+        conn.close()
 
     def lost(self, conn: Connection, closed_here: bool) -> None:
         """A connection closed (`closed_here`: this node closed it, and it is gone now)."""
+        if conn.stranger:
+            self._forget_stranger(conn)
         if closed_here:
             closing = self._closing
             closing.discard(conn)
@@ -343,6 +544,10 @@ class StreamDriver(Driver):
             if self._served_at:
                 self._request_came()
             self.process()
+            if conn.stranger:
+                self._judge(conn)
+                if conn.closed:
+                    return
             if self.partners:
                 self._flush_partners()
             if self.busy_poll:
@@ -528,10 +733,12 @@ class StreamDriver(Driver):
         self._closed = True
         if self._timer is not None:
             self._timer.cancel()
-        if self._server is not None:
-            self._server.close()
-        else:
-            self._listener.close()
+        if self._stranger_timer is not None:
+            self._stranger_timer.cancel()
+        self._pause_accepting()
+        self._listener.close()
+        self._strangers.clear()
+        self._strangers_from.clear()
         for conn in [*self._out.values(), *self._in.values()]:
             if conn.transport is not None:
                 self._closing.add(conn)

@@ -64,6 +64,7 @@ GAUGES = frozenset(
         "reply_cache_entries",
         "requests_waiting",
         "handler_limit",
+        "strangers_connected",
     }
 )
 

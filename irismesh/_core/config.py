@@ -25,6 +25,13 @@ class CoreConfig:
     max_silence: float = 10.0  # and silent this long: it is closed, and redialled on demand
     idle_link_after: float = 30.0  # a link nothing needs is closed after this long
     handshake_timeout: float = 2.0
+    # A connection accepted must prove the mesh key (its HELLO) within hello_timeout, or it is
+    # closed. Until it has, it is a stranger: it may send only a frame a HELLO fits in, and at
+    # most max_strangers of them are open at once (max_strangers_per_address from one
+    # address), the oldest closed to make room (the TCP links; zmq's are zmq's to keep).
+    hello_timeout: float = 2.0
+    max_strangers: int = 512
+    max_strangers_per_address: int = 128
     redial_min: float = 0.1
     redial_max: float = 2.0
     forget_after_failures: int = 3  # non-seed endpoints are dropped after this many failed dials
@@ -61,6 +68,12 @@ class CoreConfig:
             raise ConfigurationError("pubsub_window must be at least 4, max_interest at least 1")
         if self.max_pending < 1 or self.max_links < 1:
             raise ConfigurationError("max_pending and max_links must be at least 1")
+        if self.hello_timeout <= 0:
+            raise ConfigurationError("hello_timeout must be positive")
+        if self.max_strangers < 1 or self.max_strangers_per_address < 1:
+            raise ConfigurationError(
+                "max_strangers and max_strangers_per_address must be at least 1"
+            )
         if self.max_concurrency < 8 or self.max_waiting < 1:
             raise ConfigurationError("max_concurrency must be at least 8, max_waiting at least 1")
 

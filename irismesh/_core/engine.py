@@ -266,6 +266,11 @@ class MeshCore(CoreApi):
         pending = self.calls.pending.next_deadline()
         return due if pending is None else min(due, pending)
 
+    def knows_inbound(self, routing_id: bytes) -> bool:
+        """Whether a link a peer dialled is known under `routing_id`: its HELLO proved the
+        mesh key (until the link is forgotten)."""
+        return routing_id in self._in
+
     # ----------------------------------------------------------------- membership
 
     def receive_datagram(self, source: str, datagram: bytes, now: float) -> None:

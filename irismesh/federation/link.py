@@ -6,6 +6,13 @@ registered with `loop.add_reader` and drained without blocking (no Future per me
 heartbeats notice a dead TCP connection and `ROUTER_HANDOVER` lets a reconnecting dialler take
 its routing id back; the link's own heartbeats (`LinkConfig`) decide when a link is down. A
 timer ticks every `heartbeat / 2` seconds: heartbeats, liveness, retransmissions, HELLOs.
+
+Strangers: zmq keeps the listener's connections itself and never shows one to the gateway
+before its first message, so the gateway cannot close one that has not proven the link key.
+zmq bounds what one costs instead: a connection that has not finished zmq's greeting within
+2 s is closed (`HANDSHAKE_IVL`), one that answers no ZMTP heartbeat within 1.5 s too, and a
+message longer than any link frame is refused from its size (`MAXMSGSIZE`). What a complete
+zmq peer without the link key can still do is in SECURITY.md.
 """
 
 from __future__ import annotations
@@ -19,12 +26,22 @@ from typing import Any, cast
 import zmq
 
 from irismesh.errors import ConfigurationError, ProtocolError
-from irismesh.federation.linkproto import Exports, Item, LinkConfig, LinkEnd, open_hello
+from irismesh.federation.linkproto import (
+    MAX_FRAME,
+    Exports,
+    Item,
+    LinkConfig,
+    LinkEnd,
+    open_hello,
+)
 
 OnItems = Callable[[LinkEnd, list[Item]], None]  # also (end, []) when acks made room
 OnState = Callable[[LinkEnd, bool], None]  # (link end, up)
 _POLLIN = int(zmq.POLLIN)
 _EVENTS = int(zmq.EVENTS)
+# A connection that has not finished zmq's greeting this long after it opened is closed by
+# zmq (its default is 30 s): the same time a node gives a stranger to prove the mesh key.
+_GREETING_MS = 2000
 
 
 def _readable(sock: zmq.Socket[bytes]) -> bool:
@@ -38,6 +55,10 @@ def _tune(sock: zmq.Socket[bytes]) -> None:
     sock.setsockopt(zmq.HEARTBEAT_IVL, 500)
     sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 1500)
     sock.setsockopt(zmq.HEARTBEAT_TTL, 3000)
+    sock.setsockopt(zmq.HANDSHAKE_IVL, _GREETING_MS)
+    # No link frame is longer: zmq refuses a longer message from its size, before buffering
+    # it, and drops that connection.
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME)
 
 
 class LinkTransport:

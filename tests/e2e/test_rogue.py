@@ -322,12 +322,21 @@ def test_forged_injected_and_replayed_frames_are_counted_and_never_handled(
                     await rogue.sock.send_multipart([real[0], real[0]])
                     await counted(member, "multipart", before, 1)
                 else:
+                    # Before its HELLO, a length beyond any HELLO; after it, beyond any frame.
+                    stranger_size = RawPeer(ctx, member, rogue_keys)
+                    peers.append(stranger_size)
+                    await stranger_size.send_raw((64 << 10).to_bytes(4, "big") + bytes(100))
+                    await counted(member, "stranger_oversize", before, 1)
+                    reader, _writer = await stranger_size._connected()
+                    assert await asyncio.wait_for(reader.read(), 5) == b""  # closed on it
                     oversize = RawPeer(ctx, member, rogue_keys)
                     peers.append(oversize)
+                    await oversize.handshake()
                     await oversize.send_raw((1 << 31).to_bytes(4, "big") + bytes(100))
                     await counted(member, "stream_oversize", before, 1)
                     reader, _writer = await oversize._connected()
-                    assert await asyncio.wait_for(reader.read(), 5) == b""  # closed on it
+                    await asyncio.wait_for(reader.read(), 5)  # what the member said, then
+                    assert reader.at_eof()  # closed on it
 
                 # 4. The real client's captured frames, replayed on a new connection after its
                 #    captured HELLO: the new link has fresh keys, so every one fails its seal.

@@ -294,15 +294,20 @@ def test_garbage_on_the_listening_socket_is_counted_not_fatal(keys: irismesh.Key
                 for frame in junk:
                     rogue.send(frame)
                 rogue.send_multipart([b"a", b"b", b"c"])
-            else:  # irismesh's framing: frames of junk, then a length no frame may have
+            else:  # irismesh's framing: frames of junk, then a length no HELLO may have
                 host, _, port = member.endpoint.removeprefix("tcp://").rpartition(":")
                 reader, writer = await asyncio.open_connection(host, int(port))
                 streams.append(writer)
                 writer.write(b"".join(len(frame).to_bytes(4, "big") + frame for frame in junk))
+                await writer.drain()
+                assert await asyncio.wait_for(reader.read(), 5) == b""  # no HELLO: closed
+                assert member.stats["dropped_stranger_unproven"] == 1
+                reader, writer = await asyncio.open_connection(host, int(port))
+                streams.append(writer)
                 writer.write((1 << 30).to_bytes(4, "big") + b"x" * 1000)
                 await writer.drain()
                 assert await asyncio.wait_for(reader.read(), 5) == b""  # closed on it
-                assert member.stats["dropped_stream_oversize"] == 1
+                assert member.stats["dropped_stranger_oversize"] == 1
             await wait_until(
                 lambda: sum(v for k, v in member.stats.items() if k.startswith("dropped_")) >= 6,
                 5,

@@ -181,12 +181,12 @@ def test_a_node_of_the_other_transport_is_no_peer_and_breaks_nothing(
                 )
                 assert stranger.members("db") == []
             # A zmq node dials the tcp member: a frame is no ZMTP greeting, and the member
-            # drops the connection (its first bytes are a length far beyond any frame).
+            # drops the connection (its first bytes are a length far beyond any HELLO).
             async with irismesh.Node(
                 keyring=keys, seeds=[tcp_member.endpoint], transport="zmq"
             ) as stranger2:
                 await wait_until(
-                    lambda: tcp_member.stats.get("dropped_stream_oversize", 0) >= 1,
+                    lambda: tcp_member.stats.get("dropped_stranger_oversize", 0) >= 1,
                     5,
                     "the ZMTP greeting to be refused",
                 )
