@@ -396,6 +396,7 @@ _STAT_NAMES = (
 MAX_SENDERS = 4096  # senders remembered, for replays and for their announcements
 MAX_INTERVAL = 3600.0  # the longest wait between a joined node's questions
 MAX_WAITING = 256  # candidates waiting to be passed on; the oldest is forgotten first
+SMALL_MESH = 1  # other live nodes up to which a node still passes candidates on at once
 MAX_DELAYED_ANSWERS = 512  # answers waiting for their delay; beyond, answered at once
 MAX_TIMES_PER_SENDER = 64  # datagram times remembered per sender within the freshness window
 
@@ -643,6 +644,14 @@ class SurveyDiscovery:
         """Whether membership holds another node alive (never, without membership given)."""
         return self._live_peers is not None and self._live_peers() > 0
 
+    def _settled(self) -> bool:
+        """Whether membership holds more than `SMALL_MESH` other nodes alive. A node in a
+        smaller mesh passes candidates on as a node alone does: two nodes started together
+        (a gateway's nodes, a restarted pair) find each other first, and the mesh they are
+        meant to join may be the one they have not linked to yet; waiting for the review
+        would leave them apart for `merge_after` and more."""
+        return self._live_peers is not None and self._live_peers() > SMALL_MESH
+
     def _known(self, node_id: bytes, endpoint: str) -> bool:
         """Whether membership holds `node_id` alive at `endpoint`."""
         return self._alive is not None and self._alive(node_id, endpoint)
@@ -777,7 +786,7 @@ class SurveyDiscovery:
         if self._live_peers is None:  # no membership to ask: every node heard is a candidate
             self._pass_on(node_id, endpoint)
             return
-        if not self._joined() and now - self._passed_at >= self._config.fast_interval:
+        if not self._settled() and now - self._passed_at >= self._config.fast_interval:
             self._passed_at = now
             self._waiting.pop(node_id, None)
             self._pass_on(node_id, endpoint)

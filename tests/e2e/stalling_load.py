@@ -42,9 +42,21 @@ async def main(keyfile: Path, stall: float) -> None:
         workers.close()
 
 
+def peak_rss_kb() -> int:
+    """This process's peak RSS since its exec (getrusage's would count the parent it forked
+    from: Linux keeps the larger of the two across exec)."""
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return 0
+
+
 if __name__ == "__main__":
     try:
         irismesh.run(main(Path(sys.argv[1]), float(sys.argv[2])))
     except (AssertionError, pytest.fail.Exception) as exc:
         print(exc, file=sys.stderr)
         sys.exit(1)
+    finally:
+        print("PEAK_RSS_KB", peak_rss_kb(), flush=True)

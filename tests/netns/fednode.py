@@ -167,6 +167,11 @@ class Driver:
             elif cmd == "subscribers":
                 await self.node.wait_for_subscribers(msg["topic"], timeout=msg["wait"])
                 out = {}
+            elif cmd == "members":
+                found = await self.node.wait_for_members(
+                    msg["cluster"], msg["count"], timeout=msg["wait"]
+                )
+                out = {"members": found}
             elif cmd == "received":
                 out = self.received()
             elif cmd == "tunnel":

@@ -142,6 +142,9 @@ def test_two_gateways_sigkill_of_one_under_load_loses_no_request(
     client = start(lab, "cb", b)
     for i in ("1", "2"):
         wait_for(lambda i=i: lab.nodes[f"gb{i}"].call("stats")["imports"] == ["db"], 20, "imports")
+    # Both gateways' members of db known to the client before one dies: with one alone known,
+    # its death leaves the client no member to go to (NoResponders at once, by design).
+    client.call("members", timeout=25, cluster="db", count=2, wait=20)
     total = 4000
     asked = client.send("requests", count=total, concurrency=48, timeout=10, cluster="db")
     wait_for(lambda: client.call("progress")["done"] >= total // 4, 60, "a quarter done")
