@@ -1404,12 +1404,13 @@ async def _publish_identified(node: Node, topic: str, payload: bytes, msg_id: by
     subscribers, which deliver each id once (`Subscription`: a bounded window of ids)."""
     if node._closing or node._core is None:
         node._caller.running()  # raises Closed, saying why
+    # No turn of the loop given between publishes here, unlike `Node.publish`: a run
+    # republishes what one read of its link brought, so it ends by itself, and a pause inside
+    # it stalled three meshes federated in a triangle (every republish queue waiting on the
+    # next gateway's link; the pure core on zmq links, every run).
     pubsub = node._pubsub
-    turns = node._caller.turns
     if pubsub.publish_now(topic, payload, msg_id) is None:
         await pubsub.publish_later(topic, payload, node._default_timeout, msg_id)
-    elif turns.spend():  # sent at once: a republishing run still lets the loop turn
-        await turns.pause()
 
 
 def far_answers(result: SurveyResult) -> dict[str, bytes]:
