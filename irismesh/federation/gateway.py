@@ -117,6 +117,7 @@ _MAX_MESH_NAME = 200
 _SYNC_EVERY = 0.05  # redundant gateways: delivered ids told this often
 _STATE_EVERY = 0.2  # and each one's links this often (a fellow silent for 3 s is gone)
 _TOLD_BOUND = 1024  # messages for the other gateways waiting to be sent
+_ACKED_PENDING_BOUND = 65_536  # delivered ids held back (`_report_delivered`); past it, told
 _WARM_UP = 0.6  # a gateway holds what it would export this long: fellows make themselves known
 _SWEEP_EVERY = 1.0  # requests passed on whose callers' deadlines are gone: forgotten this often
 _NEVER = float("inf")  # a request's deadline when it has none
@@ -231,6 +232,7 @@ class Gateway:
             link_config = LinkConfig(buffer=buffer)
         elif buffer != 100_000:
             raise ConfigurationError("pass buffer= or link_config=, not both")
+        self._link_config = link_config
         self.gateway_id = os.urandom(16)
         self.name = name
         self._context = new_context()  # terminated as the gateway closes, if its own
@@ -304,6 +306,9 @@ class Gateway:
         self._redundancy: Redundancy | None = None
         self._warm: asyncio.Event | None = None  # set once the first election is made
         self._told: deque[list[Any]] = deque()  # for the other gateways here, to send
+        # Acknowledged by the far side, not yet told the standbys: (when, mesh, origin ids).
+        self._acked_pending: deque[tuple[float, str, list[bytes]]] = deque()
+        self._acked_pending_ids = 0
         self._telling: asyncio.Task[None] | None = None
         self._state_at = 0.0  # when this gateway last told its links
         self._linked_since: dict[str, float] = {}  # mesh -> when a link to it was first known
@@ -529,10 +534,14 @@ class Gateway:
             sources = [e for e in ends if e is not to and e.peer_mesh == mesh]
         if to is None:
             return
+        now = asyncio.get_running_loop().time()
         for source in sources:
-            if source.peer_id == to.peer_id or not source.buffered:
+            if source.peer_id == to.peer_id:
                 continue
-            items, next_seq = source.unacknowledged(self._carried.get(id(source), 0))
+            # With what its peer acknowledged a moment ago: that peer may have died with the
+            # messages still in its node's buffers (`LinkConfig.keep_acked`). The far side
+            # asks its fellows about resends, and the subscribers deliver each id once.
+            items, next_seq = source.unacknowledged(self._carried.get(id(source), 0), now)
             self._carried[id(source)] = next_seq
             for item in items:
                 if item[0] in (CROSSING, RESENT) and self._send(to, [RESENT, *item[1:]]):
@@ -1184,10 +1193,12 @@ class Gateway:
     async def _republish_one(self, end: LinkEnd, crossing: Crossing) -> None:
         while True:
             try:
-                await _publish_identified(
+                reached = await _publish_identified(
                     self.node, crossing.topic, crossing.payload, crossing.origin_id
                 )
                 self.stats_counter["messages_republished"] += 1
+                if not reached:
+                    self.stats_counter["republished_to_no_subscriber"] += 1
                 break
             except SlowConsumer:
                 # A subscriber here is slow (or its link lossy): wait on, as a publisher
@@ -1278,7 +1289,8 @@ class Gateway:
         """Tell the standbys which of this mesh's messages the far side has acknowledged."""
         redundancy = self._redundancy
         assert redundancy is not None
-        delivered: dict[str, list[bytes]] = {}
+        now = asyncio.get_running_loop().time()
+        pending, keep = self._acked_pending, self._link_config.keep_acked
         for end in self.transport.ends:
             if end.acked_items is None:
                 end.acked_items = []
@@ -1286,13 +1298,22 @@ class Gateway:
             if end.acked_items:
                 items, end.acked_items = end.acked_items, []
                 if redundancy.fellows:
-                    ids = delivered.setdefault(end.peer_mesh, [])
-                    ids.extend(
-                        i[2] for i in items if i[0] in (CROSSING, RESENT) and i[1] == self.mesh
-                    )
+                    ids = [i[2] for i in items if i[0] in (CROSSING, RESENT) and i[1] == self.mesh]
+                    if ids:
+                        pending.append((now, end.peer_mesh, ids))
+                        self._acked_pending_ids += len(ids)
+        # Told only `keep_acked` after the far side acknowledged them: a far gateway SIGKILLed
+        # just after its acknowledgement may not have passed them on, and a standby that takes
+        # over from this one then still holds them (they are asked about there, not doubled).
+        delivered: dict[str, list[bytes]] = {}
+        while pending and (
+            now - pending[0][0] >= keep or self._acked_pending_ids > _ACKED_PENDING_BOUND
+        ):
+            _at, mesh, ids = pending.popleft()
+            self._acked_pending_ids -= len(ids)
+            delivered.setdefault(mesh, []).extend(ids)
         for mesh, ids in delivered.items():
-            if ids:
-                self._tell(redundancy.delivered_message(mesh, ids))
+            self._tell(redundancy.delivered_message(mesh, ids))
 
     def _take_over(self, mesh: str, ends: list[LinkEnd]) -> None:
         assert self._redundancy is not None
@@ -1399,9 +1420,10 @@ class Gateway:
                 log.debug("gateway could not tell its fellows: %s", exc)
 
 
-async def _publish_identified(node: Node, topic: str, payload: bytes, msg_id: bytes) -> None:
+async def _publish_identified(node: Node, topic: str, payload: bytes, msg_id: bytes) -> int:
     """`node.publish(topic, payload)`, the message carrying `msg_id` (its origin id) to the
-    subscribers, which deliver each id once (`Subscription`: a bounded window of ids)."""
+    subscribers, which deliver each id once (`Subscription`: a bounded window of ids); how
+    many it went to."""
     if node._closing or node._core is None:
         node._caller.running()  # raises Closed, saying why
     # No turn of the loop given between publishes here, unlike `Node.publish`: a run
@@ -1409,8 +1431,10 @@ async def _publish_identified(node: Node, topic: str, payload: bytes, msg_id: by
     # it stalled three meshes federated in a triangle (every republish queue waiting on the
     # next gateway's link; the pure core on zmq links, every run).
     pubsub = node._pubsub
-    if pubsub.publish_now(topic, payload, msg_id) is None:
-        await pubsub.publish_later(topic, payload, node._default_timeout, msg_id)
+    sent = pubsub.publish_now(topic, payload, msg_id)
+    if sent is None:
+        sent = await pubsub.publish_later(topic, payload, node._default_timeout, msg_id)
+    return sent
 
 
 def far_answers(result: SurveyResult) -> dict[str, bytes]:

@@ -68,6 +68,7 @@ _WELCOME_DOMAIN = b"irismesh/v1/federation-welcome\x00"
 _SESSION_DOMAIN = b"irismesh/v1/federation-session\x00"
 _MAX_BATCH_ITEMS = 512
 _MAX_BATCH_BYTES = 256 * 1024
+_ACK_MARK = 0.05  # seconds between the marks of when acks came (`LinkEnd._ack_marks`)
 
 Item = list[Any]
 # (cluster, payload, timeout, done): a request served in-process, `done(reply, error)` once.
@@ -89,10 +90,18 @@ class LinkConfig:
     # A peer that dialled in and has been silent this long is forgotten with what it had
     # buffered (a gateway that restarts comes back as a new peer): counted, not kept forever.
     forget_after: float = 600.0
+    # What the peer acknowledged stays here this long (at most `keep_acked_items` of it), to
+    # send again should the peer turn out to have died: an importing gateway acknowledges a
+    # message once its node has it, and one SIGKILLed a moment later takes with it what its
+    # node had not yet written to the subscribers (`unacknowledged(now=...)`).
+    keep_acked: float = 2.0
+    keep_acked_items: int = 4096
 
     def __post_init__(self) -> None:
         if self.buffer < 1 or self.window < 1:
             raise ConfigurationError("link buffer and window must be at least 1")
+        if self.keep_acked < 0 or self.keep_acked_items < 0:
+            raise ConfigurationError("keep_acked and keep_acked_items must not be negative")
         if not 0 < self.heartbeat < self.dead_after < self.forget_after:
             raise ConfigurationError("want 0 < heartbeat < dead_after < forget_after")
 
@@ -269,6 +278,9 @@ class LinkEnd:
     _next_seq: int = 1
     _cursor: int = 1
     _progress_at: float = 0.0
+    # When acks moved the stream on: (time, the first sequence number that ack covered), one
+    # entry per _ACK_MARK seconds at most, none older than `keep_acked`.
+    _ack_marks: deque[tuple[float, int]] = field(default_factory=deque)
     # Inbound stream.
     _peer_stream: bytes = b""
     _received: int = 0  # the last reliable item received in order
@@ -563,18 +575,32 @@ class LinkEnd:
         drop = ack - self._base_seq + 1
         if self.acked_items is not None:
             self.acked_items.extend(self._buf[self._head : self._head + drop])
+        marks = self._ack_marks
+        if not marks or now - marks[-1][0] >= _ACK_MARK:
+            marks.append((now, self._base_seq))
+            while marks and now - marks[0][0] > self.config.keep_acked:
+                marks.popleft()
         self._head += drop
         self._base_seq = ack + 1
         self._cursor = max(self._cursor, self._base_seq)
         self._progress_at = now
-        if self._head > 4096 and self._head * 2 > len(self._buf):
-            del self._buf[: self._head]
-            self._head = 0
+        keep = self.config.keep_acked_items
+        if self._head > keep + 4096 and self._head * 2 > len(self._buf):
+            del self._buf[: self._head - keep]
+            self._head = keep
 
-    def unacknowledged(self, since: int = 0) -> tuple[list[Item], int]:
+    def unacknowledged(self, since: int = 0, now: float | None = None) -> tuple[list[Item], int]:
         """The reliable items the peer has not acknowledged, from sequence number `since` on
-        (the oldest first), and the sequence number the next one sent will have."""
-        start = self._head + max(0, since - self._base_seq)
+        (the oldest first), and the sequence number the next one sent will have. Given `now`,
+        also those it acknowledged within `keep_acked` seconds before (as many as are kept)."""
+        first = self._base_seq
+        if now is not None:
+            held_from = self._base_seq - self._head
+            for at, seq in self._ack_marks:
+                if now - at <= self.config.keep_acked:
+                    first = max(seq, held_from)
+                    break
+        start = self._head + max(first, since) - self._base_seq
         return self._buf[start : self._head + self._next_seq - self._base_seq], self._next_seq
 
     def silent_for(self, now: float) -> float:
@@ -585,6 +611,7 @@ class LinkEnd:
         """Drop what is buffered for a peer that is not coming back (counted)."""
         self.stats["dropped_forgotten"] += self.buffered
         self._buf.clear()
+        self._ack_marks.clear()
         self._head = 0
         self._base_seq = self._cursor = self._next_seq
 

@@ -109,7 +109,7 @@ class LocalEnd(LinkEnd):
         self._room = True
         self._flush_soon()
 
-    def unacknowledged(self, since: int = 0) -> tuple[list[Item], int]:
+    def unacknowledged(self, since: int = 0, now: float | None = None) -> tuple[list[Item], int]:
         """Nothing to carry over to another link (`Gateway._carry_over`): an in-process link
         goes down only as one of its gateways closes, and its items go with it."""
         return [], since

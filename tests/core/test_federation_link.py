@@ -295,3 +295,46 @@ def test_acknowledged_items_are_handed_over_when_asked_for() -> None:
     assert pump(d, lst, 0.1) == [["a", 1], ["b", 2]]
     pump(lst, d, 0.2)
     assert d.acked_items == [["a", 1], ["b", 2]]
+
+
+def test_what_the_peer_acknowledged_a_moment_ago_is_kept_to_carry_over() -> None:
+    """An importing gateway acknowledges a message once its node has it; SIGKILLed a moment
+    later, it may not have passed it on. So what was acknowledged within `keep_acked` is still
+    handed out with the unacknowledged (`unacknowledged(now=...)`), oldest first, and after
+    that only the unacknowledged are."""
+    d, lst = ends(LinkConfig(keep_acked=2.0, keep_acked_items=100))
+    connect(d, lst, 0.0)
+    for i in range(10):
+        lst.send(["pub", i])
+    pump(lst, d, 0.1)
+    pump(d, lst, 0.2)  # all ten acknowledged at 0.2
+    for i in range(10, 13):
+        lst.send(["pub", i])
+    assert lst.buffered == 3
+    items, next_seq = lst.unacknowledged(0, now=1.0)
+    assert [item[1] for item in items] == list(range(13))
+    assert next_seq == 14
+    assert [item[1] for item in lst.unacknowledged(0)[0]] == [10, 11, 12]  # without `now`
+    assert [item[1] for item in lst.unacknowledged(0, now=2.5)[0]] == [10, 11, 12]  # too old
+    assert [item[1] for item in lst.unacknowledged(12, now=1.0)[0]] == [11, 12]  # `since`
+
+
+def test_what_is_kept_after_acknowledgement_is_bounded() -> None:
+    d, lst = ends(LinkConfig(keep_acked=60.0, keep_acked_items=50))
+    connect(d, lst, 0.0)
+    now = 0.0
+    for round_ in range(40):  # 12,000 items acknowledged within the minute
+        for i in range(300):
+            lst.send(["pub", round_ * 300 + i])
+        now += 0.1
+        pump(lst, d, now)
+        pump(d, lst, now)
+    items, _ = lst.unacknowledged(0, now=now)
+    assert 50 <= len(items) <= 50 + 4096 + 300  # trimmed down to keep_acked_items as it goes
+    assert [item[1] for item in items] == list(range(12_000 - len(items), 12_000))
+    assert len(lst._ack_marks) <= 41
+
+
+def test_keep_acked_must_not_be_negative() -> None:
+    with pytest.raises(ConfigurationError):
+        LinkConfig(keep_acked=-1.0)
