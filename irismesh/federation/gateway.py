@@ -1068,10 +1068,15 @@ class Gateway:
             await asyncio.sleep(1.0)
 
     async def _cross(self, crossing: Crossing, *, native: bool = False) -> None:
-        """Send to every link towards a mesh the message has not been in, waiting while a
-        link that is up has a full window (the publishers wait too); a link that is down keeps
-        it up to its buffer's bound. A message published here goes only to the meshes this
-        gateway is the forwarder for; for the others it is held (see `redundancy`).
+        """Send to every link towards a mesh the message has not been in. A message published
+        here (`native`) waits while a link that is up has a full window (its publishers wait
+        too); one passing on from another mesh does not: the republishing run that passes it
+        on is what acknowledges the link it came by, and in meshes linked in a cycle each
+        gateway's run would wait on the next one's window, for ever. Such a message goes into
+        the link's buffer, past its window (`relayed_past_window`), and past the buffer's bound
+        it is dropped and counted, as a link that is down keeps what it is sent up to that
+        bound. A message published here goes only to the meshes this gateway is the forwarder
+        for; for the others it is held (see `redundancy`).
 
         Such a message is marked, on each copy, as seen in the other meshes that this gateway
         and another gateway of this mesh both link to: the elected one of them sends it there,
@@ -1091,11 +1096,14 @@ class Gateway:
             if redundancy is not None and not redundancy.forwarding.get(end.peer_mesh, False):
                 redundancy.hold(end.peer_mesh, crossing)
                 continue
-            while end.up and end.buffered >= end.config.window * 2:
-                assert self._drained is not None
-                self.transport.flush_soon()  # what waits goes out while this waits
-                self._drained.clear()
-                await self._drained.wait()
+            if end.buffered >= end.config.window * 2:
+                if not native:
+                    self.stats_counter["relayed_past_window"] += 1
+                while native and end.up and end.buffered >= end.config.window * 2:
+                    assert self._drained is not None
+                    self.transport.flush_soon()  # what waits goes out while this waits
+                    self._drained.clear()
+                    await self._drained.wait()
             marked = reach and (len(reach) > 1 or reach[0] != end.peer_mesh)
             wire = self._marked(crossing, end.peer_mesh, reach) if marked else plain
             if self._send(end, wire):
@@ -1427,9 +1435,8 @@ async def _publish_identified(node: Node, topic: str, payload: bytes, msg_id: by
     if node._closing or node._core is None:
         node._caller.running()  # raises Closed, saying why
     # No turn of the loop given between publishes here, unlike `Node.publish`: a run
-    # republishes what one read of its link brought, so it ends by itself, and a pause inside
-    # it stalled three meshes federated in a triangle (every republish queue waiting on the
-    # next gateway's link; the pure core on zmq links, every run).
+    # republishes what one read of its link brought (at most a batch), so it ends by itself,
+    # and the turns it would give slow the republishing that the far publishers wait on.
     pubsub = node._pubsub
     sent = pubsub.publish_now(topic, payload, msg_id)
     if sent is None:
