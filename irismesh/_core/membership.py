@@ -73,6 +73,7 @@ _ALIVE_STATE, _SUSPECT_STATE = MemberState.ALIVE, MemberState.SUSPECT
 _DEAD_STATE, _LEFT_STATE = MemberState.DEAD, MemberState.LEFT
 
 _PING, _PING_REQ, _ACK, _NACK, _ALIVE, _SUSPECT, _DEAD, _STATE = range(1, 9)
+_SMALL_TABLE = 8  # live members up to which a peer learnt on a link is asked for its table
 
 
 class Membership:
@@ -194,8 +195,16 @@ class Membership:
                 self._prober.add(node_id)
 
     def learn(self, record: MemberRecord, incarnation: int, now: float) -> None:
-        """A node proved itself on a link: take its record as an ALIVE."""
+        """A node proved itself on a link: take its record as an ALIVE. While this node's
+        table is small, a node it did not know is asked for its table too (a push-pull): a
+        node that others dialled before it joined (it restarted at an address they knew, or
+        they found it first) has otherwise only the records of those that dialled it, until
+        the next periodic exchange, and a publisher there reaches none of the others."""
+        new = record.node_id not in self._members
         self._on_alive(record, incarnation, now)
+        if new and self._live <= _SMALL_TABLE and record.address:
+            self._send_state_to(record.address, reply=True)
+            self.stats["tables_asked_of_new_peers"] += 1
 
     def update(self, now: float, *, tags: bytes | None = None, endpoint: str | None = None) -> None:
         """This node's record changed: a new incarnation tells everyone."""

@@ -1185,12 +1185,16 @@ class Gateway:
         just started knows no subscriber yet, and what it published would reach nobody (a
         restarted gateway is sent at once what its link holds). Done when it has peers and
         their number has not changed for `_MESH_SETTLED`; at most `_MESH_WAIT` (a gateway
-        alone in its mesh). Crossings wait meanwhile, unacknowledged."""
+        alone in its mesh, or with its imports' nodes only). Crossings wait meanwhile,
+        unacknowledged."""
         loop = asyncio.get_running_loop()
         started = since = loop.time()
         count = -1
         while (now := loop.time()) - started < _MESH_WAIT:
-            known = len(self.node.peers())
+            # Its own imports' nodes do not count: seeded with this node, they are the first
+            # peers it knows, and a mesh of them alone has no subscriber in it.
+            own = {node.node_id.hex() for node in self._imports.values()}
+            known = sum(1 for peer in self.node.peers() if peer.node_id not in own)
             if known != count:
                 count, since = known, now
             elif known and now - since >= _MESH_SETTLED:

@@ -386,15 +386,18 @@ def describe(lab: Lab, client: MeshProcess) -> str:
 
 def west_resends(lab: Lab) -> str:
     """What the west gateways did with resent messages: received, dropped as republished by
-    the other, republished unchecked."""
-    total: dict[str, int] = {}
+    the other, republished unchecked; and how many they republished to no subscriber."""
+    keys = (
+        "resends_received",
+        "resends_dropped_republished_elsewhere",
+        "resends_unchecked",
+        "republished_to_no_subscriber",
+    )
+    total = dict.fromkeys(keys, 0)
     for name in ("w1", "w2"):
         stats = lab.nodes[name].call("stats")["stats"]
-        for key in ("resends_received", "resends_dropped_republished_elsewhere"):
-            total[key] = total.get(key, 0) + stats.get(key, 0)
-        total["resends_unchecked"] = total.get("resends_unchecked", 0) + stats.get(
-            "resends_unchecked", 0
-        )
+        for key in keys:
+            total[key] += stats.get(key, 0)
     return ", ".join(f"{k} {v}" for k, v in total.items())
 
 
