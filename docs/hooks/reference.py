@@ -64,7 +64,7 @@ def cli_reference() -> str:
         "[Operations](../operations.md#joining-from-the-cli).",
         "",
         "```text",
-        root.format_usage().strip(),
+        _usage(root),
         "```",
         "",
         _paragraphs(root.description or ""),
@@ -95,7 +95,7 @@ def _command(title: str, parser: argparse.ArgumentParser, *, level: int) -> list
         _paragraphs(description[0]),
         "",
         "```text",
-        parser.format_usage().replace("usage: ", "", 1).strip(),
+        _usage(parser),
         "```",
         "",
     ]
@@ -113,6 +113,13 @@ def _command(title: str, parser: argparse.ArgumentParser, *, level: int) -> list
     return out
 
 
+def _usage(parser: argparse.ArgumentParser) -> str:
+    """The usage lines without argparse's `usage: ` and the indent it leaves under it."""
+    prefix = "usage: "
+    lines = parser.format_usage().rstrip().splitlines()
+    return "\n".join(line.removeprefix(prefix).removeprefix(" " * len(prefix)) for line in lines)
+
+
 def _options_table(parser: argparse.ArgumentParser) -> str:
     formatter = parser._get_formatter()
     rows = []
@@ -125,13 +132,14 @@ def _options_table(parser: argparse.ArgumentParser) -> str:
             metavar = (
                 formatter._format_args(action, action.dest.upper()) if action.nargs != 0 else ""
             )
-            name = ", ".join(f"{flag} {metavar}".strip() for flag in action.option_strings)
+            spelled = [f"{flag} {metavar}" if metavar else flag for flag in action.option_strings]
+            name = ", ".join(f"`{flag}`" for flag in spelled)
         else:
-            name = formatter._metavar_formatter(action, action.dest.upper())(1)[0]
+            name = f"`{formatter._metavar_formatter(action, action.dest.upper())(1)[0]}`"
         text = formatter._expand_help(action) if action.help else ""
         if action.choices is not None and not action.option_strings:
             text = f"{text} (one of: {', '.join(map(str, action.choices))})".strip()
-        rows.append(f"| `{_cell(name)}` | {_cell(text)} |")
+        rows.append(f"| {_cell(name)} | {_cell(text)} |")
     if not rows:
         return ""
     return "\n".join(["| argument | what |", "| --- | --- |", *rows])
