@@ -146,10 +146,25 @@ def _options_table(parser: argparse.ArgumentParser) -> str:
 
 
 def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
+    return _plain(" ".join(text.split())).replace("|", "\\|")
 
 
 def _paragraphs(text: str) -> str:
     """argparse's hand-wrapped text as Markdown paragraphs: lines joined, blank lines kept."""
     blocks = re.split(r"\n\s*\n", text.strip())
-    return "\n\n".join(" ".join(line.strip() for line in block.splitlines()) for block in blocks)
+    return "\n\n".join(
+        _plain(" ".join(line.strip() for line in block.splitlines())) for block in blocks
+    )
+
+
+_SPECIAL = re.compile(r"([\\*_\[\]])")
+
+
+def _plain(text: str) -> str:
+    """Help text shown as written: Markdown's emphasis, links and HTML escaped outside its
+    `code` spans (`'*'` is a key's scope, `<node>` a placeholder)."""
+    parts = text.split("`")
+    for number in range(0, len(parts), 2):  # the even parts are outside code spans
+        escaped = _SPECIAL.sub(r"\\\1", parts[number])
+        parts[number] = escaped.replace("<", "&lt;").replace(">", "&gt;")
+    return "`".join(parts)
