@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -120,3 +121,11 @@ def test_each_configuration_block_parses(block: Block) -> None:
     else:
         yaml = pytest.importorskip("yaml", reason="PyYAML comes with the docs extra")
         yaml.safe_load(block.code)
+
+
+def test_the_readme_links_to_pages_that_exist() -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    assert len(targets) >= 10
+    missing = [t for t in targets if "://" not in t and not (ROOT / t).exists()]
+    assert missing == []
