@@ -22,8 +22,6 @@ from docs_blocks import ROOT
 
 from irismesh.spark_telemetry.browser import Browser, chromium, find_chromium
 
-pytest.importorskip("mkdocs", reason="MkDocs not installed: pip install -e '.[docs]'")
-
 _CHROMIUM = find_chromium()
 pytestmark = pytest.mark.skipif(
     _CHROMIUM is None, reason="Chromium not installed (bash .ci/setup installs Debian's chromium)"
@@ -64,7 +62,9 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
         text=True,
         timeout=300,
     )
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 0, (
+        f"mkdocs build --strict failed (bash .ci/setup installs it):\n{done.stderr}"
+    )
     return out
 
 
