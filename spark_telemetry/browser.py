@@ -72,6 +72,7 @@ class Browser:
         self._next_id = 0
         self._events: list[dict[str, Any]] = []
         self.session = ""
+        self._target = ""
 
     def call(
         self,
@@ -119,8 +120,12 @@ class Browser:
         return [json.loads(m) for m in messages if m]
 
     def open(self, url: str, *, timeout: float = 20.0) -> PageLog:
-        """Load `url` in a fresh page; wait for its load event; what it logged meanwhile."""
+        """Load `url` in a fresh page (the last one closed); wait for its load event; what it
+        logged meanwhile."""
+        if self._target:  # one page at a time: a site's pages opened in turn hold no memory
+            self.call("Target.closeTarget", {"targetId": self._target}, session=False)
         target = self.call("Target.createTarget", {"url": "about:blank"}, session=False)
+        self._target = target["targetId"]
         attached = self.call(
             "Target.attachToTarget",
             {"targetId": target["targetId"], "flatten": True},
