@@ -34,6 +34,7 @@ dots as (index, n) pairs; `decode` checks the shape and raises ProtocolError on 
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from typing import Any, ClassVar, TypeAlias, cast
 
@@ -169,6 +170,9 @@ class PNCounter:
 
     __hash__ = None  # type: ignore[assignment]
 
+    def _canon(self) -> list[Any]:
+        return [sorted(_nonzero(self.up).items()), sorted(_nonzero(self.down).items())]
+
     def _body(self, nodes: _Nodes) -> list[Any]:
         return [
             {nodes.index(k): v for k, v in self.up.items()},
@@ -282,6 +286,11 @@ class ORSet:
 
     __hash__ = None  # type: ignore[assignment]
 
+    def _canon(self) -> list[Any]:
+        present = _present(self.entries)
+        entries = sorted([_order(e), e, sorted(d)] for e, d in present.items())
+        return [entries, _canon_cc(self.cc)]
+
     def _body(self, nodes: _Nodes) -> list[Any]:
         return [
             [[e, _dots_out(d, nodes)] for e, d in self.entries.items()],
@@ -345,6 +354,9 @@ class Flag:
 
     __hash__ = None  # type: ignore[assignment]
 
+    def _canon(self) -> list[Any]:
+        return [sorted(self.dots), _canon_cc(self.cc)]
+
     def _body(self, nodes: _Nodes) -> list[Any]:
         return [_dots_out(self.dots, nodes), _cc_out(self.cc, nodes)]
 
@@ -388,6 +400,9 @@ class LWWRegister:
         return self.stamp == other.stamp and (self.stamp is None or self.value == other.value)
 
     __hash__ = None  # type: ignore[assignment]
+
+    def _canon(self) -> list[Any]:
+        return [] if self.stamp is None else [list(self.stamp), self.value]
 
     def _body(self, nodes: _Nodes) -> list[Any]:
         if self.stamp is None:
@@ -471,6 +486,10 @@ class ORMap:
 
     __hash__ = None  # type: ignore[assignment]
 
+    def _canon(self) -> list[Any]:
+        values = sorted([_order(k), k, v.TAG, v._canon()] for k, v in self.values.items())
+        return [self.keys._canon(), values]
+
     def _body(self, nodes: _Nodes) -> list[Any]:
         return [
             self.keys._body(nodes),
@@ -543,6 +562,20 @@ def decode(data: bytes) -> Crdt:
         return kind._from_body(body, nodes)
     except (ValueError, TypeError) as exc:  # unpacking a wrong shape
         raise ProtocolError("bad_data", str(exc)[:60]) from None
+
+
+def fingerprint(state: Crdt) -> bytes:
+    """A digest that equal states share, whatever order they were built in."""
+    canon = msgpack.packb(state._canon(), use_bin_type=True)
+    return hashlib.blake2b(canon, digest_size=16).digest()
+
+
+def _order(e: Element) -> tuple[str, Element]:
+    return (type(e).__name__, e)
+
+
+def _canon_cc(cc: CausalContext) -> list[Any]:
+    return [sorted(cc.vv.items()), sorted(cc.cloud)]
 
 
 def kind_of(tag: int) -> type[Crdt] | None:

@@ -1,0 +1,218 @@
+"""Replicated data over real sockets on 127.0.0.1: counters reach the exact total, sets converge
+add-wins, a late node gets the state, majority writes and reads, watches, scope keys."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+
+import pytest
+from helpers import wait_until
+
+import irismesh
+from irismesh.errors import DataTimeout, NoKey
+
+
+def run(coro: Awaitable[None], timeout: float = 40) -> None:
+    async def bounded() -> None:
+        await asyncio.wait_for(coro, timeout)
+
+    asyncio.run(bounded())
+
+
+async def start_nodes(keys: irismesh.Keyring, n: int, seed: str = "") -> list[irismesh.Node]:
+    nodes: list[irismesh.Node] = []
+    for _ in range(n):
+        seeds = [seed] if seed else [nodes[0].endpoint] if nodes else []
+        node = irismesh.Node(keyring=keys, seeds=seeds, telemetry=False)
+        nodes.append(await node.start())
+    return nodes
+
+
+async def close_all(nodes: list[irismesh.Node]) -> None:
+    await asyncio.gather(*(n.close() for n in nodes))
+
+
+async def holders(node: irismesh.Node, key: str, count: int) -> None:
+    await node.wait_for_subscribers("_data." + key, count, timeout=10)
+
+
+def test_two_nodes_incrementing_one_counter_reach_the_exact_total(keys: irismesh.Keyring) -> None:
+    async def main() -> None:
+        a, b = await start_nodes(keys, 2)
+        try:
+            ca, cb = a.data.counter("quota.acme"), b.data.counter("quota.acme")
+            await holders(a, "quota.acme", 1)
+            await holders(b, "quota.acme", 1)
+
+            async def bump(counter: irismesh.data.DataCounter, n: int, by: int) -> None:
+                for _ in range(n):
+                    await counter.add(by)
+
+            await asyncio.gather(bump(ca, 500, 1), bump(cb, 300, 2), bump(cb, 50, -1))
+            total = 500 + 600 - 50
+
+            async def both() -> bool:
+                return await ca.get() == total and await cb.get() == total
+
+            await wait_until_async(both, 10, "both counters at the total")
+            assert a.stats["data_merges"] >= 1
+            assert a.stats["data_deltas_sent"] < 500  # local writes fold into fewer deltas
+            assert b.stats["data_bytes_sent"] > 0
+        finally:
+            await close_all([a, b])
+
+    run(main())
+
+
+async def wait_until_async(check: object, timeout: float, what: str) -> None:
+    loop = asyncio.get_running_loop()
+    until = loop.time() + timeout
+    while True:
+        if await check():  # type: ignore[operator]
+            return
+        if loop.time() > until:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def test_a_set_converges_add_wins(keys: irismesh.Keyring) -> None:
+    async def main() -> None:
+        a, b = await start_nodes(keys, 2)
+        try:
+            sa, sb = a.data.set("sessions.web"), b.data.set("sessions.web")
+            await holders(a, "sessions.web", 1)
+            await holders(b, "sessions.web", 1)
+            await sa.add(b"s1", consistency="all")
+            await sa.add(b"s2", consistency="all")
+            assert await sb.get() == {b"s1", b"s2"}
+            # Concurrently: a removes s1 while b adds it again; b removes s2 while a keeps it.
+            await asyncio.gather(sa.remove(b"s1"), sb.add(b"s1"), sb.remove(b"s2"))
+
+            async def agreed() -> bool:
+                return await sa.get() == await sb.get() == {b"s1"}
+
+            await wait_until_async(agreed, 10, "the sets to agree on {s1}")
+        finally:
+            await close_all([a, b])
+
+    run(main())
+
+
+def test_a_node_that_joins_late_gets_the_state(keys: irismesh.Keyring) -> None:
+    async def main() -> None:
+        (a,) = await start_nodes(keys, 1)
+        late: list[irismesh.Node] = []
+        try:
+            await a.data.counter("quota.acme").add(42)
+            await a.data.register("config.mode").set("fast")
+            await a.data.flag("flags.beta").enable()
+            m = a.data.map("config.limits")
+            await m.add("hits", 3)
+            await m.set("owner", b"ops")
+            await m.add_element("zones", "eu")
+            late = await start_nodes(keys, 1, seed=a.endpoint)
+            (b,) = late
+            counter, register = b.data.counter("quota.acme"), b.data.register("config.mode")
+            flag, limits = b.data.flag("flags.beta"), b.data.map("config.limits")
+
+            async def caught_up() -> bool:
+                return (
+                    await counter.get() == 42
+                    and await register.get() == "fast"
+                    and await flag.get()
+                    and await limits.get() == {"hits": 3, "owner": b"ops", "zones": {"eu"}}
+                )
+
+            await wait_until_async(caught_up, 10, "the late node to have every key")
+        finally:
+            await close_all([a, *late])
+
+    run(main())
+
+
+def test_majority_writes_and_reads(keys: irismesh.Keyring) -> None:
+    async def main() -> None:
+        nodes = await start_nodes(keys, 3)
+        try:
+            counters = [n.data.counter("quota.acme") for n in nodes]
+            for n in nodes:
+                await holders(n, "quota.acme", 2)
+            await counters[0].add(5, consistency="majority", timeout=5)
+            # Acknowledged by a majority: another node has it without waiting.
+            having = [await c.get() for c in counters[1:]]
+            assert 5 in having
+            await counters[1].add(1, consistency="all", timeout=5)
+            assert [await c.get() for c in counters] == [6, 6, 6]
+            assert await counters[2].get(consistency="majority", timeout=5) == 6
+        finally:
+            await close_all(nodes)
+
+    run(main())
+
+
+def test_majority_times_out_without_holders_answering(keys: irismesh.Keyring) -> None:
+    async def main() -> None:
+        a, b = await start_nodes(keys, 2)
+        try:
+            ca = a.data.counter("quota.acme")
+            b.data.counter("quota.acme")
+            await holders(a, "quota.acme", 1)
+            b.data._closed = True  # b still subscribes but answers nothing
+            with pytest.raises(DataTimeout) as caught:
+                await ca.add(1, consistency="majority", timeout=0.5)
+            assert (caught.value.reached, caught.value.needed) == (1, 2)
+            assert await ca.get() == 1  # the write stays applied here
+        finally:
+            await close_all([a, b])
+
+    run(main())
+
+
+def test_watch_sees_local_and_remote_changes(keys: irismesh.Keyring) -> None:
+    async def main() -> None:
+        a, b = await start_nodes(keys, 2)
+        try:
+            async with b.data.watch("flags.#") as watch:
+                await holders(a, "flags.beta", 1)
+                await a.data.flag("flags.beta").enable()
+                change = await asyncio.wait_for(watch.get(), 10)
+                assert (change.key, change.value, change.local) == ("flags.beta", True, False)
+                await b.data.flag("flags.beta").disable()
+                change = await asyncio.wait_for(watch.get(), 10)
+                assert (change.key, change.value, change.local) == ("flags.beta", False, True)
+        finally:
+            await close_all([a, b])
+
+    run(main())
+
+
+def test_a_scope_key_keeps_a_data_key_to_its_holders(keys: irismesh.Keyring) -> None:
+    async def main() -> None:
+        # a holds a key of its own for the "quota" scope; b has only the default key.
+        a = await irismesh.Node(keyring=keys.with_key("quota"), telemetry=False).start()
+        b = await irismesh.Node(keyring=keys, seeds=[a.endpoint], telemetry=False).start()
+        lone = irismesh.Node(keyring=irismesh.Keyring.generate(["@mesh", "_data"]), telemetry=False)
+        await lone.start()
+        try:
+            with pytest.raises(NoKey):
+                lone.data.counter("quota.acme")
+            ca, cb = a.data.counter("quota.acme"), b.data.counter("quota.acme")
+            await holders(a, "quota.acme", 1)
+            await holders(b, "quota.acme", 1)
+            await cb.add(5)
+            await ca.add(1)
+            await wait_until(
+                lambda: (
+                    a.stats.get("data_dropped_unsealed", 0) >= 1
+                    and b.stats.get("data_dropped_unsealed", 0) >= 1
+                ),
+                10,
+                "each side to drop what the other sealed",
+            )
+            assert await ca.get() == 1
+            assert await cb.get() == 5
+        finally:
+            await close_all([a, b, lone])
+
+    run(main())
