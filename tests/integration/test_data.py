@@ -4,12 +4,17 @@ add-wins, a late node gets the state, majority writes and reads, watches, scope 
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from collections.abc import Awaitable
+from pathlib import Path
 
 import pytest
 from helpers import wait_until
 
 import irismesh
+from irismesh import sync
 from irismesh.errors import DataTimeout, NoKey
 
 
@@ -216,3 +221,62 @@ def test_a_scope_key_keeps_a_data_key_to_its_holders(keys: irismesh.Keyring) -> 
             await close_all([a, b, lone])
 
     run(main())
+
+
+def test_the_blocking_api_reaches_the_same_data(keys: irismesh.Keyring) -> None:
+    with sync.Node(keyring=keys) as a:
+        counter = a.data.counter("quota.acme")
+        counter.add(2)
+        counter.add(-1, consistency="majority", timeout=2)
+        assert counter.get() == 1
+        members = a.data.set("sessions.web")
+        members.add(b"x")
+        assert members.get() == {b"x"}
+        with a.data.watch("flags.*") as watch:
+            a.data.flag("flags.beta").enable()
+            change = watch.get(timeout=5)
+            assert (change.key, change.value) == ("flags.beta", True)
+
+
+def test_digests_repair_what_deltas_missed(keys: irismesh.Keyring) -> None:
+    async def main() -> None:
+        a, b = await start_nodes(keys, 2)
+        try:
+            sa, sb = a.data.set("sessions.web"), b.data.set("sessions.web")
+            await holders(a, "sessions.web", 1)
+            await holders(b, "sessions.web", 1)
+            # A write whose delta never left a (as if a link broke with it in flight).
+            a.data._held["sessions.web"].state.add(a.node_id, b"lost")
+            await sb.add(b"seen")
+            await a.data._digest_round()
+
+            async def repaired() -> bool:
+                return await sa.get() == await sb.get() == {b"lost", b"seen"}
+
+            await wait_until_async(repaired, 10, "the digest to bring both sets together")
+            assert b.stats["data_states_sent"] + a.stats["data_states_sent"] >= 1
+        finally:
+            await close_all([a, b])
+
+    run(main())
+
+
+def test_the_cli_writes_and_reads_with_the_holders(keys: irismesh.Keyring, keyfile: Path) -> None:
+    with sync.Node(keyring=keys, discovery=False) as holder:
+        counter = holder.data.counter("quota.acme")
+        counter.add(10)
+        env = {**os.environ, "IRISMESH_DISCOVERY": "0"}
+        mesh = [sys.executable, "-m", "irismesh", "data"]
+        joining = ["--keys", str(keyfile), "--seed", holder.endpoint, "--wait", "5"]
+        added = subprocess.run(
+            [*mesh, "add", "quota.acme", "5", *joining], env=env, capture_output=True, text=True
+        )
+        assert added.stdout == "quota.acme\t15\n", added.stderr
+        assert counter.get() == 15
+        got = subprocess.run(
+            [*mesh, "get", "quota.acme", "--json", *joining],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert got.stdout == '{"key": "quota.acme", "value": 15}\n', got.stderr
