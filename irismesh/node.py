@@ -421,6 +421,7 @@ class Node(MemoryApi, DataApi, KeyringApi):
         driver.start()
         self._start_keyring_watch(loop)
         if self.memory.member is not None:  # copy what the other memory members hold
+            self._keep_data(self.memory.member.store.path)
             self._catching_up = loop.create_task(self._memory_catch_up())
             self._dispatcher = loop.create_task(
                 self.memory.dispatch(self._dispatch_job, self._memory_peer_ids)

@@ -6,6 +6,7 @@ node's loop, so a node that never touches shared data pays nothing for it.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -28,6 +29,10 @@ class DataApi:
 
             replicas = self._data_replicas = NodeData(self)  # type: ignore[arg-type]
         return replicas
+
+    def _keep_data(self, memory_store: str) -> None:
+        """A memory member holds every key, on disk beside its memory's database."""
+        self.data.keep(Path(memory_store).parent)
 
     def _close_data(self) -> None:
         if self._data_replicas is not None:

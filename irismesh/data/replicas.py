@@ -22,6 +22,10 @@ the holders of a key are exactly the subscribers of its topic, as publish/subscr
   STATE, and one that receives a STATE holding less than its own pushes its own back, so two
   holders that differ agree after one exchange.
 
+Memory members (`keep`) hold every key: they subscribe to all of them, count among the
+holders of each, and keep each key's state on disk (`data.disk`), saved before they
+acknowledge a write, so a member restarted after a crash still has every write it acknowledged.
+
 Bounded state: deltas fold into one pending delta per key; a set's or flag's causal context
 folds the dots it sees in order into one integer per writer; removes leave no tombstone.
 What grows without bound is one entry per node that ever wrote a key (a counter's per-node
@@ -40,6 +44,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from irismesh._core.events import PeerUp
@@ -59,9 +64,17 @@ from irismesh.data.types import (
     fingerprint,
 )
 from irismesh.data.wire import DATA_PREFIX, Op, Sealer, WireMessage, validate_key
-from irismesh.errors import Closed, ConfigurationError, DataTimeout, MeshError, ProtocolError
+from irismesh.errors import (
+    Closed,
+    ConfigurationError,
+    DataTimeout,
+    MeshError,
+    ProtocolError,
+    StorageError,
+)
 
 if TYPE_CHECKING:
+    from irismesh.data.disk import DataDisk
     from irismesh.node import Node
     from irismesh.patterns.pubsub import Message, Subscription
 
@@ -82,6 +95,7 @@ _CONSISTENCIES = ("local", "majority", "all")
 DIGEST_EVERY = 10.0  # seconds between anti-entropy rounds (jittered by a quarter)
 ASK_AGAIN = (1.0, 3.0)  # seconds after holding a key to ask again while nobody answered
 PUSH_EVERY = 1.0  # seconds a key's whole state is pushed at most once in
+SAVE_EVERY = 0.2  # seconds a memory member's change waits at most to reach its disk
 WATCH_QUEUE = 1024  # changes a watch buffers before dropping the oldest
 _log = logging.getLogger("irismesh.data")
 
@@ -98,7 +112,7 @@ class DataChange:
 class _Held:
     """One key's replica on this node."""
 
-    __slots__ = ("answered", "key", "pending", "pushed", "state", "topic", "watched")
+    __slots__ = ("answered", "key", "pending", "pushed", "state", "topic", "value", "watched")
 
     def __init__(self, key: str, state: Crdt) -> None:
         self.key = key
@@ -108,6 +122,20 @@ class _Held:
         self.answered = False  # another holder has sent its state
         self.pushed = 0.0  # when the whole state was last pushed
         self.watched = False
+        # The value as last read, until the state changes (a 10,000-element set is not copied
+        # again for every read); not for a map, whose value is a dict the caller may change.
+        self.value: Any = _UNREAD
+
+    def read(self) -> Any:
+        value = self.value
+        if value is _UNREAD:
+            value = self.state.value
+            if not isinstance(self.state, ORMap):
+                self.value = value
+        return value
+
+
+_UNREAD = object()
 
 
 class _Wait:
@@ -149,7 +177,44 @@ class NodeData:
         self._loop = loop
         self._digests = loop.create_task(self._digest_rounds())
         self._digest_soon: asyncio.TimerHandle | None = None
+        self._disk: DataDisk | None = None  # a memory member's: every key, at rest
+        self._unsaved: dict[str, _Held] = {}
+        self._saving: asyncio.Task[None] | None = None
         node._listen(PeerUp, self._peer_up)
+
+    def keep(self, directory: str | Path) -> None:
+        """Hold every key of the mesh this node's keyring opens, and keep them on disk in
+        `directory` (what a memory member does), starting from what is there."""
+        from irismesh.data.disk import DataDisk
+
+        if self._disk is not None:
+            return
+        self._subscribe("#")
+        disk = self._disk = DataDisk(directory, self._sealer)
+        for key, state in disk.load():
+            held = self._held.get(key)
+            if held is None:
+                self._adopt(key, state)
+            elif type(held.state) is type(state):
+                held.state.merge(state)  # type: ignore[arg-type]
+        self._unsaved.clear()
+        self._saving = self._loop.create_task(self._save_rounds())
+
+    async def _save_rounds(self) -> None:
+        while True:
+            await asyncio.sleep(SAVE_EVERY)
+            self._save_now()
+
+    def _save_now(self) -> None:
+        if self._disk is None or not self._unsaved:
+            return
+        unsaved, self._unsaved = self._unsaved, {}
+        try:
+            self._disk.save([(k, h.state) for k, h in unsaved.items()])
+        except StorageError as exc:
+            self.stats["data_saves_failed"] += 1
+            self._unsaved.update(unsaved)
+            _log.warning("data keys not saved: %s", exc)
 
     # ----------------------------------------------------------------- handles
 
@@ -212,6 +277,8 @@ class NodeData:
 
     def _adopt(self, key: str, state: Crdt) -> _Held:
         held = self._held[key] = _Held(key, state)
+        if self._disk is not None:
+            self._unsaved[key] = held
         held.watched = any(topic_matches(w.pattern, key) for w in self._watches)
         if not any(topic_matches(p, key) for p in self._subs):
             self._subscribe(key)
@@ -227,6 +294,9 @@ class NodeData:
     async def _write(
         self, held: _Held, delta: Crdt, consistency: Consistency, timeout: float | None
     ) -> None:
+        held.value = _UNREAD
+        if self._disk is not None:
+            self._unsaved[held.key] = held
         self._changed(held, None, local=True)
         if consistency == "local":
             if held.pending is None:
@@ -256,7 +326,7 @@ class NodeData:
             turns = self._node._caller.turns
             if turns.spend():
                 await turns.pause()
-        return held.state.value
+        return held.read()
 
     def _check(self, consistency: str) -> None:
         if consistency not in _CONSISTENCIES:
@@ -365,6 +435,7 @@ class NodeData:
             if m.op == Op.DELTA:
                 held = self._merge(m.key, decode(m.body))
                 if m.ref and held is not None:
+                    self._save_now()  # on disk before acknowledged
                     self._send_soon(held, Op.ACK, m.ref, sender, b"")
             elif m.op == Op.STATE:
                 theirs = decode(m.body)
@@ -394,10 +465,13 @@ class NodeData:
             return None
         if answered:
             held.answered = True
-        before = held.state.value if held.watched else None
+        before = held.read() if held.watched else None
         if isinstance(incoming, LWWRegister) and incoming.stamp is not None:
             self._clock.observe(incoming.stamp, _now_ms())
         held.state.merge(incoming)  # type: ignore[arg-type]
+        held.value = _UNREAD
+        if self._disk is not None:
+            self._unsaved[key] = held
         self.stats["data_merges"] += 1
         self._changed(held, before, local=False)
         return held
@@ -405,7 +479,7 @@ class NodeData:
     def _changed(self, held: _Held, before: Any, *, local: bool) -> None:
         if not held.watched:
             return
-        value = held.state.value
+        value = held.read()
         if value == before and not local:
             return
         change = DataChange(key=held.key, value=value, local=local)
@@ -464,6 +538,11 @@ class NodeData:
             return
         self._closed = True
         self._digests.cancel()
+        if self._disk is not None:
+            if self._saving is not None:
+                self._saving.cancel()
+            self._save_now()
+            self._disk.close()
         if self._digest_soon is not None:
             self._digest_soon.cancel()
         for task in (*self._tasks, self._flushing):
@@ -480,6 +559,9 @@ class NodeData:
     def figures(self) -> dict[str, int]:
         figures = dict(self.stats)
         figures["data_keys_held"] = len(self._held)
+        if self._disk is not None:
+            figures["data_rows_saved"] = self._disk.saved
+            figures["data_rows_locked"] = self._disk.locked
         return figures
 
 

@@ -100,6 +100,7 @@ class Sealer:
     def __init__(self, keyring: Callable[[], Keyring]) -> None:
         self._keyring = keyring  # the node's, read at each use (it may be reloaded)
         self._aeads: dict[str, AESGCM] = {}  # key id -> its derived AEAD
+        self._indexes: dict[str, bytes] = {}  # key id -> its derived index key
 
     def _aead(self, key: ScopeKey) -> AESGCM:
         aead = self._aeads.get(key.key_id)
@@ -117,27 +118,53 @@ class Sealer:
             raise NoKey(scope)
 
     def seal(self, topic: str, data: bytes) -> bytes:
-        scope = topic[len(DATA_PREFIX) :].partition(".")[0]
-        key = self._keyring().primary(scope)
-        if key is None:
+        return self._seal(topic[len(DATA_PREFIX) :], data, topic.encode())
+
+    def seal_at_rest(self, key: str, data: bytes, bound: bytes) -> bytes:
+        return self._seal(key, data, bound)
+
+    def _seal(self, key: str, data: bytes, bound: bytes) -> bytes:
+        scope = key.partition(".")[0]
+        scope_key = self._keyring().primary(scope)
+        if scope_key is None:
             raise NoKey(scope)
-        kid = key.key_id.encode()
+        kid = scope_key.key_id.encode()
         nonce = os.urandom(_NONCE)
-        sealed = self._aead(key).encrypt(nonce, data, topic.encode())
+        sealed = self._aead(scope_key).encrypt(nonce, data, bound)
         return bytes([len(kid)]) + kid + nonce + sealed
 
     def open(self, topic: str, sealed: bytes) -> bytes:
         """The plain message; ProtocolError("unsealed") if no key of the scope opens it."""
         scope = topic[len(DATA_PREFIX) :].partition(".")[0]
+        return self._open(self._keyring().accepted(scope), sealed, topic.encode())
+
+    def open_at_rest(self, sealed: bytes, bound: bytes) -> bytes:
+        """What `seal_at_rest` sealed, under whichever key of the keyring it names."""
+        return self._open(tuple(self._keyring()), sealed, bound)
+
+    def _open(self, keys: tuple[ScopeKey, ...], sealed: bytes, bound: bytes) -> bytes:
         if not sealed:
             raise ProtocolError("unsealed")
         n = sealed[0]
         kid = sealed[1 : 1 + n].decode("ascii", "replace")
-        for key in self._keyring().accepted(scope):
+        for key in keys:
             if key.key_id == kid:
                 rest = sealed[1 + n :]
                 try:
-                    return self._aead(key).decrypt(rest[:_NONCE], rest[_NONCE:], topic.encode())
+                    return self._aead(key).decrypt(rest[:_NONCE], rest[_NONCE:], bound)
                 except (InvalidTag, ValueError):
                     break
         raise ProtocolError("unsealed")
+
+    def tag(self, key: str) -> bytes:
+        """A keyed hash of `key` under its scope's key: a row's name at rest."""
+        scope = key.partition(".")[0]
+        scope_key = self._keyring().primary(scope)
+        if scope_key is None:
+            raise NoKey(scope)
+        index = self._indexes.get(scope_key.key_id)
+        if index is None:
+            index = self._indexes[scope_key.key_id] = HKDF(
+                algorithm=hashes.SHA256(), length=32, salt=_SALT, info=b"index"
+            ).derive(scope_key.secret)
+        return hashlib.blake2b(key.encode(), key=index, digest_size=20).digest()

@@ -280,3 +280,69 @@ def test_the_cli_writes_and_reads_with_the_holders(keys: irismesh.Keyring, keyfi
             text=True,
         )
         assert got.stdout == '{"key": "quota.acme", "value": 15}\n', got.stderr
+
+
+MEMBER = """
+import asyncio, sys, irismesh
+async def main():
+    keys = irismesh.Keyring.from_env()
+    async with irismesh.Node(keyring=keys, memory=sys.argv[1], telemetry=False) as node:
+        print("READY", node.endpoint, flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+asyncio.run(main())
+"""
+
+
+def start_member(keys: irismesh.Keyring, directory: Path) -> tuple[subprocess.Popen[str], str]:
+    env = {**os.environ, "IRISMESH_KEYS": keys.to_text(), "IRISMESH_DISCOVERY": "0"}
+    env.pop("IRISMESH_KEYFILE", None)
+    child = subprocess.Popen(
+        [sys.executable, "-c", MEMBER, str(directory)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None
+    line = child.stdout.readline().split()
+    assert line[:1] == ["READY"], "the memory member did not start"
+    return child, line[1]
+
+
+def test_a_memory_member_killed_and_restarted_keeps_every_acknowledged_write(
+    keys: irismesh.Keyring, tmp_path: Path
+) -> None:
+    async def main() -> None:
+        member, endpoint = start_member(keys, tmp_path)
+        restarted: subprocess.Popen[str] | None = None
+        try:
+            (writer,) = await start_nodes(keys, 1, seed=endpoint)
+            try:
+                counter, sessions = writer.data.counter("quota.acme"), writer.data.set("s.web")
+                await holders(writer, "quota.acme", 1)  # the member holds every key
+                for _ in range(20):
+                    await counter.add(1, consistency="majority", timeout=5)
+                await sessions.add(b"kept", consistency="all", timeout=5)
+            finally:
+                await writer.close()
+            member.kill()  # SIGKILL: no goodbye, no last save
+            member.wait(10)
+            restarted, endpoint = start_member(keys, tmp_path)
+            (reader,) = await start_nodes(keys, 1, seed=endpoint)
+            try:
+                counter, sessions = reader.data.counter("quota.acme"), reader.data.set("s.web")
+
+                async def kept() -> bool:
+                    return await counter.get() == 20 and await sessions.get() == {b"kept"}
+
+                await wait_until_async(kept, 10, "the restarted member to hand back its keys")
+            finally:
+                await reader.close()
+        finally:
+            for child in (member, restarted):
+                if child is not None and child.poll() is None:
+                    assert child.stdin is not None
+                    child.stdin.close()
+                    child.wait(10)
+
+    run(main())
