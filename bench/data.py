@@ -79,8 +79,7 @@ def redis_incr(n: int) -> float | None:
         proc.wait(5)
 
 
-async def measure(args: argparse.Namespace) -> dict[str, object]:
-    keys = irismesh.Keyring.from_env()
+def start_holders(count: int) -> tuple[list[subprocess.Popen[str]], list[str]]:
     children = [
         subprocess.Popen(
             [sys.executable, __file__, "--holder"],
@@ -88,82 +87,74 @@ async def measure(args: argparse.Namespace) -> dict[str, object]:
             stdout=subprocess.PIPE,
             text=True,
         )
-        for _ in range(2)
+        for _ in range(count)
     ]
-    try:
-        seeds = []
-        for child in children:
-            assert child.stdout is not None
-            line = child.stdout.readline().split()
-            if line[:1] != ["READY"]:
-                raise SystemExit("a holder did not start")
-            seeds.append(line[1])
-        async with irismesh.Node(keyring=keys, seeds=seeds, telemetry=False) as node:
-            counter = node.data.counter(KEY)
-            await node.wait_for_subscribers("_data." + KEY, 2, timeout=10)
-            results: dict[str, object] = {}
+    seeds = []
+    for child in children:
+        assert child.stdout is not None
+        line = child.stdout.readline().split()
+        if line[:1] != ["READY"]:
+            raise SystemExit("a holder did not start")
+        seeds.append(line[1])
+    return children, seeds
 
-            # Local increments, folded: the holders get a few deltas, not one per increment.
-            before = node.stats.get("data_bytes_sent", 0)
-            start = time.perf_counter()
-            for _ in range(args.increments):
-                await counter.add(1)
-            elapsed = time.perf_counter() - start
-            await asyncio.sleep(0.2)  # the last flush
-            sent = node.stats.get("data_bytes_sent", 0) - before
-            results["local_increments_per_s"] = round(args.increments / elapsed)
-            results["bytes_per_update_folded"] = round(sent / args.increments, 3)
 
-            # One increment per 2 ms: a delta each.
-            before = node.stats.get("data_bytes_sent", 0)
-            spaced = 200
-            for _ in range(spaced):
-                await counter.add(1)
-                await asyncio.sleep(0.002)
-            await asyncio.sleep(0.2)
-            sent = node.stats.get("data_bytes_sent", 0) - before
-            results["bytes_per_update_spaced"] = round(sent / spaced, 1)
+async def measure(args: argparse.Namespace, seeds: list[str]) -> dict[str, object]:
+    keys = irismesh.Keyring.from_env()
+    async with irismesh.Node(keyring=keys, seeds=seeds, telemetry=False) as node:
+        counter = node.data.counter(KEY)
+        await node.wait_for_subscribers("_data." + KEY, 2, timeout=10)
+        results: dict[str, object] = {}
 
-            for consistency in ("majority", "all"):
-                samples: list[int] = []
-                for _ in range(args.writes):
-                    t0 = time.perf_counter_ns()
-                    await counter.add(1, consistency=consistency, timeout=5)  # type: ignore[arg-type]
-                    samples.append(time.perf_counter_ns() - t0)
-                summary = latency_summary_us(samples)
-                results[f"{consistency}_write_p50_us"] = round(summary["p50_us"])
-                results[f"{consistency}_write_p99_us"] = round(summary["p99_us"])
-            samples = []
-            for _ in range(args.writes // 4):
+        # Local increments, folded: the holders get a few deltas, not one per increment.
+        before = node.stats.get("data_bytes_sent", 0)
+        start = time.perf_counter()
+        for _ in range(args.increments):
+            await counter.add(1)
+        elapsed = time.perf_counter() - start
+        await asyncio.sleep(0.2)  # the last flush
+        sent = node.stats.get("data_bytes_sent", 0) - before
+        results["local_increments_per_s"] = round(args.increments / elapsed)
+        results["bytes_per_update_folded"] = round(sent / args.increments, 3)
+
+        # One increment per 2 ms: a delta each.
+        before = node.stats.get("data_bytes_sent", 0)
+        spaced = 200
+        for _ in range(spaced):
+            await counter.add(1)
+            await asyncio.sleep(0.002)
+        await asyncio.sleep(0.2)
+        sent = node.stats.get("data_bytes_sent", 0) - before
+        results["bytes_per_update_spaced"] = round(sent / spaced, 1)
+
+        for consistency in ("majority", "all"):
+            samples: list[int] = []
+            for _ in range(args.writes):
                 t0 = time.perf_counter_ns()
-                await counter.get(consistency="majority", timeout=5)
+                await counter.add(1, consistency=consistency, timeout=5)  # type: ignore[arg-type]
                 samples.append(time.perf_counter_ns() - t0)
             summary = latency_summary_us(samples)
-            results["majority_read_p50_us"] = round(summary["p50_us"])
-            results["majority_read_p99_us"] = round(summary["p99_us"])
+            results[f"{consistency}_write_p50_us"] = round(summary["p50_us"])
+            results[f"{consistency}_write_p99_us"] = round(summary["p99_us"])
+        samples = []
+        for _ in range(args.writes // 4):
+            t0 = time.perf_counter_ns()
+            await counter.get(consistency="majority", timeout=5)
+            samples.append(time.perf_counter_ns() - t0)
+        summary = latency_summary_us(samples)
+        results["majority_read_p50_us"] = round(summary["p50_us"])
+        results["majority_read_p99_us"] = round(summary["p99_us"])
 
-            members = node.data.set("sessions.bench")
-            for i in range(10_000):
-                await members.add(i)
-            reads = 200
-            start = time.perf_counter()
-            for _ in range(reads):
-                value = await members.get()
-            results["set_10k_read_us"] = round((time.perf_counter() - start) / reads * 1e6, 1)
-            assert len(value) == 10_000
-            results["writer_stats"] = {
-                k: v for k, v in node.stats.items() if k.startswith("data_")
-            }
-    finally:
-        for child in children:
-            assert child.stdin is not None
-            child.stdin.close()
-        for child in children:
-            child.wait(10)
-    incr = redis_incr(min(args.increments, 50_000))
-    results["redis_incr_per_s"] = round(incr) if incr is not None else "not available here"
-    if incr is not None:
-        results["local_vs_redis"] = round(float(results["local_increments_per_s"]) / incr, 1)  # type: ignore[arg-type]
+        members = node.data.set("sessions.bench")
+        for i in range(10_000):
+            await members.add(i)
+        reads = 200
+        start = time.perf_counter()
+        for _ in range(reads):
+            value = await members.get()
+        results["set_10k_read_us"] = round((time.perf_counter() - start) / reads * 1e6, 1)
+        assert len(value) == 10_000
+        results["writer_stats"] = {k: v for k, v in node.stats.items() if k.startswith("data_")}
     return results
 
 
@@ -179,7 +170,21 @@ def main() -> None:
     if args.holder:
         asyncio.run(holder())
         return
-    results = asyncio.run(measure(args))
+    children, seeds = start_holders(2)
+    try:
+        results = asyncio.run(measure(args, seeds))
+    finally:
+        for child in children:
+            assert child.stdin is not None
+            child.stdin.close()
+        for child in children:
+            child.wait(10)
+    # Redis after the mesh's figures, in this same process and loop-free, as a client would.
+    incr = redis_incr(min(args.increments, 50_000))
+    results["redis_incr_per_s"] = round(incr) if incr is not None else "not available here"
+    if incr is not None:
+        ratio = float(results["local_increments_per_s"]) / incr  # type: ignore[arg-type]
+        results["local_vs_redis"] = round(ratio, 1)
     load = os.getloadavg()
     results["load_average"] = [round(x, 2) for x in load]
     for name, value in results.items():
