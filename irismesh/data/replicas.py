@@ -47,6 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+import msgpack
+
 from irismesh._core.events import PeerUp
 from irismesh._core.topics import topic_matches, validate_pattern
 from irismesh.data.clock import HybridClock
@@ -628,6 +630,16 @@ class DataCounter(_Handle):
         return value
 
 
+def _encodable(value: object) -> None:
+    """ConfigurationError now rather than a delta that cannot be sent later."""
+    try:
+        msgpack.packb(value, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ConfigurationError(
+            f"a register holds what msgpack encodes, not {value!r:.60}: {exc}"
+        ) from None
+
+
 def _element(element: object) -> Element:
     if type(element) not in (bytes, str, int):
         raise ConfigurationError(f"a set holds bytes, str or int, not {element!r}")
@@ -669,6 +681,7 @@ class DataRegister(_Handle):
     ) -> None:
         """Write `value` (anything msgpack encodes); it orders after every write this node
         has seen."""
+        _encodable(value)
         stamp = self._data._clock.now(_now_ms())
         await self._write(lambda s: s.assign(stamp, value), consistency, timeout)
 
@@ -741,6 +754,7 @@ class DataMap(_Handle):
         timeout: float | None = None,
     ) -> None:
         """Write `value` into the register under `field`."""
+        _encodable(value)
         stamp = self._data._clock.now(_now_ms())
         await self._update(
             field, LWWRegister, lambda r: r.assign(stamp, value), consistency, timeout

@@ -346,3 +346,32 @@ def test_a_memory_member_killed_and_restarted_keeps_every_acknowledged_write(
                     child.wait(10)
 
     run(main())
+
+
+def test_bad_messages_and_values_are_refused(keys: irismesh.Keyring) -> None:
+    async def main() -> None:
+        a, b = await start_nodes(keys, 2)
+        try:
+            counter = a.data.counter("quota.acme")
+            await holders(b, "quota.acme", 1)
+            await b.publish("_data.quota.acme", b"\x05not sealed")
+            await b.publish("_data.quota.acme", a.data._sealer.seal("_data.quota.acme", b"\xc1"))
+            await wait_until(
+                lambda: (
+                    a.stats.get("data_dropped_unsealed", 0) == 1
+                    and a.stats.get("data_dropped_bad_data", 0) == 1
+                ),
+                10,
+                "both bad messages dropped and counted",
+            )
+            assert await counter.get() == 0
+            with pytest.raises(irismesh.ConfigurationError):
+                await a.data.register("config.mode").set({1, 2})  # msgpack has no sets
+            with pytest.raises(irismesh.ConfigurationError):
+                a.data.set("quota.acme")  # a counter already
+            with pytest.raises(irismesh.ConfigurationError):
+                await counter.add(1, consistency="quorum")  # type: ignore[arg-type]
+        finally:
+            await close_all([a, b])
+
+    run(main())
