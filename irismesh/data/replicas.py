@@ -5,6 +5,7 @@ Theory of operation
 A node holds a key once it reads or writes it (or watches a pattern that matches it): it keeps
 the key's CRDT state and subscribes to the key's internal topic (`wire.DATA_PREFIX` + key), so
 the holders of a key are exactly the subscribers of its topic, as publish/subscribe knows them.
+A node holds a key until it closes (a watch's pattern too: it keeps the keys it matched).
 
 - **Writes** change the local state at once. With `consistency="local"` the write's delta is
   folded into the key's pending delta, and a flush on the next turn of the loop publishes one
@@ -17,10 +18,10 @@ the holders of a key are exactly the subscribers of its topic, as publish/subscr
 - **Anti-entropy.** Deltas ride publish/subscribe, which loses what is in flight when a link
   breaks. So a node that starts holding a key ASKs for the others' states (again after 1 and
   3 s, until one answers: its interest takes a moment to reach them); every DIGEST_EVERY
-  seconds, and a second after a peer comes up (a node joined, or a partition healed), each
-  holder publishes a DIGEST of each key's state; a holder whose state differs pushes its whole
-  STATE, and one that receives a STATE holding less than its own pushes its own back, so two
-  holders that differ agree after one exchange.
+  seconds about DIGEST_SENDERS holders of each key, and a second after a peer comes up (a
+  node joined, or a partition healed) every holder, publish a DIGEST of the key's state; a
+  holder whose state differs pushes its whole STATE, and one that receives a STATE holding
+  less than its own pushes its own back, so two holders that differ agree after one exchange.
 
 Memory members (`keep`) hold every key: they subscribe to all of them, count among the
 holders of each, and keep each key's state on disk (`data.disk`), saved before they
@@ -95,6 +96,7 @@ __all__ = [
 Consistency = Literal["local", "majority", "all"]
 _CONSISTENCIES = ("local", "majority", "all")
 DIGEST_EVERY = 10.0  # seconds between anti-entropy rounds (jittered by a quarter)
+DIGEST_SENDERS = 3  # holders of a key that send its digest in a periodic round, on average
 ASK_AGAIN = (1.0, 3.0)  # seconds after holding a key to ask again while nobody answered
 PUSH_EVERY = 1.0  # seconds a key's whole state is pushed at most once in
 SAVE_EVERY = 0.2  # seconds a memory member's change waits at most to reach its disk
@@ -520,12 +522,19 @@ class NodeData:
     async def _digest_rounds(self) -> None:
         while not self._closed:
             await asyncio.sleep(DIGEST_EVERY * random.uniform(0.75, 1.25))
-            await self._digest_round()
+            await self._digest_round(every_key=False)
 
-    async def _digest_round(self) -> None:
+    async def _digest_round(self, *, every_key: bool = True) -> None:
+        """A DIGEST of each key held; in the periodic rounds, of each key with a chance that
+        makes about DIGEST_SENDERS of its holders send one (not every holder to every other)."""
+        core = self._node._core
         for held in list(self._held.values()):
-            if self._closed:
+            if self._closed or core is None:
                 return
+            if not every_key:
+                holders = len(core.subscribers(held.topic)) + 1
+                if random.random() * holders > DIGEST_SENDERS:
+                    continue
             try:
                 await self._send(held, Op.DIGEST, 0, b"", fingerprint(held.state))
             except MeshError as exc:
