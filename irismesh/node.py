@@ -552,7 +552,7 @@ class Node(MemoryApi, DataApi, KeyringApi):
             await self.telemetry.stop(self._pubsub.publish)
         await self._queued.close()
         await self._runner.close()
-        self._close_data()
+        await self._close_data()
         for priming in list(self._priming):
             priming.cancel()
         for task in (self._catching_up, self._dispatcher):

@@ -34,9 +34,9 @@ class DataApi:
         """A memory member holds every key, on disk beside its memory's database."""
         self.data.keep(Path(memory_store).parent)
 
-    def _close_data(self) -> None:
+    async def _close_data(self) -> None:
         if self._data_replicas is not None:
-            self._data_replicas.close()
+            await self._data_replicas.close()
 
     def _data_figures(self) -> dict[str, int]:
         return {} if self._data_replicas is None else self._data_replicas.figures()

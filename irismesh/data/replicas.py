@@ -100,6 +100,7 @@ DIGEST_SENDERS = 3  # holders of a key that send its digest in a periodic round,
 ASK_AGAIN = (1.0, 3.0)  # seconds after holding a key to ask again while nobody answered
 PUSH_EVERY = 1.0  # seconds a key's whole state is pushed at most once in
 SAVE_EVERY = 0.2  # seconds a memory member's change waits at most to reach its disk
+FLUSH_ON_CLOSE = 1.0  # seconds a closing node gives its unsent local writes
 WATCH_QUEUE = 1024  # changes a watch buffers before dropping the oldest
 _log = logging.getLogger("irismesh.data")
 
@@ -384,7 +385,11 @@ class NodeData:
         sealed = self._sealer.seal(held.topic, WireMessage(op, held.key, ref, to, body).pack())
         self.stats["data_bytes_sent"] += len(sealed)
         self.stats[_SENT[op]] += 1
-        await self._node.publish(held.topic, sealed, timeout=timeout)
+        # Straight to pub/sub (not `node.publish`): a closing node still sends its last deltas.
+        pubsub = self._node._pubsub
+        if pubsub.publish_now(held.topic, sealed, b"", 0) is None:
+            budget = self._node._default_timeout if timeout is None else timeout
+            await pubsub.publish_later(held.topic, sealed, budget, b"", 0)
 
     def _send_soon(self, held: _Held, op: int, ref: int, to: bytes, body: bytes) -> None:
         self._spawn(self._send(held, op, ref, to, body))
@@ -543,10 +548,15 @@ class NodeData:
 
     # ----------------------------------------------------------------- lifecycle
 
-    def close(self) -> None:
-        """Stop replicating (the node is closing): waits fail with Closed, watches end."""
+    async def close(self) -> None:
+        """Stop replicating (the node is closing): local writes not yet sent go first (for up
+        to FLUSH_ON_CLOSE seconds), then waits fail with Closed and watches end."""
         if self._closed:
             return
+        flushing = self._flushing
+        if flushing is not None:
+            with contextlib.suppress(TimeoutError, MeshError):
+                await asyncio.wait_for(asyncio.shield(flushing), FLUSH_ON_CLOSE)
         self._closed = True
         self._digests.cancel()
         if self._disk is not None:
@@ -564,7 +574,7 @@ class NodeData:
                 wait.done.set_exception(Closed("node closed"))
         for sub in self._subs.values():
             sub.close()
-        for watch in self._watches:
+        for watch in list(self._watches):
             watch.close()
 
     def figures(self) -> dict[str, int]:

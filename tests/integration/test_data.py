@@ -375,3 +375,24 @@ def test_bad_messages_and_values_are_refused(keys: irismesh.Keyring) -> None:
             await close_all([a, b])
 
     run(main())
+
+
+def test_a_node_closing_right_after_a_write_still_sends_it(keys: irismesh.Keyring) -> None:
+    async def main() -> None:
+        a, b = await start_nodes(keys, 2)
+        try:
+            cb = b.data.counter("quota.acme")
+            a.data.counter("quota.acme")
+            await holders(a, "quota.acme", 1)
+            await holders(b, "quota.acme", 1)
+            await a.data.counter("quota.acme").add(7)
+            await a.close()
+            await wait_until_async(lambda: _equals(cb.get(), 7), 10, "the write made at close")
+        finally:
+            await close_all([a, b])
+
+    run(main())
+
+
+async def _equals(value: Awaitable[object], expected: object) -> bool:
+    return await value == expected
