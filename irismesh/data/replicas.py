@@ -43,7 +43,7 @@ import logging
 import random
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -287,7 +287,7 @@ class NodeData:
         held.watched = any(topic_matches(w.pattern, key) for w in self._watches)
         if not any(topic_matches(p, key) for p in self._subs):
             self._subscribe(key)
-        self._spawn(self._ask_until_answered(held))
+        self._spawn(self._ask_until_answered, held)
         return held
 
     def _subscribe(self, pattern: str) -> None:
@@ -392,7 +392,7 @@ class NodeData:
             await pubsub.publish_later(held.topic, sealed, budget, b"", 0)
 
     def _send_soon(self, held: _Held, op: int, ref: int, to: bytes, body: bytes) -> None:
-        self._spawn(self._send(held, op, ref, to, body))
+        self._spawn(self._send, held, op, ref, to, body)
 
     async def _flush(self) -> None:
         """Publish each key's folded local deltas (the loop ran once: writes gathered)."""
@@ -410,14 +410,16 @@ class NodeData:
         finally:
             self._flushing = None
 
-    def _spawn(self, coro: Any) -> None:
-        task = self._loop.create_task(self._quietly(coro))
+    def _spawn(self, run: Callable[..., Awaitable[None]], *args: Any) -> None:
+        # The coroutine is made inside the task: a task cancelled before it starts leaves no
+        # coroutine that was never awaited.
+        task = self._loop.create_task(self._quietly(run, *args))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _quietly(self, coro: Any) -> None:
+    async def _quietly(self, run: Callable[..., Awaitable[None]], *args: Any) -> None:
         try:
-            await coro
+            await run(*args)
         except MeshError as exc:
             self.stats["data_sends_failed"] += 1
             _log.debug("data message not sent: %s", exc)
@@ -520,7 +522,7 @@ class NodeData:
 
         def round_now() -> None:
             self._digest_soon = None
-            self._spawn(self._digest_round())
+            self._spawn(self._digest_round)
 
         self._digest_soon = self._loop.call_later(1.0, round_now)
 

@@ -327,6 +327,9 @@ def test_a_memory_member_killed_and_restarted_keeps_every_acknowledged_write(
                 await writer.close()
             member.kill()  # SIGKILL: no goodbye, no last save
             member.wait(10)
+            for pipe in (member.stdin, member.stdout):
+                assert pipe is not None
+                pipe.close()
             restarted, endpoint = start_member(keys, tmp_path)
             (reader,) = await start_nodes(keys, 1, seed=endpoint)
             try:
@@ -344,6 +347,8 @@ def test_a_memory_member_killed_and_restarted_keeps_every_acknowledged_write(
                     assert child.stdin is not None
                     child.stdin.close()
                     child.wait(10)
+                if child is not None and child.stdout is not None:
+                    child.stdout.close()
 
     run(main())
 
