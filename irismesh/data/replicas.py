@@ -168,6 +168,7 @@ class NodeData:
         self._me_hex = node.node_id.hex()
         self._sealer = Sealer(lambda: node.keyring)
         self._clock = HybridClock(node.node_id)
+        self.physical: Callable[[], int] = _now_ms  # the wall clock, in ms (tests skew it)
         self._held: dict[str, _Held] = {}
         self._subs: dict[str, Subscription] = {}  # pattern (without prefix) -> subscription
         self._watches: list[DataWatch] = []
@@ -477,8 +478,7 @@ class NodeData:
         if answered:
             held.answered = True
         before = held.read() if held.watched else None
-        if isinstance(incoming, LWWRegister) and incoming.stamp is not None:
-            self._clock.observe(incoming.stamp, _now_ms())
+        self._observe(incoming)
         held.state.merge(incoming)  # type: ignore[arg-type]
         held.value = _UNREAD
         if self._disk is not None:
@@ -486,6 +486,18 @@ class NodeData:
         self.stats["data_merges"] += 1
         self._changed(held, before, local=False)
         return held
+
+    def _observe(self, incoming: Crdt) -> None:
+        """The clock takes in the stamps a merge brings: a write after them orders after."""
+        if isinstance(incoming, LWWRegister):
+            registers: list[LWWRegister] = [incoming]
+        elif isinstance(incoming, ORMap):
+            registers = [v for v in incoming.values.values() if isinstance(v, LWWRegister)]
+        else:
+            return
+        for register in registers:
+            if register.stamp is not None:
+                self._clock.observe(register.stamp, self.physical())
 
     def _changed(self, held: _Held, before: Any, *, local: bool) -> None:
         if not held.watched:
@@ -703,7 +715,7 @@ class DataRegister(_Handle):
         """Write `value` (anything msgpack encodes); it orders after every write this node
         has seen."""
         _encodable(value)
-        stamp = self._data._clock.now(_now_ms())
+        stamp = self._data._clock.now(self._data.physical())
         await self._write(lambda s: s.assign(stamp, value), consistency, timeout)
 
 
@@ -776,7 +788,7 @@ class DataMap(_Handle):
     ) -> None:
         """Write `value` into the register under `field`."""
         _encodable(value)
-        stamp = self._data._clock.now(_now_ms())
+        stamp = self._data._clock.now(self._data.physical())
         await self._update(
             field, LWWRegister, lambda r: r.assign(stamp, value), consistency, timeout
         )

@@ -7,6 +7,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Awaitable
 from pathlib import Path
 
@@ -401,3 +402,28 @@ def test_a_node_closing_right_after_a_write_still_sends_it(keys: irismesh.Keyrin
 
 async def _equals(value: Awaitable[object], expected: object) -> bool:
     return await value == expected
+
+
+def test_a_register_write_after_a_read_wins_whatever_the_clocks(keys: irismesh.Keyring) -> None:
+    async def main() -> None:
+        fast, right = await start_nodes(keys, 2)
+        try:
+            fast.data.physical = lambda: int(time.time() * 1000) + 10_000  # 10 s ahead
+            on_fast, on_right = (
+                fast.data.register("config.mode"),
+                right.data.register("config.mode"),
+            )
+            fields = fast.data.map("config.limits"), right.data.map("config.limits")
+            await holders(fast, "config.mode", 1)
+            await holders(right, "config.mode", 1)
+            await on_fast.set("v1", consistency="all", timeout=5)
+            await fields[0].set("owner", "v1", consistency="all", timeout=5)
+            assert await on_right.get() == "v1"
+            await on_right.set("v2", consistency="all", timeout=5)  # after reading v1
+            await fields[1].set("owner", "v2", consistency="all", timeout=5)
+            assert await on_fast.get() == await on_right.get() == "v2"
+            assert (await fields[0].get())["owner"] == (await fields[1].get())["owner"] == "v2"
+        finally:
+            await close_all([fast, right])
+
+    run(main())
