@@ -697,6 +697,12 @@ class DataSet(_Handle):
         e = _element(element)
         await self._write(lambda s: s.remove(e), consistency, timeout)
 
+    async def clear(
+        self, *, consistency: Consistency = "local", timeout: float | None = None
+    ) -> None:
+        """Remove every element this node has seen (adds it has not seen survive)."""
+        await self._write(lambda s: s.clear(), consistency, timeout)
+
     async def get(
         self, *, consistency: Consistency = "local", timeout: float | None = None
     ) -> frozenset[Element]:

@@ -578,10 +578,6 @@ def _canon_cc(cc: CausalContext) -> list[Any]:
     return [sorted(cc.vv.items()), sorted(cc.cloud)]
 
 
-def kind_of(tag: int) -> type[Crdt] | None:
-    return _TYPES.get(tag)
-
-
 def _pair(body: Any) -> tuple[Any, Any]:
     if not isinstance(body, list) or len(body) != 2:
         raise ProtocolError("bad_data", "shape")

@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from irismesh.errors import ConfigurationError, NoKey, ProtocolError
 from irismesh.security.keyring import Keyring, ScopeKey
 
-__all__ = ["DATA_PREFIX", "Op", "Sealer", "WireMessage", "digest", "validate_key"]
+__all__ = ["DATA_PREFIX", "Op", "Sealer", "WireMessage", "validate_key"]
 
 DATA_PREFIX = "_data."
 MAX_KEY = 200  # bytes of UTF-8 in a data key: its topic must fit the topic limit
@@ -88,10 +88,6 @@ def validate_key(key: object) -> str:
     if not isinstance(key, str) or len(key.encode()) > MAX_KEY:
         raise ConfigurationError(f"a data key is a topic-like path of at most {MAX_KEY} bytes")
     return validate_topic(key)
-
-
-def digest(state: bytes) -> bytes:
-    return hashlib.blake2b(state, digest_size=16).digest()
 
 
 class Sealer:

@@ -49,6 +49,8 @@ class Replica:
             return s.add(node, [1, -1, 5, -3][what])
         if isinstance(s, ORSet):
             element = ELEMENTS[arg]
+            if what == 3 and arg == 0:
+                return s.clear()
             return s.add(node, element) if what < 2 else s.remove(element)
         if isinstance(s, Flag):
             return s.enable(node) if what < 2 else s.disable()

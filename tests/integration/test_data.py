@@ -99,6 +99,8 @@ def test_a_set_converges_add_wins(keys: irismesh.Keyring) -> None:
                 return await sa.get() == await sb.get() == {b"s1"}
 
             await wait_until_async(agreed, 10, "the sets to agree on {s1}")
+            await sb.clear(consistency="all", timeout=5)
+            assert await sa.get() == await sb.get() == frozenset()
         finally:
             await close_all([a, b])
 
