@@ -13,6 +13,7 @@ from irismesh.discovery.survey import SurveyConfig
 from irismesh.errors import (
     Closed,
     ConfigurationError,
+    DataTimeout,
     EndOfStream,
     InterestTimeout,
     MemberLost,
@@ -48,6 +49,7 @@ __all__ = [
     "Closed",
     "ConfigurationError",
     "CoreConfig",
+    "DataTimeout",
     "EndOfStream",
     "Gateway",
     "InterestTimeout",

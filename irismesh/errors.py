@@ -6,6 +6,8 @@
     ├── Closed                  the node (or tunnel, subscription) is closed
     ├── StorageError            the memory's database cannot be opened, read or written
     ├── MembershipTimeout       a cluster did not reach the awaited number of members in time
+    ├── DataTimeout             too few holders of a data key answered a majority or all
+                                read or write in time
     ├── PayloadTooLarge         a payload above the configured limit, refused before sending
     ├── Overloaded              too many requests in flight on this node (CoreConfig.max_pending)
     ├── RequestError            a request did not produce a reply
@@ -24,6 +26,7 @@ from __future__ import annotations
 __all__ = [
     "Closed",
     "ConfigurationError",
+    "DataTimeout",
     "MemberLost",
     "MembershipTimeout",
     "MeshError",
@@ -82,6 +85,22 @@ class MembershipTimeout(MeshError, TimeoutError):
         self.cluster = cluster
         self.wanted = wanted
         self.found = found
+        self.timeout = timeout
+
+
+class DataTimeout(MeshError, TimeoutError):
+    """Too few holders of a data key answered a "majority" or "all" operation in time (a write
+    stays applied here and spreads as the holders come back)."""
+
+    def __init__(self, key: str, consistency: str, reached: int, needed: int, timeout: float):
+        super().__init__(
+            f"{consistency} on data key {key!r}: {reached} of {needed} holder(s) "
+            f"(this node counted) within {timeout:g} s"
+        )
+        self.key = key
+        self.consistency = consistency
+        self.reached = reached
+        self.needed = needed
         self.timeout = timeout
 
 

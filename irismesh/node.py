@@ -57,6 +57,7 @@ from irismesh._datagrams import DatagramSocket
 from irismesh._driver import Driver, ZmqDriver, listen
 from irismesh._spin import Spin
 from irismesh._stream import StreamDriver
+from irismesh.data.api import DataApi
 from irismesh.discovery.mdns import MdnsConfig, MdnsDiscovery, mdns_config
 from irismesh.discovery.survey import SurveyConfig, SurveyDiscovery, survey_config
 from irismesh.errors import (
@@ -160,7 +161,7 @@ class ServedClusters(tuple[str, ...]):
         return self.lister()
 
 
-class Node(MemoryApi, KeyringApi):
+class Node(MemoryApi, DataApi, KeyringApi):
     """A node of the mesh: member of `cluster` (or a pure client when None).
 
     `name` labels the node for people: its peers (`peers()`, `mesh peers`, `mesh top`) and its
@@ -420,6 +421,7 @@ class Node(MemoryApi, KeyringApi):
         driver.start()
         self._start_keyring_watch(loop)
         if self.memory.member is not None:  # copy what the other memory members hold
+            self._keep_data(self.memory.member.store.path)
             self._catching_up = loop.create_task(self._memory_catch_up())
             self._dispatcher = loop.create_task(
                 self.memory.dispatch(self._dispatch_job, self._memory_peer_ids)
@@ -550,6 +552,7 @@ class Node(MemoryApi, KeyringApi):
             await self.telemetry.stop(self._pubsub.publish)
         await self._queued.close()
         await self._runner.close()
+        await self._close_data()
         for priming in list(self._priming):
             priming.cancel()
         for task in (self._catching_up, self._dispatcher):
@@ -1254,6 +1257,7 @@ class Node(MemoryApi, KeyringApi):
         stats["tunnels_open"] = self._tunnels.open_count
         stats["loop_turns_given"] = self._caller.turns.given
         stats.update(self.memory.stats)
+        stats.update(self._data_figures())
         if self.memory.member is not None:
             for name, value in self.memory.member.figures().items():
                 stats["memory_" + name] = value

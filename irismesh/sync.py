@@ -262,6 +262,93 @@ class Node:
         """Block until `close()` is called from another thread or a signal handler."""
         self._closed.wait()
 
+    @property
+    def data(self) -> Data:
+        """`irismesh.Node.data`, blocking: `node.data.counter("quota.acme").add(1)`."""
+        return Data(self)
+
+
+class Data:
+    """The node's replicated data, blocking: each handle's methods as in `irismesh.Node.data`."""
+
+    def __init__(self, node: Node) -> None:
+        self._node = node
+
+    def _handle(self, make: Callable[[str], Any], key: str) -> DataHandle:
+        return DataHandle(self._node, self._node._call(_wrap(make, key)))
+
+    def counter(self, key: str) -> DataHandle:
+        return self._handle(lambda k: self._node._node.data.counter(k), key)
+
+    def set(self, key: str) -> DataHandle:
+        return self._handle(lambda k: self._node._node.data.set(k), key)
+
+    def register(self, key: str) -> DataHandle:
+        return self._handle(lambda k: self._node._node.data.register(k), key)
+
+    def flag(self, key: str) -> DataHandle:
+        return self._handle(lambda k: self._node._node.data.flag(k), key)
+
+    def map(self, key: str) -> DataHandle:
+        return self._handle(lambda k: self._node._node.data.map(k), key)
+
+    def watch(self, pattern: str) -> DataWatch:
+        """Changes of the keys matching `pattern`: `for change in watch`, `watch.get(timeout)`."""
+        inner = self._node._call(_wrap(lambda: self._node._node.data.watch(pattern)))
+        return DataWatch(self._node, inner)
+
+
+class DataHandle:
+    """A data key's handle, blocking: `add`, `remove`, `set`, `enable`, `get`... as the
+    asyncio handle's, with the same arguments."""
+
+    def __init__(self, node: Node, inner: Any) -> None:
+        self._node = node
+        self._inner = inner
+        self.key: str = inner.key
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        method = getattr(self._inner, name)
+
+        def blocking(*args: Any, **kwargs: Any) -> Any:
+            return self._node._call(method(*args, **kwargs))
+
+        return blocking
+
+
+class DataWatch:
+    """`irismesh.data.DataWatch`, blocking; iteration ends when it or its node closes."""
+
+    def __init__(self, node: Node, inner: Any) -> None:
+        self._node = node
+        self._inner = inner
+        self.pattern: str = inner.pattern
+
+    def get(self, timeout: float | None = None) -> Any:
+        """The next change; Closed once closed and drained, TimeoutError after timeout."""
+
+        async def next_change() -> Any:
+            return await asyncio.wait_for(self._inner.get(), timeout)
+
+        return self._node._call(next_change())
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            try:
+                yield self.get()
+            except Closed:
+                return
+
+    def close(self) -> None:
+        if self._node._thread.is_alive():
+            self._node._call(_wrap(self._inner.close))
+
+    def __enter__(self) -> DataWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 async def _wrap(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return fn(*args, **kwargs)

@@ -18,6 +18,7 @@ Commands (`cmd`):
   request. `load_stop` lets in-flight requests finish and answers the totals.
 - `probe`: `count` requests at once, each with `timeout`; answers each one's outcome and time.
 - `stats`: the node's counters, its members and every member drop it saw.
+- `data`: hold a replicated counter and set, change them, answer their values (`Controller.data`).
 - `quit`: close the node and exit.
 
 The node exits on stdin EOF (the test is gone), on SIGTERM, and after `--max-seconds` whatever
@@ -250,7 +251,26 @@ class Controller:
         if cmd == "quit":
             self.stop.set()
             return {"ok": True}
+        if cmd == "data":
+            return await self.data(message)
         return {"ok": False, "error": f"unknown command {cmd!r}"}
+
+    async def data(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Replicated data: hold a counter and a set (waiting for `holders` others), add to
+        the counter `increments` times, add and remove set elements; answers both values."""
+        data = self.node.data
+        counter, members = data.counter(message["counter"]), data.set(message["set"])
+        holders = int(message.get("holders", 0))
+        if holders:
+            for key in (counter.key, members.key):
+                await self.node.wait_for_subscribers("_data." + key, holders, timeout=30)
+        for _ in range(int(message.get("increments", 0))):
+            await counter.add(1)
+        for element in message.get("add", []):
+            await members.add(element)
+        for element in message.get("remove", []):
+            await members.remove(element)
+        return {"ok": True, "counter": await counter.get(), "set": sorted(await members.get())}
 
     async def wait(self, present: list[str], absent: list[str], timeout: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout

@@ -1,0 +1,632 @@
+"""Delta-state CRDTs: counters, sets, registers, flags and maps that converge without a server.
+
+Theory of operation
+-------------------
+Each type is a join semilattice: `merge` is commutative, associative and idempotent, so replicas
+that have merged the same states hold the same value whatever the order, the repeats or the
+grouping of what they received. Every mutation changes the local state and returns a *delta*:
+a small state of the same type whose merge into any replica has the mutation's effect (the
+delta-state CRDTs of Almeida, Shoker and Baquero, "Delta State Replicated Data Types", 2018).
+Deltas are states, so they fold into each other (`merge` of two deltas is one delta carrying
+both) and a replica that missed some recovers by merging a full state.
+
+- `PNCounter`: per node, the sum of its increments and the sum of its decrements; the value is
+  their difference. A node only ever raises its own two entries; merge takes the maxima.
+- `ORSet` (the "optimized", add-wins observed-remove set): each present element carries the
+  dots (node, n) of the adds that put it there, and a causal context records every dot the
+  replica has seen. Merge keeps a dot that both sides hold, or that one side holds and the
+  other has not seen: a dot the other side has seen and no longer holds was removed. So a
+  remove takes away exactly the adds it observed, and an add concurrent with it survives.
+  Removes leave no tombstone: the context is a version vector plus the few dots seen out of
+  order, one integer per node that ever wrote.
+- `Flag` (enable-wins): an ORSet of one implicit element. Enabling adds a dot; disabling
+  removes the dots seen; an enable concurrent with a disable wins.
+- `LWWRegister`: a value and the hybrid-logical-clock stamp it was written at; merge keeps the
+  larger stamp (node id breaks ties, so the order is total).
+- `ORMap`: keys as an add-wins ORSet, each key's value a counter, set or register merged on its
+  own. Updating a key adds it again; removing a key hides it (its value's state stays, so
+  a key removed and updated concurrently comes back with both sides' updates, and a counter
+  re-added after a remove resumes from the value it had).
+
+Encoding is msgpack: `encode` writes [type tag, node table, body], each node id written once and
+dots as (index, n) pairs; `decode` checks the shape and raises ProtocolError on anything else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from typing import Any, ClassVar, TypeAlias, cast
+
+import msgpack
+
+from irismesh.data.clock import Stamp
+from irismesh.errors import ProtocolError
+
+__all__ = [
+    "CausalContext",
+    "Crdt",
+    "Element",
+    "Flag",
+    "LWWRegister",
+    "ORMap",
+    "ORSet",
+    "PNCounter",
+    "decode",
+    "encode",
+]
+
+Dot: TypeAlias = tuple[bytes, int]
+Element: TypeAlias = bytes | str | int  # what a set holds and a map is keyed by
+_MAX_NODE = 64  # bytes of a node id on the wire
+
+
+class CausalContext:
+    """The dots a replica has seen: a version vector plus the dots past its gaps."""
+
+    __slots__ = ("cloud", "vv")
+
+    def __init__(self, vv: dict[bytes, int] | None = None, cloud: set[Dot] | None = None) -> None:
+        self.vv: dict[bytes, int] = vv if vv is not None else {}
+        self.cloud: set[Dot] = cloud if cloud is not None else set()
+
+    def seen(self, dot: Dot) -> bool:
+        return dot[1] <= self.vv.get(dot[0], 0) or dot in self.cloud
+
+    def next_dot(self, node: bytes) -> Dot:
+        """A new dot of `node` (this replica's own: its dots are never past a gap)."""
+        n = self.vv.get(node, 0) + 1
+        self.vv[node] = n
+        return (node, n)
+
+    def join(self, other: CausalContext) -> None:
+        vv = self.vv
+        for node, n in other.vv.items():
+            if n > vv.get(node, 0):
+                vv[node] = n
+        if other.cloud:
+            self.cloud |= other.cloud
+        if self.cloud:
+            self.compact()
+
+    def compact(self) -> None:
+        """Fold the dots that continue the version vector into it."""
+        vv = self.vv
+        for node, n in sorted(self.cloud):
+            have = vv.get(node, 0)
+            if n == have + 1:
+                vv[node] = n
+                self.cloud.discard((node, n))
+            elif n <= have:
+                self.cloud.discard((node, n))
+
+    def copy(self) -> CausalContext:
+        return CausalContext(dict(self.vv), set(self.cloud))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CausalContext):
+            return NotImplemented
+        return self.vv == other.vv and self.cloud == other.cloud
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _join_dots(
+    ours: set[Dot], our_cc: CausalContext, theirs: set[Dot], their_cc: CausalContext
+) -> set[Dot]:
+    """The dots of one element after a merge: held by both, or by one and unseen by the other."""
+    kept = ours & theirs
+    for dot in ours:
+        if dot not in kept and not their_cc.seen(dot):
+            kept.add(dot)
+    for dot in theirs:
+        if dot not in kept and not our_cc.seen(dot):
+            kept.add(dot)
+    return kept
+
+
+class PNCounter:
+    """A counter that goes up and down."""
+
+    TAG: ClassVar[int] = 1
+    __slots__ = ("down", "up")
+
+    def __init__(self) -> None:
+        self.up: dict[bytes, int] = {}
+        self.down: dict[bytes, int] = {}
+
+    @property
+    def value(self) -> int:
+        return sum(self.up.values()) - sum(self.down.values())
+
+    def add(self, node: bytes, amount: int) -> PNCounter:
+        """Add `amount` (negative: subtract) as `node`; returns the delta."""
+        delta = PNCounter()
+        if amount >= 0:
+            total = self.up[node] = self.up.get(node, 0) + amount
+            delta.up[node] = total
+        else:
+            total = self.down[node] = self.down.get(node, 0) - amount
+            delta.down[node] = total
+        return delta
+
+    def merge(self, other: PNCounter) -> None:
+        for mine, theirs in ((self.up, other.up), (self.down, other.down)):
+            for node, n in theirs.items():
+                if n > mine.get(node, 0):
+                    mine[node] = n
+
+    def copy(self) -> PNCounter:
+        c = PNCounter()
+        c.up, c.down = dict(self.up), dict(self.down)
+        return c
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PNCounter):
+            return NotImplemented
+        return _nonzero(self.up) == _nonzero(other.up) and _nonzero(self.down) == _nonzero(
+            other.down
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def _canon(self) -> list[Any]:
+        return [sorted(_nonzero(self.up).items()), sorted(_nonzero(self.down).items())]
+
+    def _body(self, nodes: _Nodes) -> list[Any]:
+        return [
+            {nodes.index(k): v for k, v in self.up.items()},
+            {nodes.index(k): v for k, v in self.down.items()},
+        ]
+
+    @classmethod
+    def _from_body(cls, body: Any, nodes: list[bytes]) -> PNCounter:
+        up, down = _pair(body)
+        c = cls()
+        c.up = {_node(nodes, k): _count(v) for k, v in _items(up)}
+        c.down = {_node(nodes, k): _count(v) for k, v in _items(down)}
+        return c
+
+
+def _present(entries: dict[Element, set[Dot]]) -> dict[Element, set[Dot]]:
+    """Entries without the empty ones a remove's delta lists to name what it removed."""
+    return {e: d for e, d in entries.items() if d}
+
+
+def _nonzero(d: dict[bytes, int]) -> dict[bytes, int]:
+    return {k: v for k, v in d.items() if v}
+
+
+class ORSet:
+    """An add-wins observed-remove set."""
+
+    TAG: ClassVar[int] = 2
+    __slots__ = ("cc", "entries")
+
+    def __init__(self) -> None:
+        self.entries: dict[Element, set[Dot]] = {}
+        self.cc = CausalContext()
+
+    @property
+    def value(self) -> frozenset[Element]:
+        return frozenset(self.entries)
+
+    def __contains__(self, element: object) -> bool:
+        return element in self.entries
+
+    def add(self, node: bytes, element: Element) -> ORSet:
+        """Add `element` as `node`; returns the delta (the new dot, replacing the ones seen)."""
+        dot = self.cc.next_dot(node)
+        delta = ORSet()
+        old = self.entries.get(element)
+        delta.cc.cloud = {dot, *old} if old else {dot}
+        delta.entries[element] = {dot}
+        self.entries[element] = {dot}
+        return delta
+
+    def remove(self, element: Element) -> ORSet:
+        """Remove `element` as this replica has seen it; returns the delta (the dots removed)."""
+        delta = ORSet()
+        old = self.entries.pop(element, None)
+        if old:
+            delta.cc.cloud = set(old)
+            delta.entries[element] = set()  # names the element, so a merge need not search
+        return delta
+
+    def clear(self) -> ORSet:
+        delta = ORSet()
+        for element, dots in self.entries.items():
+            delta.cc.cloud |= dots
+            delta.entries[element] = set()
+        self.entries.clear()
+        return delta
+
+    def merge(self, other: ORSet) -> None:
+        entries, theirs, cc, their_cc = self.entries, other.entries, self.cc, other.cc
+        if their_cc.vv or self._unresolved(other):
+            # Their context may have seen dots of elements they do not list: walk them all.
+            for element in [e for e in entries if e not in theirs]:
+                kept = {d for d in entries[element] if not their_cc.seen(d)}
+                if kept:
+                    entries[element] = kept
+                else:
+                    del entries[element]
+        for element, dots in theirs.items():
+            mine = entries.get(element)
+            kept = _join_dots(mine or set(), cc, dots, their_cc)
+            if kept:
+                entries[element] = kept
+            elif mine is not None:
+                del entries[element]
+        cc.join(their_cc)
+
+    def _unresolved(self, delta: ORSet) -> bool:
+        """Whether `delta` (a context of loose dots) names a dot of an element it does not
+        list; a delta made here lists each element it touches, so mostly not."""
+        left = set(delta.cc.cloud)
+        for element, dots in delta.entries.items():
+            left -= dots
+            mine = self.entries.get(element)
+            if mine:
+                left -= mine
+            if not left:
+                return False
+        return bool(left)
+
+    def copy(self) -> ORSet:
+        s = ORSet()
+        s.entries = {e: set(d) for e, d in self.entries.items()}
+        s.cc = self.cc.copy()
+        return s
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ORSet):
+            return NotImplemented
+        return _present(self.entries) == _present(other.entries) and self.cc == other.cc
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def _canon(self) -> list[Any]:
+        present = _present(self.entries)
+        entries = sorted([_order(e), e, sorted(d)] for e, d in present.items())
+        return [entries, _canon_cc(self.cc)]
+
+    def _body(self, nodes: _Nodes) -> list[Any]:
+        return [
+            [[e, _dots_out(d, nodes)] for e, d in self.entries.items()],
+            _cc_out(self.cc, nodes),
+        ]
+
+    @classmethod
+    def _from_body(cls, body: Any, nodes: list[bytes]) -> ORSet:
+        entries, cc = _pair(body)
+        s = cls()
+        if not isinstance(entries, list):
+            raise ProtocolError("bad_data", "set entries")
+        for item in entries:
+            element, dots = _pair(item)
+            s.entries[_element(element)] = _dots_in(dots, nodes)
+        s.cc = _cc_in(cc, nodes)
+        return s
+
+
+class Flag:
+    """An enable-wins flag."""
+
+    TAG: ClassVar[int] = 4
+    __slots__ = ("cc", "dots")
+
+    def __init__(self) -> None:
+        self.dots: set[Dot] = set()
+        self.cc = CausalContext()
+
+    @property
+    def value(self) -> bool:
+        return bool(self.dots)
+
+    def enable(self, node: bytes) -> Flag:
+        dot = self.cc.next_dot(node)
+        delta = Flag()
+        delta.cc.cloud = {dot, *self.dots}
+        delta.dots = {dot}
+        self.dots = {dot}
+        return delta
+
+    def disable(self) -> Flag:
+        delta = Flag()
+        delta.cc.cloud = set(self.dots)
+        self.dots = set()
+        return delta
+
+    def merge(self, other: Flag) -> None:
+        self.dots = _join_dots(self.dots, self.cc, other.dots, other.cc)
+        self.cc.join(other.cc)
+
+    def copy(self) -> Flag:
+        f = Flag()
+        f.dots, f.cc = set(self.dots), self.cc.copy()
+        return f
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Flag):
+            return NotImplemented
+        return self.dots == other.dots and self.cc == other.cc
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def _canon(self) -> list[Any]:
+        return [sorted(self.dots), _canon_cc(self.cc)]
+
+    def _body(self, nodes: _Nodes) -> list[Any]:
+        return [_dots_out(self.dots, nodes), _cc_out(self.cc, nodes)]
+
+    @classmethod
+    def _from_body(cls, body: Any, nodes: list[bytes]) -> Flag:
+        dots, cc = _pair(body)
+        f = cls()
+        f.dots, f.cc = _dots_in(dots, nodes), _cc_in(cc, nodes)
+        return f
+
+
+class LWWRegister:
+    """A last-writer-wins register ordered by hybrid logical clock stamps."""
+
+    TAG: ClassVar[int] = 3
+    __slots__ = ("stamp", "value")
+
+    def __init__(self, stamp: Stamp | None = None, value: Any = None) -> None:
+        self.stamp = stamp
+        self.value = value
+
+    def assign(self, stamp: Stamp, value: Any) -> LWWRegister:
+        """Write `value` at `stamp` (or just after the value it replaces, if that is later:
+        a write made after reading another orders after it whatever the clocks say)."""
+        current = self.stamp
+        if current is not None and stamp <= current:
+            stamp = Stamp(current.wall, current.logical + 1, stamp.node)
+        self.stamp, self.value = stamp, value
+        return LWWRegister(stamp, value)
+
+    def merge(self, other: LWWRegister) -> None:
+        if other.stamp is not None and (self.stamp is None or other.stamp > self.stamp):
+            self.stamp, self.value = other.stamp, other.value
+
+    def copy(self) -> LWWRegister:
+        return LWWRegister(self.stamp, self.value)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, LWWRegister):
+            return NotImplemented
+        return self.stamp == other.stamp and (self.stamp is None or self.value == other.value)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def _canon(self) -> list[Any]:
+        return [] if self.stamp is None else [list(self.stamp), self.value]
+
+    def _body(self, nodes: _Nodes) -> list[Any]:
+        if self.stamp is None:
+            return []
+        wall, logical, node = self.stamp
+        return [wall, logical, nodes.index(node), self.value]
+
+    @classmethod
+    def _from_body(cls, body: Any, nodes: list[bytes]) -> LWWRegister:
+        if not isinstance(body, list) or len(body) not in (0, 4):
+            raise ProtocolError("bad_data", "register")
+        if not body:
+            return cls()
+        wall, logical, node, value = body
+        return cls(Stamp(_count(wall), _count(logical), _node(nodes, node)), value)
+
+
+MapValue: TypeAlias = PNCounter | ORSet | LWWRegister
+
+
+class ORMap:
+    """An add-wins map from keys to counters, sets or registers."""
+
+    TAG: ClassVar[int] = 5
+    __slots__ = ("keys", "values")
+
+    def __init__(self) -> None:
+        self.keys = ORSet()
+        self.values: dict[Element, MapValue] = {}
+
+    @property
+    def value(self) -> dict[Element, Any]:
+        values = self.values
+        return {k: values[k].value for k in self.keys.entries if k in values}
+
+    def entry(self, key: Element, kind: type[MapValue]) -> MapValue:
+        """The state of `key`'s value, made empty of `kind` if the map has none yet."""
+        value = self.values.get(key)
+        if value is None:
+            value = self.values[key] = kind()
+        elif type(value) is not kind:
+            raise TypeError(
+                f"map key {key!r} holds a {type(value).__name__}, not a {kind.__name__}"
+            )
+        return value
+
+    def updated(self, node: bytes, key: Element, change: MapValue) -> ORMap:
+        """The delta of an update of `key`'s value (`change`, already applied to it)."""
+        delta = ORMap()
+        delta.keys = self.keys.add(node, key)
+        delta.values[key] = change
+        return delta
+
+    def remove(self, key: Element) -> ORMap:
+        delta = ORMap()
+        delta.keys = self.keys.remove(key)
+        return delta
+
+    def merge(self, other: ORMap) -> None:
+        self.keys.merge(other.keys)
+        values = self.values
+        for key, theirs in other.values.items():
+            mine = values.get(key)
+            if mine is None or (type(mine) is not type(theirs) and theirs.TAG < mine.TAG):
+                # new here, or written as two kinds at once (the lower tag wins): merged into
+                # an empty one, which leaves its context compact
+                mine = values[key] = type(theirs)()
+            if type(mine) is type(theirs):
+                mine.merge(theirs)  # type: ignore[arg-type]
+
+    def copy(self) -> ORMap:
+        m = ORMap()
+        m.keys = self.keys.copy()
+        m.values = {k: v.copy() for k, v in self.values.items()}
+        return m
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ORMap):
+            return NotImplemented
+        return self.keys == other.keys and self.values == other.values
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def _canon(self) -> list[Any]:
+        values = sorted([_order(k), k, v.TAG, v._canon()] for k, v in self.values.items())
+        return [self.keys._canon(), values]
+
+    def _body(self, nodes: _Nodes) -> list[Any]:
+        return [
+            self.keys._body(nodes),
+            [[k, v.TAG, v._body(nodes)] for k, v in self.values.items()],
+        ]
+
+    @classmethod
+    def _from_body(cls, body: Any, nodes: list[bytes]) -> ORMap:
+        keys, values = _pair(body)
+        m = cls()
+        m.keys = ORSet._from_body(keys, nodes)
+        if not isinstance(values, list):
+            raise ProtocolError("bad_data", "map values")
+        for item in values:
+            if not isinstance(item, list) or len(item) != 3:
+                raise ProtocolError("bad_data", "map value")
+            key, tag, inner = item
+            kind = _TYPES.get(tag)
+            if kind is None or kind is ORMap or kind is Flag:
+                raise ProtocolError("bad_data", "map value type")
+            m.values[_element(key)] = cast(MapValue, kind._from_body(inner, nodes))
+        return m
+
+
+Crdt: TypeAlias = PNCounter | ORSet | LWWRegister | Flag | ORMap
+_TYPES: dict[int, type[Crdt]] = {t.TAG: t for t in (PNCounter, ORSet, LWWRegister, Flag, ORMap)}
+
+
+# ----------------------------------------------------------------- encoding
+
+
+class _Nodes:
+    """The node table of one encoding: each node id once, referred to by index."""
+
+    __slots__ = ("ids", "order")
+
+    def __init__(self) -> None:
+        self.ids: dict[bytes, int] = {}
+        self.order: list[bytes] = []
+
+    def index(self, node: bytes) -> int:
+        i = self.ids.get(node)
+        if i is None:
+            i = self.ids[node] = len(self.order)
+            self.order.append(node)
+        return i
+
+
+def encode(state: Crdt) -> bytes:
+    """The compact msgpack form of a state or delta."""
+    nodes = _Nodes()
+    body = state._body(nodes)
+    packed: bytes = msgpack.packb([state.TAG, nodes.order, body], use_bin_type=True)
+    return packed
+
+
+def decode(data: bytes) -> Crdt:
+    """A state or delta from `encode`; ProtocolError("bad_data") if `data` is not one."""
+    try:
+        tag, nodes, body = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise ProtocolError("bad_data", type(exc).__name__) from None
+    kind = _TYPES.get(tag) if type(tag) is int else None
+    if kind is None or not isinstance(nodes, list):
+        raise ProtocolError("bad_data", "type")
+    for node in nodes:
+        if type(node) is not bytes or not 0 < len(node) <= _MAX_NODE:
+            raise ProtocolError("bad_data", "node id")
+    try:
+        return kind._from_body(body, nodes)
+    except (ValueError, TypeError) as exc:  # unpacking a wrong shape
+        raise ProtocolError("bad_data", str(exc)[:60]) from None
+
+
+def fingerprint(state: Crdt) -> bytes:
+    """A digest that equal states share, whatever order they were built in."""
+    canon = msgpack.packb(state._canon(), use_bin_type=True)
+    return hashlib.blake2b(canon, digest_size=16).digest()
+
+
+def _order(e: Element) -> tuple[str, Element]:
+    return (type(e).__name__, e)
+
+
+def _canon_cc(cc: CausalContext) -> list[Any]:
+    return [sorted(cc.vv.items()), sorted(cc.cloud)]
+
+
+def _pair(body: Any) -> tuple[Any, Any]:
+    if not isinstance(body, list) or len(body) != 2:
+        raise ProtocolError("bad_data", "shape")
+    return body[0], body[1]
+
+
+def _items(d: Any) -> Iterable[tuple[Any, Any]]:
+    if not isinstance(d, dict):
+        raise ProtocolError("bad_data", "map")
+    return d.items()
+
+
+def _count(n: Any) -> int:
+    if type(n) is not int or n < 0:
+        raise ProtocolError("bad_data", "count")
+    return n
+
+
+def _node(nodes: list[bytes], i: Any) -> bytes:
+    if type(i) is not int or not 0 <= i < len(nodes):
+        raise ProtocolError("bad_data", "node index")
+    return nodes[i]
+
+
+def _element(e: Any) -> Element:
+    if type(e) not in (bytes, str, int):
+        raise ProtocolError("bad_data", "element")
+    return cast(Element, e)
+
+
+def _dots_out(dots: Iterable[Dot], nodes: _Nodes) -> list[int]:
+    flat: list[int] = []
+    for node, n in dots:
+        flat += (nodes.index(node), n)
+    return flat
+
+
+def _dots_in(flat: Any, nodes: list[bytes]) -> set[Dot]:
+    if not isinstance(flat, list) or len(flat) % 2:
+        raise ProtocolError("bad_data", "dots")
+    return {(_node(nodes, flat[i]), _count(flat[i + 1])) for i in range(0, len(flat), 2)}
+
+
+def _cc_out(cc: CausalContext, nodes: _Nodes) -> list[Any]:
+    return [{nodes.index(k): v for k, v in cc.vv.items()}, _dots_out(cc.cloud, nodes)]
+
+
+def _cc_in(body: Any, nodes: list[bytes]) -> CausalContext:
+    vv, cloud = _pair(body)
+    return CausalContext(
+        {_node(nodes, k): _count(v) for k, v in _items(vv)}, _dots_in(cloud, nodes)
+    )
