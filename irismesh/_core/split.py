@@ -99,7 +99,7 @@ def check_weights(weights: Mapping[Any, Any]) -> tuple[tuple[str, int], ...]:
     checked = []
     for name, weight in weights.items():
         version = validate_version(name)
-        if not isinstance(weight, int) or type(weight) is bool or not 0 <= weight <= MAX_WEIGHT:
+        if type(weight) is not int or not 0 <= weight <= MAX_WEIGHT:
             raise ConfigurationError(
                 f"the weight of version {version!r} must be a whole number from 0 to"
                 f" {MAX_WEIGHT}, got {weight!r}"
@@ -280,8 +280,19 @@ class Splits:
             self._read(cluster, record.node_id, record.tags)
 
     def reread(self) -> bool:
-        """The keys changed: read every record again; True if this node's notes changed."""
+        """The keys changed: seal what this node carries under its keys now, and read every
+        record again; True if this node's notes changed."""
         carried = False
+        for cluster in list(self.carried):
+            split = self.current[cluster]
+            try:
+                sealed = self._security.seal_note(cluster, self._randbytes(NOTE_SALT), split.plain)
+            except ConfigurationError:  # its key is gone: so is what this node could tell
+                del self.carried[cluster]
+            else:
+                self.carried[cluster] = sealed
+                self.current[cluster] = Split(split.stamp, split.weights, split.plain, sealed)
+            carried = True
         for cluster in self.watched:
             for record in self._directory.records():
                 carried |= self._read(cluster, record.node_id, record.tags)

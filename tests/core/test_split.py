@@ -28,7 +28,7 @@ from irismesh._core.split import (
     validate_version,
 )
 from irismesh.errors import ConfigurationError
-from irismesh.security.keyring import Keyring
+from irismesh.security.keyring import Keyring, ScopeKey
 from irismesh.security.meshkey import KeyedMembershipSecurity
 
 STAMP = 1_000
@@ -231,6 +231,31 @@ def test_a_node_without_the_clusters_key_learns_neither_split_nor_versions() -> 
     net.advance(1.0)
     assert outsider.core.split("db") is None
     assert outsider.core.split_versions("db") == ({}, 0)
+
+
+def test_a_split_and_versions_survive_a_key_rotation_done_node_by_node() -> None:
+    rng = random.Random(39)
+    old, new = (ScopeKey(scope="*", secret=rng.randbytes(32)) for _ in range(2))
+    net = MemNet(seed=39, keyring=Keyring([old]))
+    versions = {"a1": "v1", "b1": "v2"}
+    members, [client] = versioned(net, versions)
+    client.core.set_split("db", {"v2": 1}, STAMP)
+    net.collect(client)
+    net.advance(1.0)
+    nodes = [*members.values(), client]
+    for step in ([old, new], [new, old], [new]):  # add the new key, make it first, drop the old
+        for node in nodes:
+            net.rekey(node, Keyring(step))
+            net.advance(0.5)
+    net.advance(2.0)
+    late = net.add("late", seeds=[members["a1"]], keyring=Keyring([new]))
+    net.advance(1.0)
+    for node in [*nodes, late]:
+        assert split_at(node) == {"v2": 1}, node.name
+    late.core.want("db", net.now)
+    net.collect(late)
+    net.advance(0.5)
+    assert by_version(net, late, members, versions, 50) == {"v2": 50}
 
 
 def test_a_bad_version_or_split_is_a_configuration_error() -> None:
