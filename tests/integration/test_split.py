@@ -42,7 +42,7 @@ def test_set_split_returns_once_every_member_carries_it(keys: irismesh.Keyring) 
             assert status.members == {"v1": 1, "v2": 1}
             assert status.other_members == 0
             replies = Counter([await caller.request("db", b"x") for _ in range(400)])
-            assert abs(replies[b"v2"] / 400 - 0.75) < 0.08, replies
+            assert abs(replies[b"v2"] / 400 - 0.75) < 0.1, replies  # 4.6 sd
             assert await caller.clear_split("db") == 2
             await wait_until(lambda: one.split("db") is None, 5, "the clearing at a member")
 
