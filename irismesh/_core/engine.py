@@ -6,7 +6,8 @@ Who is in the mesh is `membership`'s to say: SWIM over datagrams, each node prob
 per period, so the cost per node stays flat however large the mesh grows. Each member's record
 says where it listens and, through tags only holders of the right key can read, which clusters
 it serves and which topic scopes it reads; the `directory` keeps those answers for the clusters
-and scopes this node uses.
+and scopes this node uses. Records also carry members' versions and the traffic splits of
+clusters, which `splits` reads and hands to the calls (`split`).
 
 Links carry the traffic, and only where there is traffic: `MeshCore` dials a member when this
 node calls a cluster it serves (`want`), publishes in a scope it reads, or joins the mesh
@@ -218,7 +219,6 @@ class MeshCore(CoreApi):
             clock=lambda: self._now,
         )
         self.splits = Splits(
-            node_id=node_id,
             served=self.clusters,
             security=security,
             directory=directory,
@@ -296,12 +296,11 @@ class MeshCore(CoreApi):
 
     def _interest_changed(self) -> None:
         """This node's subscriptions now reach other topic scopes: a new record says so."""
-        tags = self.directory.own_tags(self.node_id, self.clusters, self.pubsub.subscribed)
-        if tags != self.membership.me.tags:
-            self.membership.update(self._now, tags=tags)
+        self._retag()
 
     def _retag(self) -> None:
-        """What this node's record carries changed (a split's note): a new record says so."""
+        """What this node's record carries changed (subscriptions, a split's note): a new
+        record says so."""
         tags = self.directory.own_tags(self.node_id, self.clusters, self.pubsub.subscribed)
         if tags != self.membership.me.tags:
             self.membership.update(self._now, tags=tags)
@@ -683,7 +682,7 @@ class MeshCore(CoreApi):
     def set_split(self, cluster: str, weights: Mapping[str, int] | None, stamp: int) -> Split:
         """Set the split of `cluster` for the whole mesh (None: clear it), stamped `stamp`
         (newer than any set before: `split`); returns the split in effect here. This node's
-        record carries it, and the cluster's members carry it on (`split`'s docstring)."""
+        record carries it, and the cluster's members carry it on (`irismesh._core.split`)."""
         if not self._security.has_key(cluster):
             raise NoKey(cluster)
         checked = () if weights is None else check_weights(weights)
