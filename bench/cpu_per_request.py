@@ -1,14 +1,16 @@
 """CPU time per request of irismesh's caller and member: a figure a busy machine barely moves.
 
     python bench/cpu_per_request.py [--requests 150000] [--outstanding 100] [--size 100]
-                                    [--rounds 3]
+                                    [--rounds 3] [--split VERSION=WEIGHT,...]
 
 A member (a `Node` of cluster `echo` with a plain handler that returns the payload, sealed,
 telemetry on) runs in a child process on 127.0.0.1; the caller, in this process, sends
 --requests requests with --outstanding in flight after a warm-up, and each side reads its own
 CPU time (`getrusage`: user + system) around exactly those requests. Wall-clock throughput on
 a shared machine measures the machine; CPU per request measures the code, so before/after
-comparisons interleave runs of two builds with this script and compare medians.
+comparisons interleave runs of two builds with this script and compare medians. With --split
+the member serves as the first version named and the caller sets that traffic split first, so
+every request draws a version (the member's the only one linked: the split's cheapest path).
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ def cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def member(keyfile: str) -> None:
+async def member(keyfile: str, version: str) -> None:
     keys = irismesh.Keyring.load(keyfile)
-    async with irismesh.Node("echo", keyring=keys, discovery=False) as node:
+    served_as = {"version": version} if version else {}  # a build without versions: none
+    async with irismesh.Node("echo", keyring=keys, discovery=False, **served_as) as node:
 
         @node.on_request
         def echo(payload: bytes) -> bytes:
@@ -55,6 +58,8 @@ async def caller(
     assert child.stdout is not None
     async with irismesh.Node(keyring=keys, seeds=[endpoint], discovery=False) as node:
         await node.wait_for_members("echo", 1, timeout=10)
+        if args.split:
+            await node.set_split("echo", split_weights(args.split))
         payload = os.urandom(args.size)
         left = 0
 
@@ -79,9 +84,14 @@ async def caller(
     return spent / n * 1e6, member_spent / n * 1e6, n / wall
 
 
+def split_weights(text: str) -> dict[str, int]:
+    return {v: int(w) for v, _, w in (pair.partition("=") for pair in text.split(","))}
+
+
 def one_round(keyfile: Path, keys: irismesh.Keyring, args: argparse.Namespace) -> tuple[float, ...]:
+    version = next(iter(split_weights(args.split))) if args.split else ""
     child = subprocess.Popen(
-        [sys.executable, __file__, "--member", str(keyfile)],
+        [sys.executable, __file__, "--member", str(keyfile), "--version", version],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -104,10 +114,17 @@ def main() -> int:
     parser.add_argument("--outstanding", type=int, default=100)
     parser.add_argument("--size", type=int, default=100, help="payload bytes")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--split",
+        default="",
+        metavar="VERSION=WEIGHT,...",
+        help="the caller sets this traffic split first; the member serves as its first version",
+    )
     parser.add_argument("--member", metavar="KEYFILE", help=argparse.SUPPRESS)
+    parser.add_argument("--version", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.member:
-        irismesh.run(member(args.member))
+        irismesh.run(member(args.member, args.version))
         return 0
     keys = irismesh.Keyring.generate()
     results = []

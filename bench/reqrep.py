@@ -2,6 +2,7 @@
 
     python bench/reqrep.py [--quick] [--json out.json] [--duration SECONDS]
                            [--only raw,raw-asyncio,nats,mesh] [--mesh-opt KEY=VALUE ...]
+                           [--split VERSION=WEIGHT,...]
 
 Each system runs its server and its client in two OS processes (NATS adds nats-server as a
 third). The parent only orchestrates: it starts the children, relays their progress, samples
@@ -403,12 +404,15 @@ async def nats_requester(url: str, request_timeout: float) -> AsyncIterator[Requ
 
 @contextlib.asynccontextmanager
 async def mesh_requester(
-    endpoint: str, keyring_path: str, opts: dict[str, Any], request_timeout: float
+    endpoint: str, keyring_path: str, opts: dict[str, Any], request_timeout: float, split: str = ""
 ) -> AsyncIterator[Request]:
     irismesh = import_mesh()
     keys = irismesh.Keyring.load(keyring_path)
     async with irismesh.Node(keyring=keys, seeds=[endpoint], survey=False, **opts) as client:
         await client.wait_for_members(SUBJECT, count=1, timeout=10)
+        if split:  # every request then draws a version first (one group: its cheapest path)
+            weights = {v: int(w) for v, _, w in (pair.partition("=") for pair in split.split(","))}
+            await client.set_split(SUBJECT, weights, timeout=5)
         # `node.request` itself, as an application calls it (a coroutine of our own around it
         # would add a frame per request that raw-asyncio's requester does not have).
         yield functools.partial(client.request, SUBJECT, timeout=request_timeout)
@@ -481,7 +485,9 @@ async def client_async(args: argparse.Namespace, plan: Plan) -> None:
         requester = nats_requester(args.endpoint, plan.request_timeout_s)
     else:
         opts = parse_mesh_opts(args.mesh_opt)
-        requester = mesh_requester(args.endpoint, args.keyring, opts, plan.request_timeout_s)
+        requester = mesh_requester(
+            args.endpoint, args.keyring, opts, plan.request_timeout_s, args.split
+        )
     payload = payload_of(plan.size)
     async with requester as request:
         emit("phase", scenario="throughput")
@@ -543,6 +549,7 @@ class Run:
     systems: list[str]
     plans: list[Plan]
     mesh_opts: list[str]
+    split: str = ""
     keyring_path: str = ""
     nats_server: str | None = None
     results: dict[str, dict[str, dict[str, Any]]] = dataclasses.field(default_factory=dict)
@@ -566,6 +573,8 @@ def child_argv(role: str, system: str, run: Run, *extra: str) -> list[str]:
         argv += ["--keyring", run.keyring_path]
         for opt in [*run.mesh_opts, *MESH_VARIANTS[system]]:
             argv += ["--mesh-opt", opt]
+        if run.split:
+            argv += ["--split", run.split]
     budget = sum(plan.budget_s() for plan in run.plans) + 60.0
     return [*argv, "--max-seconds", f"{budget:.0f}", *extra]
 
@@ -753,7 +762,12 @@ def warn_if_busy() -> float:
 def main_parent(args: argparse.Namespace) -> int:
     raise_keyboard_interrupt_on_sigterm()
     busy_before = warn_if_busy()
-    run = Run(systems=parse_only(args.only), plans=make_plans(args), mesh_opts=args.mesh_opt)
+    run = Run(
+        systems=parse_only(args.only),
+        plans=make_plans(args),
+        mesh_opts=args.mesh_opt,
+        split=args.split,
+    )
     requested = list(run.systems)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="irismesh-bench-") as tmp:
@@ -778,6 +792,7 @@ def main_parent(args: argparse.Namespace) -> int:
             "settings": {
                 "plans": [dataclasses.asdict(plan) for plan in run.plans],
                 "mesh_opts": parse_mesh_opts(run.mesh_opts),
+                "split": run.split,
                 "systems": requested,
             },
             "results": run.results,
@@ -975,6 +990,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="KEY=VALUE",
         help="extra irismesh.Node keyword for server and client (repeatable), e.g. sealer=null",
+    )
+    parser.add_argument(
+        "--split",
+        default="",
+        metavar="VERSION=WEIGHT,...",
+        help="irismesh: the client sets this traffic split on the cluster before measuring "
+        "(name the member's version with --mesh-opt version=V)",
     )
     # The children's side of this file.
     parser.add_argument("--role", choices=("server", "client"), help=argparse.SUPPRESS)

@@ -38,6 +38,7 @@ from irismesh.memory.store import Stored as Remembered
 from irismesh.node import Node, PeerInfo, SurveyResult, TelemetryConfig
 from irismesh.patterns.pubsub import Message, Subscription
 from irismesh.patterns.reqrep import deadline, time_left
+from irismesh.patterns.split import SplitView
 from irismesh.patterns.tunnel import Tunnel
 from irismesh.security.keyring import Keyring, ScopeKey
 
@@ -75,6 +76,7 @@ __all__ = [
     "Retention",
     "ScopeKey",
     "SlowConsumer",
+    "SplitView",
     "StorageError",
     "Subscription",
     "SurveyConfig",

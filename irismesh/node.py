@@ -53,6 +53,7 @@ from irismesh._core.frames import MAX_CLUSTERS, Kind, pack_error
 from irismesh._core.gossip import MAX_NAME
 from irismesh._core.priority import Priority, check_priority
 from irismesh._core.records import MemberState, validate_name
+from irismesh._core.split import validate_version
 from irismesh._datagrams import DatagramSocket
 from irismesh._driver import Driver, ZmqDriver, listen
 from irismesh._spin import Spin
@@ -84,6 +85,7 @@ from irismesh.patterns.reqrep import (
     as_bytes,
     deadline,
 )
+from irismesh.patterns.split import SplitApi
 from irismesh.patterns.tunnel import (
     DEFAULT_MAX_MESSAGE,
     DEFAULT_WINDOW,
@@ -161,7 +163,7 @@ class ServedClusters(tuple[str, ...]):
         return self.lister()
 
 
-class Node(MemoryApi, DataApi, KeyringApi):
+class Node(MemoryApi, DataApi, KeyringApi, SplitApi):
     """A node of the mesh: member of `cluster` (or a pure client when None).
 
     `name` labels the node for people: its peers (`peers()`, `mesh peers`, `mesh top`) and its
@@ -171,6 +173,11 @@ class Node(MemoryApi, DataApi, KeyringApi):
 
     `metrics="127.0.0.1:9464"` (or IRISMESH_METRICS) serves the node's counters live in the
     Prometheus text format at http://127.0.0.1:9464/metrics (`telemetry.metrics_endpoint`).
+
+    `version="v2"` is the version this member serves its clusters as: a traffic split
+    (`set_split`) weighs a cluster's versions. Up to 32 printable characters without
+    whitespace or '='; a member without one belongs to the version "". Callers learn it under
+    each cluster's key only.
     """
 
     def __init__(
@@ -198,8 +205,10 @@ class Node(MemoryApi, DataApi, KeyringApi):
         zmq_context: zmq.Context[zmq.Socket[bytes]] | None = None,
         transport: str | None = None,
         metrics: str | None = None,
+        version: str | None = None,
     ) -> None:
         self.name = default_name() if name is None else validate_name(name)
+        self.version = validate_version("" if version is None else version)
         if keyring is None:
             keyring = Keyring.from_env() or _default_keyring()
         names = ([cluster] if cluster else []) + list(clusters)
@@ -392,6 +401,7 @@ class Node(MemoryApi, DataApi, KeyringApi):
             address=datagrams.address,
             now=loop.time(),
             name=self.name,
+            version=self.version,
         )
         self._membership_changed = asyncio.Event()
         self._tunnels.attach(core)

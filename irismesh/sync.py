@@ -29,6 +29,7 @@ from irismesh.patterns import pubsub as _pubsub
 from irismesh.patterns import tunnel as _tunnel
 from irismesh.patterns.pubsub import Policy
 from irismesh.patterns.reqrep import time_left
+from irismesh.patterns.split import SplitView
 from irismesh.security.keyring import Keyring
 from irismesh.security.node_keys import KeyHolders
 
@@ -57,6 +58,7 @@ class Node:
         handler_threads: int = 8,
         name: str | None = None,
         metrics: str | None = None,
+        version: str | None = None,
     ) -> None:
         self._node = _async.Node(
             cluster,
@@ -73,6 +75,7 @@ class Node:
             handler_threads=handler_threads,
             name=name,
             metrics=metrics,
+            version=version,
         )
         self._default_timeout = default_timeout
         self._pool = concurrent.futures.ThreadPoolExecutor(
@@ -143,6 +146,10 @@ class Node:
     @property
     def name(self) -> str:
         return self._node.name
+
+    @property
+    def version(self) -> str:
+        return self._node.version
 
     @property
     def stats(self) -> Mapping[str, int]:
@@ -225,6 +232,19 @@ class Node:
     def clusters(self) -> dict[str, tuple[_async.PeerInfo, ...]]:
         """As `irismesh.Node.clusters`: the clusters the keyring opens, with their members."""
         return self._call(_wrap(self._node.clusters))
+
+    def set_split(self, cluster: str, weights: Mapping[str, int], *, timeout: float = 5.0) -> int:
+        """As `irismesh.Node.set_split`: the traffic split of `cluster`, for the whole mesh."""
+        return self._call(self._node.set_split(cluster, weights, timeout=timeout))
+
+    def clear_split(self, cluster: str, *, timeout: float = 5.0) -> int:
+        return self._call(self._node.clear_split(cluster, timeout=timeout))
+
+    def split(self, cluster: str) -> dict[str, int] | None:
+        return self._call(_wrap(self._node.split, cluster))
+
+    def split_status(self, cluster: str) -> SplitView:
+        return self._call(_wrap(self._node.split_status, cluster))
 
     def use_keyring(self, keyring: Keyring) -> None:
         self._call(_wrap(self._node.use_keyring, keyring))

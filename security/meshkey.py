@@ -18,6 +18,16 @@ A record also says which keys its node holds, again only to holders of each key:
 per key of its keyring, a MAC under that key over the node id, the scope and whether the key
 is the scope's primary (`key_tags`). `mesh keys status` counts them (`key_use`), so an operator
 sees how far a rotation has spread; a node without a key learns nothing from its tags.
+
+Versions and notes. A member's version travels as one *version tag* per cluster it serves and
+key it holds for it: a MAC over the node id, the cluster and the version ("" for none), which a
+key holder checks against the versions it asks about (`version_of`), as a serving tag. A *note*
+says something of a cluster to every holder of its key, whoever carries it (a traffic split,
+which members copy from record to record): AES-256-GCM under a key of its own, drawn from the
+cluster's key and a fresh salt (so its fixed nonce never repeats under one key), the cluster
+bound in as associated data. It sits in the tags 8-byte aligned behind a *locator*, a MAC
+under the cluster's key over the cluster's name (6 bytes) and its length (2 bytes), padded to
+a multiple of 8 bytes; to anyone else it is a run of tags that match nothing.
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from irismesh._core.gossip import DatagramSealer, NullDatagramSealer
+from irismesh._core.records import NOTE_SALT
 from irismesh.errors import ProtocolError
 from irismesh.security.keyring import MESH_SCOPE, Keyring, ScopeKey
 
@@ -111,6 +122,11 @@ _MEMBER_DOMAIN = b"irismesh/v1/member\x00"
 _INTEREST_DOMAIN = b"irismesh/v1/interest\x00"
 _EVERY_SCOPE = "\x00every"
 _HOLDS_DOMAIN = b"irismesh/v1/holds\x00"
+_VERSION_DOMAIN = b"irismesh/v1/version\x00"
+_NOTE_AT_DOMAIN = b"irismesh/v1/note-at\x00"
+_NOTE_KEY_DOMAIN = b"irismesh/v1/note-key\x00"
+_NOTE_HEAD = struct.Struct("!6sH")  # locator, length of the salt and the sealed note
+_NOTE_NONCE = bytes(12)  # every note has a key of its own
 # Key tags in one record: the mesh key's and `*`'s first, then other scopes' in file order.
 MAX_KEY_TAGS = 16
 FIRST, ALSO = "first", "also"
@@ -219,6 +235,65 @@ class KeyedMembershipSecurity:
                 if self._interest_tag(key.secret, node_id, name) in offered:
                     return True
         return False
+
+    def version_tags(self, node_id: bytes, clusters: Iterable[str], version: str) -> bytes:
+        return b"".join(
+            self._version_tag(key.secret, node_id, cluster, version)
+            for cluster in clusters
+            for key in self._keyring.accepted(cluster)
+        )
+
+    def version_of(
+        self, node_id: bytes, tags: bytes, cluster: str, versions: Iterable[str]
+    ) -> str | None:
+        if not tags:
+            return None
+        offered = _split(tags)
+        keys = self._keyring.accepted(cluster)
+        for version in versions:
+            for key in keys:
+                if self._version_tag(key.secret, node_id, cluster, version) in offered:
+                    return version
+        return None
+
+    def seal_note(self, cluster: str, salt: bytes, note: bytes) -> bytes:
+        secret = self._keyring.require(cluster).secret
+        name = cluster.encode()
+        aead = AESGCM(_mac(secret, _NOTE_KEY_DOMAIN, name, b"\x00", salt))
+        locator = _mac(secret, _NOTE_AT_DOMAIN, name)[:6]
+        sealed = salt + aead.encrypt(_NOTE_NONCE, note, locator + name)
+        return _NOTE_HEAD.pack(locator, len(sealed)) + sealed + bytes(-len(sealed) % TAG_SIZE)
+
+    def open_notes(self, tags: bytes, cluster: str) -> list[tuple[bytes, bytes]]:
+        found: list[tuple[bytes, bytes]] = []
+        if not tags:
+            return found
+        name = cluster.encode()
+        for key in self._keyring.accepted(cluster):
+            locator = _mac(key.secret, _NOTE_AT_DOMAIN, name)[:6]
+            at = tags.find(locator)
+            while at >= 0:
+                if at % TAG_SIZE == 0 and at + _NOTE_HEAD.size <= len(tags):
+                    _, length = _NOTE_HEAD.unpack_from(tags, at)
+                    start = at + _NOTE_HEAD.size
+                    sealed = tags[start : start + length]
+                    if len(sealed) == length > NOTE_SALT:
+                        salt = sealed[:NOTE_SALT]
+                        aead = AESGCM(_mac(key.secret, _NOTE_KEY_DOMAIN, name, b"\x00", salt))
+                        whole = tags[at : start + length + (-length % TAG_SIZE)]
+                        try:
+                            note = aead.decrypt(_NOTE_NONCE, sealed[NOTE_SALT:], locator + name)
+                        except InvalidTag:
+                            pass  # noise that looked like a locator, or a forgery
+                        else:
+                            found.append((note, whole))
+                at = tags.find(locator, at + 1)
+        return found
+
+    @staticmethod
+    def _version_tag(secret: bytes, node_id: bytes, cluster: str, version: str) -> bytes:
+        message = (_VERSION_DOMAIN, node_id, cluster.encode(), b"\x00", version.encode())
+        return _mac(secret, *message)[:TAG_SIZE]
 
     @staticmethod
     def _holds_tag(secret: bytes, node_id: bytes, scope: str, use: str) -> bytes:

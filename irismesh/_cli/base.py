@@ -29,6 +29,7 @@ import irismesh
 from irismesh import _env
 from irismesh._cli import config
 from irismesh._core.records import validate_name
+from irismesh._core.split import validate_version
 from irismesh._core.topics import validate_pattern, validate_topic
 from irismesh.errors import ConfigurationError, MembershipTimeout
 
@@ -186,6 +187,14 @@ def node_name(text: str) -> str:
     """--name: what peers, `mesh peers`, `mesh top` and the telemetry report call the node."""
     try:
         return validate_name(text)
+    except ConfigurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def version_name(text: str) -> str:
+    """--version: what version a member serves as (`mesh split` weighs versions)."""
+    try:
+        return validate_version(text)
     except ConfigurationError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -414,9 +423,11 @@ def make_node(
     clusters: Sequence[str] = (),
     name: str | None = None,
     memory: Path | None = None,
+    version: str | None = None,
 ) -> irismesh.Node:
     """The command's own node; a pure client unless `clusters` are given (or a `memory`
-    directory, which makes it a memory member); named `name`, else by host and process id."""
+    directory, which makes it a memory member); named `name`, else by host and process id;
+    serving as `version` (traffic splits), else as none."""
     return irismesh.Node(
         clusters[0] if clusters else None,
         keyring=keys,
@@ -430,6 +441,7 @@ def make_node(
         name=name,
         memory=memory,
         metrics=getattr(args, "metrics", None),
+        version=version,
     )
 
 

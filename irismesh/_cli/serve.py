@@ -37,6 +37,7 @@ from irismesh._cli.base import (
     seconds,
     short_id,
     text_fields,
+    version_name,
 )
 from irismesh._cli.tunnel import BLOCK
 
@@ -65,6 +66,8 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
             "at most --concurrency run at once (a tunnel beyond that is refused). --name names\n"
             "the node for its peers, `mesh peers`, `mesh top` and the telemetry report (1-64\n"
             "printable characters, no whitespace; default: host name and process id).\n"
+            "--version V is the version it serves as, which a traffic split weighs\n"
+            "(`mesh split`).\n"
             "--metrics ADDR serves Prometheus metrics at http://ADDR/metrics. The\n"
             "first line printed says where the node listens (--json: an object with\n"
             "`endpoint`, `node_id` and `name`)."
@@ -116,6 +119,12 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
         type=node_name,
         metavar="NAME",
         help="what peers and reports call this node (default: host name and process id)",
+    )
+    parser.add_argument(
+        "--version",
+        type=version_name,
+        metavar="V",
+        help="the version this member serves as, which `mesh split` weighs (default: none)",
     )
     add_joining_options(parser, wait=None, wait_help="")
     add_metrics_option(parser)
@@ -220,7 +229,7 @@ async def run_node(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with make_node(args, keys, clusters, args.name) as node:
+    async with make_node(args, keys, clusters, args.name, version=args.version) as node:
         reload_keys_on_hangup(node)
         if handler is not None:
             node.on_request(_logging(handler))
@@ -236,6 +245,7 @@ async def run_node(args: argparse.Namespace) -> int:
                     "node_id": node.node_id.hex(),
                     "name": node.name,
                     "clusters": clusters,
+                    **({"version": node.version} if node.version else {}),
                     **({"metrics": node.metrics_address} if node.metrics_address else {}),
                 }
             )
@@ -243,8 +253,11 @@ async def run_node(args: argparse.Namespace) -> int:
             names = ", ".join(map(repr, clusters))
             me = short_id(node.node_id.hex())
             metrics = f"; metrics on {node.metrics_address}" if node.metrics_address else ""
+            version = f", version {node.version}" if node.version else ""
             print(
-                f"member of {names} listening on {node.endpoint} (node {me}, {node.name})"
+                f"member of {names} listening on {node.endpoint} (node {me}, {node.name}"
+                + version
+                + ")"
                 + metrics,
                 flush=True,
             )

@@ -18,6 +18,7 @@ from irismesh._core.outbox import Outbox
 from irismesh._core.pubsub import PubSubCore
 from irismesh._core.records import Member
 from irismesh._core.replycache import ReplyCache
+from irismesh._core.split import Splits
 from irismesh._core.tunnels import TunnelTable
 
 
@@ -29,6 +30,7 @@ class CoreApi:
     pubsub: PubSubCore
     tunnels: TunnelTable
     membership: Membership
+    splits: Splits
     _demand: LinkDemand
     _out: dict[int, OutLink]
     _in: dict[bytes, InLink]
@@ -91,7 +93,10 @@ class CoreApi:
 
     def want(self, cluster: str, now: float) -> int:
         """This node calls `cluster`: link to its members; how many membership knows, less
-        those this node found gone itself (`LinkDemand.unreachable`)."""
+        those this node found gone itself (`LinkDemand.unreachable`). Its traffic split
+        applies from now on."""
+        if cluster not in self.splits.called:
+            self.splits.call(cluster)
         return self._demand.want(cluster, now)
 
     def take_datagrams(self) -> list[tuple[str, bytes]]:

@@ -73,6 +73,7 @@ from irismesh._core.pending import PendingRequest, PendingRequests
 from irismesh._core.priority import label
 from irismesh._core.replycache import ReplyCache
 from irismesh._core.sealing import LinkSecurity
+from irismesh._core.split import Route
 from irismesh._core.throttle import Throttle
 from irismesh._core.throttle import key as throttle_key
 from irismesh.errors import (
@@ -150,6 +151,8 @@ class Calls(LinkObserver):
         # that asks its mesh for requests to it; and, on that core, the requests it relays.
         self.relays: dict[str, Calls] = {}
         self.relaying: dict[int, tuple[Calls, Token]] = {}
+        # Cluster -> its traffic split, for the clusters called that have one (`split`).
+        self.routes: dict[str, Route] = {}
 
     # ----------------------------------------------------------------- caller
 
@@ -218,9 +221,14 @@ class Calls(LinkObserver):
         if not self.throttle.admit(throttle_key(cluster, priority), now, self._rng):
             self._stats["requests_throttled"] += 1
             raise Overloaded(reason="throttled", cluster=cluster)
-        link = balancer.choose(members, self._rng)
+        candidates = members
+        if self.routes:  # a traffic split: a version by weight first, then the usual choice
+            route = self.routes.get(cluster)
+            if route is not None:
+                candidates = route.narrow(members, self._rng)
+        link = balancer.choose(candidates, self._rng)
         if link.suspect:  # silent lately: another member if there is one that is not
-            heard = [m for m in members if not m.suspect]
+            heard = [m for m in candidates if not m.suspect]
             if heard:
                 link = balancer.choose(heard, self._rng)
         req_id = self._next_req

@@ -40,15 +40,27 @@ class Directory:
         self._by_endpoint: dict[str, bytes] = {}
         self._servers: dict[str, dict[bytes, MemberRecord]] = {}
         self._readers: dict[str, dict[bytes, MemberRecord]] = {}
+        # This node's own record: the version it serves its clusters as ("" none), and the
+        # sealed notes it carries by cluster (traffic splits: `split`).
+        self.version = ""
+        self.notes: dict[str, bytes] = {}
 
     def own_tags(self, node_id: bytes, clusters: Iterable[str], patterns: Iterable[str]) -> bytes:
-        """The tags of this node's own record: the clusters it serves, and the topic scopes its
-        subscription `patterns` read (a pattern whose first word is a wildcard reads them all)."""
+        """The tags of this node's own record: the clusters it serves and as which version, the
+        topic scopes its subscription `patterns` read (a pattern whose first word is a wildcard
+        reads them all), and its notes (those that fit)."""
         scopes = {pattern.partition(".")[0] for pattern in patterns}
         every = bool(scopes & {"*", "#"})
-        tags = self._security.member_tags(node_id, clusters)
+        served = tuple(clusters)
+        tags = self._security.member_tags(node_id, served)
         if scopes:
             tags += self._security.interest_tags(node_id, scopes - {"*", "#"}, every)
+        # Versions and notes only weigh the balance: they never crowd out what routes.
+        room = max(0, MAX_TAGS - len(tags)) // KEY_TAG_SIZE * KEY_TAG_SIZE
+        tags += self._security.version_tags(node_id, served, self.version)[:room]
+        for note in self.notes.values():
+            if len(tags) + len(note) <= MAX_TAGS:
+                tags += note
         # Key tags only report a rotation's progress: they never crowd out what routes.
         room = max(0, MAX_TAGS - len(tags)) // KEY_TAG_SIZE * KEY_TAG_SIZE
         return tags + self._security.key_tags(node_id)[:room]

@@ -6,7 +6,8 @@ Who is in the mesh is `membership`'s to say: SWIM over datagrams, each node prob
 per period, so the cost per node stays flat however large the mesh grows. Each member's record
 says where it listens and, through tags only holders of the right key can read, which clusters
 it serves and which topic scopes it reads; the `directory` keeps those answers for the clusters
-and scopes this node uses.
+and scopes this node uses. Records also carry members' versions and the traffic splits of
+clusters, which `splits` reads and hands to the calls (`split`).
 
 Links carry the traffic, and only where there is traffic: `MeshCore` dials a member when this
 node calls a cluster it serves (`want`), publishes in a scope it reads, or joins the mesh
@@ -53,7 +54,7 @@ it inherits from `api.CoreApi`, which delegate to the concerns) are the core's w
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from random import Random
 from typing import Any
 
@@ -101,8 +102,9 @@ from irismesh._core.records import (
     validate_name,
 )
 from irismesh._core.sealing import NodeSecurity
+from irismesh._core.split import Split, Splits, check_weights, validate_version
 from irismesh._core.tunnels import TunnelTable
-from irismesh.errors import ConfigurationError, ProtocolError
+from irismesh.errors import ConfigurationError, NoKey, ProtocolError
 
 _PING, _PONG, _REQUEST, _REPLY = int(Kind.PING), int(Kind.PONG), int(Kind.REQUEST), int(Kind.REPLY)
 _BROADCAST, _SURVEY, _BATCH = int(Kind.BROADCAST), int(Kind.SURVEY), int(Kind.BATCH)
@@ -140,9 +142,11 @@ class MeshCore(CoreApi):
         address: str | None = None,
         now: float = 0.0,
         name: str = "",
+        version: str = "",
     ) -> None:
         self.node_id = node_id
         self.name = validate_name(name) if name else ""
+        self.version = validate_version(version)
         self.endpoint = endpoint
         self.address = address or address_of(endpoint)
         self.clusters = tuple(dict.fromkeys(clusters))
@@ -171,6 +175,7 @@ class MeshCore(CoreApi):
         # Membership, and what its records say this node can reach.
         stats = self.stats
         self.directory = directory = Directory(security)
+        directory.version = self.version
         tags = directory.own_tags(node_id, self.clusters, ())
         record = MemberRecord(node_id, endpoint, self.address, tags, self.name)
         self.membership = membership = Membership(
@@ -212,6 +217,15 @@ class MeshCore(CoreApi):
             cluster_slot=self._handshake.cluster_slot,
             want=self.want,
             clock=lambda: self._now,
+        )
+        self.splits = Splits(
+            served=self.clusters,
+            security=security,
+            directory=directory,
+            randbytes=randbytes,
+            stats=stats,
+            routes=calls.routes,
+            carried=directory.notes,
         )
         self.pubsub = pubsub = PubSubCore(
             config=config,
@@ -282,6 +296,11 @@ class MeshCore(CoreApi):
 
     def _interest_changed(self) -> None:
         """This node's subscriptions now reach other topic scopes: a new record says so."""
+        self._retag()
+
+    def _retag(self) -> None:
+        """What this node's record carries changed (subscriptions, a split's note): a new
+        record says so."""
         tags = self.directory.own_tags(self.node_id, self.clusters, self.pubsub.subscribed)
         if tags != self.membership.me.tags:
             self.membership.update(self._now, tags=tags)
@@ -289,11 +308,14 @@ class MeshCore(CoreApi):
     def _after_membership(self, now: float) -> None:
         """Act on what membership decided: peers up, suspect or down; new nodes to link to."""
         membership, events, directory = self.membership, self.outbox.events, self.directory
-        gained = False
+        splits = self.splits
+        gained = retag = False
         while membership.events:
             changes, membership.events = membership.events, []
             for change in changes:
                 gained |= directory.on_event(change)
+                if splits.watched:
+                    retag |= splits.on_event(change)
                 if isinstance(change, MemberUp):
                     record = change.record
                     self.stats["peers_up"] += 1
@@ -312,6 +334,8 @@ class MeshCore(CoreApi):
                 elif isinstance(change, MemberChanged):  # a newer incarnation's record
                     self._put_back(change.record.node_id)
             self.pubsub.readers_changed()
+        if retag:
+            self._retag()
         if gained:
             self._demand.dial_wanted(now)
 
@@ -650,6 +674,34 @@ class MeshCore(CoreApi):
         self.pubsub.readers_changed()
         if self.directory.recheck():
             self._demand.dial_wanted(now)
+        if self.splits.reread():
+            self._retag()
+
+    # ----------------------------------------------------------------- traffic splits
+
+    def set_split(self, cluster: str, weights: Mapping[str, int] | None, stamp: int) -> Split:
+        """Set the split of `cluster` for the whole mesh (None: clear it), stamped `stamp`
+        (newer than any set before: `split`); returns the split in effect here. This node's
+        record carries it, and the cluster's members carry it on (`irismesh._core.split`)."""
+        if not self._security.has_key(cluster):
+            raise NoKey(cluster)
+        checked = () if weights is None else check_weights(weights)
+        split = self.splits.set(cluster, checked, stamp)
+        self._retag()
+        return split
+
+    def split(self, cluster: str) -> Split | None:
+        """The newest split of `cluster` this node knows (cleared: no weights), or None."""
+        return self.splits.view(cluster)
+
+    def split_carriers(self, cluster: str, stamp: int) -> tuple[int, int]:
+        """(live members of `cluster` carrying its split stamped `stamp` or later, live
+        members of `cluster`)."""
+        return self.splits.carriers(cluster, stamp)
+
+    def split_versions(self, cluster: str) -> tuple[dict[str, int], int]:
+        """Live members of `cluster` by version its split names, and those of other versions."""
+        return self.splits.versions(cluster)
 
     # ----------------------------------------------------------------- time
 

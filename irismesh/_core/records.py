@@ -5,10 +5,12 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import Final, NamedTuple, Protocol
 
 from irismesh._core.gossip import MAX_DATAGRAM, MAX_NAME, is_name
 from irismesh.errors import ConfigurationError
+
+NOTE_SALT: Final = 16  # bytes of fresh salt a note is sealed with (`seal_note`)
 
 
 class MemberState(enum.IntEnum):
@@ -153,8 +155,29 @@ class MembershipSecurity(Protocol):
         readable only by a holder of that key: how far a key rotation has spread."""
         ...
 
+    def version_tags(self, node_id: bytes, clusters: Iterable[str], version: str) -> bytes:
+        """The tags saying that `node_id` serves `clusters` as `version` ("" for none)."""
+        ...
+
+    def version_of(
+        self, node_id: bytes, tags: bytes, cluster: str, versions: Iterable[str]
+    ) -> str | None:
+        """Which of `versions` the tags show `node_id` serving `cluster` as (None: none)."""
+        ...
+
+    def seal_note(self, cluster: str, salt: bytes, note: bytes) -> bytes:
+        """`note` sealed for the holders of `cluster`'s key, as it sits in a record's tags
+        (a multiple of 8 bytes); `salt` is fresh random bytes (NOTE_SALT of them)."""
+        ...
+
+    def open_notes(self, tags: bytes, cluster: str) -> list[tuple[bytes, bytes]]:
+        """The notes on `cluster` that the tags carry (none without its key): each opened,
+        and as it sits in the tags (to carry it on as it is)."""
+        ...
+
 
 __all__ = [
+    "NOTE_SALT",
     "Member",
     "MemberChanged",
     "MemberDown",

@@ -99,6 +99,7 @@ class NodeSpec:
     keyring: Keyring
     config: CoreConfig
     security: SecurityFactory
+    version: str = ""
 
 
 @dataclass(eq=False)
@@ -194,6 +195,7 @@ class MemNet:
         keyring: Keyring | None = None,
         config: CoreConfig | None = None,
         security: SecurityFactory | None = None,
+        version: str = "",
     ) -> MemNode:
         spec = NodeSpec(
             clusters=tuple(clusters),
@@ -201,6 +203,7 @@ class MemNet:
             keyring=keyring or self.keyring,
             config=config or self.config,
             security=security or self.security,
+            version=version,
         )
         return self._start(name, f"tcp://{name}:7000", handler, spec)
 
@@ -216,6 +219,7 @@ class MemNet:
             config=spec.config,
             now=self.now,
             name=name,
+            version=spec.version,
         )
         node = MemNode(name, endpoint, core, handler, spec, security=security)
         self.nodes[name] = node

@@ -164,7 +164,8 @@ def test_key_tags_never_push_a_record_past_its_tag_limit() -> None:
     tags = directory.own_tags(b"n" * 16, clusters, ())
     assert len(tags) == MAX_TAGS  # every member tag kept, no key tag past the limit
     few = Directory(KeyedLinkSecurity(Keyring.generate(["*", "db"])))
-    assert len(few.own_tags(b"n" * 16, ["db"], ())) == 8 + 2 * 8  # db's tag, then two key tags
+    # db's tag, the version tag of db (none: ""), then two key tags.
+    assert len(few.own_tags(b"n" * 16, ["db"], ())) == 8 + 8 + 2 * 8
 
 
 def test_a_link_opened_before_the_rotation_and_not_used_yet_serves_after_it() -> None:
