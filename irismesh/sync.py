@@ -57,6 +57,7 @@ class Node:
         handler_threads: int = 8,
         name: str | None = None,
         metrics: str | None = None,
+        tracing: bool | None = None,
     ) -> None:
         self._node = _async.Node(
             cluster,
@@ -73,6 +74,7 @@ class Node:
             handler_threads=handler_threads,
             name=name,
             metrics=metrics,
+            tracing=tracing,
         )
         self._default_timeout = default_timeout
         self._pool = concurrent.futures.ThreadPoolExecutor(

@@ -72,8 +72,9 @@ _ACK_MARK = 0.05  # seconds between the marks of when acks came (`LinkEnd._ack_m
 
 Item = list[Any]
 # (cluster, payload, timeout, done): a request served in-process, `done(reply, error)` once.
+# (cluster, payload, timeout, done, the caller's trace context)
 ServeRequest = Callable[
-    [str, bytes, float, Callable[[bytes | None, BaseException | None], None]], None
+    [str, bytes, float, Callable[[bytes | None, BaseException | None], None], bytes], None
 ]
 
 
