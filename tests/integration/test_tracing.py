@@ -233,7 +233,8 @@ def test_a_node_that_does_not_trace_serves_traced_calls_and_sends_no_context(
     run(main())
     [call] = recorded.spans  # the traced caller's: the member makes none
     assert call.name == "db/request"
-    context = b"00-%032x-%016x-01" % (trace_id(call), span_id(call))
+    flags = call.get_span_context().trace_flags  # type: ignore[union-attr]
+    context = b"00-%032x-%016x-%02x" % (trace_id(call), span_id(call), flags)
     assert seen == [context, b""]
 
 
