@@ -251,3 +251,16 @@ def test_tracing_is_on_by_default_only_with_a_provider_set_or_when_asked(
         assert tracing_wanted(None, {}) is False  # the API alone records nothing
     with pytest.raises(irismesh.ConfigurationError):
         tracing_wanted(None, {"IRISMESH_TRACING": "maybe"})
+
+
+def test_without_the_api_a_node_does_not_trace_and_asking_says_what_to_install(
+    keys: irismesh.Keyring, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from irismesh.telemetry import tracing
+
+    monkeypatch.setattr(tracing, "installed", lambda: False)
+    monkeypatch.delenv("IRISMESH_TRACING", raising=False)
+    assert tracing_wanted(None, {}) is False
+    assert irismesh.Node(keyring=keys).tracing is None
+    with pytest.raises(irismesh.ConfigurationError, match=r"irismesh\[otel\]"):
+        irismesh.Node(keyring=keys, tracing=True)
