@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
+from contextvars import Token as ContextToken
 from functools import partial
 from typing import TYPE_CHECKING, Any, overload
 
@@ -340,15 +341,9 @@ class HandlerRunner:
             if event.priority:
                 self.stats["requests_admitted_" + label(event.priority)] += 1
         mark = _deadline.set(event.deadline)
-        entered = None
         traced = None
         if event.trace:  # the handler runs in its caller's trace
-            traced = _trace_in.set(event.trace)
-            if self.tracing is not None:
-                span, entered = self.tracing.serve(
-                    event.cluster, METHODS.get(event.kind, "request"), event.trace
-                )
-                self._spans[event.token[:2]] = span
+            traced = self._enter(event)
         began = _perf_counter()
         try:
             if self.blocking:
@@ -390,14 +385,12 @@ class HandlerRunner:
         finally:
             _deadline.reset(mark)
             if traced is not None:
-                _trace_in.reset(traced)
-                if entered is not None:
-                    self._leave(entered)
+                self._leave(traced)
         if type(result) is bytes and not self._ack_only:  # _finish's common case, inlined
             self._reply(event.token, result)
             if started and serving is not None:
                 serving[event.cluster].finish(event.token[0], started, len(result), _OK)
-            if self._spans:
+            if traced is not None:
                 self._end_span(event, None)
         else:
             self._finish(event, started, result)
@@ -410,8 +403,22 @@ class HandlerRunner:
                 self._pumping = True  # a fresh slice once the loop has polled for I/O
                 asyncio.get_running_loop().call_soon(self._pump)
 
-    def _leave(self, entered: object) -> None:
+    def _enter(self, event: RequestArrived) -> tuple[ContextToken[bytes], object]:
+        """The run of `event`, which came with trace context, starts: in that context (and,
+        tracing on, in a SERVER span of its own, made current); what `_leave` takes."""
+        reset = _trace_in.set(event.trace)
+        entered = None
         if self.tracing is not None:
+            method = METHODS.get(event.kind, "request")
+            span, entered = self.tracing.serve(event.cluster, method, event.trace)
+            self._spans[event.token[:2]] = span
+        return reset, entered
+
+    def _leave(self, traced: tuple[ContextToken[bytes], object]) -> None:
+        """The handler has run (or suspended): the context `_enter` set is left."""
+        reset, entered = traced
+        _trace_in.reset(reset)
+        if entered is not None and self.tracing is not None:
             self.tracing.leave(entered)
 
     def _end_span(self, event: RequestArrived, error: BaseException | None) -> None:

@@ -127,7 +127,15 @@ class Tracing:
 
     def __init__(self, node_name: str, provider: TracerProvider | None = None) -> None:
         from opentelemetry import context, trace
-        from opentelemetry.trace import SpanKind, Status, StatusCode
+        from opentelemetry.trace import (
+            NonRecordingSpan,
+            SpanContext,
+            SpanKind,
+            Status,
+            StatusCode,
+            TraceFlags,
+            TraceState,
+        )
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         from irismesh import __version__
@@ -139,8 +147,9 @@ class Tracing:
         self._propagator = TraceContextTextMapPropagator()
         self._client, self._server = SpanKind.CLIENT, SpanKind.SERVER
         self._producer, self._consumer = SpanKind.PRODUCER, SpanKind.CONSUMER
-        self._error = Status(StatusCode.ERROR)
         self._status, self._code = Status, StatusCode.ERROR
+        self._remote = NonRecordingSpan
+        self._span_context, self._flags, self._state = SpanContext, TraceFlags, TraceState
         self.node_name = node_name
 
     # ----------------------------------------------------------------- context
@@ -158,7 +167,32 @@ class Tracing:
         return encode(parent, state)
 
     def extract(self, trace: bytes) -> Context:
-        """The OpenTelemetry Context a carried context stands for."""
+        """The OpenTelemetry Context a carried context stands for.
+
+        A version-00 traceparent in its canonical form (what nodes send) is read here, at a
+        fraction of the propagator's cost (a regular expression); anything else goes to the
+        propagator, which knows every rule of the format."""
+        head, _, state = trace.partition(b"\n")
+        if len(head) == 55 and head.startswith(b"00-") and head[35] == head[52] == 0x2D:
+            digits = head[3:35] + head[36:52] + head[53:55]
+            if digits.isalnum() and digits == digits.lower():  # lowercase hex, or int says no
+                try:
+                    trace_id, span_id = int(digits[:32], 16), int(digits[32:48], 16)
+                    flags = int(digits[48:], 16)
+                except ValueError:
+                    trace_id = span_id = 0
+                if trace_id and span_id:
+                    tracestate = None
+                    if state:
+                        tracestate = self._state.from_header([state.decode("ascii", "replace")])
+                    remote = self._span_context(
+                        trace_id,
+                        span_id,
+                        is_remote=True,
+                        trace_flags=self._flags(flags),
+                        trace_state=tracestate,
+                    )
+                    return self._trace.set_span_in_context(self._remote(remote))
         return self._propagator.extract(decode(trace))
 
     def current(self) -> bytes:

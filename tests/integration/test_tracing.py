@@ -264,3 +264,38 @@ def test_without_the_api_a_node_does_not_trace_and_asking_says_what_to_install(
     assert irismesh.Node(keyring=keys).tracing is None
     with pytest.raises(irismesh.ConfigurationError, match=r"irismesh\[otel\]"):
         irismesh.Node(keyring=keys, tracing=True)
+
+
+@pytest.mark.parametrize(
+    "carried",
+    [
+        b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00\ncongo=t61rcWkgMzE,rojo=00f0",
+        b"00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01",  # not lowercase
+        b"00-00000000000000000000000000000000-b7ad6b7169203331-01",  # no trace id
+        b"00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",  # no span id
+        b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-0g",
+        b"00-+af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        b"01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-future",  # a later version
+        b"ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        b"garbage",
+        b"\xff\xfe",
+    ],
+)
+def test_a_carried_context_reads_as_the_w3c_propagator_reads_it(carried: bytes) -> None:
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    from irismesh.telemetry.tracing import Tracing, decode
+
+    ours = trace.get_current_span(Tracing("t").extract(carried)).get_span_context()
+    theirs = trace.get_current_span(
+        TraceContextTextMapPropagator().extract(decode(carried))
+    ).get_span_context()
+    assert (ours.is_valid, ours.trace_id, ours.span_id, ours.trace_flags, ours.is_remote) == (
+        theirs.is_valid,
+        theirs.trace_id,
+        theirs.span_id,
+        theirs.trace_flags,
+        theirs.is_remote,
+    )
+    assert dict(ours.trace_state or {}) == dict(theirs.trace_state or {})
