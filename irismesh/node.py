@@ -920,6 +920,7 @@ class Node(MemoryApi, KeyringApi):
         hedge: float | bool | None,
         kind: int = _KIND_REQUEST,
         priority: int = 0,
+        trace: bytes = b"",
     ) -> bytes:
         _core, driver = self._caller.running()
         loop = driver.loop
@@ -936,7 +937,9 @@ class Node(MemoryApi, KeyringApi):
             if left <= 0:
                 raise RequestTimeout(cluster, budget, waited)
             try:
-                return await self._caller.request(cluster, payload, left, hedge, kind, priority)
+                return await self._caller.request(
+                    cluster, payload, left, hedge, kind, priority, trace
+                )
             except NoResponders:
                 waited += 1
                 self._serving_stats["requests_queued_for_member"] += 1

@@ -708,10 +708,12 @@ class Caller:
         hedge: float | bool | None,
         kind: int = _KIND_REQUEST,
         priority: int = 0,
+        trace: bytes = b"",
     ) -> bytes:
-        """`Node.request`: one member's reply (`kind` JOB: a queued job the memory hands out)."""
+        """`Node.request`: one member's reply (`kind` JOB: a queued job the memory hands out,
+        continuing the `trace` it was queued in)."""
         try:
-            req_id, fut = self.send(cluster, payload, timeout, hedge, kind, priority)
+            req_id, fut = self.send(cluster, payload, timeout, hedge, kind, priority, trace=trace)
         except MeshError:
             if self.turns.spend():  # refused at once: a retry loop must not keep the loop
                 await self.turns.pause()

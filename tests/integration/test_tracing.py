@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Iterator
+from pathlib import Path
 
 import pytest
 from helpers import wait_until
@@ -299,3 +300,40 @@ def test_a_carried_context_reads_as_the_w3c_propagator_reads_it(carried: bytes) 
         theirs.is_remote,
     )
     assert dict(ours.trace_state or {}) == dict(theirs.trace_state or {})
+
+
+def test_a_queued_job_runs_in_the_trace_it_was_queued_in(
+    keys: irismesh.Keyring, recorded: Recorded, tmp_path: Path
+) -> None:
+    tracer = recorded.provider.get_tracer("test")
+    ran: list[int] = []
+
+    async def main() -> None:
+        traced = {"tracing": recorded.provider}
+        memory = await irismesh.Node(keyring=keys, memory=tmp_path / "m", **traced).start()
+        producer = irismesh.Node(keyring=keys, seeds=[memory.endpoint], **traced)
+        worker = irismesh.Node("work", keyring=keys, seeds=[memory.endpoint], **traced)
+
+        @worker.on_request
+        def handle(payload: bytes) -> bytes:
+            ran.append(trace.get_current_span().get_span_context().trace_id)
+            return b"ok"
+
+        await producer.start()
+        await worker.start()
+        try:
+            await producer.wait_for_members("_memory", 1, timeout=10)
+            with tracer.start_as_current_span("produce"):
+                await producer.enqueue("work", b"job")
+            await wait_until(lambda: ran, 15, "the job to run")
+        finally:
+            await asyncio.gather(worker.close(), producer.close(), memory.close())
+
+    run(main())
+    [produce] = [s for s in recorded.spans if s.name == "produce"]
+    [job_run] = recorded.named(SpanKind.SERVER, "work/job")
+    [dispatch] = recorded.named(SpanKind.CLIENT, "work/job")
+    assert ran == [trace_id(produce)]
+    assert trace_id(job_run) == trace_id(produce)
+    assert parent_of(dispatch) == span_id(produce)  # the memory's call continues the producer's
+    assert parent_of(job_run) == span_id(dispatch)
