@@ -43,6 +43,7 @@ from irismesh.errors import (
     TunnelError,
     TunnelReset,
 )
+from irismesh.patterns.reqrep import continue_trace, incoming_trace
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -420,9 +421,10 @@ class Tunnels:
 
     async def open(self, cluster: str, timeout: float, window: int, max_message: int) -> Tunnel:
         tracing = self.tracing
+        passed = incoming_trace()  # within a handler (or a gateway's relay): its caller's
         if tracing is None:
-            return await self._open_tunnel(cluster, timeout, window, max_message, b"")
-        span, trace = tracing.call(cluster, "tunnel")
+            return await self._open_tunnel(cluster, timeout, window, max_message, passed)
+        span, trace = tracing.call(cluster, "tunnel", passed)
         try:
             tunnel = await self._open_tunnel(cluster, timeout, window, max_message, trace)
         except BaseException as exc:
@@ -484,17 +486,19 @@ class Tunnels:
             # The handler's task starts in its SERVER span's context (a copy of the current).
             span, entered = self.tracing.serve(event.cluster, "tunnel", event.trace)
             try:
-                task = loop.create_task(self._serve(handler, tunnel, span))
+                task = loop.create_task(self._serve(handler, tunnel, event.trace, span))
             finally:
                 self.tracing.leave(entered)
         else:
-            task = loop.create_task(self._serve(handler, tunnel))
+            task = loop.create_task(self._serve(handler, tunnel, event.trace))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _serve(
-        self, handler: TunnelHandler, tunnel: Tunnel, span: Span | None = None
+        self, handler: TunnelHandler, tunnel: Tunnel, trace: bytes = b"", span: Span | None = None
     ) -> None:
+        if trace:  # this task's context: the caller's trace, for what the handler calls
+            continue_trace(trace)
         error: BaseException | None = None
         try:
             await handler(tunnel)

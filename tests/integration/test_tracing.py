@@ -337,3 +337,63 @@ def test_a_queued_job_runs_in_the_trace_it_was_queued_in(
     assert trace_id(job_run) == trace_id(produce)
     assert parent_of(dispatch) == span_id(produce)  # the memory's call continues the producer's
     assert parent_of(job_run) == span_id(dispatch)
+
+
+def test_calls_and_tunnels_keep_their_trace_through_a_gateway_pair(
+    recorded: Recorded,
+) -> None:
+    """Mesh a serves "db" and exports it; the caller is in mesh b. The gateways make no spans:
+    each member span is the child of its caller's span across them."""
+    from contextlib import AsyncExitStack
+
+    from irismesh.federation import LinkConfig
+
+    fast = LinkConfig(heartbeat=0.1, dead_after=0.6, retry=0.2, resend_after=0.4)
+    local = "tcp://127.0.0.1:0"
+    a_keys, b_keys, link = (irismesh.Keyring.generate() for _ in range(3))
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            member = irismesh.Node("db", keyring=a_keys, bind=local, tracing=recorded.provider)
+            await stack.enter_async_context(member)
+            member.on_request(lambda payload: b"ok")
+            member.on_broadcast(lambda payload: None)
+            member.on_survey(lambda payload: b"fine")
+
+            @member.on_tunnel
+            async def echo(tunnel: irismesh.Tunnel) -> None:
+                async for message in tunnel:
+                    await tunnel.send(message)
+                await tunnel.send_eof()
+
+            common = {"link_keyring": link, "link_config": fast, "bind": local}
+            gw_a = irismesh.Gateway(
+                "a", keyring=a_keys, listen=local, export=("db",), seeds=[member.endpoint], **common
+            )
+            await stack.enter_async_context(gw_a)
+            gw_b = irismesh.Gateway("b", keyring=b_keys, peers=(gw_a.endpoint,), **common)
+            await stack.enter_async_context(gw_b)
+            client = irismesh.Node(
+                keyring=b_keys, seeds=[gw_b.node.endpoint], bind=local, tracing=recorded.provider
+            )
+            await stack.enter_async_context(client)
+            await client.wait_for_members("db", timeout=10)
+            assert await client.request("db", b"x", timeout=5) == b"ok"
+            await client.broadcast("db", b"all", timeout=5)
+            await client.survey("db", b"?", timeout=5)
+            async with client.tunnel("db", timeout=5) as tunnel:
+                await tunnel.send(b"ping")
+                assert await tunnel.recv() == b"ping"
+                await tunnel.send_eof()
+                with pytest.raises(irismesh.EndOfStream):
+                    await tunnel.recv()
+            await wait_until(
+                lambda: recorded.named(SpanKind.SERVER, "db/tunnel"), 5, "the tunnel's end"
+            )
+
+    run(main())
+    for method in ("request", "broadcast", "survey", "tunnel"):
+        [call] = recorded.named(SpanKind.CLIENT, f"db/{method}")
+        [served] = recorded.named(SpanKind.SERVER, f"db/{method}")
+        assert trace_id(served) == trace_id(call), method
+        assert parent_of(served) == span_id(call), method
