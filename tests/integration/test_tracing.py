@@ -397,3 +397,47 @@ def test_calls_and_tunnels_keep_their_trace_through_a_gateway_pair(
         [served] = recorded.named(SpanKind.SERVER, f"db/{method}")
         assert trace_id(served) == trace_id(call), method
         assert parent_of(served) == span_id(call), method
+
+
+def test_a_request_keeps_its_trace_through_gateways_of_one_process(recorded: Recorded) -> None:
+    """Gateways joined in-process hand requests core to core (`Node.relay_requests`): the
+    context goes with them as it came."""
+    from contextlib import AsyncExitStack
+
+    from irismesh.federation import LocalGateways
+
+    local = "tcp://127.0.0.1:0"
+    a_keys, b_keys = irismesh.Keyring.generate(), irismesh.Keyring.generate()
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            member = irismesh.Node("db", keyring=a_keys, bind=local, tracing=recorded.provider)
+            await stack.enter_async_context(member)
+            member.on_request(lambda payload: b"ok")
+            gateways = [
+                irismesh.Gateway(
+                    name, keyring=keys, seeds=seeds, bind=local, local=True, export=export
+                )
+                for name, keys, seeds, export in (
+                    ("a", a_keys, [member.endpoint], ["db"]),
+                    ("b", b_keys, [], []),
+                )
+            ]
+            joined = await stack.enter_async_context(LocalGateways(gateways))
+            client = irismesh.Node(
+                keyring=b_keys,
+                seeds=[joined["b"].node.endpoint],
+                bind=local,
+                tracing=recorded.provider,
+            )
+            await stack.enter_async_context(client)
+            await client.wait_for_members("db", timeout=10)
+            for _ in range(3):  # the first may take the link's path, before the relay is set
+                assert await client.request("db", b"x", timeout=5) == b"ok"
+            assert joined["a"].node.stats.get("requests_relay_served", 0) >= 1  # core to core
+
+    run(main())
+    calls = recorded.named(SpanKind.CLIENT, "db/request")
+    served = recorded.named(SpanKind.SERVER, "db/request")
+    assert len(calls) == len(served) == 3
+    assert sorted(parent_of(s) for s in served) == sorted(span_id(c) for c in calls)
