@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _harness import otel_from_env
+
 import irismesh
 
 
@@ -106,6 +108,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--member", metavar="KEYFILE", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    otel_from_env()  # IRISMESH_BENCH_OTEL=batch: tracing into the SDK (bench/tracing_cost.py)
     if args.member:
         irismesh.run(member(args.member))
         return 0
