@@ -38,6 +38,33 @@ os.environ.setdefault("IRISMESH_DISCOVERY", "0")
 
 MB = 1024 * 1024
 _PR_SET_PDEATHSIG = 1
+# IRISMESH_BENCH_OTEL=batch: a child traces into OpenTelemetry's SDK with its batch span
+# processor, whose exporter drops what it is given (bench/tracing_cost.py's "on" build).
+BENCH_OTEL = "IRISMESH_BENCH_OTEL"
+
+
+def otel_from_env() -> None:
+    """Set the SDK up as IRISMESH_BENCH_OTEL asks (a child calls it before its nodes start)."""
+    if os.environ.get(BENCH_OTEL, "") != "batch":
+        return
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.trace.export import (
+        BatchSpanProcessor,
+        SpanExporter,
+        SpanExportResult,
+    )
+
+    class Dropped(SpanExporter):
+        """Takes every batch and keeps nothing: the cost measured is the node's and the SDK's,
+        not a collector's."""
+
+        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Dropped()))
+    trace.set_tracer_provider(provider)
 
 
 class BenchError(Exception):

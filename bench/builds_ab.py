@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -65,14 +66,16 @@ def rows(bench: str, results: dict[str, Any]) -> dict[str, float]:
     return found
 
 
-def run_once(python: str, bench: str) -> dict[str, float]:
-    """One run's rates by row; none (said on stderr) if the run failed."""
+def run_once(python: str, bench: str, env: dict[str, str] | None = None) -> dict[str, float]:
+    """One run's rates by row (with `env` added to the environment); none (said on stderr)
+    if the run failed."""
     script = bench_dir(python) / f"{bench}.py"
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         done = subprocess.run(
             [python, str(script), *BENCHES[bench], "--json", out.name],
             stdout=subprocess.DEVNULL,
             cwd=tempfile.gettempdir(),
+            env=None if env is None else {**os.environ, **env},
         )
         if done.returncode != 0:
             print(f"{bench} with {python} failed (status {done.returncode})", file=sys.stderr)

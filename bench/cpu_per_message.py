@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _harness import otel_from_env
+
 import irismesh
 
 TOPIC = "bench.data"
@@ -164,6 +166,7 @@ def main() -> int:
     parser.add_argument("--telemetry", action="store_true", help="telemetry on (off by default)")
     parser.add_argument("--subscriber", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    otel_from_env()  # IRISMESH_BENCH_OTEL=batch: tracing into the SDK (bench/tracing_cost.py)
     if args.subscriber:
         keyfile, endpoint, total, profile, telemetry = args.subscriber
         irismesh.run(subscriber(keyfile, endpoint, int(total), profile, bool(telemetry)))

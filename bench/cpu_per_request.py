@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _harness import otel_from_env
+
 import irismesh
 
 
@@ -123,6 +125,7 @@ def main() -> int:
     parser.add_argument("--member", metavar="KEYFILE", help=argparse.SUPPRESS)
     parser.add_argument("--version", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    otel_from_env()  # IRISMESH_BENCH_OTEL=batch: tracing into the SDK (bench/tracing_cost.py)
     if args.member:
         irismesh.run(member(args.member, args.version))
         return 0

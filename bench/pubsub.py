@@ -40,6 +40,7 @@ from _harness import (
     find_executable,
     free_tcp_port,
     on_stdin_eof,
+    otel_from_env,
     raise_keyboard_interrupt_on_sigterm,
     wait_for_tcp,
 )
@@ -1171,6 +1172,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main() -> int:
     args = build_parser().parse_args()
     if args.role:
+        otel_from_env()
         run_child(args)
         return 0
     if args.count < 1 or (args.seconds is not None and args.seconds <= 0) or args.warmup < 0:

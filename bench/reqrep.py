@@ -40,6 +40,7 @@ from _harness import (
     free_tcp_port,
     latency_summary_us,
     on_stdin_eof,
+    otel_from_env,
     raise_keyboard_interrupt_on_sigterm,
     wait_for_tcp,
 )
@@ -1011,6 +1012,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main() -> int:
     args = build_parser().parse_args()
     if args.role:
+        otel_from_env()
         run_child(args)
         return 0
     return main_parent(args)

@@ -102,9 +102,13 @@ from irismesh.telemetry.node_telemetry import (
     TelemetryConfig,
 )
 from irismesh.telemetry.recorder import Recorder, Series
+from irismesh.telemetry.tracing import tracing_wanted
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
     from irismesh.telemetry.metrics_endpoint import MetricsEndpoint
+    from irismesh.telemetry.tracing import Tracing
 
 H = TypeVar("H", bound=RequestHandler)
 B = TypeVar("B", bound=Callable[[bytes], Any])
@@ -178,6 +182,12 @@ class Node(MemoryApi, DataApi, KeyringApi, SplitApi):
     (`set_split`) weighs a cluster's versions. Up to 32 printable characters without
     whitespace or '='; a member without one belongs to the version "". Callers learn it under
     each cluster's key only.
+
+    `tracing=True` (or IRISMESH_TRACING=1) carries W3C trace context with the node's calls
+    and messages and makes OpenTelemetry spans of them (the `otel` extra); by default a node
+    traces when the API is installed and a tracer provider was set before it was made
+    (`telemetry.tracing`). `tracing=False` turns it off; `tracing=provider` (an OpenTelemetry
+    TracerProvider) traces into that provider rather than the global one.
     """
 
     def __init__(
@@ -206,6 +216,7 @@ class Node(MemoryApi, DataApi, KeyringApi, SplitApi):
         transport: str | None = None,
         metrics: str | None = None,
         version: str | None = None,
+        tracing: bool | TracerProvider | None = None,
     ) -> None:
         self.name = default_name() if name is None else validate_name(name)
         self.version = validate_version("" if version is None else version)
@@ -290,9 +301,17 @@ class Node(MemoryApi, DataApi, KeyringApi, SplitApi):
             else None
         )
         self.recorder: Recorder | None = self.telemetry.recorder if self.telemetry else None
+        # Spans and trace context (telemetry.tracing), or None: one check per message.
+        self.tracing: Tracing | None = None
+        if tracing_wanted(tracing):
+            from irismesh.telemetry.tracing import Tracing  # imports OpenTelemetry
+
+            provider = None if tracing is None or isinstance(tracing, bool) else tracing
+            self.tracing = Tracing(self.name, provider)
         self._caller = Caller(
             default_timeout=default_timeout, busy_poll=busy_poll, telemetry=self.telemetry
         )
+        self._caller.tracing = self.tracing
         if not 1 <= handler_threads <= 1024:
             raise ConfigurationError(f"handler_threads must be 1 to 1024, got {handler_threads!r}")
         self._handler_threads = handler_threads
@@ -311,10 +330,16 @@ class Node(MemoryApi, DataApi, KeyringApi, SplitApi):
             self._serving_stats,
         )
         self._broadcasts = HandlerRunner(
-            self._reply, self._reply_error, self._flush_soon, serving, ack_only=True
+            self._reply,
+            self._reply_error,
+            self._flush_soon,
+            serving,
+            ack_only=True,
+            tracing=self.tracing,
         )
         self._surveys: HandlerRunner | None = None  # None: surveys go to the request handler
         self._pubsub = PubSub(self.node_id, self._flush_soon, self._flush_now)
+        self._pubsub.tracing = self.tracing
         # The memory: retained publishes and rereads; with `memory=DIR`, a store served here
         # (opened now, so a directory that cannot hold it is an error at once).
         member = None
@@ -333,10 +358,11 @@ class Node(MemoryApi, DataApi, KeyringApi, SplitApi):
         self._priming: set[asyncio.Task[None]] = set()  # subscriptions rereading the memory
         if member is not None:
             self._memory_runner = HandlerRunner(
-                self._reply, self._reply_error, self._flush_soon, serving
+                self._reply, self._reply_error, self._flush_soon, serving, tracing=self.tracing
             )
             self._memory_runner.handler = member.serve
         self._tunnels = Tunnels(self._flush_soon, self._flush_now, self._caller.turns)
+        self._tunnels.tracing = self.tracing
         self._membership_changed: asyncio.Event | None = None
         self._departed: dict[str, PeerInfo] = {}  # hex id -> the peer as it went
         self._closing = False
@@ -802,6 +828,7 @@ class Node(MemoryApi, DataApi, KeyringApi, SplitApi):
             ),
             turn_away=turn_away or self._turn_away,
             stats=self._serving_stats,
+            tracing=self.tracing,
         )
 
     def on_tunnel(self, handler: T, *, accept: bool = True) -> T:
@@ -882,12 +909,15 @@ class Node(MemoryApi, DataApi, KeyringApi, SplitApi):
         callback: ReplyCallback,
         *,
         timeout: float | None = None,
+        trace: bytes = b"",
     ) -> None:
         """Start a request whose reply goes to `callback(reply, None)`, or its failure (what
         `request` would raise) to `callback(None, error)`, once, as it arrives: no Future and
         no turn of the event loop in between, for code that passes many requests on (a
-        gateway). Raises at once what `request` would raise before sending."""
-        self._caller.start_callback(cluster, payload, timeout, callback)
+        gateway). Raises at once what `request` would raise before sending. `trace` is the
+        W3C trace context the request continues (`RequestArrived.trace` of a request passed
+        on), sent as it is when this node makes no spans."""
+        self._caller.start_callback(cluster, payload, timeout, callback, trace)
 
     async def caught_up(self) -> None:
         """Until this memory member, once started, has copied what the other memory members
@@ -903,6 +933,7 @@ class Node(MemoryApi, DataApi, KeyringApi, SplitApi):
         hedge: float | bool | None,
         kind: int = _KIND_REQUEST,
         priority: int = 0,
+        trace: bytes = b"",
     ) -> bytes:
         _core, driver = self._caller.running()
         loop = driver.loop
@@ -919,7 +950,9 @@ class Node(MemoryApi, DataApi, KeyringApi, SplitApi):
             if left <= 0:
                 raise RequestTimeout(cluster, budget, waited)
             try:
-                return await self._caller.request(cluster, payload, left, hedge, kind, priority)
+                return await self._caller.request(
+                    cluster, payload, left, hedge, kind, priority, trace
+                )
             except NoResponders:
                 waited += 1
                 self._serving_stats["requests_queued_for_member"] += 1
@@ -989,6 +1022,10 @@ class Node(MemoryApi, DataApi, KeyringApi, SplitApi):
             if retain:
                 msg_id = await self.memory.retain(topic, payload, timeout)
             pubsub = self._pubsub
+            if self.tracing is not None:
+                return await self._publish_traced(
+                    self.tracing, topic, payload, timeout, msg_id, priority
+                )
             sent = pubsub.publish_now(topic, payload, msg_id, priority)  # the common case
         except MeshError:
             if turns.spend():  # refused at once: a retry loop must not keep the loop
@@ -1006,6 +1043,34 @@ class Node(MemoryApi, DataApi, KeyringApi, SplitApi):
         return await pubsub.publish_later(
             topic, payload, self._default_timeout if timeout is None else timeout, msg_id, priority
         )
+
+    async def _publish_traced(
+        self,
+        tracing: Tracing,
+        topic: str,
+        payload: bytes,
+        timeout: float | None,
+        msg_id: bytes,
+        priority: int,
+    ) -> int:
+        """`publish` with tracing on: in a PRODUCER span, whose context goes with the message."""
+        span, trace = tracing.publish(topic)
+        try:
+            pubsub = self._pubsub
+            sent = pubsub.publish_now(topic, payload, msg_id, priority, trace)
+            if sent is None:
+                wait = self._default_timeout if timeout is None else timeout
+                sent = await pubsub.publish_later(topic, payload, wait, msg_id, priority, trace)
+            else:
+                turns = self._caller.turns
+                if turns.spend():
+                    await turns.pause()
+        except BaseException as exc:
+            tracing.end(span, exc)
+            raise
+        span.set_attribute("irismesh.subscribers", sent)
+        tracing.end(span)
+        return sent
 
     def subscribe(
         self,

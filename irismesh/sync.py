@@ -59,6 +59,7 @@ class Node:
         name: str | None = None,
         metrics: str | None = None,
         version: str | None = None,
+        tracing: bool | None = None,
     ) -> None:
         self._node = _async.Node(
             cluster,
@@ -76,6 +77,7 @@ class Node:
             name=name,
             metrics=metrics,
             version=version,
+            tracing=tracing,
         )
         self._default_timeout = default_timeout
         self._pool = concurrent.futures.ThreadPoolExecutor(

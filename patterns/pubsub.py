@@ -29,7 +29,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from types import TracebackType
-from typing import Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from irismesh._core.engine import MeshCore
 from irismesh._core.events import CreditArrived, InterestChanged, Listen, MessagesArrived
@@ -42,6 +42,9 @@ from irismesh.errors import (
     SlowConsumer,
 )
 from irismesh.patterns.dedup import IdWindow
+
+if TYPE_CHECKING:
+    from irismesh.telemetry.tracing import Tracing
 
 _log = logging.getLogger("irismesh.pubsub")
 
@@ -67,6 +70,9 @@ class Message(NamedTuple):
     # A retained message's id (the memory holds it too), or a message's origin id as a gateway
     # republished it from another mesh; else None. A subscription delivers each id once.
     id: bytes | None = None
+    # The W3C trace context it came with (b"": none): with tracing on, that of the span of
+    # its delivery here. `irismesh.telemetry.tracing.context_of(message)` reads it.
+    trace: bytes = b""
 
 
 class _Hold:
@@ -391,6 +397,9 @@ class PubSub:
         self.record_delivery: Callable[[str, bytes, float, int], None] | None = None
         self.unmatched = 0  # messages that arrived for no subscription (one just ended)
         self.duplicates = 0  # messages with an id a subscription had delivered: dropped
+        # Tracing on (`telemetry.tracing`): a CONSUMER span for each message delivered with
+        # trace context (the node publishes in PRODUCER spans, `Node.publish`).
+        self.tracing: Tracing | None = None
 
     def listen(self, on: Listen) -> None:
         """Sign up for the core's events this handles: messages, credit, interest."""
@@ -483,7 +492,9 @@ class PubSub:
         if stamps is not None:
             self._time_deliveries(event, stamps)
         ids = event.ids
-        plain = gaps is None  # no gap: the one subscription takes the inlined path
+        traces = event.traces
+        # No gap and no trace context: the one subscription takes the inlined path.
+        plain = gaps is None and traces is None
         routes = self._routes
         counting = self.record is not None
         free = 0  # messages no blocking subscription holds: their credit goes back now
@@ -515,7 +526,7 @@ class PubSub:
                         only.duplicates += 1  # a copy: dropped, its credit back now
                         free += 1
                         continue
-                message = _new(Message, (topic, payload, publisher, 0, msg_id))
+                message = _new(Message, (topic, payload, publisher, 0, msg_id, b""))
                 only.received += 1
                 callback = only._callback
                 if callback is None:
@@ -545,6 +556,7 @@ class PubSub:
                 gaps.get(index, 0) if gaps else 0,
                 counting and (stamps is None or index not in stamps),
                 ids.get(index) if ids else None,
+                traces.get(index, b"") if traces else b"",
             )
             if not routes:  # a callback (un)subscribed: route afresh
                 topic_now = None
@@ -566,14 +578,42 @@ class PubSub:
         gap: int,
         count: bool,
         msg_id: bytes | None = None,
+        trace: bytes = b"",
     ) -> int:
         """One message, whatever its subscriptions; returns 1 if its credit can go back now.
-        `count`: tally its delivery (not if it was timed)."""
+        `count`: tally its delivery (not if it was timed). With its publisher's `trace`
+        context and tracing on, it is delivered in a CONSUMER span (callbacks run in it)."""
         subs, blocking, _only = route
         if not subs:
             self.unmatched += 1
             return 1
-        message = _new(Message, (topic, payload, publisher, 0, msg_id))
+        if trace and self.tracing is not None:
+            span, token, trace = self.tracing.process(topic, trace, publisher)
+            try:
+                return self._deliver_to(
+                    subs, blocking, topic, payload, publisher, event, gap, count, msg_id, trace
+                )
+            finally:
+                self.tracing.leave(token)
+                self.tracing.end(span)
+        return self._deliver_to(
+            subs, blocking, topic, payload, publisher, event, gap, count, msg_id, trace
+        )
+
+    def _deliver_to(
+        self,
+        subs: tuple[Subscription, ...],
+        blocking: int,
+        topic: str,
+        payload: bytes,
+        publisher: str,
+        event: MessagesArrived,
+        gap: int,
+        count: bool,
+        msg_id: bytes | None,
+        trace: bytes,
+    ) -> int:
+        message = _new(Message, (topic, payload, publisher, 0, msg_id, trace))
         hold: _Hold | bytes | None
         if blocking == 1:
             hold = event.routing_id  # its one blocking subscription releases it
@@ -646,10 +686,11 @@ class PubSub:
     # ----------------------------------------------------------------- publishing
 
     def publish_now(
-        self, topic: str, payload: bytes, msg_id: bytes = b"", priority: int = 0
+        self, topic: str, payload: bytes, msg_id: bytes = b"", priority: int = 0, trace: bytes = b""
     ) -> int | None:
         """Publish if every target has room now (how many it went to), else None: then wait
-        with `publish_later`. The publisher's hot path, without a coroutine of its own."""
+        with `publish_later`. The publisher's hot path, without a coroutine of its own. A
+        `trace` context goes with the message (`telemetry.tracing`)."""
         core = self._core
         if core is None:
             raise Closed("node is not running")
@@ -659,7 +700,7 @@ class PubSub:
         if turns.holder is not None and turns.must_wait(priority):
             return None  # others of its priority (or higher) wait already: it queues behind
         if self._subscriptions:  # its own subscriptions may get it too
-            return self._try(core, topic, payload, msg_id)
+            return self._try(core, topic, payload, msg_id, trace)
         # _try without local subscriptions, inlined: a Python call fewer per publish.
         stamp = 0.0
         if self.stamp_every is not None:
@@ -669,7 +710,7 @@ class PubSub:
             else:
                 self._stamp_countdown = self.stamp_every()
                 stamp = time.time()
-        sent = core.pubsub.publish(topic, payload, stamp, msg_id)
+        sent = core.pubsub.publish(topic, payload, stamp, msg_id, trace)
         if sent < 0:
             return None
         self.published += 1
@@ -691,7 +732,13 @@ class PubSub:
         return await self.publish_later(topic, payload, timeout)
 
     async def publish_later(
-        self, topic: str, payload: bytes, timeout: float, msg_id: bytes = b"", priority: int = 0
+        self,
+        topic: str,
+        payload: bytes,
+        timeout: float,
+        msg_id: bytes = b"",
+        priority: int = 0,
+        trace: bytes = b"",
     ) -> int:
         """Wait for room, behind the publishes already waiting of its priority or higher,
         then publish; SlowConsumer after `timeout` (after `publish_now` found no room)."""
@@ -707,7 +754,7 @@ class PubSub:
             while True:
                 self._room.clear()
                 core = self._running()
-                sent = self._try(core, topic, payload, msg_id)
+                sent = self._try(core, topic, payload, msg_id, trace)
                 if sent is not None:
                     return sent
                 self._flush()  # what is staged goes out: the subscribers need it to make room
@@ -749,7 +796,9 @@ class PubSub:
             self._valid.clear()
         self._valid.add(topic)
 
-    def _try(self, core: MeshCore, topic: str, payload: bytes, msg_id: bytes = b"") -> int | None:
+    def _try(
+        self, core: MeshCore, topic: str, payload: bytes, msg_id: bytes = b"", trace: bytes = b""
+    ) -> int | None:
         if self._subscriptions:
             route = self._routes.get(topic)
             if route is None:
@@ -768,14 +817,15 @@ class PubSub:
             else:
                 self._stamp_countdown = self.stamp_every()
                 stamp = time.time()
-        sent = core.pubsub.publish(topic, payload, stamp, msg_id)  # the core's own: a call fewer
+        # The core's own: a call fewer.
+        sent = core.pubsub.publish(topic, payload, stamp, msg_id, trace)
         if sent < 0:
             return None
         self.published += 1
         if self.record is not None:
             self._count("publish", topic, None, len(payload), 0)
         if local:
-            message = _new(Message, (topic, payload, self._node_id, 0, msg_id or None))
+            message = _new(Message, (topic, payload, self._node_id, 0, msg_id or None, trace))
             for sub in local:
                 sub._put(message, None, 0)
             self.delivered += len(local)

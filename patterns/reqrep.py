@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
+from contextvars import Token as ContextToken
 from functools import partial
 from typing import TYPE_CHECKING, Any, overload
 
@@ -47,8 +48,11 @@ from irismesh.telemetry.node_telemetry import BROADCAST_KIND, REQUEST_KIND, SURV
 from irismesh.telemetry.schema import Outcome
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
     from irismesh.telemetry.node_telemetry import NodeTelemetry
     from irismesh.telemetry.recorder import Series
+    from irismesh.telemetry.tracing import Tracing
 
 RequestHandler = Callable[[bytes], Awaitable[bytes | bytearray | memoryview] | bytes]
 # A forwarder's handler (`Node.forward_requests`): given each request as it arrives, it answers
@@ -61,9 +65,19 @@ ReplyError = Callable[[Token, BaseException], None]
 _OK, _REMOTE_ERROR = str(Outcome.OK), str(Outcome.REMOTE_ERROR)
 _Timer = asyncio.TimerHandle | None
 _KIND_REQUEST = int(Kind.REQUEST)
+# What a call is, as its spans name it (`telemetry.tracing`).
+METHODS = {
+    _KIND_REQUEST: "request",
+    int(Kind.JOB): "job",
+    int(Kind.BROADCAST): "broadcast",
+    int(Kind.SURVEY): "survey",
+}
 SLICE = 0.005  # seconds of plain-function handlers run in a row before the loop gets a turn
 
 _deadline: ContextVar[float] = ContextVar("irismesh_deadline", default=float("inf"))
+# The trace context the call being handled came with, as it came (b"": none): what a node
+# passes on when it makes no spans of its own (a gateway), see `incoming_trace`.
+_trace_in: ContextVar[bytes] = ContextVar("irismesh_trace", default=b"")
 # What round trips and handler runs are timed by: the loop's own clock is no good for that,
 # as uvloop's moves in whole milliseconds (once per turn of the loop).
 _perf_counter = time.perf_counter
@@ -96,6 +110,18 @@ def deadline() -> float | None:
     Requests a handler makes in turn inherit it: their timeout is at most what is left."""
     at = _deadline.get()
     return None if at == float("inf") else at
+
+
+def incoming_trace() -> bytes:
+    """The W3C trace context (`telemetry.tracing`'s bytes) of the call being handled, as its
+    caller sent it; b"" outside a handler or for a call without one."""
+    return _trace_in.get()
+
+
+def continue_trace(trace: bytes) -> None:
+    """Calls made from here on in this task (or context) carry `trace` as their parent
+    context, as if they were made within a handler of a call that came with it."""
+    _trace_in.set(trace)
 
 
 def time_left() -> float | None:
@@ -135,6 +161,7 @@ class HandlerRunner:
         admission: Admission[RequestArrived] | None = None,
         turn_away: Callable[[Token, str], None] | None = None,
         stats: Counter[str] | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self._reply = reply
         self._reply_error = reply_error
@@ -163,6 +190,10 @@ class HandlerRunner:
         self._pumping = False  # a pump is scheduled on the loop
         self._shed: list[tuple[RequestArrived, str]] = []  # what one offer sheds (`run`)
         self._expiring: asyncio.TimerHandle | None = None
+        # Tracing on: a SERVER span for each run of a request that came with context, by
+        # (caller id, request id) while it runs.
+        self.tracing = tracing
+        self._spans: dict[tuple[bytes, int], Span] = {}
 
     # ----------------------------------------------------------------- admission
 
@@ -310,6 +341,9 @@ class HandlerRunner:
             if event.priority:
                 self.stats["requests_admitted_" + label(event.priority)] += 1
         mark = _deadline.set(event.deadline)
+        traced = None
+        if event.trace:  # the handler runs in its caller's trace
+            traced = self._enter(event)
         began = _perf_counter()
         try:
             if self.blocking:
@@ -350,10 +384,14 @@ class HandlerRunner:
             return
         finally:
             _deadline.reset(mark)
+            if traced is not None:
+                self._leave(traced)
         if type(result) is bytes and not self._ack_only:  # _finish's common case, inlined
             self._reply(event.token, result)
             if started and serving is not None:
                 serving[event.cluster].finish(event.token[0], started, len(result), _OK)
+            if traced is not None:
+                self._end_span(event, None)
         else:
             self._finish(event, started, result)
         # _inline_done, inlined: the hot path.
@@ -364,6 +402,30 @@ class HandlerRunner:
             if spent >= SLICE and not self._pumping:
                 self._pumping = True  # a fresh slice once the loop has polled for I/O
                 asyncio.get_running_loop().call_soon(self._pump)
+
+    def _enter(self, event: RequestArrived) -> tuple[ContextToken[bytes], object]:
+        """The run of `event`, which came with trace context, starts: in that context (and,
+        tracing on, in a SERVER span of its own, made current); what `_leave` takes."""
+        reset = _trace_in.set(event.trace)
+        entered = None
+        if self.tracing is not None:
+            method = METHODS.get(event.kind, "request")
+            span, entered = self.tracing.serve(event.cluster, method, event.trace)
+            self._spans[event.token[:2]] = span
+        return reset, entered
+
+    def _leave(self, traced: tuple[ContextToken[bytes], object]) -> None:
+        """The handler has run (or suspended): the context `_enter` set is left."""
+        reset, entered = traced
+        _trace_in.reset(reset)
+        if entered is not None and self.tracing is not None:
+            self.tracing.leave(entered)
+
+    def _end_span(self, event: RequestArrived, error: BaseException | None) -> None:
+        """The run of `event` is over: its SERVER span (if it has one) ends."""
+        span = self._spans.pop(event.token[:2], None)
+        if span is not None and self.tracing is not None:
+            self.tracing.end(span, error)
 
     def _inline_done(self, began: float, now: float) -> None:
         """A handler ran start to end inline: it counts against the slice, and as a run."""
@@ -502,6 +564,8 @@ class HandlerRunner:
         serving = self._serving
         if started and serving is not None:  # a timed run (an untimed one was counted in run)
             serving[event.cluster].finish(event.token[0], started, len(value), _OK)
+        if self._spans:
+            self._end_span(event, None)
 
     def _fail(self, event: RequestArrived, started: int, exc: BaseException) -> None:
         if isinstance(exc, TurnedAway) and self._turn_away is not None:
@@ -510,6 +574,8 @@ class HandlerRunner:
             self._reply_error(event.token, exc)
         if self._serving is not None:
             self._serving[event.cluster].finish(event.token[0], started, 0, _REMOTE_ERROR)
+        if self._spans:
+            self._end_span(event, exc)
 
     async def close(self) -> None:
         if self._expiring is not None:
@@ -603,6 +669,10 @@ class Caller:
         self._waiting: dict[
             int, tuple[asyncio.Future[bytes] | _Callback, str, float, Series | None]
         ] = {}
+        # Tracing on (`telemetry.tracing`): the CLIENT span of each request in flight that has
+        # one, by request id.
+        self.tracing: Tracing | None = None
+        self._spans: dict[int, Span] = {}
 
     def attach(self, core: MeshCore, driver: Driver) -> None:
         self._core = core
@@ -638,10 +708,12 @@ class Caller:
         hedge: float | bool | None,
         kind: int = _KIND_REQUEST,
         priority: int = 0,
+        trace: bytes = b"",
     ) -> bytes:
-        """`Node.request`: one member's reply (`kind` JOB: a queued job the memory hands out)."""
+        """`Node.request`: one member's reply (`kind` JOB: a queued job the memory hands out,
+        continuing the `trace` it was queued in)."""
         try:
-            req_id, fut = self.send(cluster, payload, timeout, hedge, kind, priority)
+            req_id, fut = self.send(cluster, payload, timeout, hedge, kind, priority, trace=trace)
         except MeshError:
             if self.turns.spend():  # refused at once: a retry loop must not keep the loop
                 await self.turns.pause()
@@ -658,6 +730,13 @@ class Caller:
         """The caller of `send` was cancelled while it waited: the core cancels the request."""
         if self._waiting.pop(req_id, None) is not None and self._core is not None:
             self._core.cancel(req_id)
+        if self._spans:
+            self._end_span(req_id, "cancelled")
+
+    def _end_span(self, req_id: int, error: BaseException | str | None) -> None:
+        span = self._spans.pop(req_id, None)
+        if span is not None and self.tracing is not None:
+            self.tracing.end(span, error)
 
     def start(self, cluster: str, payload: bytes, timeout: float | None) -> asyncio.Future[bytes]:
         """`Node.start_request`: the reply's future; cancelling it cancels the request."""
@@ -668,16 +747,25 @@ class Caller:
         def cancelled(done: asyncio.Future[bytes]) -> None:
             if done.cancelled() and self._waiting.pop(req_id, None) is not None:
                 core.cancel(req_id)
+                if self._spans:
+                    self._end_span(req_id, "cancelled")
 
         fut.add_done_callback(cancelled)
         return fut
 
     def start_callback(
-        self, cluster: str, payload: bytes, timeout: float | None, callback: ReplyCallback
+        self,
+        cluster: str,
+        payload: bytes,
+        timeout: float | None,
+        callback: ReplyCallback,
+        trace: bytes = b"",
     ) -> None:
         """`Node.request_callback`: `callback(reply, None)` or `callback(None, error)` once,
-        as the reply (or the failure) arrives; no Future."""
-        self.send(cluster, payload, timeout, None, spin=False, callback=_Callback(callback))
+        as the reply (or the failure) arrives; no Future. `trace`: the context it continues."""
+        self.send(
+            cluster, payload, timeout, None, spin=False, callback=_Callback(callback), trace=trace
+        )
 
     @overload
     def send(
@@ -691,6 +779,7 @@ class Caller:
         *,
         spin: bool = True,
         callback: None = None,
+        trace: bytes = b"",
     ) -> tuple[int, asyncio.Future[bytes]]: ...
 
     @overload
@@ -705,6 +794,7 @@ class Caller:
         *,
         spin: bool = True,
         callback: _Callback,
+        trace: bytes = b"",
     ) -> tuple[int, _Callback]: ...
 
     def send(
@@ -718,12 +808,14 @@ class Caller:
         *,
         spin: bool = True,
         callback: _Callback | None = None,
+        trace: bytes = b"",
     ) -> tuple[int, asyncio.Future[bytes] | _Callback]:
         """`request` up to its wait: check the request, hand it to the core, and arm the timer
         of its deadline; returns its id and the future of its reply, which the caller awaits
         (and `abandon`s when cancelled). `Node.request` awaits it itself: one coroutine per
         request instead of two. With `callback`, the reply goes to it instead of a Future
-        (returned in the Future's place)."""
+        (returned in the Future's place). `trace`: the context the request continues (a
+        gateway passing a call on), else the current one's when tracing is on."""
         core = self._core
         driver = self._driver
         if core is None or driver is None or self.closed:
@@ -749,12 +841,18 @@ class Caller:
             hedge = None
         if priority:
             priority = check_priority(priority)
-        try:
-            req_id = core.calls.request(cluster, payload, timeout, now, hedge, kind, priority)
-        except MeshError as exc:
-            if self._telemetry is not None:
-                self._telemetry.refused(cluster, len(payload), exc, REQUEST_KIND)
-            raise
+        tracing = self.tracing
+        if tracing is None and not trace:
+            try:
+                req_id = core.calls.request(cluster, payload, timeout, now, hedge, kind, priority)
+            except MeshError as exc:
+                if self._telemetry is not None:
+                    self._telemetry.refused(cluster, len(payload), exc, REQUEST_KIND)
+                raise
+        else:
+            req_id = self._request_traced(
+                tracing, core, cluster, payload, timeout, now, hedge, kind, priority, trace
+            )
         fut: asyncio.Future[bytes] | _Callback = (
             loop.create_future() if callback is None else callback
         )
@@ -776,6 +874,45 @@ class Caller:
         if self.busy_poll and spin and len(waiting) == 1:
             self._spin_for(req_id, fut, core, driver)
         return req_id, fut
+
+    def _request_traced(
+        self,
+        tracing: Tracing | None,
+        core: MeshCore,
+        cluster: str,
+        payload: bytes,
+        timeout: float,
+        now: float,
+        hedge: float | None,
+        kind: int,
+        priority: int,
+        parent: bytes,
+    ) -> int:
+        """`send`'s request to the core with tracing on, or with a `parent` context to pass
+        on: with tracing, in a CLIENT span of its own (the child of the current span, else of
+        `parent`), whose context goes with it, and which ends with the reply or the failure;
+        without, with `parent` as it came."""
+        if tracing is None:
+            try:
+                return core.calls.request(
+                    cluster, payload, timeout, now, hedge, kind, priority, parent
+                )
+            except MeshError as exc:
+                if self._telemetry is not None:
+                    self._telemetry.refused(cluster, len(payload), exc, REQUEST_KIND)
+                raise
+        span, trace = tracing.call(cluster, METHODS.get(kind, "request"), parent)
+        try:
+            req_id = core.calls.request(
+                cluster, payload, timeout, now, hedge, kind, priority, trace
+            )
+        except MeshError as exc:
+            tracing.end(span, exc)
+            if self._telemetry is not None:
+                self._telemetry.refused(cluster, len(payload), exc, REQUEST_KIND)
+            raise
+        self._spans[req_id] = span
+        return req_id
 
     def _spin_for(
         self, req_id: int, fut: asyncio.Future[bytes] | _Callback, core: MeshCore, driver: Driver
@@ -818,9 +955,15 @@ class Caller:
                 if timeout <= 0:
                     raise RequestTimeout(cluster, 0.0, 0)
             label = BROADCAST_KIND if kind is Kind.BROADCAST else SURVEY_KIND
+            span = None
+            trace = _trace_in.get()  # a call handled here (or a gateway's) continues
+            if self.tracing is not None:  # one CLIENT span for the call to every member
+                span, trace = self.tracing.call(cluster, METHODS[int(kind)], trace)
             try:
-                sent = core.fanout(int(kind), cluster, payload, timeout, now)
+                sent = core.fanout(int(kind), cluster, payload, timeout, now, trace)
             except MeshError as exc:
+                if span is not None and self.tracing is not None:
+                    self.tracing.end(span, exc)
                 if self._telemetry is not None:
                     self._telemetry.refused(cluster, len(payload), exc, label)
                 raise
@@ -843,6 +986,8 @@ class Caller:
             for req_id, _member in sent:
                 if self._waiting.pop(req_id, None) is not None:
                     core.cancel(req_id)
+            if span is not None and self.tracing is not None:
+                self.tracing.end(span, "cancelled")
             raise
         answers: dict[str, bytes] = {}
         errors: dict[str, MeshError] = {}
@@ -857,6 +1002,10 @@ class Caller:
                 errors[member] = error
             else:  # pragma: no cover - futures only ever get MeshErrors
                 raise error
+        if span is not None and self.tracing is not None:
+            span.set_attribute("irismesh.members", len(futures))
+            span.set_attribute("irismesh.members_answered", len(answers))
+            self.tracing.end(span)
         return answers, errors, missing
 
     def on_reply(self, event: ReplyArrived) -> None:
@@ -874,6 +1023,8 @@ class Caller:
             if self.reply_spin is not None:
                 self.reply_spin.observe(self._lone_spun, time.perf_counter() - self._lone_at)
         fut, cluster, started, series = entry
+        if self._spans:
+            self._end_span(req_id, None if status == STATUS_OK else unpack_error(payload)[0])
         if status == STATUS_OK:
             if not fut.done():
                 fut.set_result(payload)
@@ -897,6 +1048,8 @@ class Caller:
         if event.req_id == self._lone:
             self._lone = -1
         entry = self._waiting.pop(event.req_id, None)
+        if self._spans:
+            self._end_span(event.req_id, event.error)
         if entry is not None:
             fut, _cluster, started, series = entry
             if not fut.done():

@@ -27,7 +27,7 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Generator
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from irismesh._core.engine import MeshCore
 from irismesh._core.events import Listen, TunnelArrived, TunnelFrame
@@ -43,6 +43,12 @@ from irismesh.errors import (
     TunnelError,
     TunnelReset,
 )
+from irismesh.patterns.reqrep import continue_trace, incoming_trace
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+    from irismesh.telemetry.tracing import Tracing
 
 CHUNK = 64 << 10
 DEFAULT_WINDOW = 1 << 20
@@ -389,6 +395,9 @@ class Tunnels:
         self.record: Callable[[Tunnel], None] | None = None  # telemetry, as a tunnel ends
         self.window = DEFAULT_WINDOW
         self.max_message = DEFAULT_MAX_MESSAGE
+        # Tracing on (`telemetry.tracing`): a CLIENT span from open to accept, and a SERVER
+        # span around the handler of a tunnel opened with trace context.
+        self.tracing: Tracing | None = None
 
     def attach(self, core: MeshCore) -> None:
         self._core = core
@@ -411,8 +420,24 @@ class Tunnels:
         return len(self._open)
 
     async def open(self, cluster: str, timeout: float, window: int, max_message: int) -> Tunnel:
+        tracing = self.tracing
+        passed = incoming_trace()  # within a handler (or a gateway's relay): its caller's
+        if tracing is None:
+            return await self._open_tunnel(cluster, timeout, window, max_message, passed)
+        span, trace = tracing.call(cluster, "tunnel", passed)
+        try:
+            tunnel = await self._open_tunnel(cluster, timeout, window, max_message, trace)
+        except BaseException as exc:
+            tracing.end(span, exc)
+            raise
+        tracing.end(span)
+        return tunnel
+
+    async def _open_tunnel(
+        self, cluster: str, timeout: float, window: int, max_message: int, trace: bytes
+    ) -> Tunnel:
         core = self.core()
-        handle = core.open_tunnel(cluster, window)
+        handle = core.open_tunnel(cluster, window, trace)
         peer = core.tunnel_peer(handle).hex()  # the member it went to
         tunnel = Tunnel(self, handle, cluster, peer, window, max_message)
         self._open[handle] = tunnel
@@ -456,11 +481,25 @@ class Tunnels:
         if self.accept_first:
             tunnel.accept()
         self._open[event.handle] = tunnel
-        task = asyncio.get_running_loop().create_task(self._serve(handler, tunnel))
+        loop = asyncio.get_running_loop()
+        if event.trace and self.tracing is not None:
+            # The handler's task starts in its SERVER span's context (a copy of the current).
+            span, entered = self.tracing.serve(event.cluster, "tunnel", event.trace)
+            try:
+                task = loop.create_task(self._serve(handler, tunnel, event.trace, span))
+            finally:
+                self.tracing.leave(entered)
+        else:
+            task = loop.create_task(self._serve(handler, tunnel, event.trace))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _serve(self, handler: TunnelHandler, tunnel: Tunnel) -> None:
+    async def _serve(
+        self, handler: TunnelHandler, tunnel: Tunnel, trace: bytes = b"", span: Span | None = None
+    ) -> None:
+        if trace:  # this task's context: the caller's trace, for what the handler calls
+            continue_trace(trace)
+        error: BaseException | None = None
         try:
             await handler(tunnel)
         except (TunnelReset, EndOfStream):
@@ -472,6 +511,7 @@ class Tunnels:
                 "tunnel handler for %r raised %s: %s", tunnel.cluster, type(exc).__name__, exc
             )
             log.debug("the tunnel handler's traceback", exc_info=True)
+            error = exc
             reason = f"handler raised {type(exc).__name__}: {exc}"[:500]
             core = self._core
             if core is not None and tunnel._reset is None:
@@ -481,6 +521,8 @@ class Tunnels:
                 self.forget(tunnel._handle)
                 tunnel._end(reason)
         finally:
+            if span is not None and self.tracing is not None:
+                self.tracing.end(span, error)
             await tunnel.close()
 
     async def close(self) -> None:

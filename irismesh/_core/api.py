@@ -134,13 +134,20 @@ class CoreApi:
         hedge: float | None = None,
         kind: int = 5,  # Kind.REQUEST
         priority: int = 0,
+        trace: bytes = b"",
     ) -> int:
-        return self.calls.request(cluster, payload, timeout, now, hedge, kind, priority)
+        return self.calls.request(cluster, payload, timeout, now, hedge, kind, priority, trace)
 
     def fanout(
-        self, kind: int, cluster: str, payload: bytes, timeout: float, now: float
+        self,
+        kind: int,
+        cluster: str,
+        payload: bytes,
+        timeout: float,
+        now: float,
+        trace: bytes = b"",
     ) -> list[tuple[int, bytes]]:
-        return self.calls.fanout(kind, cluster, payload, timeout, now)
+        return self.calls.fanout(kind, cluster, payload, timeout, now, trace)
 
     def request_link(self, req_id: int) -> int:
         return self.calls.request_link(req_id)
@@ -166,14 +173,21 @@ class CoreApi:
     def blocked_subscribers(self, topic: str) -> list[bytes]:
         return self.pubsub.blocked_subscribers(topic)
 
-    def publish(self, topic: str, payload: bytes, stamp: float = 0.0, msg_id: bytes = b"") -> int:
-        return self.pubsub.publish(topic, payload, stamp, msg_id)
+    def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        stamp: float = 0.0,
+        msg_id: bytes = b"",
+        trace: bytes = b"",
+    ) -> int:
+        return self.pubsub.publish(topic, payload, stamp, msg_id, trace)
 
     def release(self, routing_id: bytes, count: int = 1) -> bool:
         return self.pubsub.release(routing_id, count)
 
-    def open_tunnel(self, cluster: str, window: int) -> int:
-        return self.tunnels.open(cluster, window, self._now)
+    def open_tunnel(self, cluster: str, window: int, trace: bytes = b"") -> int:
+        return self.tunnels.open(cluster, window, self._now, trace)
 
     def tunnel_accept(self, handle: int, window: int) -> None:
         self.tunnels.accept(handle, window)

@@ -35,6 +35,11 @@ failure later (its deadline, no member left) comes out as a RequestFailed event,
 request; the node hands it to `relay_failed`. The importing core still remembers the request
 in its reply cache, so a resend of it is answered as any other's.
 
+Trace context. A call may carry its caller's trace context (opaque bytes, see `frames.TRACED`):
+kept with the pending request, so every resend, migration and hedge carries it too, and sent
+only to members that read it; a member hands it on in the RequestArrived event, and a relay
+passes it to the other core as it came. A call without it costs one check.
+
 Hot paths: `_send_request`, `on_reply`, `on_request` and `reply` run once per message; their
 encoding and staging are inlined, and what they call is bound once.
 """
@@ -61,6 +66,7 @@ from irismesh._core.frames import (
     STATUS_ERROR,
     STATUS_OK,
     STATUS_OVERLOADED,
+    TRACE_FIELDS,
     Kind,
     decode_reply,
     decode_request,
@@ -89,7 +95,9 @@ from irismesh.errors import (
 )
 
 _REQUEST, _REPLY, _CANCEL = int(Kind.REQUEST), int(Kind.REPLY), int(Kind.CANCEL)
+_TRACED = int(Kind.TRACED)
 _pack_request = REQUEST_FIELDS.pack
+_pack_trace = TRACE_FIELDS.pack
 
 
 def _release(request: PendingRequest) -> None:
@@ -199,6 +207,7 @@ class Calls(LinkObserver):
         hedge: float | None = None,
         kind: int = _REQUEST,
         priority: int = 0,
+        trace: bytes = b"",
     ) -> int:
         """Send a request to one member of `cluster`; returns its id for the events.
 
@@ -206,7 +215,7 @@ class Calls(LinkObserver):
         and the first reply wins (for idempotent requests: both may run). `kind` is REQUEST,
         or JOB for a queued job the memory hands out (REQUEST's layout and handling).
         `priority` (a checked int, see `priority`) goes with it, and orders it in this node's
-        outbox.
+        outbox. A `trace` context (frames.TRACED) goes with it to members that read one.
         """
         members = self.linked.get(cluster)
         if (  # the hot path asks members_for only when it cannot go ahead at once
@@ -217,7 +226,7 @@ class Calls(LinkObserver):
         ):
             members = self.members_for(cluster, len(payload), 1, now)
             if not members:  # its members' links are opening: it waits for one
-                return self._park(cluster, payload, timeout, now, kind, priority)
+                return self._park(cluster, payload, timeout, now, kind, priority, trace)
         if not self.throttle.admit(throttle_key(cluster, priority), now, self._rng):
             self._stats["requests_throttled"] += 1
             raise Overloaded(reason="throttled", cluster=cluster)
@@ -238,6 +247,8 @@ class Calls(LinkObserver):
         )
         if priority:
             request.priority = priority
+        if trace:
+            request.trace = trace
         self.pending.add(request)
         if hedge is not None and hedge < timeout and len(members) > 1:
             request.hedge_at = now + hedge
@@ -245,11 +256,17 @@ class Calls(LinkObserver):
             self._hedge_tokens = min(
                 self.config.hedge_burst, self._hedge_tokens + self.config.hedge_ratio
             )
-        self._send_request(link, req_id, cluster, payload, timeout, kind, priority)
+        self._send_request(link, req_id, cluster, payload, timeout, kind, priority, trace)
         return req_id
 
     def fanout(
-        self, kind: int, cluster: str, payload: bytes, timeout: float, now: float
+        self,
+        kind: int,
+        cluster: str,
+        payload: bytes,
+        timeout: float,
+        now: float,
+        trace: bytes = b"",
     ) -> list[tuple[int, bytes]]:
         """Send a BROADCAST or SURVEY to every live member: [(req id, member id), ...]."""
         members = self.members_for(cluster, len(payload), 0, now)
@@ -262,10 +279,19 @@ class Calls(LinkObserver):
             req_id = self._next_req
             self._next_req += 1
             request = PendingRequest(
-                req_id, cluster, payload, now + timeout, timeout, now, link, kind=kind, pinned=True
+                req_id,
+                cluster,
+                payload,
+                now + timeout,
+                timeout,
+                now,
+                link,
+                kind=kind,
+                pinned=True,
+                trace=trace,
             )
             self.pending.add(request)
-            self._send_request(link, req_id, cluster, payload, timeout, kind)
+            self._send_request(link, req_id, cluster, payload, timeout, kind, 0, trace)
             sent.append((req_id, link.peer_id))
         return sent
 
@@ -298,6 +324,7 @@ class Calls(LinkObserver):
         timeout: float,
         kind: int = _REQUEST,
         priority: int = 0,
+        trace: bytes = b"",
     ) -> None:
         # The hot path: encode_header and encode_request inlined (measured).
         link.outstanding += 1
@@ -314,6 +341,9 @@ class Calls(LinkObserver):
             body = _pack_request(req_id, timeout_ms, rank | n) + ACKS[n].pack(*acks) + payload
         else:
             body = _pack_request(req_id, timeout_ms, rank) + payload
+        if trace and link.traces:  # frames.encode_traced, inlined
+            body = _pack_trace(kind, len(trace)) + trace + body
+            kind = _TRACED
         outbox = self._outbox
         if priority:  # staged in its class: sealed and sent before the lower ones
             outbox.stage_ranked(link, priority, slot, kind, body)
@@ -346,10 +376,18 @@ class Calls(LinkObserver):
             remaining,
             request.kind,
             request.priority,
+            request.trace,
         )
 
     def _park(
-        self, cluster: str, payload: bytes, timeout: float, now: float, kind: int, priority: int
+        self,
+        cluster: str,
+        payload: bytes,
+        timeout: float,
+        now: float,
+        kind: int,
+        priority: int,
+        trace: bytes,
     ) -> int:
         """A request that waits for a member's link to come up (`link_up`) or its deadline."""
         req_id = self._next_req
@@ -359,6 +397,7 @@ class Calls(LinkObserver):
         )
         request.attempts = 0  # not sent yet
         request.priority = priority
+        request.trace = trace
         self.pending.add(request)
         self._stats["requests_parked"] += 1
         return req_id
@@ -550,9 +589,10 @@ class Calls(LinkObserver):
         kind: int,
         start: int = 0,
         end: int = -1,
+        trace: bytes = b"",
     ) -> None:
         """A REQUEST (or BROADCAST, SURVEY, JOB): all of `body`, or its entry
-        `body[start:end]` in a BATCH."""
+        `body[start:end]` in a BATCH; with the caller's `trace` context, if it sent one."""
         if slot == 0 or slot >= len(link.scopes) or link.scopes[slot] is None:
             raise ProtocolError("bad_scope", str(slot))
         req_id, timeout_ms, acks, payload, priority = decode_request(body, start, end)
@@ -577,7 +617,7 @@ class Calls(LinkObserver):
         if self.relays and kind == _REQUEST and cluster in self.relays:
             if priority:  # its reply goes in its class
                 entry.priority = priority
-            self._relay(cluster, payload, timeout_ms, now, token, priority)
+            self._relay(cluster, payload, timeout_ms, now, token, priority, trace)
             return
         if priority:
             entry.priority = priority
@@ -587,6 +627,8 @@ class Calls(LinkObserver):
             arrived = RequestArrived(token, cluster, payload, kind, deadline, priority)
         else:
             arrived = RequestArrived(token, cluster, payload, kind, deadline)
+        if trace:
+            arrived.trace = trace
         self._outbox.events.append(arrived)
 
     def turn_away(self, token: Token, reason: str) -> None:
@@ -654,22 +696,38 @@ class Calls(LinkObserver):
     # ----------------------------------------------------------------- relays
 
     def _relay(
-        self, cluster: str, payload: bytes, timeout_ms: int, now: float, token: Token, priority: int
+        self,
+        cluster: str,
+        payload: bytes,
+        timeout_ms: int,
+        now: float,
+        token: Token,
+        priority: int,
+        trace: bytes,
     ) -> None:
         """A request for a relayed cluster: to the other core now (see `relays`)."""
         self._stats["requests_relayed"] += 1
         if priority:
             self._stats["requests_arrived_" + label(priority)] += 1
-        self.relays[cluster].relay_request(cluster, payload, timeout_ms / 1000, now, self, token)
+        relay = self.relays[cluster]
+        relay.relay_request(cluster, payload, timeout_ms / 1000, now, self, token, trace)
 
     def relay_request(
-        self, cluster: str, payload: bytes, timeout: float, now: float, back: Calls, token: Token
+        self,
+        cluster: str,
+        payload: bytes,
+        timeout: float,
+        now: float,
+        back: Calls,
+        token: Token,
+        trace: bytes = b"",
     ) -> None:
-        """Ask this core's mesh for a request the core `back` took (request `token` there):
-        its reply is answered there as it arrives; what cannot be sent is answered at once."""
+        """Ask this core's mesh for a request the core `back` took (request `token` there),
+        with its caller's `trace` context as it came: its reply is answered there as it
+        arrives; what cannot be sent is answered at once."""
         self._stats["requests_relay_served"] += 1
         try:
-            req_id = self.request(cluster, payload, timeout, now)
+            req_id = self.request(cluster, payload, timeout, now, trace=trace)
         except MeshError as exc:
             back.relay_refused(token, exc)
             return

@@ -78,6 +78,7 @@ from irismesh._core.frames import (
     Kind,
     batch_spans,
     decode_header,
+    decode_traced,
 )
 from irismesh._core.handshake import Handshake
 from irismesh._core.links import (
@@ -112,9 +113,16 @@ _JOB = int(Kind.JOB)
 _SUBSCRIBE, _UNSUBSCRIBE = int(Kind.SUBSCRIBE), int(Kind.UNSUBSCRIBE)
 _CREDIT, _PUBLISH, _TUNNEL = int(Kind.CREDIT), int(Kind.PUBLISH), int(Kind.TUNNEL)
 _PUBLISH_STAMPED = int(Kind.PUBLISH_STAMPED)
-_PUBLISH_KINDS = (_PUBLISH, _PUBLISH_STAMPED, int(Kind.PUBLISH_RETAINED), int(Kind.PUBLISH_RUN))
+_PUBLISH_KINDS = (
+    _PUBLISH,
+    _PUBLISH_STAMPED,
+    int(Kind.PUBLISH_RETAINED),
+    int(Kind.PUBLISH_RUN),
+    int(Kind.PUBLISH_TRACED),
+)
 _BYE, _CANCEL = int(Kind.BYE), int(Kind.CANCEL)
-_CALL_KINDS = frozenset((_REQUEST, _BROADCAST, _SURVEY, _JOB, _TUNNEL))
+_TRACED = int(Kind.TRACED)
+_CALL_KINDS = frozenset((_REQUEST, _BROADCAST, _SURVEY, _JOB, _TUNNEL, _TRACED))
 _REPLY_KINDS = frozenset((_REPLY, _TUNNEL))
 _REKEY = "rekey"  # the BYE reason of a link closed because a key it used was removed
 _MAX_INBOUND = 4096  # links peers dialled to this node at once
@@ -464,8 +472,13 @@ class MeshCore(CoreApi):
                 for entry_kind, start, end in batch_spans(body, _CALL_KINDS):
                     if entry_kind == _TUNNEL:
                         self._on_tunnel_in(link, scope, body[start:end])
+                    elif entry_kind == _TRACED:
+                        self._on_traced(link, scope, body, now, start, end)
                     else:
                         self._on_request(link, scope, body, now, entry_kind, start, end)
+                return
+            if kind == _TRACED:
+                self._on_traced(link, scope, body, now, 0, len(body))
                 return
             env = self._codec.unpack(body, kind)
             if kind == _PING:
@@ -479,6 +492,16 @@ class MeshCore(CoreApi):
                 raise ProtocolError("unexpected", Kind(kind).name)
         except ProtocolError as exc:
             self.stats["dropped_" + exc.reason] += 1
+
+    def _on_traced(
+        self, link: InLink, scope: int, body: bytes, now: float, start: int, end: int
+    ) -> None:
+        """A call with its caller's trace context (TRACED): `body[start:end]`."""
+        kind, trace, first = decode_traced(body, start, end)
+        if kind == _TUNNEL:
+            self._on_tunnel_in(link, scope, body[first:end], trace)
+        else:
+            self._on_request(link, scope, body, now, kind, first, end, trace)
 
     # ----------------------------------------------------------------- link lifecycle
 

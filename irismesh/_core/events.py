@@ -27,7 +27,7 @@ class RequestArrived:
     A plain class, not a dataclass, with a dataclass's `==` and repr: compiled, a dataclass's
     generated `__init__` stays interpreted, and this one is made once per request."""
 
-    __slots__ = ("cluster", "deadline", "kind", "payload", "priority", "token")
+    __slots__ = ("cluster", "deadline", "kind", "payload", "priority", "token", "trace")
 
     def __init__(
         self,
@@ -39,6 +39,8 @@ class RequestArrived:
         # the moment it arrived.
         deadline: float = float("inf"),
         priority: int = 0,  # higher is more important (`priority`)
+        # The caller's trace context (frames.TRACED; b"": none), as it came.
+        trace: bytes = b"",
     ) -> None:
         self.token = token
         self.cluster = cluster
@@ -46,9 +48,18 @@ class RequestArrived:
         self.kind = kind
         self.deadline = deadline
         self.priority = priority
+        self.trace = trace
 
-    def _fields(self) -> tuple[Token, str, bytes, int, float, int]:
-        return (self.token, self.cluster, self.payload, self.kind, self.deadline, self.priority)
+    def _fields(self) -> tuple[Token, str, bytes, int, float, int, bytes]:
+        return (
+            self.token,
+            self.cluster,
+            self.payload,
+            self.kind,
+            self.deadline,
+            self.priority,
+            self.trace,
+        )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, RequestArrived):
@@ -59,7 +70,7 @@ class RequestArrived:
         return (
             f"RequestArrived(token={self.token!r}, cluster={self.cluster!r}, "
             f"payload={self.payload!r}, kind={self.kind!r}, deadline={self.deadline!r}, "
-            f"priority={self.priority!r})"
+            f"priority={self.priority!r}, trace={self.trace!r})"
         )
 
 
@@ -89,7 +100,8 @@ class MessagesArrived:
     messages of this publisher's stream were lost in transit just before that one (None: none);
     `stamps` an index to the publisher's wall clock when it published that message (the
     messages it sampled for publish-to-deliver latency; None: none); `ids` an index to the
-    id of a message the mesh's memory also holds (None: none).
+    id of a message the mesh's memory also holds (None: none); `traces` an index to the
+    publisher's trace context of that message (frames.PUBLISH_TRACED; None: none).
     """
 
     routing_id: bytes
@@ -98,6 +110,7 @@ class MessagesArrived:
     gaps: dict[int, int] | None = None
     stamps: dict[int, float] | None = None
     ids: dict[int, bytes] | None = None
+    traces: dict[int, bytes] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -112,6 +125,7 @@ class TunnelArrived:
     handle: int
     cluster: str
     peer: bytes
+    trace: bytes = b""  # the caller's trace context (frames.TRACED; b"": none)
 
 
 @dataclass(slots=True)

@@ -53,6 +53,25 @@ subscribers encodes its entry once and stages the very same bytes for all of the
              PUBLISH_STAMPED or PUBLISH_RETAINED), length of what follows, topic length |
              [publish time !d | message id (16)] topic | payload  (at most MAX_BATCH entries)
 
+Trace context (the W3C `traceparent`, and `tracestate` when there is one) travels with a
+call or a publish only when the caller has one, and only to peers whose WELCOME says
+caps["trace"]: a message without it is sent exactly as before, byte for byte. A call with it
+is wrapped whole, as a frame of its own or as a BATCH entry:
+
+    TRACED   !BH  kind (REQUEST, BROADCAST, SURVEY, JOB or TUNNEL), context length |
+             context | body of that kind
+
+A publish with it is a PUBLISH_TRACED, whose context sits where a stamp or an id sits, ahead
+of the publish it wraps (in a BATCH and in a PUBLISH_RUN alike):
+
+    PUBLISH_TRACED  !QB  stream seq, topic length | !BH kind (PUBLISH, PUBLISH_STAMPED or
+             PUBLISH_RETAINED), context length | context | [publish time | message id]
+             topic | payload
+
+The context is opaque here (at most MAX_TRACE bytes, sealed with the payload): its text is
+the traceparent, then a newline and the tracestate when there is one (`irismesh.telemetry.
+tracing` reads and writes it; a gateway passes it on as it came).
+
 The body layout belongs to this module alone.
 """
 
@@ -98,6 +117,8 @@ class Kind(enum.IntEnum):
     PUBLISH_RETAINED = 22  # PUBLISH with the message's id: fixed layout, see the docstring
     JOB = 23  # dialler -> listener: REQUEST's layout; a queued job (the docstring's JOB)
     PUBLISH_RUN = 24  # dialler -> listener, in a topic scope: publishes, see the docstring
+    TRACED = 25  # dialler -> listener: a call with its trace context, see the docstring
+    PUBLISH_TRACED = 26  # PUBLISH with its trace context, see the docstring
 
 
 KINDS: Final = frozenset(int(k) for k in Kind)
@@ -137,6 +158,11 @@ class TunnelOp(enum.IntEnum):
 
 
 REQUEST_FIELDS: Final = struct.Struct("!QIB")
+TRACE_FIELDS: Final = struct.Struct("!BH")  # a TRACED body's (or a PUBLISH_TRACED's) head
+MAX_TRACE: Final = 1024  # traceparent (55), a newline, tracestate (at most 512 by its spec)
+TRACED_KINDS: Final = frozenset(
+    (int(Kind.REQUEST), int(Kind.BROADCAST), int(Kind.SURVEY), int(Kind.JOB), int(Kind.TUNNEL))
+)
 REPLY_FIELDS: Final = struct.Struct("!QB")
 MAX_ACKS: Final = 8
 ACKS: Final = tuple(struct.Struct(f"!{n}Q") for n in range(MAX_ACKS + 1))
@@ -204,6 +230,25 @@ def decode_tunnel(body: bytes) -> tuple[int, int, int, bytes]:
     if not TunnelOp.OPEN <= op <= TunnelOp.RESET:
         raise ProtocolError("bad_envelope", "TUNNEL op")
     return tunnel_id, op, arg, body[TUNNEL_FIELDS.size :]
+
+
+def encode_traced(kind: int, trace: bytes, body: bytes) -> bytes:
+    """A TRACED body: the call `body` of `kind` with its trace context."""
+    return TRACE_FIELDS.pack(kind, len(trace)) + trace + body
+
+
+def decode_traced(body: bytes, start: int = 0, end: int = -1) -> tuple[int, bytes, int]:
+    """Return (kind, trace context, where the wrapped body starts) of a TRACED body: all of
+    `body`, or the entry `body[start:end]` of a BATCH; the wrapped body ends at `end`."""
+    if end < 0:
+        end = len(body)
+    if end - start < TRACE_FIELDS.size:
+        raise ProtocolError("bad_envelope", "TRACED")
+    kind, length = TRACE_FIELDS.unpack_from(body, start)
+    first = start + TRACE_FIELDS.size + length
+    if kind not in TRACED_KINDS or not 0 < length <= MAX_TRACE or first > end:
+        raise ProtocolError("bad_envelope", "TRACED")
+    return kind, body[start + TRACE_FIELDS.size : first], first
 
 
 def encode_request(

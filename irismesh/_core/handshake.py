@@ -116,6 +116,7 @@ class Handshake:
         link.recv_sealers[0] = keys.sealer(None, False)
         link.priorities = caps.get("prio") == 1
         link.pub_runs = caps.get("run") == 1
+        link.traces = caps.get("trace") == 1
         link.state = LinkState.UP
         return learned
 
@@ -197,8 +198,9 @@ class Handshake:
         said += [peer_nonce, peer_public]
         proof = security.mesh_proof(b"welcome", self._codec.pack(said))
         # "prio": this member reads requests' priorities (callers send others the default);
-        # "run": it reads publishes as PUBLISH_RUN frames (publishers send others BATCHes).
-        caps = {"kx": keys.public, "rec": record, "proof": proof, "prio": 1, "run": 1}
+        # "run": it reads publishes as PUBLISH_RUN frames (publishers send others BATCHes);
+        # "trace": it reads trace context (callers and publishers send others none).
+        caps = {"kx": keys.public, "rec": record, "proof": proof, "prio": 1, "run": 1, "trace": 1}
         body = self._codec.pack([self._node_id, nonce, self._endpoint, tags, caps])
         self._outbox.in_frames.append((routing_id, encode_header(Kind.WELCOME, 0, 0) + body))
         return link, learned

@@ -67,6 +67,7 @@ class OutLink:
     # Staged entries of a priority other than the default: (priority, slot, kind, body).
     ranked: list[tuple[int, int, int, bytes]] = field(default_factory=list)
     priorities: bool = False  # the peer's WELCOME says it reads requests' priorities
+    traces: bool = False  # and that it reads trace context (TRACED, PUBLISH_TRACED)
     send_sealers: dict[int, Sealer] = field(default_factory=dict)
     recv_sealers: dict[int, Sealer] = field(default_factory=dict)
     # Publish/subscribe, this node publishing to the peer:

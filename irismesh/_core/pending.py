@@ -35,6 +35,7 @@ class PendingRequest:
         "req_id",
         "sent_at",
         "timeout",
+        "trace",
     )
 
     def __init__(
@@ -53,6 +54,7 @@ class PendingRequest:
         hedge_at: float = float("inf"),
         refused: list[bytes] | None = None,  # members that turned it away unrun
         priority: int = 0,  # higher is more important (`priority`)
+        trace: bytes = b"",  # the caller's trace context, sent with every copy (b"": none)
     ) -> None:
         self.req_id = req_id
         self.cluster = cluster
@@ -68,6 +70,7 @@ class PendingRequest:
         self.hedge_at = hedge_at
         self.refused: list[bytes] = [] if refused is None else refused
         self.priority = priority
+        self.trace = trace
 
     def __repr__(self) -> str:
         return f"PendingRequest(req_id={self.req_id}, cluster={self.cluster!r})"

@@ -48,12 +48,14 @@ from irismesh._core.frames import (
     MAX_BATCH,
     MAX_PATTERNS_PER_FRAME,
     MAX_STAMP,
+    MAX_TRACE,
     MESSAGE_ID_SIZE,
     PUBLISH_ENTRY,
     PUBLISH_FIELDS,
     PUBLISH_STAMP,
     RUN_ENTRY,
     RUN_HEAD,
+    TRACE_FIELDS,
     Kind,
 )
 from irismesh._core.handshake import Handshake
@@ -87,6 +89,9 @@ _RUN_HEAD_SIZE = RUN_HEAD.size
 _pack_run_entry = RUN_ENTRY.pack
 _RUN_ENTRY_SIZE = RUN_ENTRY.size
 _PUBLISH_RUN = int(Kind.PUBLISH_RUN)
+_PUBLISH_TRACED = int(Kind.PUBLISH_TRACED)
+_pack_trace = TRACE_FIELDS.pack
+_TRACE_SIZE = TRACE_FIELDS.size
 
 
 class PubSubCore(LinkObserver):
@@ -252,7 +257,14 @@ class PubSubCore(LinkObserver):
 
     # ----------------------------------------------------------------- publishing
 
-    def publish(self, topic: str, payload: bytes, stamp: float = 0.0, msg_id: bytes = b"") -> int:
+    def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        stamp: float = 0.0,
+        msg_id: bytes = b"",
+        trace: bytes = b"",
+    ) -> int:
         """Send a message on a (validated) topic to every peer interested in it.
 
         Returns how many peers it went to, or -1 without sending anything when one of them has
@@ -261,7 +273,8 @@ class PubSubCore(LinkObserver):
         else the default key); raises NoKey without one. A `stamp` (the publisher's wall
         clock, seconds since the epoch) travels with the message (PUBLISH_STAMPED), so that
         subscribers can measure publish-to-deliver latency; a `msg_id` (a message the mesh's
-        memory holds, MESSAGE_ID_SIZE bytes) travels instead (PUBLISH_RETAINED).
+        memory holds, MESSAGE_ID_SIZE bytes) travels instead (PUBLISH_RETAINED). A `trace`
+        context goes with it (PUBLISH_TRACED) when every peer it goes to reads one.
         """
         if self.closed:
             raise Closed("node is closed")
@@ -299,6 +312,12 @@ class PubSubCore(LinkObserver):
         else:
             kind = _PUBLISH
             tail = encoded + payload
+        if trace:
+            if self._traces_read(links):
+                tail = _pack_trace(kind, len(trace)) + trace + tail
+                kind = _PUBLISH_TRACED
+            else:
+                self._stats["publish_trace_unread"] += 1
         size = len(encoded)
         outbox = self._outbox
         if not outbox.batching:
@@ -355,6 +374,12 @@ class PubSubCore(LinkObserver):
             parts.append(tail)
             link.pub_size += _ENTRY_SIZE + length
         return len(links)
+
+    @staticmethod
+    def _traces_read(links: list[tuple[OutLink, int]]) -> bool:
+        """Whether every one of `links` reads trace context: a publish's entry is encoded once
+        for all of them, so it carries the context to all or to none."""
+        return all(link.traces for link, _slot in links)
 
     def _route(self, topic: str, scope: str) -> tuple[list[tuple[OutLink, int]], int]:
         """The links interested in `topic` with the slot each takes its scope in, and how many
@@ -418,6 +443,7 @@ class PubSubCore(LinkObserver):
         gaps: dict[int, int] | None = None
         stamps: dict[int, float] | None = None
         ids: dict[int, bytes] | None = None
+        traces: dict[int, bytes] | None = None
         offset, size, count = 0, len(body), 0
         heard, unpack, stats = self._topics_heard, _unpack_publish_entry, self._stats
         kind: int
@@ -457,16 +483,26 @@ class PubSubCore(LinkObserver):
                     offset += _ENTRY_SIZE + length
                 stamp = 0.0
                 msg_id = b""
-                if kind == _PUBLISH_STAMPED and start + _STAMP_SIZE <= offset <= size:
-                    stamp = _unpack_stamp(body, start)[0]
-                    start += _STAMP_SIZE
-                    if not 0.0 < stamp < MAX_STAMP:  # NaN, infinity, or no time at all
-                        raise ProtocolError("bad_envelope", "PUBLISH stamp")
-                elif kind == _PUBLISH_RETAINED and start + MESSAGE_ID_SIZE <= offset <= size:
-                    msg_id = body[start : start + MESSAGE_ID_SIZE]
-                    start += MESSAGE_ID_SIZE
-                elif kind != _PUBLISH:
-                    raise ProtocolError("bad_envelope", "PUBLISH entry")
+                trace = b""
+                if kind != _PUBLISH:  # a plain publish (the common case) checks nothing more
+                    if kind == _PUBLISH_TRACED and start + _TRACE_SIZE <= offset <= size:
+                        # TRACE_FIELDS (!BH) read byte by byte, as RUN_ENTRY is.
+                        kind = body[start]
+                        trace_end = start + _TRACE_SIZE + (body[start + 1] << 8 | body[start + 2])
+                        if trace_end > offset or trace_end - start - _TRACE_SIZE > MAX_TRACE:
+                            raise ProtocolError("bad_envelope", "PUBLISH trace")
+                        trace = body[start + _TRACE_SIZE : trace_end]
+                        start = trace_end
+                    if kind == _PUBLISH_STAMPED and start + _STAMP_SIZE <= offset <= size:
+                        stamp = _unpack_stamp(body, start)[0]
+                        start += _STAMP_SIZE
+                        if not 0.0 < stamp < MAX_STAMP:  # NaN, infinity, or no time at all
+                            raise ProtocolError("bad_envelope", "PUBLISH stamp")
+                    elif kind == _PUBLISH_RETAINED and start + MESSAGE_ID_SIZE <= offset <= size:
+                        msg_id = body[start : start + MESSAGE_ID_SIZE]
+                        start += MESSAGE_ID_SIZE
+                    elif kind != _PUBLISH:
+                        raise ProtocolError("bad_envelope", "PUBLISH entry")
                 topic_end = start + topic_size
                 if offset > size or topic_size == 0 or topic_end > offset:
                     raise ProtocolError("bad_envelope", "PUBLISH entry")
@@ -511,11 +547,17 @@ class PubSubCore(LinkObserver):
                     if ids is None:
                         ids = {}
                     ids[len(messages)] = msg_id
+                if trace:
+                    if traces is None:
+                        traces = {}
+                    traces[len(messages)] = trace
                 messages.append((topic, body[topic_end:offset]))
         finally:
             if messages:
                 self._outbox.events.append(
-                    MessagesArrived(link.routing_id, link.peer_id, messages, gaps, stamps, ids)
+                    MessagesArrived(
+                        link.routing_id, link.peer_id, messages, gaps, stamps, ids, traces
+                    )
                 )
 
     def _topic_heard(self, encoded: bytes) -> tuple[str, str, bool]:

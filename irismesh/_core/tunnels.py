@@ -26,12 +26,12 @@ from random import Random
 from irismesh._core import balancer
 from irismesh._core.config import CoreConfig
 from irismesh._core.events import TunnelArrived, TunnelFrame
-from irismesh._core.frames import Kind, TunnelOp, decode_tunnel, encode_tunnel
+from irismesh._core.frames import Kind, TunnelOp, decode_tunnel, encode_traced, encode_tunnel
 from irismesh._core.links import InLink, LinkObserver, OutLink, TunnelEnd
 from irismesh._core.outbox import Outbox
 from irismesh.errors import Closed, NoResponders, ProtocolError, TunnelError
 
-_TUNNEL = int(Kind.TUNNEL)
+_TUNNEL, _TRACED = int(Kind.TUNNEL), int(Kind.TRACED)
 _OPEN, _ACCEPT, _DATA = int(TunnelOp.OPEN), int(TunnelOp.ACCEPT), int(TunnelOp.DATA)
 _CREDIT, _FIN, _RESET = int(TunnelOp.CREDIT), int(TunnelOp.FIN), int(TunnelOp.RESET)
 _MAX_WINDOW = 1 << 30
@@ -62,10 +62,11 @@ class TunnelTable(LinkObserver):
 
     # ----------------------------------------------------------------- the application's
 
-    def open(self, cluster: str, window: int, now: float) -> int:
+    def open(self, cluster: str, window: int, now: float, trace: bytes = b"") -> int:
         """Open a tunnel to one member of `cluster`, granting it `window` bytes; a handle.
 
-        A TunnelFrame ACCEPT (or RESET) follows; until ACCEPT nothing may be sent.
+        A TunnelFrame ACCEPT (or RESET) follows; until ACCEPT nothing may be sent. A `trace`
+        context (frames.TRACED) goes with the OPEN to a member that reads one.
         """
         if self.closed:
             raise Closed("node is closed")
@@ -82,7 +83,11 @@ class TunnelTable(LinkObserver):
         slot = link.clusters[cluster]
         end = TunnelEnd(handle, handle, cluster, link.peer_id, slot, out=link, recv_allowed=window)
         self.ends[handle] = end
-        self._outbox.stage_out(link, slot, _TUNNEL, encode_tunnel(handle, _OPEN, window))
+        body = encode_tunnel(handle, _OPEN, window)
+        if trace and link.traces:
+            self._outbox.stage_out(link, slot, _TRACED, encode_traced(_TUNNEL, trace, body))
+        else:
+            self._outbox.stage_out(link, slot, _TUNNEL, body)
         self._stats["tunnels_opened"] += 1
         return handle
 
@@ -187,8 +192,9 @@ class TunnelTable(LinkObserver):
             raise ProtocolError("bad_scope", "TUNNEL")
         self._on_op(end, op, arg, data)
 
-    def on_in(self, link: InLink, slot: int, body: bytes) -> None:
-        """A TUNNEL frame on a link a peer dialled: a caller opening or using a tunnel."""
+    def on_in(self, link: InLink, slot: int, body: bytes, trace: bytes = b"") -> None:
+        """A TUNNEL frame on a link a peer dialled: a caller opening or using a tunnel (with
+        its `trace` context, if it sent one)."""
         if slot == 0 or slot >= len(link.scopes) or link.scopes[slot] is None:
             raise ProtocolError("bad_scope", str(slot))
         wire_id, op, arg, data = decode_tunnel(body)
@@ -214,7 +220,7 @@ class TunnelTable(LinkObserver):
             self.send(handle, _RESET, 0, b"too many tunnels at the member")
             return
         self._stats["tunnels_served"] += 1
-        self._outbox.events.append(TunnelArrived(handle, cluster, link.peer_id))
+        self._outbox.events.append(TunnelArrived(handle, cluster, link.peer_id, trace))
 
     def _on_op(self, end: TunnelEnd | None, op: int, arg: int, data: bytes) -> None:
         if end is None:  # reset or closed here already: frames in flight arrive late

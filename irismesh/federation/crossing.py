@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from irismesh._core.frames import MAX_TRACE
 from irismesh.errors import ProtocolError
 
 CROSSING = "pub"
@@ -43,18 +44,30 @@ class Crossing:
     seen: tuple[str, ...]  # the meshes it has been in, the origin first
     topic: str
     payload: bytes
+    # The W3C trace context it was published with (b"": none), republished with it.
+    trace: bytes = b""
 
     def wire(self, kind: str = CROSSING, also: Sequence[str] = ()) -> list[Any]:
         """The link item; `also`: meshes the sender sends it to itself, marked as seen so the
-        receiver does not relay it there (as many as `MAX_SEEN` leaves room for)."""
+        receiver does not relay it there (as many as `MAX_SEEN` leaves room for). Its trace
+        context, when it has one, follows as a seventh element."""
         seen = [*self.seen, *also][:MAX_SEEN] if also else list(self.seen)
-        return [kind, self.origin, self.origin_id, seen, self.topic, self.payload]
+        item = [kind, self.origin, self.origin_id, seen, self.topic, self.payload]
+        if self.trace:
+            item.append(self.trace)
+        return item
 
     @classmethod
     def from_wire(cls, item: Sequence[Any]) -> Crossing:
-        if len(item) != 6:
+        if len(item) == 7:
+            trace = item[6]
+            if type(trace) is not bytes or len(trace) > MAX_TRACE:
+                raise ProtocolError("malformed", "crossing")
+        elif len(item) == 6:
+            trace = b""
+        else:
             raise ProtocolError("malformed", "crossing")
-        _, origin, origin_id, seen, topic, payload = item
+        _, origin, origin_id, seen, topic, payload = item[:6]
         ok = (
             type(origin) is str
             and type(origin_id) is bytes
@@ -67,11 +80,12 @@ class Crossing:
         )
         if not ok:
             raise ProtocolError("malformed", "crossing")
-        return cls(origin, origin_id, tuple(seen), topic, payload)
+        return cls(origin, origin_id, tuple(seen), topic, payload, trace)
 
     def through(self, mesh: str) -> Crossing:
         """The same message, having now been in `mesh` too."""
-        return Crossing(self.origin, self.origin_id, (*self.seen, mesh), self.topic, self.payload)
+        seen = (*self.seen, mesh)
+        return Crossing(self.origin, self.origin_id, seen, self.topic, self.payload, self.trace)
 
 
 class OriginIds:

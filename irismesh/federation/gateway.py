@@ -79,7 +79,7 @@ import msgpack
 import zmq
 
 from irismesh._core.events import RequestArrived, RequestCancelled
-from irismesh._core.frames import pack_error, unpack_error
+from irismesh._core.frames import MAX_TRACE, pack_error, unpack_error
 from irismesh._core.topics import topic_matches, validate_pattern
 from irismesh.errors import (
     Closed,
@@ -99,7 +99,13 @@ from irismesh.federation.redundancy import Redundancy
 from irismesh.federation.tunnels import MAX_TUNNEL_WINDOW, GatewayTunnels
 from irismesh.node import DEFAULT_BIND, Node, SurveyResult
 from irismesh.patterns.pubsub import Message, Subscription
-from irismesh.patterns.reqrep import ForwardedError, TurnedAway, time_left
+from irismesh.patterns.reqrep import (
+    ForwardedError,
+    TurnedAway,
+    continue_trace,
+    incoming_trace,
+    time_left,
+)
 from irismesh.patterns.tunnel import DEFAULT_WINDOW
 from irismesh.security.keyring import Keyring
 from irismesh.security.rotation import POLL_INTERVAL, KeyringFile
@@ -744,7 +750,11 @@ class Gateway:
             outstanding[id(end)] -= 1
 
         future.add_done_callback(done)
-        end.send_plain([kind, call_id, cluster, max(1, int(budget * 1000)), payload])
+        item = [kind, call_id, cluster, max(1, int(budget * 1000)), payload]
+        trace = incoming_trace()  # the caller's context, passed on as it came
+        if trace:
+            item.append(trace)
+        end.send_plain(item)
         if kind == _REQUEST:
             self.stats_counter["requests_forwarded"] += 1
         self.transport.flush_soon()
@@ -770,10 +780,13 @@ class Gateway:
         serve = end.serve_request  # set on an in-process link: the far gateway, called
         if serve is not None:
             self.stats_counter["requests_forwarded"] += 1
-            serve(cluster, request.payload, budget, partial(self._served, node, request))
+            done = partial(self._served, node, request)
+            serve(cluster, request.payload, budget, done, request.trace)
             return
         call_id = next(self._call_ids)
         item = [_REQUEST, call_id, cluster, max(1, int(budget * 1000)), request.payload]
+        if request.trace:  # the caller's trace context, passed on as it came
+            item.append(request.trace)
         if not end.send_plain(item):  # the link went down since the ends were looked up
             self._ends_for.clear()
             self.stats_counter["requests_turned_away"] += 1
@@ -908,7 +921,8 @@ class Gateway:
         if not _is_call(item):
             self.stats_counter["dropped_malformed"] += 1
             return
-        _, call_id, cluster, budget_ms, payload = item
+        _, call_id, cluster, budget_ms, payload = item[:5]
+        trace = item[5] if len(item) > 5 else b""
         if cluster not in self.export.clusters:
             self.stats_counter["requests_refused_not_exported"] += 1
             self._answer(
@@ -921,7 +935,11 @@ class Gateway:
         self.stats_counter["requests_served"] += 1
         try:  # answered as the reply arrives: no Future, no loop turn
             self.node.request_callback(
-                cluster, payload, partial(self._replied, end, call_id), timeout=budget_ms / 1000
+                cluster,
+                payload,
+                partial(self._replied, end, call_id),
+                timeout=budget_ms / 1000,
+                trace=trace,
             )
         except MeshError as exc:
             self._answered(end, call_id, exc)
@@ -932,16 +950,18 @@ class Gateway:
         payload: bytes,
         timeout: float,
         done: Callable[[bytes | None, BaseException | None], None],
+        trace: bytes = b"",
     ) -> None:
         """A request from a gateway of this process (an in-process link): asked in this mesh
-        as one from across a link is, its reply or error given to `done` as it arrives."""
+        as one from across a link is (with its caller's `trace` context), its reply or error
+        given to `done` as it arrives."""
         if cluster not in self.export.clusters:
             self.stats_counter["requests_refused_not_exported"] += 1
             done(None, ForwardedError("NoResponders", f"no cluster {cluster!r} is exported here"))
             return
         self.stats_counter["requests_served"] += 1
         try:
-            self.node.request_callback(cluster, payload, done, timeout=timeout)
+            self.node.request_callback(cluster, payload, done, timeout=timeout, trace=trace)
         except MeshError as exc:
             done(None, exc)
 
@@ -951,7 +971,8 @@ class Gateway:
         if not _is_call(item):
             self.stats_counter["dropped_malformed"] += 1
             return
-        kind, call_id, cluster, budget_ms, payload = item
+        kind, call_id, cluster, budget_ms, payload = item[:5]
+        trace = item[5] if len(item) > 5 else b""
         what = "broadcasts" if kind == _BROADCAST else "surveys"
         if cluster not in self.export.clusters:
             self.stats_counter[f"{what}_refused_not_exported"] += 1
@@ -966,11 +987,11 @@ class Gateway:
         timeout = budget_ms / 1000 * _FAR_SHARE
         if kind == _BROADCAST:
             task = asyncio.get_running_loop().create_task(
-                self._far_broadcast(cluster, payload, timeout)
+                self._far_broadcast(cluster, payload, timeout, trace)
             )
         else:
             task = asyncio.get_running_loop().create_task(
-                self._far_survey(cluster, payload, timeout)
+                self._far_survey(cluster, payload, timeout, trace)
             )
         self._broadcasting.add(task)
         task.add_done_callback(self._broadcasting.discard)
@@ -986,11 +1007,17 @@ class Gateway:
 
         task.add_done_callback(done)
 
-    async def _far_broadcast(self, cluster: str, payload: bytes, timeout: float) -> bytes:
+    async def _far_broadcast(
+        self, cluster: str, payload: bytes, timeout: float, trace: bytes
+    ) -> bytes:
+        continue_trace(trace)  # this task's own context: the far caller's trace goes on
         reached = await self.node.broadcast(cluster, payload, timeout=timeout)
         return msgpack.packb(reached)  # type: ignore[no-any-return]
 
-    async def _far_survey(self, cluster: str, payload: bytes, timeout: float) -> bytes:
+    async def _far_survey(
+        self, cluster: str, payload: bytes, timeout: float, trace: bytes
+    ) -> bytes:
+        continue_trace(trace)
         result = await self.node.survey(cluster, payload, timeout=timeout)
         return msgpack.packb(result.answers, use_bin_type=True)  # type: ignore[no-any-return]
 
@@ -1028,7 +1055,9 @@ class Gateway:
             if self._warm is not None and not self._warm.is_set():
                 await self._warm.wait()  # the publishers wait the while, as on a full window
             origin_id = self._origin_ids.origin_id(msg.publisher, msg.topic, msg.payload)
-            crossing = Crossing(self.mesh, origin_id, (self.mesh,), msg.topic, msg.payload)
+            crossing = Crossing(
+                self.mesh, origin_id, (self.mesh,), msg.topic, msg.payload, msg.trace
+            )
             self._barrier.first(crossing)  # a copy coming back by another way is dropped
             self.stats_counter["messages_exported"] += 1
             await self._cross(crossing, native=True)
@@ -1206,7 +1235,7 @@ class Gateway:
         while True:
             try:
                 reached = await _publish_identified(
-                    self.node, crossing.topic, crossing.payload, crossing.origin_id
+                    self.node, crossing.topic, crossing.payload, crossing.origin_id, crossing.trace
                 )
                 self.stats_counter["messages_republished"] += 1
                 if not reached:
@@ -1432,19 +1461,21 @@ class Gateway:
                 log.debug("gateway could not tell its fellows: %s", exc)
 
 
-async def _publish_identified(node: Node, topic: str, payload: bytes, msg_id: bytes) -> int:
+async def _publish_identified(
+    node: Node, topic: str, payload: bytes, msg_id: bytes, trace: bytes = b""
+) -> int:
     """`node.publish(topic, payload)`, the message carrying `msg_id` (its origin id) to the
-    subscribers, which deliver each id once (`Subscription`: a bounded window of ids); how
-    many it went to."""
+    subscribers, which deliver each id once (`Subscription`: a bounded window of ids), and
+    its publisher's `trace` context as it came; how many it went to."""
     if node._closing or node._core is None:
         node._caller.running()  # raises Closed, saying why
     # No turn of the loop given between publishes here, unlike `Node.publish`: a run
     # republishes what one read of its link brought (at most a batch), so it ends by itself,
     # and the turns it would give slow the republishing that the far publishers wait on.
     pubsub = node._pubsub
-    sent = pubsub.publish_now(topic, payload, msg_id)
+    sent = pubsub.publish_now(topic, payload, msg_id, 0, trace)
     if sent is None:
-        sent = await pubsub.publish_later(topic, payload, node._default_timeout, msg_id)
+        sent = await pubsub.publish_later(topic, payload, node._default_timeout, msg_id, 0, trace)
     return sent
 
 
@@ -1468,9 +1499,13 @@ def far_answers(result: SurveyResult) -> dict[str, bytes]:
 
 
 def _is_call(item: Item) -> bool:
-    """A request, broadcast or survey item: [kind, call id, cluster, budget in ms, payload]."""
+    """A request, broadcast or survey item: [kind, call id, cluster, budget in ms, payload],
+    and the caller's trace context after them when it has one."""
     return (
-        len(item) == 5
+        (
+            len(item) == 5
+            or (len(item) == 6 and type(item[5]) is bytes and 0 < len(item[5]) <= MAX_TRACE)
+        )
         and type(item[1]) is int
         and type(item[2]) is str
         and type(item[3]) is int

@@ -72,8 +72,9 @@ _ACK_MARK = 0.05  # seconds between the marks of when acks came (`LinkEnd._ack_m
 
 Item = list[Any]
 # (cluster, payload, timeout, done): a request served in-process, `done(reply, error)` once.
+# (cluster, payload, timeout, done, the caller's trace context)
 ServeRequest = Callable[
-    [str, bytes, float, Callable[[bytes | None, BaseException | None], None]], None
+    [str, bytes, float, Callable[[bytes | None, BaseException | None], None], bytes], None
 ]
 
 
@@ -643,6 +644,7 @@ T_MAX_CHUNK = 64 << 10  # data in one item
 T_MAX_WINDOW = 1 << 30
 _T_MAX_ID = (1 << 63) - 1
 _T_MAX_TEXT = 1000  # a reset's reason, an OPEN's cluster name
+T_MAX_OPEN = _T_MAX_TEXT  # an OPEN's data: the cluster's name (then NUL, a trace context)
 
 
 @dataclass(frozen=True, slots=True)
@@ -673,7 +675,8 @@ def parse_tunnel_item(item: Item) -> TunnelItem:
     """Check a tunnel item's version, shape and bounds; ProtocolError (its reason a counter
     name: `tunnel_version`, `tunnel_malformed`) if it is not one this gateway can use.
 
-    OPEN: arg the window granted (bytes), data the cluster's name; ACCEPT and CREDIT: arg a
+    OPEN: arg the window granted (bytes), data the cluster's name (then a NUL and the
+    caller's trace context, when it has one and there is room); ACCEPT and CREDIT: arg a
     grant in bytes; DATA: arg 1 if more of the message follows, data at most T_MAX_CHUNK
     bytes; FIN: nothing; RESET: data the reason."""
     if len(item) < 2 or item[0] != TUNNEL:

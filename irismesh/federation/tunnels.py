@@ -58,6 +58,7 @@ from irismesh.federation.linkproto import (
     T_DATA,
     T_FIN,
     T_MAX_CHUNK,
+    T_MAX_OPEN,
     T_MAX_WINDOW,
     T_OPEN,
     T_RESET,
@@ -67,6 +68,7 @@ from irismesh.federation.linkproto import (
     parse_tunnel_item,
 )
 from irismesh.node import Node
+from irismesh.patterns.reqrep import continue_trace, incoming_trace
 from irismesh.patterns.tunnel import DEFAULT_MAX_MESSAGE, DEFAULT_WINDOW, NO_MEMBER, Tunnel
 
 __all__ = ["MAX_TUNNEL_WINDOW", "GatewayTunnels", "Relay"]
@@ -132,6 +134,7 @@ class Relay:
         self._credit_ready = asyncio.Event()
         self._accepted = asyncio.Event()  # the far gateway's ACCEPT (or the end)
         self._pumps: list[asyncio.Task[None]] = []
+        self.trace = b""  # the far caller's trace context, as its OPEN carried it
 
     @property
     def key(self) -> _Key:
@@ -434,7 +437,12 @@ class GatewayTunnels:
         relay = Relay(self, end, next(self._ids), opener=True, cluster=cluster, window=self.window)
         self._add(relay)
         self.stats["tunnels_forwarded"] += 1
-        if not relay.send(T_OPEN, self.window, cluster.encode()):
+        # The cluster's name, and after a NUL the caller's trace context when it has one.
+        opening = cluster.encode()
+        trace = incoming_trace()
+        if trace and len(opening) + 1 + len(trace) <= T_MAX_OPEN:
+            opening += b"\x00" + trace
+        if not relay.send(T_OPEN, self.window, opening):
             relay.abort("the gateway link went down", tell_peer=False)
         await relay.run(local)
 
@@ -458,12 +466,14 @@ class GatewayTunnels:
             self.stats["tunnel_items_late"] += 1
 
     def _open(self, end: LinkEnd, item: TunnelItem) -> None:
+        name, _, trace = item.data.partition(b"\x00")
         try:
-            cluster = item.data.decode()
+            cluster = name.decode()
         except UnicodeDecodeError:
             self.stats["tunnel_items_malformed"] += 1
             return
         relay = Relay(self, end, item.tunnel_id, opener=False, cluster=cluster, window=self.window)
+        relay.trace = trace
         relay.seq_in = item.seq
         relay.credit = item.arg
         if cluster not in self._exports() or self._closing:
@@ -477,6 +487,8 @@ class GatewayTunnels:
         task.add_done_callback(self._tasks.discard)
 
     async def _serve_export(self, relay: Relay) -> None:
+        if relay.trace:  # this task's context: the far caller's trace goes on here
+            continue_trace(relay.trace)
         try:
             local = await self._node().tunnel(
                 relay.cluster, timeout=self.open_timeout, window=self.window

@@ -17,11 +17,12 @@ from irismesh.errors import MembershipTimeout, MeshError
 from irismesh.memory.service import MEMORY_CLUSTER, NodeMemory
 from irismesh.memory.store import Stored as Remembered
 from irismesh.patterns.pubsub import Message, PubSub, Subscription
-from irismesh.patterns.reqrep import Caller, as_bytes
+from irismesh.patterns.reqrep import Caller, as_bytes, incoming_trace
 from irismesh.security.keyring import Keyring
 
 if TYPE_CHECKING:
     from irismesh._core.engine import MeshCore
+    from irismesh.telemetry.tracing import Tracing
 
 CATCH_UP_WAIT = 2.0  # seconds a starting memory member waits to find another to copy from
 # A rereading subscription reads the memory again after this long: its interest has reached
@@ -40,6 +41,7 @@ class MemoryApi:
     _core: MeshCore | None
     _caller: Caller
     _default_timeout: float
+    tracing: Tracing | None
 
     if TYPE_CHECKING:  # the node's own, with their signatures there
         request: Callable[..., Awaitable[bytes]]
@@ -93,15 +95,19 @@ class MemoryApi:
             if type(payload) is not bytes:
                 payload = as_bytes(payload)
             self.keyring.require(cluster)  # the job is sealed under the cluster's key
-            return await self.memory.enqueue(cluster, payload, expiry, timeout)
+            # The job's run continues the trace it was queued in.
+            trace = self.tracing.current() if self.tracing is not None else incoming_trace()
+            return await self.memory.enqueue(cluster, payload, expiry, timeout, trace)
         except MeshError:
             await self._caller.turns.maybe_pause()  # refused at once: still fair
             raise
 
     async def _dispatch_job(
-        self, cluster: str, job_id: bytes, payload: bytes, timeout: float
+        self, cluster: str, job_id: bytes, payload: bytes, timeout: float, trace: bytes = b""
     ) -> bytes:
-        return await self._queued_request(cluster, job_id + payload, timeout, None, _KIND_JOB)
+        return await self._queued_request(
+            cluster, job_id + payload, timeout, None, _KIND_JOB, trace=trace
+        )
 
     def _memory_peer_ids(self) -> list[bytes]:
         """The other live memory members, as membership knows them."""

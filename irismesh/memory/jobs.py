@@ -57,6 +57,7 @@ class Job:
     enqueued_at: float
     expires_at: float
     attempts: int = 0
+    trace: bytes = b""  # the W3C trace context it was queued in (b"": none)
 
 
 class JobStore:
@@ -82,7 +83,15 @@ class JobStore:
                 if gone is not None:
                     continue
                 sealing = self._store.sealing_for(job.cluster)
-                sealed = sealing.seal(msgpack.packb([job.cluster, job.payload]), job.id)
+                held = (
+                    [job.cluster, job.payload, job.trace]
+                    if job.trace
+                    else [
+                        job.cluster,
+                        job.payload,
+                    ]
+                )
+                sealed = sealing.seal(msgpack.packb(held), job.id)
                 cursor = db.execute(
                     "INSERT OR IGNORE INTO jobs (id, key_id, sealed, enqueued_at, expires_at)"
                     " VALUES (?, ?, ?, ?, ?)",
@@ -125,23 +134,25 @@ class JobStore:
             opened = self._open(job_id, key_id, sealed)
             if opened is None:
                 continue
-            cluster, payload = opened
-            out.append(Job(job_id, cluster, payload, enqueued_at, expires_at, attempts))
+            cluster, payload, trace = opened
+            out.append(Job(job_id, cluster, payload, enqueued_at, expires_at, attempts, trace))
             if len(out) >= limit:
                 break
         return out
 
-    def _open(self, job_id: bytes, key_id: str, sealed: bytes) -> tuple[str, bytes] | None:
+    def _open(self, job_id: bytes, key_id: str, sealed: bytes) -> tuple[str, bytes, bytes] | None:
+        """A held job's cluster, payload and trace context (b"" for a job held without one)."""
         sealing = self._store.sealing_of(key_id)
         if sealing is None:
             self.stats["jobs_locked"] += 1
             return None
         try:
-            cluster, payload = msgpack.unpackb(sealing.open(sealed, job_id))
+            cluster, payload, *traced = msgpack.unpackb(sealing.open(sealed, job_id))
         except (InvalidTag, ValueError, TypeError):
             self.stats["jobs_unreadable"] += 1
             return None
-        return str(cluster), bytes(payload)
+        trace = traced[0] if len(traced) == 1 and type(traced[0]) is bytes else b""
+        return str(cluster), bytes(payload), trace
 
     def finish(self, ids: Iterable[bytes], now: float) -> int:
         """Jobs handled: forgotten, their ids kept as tombstones; how many were held here."""

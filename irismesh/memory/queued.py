@@ -98,9 +98,10 @@ class QueuedJobs:
         self._running[job_id] = []
         self._jobs[event.token[:2]] = job_id
         self.stats["jobs_run"] += 1
+        job = payload[MESSAGE_ID_SIZE:]
         runner.run(
             RequestArrived(
-                event.token, event.cluster, payload[MESSAGE_ID_SIZE:], event.kind, event.deadline
+                event.token, event.cluster, job, event.kind, event.deadline, 0, event.trace
             )
         )
 

@@ -43,6 +43,7 @@ from typing import Any, Final, TypeVar
 
 import msgpack
 
+from irismesh._core.frames import MAX_TRACE
 from irismesh._core.topics import validate_pattern, validate_topic
 from irismesh.errors import (
     ConfigurationError,
@@ -239,7 +240,17 @@ class MemoryMember:
             with self._lock:
                 held = self.jobs.pending(_MAX_BATCH)
                 done = self.jobs.tombstones(float(request[1]))
-            held_rows = [[j.id, j.cluster, j.payload, j.enqueued_at, j.expires_at] for j in held]
+            held_rows = [
+                [
+                    j.id,
+                    j.cluster,
+                    j.payload,
+                    j.enqueued_at,
+                    j.expires_at,
+                    *([j.trace] if j.trace else []),
+                ]
+                for j in held
+            ]
             return _pack([held_rows, done])
         if op == _SINCE and len(request) == 2 and type(request[1]) is bytes:
             with self._lock:
@@ -340,10 +351,16 @@ class NodeMemory:
         return msg_id
 
     async def enqueue(
-        self, cluster: str, payload: bytes, expiry: float, timeout: float | None
+        self,
+        cluster: str,
+        payload: bytes,
+        expiry: float,
+        timeout: float | None,
+        trace: bytes = b"",
     ) -> bytes:
         """Hold a job for `cluster` with the memory members; its id once `replicas` of them (or
-        every member there is, if fewer) hold it."""
+        every member there is, if fewer) hold it. Its `trace` context (b"": none) is held with
+        it, and its run continues that trace."""
         if not expiry > 0:
             raise ConfigurationError(f"expiry must be positive seconds, not {expiry!r}")
         if len(payload) > self.max_retained:
@@ -351,7 +368,10 @@ class NodeMemory:
         self._counter += 1
         job_id = message_id(self._node_id, self._counter)
         now = time.time()
-        request = _pack([_ENQUEUE, [[job_id, cluster, payload, now, now + expiry]]])
+        row: list[Any] = [job_id, cluster, payload, now, now + expiry]
+        if trace:
+            row.append(trace)
+        request = _pack([_ENQUEUE, [row]])
         await self._hold(request, timeout, "jobs_enqueued", "jobs_enqueue_failed")
         if self._wake is not None:
             self._wake.set()
@@ -376,7 +396,7 @@ class NodeMemory:
 
     async def dispatch(
         self,
-        request: Callable[[str, bytes, bytes, float], Awaitable[bytes]],
+        request: Callable[[str, bytes, bytes, float, bytes], Awaitable[bytes]],
         peers: Callable[[], list[bytes]],
     ) -> None:
         """A memory member's dispatcher loop: while it is the live memory member with the
@@ -413,7 +433,7 @@ class NodeMemory:
     async def _dispatch_one(
         self,
         job: Job,
-        request: Callable[[str, bytes, bytes, float], Awaitable[bytes]],
+        request: Callable[[str, bytes, bytes, float, bytes], Awaitable[bytes]],
         busy: set[bytes],
         wake: asyncio.Event,
     ) -> None:
@@ -426,7 +446,8 @@ class NodeMemory:
             if job.id in self._unsure:  # its last run may have happened: this is a repeat
                 self.stats["jobs_redelivered"] += 1
             try:
-                await request(job.cluster, job.id, job.payload, min(DISPATCH_TIMEOUT, left))
+                timeout = min(DISPATCH_TIMEOUT, left)
+                await request(job.cluster, job.id, job.payload, timeout, job.trace)
             except (RequestTimeout, MemberLost):
                 self._unsure[job.id] = None  # it may have run, its answer lost
                 while len(self._unsure) > _UNSURE_KEPT:
@@ -648,15 +669,21 @@ def _jobs(rows: Any) -> list[Job]:
     for row in rows:
         if not (
             type(row) is list
-            and len(row) == 5
+            and (
+                len(row) == 5
+                or (len(row) == 6 and type(row[5]) is bytes and 0 < len(row[5]) <= MAX_TRACE)
+            )
             and type(row[0]) is bytes
             and len(row[0]) == ID_SIZE
             and type(row[1]) is str
             and type(row[2]) is bytes
-            and all(type(t) in (int, float) for t in row[3:])
+            and all(type(t) in (int, float) for t in row[3:5])
         ):
-            raise ConfigurationError("a job is [id, cluster, payload, enqueued_at, expires_at]")
-        jobs.append(Job(row[0], row[1], row[2], float(row[3]), float(row[4])))
+            raise ConfigurationError(
+                "a job is [id, cluster, payload, enqueued_at, expires_at(, trace context)]"
+            )
+        trace = row[5] if len(row) == 6 else b""
+        jobs.append(Job(row[0], row[1], row[2], float(row[3]), float(row[4]), 0, trace))
     return jobs
 
 

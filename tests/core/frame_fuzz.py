@@ -129,6 +129,9 @@ class Footprint:
         )
 
 
+FUZZ_TRACE = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
 class Scene:
     """A member, a client and a rogue with another key, linked in memory, and their frames."""
 
@@ -152,6 +155,9 @@ class Scene:
             net.settle()
         # JOB: a queued job the memory hands out (its 16-byte id, then the job).
         self.client.core.request("db", bytes(16) + b"job", 1.0, net.now, None, int(Kind.JOB))
+        net.settle()
+        # TRACED: a request with its caller's trace context.
+        self.client.core.request("db", b"traced", 1.0, net.now, trace=FUZZ_TRACE)
         net.settle()
         # CANCEL: a caller that gives up on a request it sent.
         req_id = self.client.core.request("db", b"given up", 1.0, net.now)
@@ -179,6 +185,7 @@ class Scene:
         client_core.publish("feeds.news.1", b"published")
         client_core.publish("feeds.news.1", b"stamped", stamp=1.8e9)
         client_core.publish("feeds.news.1", b"retained", msg_id=bytes(range(16)))
+        client_core.publish("feeds.news.1", b"traced", trace=FUZZ_TRACE)
         net.collect(self.client)
         client_core.batching = True
         for i in range(3):

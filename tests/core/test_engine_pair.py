@@ -118,7 +118,7 @@ def test_a_request_event_compares_and_prints_as_the_dataclass_it_was() -> None:
     assert event != (token, "db", b"x", 5, 2.0, 0)
     assert repr(event) == (
         "RequestArrived(token=(b'p', 1, b'r', 1), cluster='db', payload=b'x', kind=5, "
-        "deadline=2.0, priority=0)"
+        "deadline=2.0, priority=0, trace=b'')"
     )
     event.priority = 3  # mutable, as it was
     assert event.priority == 3

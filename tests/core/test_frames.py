@@ -65,6 +65,8 @@ BINARY_KINDS = (
     Kind.PUBLISH_RETAINED,
     Kind.PUBLISH_RUN,
     Kind.TUNNEL,
+    Kind.TRACED,
+    Kind.PUBLISH_TRACED,
 )
 MSGPACK_KINDS = [k for k in Kind if k not in BINARY_KINDS]
 patterns = st.lists(st.binary(max_size=255), max_size=MAX_PATTERNS_PER_FRAME)
