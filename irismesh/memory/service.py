@@ -5,11 +5,11 @@ A node started with a memory directory serves the cluster `_memory` beside its o
 publish must be held by several of them, a reread must hear from all of them), so the protocol
 is two msgpack requests, each answered by every member:
 
-    ["store", [[topic, payload, published_at, id], ...]]  ->  [stored]
+    ["store", [[topic, payload, published_at, id], ...]]  ->  [stored, clock]
     ["latest", pattern, n, after]  ->  [[[topic, payload, published_at, id], ...], next]
 
     ["since", id]  ->  [[[topic, payload, published_at, id], ...], next]
-    ["enqueue", [[id, cluster, payload, enqueued_at, expires_at], ...]]  ->  [held]
+    ["enqueue", [[id, cluster, payload, enqueued_at, expires_at], ...]]  ->  [held, clock]
     ["done", [id, ...], at]  ->  [forgotten]
     ["jobs", since]  ->  [[[id, cluster, payload, enqueued_at, expires_at], ...], [done id, ...]]
 
@@ -19,6 +19,12 @@ what was stored while it was away. An answer to "latest" is one page: the paths 
 topic `after` (None: from the first), as many as fit in PAGE_BYTES, and `next`, the last topic
 of the page, to ask for the next one (None: that was the last). A caller asks every member for
 each page.
+
+Ids come from each node's hybrid logical clock (`store.clock_id`). A member takes the ids it
+stores into its clock and answers a store or an enqueue with its clock (`clock`, an id; earlier
+versions answered without it); a caller takes in that clock and every id it rereads. So a
+retained message published after its publisher reread another, or after a member that held
+the other answered it, orders after it whatever the machines' clocks say.
 
 Every member stores every retained message: a publish returns once `replicas` of them (or all
 there are, if fewer) have it on disk, so one crash loses nothing. A reread merges the members'
@@ -60,8 +66,13 @@ from irismesh.memory.store import (
     MemoryStore,
     Retention,
     Stored,
+    clock_id,
+    clock_state,
     id_time,
+    memory_clock,
     message_id,
+    observe_id,
+    physical_us,
 )
 from irismesh.security.keyring import Keyring
 
@@ -148,8 +159,15 @@ class MemoryMember:
         *,
         retention: Sequence[tuple[str, Retention]] = (),
         default: Retention | None = None,
+        sync: str = "fsync",
     ) -> None:
-        self.store = MemoryStore(directory, keyring, retention=retention, default=default)
+        self.store = MemoryStore(
+            directory, keyring, retention=retention, default=default, sync=sync
+        )
+        # The node's clock for the memory's ids (NodeMemory shares its own); this machine's
+        # wall clock in microseconds (tests skew it).
+        self.clock = memory_clock(b"")
+        self.physical: Callable[[], int] = physical_us
         self.jobs = JobStore(self.store)
         self._lock = threading.Lock()
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="irismesh-memory")
@@ -168,13 +186,15 @@ class MemoryMember:
             rows, jobs = (
                 (_rows(request[1]), []) if request[0] == _STORE else ([], _jobs(request[1]))
             )
+            newest = max([row[3] for row in rows] + [job.id for job in jobs], default=b"")
+            observe_id(self.clock, newest, self.physical())
             loop = asyncio.get_running_loop()
             done: asyncio.Future[None] = loop.create_future()
             self._writes.append((rows, jobs, done))
             if self._writer is None or self._writer.done():
                 self._writer = loop.create_task(self._write())
             await done
-            return _pack([len(rows) + len(jobs)])
+            return _pack([len(rows) + len(jobs), clock_state(self.clock)])
         return await asyncio.get_running_loop().run_in_executor(self.pool, self.handle, payload)
 
     async def _write(self) -> None:
@@ -278,6 +298,7 @@ class MemoryMember:
         """What other members hold, copied here (catching up after a restart); how many
         messages were new."""
         rows = [(s.topic, s.payload, s.published_at, s.id) for answer in answers for s in answer]
+        observe_id(self.clock, max((row[3] for row in rows), default=b""), self.physical())
         added = 0
         with self._lock:
             for start in range(0, len(rows), _MAX_BATCH):
@@ -316,7 +337,13 @@ class NodeMemory:
         self.stats: Counter[str] = Counter()
         self._node_id = node_id
         self._survey = survey
-        self._counter = 0
+        # The clock of this node's ids, shared with its member; `physical` is this machine's
+        # wall clock in microseconds (tests skew it).
+        self.clock = memory_clock(node_id)
+        self.physical: Callable[[], int] = physical_us
+        if member is not None:
+            member.clock = self.clock
+            member.physical = lambda: self.physical()
         self._pool = member.pool if member is not None else None
         self._wake: asyncio.Event | None = None  # the dispatcher's: a job came, or room
         self._dispatching: set[asyncio.Task[None]] = set()
@@ -333,8 +360,7 @@ class NodeMemory:
         topic = validate_topic(topic)
         if len(payload) > self.max_retained:
             raise PayloadTooLarge(len(payload), self.max_retained)
-        self._counter += 1
-        msg_id = message_id(self._node_id, self._counter)
+        msg_id = clock_id(self.clock, self.physical())
         request = encode_store([(topic, payload, time.time(), msg_id)])
         await self._hold(request, timeout, "retained", "retained_failed")
         return msg_id
@@ -348,8 +374,7 @@ class NodeMemory:
             raise ConfigurationError(f"expiry must be positive seconds, not {expiry!r}")
         if len(payload) > self.max_retained:
             raise PayloadTooLarge(len(payload), self.max_retained)
-        self._counter += 1
-        job_id = message_id(self._node_id, self._counter)
+        job_id = clock_id(self.clock, self.physical())
         now = time.time()
         request = _pack([_ENQUEUE, [[job_id, cluster, payload, now, now + expiry]]])
         await self._hold(request, timeout, "jobs_enqueued", "jobs_enqueue_failed")
@@ -371,6 +396,19 @@ class NodeMemory:
         if len(answers) < min(self.replicas, len(answers) + len(errors) + len(missing)):
             self.stats[done + "_underreplicated"] += 1
         self.stats[done] += 1
+        for answer in answers.values():
+            try:
+                held = _unpack(answer)
+            except ConfigurationError:
+                continue  # counted as held: the member said it holds it, not what it saw
+            if type(held) is list and len(held) == 2 and type(held[1]) is bytes:
+                self.observe(held[1])
+
+    def observe(self, msg_id: bytes) -> None:
+        """Take an id this node saw into its clock (counting one too far ahead to adopt)."""
+        observe_id(self.clock, msg_id, self.physical())
+        if self.clock.refused_ahead:  # the member's refusals included (the clock is shared)
+            self.stats["clock_ids_refused_ahead"] = self.clock.refused_ahead
 
     # ----------------------------------------------------------------- dispatching
 
@@ -510,6 +548,8 @@ class NodeMemory:
                 done.update(i for i in finished if type(i) is bytes)
             except (ConfigurationError, TypeError, ValueError):
                 self.stats["memory_answers_malformed"] += 1
+        if jobs:
+            self.observe(max(job.id for job in jobs))
         if done:
             await member.run(member.jobs.finish, done, time.time())
         added = await member.run(member.jobs.add, [job for job in jobs if job.id not in done])
@@ -526,7 +566,10 @@ class NodeMemory:
         if missing or errors:
             self.stats["rereads_partial"] += 1
         self.stats["rereads"] += 1
-        return merge(found, latest)
+        merged = merge(found, latest)
+        if merged:
+            self.observe(max(stored.id for stored in merged))
+        return merged
 
     async def catch_up(self, timeout: float) -> int:
         """A member that starts copies what the others stored while it was away (from a
@@ -537,6 +580,8 @@ class NodeMemory:
             return 0
         loop = asyncio.get_running_loop()
         newest = await member.run(member.store.newest_id)
+        if newest is not None:  # the clock starts past what this member stored before
+            self.observe(newest)
         after = b"" if newest is None else _before(newest, CATCH_UP_MARGIN)
         added = 0
         while True:
