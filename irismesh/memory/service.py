@@ -96,6 +96,9 @@ CATCH_UP_MARGIN: Final = 60.0  # seconds before its newest message a starting me
 _MAX_BATCH: Final = 4096
 MAX_LATEST: Final = 100_000
 _GROUP: Final = 256  # store requests written in one transaction at most
+_BATCH_BYTES: Final = 256 << 10  # payload a caller sends in one store or enqueue request
+_ROW_ROOM: Final = 64  # a row's id, times and msgpack framing, at most
+_JOB_COUNTS: Final = ("jobs_enqueued", "jobs_enqueue_failed")
 RETAINED_ROOM: Final = 4096  # what a retained payload leaves of a frame for its envelope
 PAGE_BYTES: Final = 512 << 10  # an answer's payloads, well below a frame's limit
 _PAGE_PATHS: Final = 256  # paths read from the store at a time while filling a page
@@ -353,6 +356,8 @@ class NodeMemory:
         # Handled jobs waiting to be forgotten, and the task that forgets them.
         self._finished: list[tuple[bytes, asyncio.Future[None]]] = []
         self._finisher: asyncio.Task[None] | None = None
+        # Rows asked for in this turn of the loop, by kind and timeout, sent together.
+        self._batches: dict[tuple[str, float | None], _Batch] = {}
 
     async def retain(self, topic: str, payload: bytes, timeout: float | None) -> bytes:
         """Store a message with the memory members; its id once `replicas` of them (or every
@@ -361,8 +366,8 @@ class NodeMemory:
         if len(payload) > self.max_retained:
             raise PayloadTooLarge(len(payload), self.max_retained)
         msg_id = clock_id(self.clock, self.physical())
-        request = encode_store([(topic, payload, time.time(), msg_id)])
-        await self._hold(request, timeout, "retained", "retained_failed")
+        row = [topic, payload, time.time(), msg_id]
+        await self._batched(_STORE, row, len(payload) + len(topic) + _ROW_ROOM, timeout)
         return msg_id
 
     async def enqueue(
@@ -376,26 +381,81 @@ class NodeMemory:
             raise PayloadTooLarge(len(payload), self.max_retained)
         job_id = clock_id(self.clock, self.physical())
         now = time.time()
-        request = _pack([_ENQUEUE, [[job_id, cluster, payload, now, now + expiry]]])
-        await self._hold(request, timeout, "jobs_enqueued", "jobs_enqueue_failed")
+        row = [job_id, cluster, payload, now, now + expiry]
+        await self._batched(_ENQUEUE, row, len(payload) + len(cluster) + _ROW_ROOM, timeout)
         if self._wake is not None:
             self._wake.set()
         return job_id
 
-    async def _hold(self, request: bytes, timeout: float | None, done: str, failed: str) -> None:
-        """Have the memory members hold what `request` carries: done once `replicas` of them
-        (or every one there is, if fewer) answered; counted under `done` and `failed`, and
-        copies short of `replicas` under `done` + "_underreplicated"."""
+    async def _batched(self, op: str, row: list[Any], size: int, timeout: float | None) -> None:
+        """Have the memory members hold one row (a retained message or a job), in one request
+        with the rows of the same kind and timeout asked for in the same turn of the loop (a
+        batch ends at _BATCH_BYTES of payload or _MAX_BATCH rows): concurrent publishers share
+        a survey and the members' commit."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        key = (op, timeout)
+        batch = self._batches.get(key)
+        full = batch is not None and len(batch.rows) >= _MAX_BATCH
+        if batch is not None and (full or batch.size + size > _BATCH_BYTES):
+            self._send_batch(key)
+            batch = None
+        if batch is None:
+            batch = self._batches[key] = _Batch()
+            loop.call_soon(self._send_batch, key, batch)
+        batch.rows.append(row)
+        batch.waiting.append(done)
+        batch.size += size
+        await done
+
+    def _send_batch(self, key: tuple[str, float | None], batch: _Batch | None = None) -> None:
+        if batch is not None and self._batches.get(key) is not batch:
+            return  # sent already (it was full)
+        batch = self._batches.pop(key, None)
+        if batch is not None:
+            self._track(self._hold_batch(key[0], key[1], batch))
+
+    async def _hold_batch(self, op: str, timeout: float | None, batch: _Batch) -> None:
+        done, failed = ("retained", "retained_failed") if op == _STORE else _JOB_COUNTS
+        try:
+            await self._hold(_pack([op, batch.rows]), timeout, done, failed, len(batch.rows))
+        except RemoteError as exc:
+            if len(batch.rows) == 1:
+                _settle(batch.waiting, exc)
+                return
+            # A member refused the batch (a row it cannot store): each row on its own, so
+            # that one bad row fails only its own publish.
+            self.stats["memory_batches_split"] += 1
+            for row, waiting in zip(batch.rows, batch.waiting, strict=True):
+                single = _Batch()
+                single.rows.append(row)
+                single.waiting.append(waiting)
+                await self._hold_batch(op, timeout, single)
+        except MeshError as exc:
+            _settle(batch.waiting, exc)
+        else:
+            _settle(batch.waiting, None)
+
+    async def _hold(
+        self, request: bytes, timeout: float | None, done: str, failed: str, rows: int = 1
+    ) -> None:
+        """Have the memory members hold what `request` carries (`rows` rows): done once
+        `replicas` of them (or every one there is, if fewer) answered; counted under `done` and
+        `failed`, and copies short of `replicas` under `done` + "_underreplicated"."""
         try:
             answers, errors, missing = await self._ask(request, timeout)
             if not answers:
                 raise _failure(errors, missing, timeout)
+        except RemoteError:
+            if rows == 1:
+                self.stats[failed] += 1
+            raise  # a batch is split and tried again row by row
         except MeshError:
-            self.stats[failed] += 1
+            self.stats[failed] += rows
             raise
         if len(answers) < min(self.replicas, len(answers) + len(errors) + len(missing)):
-            self.stats[done + "_underreplicated"] += 1
-        self.stats[done] += 1
+            self.stats[done + "_underreplicated"] += rows
+        self.stats[done] += rows
         for answer in answers.values():
             try:
                 held = _unpack(answer)
@@ -670,6 +730,27 @@ class NodeMemory:
             task.cancel()
         if self.member is not None:
             self.member.close()
+
+
+class _Batch:
+    """Rows to send in one store or enqueue request, and their callers."""
+
+    __slots__ = ("rows", "size", "waiting")
+
+    def __init__(self) -> None:
+        self.rows: list[list[Any]] = []
+        self.waiting: list[asyncio.Future[None]] = []
+        self.size = 0
+
+
+def _settle(waiting: Iterable[asyncio.Future[None]], error: MeshError | None) -> None:
+    for done in waiting:
+        if done.done():
+            continue
+        if error is None:
+            done.set_result(None)
+        else:
+            done.set_exception(error)
 
 
 def _before(msg_id: bytes, seconds: float) -> bytes:

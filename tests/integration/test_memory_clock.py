@@ -12,13 +12,21 @@ import subprocess
 import time
 from pathlib import Path
 
+import msgpack
 import pytest
 from helpers import MESH
 
 import irismesh
 from irismesh.memory import MemoryStore, message_id
-from irismesh.memory.service import MemoryMember
-from irismesh.memory.store import clock_id, id_time, memory_clock, observe_id
+from irismesh.memory.service import MemoryMember, NodeMemory
+from irismesh.memory.store import (
+    clock_id,
+    clock_state,
+    id_time,
+    memory_clock,
+    observe_id,
+    physical_us,
+)
 
 FAKETIME_LIBS = (
     "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
@@ -164,5 +172,50 @@ def test_a_member_that_restarts_starts_its_clock_past_what_it_stored(
             await node.caught_up()
             await node.publish("news.a", b"later", retain=True)
             assert [m.payload for m in await node.reread("news.a")] == [b"later"]
+
+    run(main())
+
+
+class FakeMembers:
+    """A survey of the memory cluster answered here: one member that refuses any request
+    holding a row of a `bad.` topic, and records the rows of every request."""
+
+    def __init__(self) -> None:
+        self.requests: list[int] = []
+        self.clock = memory_clock(b"m" * 16)
+
+    async def __call__(
+        self, payload: bytes, timeout: float | None
+    ) -> tuple[dict[str, bytes], dict[str, irismesh.MeshError], list[str]]:
+        op, rows = msgpack.unpackb(payload)
+        assert op == "store"
+        self.requests.append(len(rows))
+        if any(row[0].startswith("bad.") for row in rows):
+            return {}, {"m": irismesh.RemoteError("_memory", "NoKey", "bad")}, []
+        answer = msgpack.packb([len(rows), clock_id(self.clock, physical_us())])
+        return {"m": answer}, {}, []
+
+
+def test_concurrent_retains_share_a_request_and_a_bad_row_fails_alone() -> None:
+    async def main() -> None:
+        members = FakeMembers()
+        memory = NodeMemory(b"n" * 16, members)
+        ids = await asyncio.gather(*(memory.retain(f"news.{i}", b"x", 1.0) for i in range(64)))
+        assert members.requests == [64]  # one turn of the loop, one request
+        assert len(set(ids)) == 64
+        assert memory.stats["retained"] == 64
+
+        members.requests.clear()
+        topics = ["news.a", "bad.b", "news.c"]
+        outcomes = await asyncio.gather(
+            *(memory.retain(topic, b"x", 1.0) for topic in topics), return_exceptions=True
+        )
+        assert members.requests == [3, 1, 1, 1]  # refused together, then one by one
+        assert isinstance(outcomes[1], irismesh.RemoteError)
+        assert all(type(o) is bytes for o in (outcomes[0], outcomes[2]))
+        assert memory.stats["retained"] == 66
+        assert memory.stats["retained_failed"] == 1
+        # The member's clock came back with each answer: the next id is past it.
+        assert clock_id(memory.clock, physical_us()) > clock_state(members.clock)
 
     run(main())
