@@ -19,10 +19,13 @@
 6. Beside NATS JetStream, in the same run (--only-versus: this step alone): for one memory
    member with `--sync fsync`, one with `--sync os`, and one `nats-server -js` (file storage,
    one replica, 16 messages kept per subject, its store in a temporary directory), each started
-   on 127.0.0.1 by the bench: --versus-publishes retained publishes of --size bytes on
-   --versus-paths paths with 32 in flight (the rate), 2,000 one at a time (p50 and p99), then a
-   reread of the newest message of every path (irismesh: `reread("news.#")`; JetStream: an
-   ordered consumer delivering the last message per subject of `news.>`), --rounds times.
+   on 127.0.0.1 by the bench (all three up at once, each irismesh member a mesh of its own):
+   --versus-publishes retained publishes of --size bytes on --versus-paths paths with 32 in
+   flight (the rate), 2,000 one at a time (p50 and p99), and a reread of the newest message of
+   every path (irismesh: `reread("news.#")`; JetStream: an ordered consumer delivering the last
+   message per subject of `news.>`), split into --rounds rounds taken in turns (a round of each
+   system, then the next), so that the machine's other load falls on all three alike; medians
+   of the rounds' rates and rereads.
    JetStream needs `nats-server` (Debian: `apt-get install -y nats-server`) and nats-py (the
    `bench` extra); without either its column says why it is missing.
 
@@ -210,111 +213,139 @@ def percentile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
 
 
-async def irismesh_side(
-    keys: irismesh.Keyring, seed: str, publishes: int, paths: int, size: int, rounds: int
-) -> dict[str, float]:
-    """Retained publishes and rereads against one memory member."""
+class Side:
+    """One system under test: `publish(i)` stores the i-th retained message, `reread()`
+    returns the newest message of every path, `close()` lets go of the client."""
+
+    def __init__(
+        self,
+        name: str,
+        publish: Callable[[int], Awaitable[None]],
+        reread: Callable[[], Awaitable[Sized]],
+        close: Callable[[], Awaitable[None]],
+    ) -> None:
+        self.name, self.publish, self.reread, self.close = name, publish, reread, close
+
+
+async def irismesh_client(
+    name: str, keys: irismesh.Keyring, seed: str, paths: int, size: int
+) -> Side:
+    """A client node of one memory member (replicas=1: the member is the only replica)."""
     payload = os.urandom(size)
-    async with irismesh.Node(keyring=keys, seeds=[seed], telemetry=False, replicas=1) as node:
-        await node.wait_for_members("_memory", 1, timeout=30)
+    node = irismesh.Node(keyring=keys, seeds=[seed], telemetry=False, replicas=1)
+    await node.start()
+    await node.wait_for_members("_memory", 1, timeout=30)
 
-        async def publish(i: int) -> None:
-            await node.publish(f"news.{i % paths:06d}", payload, retain=True, timeout=30)
+    async def publish(i: int) -> None:
+        await node.publish(f"news.{i % paths:06d}", payload, retain=True, timeout=30)
 
-        return await measure(
-            publish, lambda: node.reread("news.#", timeout=60), publishes, paths, rounds
-        )
+    async def reread() -> Sized:
+        return await node.reread("news.#", timeout=60)
 
-
-async def measure(
-    publish: Callable[[int], Awaitable[None]],
-    reread: Callable[[], Awaitable[Sized]],
-    publishes: int,
-    paths: int,
-    rounds: int,
-) -> dict[str, float]:
-    """The figures of one system: `publish(i)` stores the i-th message, `reread()` returns the
-    newest message of every path."""
-    for i in range(min(paths, 200)):  # warm up: links, pages of the store
-        await publish(i)
-    left = publishes
-
-    async def worker() -> None:
-        nonlocal left
-        while left > 0:
-            left -= 1
-            await publish(left)
-
-    began = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(IN_FLIGHT)))
-    rate = publishes / (time.perf_counter() - began)
-    one: list[float] = []
-    for i in range(ONE_AT_A_TIME):
-        began = time.perf_counter()
-        await publish(i)
-        one.append(time.perf_counter() - began)
-    rereads: list[float] = []
-    for _ in range(rounds):
-        began = time.perf_counter()
-        found = await reread()
-        rereads.append(time.perf_counter() - began)
-        assert len(found) == paths, f"reread {len(found)} paths, wanted {paths}"
-    return {
-        "rate": rate,
-        "p50": statistics.median(one),
-        "p99": percentile(one, 0.99),
-        "reread": statistics.median(rereads),
-    }
+    return Side(name, publish, reread, node.close)
 
 
-async def jetstream_side(
-    url: str, publishes: int, paths: int, size: int, rounds: int
-) -> dict[str, float]:
-    """The same against one nats-server with JetStream: a stream of `news.>` on file."""
+async def jetstream_client(url: str, paths: int, size: int) -> Side:
+    """A nats-py client of one nats-server with JetStream: a stream of `news.>` on file."""
     import nats
     from nats.js.api import DeliverPolicy, StorageType, StreamConfig
 
     payload = os.urandom(size)
     nc = await nats.connect(url, connect_timeout=5, allow_reconnect=False)
-    try:
-        js = nc.jetstream(timeout=30)
-        await js.add_stream(
-            StreamConfig(
-                name="NEWS",
-                subjects=["news.>"],
-                storage=StorageType.FILE,
-                num_replicas=1,
-                max_msgs_per_subject=16,  # as the memory's default retention
-            )
+    js = nc.jetstream(timeout=30)
+    await js.add_stream(
+        StreamConfig(
+            name="NEWS",
+            subjects=["news.>"],
+            storage=StorageType.FILE,
+            num_replicas=1,
+            max_msgs_per_subject=16,  # as the memory's default retention
         )
+    )
 
-        async def publish(i: int) -> None:
-            await js.publish(f"news.{i % paths:06d}", payload)
+    async def publish(i: int) -> None:
+        await js.publish(f"news.{i % paths:06d}", payload)
 
-        async def reread() -> Sized:
-            latest: dict[str, bytes] = {}
-            done = asyncio.Event()
+    async def reread() -> Sized:
+        latest: dict[str, bytes] = {}
+        done = asyncio.Event()
 
-            async def got(msg: Any) -> None:
-                latest[msg.subject] = msg.data
-                if msg.metadata.num_pending == 0:
-                    done.set()
+        async def got(msg: Any) -> None:
+            latest[msg.subject] = msg.data
+            if msg.metadata.num_pending == 0:
+                done.set()
 
-            sub = await js.subscribe(
-                "news.>",
-                cb=got,
-                ordered_consumer=True,
-                deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-            )
-            try:
-                await asyncio.wait_for(done.wait(), 60)
-            finally:
-                await sub.unsubscribe()
-            return latest
+        sub = await js.subscribe(
+            "news.>", cb=got, ordered_consumer=True, deliver_policy=DeliverPolicy.LAST_PER_SUBJECT
+        )
+        try:
+            await asyncio.wait_for(done.wait(), 60)
+        finally:
+            await sub.unsubscribe()
+        return latest
 
-        return await measure(publish, reread, publishes, paths, rounds)
+    return Side("JetStream", publish, reread, nc.close)
+
+
+async def compare(
+    sides: list[Side], publishes: int, paths: int, rounds: int
+) -> dict[str, dict[str, float]]:
+    """Every side's figures, measured in turns (a round of each side, then the next round), so
+    that the machine's other load falls on all of them alike: medians over the rounds."""
+    rates: dict[str, list[float]] = {side.name: [] for side in sides}
+    one: dict[str, list[float]] = {side.name: [] for side in sides}
+    rereads: dict[str, list[float]] = {side.name: [] for side in sides}
+    for side in sides:  # warm up: links, pages of the stores, and every path exists
+        for i in range(paths):
+            await side.publish(i)
+    per_round = max(IN_FLIGHT, publishes // rounds)
+    singles = max(1, ONE_AT_A_TIME // rounds)
+    for _ in range(rounds):
+        for side in sides:
+            left = per_round
+
+            async def worker(side: Side = side) -> None:
+                nonlocal left
+                while left > 0:
+                    left -= 1
+                    await side.publish(left)
+
+            began = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(IN_FLIGHT)))
+            rates[side.name].append(per_round / (time.perf_counter() - began))
+            for i in range(singles):
+                began = time.perf_counter()
+                await side.publish(i)
+                one[side.name].append(time.perf_counter() - began)
+            began = time.perf_counter()
+            found = await side.reread()
+            rereads[side.name].append(time.perf_counter() - began)
+            assert len(found) == paths, f"{side.name} reread {len(found)} paths, wanted {paths}"
+    return {
+        side.name: {
+            "rate": statistics.median(rates[side.name]),
+            "p50": statistics.median(one[side.name]),
+            "p99": percentile(one[side.name], 0.99),
+            "reread": statistics.median(rereads[side.name]),
+        }
+        for side in sides
+    }
+
+
+async def versus_clients(
+    members: dict[str, tuple[irismesh.Keyring, str]], url: str | None, args: argparse.Namespace
+) -> dict[str, dict[str, float]]:
+    sides = [
+        await irismesh_client(name, keys, seed, args.versus_paths, args.size)
+        for name, (keys, seed) in members.items()
+    ]
+    if url is not None:
+        sides.append(await jetstream_client(url, args.versus_paths, args.size))
+    try:
+        return await compare(sides, args.versus_publishes, args.versus_paths, args.rounds)
     finally:
-        await nc.close()
+        for side in sides:
+            await side.close()
 
 
 def free_port() -> int:
@@ -368,40 +399,39 @@ def jetstream_missing() -> str | None:
     return None
 
 
-def versus(args: argparse.Namespace, root: Path, keys: irismesh.Keyring) -> Table:
+def versus(args: argparse.Namespace, root: Path) -> Table:
     """The memory beside JetStream: rate with 32 in flight, p50 one at a time, reread."""
-    keyfile = root / "mesh.keys"
-    if not keyfile.exists():
-        keys.save(keyfile)
+    members: dict[str, tuple[irismesh.Keyring, str]] = {}
+    procs: list[subprocess.Popen[Any]] = []
     results: dict[str, dict[str, float] | str] = {}
-    for sync in ("fsync", "os"):
-        print(f"[versus] irismesh, one memory member, --sync {sync}", file=sys.stderr)
-        member, seed = start_member(root / f"versus-{sync}", keyfile, None, sync)
-        try:
-            results[f"irismesh {sync}"] = irismesh.run(
-                irismesh_side(
-                    keys, seed, args.versus_publishes, args.versus_paths, args.size, args.rounds
-                )
-            )
-        finally:
-            member.terminate()
-            member.wait(timeout=30)
-    missing = jetstream_missing()
-    if missing is not None:
-        print(f"[versus] JetStream skipped: {missing}", file=sys.stderr)
-        results["JetStream"] = f"skipped: {missing}"
-    else:
-        print("[versus] NATS JetStream, one nats-server -js", file=sys.stderr)
-        server = find_executable("nats-server", "/usr/sbin/nats-server", "/usr/bin/nats-server")
-        assert server is not None
-        proc, url = start_nats(server, root / "jetstream")
-        try:
-            results["JetStream"] = irismesh.run(
-                jetstream_side(
-                    url, args.versus_publishes, args.versus_paths, args.size, args.rounds
-                )
-            )
-        finally:
+    try:
+        for sync in ("fsync", "os"):
+            # A mesh (keyring) each: the two members must not find each other and share work.
+            keys = irismesh.Keyring.generate()
+            keyfile = root / f"versus-{sync}.keys"
+            keys.save(keyfile)
+            member, seed = start_member(root / f"versus-{sync}", keyfile, None, sync)
+            procs.append(member)
+            members[f"irismesh {sync}"] = (keys, seed)
+        url = None
+        missing = jetstream_missing()
+        if missing is not None:
+            print(f"[versus] JetStream skipped: {missing}", file=sys.stderr)
+        else:
+            server = find_executable("nats-server", "/usr/sbin/nats-server", "/usr/bin/nats-server")
+            assert server is not None
+            proc, url = start_nats(server, root / "jetstream")
+            procs.append(proc)
+        print(
+            f"[versus] {', '.join(members)}{', JetStream' if url else ''}: "
+            f"{args.rounds} rounds each, in turns",
+            file=sys.stderr,
+        )
+        results.update(irismesh.run(versus_clients(members, url, args)))
+        if missing is not None:
+            results["JetStream"] = f"skipped: {missing}"
+    finally:
+        for proc in procs:
             proc.terminate()
             proc.wait(timeout=30)
     js = results["JetStream"]
@@ -452,9 +482,8 @@ def main() -> int:
     parser.add_argument("--versus-paths", type=int, default=1000)
     args = parser.parse_args()
     if args.only_versus:
-        keys = irismesh.Keyring.generate()
         with tempfile.TemporaryDirectory(prefix="irismesh-memory-bench-") as tmp:
-            Console().print(versus(args, Path(tmp), keys))
+            Console().print(versus(args, Path(tmp)))
         return 0
     if args.quick:
         args.paths, args.messages, args.publishes, args.jobs = 1000, 100_000, 500, 500
@@ -483,7 +512,7 @@ def main() -> int:
             for proc in (first, second):
                 proc.terminate()
                 proc.wait(timeout=30)
-        beside = versus(args, root, keys)
+        beside = versus(args, root)
     table = Table(
         title=f"the mesh's memory: {args.messages:,} messages of {args.size} B on "
         f"{args.paths:,} paths; median [p90]"
