@@ -51,6 +51,7 @@ import msgpack
 
 from irismesh._core.topics import validate_pattern, validate_topic
 from irismesh.errors import (
+    Closed,
     ConfigurationError,
     MemberLost,
     MeshError,
@@ -413,7 +414,9 @@ class NodeMemory:
             return  # sent already (it was full)
         batch = self._batches.pop(key, None)
         if batch is not None:
-            self._track(self._hold_batch(key[0], key[1], batch))
+            task = self._track(self._hold_batch(key[0], key[1], batch))
+            # Cancelled (the node closes), started or not: its callers must not wait forever.
+            task.add_done_callback(lambda _: _settle(batch.waiting, Closed("node closed")))
 
     async def _hold_batch(self, op: str, timeout: float | None, batch: _Batch) -> None:
         done, failed = ("retained", "retained_failed") if op == _STORE else _JOB_COUNTS
@@ -468,7 +471,7 @@ class NodeMemory:
         """Take an id this node saw into its clock (counting one too far ahead to adopt)."""
         observe_id(self.clock, msg_id, self.physical())
         if self.clock.refused_ahead:  # the member's refusals included (the clock is shared)
-            self.stats["clock_ids_refused_ahead"] = self.clock.refused_ahead
+            self.stats["memory_ids_refused_ahead"] = self.clock.refused_ahead
 
     # ----------------------------------------------------------------- dispatching
 

@@ -219,3 +219,32 @@ def test_concurrent_retains_share_a_request_and_a_bad_row_fails_alone() -> None:
         assert clock_id(memory.clock, physical_us()) > clock_state(members.clock)
 
     run(main())
+
+
+def test_a_batch_cut_short_by_closing_fails_its_callers() -> None:
+    async def main() -> None:
+        async def never(
+            payload: bytes, timeout: float | None
+        ) -> tuple[dict[str, bytes], dict[str, irismesh.MeshError], list[str]]:
+            await asyncio.Event().wait()
+            raise AssertionError("unreachable")
+
+        memory = NodeMemory(b"n" * 16, never)
+        publishes = [asyncio.ensure_future(memory.retain(f"news.{i}", b"x", 1.0)) for i in range(3)]
+        await asyncio.sleep(0)  # the batch leaves on the next turn of the loop
+        await asyncio.sleep(0)
+        memory.close()
+        for publish in publishes:
+            with pytest.raises(irismesh.Closed):
+                await asyncio.wait_for(publish, 5)
+
+    run(main())
+
+
+def test_an_id_too_far_ahead_is_counted_and_not_adopted() -> None:
+    memory = NodeMemory(b"n" * 16, FakeMembers())
+    memory.observe(message_id(os.urandom(16), 1, time.time() + 120))
+    assert memory.stats["memory_ids_refused_ahead"] == 1
+    assert abs(id_time(clock_id(memory.clock, physical_us())) - time.time()) < 5
+    memory.observe(message_id(os.urandom(16), 1, time.time() + 30))  # within the bound: adopted
+    assert id_time(clock_id(memory.clock, physical_us())) - time.time() > 25
