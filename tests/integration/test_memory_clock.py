@@ -248,3 +248,24 @@ def test_an_id_too_far_ahead_is_counted_and_not_adopted() -> None:
     assert abs(id_time(clock_id(memory.clock, physical_us())) - time.time()) < 5
     memory.observe(message_id(os.urandom(16), 1, time.time() + 30))  # within the bound: adopted
     assert id_time(clock_id(memory.clock, physical_us())) - time.time() > 25
+
+
+@pytest.mark.parametrize(("sync", "synchronous"), [("fsync", 2), ("os", 1)])
+def test_memory_sync_chooses_when_a_commit_waits_for_the_disk(
+    keys: irismesh.Keyring, tmp_path: Path, sync: str, synchronous: int
+) -> None:
+    async def main() -> None:
+        async with irismesh.Node(keyring=keys, memory=tmp_path, memory_sync=sync) as node:
+            member = node.memory.member
+            assert member is not None
+            # SQLite's synchronous: FULL (2) syncs every commit, NORMAL (1) only checkpoints.
+            assert member.store.db.execute("PRAGMA synchronous").fetchone() == (synchronous,)
+            await node.publish("news.a", b"kept", retain=True)
+            assert [m.payload for m in await node.reread("news.a")] == [b"kept"]
+
+    run(main())
+
+
+def test_an_unknown_memory_sync_is_refused(keys: irismesh.Keyring, tmp_path: Path) -> None:
+    with pytest.raises(irismesh.ConfigurationError, match="sync"):
+        irismesh.Node(keyring=keys, memory=tmp_path, memory_sync="never")
