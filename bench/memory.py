@@ -2,6 +2,7 @@
 
     python bench/memory.py [--paths 10000] [--messages 1000000] [--size 100] [--rounds 15]
                            [--publishes 2000] [--jobs 2000] [--quick]
+                           [--only-versus] [--versus-publishes 20000] [--versus-paths 1000]
 
 1. Fills one memory store with --messages retained messages spread over --paths paths (each
    path's messages a publisher's successive versions), then copies it, so that two memory
@@ -15,6 +16,18 @@
 5. Queues --jobs jobs (`enqueue`, replicas=2, 32 in flight) for a worker node in this process
    (`@on_queued`): how fast they are held, how fast the worker runs them from the first
    enqueue to the last run, and how long each waited from its enqueue to its run.
+6. Beside NATS JetStream, in the same run (--only-versus: this step alone): for one memory
+   member with `--sync fsync`, one with `--sync os`, and one `nats-server -js` (file storage,
+   one replica, 16 messages kept per subject, its store in a temporary directory), each started
+   on 127.0.0.1 by the bench (all three up at once, each irismesh member a mesh of its own):
+   --versus-publishes retained publishes of --size bytes on --versus-paths paths with 32 in
+   flight (the rate), 2,000 one at a time (p50 and p99), and a reread of the newest message of
+   every path (irismesh: `reread("news.#")`; JetStream: an ordered consumer delivering the last
+   message per subject of `news.>`), split into --rounds rounds taken in turns (a round of each
+   system, then the next), so that the machine's other load falls on all three alike; medians
+   of the rounds' rates and rereads.
+   JetStream needs `nats-server` (Debian: `apt-get install -y nats-server`) and nats-py (the
+   `bench` extra); without either its column says why it is missing.
 
 Medians and p90 of one run; figures in bench/README.md.
 """
@@ -26,18 +39,28 @@ import asyncio
 import json
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable, Sized
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 import irismesh
 from irismesh.memory import MemoryStore, Retention, message_id
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import find_executable
+
+NATS_SERVER_INSTALL = "apt-get install -y nats-server"
+IN_FLIGHT = 32
+ONE_AT_A_TIME = 2000
 
 
 def fill(directory: Path, keys: irismesh.Keyring, paths: int, messages: int, size: int) -> float:
@@ -82,8 +105,11 @@ def store_rereads(directory: Path, keys: irismesh.Keyring, rounds: int, paths: i
     return samples
 
 
-def start_member(data: Path, keyfile: Path, seed: str | None) -> tuple[subprocess.Popen[str], str]:
+def start_member(
+    data: Path, keyfile: Path, seed: str | None, sync: str = "fsync"
+) -> tuple[subprocess.Popen[str], str]:
     args = [sys.executable, "-m", "irismesh", "memory", "--data", str(data), "--keys", str(keyfile)]
+    args += ["--sync", sync]
     args += ["--bind", "tcp://127.0.0.1:0", "--json"] + (["--seed", seed] if seed else [])
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
@@ -179,6 +205,269 @@ async def enqueue_to_handled(
     }
 
 
+# ------------------------------------------------------------------ beside NATS JetStream
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
+
+
+class Side:
+    """One system under test: `publish(i)` stores the i-th retained message, `reread()`
+    returns the newest message of every path, `close()` lets go of the client."""
+
+    def __init__(
+        self,
+        name: str,
+        publish: Callable[[int], Awaitable[None]],
+        reread: Callable[[], Awaitable[Sized]],
+        close: Callable[[], Awaitable[None]],
+    ) -> None:
+        self.name, self.publish, self.reread, self.close = name, publish, reread, close
+
+
+async def irismesh_client(
+    name: str, keys: irismesh.Keyring, seed: str, paths: int, size: int
+) -> Side:
+    """A client node of one memory member (replicas=1: the member is the only replica)."""
+    payload = os.urandom(size)
+    node = irismesh.Node(keyring=keys, seeds=[seed], telemetry=False, replicas=1)
+    await node.start()
+    await node.wait_for_members("_memory", 1, timeout=30)
+
+    async def publish(i: int) -> None:
+        await node.publish(f"news.{i % paths:06d}", payload, retain=True, timeout=30)
+
+    async def reread() -> Sized:
+        return await node.reread("news.#", timeout=60)
+
+    return Side(name, publish, reread, node.close)
+
+
+async def jetstream_client(url: str, paths: int, size: int) -> Side:
+    """A nats-py client of one nats-server with JetStream: a stream of `news.>` on file."""
+    import nats
+    from nats.js.api import DeliverPolicy, StorageType, StreamConfig
+
+    payload = os.urandom(size)
+    nc = await nats.connect(url, connect_timeout=5, allow_reconnect=False)
+    js = nc.jetstream(timeout=30)
+    await js.add_stream(
+        StreamConfig(
+            name="NEWS",
+            subjects=["news.>"],
+            storage=StorageType.FILE,
+            num_replicas=1,
+            max_msgs_per_subject=16,  # as the memory's default retention
+        )
+    )
+
+    async def publish(i: int) -> None:
+        await js.publish(f"news.{i % paths:06d}", payload)
+
+    async def reread() -> Sized:
+        latest: dict[str, bytes] = {}
+        done = asyncio.Event()
+
+        async def got(msg: Any) -> None:
+            latest[msg.subject] = msg.data
+            if msg.metadata.num_pending == 0:
+                done.set()
+
+        sub = await js.subscribe(
+            "news.>", cb=got, ordered_consumer=True, deliver_policy=DeliverPolicy.LAST_PER_SUBJECT
+        )
+        try:
+            await asyncio.wait_for(done.wait(), 60)
+        finally:
+            await sub.unsubscribe()
+        return latest
+
+    return Side("JetStream", publish, reread, nc.close)
+
+
+async def compare(
+    sides: list[Side], publishes: int, paths: int, rounds: int
+) -> dict[str, dict[str, float]]:
+    """Every side's figures, measured in turns (a round of each side, then the next round), so
+    that the machine's other load falls on all of them alike: medians over the rounds."""
+    rates: dict[str, list[float]] = {side.name: [] for side in sides}
+    one: dict[str, list[float]] = {side.name: [] for side in sides}
+    rereads: dict[str, list[float]] = {side.name: [] for side in sides}
+    for side in sides:  # warm up: links, pages of the stores, and every path exists
+        for i in range(paths):
+            await side.publish(i)
+    per_round = max(IN_FLIGHT, publishes // rounds)
+    singles = max(1, ONE_AT_A_TIME // rounds)
+    for _ in range(rounds):
+        for side in sides:
+            left = per_round
+
+            async def worker(side: Side = side) -> None:
+                nonlocal left
+                while left > 0:
+                    left -= 1
+                    await side.publish(left)
+
+            began = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(IN_FLIGHT)))
+            rates[side.name].append(per_round / (time.perf_counter() - began))
+            for i in range(singles):
+                began = time.perf_counter()
+                await side.publish(i)
+                one[side.name].append(time.perf_counter() - began)
+            began = time.perf_counter()
+            found = await side.reread()
+            rereads[side.name].append(time.perf_counter() - began)
+            assert len(found) == paths, f"{side.name} reread {len(found)} paths, wanted {paths}"
+    return {
+        side.name: {
+            "rate": statistics.median(rates[side.name]),
+            "p50": statistics.median(one[side.name]),
+            "p99": percentile(one[side.name], 0.99),
+            "reread": statistics.median(rereads[side.name]),
+        }
+        for side in sides
+    }
+
+
+async def versus_clients(
+    members: dict[str, tuple[irismesh.Keyring, str]], url: str | None, args: argparse.Namespace
+) -> dict[str, dict[str, float]]:
+    sides = [
+        await irismesh_client(name, keys, seed, args.versus_paths, args.size)
+        for name, (keys, seed) in members.items()
+    ]
+    if url is not None:
+        sides.append(await jetstream_client(url, args.versus_paths, args.size))
+    try:
+        return await compare(sides, args.versus_publishes, args.versus_paths, args.rounds)
+    finally:
+        for side in sides:
+            await side.close()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_nats(server: str, store: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    args = [server, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(store)]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return proc, f"nats://127.0.0.1:{port}"
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    raise SystemExit(f"nats-server did not start on 127.0.0.1:{port}")
+
+
+def fdatasync_p50(directory: Path, rounds: int = 200) -> float:
+    """Seconds one 4 KiB append and its fdatasync take on this disk, median: the floor of a
+    commit that waits for the disk."""
+    directory.mkdir(parents=True, exist_ok=True)
+    samples = []
+    fd = os.open(directory / "fsync-probe", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        block = os.urandom(4096)
+        for _ in range(rounds):
+            began = time.perf_counter()
+            os.write(fd, block)
+            os.fdatasync(fd)
+            samples.append(time.perf_counter() - began)
+    finally:
+        os.close(fd)
+    return statistics.median(samples)
+
+
+def jetstream_missing() -> str | None:
+    """Why the JetStream column cannot be measured (None: it can)."""
+    if find_executable("nats-server", "/usr/sbin/nats-server", "/usr/bin/nats-server") is None:
+        return f"nats-server is not installed ({NATS_SERVER_INSTALL})"
+    try:
+        import nats  # noqa: F401
+    except ImportError:
+        return "nats-py is not installed (pip install -e '.[bench]')"
+    return None
+
+
+def versus(args: argparse.Namespace, root: Path) -> Table:
+    """The memory beside JetStream: rate with 32 in flight, p50 one at a time, reread."""
+    members: dict[str, tuple[irismesh.Keyring, str]] = {}
+    procs: list[subprocess.Popen[Any]] = []
+    results: dict[str, dict[str, float] | str] = {}
+    try:
+        for sync in ("fsync", "os"):
+            # A mesh (keyring) each: the two members must not find each other and share work.
+            keys = irismesh.Keyring.generate()
+            keyfile = root / f"versus-{sync}.keys"
+            keys.save(keyfile)
+            member, seed = start_member(root / f"versus-{sync}", keyfile, None, sync)
+            procs.append(member)
+            members[f"irismesh {sync}"] = (keys, seed)
+        url = None
+        missing = jetstream_missing()
+        if missing is not None:
+            print(f"[versus] JetStream skipped: {missing}", file=sys.stderr)
+        else:
+            server = find_executable("nats-server", "/usr/sbin/nats-server", "/usr/bin/nats-server")
+            assert server is not None
+            proc, url = start_nats(server, root / "jetstream")
+            procs.append(proc)
+        print(
+            f"[versus] {', '.join(members)}{', JetStream' if url else ''}: "
+            f"{args.rounds} rounds each, in turns",
+            file=sys.stderr,
+        )
+        results.update(irismesh.run(versus_clients(members, url, args)))
+        if missing is not None:
+            results["JetStream"] = f"skipped: {missing}"
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=30)
+    js = results["JetStream"]
+    floor = fdatasync_p50(root / "probe")
+    table = Table(
+        title=f"beside JetStream: {args.versus_paths:,} paths, {args.size} B, "
+        f"{args.versus_publishes:,} retained publishes; one server each; "
+        "(x): irismesh / JetStream",
+        caption=f"this disk: a 4 KiB append + fdatasync takes {floor * 1e6:,.0f} us (median); "
+        f"load average {os.getloadavg()[0]:.1f}",
+    )
+    table.add_column("figure")
+    for name in results:
+        table.add_column(name, justify="right")
+    rows = [
+        (f"retained publish, {IN_FLIGHT} in flight", "rate", "{:,.0f}/s", True),
+        ("p50 one at a time", "p50", "{:,.0f} us", False),
+        ("p99 one at a time", "p99", "{:,.0f} us", False),
+        (f"reread of the latest of {args.versus_paths:,} paths", "reread", "{:,.1f} ms", False),
+    ]
+    for label, key, form, higher in rows:
+        cells = []
+        for figures in results.values():
+            if isinstance(figures, str):
+                cells.append(figures)
+                continue
+            value = figures[key] * (1e6 if key.startswith("p") else 1e3 if key == "reread" else 1)
+            cell = form.format(value)
+            if figures is not js and not isinstance(js, str):
+                ratio = figures[key] / js[key] if higher else js[key] / figures[key]
+                cell += f" ({ratio:.2f}x)"
+            cells.append(cell)
+        table.add_row(label, *cells)
+    return table
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--paths", type=int, default=10_000)
@@ -188,7 +477,14 @@ def main() -> int:
     parser.add_argument("--publishes", type=int, default=2000)
     parser.add_argument("--jobs", type=int, default=2000, help="jobs queued for a worker")
     parser.add_argument("--quick", action="store_true", help="1,000 paths, 100,000 messages")
+    parser.add_argument("--only-versus", action="store_true", help="step 6 alone")
+    parser.add_argument("--versus-publishes", type=int, default=20_000)
+    parser.add_argument("--versus-paths", type=int, default=1000)
     args = parser.parse_args()
+    if args.only_versus:
+        with tempfile.TemporaryDirectory(prefix="irismesh-memory-bench-") as tmp:
+            Console().print(versus(args, Path(tmp)))
+        return 0
     if args.quick:
         args.paths, args.messages, args.publishes, args.jobs = 1000, 100_000, 500, 500
     keys = irismesh.Keyring.generate()
@@ -216,6 +512,7 @@ def main() -> int:
             for proc in (first, second):
                 proc.terminate()
                 proc.wait(timeout=30)
+        beside = versus(args, root)
     table = Table(
         title=f"the mesh's memory: {args.messages:,} messages of {args.size} B on "
         f"{args.paths:,} paths; median [p90]"
@@ -227,6 +524,7 @@ def main() -> int:
     for name, value in mesh.items():
         table.add_row(name, value)
     Console().print(table)
+    Console().print(beside)
     return 0
 
 

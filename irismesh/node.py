@@ -175,6 +175,10 @@ class Node(MemoryApi, DataApi, KeyringApi, SplitApi):
     name and this process's id. Names need not be unique (the node id is the identity), and
     travel only under the mesh key.
 
+    `memory_sync` (a memory member's): "fsync" (the default) acknowledges a retained message or
+    a job once it is on the disk, so it survives a power cut; "os" once the operating system
+    holds it, faster, and it survives this process crashing but not the machine losing power.
+
     `metrics="127.0.0.1:9464"` (or IRISMESH_METRICS) serves the node's counters live in the
     Prometheus text format at http://127.0.0.1:9464/metrics (`telemetry.metrics_endpoint`).
 
@@ -210,6 +214,7 @@ class Node(MemoryApi, DataApi, KeyringApi, SplitApi):
         handler_threads: int = 8,
         memory: str | os.PathLike[str] | None = None,
         memory_retention: Sequence[tuple[str, Retention]] = (),
+        memory_sync: str = "fsync",
         replicas: int = 2,
         name: str | None = None,
         zmq_context: zmq.Context[zmq.Socket[bytes]] | None = None,
@@ -344,7 +349,7 @@ class Node(MemoryApi, DataApi, KeyringApi, SplitApi):
         # (opened now, so a directory that cannot hold it is an error at once).
         member = None
         if memory is not None:
-            member = MemoryMember(memory, keyring, retention=memory_retention)
+            member = MemoryMember(memory, keyring, retention=memory_retention, sync=memory_sync)
         self.memory = NodeMemory(
             self.node_id,
             self._memory_survey,

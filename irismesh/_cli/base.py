@@ -424,6 +424,7 @@ def make_node(
     name: str | None = None,
     memory: Path | None = None,
     version: str | None = None,
+    memory_sync: str = "fsync",
 ) -> irismesh.Node:
     """The command's own node; a pure client unless `clusters` are given (or a `memory`
     directory, which makes it a memory member); named `name`, else by host and process id;
@@ -440,6 +441,7 @@ def make_node(
         interface=args.interface,
         name=name,
         memory=memory,
+        memory_sync=memory_sync,
         metrics=getattr(args, "metrics", None),
         version=version,
     )

@@ -52,6 +52,14 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
     memory.add_argument(
         "--data", type=Path, required=True, metavar="DIR", help="directory of the database"
     )
+    memory.add_argument(
+        "--sync",
+        choices=("fsync", "os"),
+        default="fsync",
+        help="fsync: a write is acknowledged once on disk (survives a power cut); os: once the "
+        "operating system holds it (faster; survives a crash of this process, not of the "
+        "machine) (default: %(default)s)",
+    )
     add_joining_options(memory, wait=None, wait_help="unused")
     add_metrics_option(memory)
     add_json_option(memory, "the first line as a JSON object")
@@ -91,7 +99,7 @@ async def run_memory(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with make_node(args, keys, memory=args.data) as node:
+    async with make_node(args, keys, memory=args.data, memory_sync=args.sync) as node:
         reload_keys_on_hangup(node)
         await node.caught_up()  # what the others stored meanwhile, before saying it is ready
         stats = node.stats

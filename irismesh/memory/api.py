@@ -55,8 +55,11 @@ class MemoryApi:
     ) -> list[Remembered]:
         """What the mesh's memory holds for `pattern` (the grammar of `subscribe`): for every
         stored path that matches, its `latest` newest retained messages, newest first, each
-        with its topic, payload, publish time and unique, time-ordered id. NoResponders when
-        no memory member is running."""
+        with its topic, payload, publish time and unique id. Ids come from the publishers'
+        hybrid logical clocks: a message published after its publisher saw another (reread
+        it, or heard from a memory member that held it) is newer, whatever the clocks say;
+        this node's clock takes in the ids reread here. NoResponders when no memory member is
+        running."""
         try:
             return await self.memory.reread(pattern, latest, timeout)
         except MeshError:

@@ -5,11 +5,11 @@ A node started with a memory directory serves the cluster `_memory` beside its o
 publish must be held by several of them, a reread must hear from all of them), so the protocol
 is two msgpack requests, each answered by every member:
 
-    ["store", [[topic, payload, published_at, id], ...]]  ->  [stored]
+    ["store", [[topic, payload, published_at, id], ...]]  ->  [stored, clock]
     ["latest", pattern, n, after]  ->  [[[topic, payload, published_at, id], ...], next]
 
     ["since", id]  ->  [[[topic, payload, published_at, id], ...], next]
-    ["enqueue", [[id, cluster, payload, enqueued_at, expires_at], ...]]  ->  [held]
+    ["enqueue", [[id, cluster, payload, enqueued_at, expires_at], ...]]  ->  [held, clock]
     ["done", [id, ...], at]  ->  [forgotten]
     ["jobs", since]  ->  [[[id, cluster, payload, enqueued_at, expires_at], ...], [done id, ...]]
 
@@ -19,6 +19,12 @@ what was stored while it was away. An answer to "latest" is one page: the paths 
 topic `after` (None: from the first), as many as fit in PAGE_BYTES, and `next`, the last topic
 of the page, to ask for the next one (None: that was the last). A caller asks every member for
 each page.
+
+Ids come from each node's hybrid logical clock (`store.clock_id`). A member takes the ids it
+stores into its clock and answers a store or an enqueue with its clock (`clock`, an id; earlier
+versions answered without it); a caller takes in that clock and every id it rereads. So a
+retained message published after its publisher reread another, or after a member that held
+the other answered it, orders after it whatever the machines' clocks say.
 
 Every member stores every retained message: a publish returns once `replicas` of them (or all
 there are, if fewer) have it on disk, so one crash loses nothing. A reread merges the members'
@@ -46,6 +52,7 @@ import msgpack
 from irismesh._core.frames import MAX_TRACE
 from irismesh._core.topics import validate_pattern, validate_topic
 from irismesh.errors import (
+    Closed,
     ConfigurationError,
     MemberLost,
     MeshError,
@@ -61,8 +68,13 @@ from irismesh.memory.store import (
     MemoryStore,
     Retention,
     Stored,
+    clock_id,
+    clock_state,
     id_time,
+    memory_clock,
     message_id,
+    observe_id,
+    physical_us,
 )
 from irismesh.security.keyring import Keyring
 
@@ -86,6 +98,9 @@ CATCH_UP_MARGIN: Final = 60.0  # seconds before its newest message a starting me
 _MAX_BATCH: Final = 4096
 MAX_LATEST: Final = 100_000
 _GROUP: Final = 256  # store requests written in one transaction at most
+_BATCH_BYTES: Final = 256 << 10  # payload a caller sends in one store or enqueue request
+_ROW_ROOM: Final = 64  # a row's id, times and msgpack framing, at most
+_JOB_COUNTS: Final = ("jobs_enqueued", "jobs_enqueue_failed")
 RETAINED_ROOM: Final = 4096  # what a retained payload leaves of a frame for its envelope
 PAGE_BYTES: Final = 512 << 10  # an answer's payloads, well below a frame's limit
 _PAGE_PATHS: Final = 256  # paths read from the store at a time while filling a page
@@ -149,8 +164,15 @@ class MemoryMember:
         *,
         retention: Sequence[tuple[str, Retention]] = (),
         default: Retention | None = None,
+        sync: str = "fsync",
     ) -> None:
-        self.store = MemoryStore(directory, keyring, retention=retention, default=default)
+        self.store = MemoryStore(
+            directory, keyring, retention=retention, default=default, sync=sync
+        )
+        # The node's clock for the memory's ids (NodeMemory shares its own); this machine's
+        # wall clock in microseconds (tests skew it).
+        self.clock = memory_clock(b"")
+        self.physical: Callable[[], int] = physical_us
         self.jobs = JobStore(self.store)
         self._lock = threading.Lock()
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="irismesh-memory")
@@ -169,13 +191,15 @@ class MemoryMember:
             rows, jobs = (
                 (_rows(request[1]), []) if request[0] == _STORE else ([], _jobs(request[1]))
             )
+            newest = max([row[3] for row in rows] + [job.id for job in jobs], default=b"")
+            observe_id(self.clock, newest, self.physical())
             loop = asyncio.get_running_loop()
             done: asyncio.Future[None] = loop.create_future()
             self._writes.append((rows, jobs, done))
             if self._writer is None or self._writer.done():
                 self._writer = loop.create_task(self._write())
             await done
-            return _pack([len(rows) + len(jobs)])
+            return _pack([len(rows) + len(jobs), clock_state(self.clock)])
         return await asyncio.get_running_loop().run_in_executor(self.pool, self.handle, payload)
 
     async def _write(self) -> None:
@@ -289,6 +313,7 @@ class MemoryMember:
         """What other members hold, copied here (catching up after a restart); how many
         messages were new."""
         rows = [(s.topic, s.payload, s.published_at, s.id) for answer in answers for s in answer]
+        observe_id(self.clock, max((row[3] for row in rows), default=b""), self.physical())
         added = 0
         with self._lock:
             for start in range(0, len(rows), _MAX_BATCH):
@@ -327,7 +352,13 @@ class NodeMemory:
         self.stats: Counter[str] = Counter()
         self._node_id = node_id
         self._survey = survey
-        self._counter = 0
+        # The clock of this node's ids, shared with its member; `physical` is this machine's
+        # wall clock in microseconds (tests skew it).
+        self.clock = memory_clock(node_id)
+        self.physical: Callable[[], int] = physical_us
+        if member is not None:
+            member.clock = self.clock
+            member.physical = lambda: self.physical()
         self._pool = member.pool if member is not None else None
         self._wake: asyncio.Event | None = None  # the dispatcher's: a job came, or room
         self._dispatching: set[asyncio.Task[None]] = set()
@@ -337,6 +368,8 @@ class NodeMemory:
         # Handled jobs waiting to be forgotten, and the task that forgets them.
         self._finished: list[tuple[bytes, asyncio.Future[None]]] = []
         self._finisher: asyncio.Task[None] | None = None
+        # Rows asked for in this turn of the loop, by kind and timeout, sent together.
+        self._batches: dict[tuple[str, float | None], _Batch] = {}
 
     async def retain(self, topic: str, payload: bytes, timeout: float | None) -> bytes:
         """Store a message with the memory members; its id once `replicas` of them (or every
@@ -344,10 +377,9 @@ class NodeMemory:
         topic = validate_topic(topic)
         if len(payload) > self.max_retained:
             raise PayloadTooLarge(len(payload), self.max_retained)
-        self._counter += 1
-        msg_id = message_id(self._node_id, self._counter)
-        request = encode_store([(topic, payload, time.time(), msg_id)])
-        await self._hold(request, timeout, "retained", "retained_failed")
+        msg_id = clock_id(self.clock, self.physical())
+        row = [topic, payload, time.time(), msg_id]
+        await self._batched(_STORE, row, len(payload) + len(topic) + _ROW_ROOM, timeout)
         return msg_id
 
     async def enqueue(
@@ -365,32 +397,101 @@ class NodeMemory:
             raise ConfigurationError(f"expiry must be positive seconds, not {expiry!r}")
         if len(payload) > self.max_retained:
             raise PayloadTooLarge(len(payload), self.max_retained)
-        self._counter += 1
-        job_id = message_id(self._node_id, self._counter)
+        job_id = clock_id(self.clock, self.physical())
         now = time.time()
         row: list[Any] = [job_id, cluster, payload, now, now + expiry]
         if trace:
             row.append(trace)
-        request = _pack([_ENQUEUE, [row]])
-        await self._hold(request, timeout, "jobs_enqueued", "jobs_enqueue_failed")
+        size = len(payload) + len(cluster) + len(trace) + _ROW_ROOM
+        await self._batched(_ENQUEUE, row, size, timeout)
         if self._wake is not None:
             self._wake.set()
         return job_id
 
-    async def _hold(self, request: bytes, timeout: float | None, done: str, failed: str) -> None:
-        """Have the memory members hold what `request` carries: done once `replicas` of them
-        (or every one there is, if fewer) answered; counted under `done` and `failed`, and
-        copies short of `replicas` under `done` + "_underreplicated"."""
+    async def _batched(self, op: str, row: list[Any], size: int, timeout: float | None) -> None:
+        """Have the memory members hold one row (a retained message or a job), in one request
+        with the rows of the same kind and timeout asked for in the same turn of the loop (a
+        batch ends at _BATCH_BYTES of payload or _MAX_BATCH rows): concurrent publishers share
+        a survey and the members' commit."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        key = (op, timeout)
+        batch = self._batches.get(key)
+        full = batch is not None and len(batch.rows) >= _MAX_BATCH
+        if batch is not None and (full or batch.size + size > _BATCH_BYTES):
+            self._send_batch(key)
+            batch = None
+        if batch is None:
+            batch = self._batches[key] = _Batch()
+            loop.call_soon(self._send_batch, key, batch)
+        batch.rows.append(row)
+        batch.waiting.append(done)
+        batch.size += size
+        await done
+
+    def _send_batch(self, key: tuple[str, float | None], batch: _Batch | None = None) -> None:
+        if batch is not None and self._batches.get(key) is not batch:
+            return  # sent already (it was full)
+        batch = self._batches.pop(key, None)
+        if batch is not None:
+            task = self._track(self._hold_batch(key[0], key[1], batch))
+            # Cancelled (the node closes), started or not: its callers must not wait forever.
+            task.add_done_callback(lambda _: _settle(batch.waiting, Closed("node closed")))
+
+    async def _hold_batch(self, op: str, timeout: float | None, batch: _Batch) -> None:
+        done, failed = ("retained", "retained_failed") if op == _STORE else _JOB_COUNTS
+        try:
+            await self._hold(_pack([op, batch.rows]), timeout, done, failed, len(batch.rows))
+        except RemoteError as exc:
+            if len(batch.rows) == 1:
+                _settle(batch.waiting, exc)
+                return
+            # A member refused the batch (a row it cannot store): each row on its own, so
+            # that one bad row fails only its own publish.
+            self.stats["memory_batches_split"] += 1
+            for row, waiting in zip(batch.rows, batch.waiting, strict=True):
+                single = _Batch()
+                single.rows.append(row)
+                single.waiting.append(waiting)
+                await self._hold_batch(op, timeout, single)
+        except MeshError as exc:
+            _settle(batch.waiting, exc)
+        else:
+            _settle(batch.waiting, None)
+
+    async def _hold(
+        self, request: bytes, timeout: float | None, done: str, failed: str, rows: int = 1
+    ) -> None:
+        """Have the memory members hold what `request` carries (`rows` rows): done once
+        `replicas` of them (or every one there is, if fewer) answered; counted under `done` and
+        `failed`, and copies short of `replicas` under `done` + "_underreplicated"."""
         try:
             answers, errors, missing = await self._ask(request, timeout)
             if not answers:
                 raise _failure(errors, missing, timeout)
+        except RemoteError:
+            if rows == 1:
+                self.stats[failed] += 1
+            raise  # a batch is split and tried again row by row
         except MeshError:
-            self.stats[failed] += 1
+            self.stats[failed] += rows
             raise
         if len(answers) < min(self.replicas, len(answers) + len(errors) + len(missing)):
-            self.stats[done + "_underreplicated"] += 1
-        self.stats[done] += 1
+            self.stats[done + "_underreplicated"] += rows
+        self.stats[done] += rows
+        for answer in answers.values():
+            try:
+                held = _unpack(answer)
+            except ConfigurationError:
+                continue  # counted as held: the member said it holds it, not what it saw
+            if type(held) is list and len(held) == 2 and type(held[1]) is bytes:
+                self.observe(held[1])
+
+    def observe(self, msg_id: bytes) -> None:
+        """Take an id this node saw into its clock (counting one too far ahead to adopt)."""
+        observe_id(self.clock, msg_id, self.physical())
+        if self.clock.refused_ahead:  # the member's refusals included (the clock is shared)
+            self.stats["memory_ids_refused_ahead"] = self.clock.refused_ahead
 
     # ----------------------------------------------------------------- dispatching
 
@@ -531,6 +632,8 @@ class NodeMemory:
                 done.update(i for i in finished if type(i) is bytes)
             except (ConfigurationError, TypeError, ValueError):
                 self.stats["memory_answers_malformed"] += 1
+        if jobs:
+            self.observe(max(job.id for job in jobs))
         if done:
             await member.run(member.jobs.finish, done, time.time())
         added = await member.run(member.jobs.add, [job for job in jobs if job.id not in done])
@@ -547,7 +650,10 @@ class NodeMemory:
         if missing or errors:
             self.stats["rereads_partial"] += 1
         self.stats["rereads"] += 1
-        return merge(found, latest)
+        merged = merge(found, latest)
+        if merged:
+            self.observe(max(stored.id for stored in merged))
+        return merged
 
     async def catch_up(self, timeout: float) -> int:
         """A member that starts copies what the others stored while it was away (from a
@@ -558,6 +664,8 @@ class NodeMemory:
             return 0
         loop = asyncio.get_running_loop()
         newest = await member.run(member.store.newest_id)
+        if newest is not None:  # the clock starts past what this member stored before
+            self.observe(newest)
         after = b"" if newest is None else _before(newest, CATCH_UP_MARGIN)
         added = 0
         while True:
@@ -646,6 +754,27 @@ class NodeMemory:
             task.cancel()
         if self.member is not None:
             self.member.close()
+
+
+class _Batch:
+    """Rows to send in one store or enqueue request, and their callers."""
+
+    __slots__ = ("rows", "size", "waiting")
+
+    def __init__(self) -> None:
+        self.rows: list[list[Any]] = []
+        self.waiting: list[asyncio.Future[None]] = []
+        self.size = 0
+
+
+def _settle(waiting: Iterable[asyncio.Future[None]], error: MeshError | None) -> None:
+    for done in waiting:
+        if done.done():
+            continue
+        if error is None:
+            done.set_result(None)
+        else:
+            done.set_exception(error)
 
 
 def _before(msg_id: bytes, seconds: float) -> bytes:

@@ -7,10 +7,19 @@ subscribe to it (`*` one segment, `#` any number), so that the same grammar serv
 motion and at rest. `latest(pattern, n)` answers, for every stored path the pattern matches,
 its `n` newest messages, newest first.
 
-Ids. Every message carries a 16-byte id made by its publisher (`message_id`): microseconds
-since the epoch, four bytes of the publisher's node id and a per-publisher counter. Ids sort by
-publish time, and two publishers never make the same one; storing a message twice (a resend, a
-second replica's copy) is recognised by its id and ignored.
+Ids. Every message carries a 16-byte id made by its publisher from its hybrid logical clock
+(`clock_id`, `irismesh.data.clock.HybridClock` counting microseconds): the clock's wall time (8
+bytes, microseconds since the epoch), its logical count (4 bytes) and four bytes of the
+publisher's node id. A node's clock takes in the ids it sees (`observe_id`: what it rereads,
+what a memory member stores, the clock a member answers with), each as one microsecond after
+its wall time, so a message published after its publisher saw another has a larger id,
+whatever the two machines' clocks say; otherwise ids follow publish time. One clock never
+makes the same id twice, so storing a message twice (a resend, a second replica's copy) is
+recognised by its id and ignored.
+
+Ids of earlier versions (`message_id`: microseconds, four bytes of node id, a counter) have the
+same first eight bytes, microseconds since the epoch: they load as they are and interleave with
+clock ids by time (only the rest of the id, which breaks ties within one microsecond, differs).
 
 At rest nothing is in clear but the shape of the data (how many messages, their sizes and
 publish times). Each key of the keyring that opens a topic gives two keys of the store, derived
@@ -27,9 +36,14 @@ and correlated queries (the newest messages of each of 500 paths in one statemen
 only those rows), so the store needs no dependency and no index code of its own; LMDB would be
 faster per key and need both.
 
-Durability. SQLite in write-ahead-log mode with full synchronisation: a message `put` has
-returned for is on disk, and a process killed in the middle of a write leaves the database as
-it was before that write. Every SQLite failure (a full disk, a directory that is not writable,
+Durability. SQLite in write-ahead-log mode. With `sync="fsync"` (the default) each commit
+waits for the disk (synchronous=FULL): a message `put` has returned for survives a process
+crash and a power cut. With `sync="os"` (synchronous=NORMAL) a commit ends once the operating
+system holds it: it survives the process being killed, not the machine losing power (the
+commits since the last checkpoint may go; the log's checkpoints still wait for the disk, so the
+database stays whole, as of some earlier commit).
+Either way a process killed in the middle of a write leaves the database as it was before that
+write. Every SQLite failure (a full disk, a directory that is not writable,
 a file that is not a database) is a `StorageError` naming the file, never a half-written store.
 
 Retention. Rules map patterns to limits (`Retention`: messages per path, age, bytes per path);
@@ -59,12 +73,16 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from irismesh._core.topics import topic_matches, validate_pattern, validate_topic
+from irismesh.data.clock import HybridClock, Stamp
 from irismesh.errors import ConfigurationError, NoKey, StorageError
 from irismesh.security.keyring import Keyring, ScopeKey
 
 SCHEMA_VERSION: Final = 1
 _ID: Final = struct.Struct("!QII")  # microseconds since the epoch, publisher, counter
+_CLOCK_ID: Final = struct.Struct("!QI4s")  # clock's wall (microseconds), logical, publisher
 ID_SIZE: Final = _ID.size
+CLOCK_AHEAD_US: Final = 60_000_000  # an id further ahead of this machine's clock: not adopted
+SYNC_MODES: Final = ("fsync", "os")
 _NONCE: Final = 12
 _SALT: Final = b"irismesh memory at rest v1"
 _CHUNK: Final = 500  # path ids per query (SQLite limits the parameters of one statement)
@@ -94,6 +112,35 @@ def message_id(node_id: bytes, counter: int, now: float | None = None) -> bytes:
     """A unique, time-ordered id for the `counter`-th message a node publishes."""
     at = time.time() if now is None else now
     return _ID.pack(int(at * 1e6), int.from_bytes(node_id[:4], "big"), counter & 0xFFFFFFFF)
+
+
+def memory_clock(node_id: bytes) -> HybridClock:
+    """A node's clock for the memory's ids (its unit the microsecond)."""
+    return HybridClock(node_id, max_ahead=CLOCK_AHEAD_US)
+
+
+def physical_us() -> int:
+    """This machine's wall clock, in microseconds since the epoch."""
+    return time.time_ns() // 1000
+
+
+def clock_id(clock: HybridClock, physical: int) -> bytes:
+    """A new message id from `clock` at `physical` microseconds: larger than every id the
+    clock has made or taken in."""
+    stamp = clock.now(physical)
+    return _CLOCK_ID.pack(stamp.wall, stamp.logical & 0xFFFFFFFF, stamp.node[:4].ljust(4, b"\0"))
+
+
+def clock_state(clock: HybridClock) -> bytes:
+    """The clock as an id (what a memory member's answer carries), without advancing it."""
+    return _CLOCK_ID.pack(clock.wall, clock.logical & 0xFFFFFFFF, clock.node[:4].ljust(4, b"\0"))
+
+
+def observe_id(clock: HybridClock, msg_id: bytes, physical: int) -> None:
+    """Take a seen id (of either layout) into `clock`, as one microsecond after its time: the
+    clock's next id is larger than it whatever the rest of either id holds."""
+    if len(msg_id) == ID_SIZE:
+        clock.observe(Stamp(_ID.unpack_from(msg_id)[0] + 1, 0, b""), physical)
 
 
 def id_time(message_id: bytes) -> float:
@@ -166,7 +213,11 @@ class MemoryStore:
         *,
         retention: Sequence[tuple[str, Retention]] = (),
         default: Retention | None = None,
+        sync: str = "fsync",
     ) -> None:
+        if sync not in SYNC_MODES:
+            raise ConfigurationError(f"sync is 'fsync' or 'os', not {sync!r}")
+        self.sync = sync
         self.path = str(Path(directory) / "memory.sqlite3")
         self._keyring = keyring
         self._rules = [(validate_pattern(pattern), rule) for pattern, rule in retention]
@@ -196,7 +247,9 @@ class MemoryStore:
             # One thread at a time (a member serialises its store on a thread of its own).
             db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=FULL")
+            # fsync: every commit waits for the disk; os: only checkpoints do, the OS writes the
+            # log back when it will (in WAL mode the database stays consistent either way).
+            db.execute("PRAGMA synchronous=" + ("FULL" if self.sync == "fsync" else "NORMAL"))
             db.executescript(_SCHEMA)
             row = db.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()
             if row is None:
@@ -541,4 +594,17 @@ def _reason(exc: sqlite3.Error) -> str:
     return text
 
 
-__all__ = ["ID_SIZE", "MemoryStore", "Retention", "Stored", "id_time", "message_id"]
+__all__ = [
+    "ID_SIZE",
+    "SYNC_MODES",
+    "MemoryStore",
+    "Retention",
+    "Stored",
+    "clock_id",
+    "clock_state",
+    "id_time",
+    "memory_clock",
+    "message_id",
+    "observe_id",
+    "physical_us",
+]
