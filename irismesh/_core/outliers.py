@@ -27,8 +27,8 @@ An ejection lasts `base_ejection` times the member's ejection count, at most `ma
 a member that fails again as it comes back is out for longer each time, and one that recovered
 is back within `max_ejection`. The count decays by one for each `base_ejection` the member
 spends in rotation, so an ejection long ago is forgotten. `tick` readmits a member as its
-time is up, with its count of errors in a row and its latency estimate cleared (the balancer
-measures it afresh). At most `max_ejected_share` of a
+time is up, with its count of errors in a row cleared and the latency estimate of a typical
+member of its cluster (its own is stale; its replies correct it). At most `max_ejected_share` of a
 cluster's linked members (rounded down) are out at once: with every member failing, the rest
 still serve, and fail, in rotation. Ejection routes around a few bad members; it never
 empties a cluster, and `rotation` gives every member back if none is left in it.
@@ -212,9 +212,14 @@ class OutlierEjection:
             link = self._peers.get(record.node_id)
             if link is not None:
                 link.errors_in_row = 0
-                # Its estimate is from before: unmeasured, the balancer measures it at once
-                # (a stale slow one would keep it starved however well it does now).
-                link.latency = 0.0
+                # Its estimate is from before, and a slow one would keep it starved however
+                # well it does now: it starts as a typical member, and its replies correct it.
+                others = [
+                    m.latency
+                    for m in self._members(record.cluster)
+                    if m is not link and m.latency > 0
+                ]
+                link.latency = _median(others) if others else 0.0
             self._outbox.events.append(
                 MemberReadmitted(cluster=record.cluster, node_id=record.node_id)
             )

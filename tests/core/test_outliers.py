@@ -290,3 +290,16 @@ def test_error_replies_in_a_row_and_a_good_one_between() -> None:
     for _ in range(FAST.consecutive_errors - 1):
         sweep.ejection.failed(link, "db", 0.5)
     assert sweep.ejection.ejected == 1
+
+
+def test_a_readmitted_member_starts_from_a_typical_estimate() -> None:
+    sweep = Sweep(4)
+    links = sweep.links
+    for link, latency in zip(links, (0.009, 0.001, 0.002, 0.004), strict=True):
+        link.latency = latency
+    for _ in range(FAST.consecutive_errors):
+        sweep.ejection.failed(links[0], "db", 0.5)
+    assert sweep.ejection.is_ejected("db", links[0].peer_id)
+    sweep.ejection.tick(0.5 + FAST.base_ejection)
+    assert not sweep.ejection.is_ejected("db", links[0].peer_id)
+    assert links[0].latency == 0.002  # its stale estimate would keep it starved
