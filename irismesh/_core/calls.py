@@ -397,7 +397,7 @@ class Calls(LinkObserver):
         """No reply within the hedge delay: a copy to a second member, if the budget allows."""
         members = [m for m in self.members(request.cluster) if m is not request.link]
         if self.outliers.ejected:  # a copy to an ejected member would fail, and win
-            members = self.outliers.rotation(request.cluster, members)
+            members = self.outliers.in_rotation(request.cluster, members)
         if not members:
             return
         cfg = self.config

@@ -136,16 +136,20 @@ class OutlierEjection:
     # ----------------------------------------------------------------- the caller's choice
 
     def rotation(self, cluster: str, members: list[OutLink]) -> list[OutLink]:
-        """`members` of `cluster` less those ejected from it (all of them if none is left)."""
+        """`in_rotation`, kept for the cluster's list of members (`Calls.linked`) until it
+        or an ejection changes: a request allocates nothing."""
         kept = self._rotations.get(cluster)
         if kept is not None and kept[0] is members:
             return kept[1]
-        out = self._out.get(cluster)
-        chosen = [m for m in members if m.peer_id not in out] if out else members
-        if not chosen:  # an ejected member is better than none
-            chosen = members
+        chosen = self.in_rotation(cluster, members)
         self._rotations[cluster] = (members, chosen)
         return chosen
+
+    def in_rotation(self, cluster: str, members: list[OutLink]) -> list[OutLink]:
+        """`members` of `cluster` less those ejected from it (all of them if none is left)."""
+        out = self._out.get(cluster)
+        chosen = [m for m in members if m.peer_id not in out] if out else members
+        return chosen or members  # an ejected member is better than none
 
     def is_ejected(self, cluster: str, node_id: bytes) -> bool:
         out = self._out.get(cluster)

@@ -277,6 +277,8 @@ def test_the_rotation_never_empties() -> None:
     assert sweep.ejection.rotation("db", members) == [members[1]]
     assert sweep.ejection.rotation("db", members) is sweep.ejection.rotation("db", members)
     assert sweep.ejection.rotation("db", [members[0]]) == [members[0]]  # the others' links down
+    assert sweep.ejection.in_rotation("db", list(members)) == [members[1]]  # hedges: not kept
+    assert sweep.ejection.in_rotation("other", members) is members
 
 
 def test_error_replies_in_a_row_and_a_good_one_between() -> None:

@@ -13,8 +13,10 @@ from pathlib import Path
 from helpers import RequestLoad, wait_until
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console
 
 import irismesh
+from irismesh._cli.listing import peer_json, peers_table
 from irismesh.node import TelemetryConfig
 from irismesh.telemetry.prometheus import NodeCollector
 from irismesh.telemetry.spool import SpoolReader
@@ -119,6 +121,11 @@ def test_a_failing_member_is_routed_around_within_a_second_and_readmitted_once_i
                 [peer] = [p for p in caller.peers() if p.node_id == bad.hex()]
                 assert peer.ejected == ("db",)
                 assert all(p.ejected == () for p in caller.peers() if p.node_id != bad.hex())
+                # `mesh peers` says so, in its table and its JSON.
+                assert peer_json(peer, ["db"])["ejected"] == ["db"]
+                console = Console(width=200, record=True)
+                console.print(peers_table(caller.peers(), {}))
+                assert "alive ejected from db" in console.export_text()
             found = metrics(ejecting[0])
             assert found["irismesh_members_ejected_now"] == 1
             assert found["irismesh_members_ejected_total"] == 1
