@@ -6,6 +6,7 @@ API for code that does not run asyncio. See the README for a tour.
 """
 
 from irismesh._core.config import CoreConfig
+from irismesh._core.outliers import OutlierConfig
 from irismesh._core.priority import MAX_PRIORITY, MIN_PRIORITY, Priority
 from irismesh._loop import loop_factory, new_event_loop, run
 from irismesh.discovery.mdns import MdnsConfig
@@ -64,6 +65,7 @@ __all__ = [
     "NoKey",
     "NoResponders",
     "Node",
+    "OutlierConfig",
     "Overloaded",
     "PayloadTooLarge",
     "PeerInfo",

@@ -146,6 +146,9 @@ class PeerInfo:
     load: int = 0  # replies the peer still holds for its callers, as it last reported
     linked: bool = False  # this node has a link to it (the figures above are the link's)
     name: str = ""  # what it is called (`Node(name=...)`; "" for a node that gave none)
+    # The clusters whose rotation this node keeps it out of for now (outlier ejection: its
+    # requests go to the other members), sorted; () while it is in every rotation.
+    ejected: tuple[str, ...] = ()
 
 
 _STATES = {
@@ -1223,10 +1226,12 @@ class Node(MemoryApi, DataApi, KeyringApi, SplitApi):
         core, _ = self._caller.running()
         gone = list(self._departed.values()) if departed else []
         live = []
+        outliers = core.calls.outliers
         for member, link in core.known():
             if member.state > MemberState.SUSPECT:
                 continue
             state = "suspect" if member.state is MemberState.SUSPECT else "alive"
+            ejected = outliers.ejected_from(member.record.node_id) if outliers.ejected else ()
             if link is None:
                 rtt = core.membership.rtt(member.record.node_id) or 0.0
                 info = PeerInfo(
@@ -1237,6 +1242,7 @@ class Node(MemoryApi, DataApi, KeyringApi, SplitApi):
                     outstanding=0,
                     state=state,
                     name=member.record.name,
+                    ejected=ejected,
                 )
             else:
                 info = PeerInfo(
@@ -1249,6 +1255,7 @@ class Node(MemoryApi, DataApi, KeyringApi, SplitApi):
                     load=link.peer_load,
                     linked=True,
                     name=member.record.name,
+                    ejected=ejected,
                 )
             live.append(info)
         return gone + live
@@ -1330,6 +1337,7 @@ class Node(MemoryApi, DataApi, KeyringApi, SplitApi):
             stats["requests_waiting"] = admission.waiting
             stats["handler_limit"] = int(admission.limit)
         stats["reply_cache_entries"] = len(self._core.reply_cache)
+        stats["members_ejected_now"] = self._core.calls.outliers.ejected
         stats["messages_published"] = self._pubsub.published
         stats["messages_delivered"] = self._pubsub.delivered
         stats["messages_unmatched"] = self._pubsub.unmatched
@@ -1461,6 +1469,7 @@ class Node(MemoryApi, DataApi, KeyringApi, SplitApi):
             "peers": len(core.membership),
             "links": len(core.peers()),
             "reply_cache_entries": len(core.reply_cache),
+            "members_ejected_now": core.calls.outliers.ejected,
             **self._overload_counters(),
         }
 

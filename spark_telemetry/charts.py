@@ -21,11 +21,14 @@ from typing import Any, Final
 
 __all__ = ["EVENT_STYLE", "Mark", "Series", "palette", "shares_chart", "time_chart"]
 
-# join, graceful leave, death: what an operator looks for next to a change in latency.
+# join, graceful leave, death, ejection: what an operator looks for next to a change in latency.
 EVENT_STYLE: Final = {
     "join": {"color": "#2ca02c", "linestyle": ":", "linewidth": 1.0},
     "leave": {"color": "#1f77b4", "linestyle": "--", "linewidth": 1.2},
     "dead": {"color": "#d62728", "linestyle": "-", "linewidth": 1.6},
+    # A caller took a member out of a cluster's rotation (outlier ejection), and back in.
+    "ejected": {"color": "#9467bd", "linestyle": "-.", "linewidth": 1.4},
+    "readmitted": {"color": "#9467bd", "linestyle": ":", "linewidth": 1.0},
 }
 _RC: Final[Any] = {  # matplotlib types its keys as one long Literal
     "svg.fonttype": "none",  # text as text: small, selectable, the page's own font

@@ -318,7 +318,8 @@ def fairness(records: DataFrame) -> DataFrame:
 
 
 def membership_churn(records: DataFrame, *, bucket: int = 60) -> DataFrame:
-    """Membership changes per cluster, time bucket and event (join, suspect, alive, dead, leave).
+    """Membership changes per cluster, time bucket and event (join, suspect, alive, dead, leave;
+    ejected and readmitted: a caller took the member out of the cluster's rotation, and back).
 
     Columns: cluster, time, event, observations (weighted records: every node that saw a
     change records it), peers (distinct members concerned), observers (distinct recorders).

@@ -61,7 +61,8 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
             "changing (at most --wait seconds) and prints them: node id, name (`mesh node\n"
             "--name`; '-' for a node without one), endpoint, state\n"
             "(alive; suspect when it fell silent and other peers are asked about it; dead or\n"
-            "left for peers seen to go while gathering),\n"
+            "left for peers seen to go while gathering; 'ejected from C' while this node keeps\n"
+            "it out of cluster C's rotation after failures or lagging far behind),\n"
             "heartbeat RTT, the balancer's latency estimate, this node's requests in flight,\n"
             "and the clusters it serves among those this keyring can open (nodes announce\n"
             "their clusters sealed under the keys that open them; '*' opens them all)."
@@ -170,6 +171,7 @@ def peer_json(p: irismesh.PeerInfo, clusters: Sequence[str]) -> dict[str, object
         "latency_ms": measured(p.latency_ms),
         "outstanding": p.outstanding,
         "clusters": list(clusters),
+        "ejected": list(p.ejected),
     }
 
 
@@ -208,7 +210,8 @@ def peers_table(peers: Sequence[irismesh.PeerInfo], served: dict[str, list[str]]
             short_id(p.node_id),
             escape(p.name) or "-",
             p.endpoint,
-            _STATE_STYLE.get(p.state, p.state),
+            _STATE_STYLE.get(p.state, p.state)
+            + (f" [magenta]ejected from {escape(', '.join(p.ejected))}[/]" if p.ejected else ""),
             ms(p.rtt_ms),
             ms(measured(p.latency_ms)),
             str(p.outstanding),

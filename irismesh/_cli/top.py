@@ -65,6 +65,7 @@ GAUGES = frozenset(
         "requests_waiting",
         "handler_limit",
         "strangers_connected",
+        "members_ejected_now",
     }
 )
 

@@ -3,7 +3,8 @@
 Theory of operation
 -------------------
 Caller. A node sends its requests on the links it dialled. `request` picks one live member of
-the cluster (`balancer.choose`, avoiding a suspect one where it can) and keeps the request in
+the cluster (`balancer.choose`, avoiding a suspect one where it can, and while `outliers` keeps
+members that failed or lagged far behind out of rotation, among the rest) and keeps the request in
 `PendingRequests` until its reply, its failure or its deadline; `fanout` sends a BROADCAST or
 SURVEY to every member, one pending request per member, each *pinned* to it. Their preludes are
 one (`members_for`): closed, payload too large, too many in flight, no member (NoKey without
@@ -75,6 +76,7 @@ from irismesh._core.frames import (
 )
 from irismesh._core.links import InLink, LinkObserver, LinkState, OutLink
 from irismesh._core.outbox import Outbox
+from irismesh._core.outliers import OutlierEjection
 from irismesh._core.pending import PendingRequest, PendingRequests
 from irismesh._core.priority import label
 from irismesh._core.replycache import ReplyCache
@@ -161,6 +163,10 @@ class Calls(LinkObserver):
         self.relaying: dict[int, tuple[Calls, Token]] = {}
         # Cluster -> its traffic split, for the clusters called that have one (`split`).
         self.routes: dict[str, Route] = {}
+        # Members this caller keeps out of rotation for a while (see `outliers`).
+        self.outliers = OutlierEjection(
+            config=config.outliers, stats=stats, outbox=outbox, peers=peers, members=self.members
+        )
 
     # ----------------------------------------------------------------- caller
 
@@ -231,10 +237,12 @@ class Calls(LinkObserver):
             self._stats["requests_throttled"] += 1
             raise Overloaded(reason="throttled", cluster=cluster)
         candidates = members
+        if self.outliers.ejected:  # some member is out of rotation: choose among the rest
+            candidates = self.outliers.rotation(cluster, candidates)
         if self.routes:  # a traffic split: a version by weight first, then the usual choice
             route = self.routes.get(cluster)
             if route is not None:
-                candidates = route.narrow(members, self._rng)
+                candidates = route.narrow(candidates, self._rng)
         link = balancer.choose(candidates, self._rng)
         if link.suspect:  # silent lately: another member if there is one that is not
             heard = [m for m in candidates if not m.suspect]
@@ -435,6 +443,8 @@ class Calls(LinkObserver):
     def _hedge(self, request: PendingRequest, now: float) -> None:
         """No reply within the hedge delay: a copy to a second member, if the budget allows."""
         members = [m for m in self.members(request.cluster) if m is not request.link]
+        if self.outliers.ejected:  # a copy to an ejected member would fail, and win
+            members = self.outliers.in_rotation(request.cluster, members)
         if not members:
             return
         cfg = self.config
@@ -469,6 +479,11 @@ class Calls(LinkObserver):
             return
         pending.pop(req_id)
         _release(request)
+        link.replies += 1  # the member's record for outlier ejection
+        if status == STATUS_OK:
+            link.errors_in_row = 0
+        elif not request.pinned:  # its request handler raised: a strike against it
+            self.outliers.failed(link, request.cluster, now)
         balancer.observe(
             link, now - (request.sent_at if request.link is link else request.hedge_at)
         )
@@ -491,6 +506,7 @@ class Calls(LinkObserver):
         other copy carries on, or another member not asked yet takes it within the deadline;
         else it fails with Overloaded. The member weighs less in the balance for a while."""
         self._stats["requests_turned_away"] += 1
+        link.refusals += 1  # no failure, yet its latency estimate is penalised below
         balancer.penalise(link)
         link.outstanding -= 1
         if request.hedged is link:
@@ -566,8 +582,11 @@ class Calls(LinkObserver):
             self._stats["requests_timed_out"] += 1
             if not request.pinned:
                 self.throttle.refused(throttle_key(request.cluster, request.priority), now)
+                if request.link is not None:  # against its member, unless its peers' alike
+                    request.link.timeouts += 1
             error = RequestTimeout(request.cluster, request.timeout, request.attempts)
             events.append(RequestFailed(req_id=request.req_id, error=error))
+        self.outliers.tick(now)
         self.replies.expire(now)
 
     def close(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from irismesh._core.outliers import OutlierConfig
 from irismesh._core.records import MembershipConfig
 from irismesh.errors import ConfigurationError
 
@@ -11,6 +12,7 @@ from irismesh.errors import ConfigurationError
 # whatever the configured payload limit.
 CONTROL_ALLOWANCE = 64 << 10
 _MEMBERSHIP = MembershipConfig()  # frozen: one instance serves every default
+_OUTLIERS = OutlierConfig()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,6 +54,9 @@ class CoreConfig:
     hedge_ratio: float = 0.2
     hedge_rate: float = 10.0
     hedge_burst: float = 20.0
+    # When a caller takes a member that fails or lags far behind its cluster out of its
+    # rotation, and for how long (`outliers`); OutlierConfig(enabled=False) turns it off.
+    outliers: OutlierConfig = _OUTLIERS
 
     def __post_init__(self) -> None:
         if self.max_payload < 1 or self.max_payload > 256 << 20:

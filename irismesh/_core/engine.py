@@ -39,7 +39,8 @@ inbound link gone), in this order:
 - `liveness`: heartbeats of busy links, and what their silence means;
 - `pubsub`: interest, publishing, credit;
 - `tunnels`: tunnel ends and their ops;
-- `calls`: requests as caller (resends, hedges, deadlines) and as member (the reply cache).
+- `calls`: requests as caller (resends, hedges, deadlines, and through `outliers` the members
+  kept out of rotation for a while) and as member (the reply cache).
 
 `outbox` holds what the core hands its driver: events, and frames sealed per link (staged and
 batched while the driver flushes); `take_datagrams` hands it membership's datagrams.

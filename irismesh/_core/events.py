@@ -182,6 +182,26 @@ class PeerSuspect:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MemberEjected:
+    """This caller took member `node_id` out of `cluster`'s rotation for `seconds`: its
+    `ejections`th time lately, for `reason` ("errors", "success_rate" or "latency")."""
+
+    cluster: str
+    node_id: bytes
+    reason: str
+    seconds: float
+    ejections: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemberReadmitted:
+    """Member `node_id`'s ejection from `cluster`'s rotation is over: it is chosen again."""
+
+    cluster: str
+    node_id: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LinksChanged:
     """A link to a peer came up or closed: who can be called right now may have changed."""
 
@@ -215,6 +235,8 @@ Event = (
     | TunnelFrame
     | PeerSuspect
     | LinksChanged
+    | MemberEjected
+    | MemberReadmitted
 )
 
 

@@ -57,6 +57,12 @@ class OutLink:
     outstanding: int = 0  # requests in flight on this link (read by the balancer)
     latency: float = 0.0  # EWMA of request round trips (read by the balancer)
     last_sample: float = 0.0
+    # This interval's outcomes of requests on this link (read and cleared by `outliers`):
+    replies: int = 0  # replies, good or error (turned away unrun: `refusals`)
+    errors: int = 0  # error replies (the member's handler raised)
+    errors_in_row: int = 0  # error replies since the last good one
+    timeouts: int = 0  # requests whose deadline passed waiting for this member
+    refusals: int = 0  # requests the member turned away (Overloaded)
     peer_load: int = 0
     suspect: bool = False  # membership suspects the peer, or the link fell silent while busy
     busy: bool = False  # had requests in flight (or replies to acknowledge) at the last tick

@@ -10,7 +10,8 @@ Theory of operation
 - Messages and tunnels. The node's publish/subscribe tallies messages and hands them over in
   bulk (`record_message`, per topic scope); a tunnel is recorded as it ends (`record_tunnel`).
 - Membership. PeerUp, PeerDown and PeerSuspect events become membership records (`listen`),
-  with the peer's name; every record made outside the hot path carries the node's own.
+  with the peer's name; every record made outside the hot path carries the node's own. So do
+  this node's outlier ejections (MemberEjected, MemberReadmitted), naming the cluster.
 - Gauges and drops, every `gauge_interval` and as the node closes: requests in flight,
   handlers running, peers, reply-cache entries, RSS; and the core's drop counters, as deltas.
 - With a spool (`TelemetryConfig`), `start` attaches a `SpoolWriter` and an exporter
@@ -32,7 +33,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from irismesh._core.engine import MeshCore
-from irismesh._core.events import Listen, PeerDown, PeerSuspect, PeerUp
+from irismesh._core.events import (
+    Listen,
+    MemberEjected,
+    MemberReadmitted,
+    PeerDown,
+    PeerSuspect,
+    PeerUp,
+)
 from irismesh.errors import Closed, NoResponders, Overloaded, PayloadTooLarge, RequestTimeout
 from irismesh.telemetry.export import Publish, TopicExporter, exporter_for
 from irismesh.telemetry.recorder import Recorder
@@ -166,6 +174,8 @@ class NodeTelemetry:
         on(PeerSuspect, self._on_suspect)
         on(PeerUp, self._on_membership)
         on(PeerDown, self._on_membership)
+        on(MemberEjected, self._on_rotation)
+        on(MemberReadmitted, self._on_rotation)
 
     def _on_suspect(self, event: PeerSuspect) -> None:
         state = MembershipEvent.SUSPECT if event.suspect else MembershipEvent.ALIVE
@@ -181,6 +191,18 @@ class NodeTelemetry:
         else:
             membership = MembershipEvent.DEAD
         self.recorder.membership(membership, event.node_id, event.name)
+
+    def _on_rotation(self, event: MemberEjected | MemberReadmitted) -> None:
+        """This node took a member out of a cluster's rotation, or back in: a membership
+        record that names the cluster."""
+        core = self._core
+        member = core.membership.get(event.node_id) if core is not None else None
+        name = member.record.name if member else ""
+        if isinstance(event, MemberEjected):
+            change = MembershipEvent.EJECTED
+        else:
+            change = MembershipEvent.READMITTED
+        self.recorder.membership(change, event.node_id, name, event.cluster)
 
     def refused(self, cluster: str, size: int, error: BaseException, kind: str) -> None:
         """A call that never left: no member, closed, too large, ..."""

@@ -62,6 +62,7 @@ GAUGES = frozenset(
         "memory_payload_bytes",
         "memory_jobs_pending",
         "memory_jobs_dead",
+        "members_ejected_now",
     }
 )
 # Node.stats entries named `<prefix><reason>`: one family with a `reason` label each.
@@ -70,6 +71,12 @@ REASON_FAMILIES = (
     ("peers_down_", "peers_down", "peers membership lost, by reason (dead, left)"),
     ("links_down_", "links_down", "links that closed, by reason"),
     ("dials_failed_", "dial_failures", "dials that failed, by reason"),
+    (
+        "ejections_",
+        "ejections",
+        "members this node took out of a cluster's rotation, by reason (errors, success_rate, "
+        "latency)",
+    ),
 )
 # Node.stats entries the families of their own below already export (dials_failed: the sum
 # of the dial_failures family).

@@ -331,9 +331,11 @@ class Recorder:
         if self._sampling:
             self._sample(series, peer, us, size, _OK, 1)
 
-    def membership(self, event: MembershipEvent, peer: bytes, peer_name: str = "") -> None:
+    def membership(
+        self, event: MembershipEvent, peer: bytes, peer_name: str = "", cluster: str | None = None
+    ) -> None:
         membership = str(Kind.MEMBERSHIP)
-        self._event(membership, "", None, peer.hex(), str(event), None, peer_name=peer_name)
+        self._event(membership, "", cluster, peer.hex(), str(event), None, peer_name=peer_name)
 
     def drop(self, reason: str, count: int = 1) -> None:
         counts = self.series(_DROP, "").counts

@@ -111,6 +111,9 @@ class MembershipEvent(enum.StrEnum):
     ALIVE = "alive"
     DEAD = "dead"
     LEAVE = "leave"
+    # A caller took the member out of `cluster`'s rotation (outlier ejection), or back in.
+    EJECTED = "ejected"
+    READMITTED = "readmitted"
 
 
 # The caller-side kinds: one record per operation a node started. Throughput, error rates and

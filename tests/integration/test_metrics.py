@@ -134,6 +134,7 @@ def _exported(key: str, exported: Iterable[str]) -> bool:
         "dropped_": "irismesh_dropped_total",
         "peers_down_": "irismesh_peers_down_total",
         "links_down_": "irismesh_links_down_total",
+        "ejections_": "irismesh_ejections_total",
         "dials_failed": "irismesh_dial_failures_total",
         "requests_shed_": "irismesh_requests_shed_total",
         "messages_published": "irismesh_messages_published_total",
