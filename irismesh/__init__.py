@@ -2,7 +2,7 @@
 
 Every service embeds a `Node`; nodes find each other, join clusters addressed by name, and
 talk request/reply load-balanced over a cluster's members. `irismesh.sync.Node` is the same
-API for code that does not run asyncio. See the README for a tour.
+API for code that does not run asyncio. docs/getting-started.md is a tour.
 """
 
 from irismesh._core.config import CoreConfig

@@ -662,8 +662,7 @@ class Node(MemoryApi, DataApi, KeyringApi, SplitApi):
         `irismesh.deadline()` or `irismesh.time_left()`, requests it makes inherit what is left,
         and an `async def` handler still running when the caller gives up is cancelled. Requests
         beyond what the member can finish in time are turned away before they start (the caller
-        gets `Overloaded`, or another member takes them): see "Deadlines and overload" in the
-        README.
+        gets `Overloaded`, or another member takes them): see docs/overload.md.
 
         `admission=False` is for a handler that only passes requests on (a gateway, a proxy):
         every request starts at once, and whoever answers it in the end admits it or not.
@@ -881,7 +880,7 @@ class Node(MemoryApi, DataApi, KeyringApi, SplitApi):
         important): a busy member serves queued requests of a higher priority first, and turns
         away lower ones first; this node's outbox and the member's send a higher priority's
         request and reply ahead of lower ones. The lower classes keep a share of the member's
-        handler runs, so they are never starved. See "Classes of service" in the README.
+        handler runs, so they are never starved. See docs/overload.md.
         """
         if not queue:
             # Caller.request inlined (the hot path: one coroutine per request, not two).
