@@ -2,10 +2,11 @@
 
 Theory of operation
 -------------------
-`on_config` copies the sources into a tree shaped like the installed package
-(`build/docs-api/irismesh`, with `patterns/`, `discovery/`, `security/` and `spark_telemetry/`
-moved under it as setuptools' package-dir mapping installs them), so that mkdocstrings reads
-the API reference from the sources whatever way the package was installed. (Copies, not
+`on_startup` (and `on_config`, for each rebuild) copies the sources into a tree shaped like
+the installed package (`build/docs-api/irismesh`, with `patterns/`, `discovery/`, `security/`
+and `spark_telemetry/` moved under it as setuptools' package-dir mapping installs them), so
+that mkdocstrings reads the API reference from the sources whatever way the package was
+installed. (Copies, not
 links: the reader follows a link to the file's real place and looks for submodules there.)
 
 `on_files` adds `reference/cli.md`, written from `mesh`'s own argparse parser: every command
@@ -27,8 +28,14 @@ MAPPED = ("patterns", "discovery", "security", "spark_telemetry")
 CLI_PAGE = "reference/cli.md"
 
 
-def on_config(config: Any) -> Any:
+def on_startup(command: str, dirty: bool) -> None:
+    # Before any plugin's on_config: mkdocstrings fixes its search paths there, and a path
+    # that does not exist yet (a fresh checkout) is dropped, leaving the installed package.
     _lay_out_api_tree()
+
+
+def on_config(config: Any) -> Any:
+    _lay_out_api_tree()  # again for each rebuild of `mkdocs serve`: the sources may have changed
     return config
 
 
