@@ -34,6 +34,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import zmq
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from irismesh import _env, _stream
 from irismesh._core.admission import Admission
@@ -92,6 +93,7 @@ from irismesh.patterns.tunnel import (
     TunnelOpening,
     Tunnels,
 )
+from irismesh.security.identity import Identity
 from irismesh.security.keyring import MESH_SCOPE, Keyring
 from irismesh.security.linksecurity import KeyedLinkSecurity
 from irismesh.security.node_keys import KeyHolders, KeyringApi
@@ -198,7 +200,12 @@ class Node(MemoryApi, DataApi, KeyringApi):
         zmq_context: zmq.Context[zmq.Socket[bytes]] | None = None,
         transport: str | None = None,
         metrics: str | None = None,
+        identity: Identity | Ed25519PrivateKey | str | os.PathLike[str] | None = None,
     ) -> None:
+        if identity is None:
+            identity = _env.identity_file()
+        # The node's key pair: its id derives from the public key (fresh each run without one).
+        self.identity = Identity.of(identity)
         self.name = default_name() if name is None else validate_name(name)
         if keyring is None:
             keyring = Keyring.from_env() or _default_keyring()
@@ -235,7 +242,7 @@ class Node(MemoryApi, DataApi, KeyringApi):
         self._security: KeyedLinkSecurity | None = None
         # Reread when its file changes (security.rotation).
         self._watch_keyring(keyring, self.clusters)
-        self.node_id = os.urandom(16)
+        self.node_id = self.identity.node_id
         self._bind = bind
         self._seeds = [_check_endpoint(s) for s in dict.fromkeys([*seeds, *_env.seeds()])]
         # Discovery on by default (survey on `interface`); survey= and mdns= say what to run.
@@ -392,6 +399,7 @@ class Node(MemoryApi, DataApi, KeyringApi):
             address=datagrams.address,
             now=loop.time(),
             name=self.name,
+            identity=self.identity,
         )
         self._membership_changed = asyncio.Event()
         self._tunnels.attach(core)

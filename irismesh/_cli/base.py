@@ -430,6 +430,7 @@ def make_node(
         name=name,
         memory=memory,
         metrics=getattr(args, "metrics", None),
+        identity=getattr(args, "identity", None),
     )
 
 

@@ -16,6 +16,7 @@ import shutil
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import irismesh
@@ -116,6 +117,13 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
         type=node_name,
         metavar="NAME",
         help="what peers and reports call this node (default: host name and process id)",
+    )
+    parser.add_argument(
+        "--identity",
+        type=Path,
+        metavar="FILE",
+        help="the node's identity (`mesh identity new`): its id derives from it "
+        "(default: $IRISMESH_IDENTITY, else a fresh one)",
     )
     add_joining_options(parser, wait=None, wait_help="")
     add_metrics_option(parser)
