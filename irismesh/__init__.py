@@ -39,6 +39,7 @@ from irismesh.node import Node, PeerInfo, SurveyResult, TelemetryConfig
 from irismesh.patterns.pubsub import Message, Subscription
 from irismesh.patterns.reqrep import deadline, time_left
 from irismesh.patterns.tunnel import Tunnel
+from irismesh.security.identity import Identity
 from irismesh.security.keyring import Keyring, ScopeKey
 
 __version__ = "0.1.0"
@@ -52,6 +53,7 @@ __all__ = [
     "DataTimeout",
     "EndOfStream",
     "Gateway",
+    "Identity",
     "InterestTimeout",
     "Keyring",
     "LocalGateways",

@@ -171,6 +171,11 @@ class Node(MemoryApi, DataApi, KeyringApi):
     name and this process's id. Names need not be unique (the node id is the identity), and
     travel only under the mesh key.
 
+    `identity` is the node's Ed25519 key pair (an `Identity`, a private key, or the path of a
+    file `mesh identity new` wrote; else IRISMESH_IDENTITY; else a fresh one): the node id is
+    derived from its public key, and the node signs its handshakes and membership records with
+    it, so no other node can link or gossip under its id. Give each node its own.
+
     `metrics="127.0.0.1:9464"` (or IRISMESH_METRICS) serves the node's counters live in the
     Prometheus text format at http://127.0.0.1:9464/metrics (`telemetry.metrics_endpoint`).
     """
