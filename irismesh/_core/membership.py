@@ -27,7 +27,9 @@ spends a fixed budget per protocol period, whatever the mesh's size:
 - **Local health** (`Awareness`): a node whose probes fail, whose nacks do not come back, or
   that must refute suspicions about itself is likely the slow one; it stretches its own
   timeouts instead of accusing healthy peers.
-- **Leaving.** A node that leaves sends DEAD about itself to every member at once.
+- **Leaving.** A node that leaves sends DEAD about itself to every member at once. Given
+  signed records, a node restarted under the same identity (the same id) outbids the
+  incarnation its earlier run left or died at, and its newer record takes it back.
 
 Every datagram is sealed under the mesh key (`gossip`), so nothing here is believed from a node
 without it; a datagram counter per sender, checked against a sliding window, drops replays.
@@ -412,7 +414,11 @@ class Membership:
             if spread:
                 self._broadcast_alive(record, incarnation)
             return
-        if incarnation <= member.incarnation or member.state is _LEFT_STATE:
+        if incarnation <= member.incarnation:
+            return
+        # A node that left is gone for good, unless records are signed: then a newer record
+        # can only come from the node itself, restarted under the same identity.
+        if member.state is _LEFT_STATE and self._identity is None:
             return
         if not self._proven(record, incarnation):
             return
@@ -423,12 +429,12 @@ class Membership:
         if was is _SUSPECT_STATE:
             self.stats["suspicions_refuted"] += 1
             self.events.append(MemberSuspect(node_id=node_id, suspect=False))
-        elif was is _DEAD_STATE:
+        elif was >= _DEAD_STATE:
             self._live += 1
             self._prober.add(node_id)
             self.stats["members_revived"] += 1
             self.events.append(MemberUp(record=record))
-        if was is not _DEAD_STATE and record != member.record:
+        if was <= _SUSPECT_STATE and record != member.record:
             self.events.append(MemberChanged(record=record))
         if spread:
             self._broadcast_alive(record, incarnation)
@@ -488,7 +494,9 @@ class Membership:
 
     def _on_dead(self, node_id: bytes, incarnation: int, by: bytes, now: float) -> None:
         if node_id == self.me.node_id:
-            if by != node_id:  # declared dead, yet here we are
+            # Declared dead, yet here we are; or an earlier run of this node (its identity
+            # kept) left: outbid its departure.
+            if by != node_id or (not self.left and self._identity is not None):
                 self._refute(incarnation)
             return
         member = self._members.get(node_id)

@@ -253,10 +253,11 @@ class MemNet:
         self.collect(node)
         return node
 
-    def restart(self, node: MemNode) -> MemNode:
-        """Kill `node` and start a fresh incarnation (new id, empty state) at its endpoint."""
+    def restart(self, node: MemNode, identity: NodeIdentity | None = None) -> MemNode:
+        """Kill `node` and start a fresh incarnation (new id, empty state) at its endpoint;
+        under `identity` (so with that identity's id), if given."""
         self.kill(node)
-        return self._start(node.name, node.endpoint, node.handler, node.spec)
+        return self._start(node.name, node.endpoint, node.handler, node.spec, identity)
 
     def rekey(self, node: MemNode, keyring: Keyring) -> None:
         """The node rereads its keyring (a rotation step): its security decides with `keyring`."""

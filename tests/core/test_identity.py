@@ -166,6 +166,37 @@ def test_a_node_without_identity_proof_is_refused_by_one_with() -> None:
     assert member.core.membership.get(stranger.node_id) is None
 
 
+@pytest.mark.parametrize("how", ["left", "crashed"])
+def test_a_node_restarted_under_its_identity_is_back_at_once(how: str) -> None:
+    net = MemNet(seed=11)
+    member = net.add("member", clusters=["db"])
+    identity = _identity("db-1")
+    kept = net.add("kept", clusters=["db"], seeds=[member], identity=identity)
+    client = net.add("client", seeds=[member])
+    net.advance(2.0)
+    assert client.core.membership.get(kept.node_id) is not None
+    if how == "left":
+        kept.core.close()
+        net.settle()
+        assert client.core.membership.get(kept.node_id).state is MemberState.LEFT  # type: ignore[union-attr]
+    else:
+        net.crash(kept)
+        net.advance(8.0)
+        assert client.core.membership.get(kept.node_id).state is MemberState.DEAD  # type: ignore[union-attr]
+    back = net.restart(kept, identity)
+    assert back.node_id == kept.node_id
+    back.core.add_candidate(member.endpoint, net.now, seed=True)
+    net.collect(back)
+    # Well before a departure or a death is forgotten (30 s, 600 s): the restarted node
+    # outbids its earlier run's incarnation, and its signed record revives it everywhere.
+    net.advance(3.0)
+    for node in (member, client):
+        held = node.core.membership.get(back.node_id)
+        assert held is not None
+        assert held.state is MemberState.ALIVE, node.name
+    assert back.core.membership.incarnation > 0
+
+
 # ---------------------------------------------------------------------- signed records
 
 
