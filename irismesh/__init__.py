@@ -41,6 +41,7 @@ from irismesh.patterns.pubsub import Message, Subscription
 from irismesh.patterns.reqrep import deadline, time_left
 from irismesh.patterns.split import SplitView
 from irismesh.patterns.tunnel import Tunnel
+from irismesh.security.identity import Identity
 from irismesh.security.keyring import Keyring, ScopeKey
 
 __version__ = "0.1.0"
@@ -54,6 +55,7 @@ __all__ = [
     "DataTimeout",
     "EndOfStream",
     "Gateway",
+    "Identity",
     "InterestTimeout",
     "Keyring",
     "LocalGateways",

@@ -8,11 +8,15 @@
                         default: irismesh's framing over the event loop's TCP) or zmq
     IRISMESH_METRICS    HOST:PORT where every node of the process serves Prometheus metrics
                         (`Node(metrics=...)` comes first; HOST defaults to 127.0.0.1)
+    IRISMESH_IDENTITY   the identity file (`mesh identity new`) of every node of the process
+                        that `Node(identity=...)` does not give one (default: a fresh one)
     IRISMESH_CONFIG     the `mesh` config file (default: config.toml in the config directory)
     XDG_CONFIG_HOME     the config directory is $XDG_CONFIG_HOME/irismesh (~/.config/irismesh)
 
 The default keyring is mesh.keys in the config directory; `IRISMESH_KEYFILE` and
-`IRISMESH_KEYS` (read by `Keyring.from_env`) come before it.
+`IRISMESH_KEYS` (read by `Keyring.from_env`) come before it. The default identity file,
+node.identity there, is where `mesh identity new` writes; a node takes it only when told
+(`mesh node --identity`), since two nodes sharing one would share one id.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ INTERFACE = "IRISMESH_INTERFACE"
 CONFIG = "IRISMESH_CONFIG"
 TRANSPORT = "IRISMESH_TRANSPORT"
 METRICS = "IRISMESH_METRICS"
+IDENTITY = "IRISMESH_IDENTITY"
 TRANSPORTS = ("tcp", "zmq")
 
 _TRUE = ("1", "true", "yes", "on")
@@ -126,3 +131,14 @@ def config_file(environ: Mapping[str, str] | None = None) -> Path:
 def default_keyfile(environ: Mapping[str, str] | None = None) -> Path:
     """Where `mesh keygen` writes, and nodes look last, for the keyring: mesh.keys there."""
     return config_dir(environ) / "mesh.keys"
+
+
+def default_identity_file(environ: Mapping[str, str] | None = None) -> Path:
+    """Where `mesh identity new` writes without a path: node.identity beside the keyring."""
+    return config_dir(environ) / "node.identity"
+
+
+def identity_file(environ: Mapping[str, str] | None = None) -> str | None:
+    """$IRISMESH_IDENTITY (a path), if set."""
+    path = _environ(environ).get(IDENTITY, "")
+    return os.path.expanduser(path) if path else None

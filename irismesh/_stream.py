@@ -73,8 +73,8 @@ _READ = 262144  # bytes one read of a busy poll takes at most
 _BACKLOG = 1024
 # The largest frame a stranger (a connection accepted that has not proven the mesh key) may
 # send: a HELLO. The largest irismesh sends, with every field at its limit (a 256-character
-# endpoint and address, 1 KiB of tags, a 64-character name), is 1,988 bytes
-# (tests/integration/test_strangers.py builds it): room four times over, for capabilities.
+# endpoint and address, 1 KiB of tags, a 64-character name, its identity and signatures), is
+# 2,161 bytes (tests/integration/test_strangers.py builds it): room three times over.
 HELLO_LIMIT = 8192
 _ACCEPTS = 64  # connections accepted in one turn of the loop, at most
 _OUT_OF_DESCRIPTORS = frozenset((errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM))

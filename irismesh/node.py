@@ -34,6 +34,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import zmq
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from irismesh import _env, _stream
 from irismesh._core.admission import Admission
@@ -94,6 +95,7 @@ from irismesh.patterns.tunnel import (
     TunnelOpening,
     Tunnels,
 )
+from irismesh.security.identity import Identity
 from irismesh.security.keyring import MESH_SCOPE, Keyring
 from irismesh.security.linksecurity import KeyedLinkSecurity
 from irismesh.security.node_keys import KeyHolders, KeyringApi
@@ -181,6 +183,10 @@ class Node(MemoryApi, DataApi, KeyringApi, SplitApi):
     `memory_sync` (a memory member's): "fsync" (the default) acknowledges a retained message or
     a job once it is on the disk, so it survives a power cut; "os" once the operating system
     holds it, faster, and it survives this process crashing but not the machine losing power.
+    `identity` is the node's Ed25519 key pair (an `Identity`, a private key, or the path of a
+    file `mesh identity new` wrote; else IRISMESH_IDENTITY; else a fresh one): the node id is
+    derived from its public key, and the node signs its handshakes and membership records with
+    it, so no other node can link or gossip under its id. Give each node its own.
 
     `metrics="127.0.0.1:9464"` (or IRISMESH_METRICS) serves the node's counters live in the
     Prometheus text format at http://127.0.0.1:9464/metrics (`telemetry.metrics_endpoint`).
@@ -225,7 +231,12 @@ class Node(MemoryApi, DataApi, KeyringApi, SplitApi):
         metrics: str | None = None,
         version: str | None = None,
         tracing: bool | TracerProvider | None = None,
+        identity: Identity | Ed25519PrivateKey | str | os.PathLike[str] | None = None,
     ) -> None:
+        if identity is None:
+            identity = _env.identity_file()
+        # The node's key pair: its id derives from the public key (fresh each run without one).
+        self.identity = Identity.of(identity)
         self.name = default_name() if name is None else validate_name(name)
         self.version = validate_version("" if version is None else version)
         if keyring is None:
@@ -263,7 +274,7 @@ class Node(MemoryApi, DataApi, KeyringApi, SplitApi):
         self._security: KeyedLinkSecurity | None = None
         # Reread when its file changes (security.rotation).
         self._watch_keyring(keyring, self.clusters)
-        self.node_id = os.urandom(16)
+        self.node_id = self.identity.node_id
         self._bind = bind
         self._seeds = [_check_endpoint(s) for s in dict.fromkeys([*seeds, *_env.seeds()])]
         # Discovery on by default (survey on `interface`); survey= and mdns= say what to run.
@@ -436,6 +447,7 @@ class Node(MemoryApi, DataApi, KeyringApi, SplitApi):
             now=loop.time(),
             name=self.name,
             version=self.version,
+            identity=self.identity,
         )
         self._membership_changed = asyncio.Event()
         self._tunnels.attach(core)

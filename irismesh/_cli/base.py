@@ -444,6 +444,7 @@ def make_node(
         memory_sync=memory_sync,
         metrics=getattr(args, "metrics", None),
         version=version,
+        identity=getattr(args, "identity", None),
     )
 
 

@@ -99,7 +99,7 @@ class DatagramOut:
 def state_entry(record: MemberRecord, incarnation: int, state: int) -> bytes:
     """One member's line in a table exchange."""
     entry = [record.node_id, incarnation, state, record.endpoint, record.address, record.tags]
-    return encode_message([*entry, record.name])
+    return encode_message([*entry, record.name, record.public, record.signature])
 
 
 def push_pull_interval(base: float, nodes: int) -> float:

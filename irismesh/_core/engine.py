@@ -101,6 +101,8 @@ from irismesh._core.records import (
     MemberState,
     MemberSuspect,
     MemberUp,
+    NodeIdentity,
+    node_id_of,
     validate_name,
 )
 from irismesh._core.sealing import NodeSecurity
@@ -152,7 +154,10 @@ class MeshCore(CoreApi):
         now: float = 0.0,
         name: str = "",
         version: str = "",
+        identity: NodeIdentity | None = None,
     ) -> None:
+        if identity is not None and node_id_of(identity.public) != node_id:
+            raise ConfigurationError("the node id is not the one its identity's key derives")
         self.node_id = node_id
         self.name = validate_name(name) if name else ""
         self.version = validate_version(version)
@@ -193,6 +198,7 @@ class MeshCore(CoreApi):
             rng=rng,
             config=config.membership,
             stats=stats,
+            identity=identity,
         )
         # The concerns.
         self.outbox = outbox = Outbox(
@@ -212,8 +218,10 @@ class MeshCore(CoreApi):
                 self.address,
                 membership.me.tags,
                 membership.sealed_name(),
+                membership.signed_me().signature,
             ),
             open_name=membership.open_name,
+            identity=identity,
         )
         self.calls = calls = Calls(
             config=config,

@@ -2,7 +2,7 @@
 
     offset  size  field
     0       1     magic    0x53 ('S')
-    1       1     version  1
+    1       1     version  2
     2       16    sender   the sending node's id
     18      8     counter  per sender, strictly increasing: the AEAD nonce counter
     26      ...   body     sealer.seal(header, msgpack([message, ...])), the header as AAD
@@ -16,19 +16,23 @@ datagram. Each message is a msgpack array whose first element is its `Message` t
     PING_REQ  [2, seq, target id, target address]  probe target for me, relay its ACK or a NACK
     ACK       [3, seq]
     NACK      [4, seq]                             the relay heard nothing from the target
-    ALIVE     [5, node id, incarnation, endpoint, address, tags, name]
+    ALIVE     [5, node id, incarnation, endpoint, address, tags, name, public key, signature]
     SUSPECT   [6, node id, incarnation, suspecter id]
     DEAD      [7, node id, incarnation, declarer id]   declarer == node id: the node left
-    STATE     [8, reply wanted, [[node id, incarnation, state, endpoint, address, tags, name],
-                                 ...]]
+    STATE     [8, reply wanted, [[node id, incarnation, state, endpoint, address, tags, name,
+                                  public key, signature], ...]]
 
 `endpoint` is where the node listens for links (tcp://host:port), `address` where it takes
 datagrams (host:port), `tags` the opaque proofs of what it serves and reads (`records`), `name`
 the label its operator gave it (`is_name`: up to 64 printable characters without whitespace,
-"" for none). Shapes are checked here, completely, before the membership state machine sees a
-message; anything wrong raises `ProtocolError(reason)`, never anything else: `bad_name` for a
-name that breaks the rule (which keeps what `mesh peers` prints to one plain cell), else
-`bad_envelope`.
+"" for none). `public key` and `signature` prove the record (`records.record_transcript`): the
+node's Ed25519 key, from which its id derives, and its signature of the record at that
+incarnation, so a holder of the mesh key cannot forge another node's record; both are b"" from
+cores built without identities. Version 1 (before records were signed) is dropped as
+`bad_version`, and a version-1 node drops these the same way. Shapes are checked here,
+completely, before the membership state machine sees a message; anything wrong raises
+`ProtocolError(reason)`, never anything else: `bad_name` for a name that breaks the rule (which
+keeps what `mesh peers` prints to one plain cell), else `bad_envelope`.
 
 A node's record also travels in its link handshakes, whose frames are not sealed. There its
 name travels sealed apart (`seal_name`): under the node's own datagram key, with a header of its
@@ -49,10 +53,12 @@ from irismesh.errors import ProtocolError
 
 MAGIC: Final = 0x53
 NAME_MAGIC: Final = 0x4E  # 'N': the header of a sealed name, never a datagram's
-VERSION: Final = 1
+VERSION: Final = 2
 HEADER: Final = struct.Struct("!BB16sQ")
 HEADER_SIZE: Final = HEADER.size
 NODE_ID_SIZE: Final = 16
+PUBLIC_KEY_SIZE: Final = 32  # Ed25519
+SIGNATURE_SIZE: Final = 64
 MAX_ENDPOINT: Final = 256
 MAX_ADDRESS: Final = 262
 MAX_TAGS: Final = 1024  # bytes of tags in one record
@@ -260,7 +266,7 @@ def check_message(message: object) -> None:
     elif kind in (_ACK, _NACK):
         ok = n == 2 and _is_uint(message[1])
     elif kind == _ALIVE:
-        ok = n == 7 and _is_id(message[1]) and _is_uint(message[2]) and _is_record(message, 3)
+        ok = n == 9 and _is_id(message[1]) and _is_uint(message[2]) and _is_record(message, 3)
         if ok and not is_name(message[6]):
             raise ProtocolError("bad_name", "ALIVE")
     elif kind in (_SUSPECT, _DEAD):
@@ -289,7 +295,7 @@ def is_name(value: object) -> bool:
 def _is_state_entry(entry: object) -> bool:
     return (
         type(entry) is list
-        and len(entry) == 7
+        and len(entry) == 9
         and _is_id(entry[0])
         and _is_uint(entry[1])
         and type(entry[2]) is int
@@ -299,10 +305,16 @@ def _is_state_entry(entry: object) -> bool:
 
 
 def _is_record(fields: list[Any], at: int) -> bool:
-    """endpoint, address, tags and (its type only: `is_name` judges it) name, from `at`."""
+    """endpoint, address, tags, (its type only: `is_name` judges it) name, public key and
+    signature (each of its size, or empty), from `at`."""
     endpoint, address, tags = fields[at], fields[at + 1], fields[at + 2]
+    public, signature = fields[at + 4], fields[at + 5]
     return (
-        type(endpoint) is str
+        type(public) is bytes
+        and len(public) in (0, PUBLIC_KEY_SIZE)
+        and type(signature) is bytes
+        and len(signature) in (0, SIGNATURE_SIZE)
+        and type(endpoint) is str
         and 0 < len(endpoint) <= MAX_ENDPOINT
         and endpoint.startswith("tcp://")
         and _is_address(address)

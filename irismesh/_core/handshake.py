@@ -15,6 +15,18 @@ handshake is also how a node joins the mesh. Handshake frames are not sealed, so
 name travels sealed under the mesh key apart (`gossip.seal_name`), opened only once the proof
 holds: a node without the mesh key learns no name, and costs no more than a MAC.
 
+Given an identity (`records.NodeIdentity`), each side also proves its node id: its HELLO or
+WELCOME carries its Ed25519 public key ("id") and its signature ("sig") over the same
+transcript as the mesh proof, the key included. The id must be the one the key derives
+(`records.node_id_of`) and the signature must hold, else the handshake is dropped and counted
+(`dropped_bad_identity`): a holder of the mesh key cannot link as another node. The WELCOME's
+transcript holds the dialler's nonce and key-agreement key, so it cannot be replayed; a
+replayed HELLO gets a WELCOME whose link key only the real dialler can agree. The record in a
+handshake carries its node's record signature too (checked by membership as any record).
+A node without an identity sends none and checks none (simulations). A node of the first
+version (records of four fields) and a node of this one refuse each other's HELLO as
+`bad_handshake`: they never link.
+
 An offer tag is a MAC under the cluster's key over both nonces (`LinkSecurity.offers`). The
 dialler learns that a peer serves cluster X only by computing X's tag itself
 (`LinkSecurity.match`), which needs X's name and key: a node without the key learns nothing,
@@ -36,15 +48,22 @@ from collections.abc import Callable
 from typing import Any
 
 from irismesh._core.frames import MAX_OFFERS, NONCE_SIZE, BodyCodec, Kind, encode_header
-from irismesh._core.gossip import MAX_ADDRESS, MAX_SEALED_NAME, MAX_TAGS
+from irismesh._core.gossip import (
+    MAX_ADDRESS,
+    MAX_SEALED_NAME,
+    MAX_TAGS,
+    PUBLIC_KEY_SIZE,
+    SIGNATURE_SIZE,
+)
 from irismesh._core.links import InLink, LinkState, OutLink
 from irismesh._core.outbox import Outbox
-from irismesh._core.records import MemberRecord
+from irismesh._core.records import MemberRecord, NodeIdentity, node_id_of
 from irismesh._core.sealing import NodeSecurity
 from irismesh.errors import NoKey, ProtocolError
 
-# What a node says of itself in a handshake: (incarnation, datagram address, tags, sealed name).
-SelfRecord = Callable[[], tuple[int, str, bytes, bytes]]
+# What a node says of itself in a handshake: (incarnation, datagram address, tags, sealed name,
+# record signature).
+SelfRecord = Callable[[], tuple[int, str, bytes, bytes, bytes]]
 OpenName = Callable[[bytes, bytes], str]  # (peer id, its sealed name) -> the name
 Learned = tuple[MemberRecord, int]  # a peer's record and incarnation
 
@@ -67,6 +86,7 @@ class Handshake:
         outbox: Outbox,
         record: SelfRecord,
         open_name: OpenName,
+        identity: NodeIdentity | None = None,
     ) -> None:
         self._node_id = node_id
         self._endpoint = endpoint
@@ -78,6 +98,7 @@ class Handshake:
         self._outbox = outbox
         self._record = record
         self._open_name = open_name
+        self._identity = identity
 
     # ----------------------------------------------------------------- dialler
 
@@ -88,8 +109,10 @@ class Handshake:
         link.keys = keys = self._security.begin()
         record = list(self._record())
         said = [self._node_id, nonce, self._endpoint, keys.public, record]
-        proof = self._security.mesh_proof(b"hello", self._codec.pack(said))
-        caps = {"kx": keys.public, "rec": record, "proof": proof}
+        transcript = self._codec.pack(said)
+        proof = self._security.mesh_proof(b"hello", transcript)
+        caps: dict[str, Any] = {"kx": keys.public, "rec": record, "proof": proof}
+        self._sign(b"hello", said, caps)
         body = self._codec.pack([self._node_id, nonce, self._endpoint, caps])
         self._outbox.out_frames.append((link_id, encode_header(Kind.HELLO, 0, 0) + body))
         return link
@@ -107,7 +130,8 @@ class Handshake:
         said += [link.nonce, keys.public]
         if not self._proven(b"welcome", said, caps):
             raise ProtocolError("bad_proof", "WELCOME")
-        learned = self._learned(peer_id, peer_endpoint, record)
+        public = self._identified(b"welcome", peer_id, said, caps)
+        learned = self._learned(peer_id, peer_endpoint, record, public)
         keys.establish(peer_public, peer_nonce, link.nonce)
         link.peer_id = peer_id
         link.peer_nonce = peer_nonce
@@ -165,7 +189,8 @@ class Handshake:
         said = [peer_id, peer_nonce, peer_endpoint, peer_public, peer_record]
         if not self._proven(b"hello", said, caps):
             raise ProtocolError("bad_proof", "HELLO")
-        learned = self._learned(peer_id, peer_endpoint, peer_record)
+        public = self._identified(b"hello", peer_id, said, caps)
+        learned = self._learned(peer_id, peer_endpoint, peer_record, public)
         security = self._security
         nonce = self._randbytes(NONCE_SIZE)
         keys = security.begin()
@@ -201,14 +226,46 @@ class Handshake:
         # "run": it reads publishes as PUBLISH_RUN frames (publishers send others BATCHes);
         # "trace": it reads trace context (callers and publishers send others none).
         caps = {"kx": keys.public, "rec": record, "proof": proof, "prio": 1, "run": 1, "trace": 1}
+        self._sign(b"welcome", said, caps)
         body = self._codec.pack([self._node_id, nonce, self._endpoint, tags, caps])
         self._outbox.in_frames.append((routing_id, encode_header(Kind.WELCOME, 0, 0) + body))
         return link, learned
 
-    def _learned(self, node_id: bytes, endpoint: str, record: list[Any]) -> Learned:
+    def _learned(self, node_id: bytes, endpoint: str, record: list[Any], public: bytes) -> Learned:
         """A proven peer's record (checked by `_check_record`), its name opened."""
         name = self._open_name(node_id, record[3])
-        return MemberRecord(node_id, endpoint, record[1], record[2], name), record[0]
+        learned = MemberRecord(node_id, endpoint, record[1], record[2], name, public, record[4])
+        return learned, record[0]
+
+    def _sign(self, label: bytes, said: list[Any], caps: dict[str, Any]) -> None:
+        """Add this node's public key and its signature of the transcript (with the key)."""
+        identity = self._identity
+        if identity is not None:
+            public = identity.public
+            caps["id"] = public
+            caps["sig"] = identity.sign(label + self._codec.pack([*said, public]))
+
+    def _identified(
+        self, label: bytes, peer_id: object, said: list[Any], caps: dict[Any, Any]
+    ) -> bytes:
+        """The peer's public key, once it is shown to own `peer_id` and to have signed the
+        transcript; b"" without an identity here. ProtocolError('bad_identity') otherwise."""
+        identity = self._identity
+        if identity is None:
+            return b""
+        public, signature = caps.get("id"), caps.get("sig")
+        if (
+            type(public) is not bytes
+            or len(public) != PUBLIC_KEY_SIZE
+            or type(signature) is not bytes
+            or len(signature) != SIGNATURE_SIZE
+        ):
+            raise ProtocolError("bad_identity", "no identity proof")
+        if node_id_of(public) != peer_id:
+            raise ProtocolError("bad_identity", "node id not derived from its key")
+        if not identity.verify(public, label + self._codec.pack([*said, public]), signature):
+            raise ProtocolError("bad_identity", "bad signature")
+        return public
 
     def _proven(self, label: bytes, said: list[Any], caps: dict[Any, Any]) -> bool:
         proof = caps.get("proof")
@@ -223,10 +280,11 @@ class Handshake:
 
 
 def _check_record(record: object) -> None:
-    """A peer's record in its handshake: [incarnation, datagram address, tags, sealed name]."""
+    """A peer's record in its handshake: [incarnation, datagram address, tags, sealed name,
+    record signature (b"" from a node without an identity)]."""
     if (
         type(record) is not list
-        or len(record) != 4
+        or len(record) != 5
         or type(record[0]) is not int
         or not 0 <= record[0] < 1 << 63
         or type(record[1]) is not str
@@ -235,5 +293,7 @@ def _check_record(record: object) -> None:
         or len(record[2]) > MAX_TAGS
         or type(record[3]) is not bytes
         or len(record[3]) > MAX_SEALED_NAME
+        or type(record[4]) is not bytes
+        or len(record[4]) not in (0, SIGNATURE_SIZE)
     ):
         raise ProtocolError("bad_handshake", "no membership record")

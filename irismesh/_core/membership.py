@@ -27,10 +27,19 @@ spends a fixed budget per protocol period, whatever the mesh's size:
 - **Local health** (`Awareness`): a node whose probes fail, whose nacks do not come back, or
   that must refute suspicions about itself is likely the slow one; it stretches its own
   timeouts instead of accusing healthy peers.
-- **Leaving.** A node that leaves sends DEAD about itself to every member at once.
+- **Leaving.** A node that leaves sends DEAD about itself to every member at once. Given
+  signed records, a node restarted under the same identity (the same id) outbids the
+  incarnation its earlier run left or died at, and its newer record takes it back.
 
 Every datagram is sealed under the mesh key (`gossip`), so nothing here is believed from a node
 without it; a datagram counter per sender, checked against a sliding window, drops replays.
+Records are also signed by their nodes (`records.record_proven`), given an identity: a record
+that would change this node's table (a new member, a higher incarnation) is taken only if its
+node's key signed it, so a holder of the mesh key cannot forge another node's record or take
+its id; anything else is dropped and counted (`dropped_bad_record_signature`). Only records
+that would change the table are checked, and each checked record is remembered (its bytes ->
+the verdict, bounded), so gossip repeating a record costs one signature check per node.
+Suspicions and deaths are not signed: they are refuted as before, by a signed ALIVE.
 The state machine takes datagrams and time in (`receive`, `tick`) and leaves datagrams
 (`outbox`) and membership events (`events`) for its driver; it has no clock or randomness of
 its own.
@@ -65,6 +74,9 @@ from irismesh._core.records import (
     MemberState,
     MemberSuspect,
     MemberUp,
+    NodeIdentity,
+    record_proven,
+    record_transcript,
 )
 from irismesh._core.suspicion import Suspicion, suspicion_bounds
 from irismesh.errors import ProtocolError
@@ -74,6 +86,7 @@ _DEAD_STATE, _LEFT_STATE = MemberState.DEAD, MemberState.LEFT
 
 _PING, _PING_REQ, _ACK, _NACK, _ALIVE, _SUSPECT, _DEAD, _STATE = range(1, 9)
 _SMALL_TABLE = 8  # live members up to which a peer learnt on a link is asked for its table
+_MAX_VERDICTS = 8192  # records whose signature check is remembered
 
 
 class Membership:
@@ -87,9 +100,14 @@ class Membership:
         rng: Random,
         config: MembershipConfig | None = None,
         stats: Counter[str] | None = None,
+        identity: NodeIdentity | None = None,
     ) -> None:
         self.config = config or MembershipConfig()
         self.me = me
+        # None: records are neither signed nor checked (simulations of the protocol alone).
+        self._identity = identity
+        self._verdicts: dict[bytes, bool] = {}
+        self._own_proof: tuple[MemberRecord, int, MemberRecord] | None = None
         self.incarnation = 0
         self.stats: Counter[str] = stats if stats is not None else Counter()
         self.events: list[MemberEvent] = []
@@ -161,6 +179,21 @@ class Membership:
         if self._sealed_name is None:
             self._sealed_name = self._out.seal_name(self.me.name)
         return self._sealed_name
+
+    def signed_me(self) -> MemberRecord:
+        """This node's record with its proof at the current incarnation (signed once)."""
+        signed = self._own_proof
+        if signed is not None and signed[0] is self.me and signed[1] == self.incarnation:
+            return signed[2]
+        me, identity = self.me, self._identity
+        if identity is None:
+            return me
+        signature = identity.sign(record_transcript(me, self.incarnation))
+        record = MemberRecord(
+            me.node_id, me.endpoint, me.address, me.tags, me.name, identity.public, signature
+        )
+        self._own_proof = (me, self.incarnation, record)
+        return record
 
     def rekeyed(self) -> None:
         """The mesh key changed (its sealer seals under the new one): seal the name again."""
@@ -334,7 +367,8 @@ class Membership:
         elif kind == _NACK:
             self._prober.on_nack(message[1])
         elif kind == _ALIVE:
-            record = MemberRecord(message[1], message[3], message[4], message[5], message[6])
+            node_id, endpoint, address, tags, name = message[1], *message[3:7]
+            record = MemberRecord(node_id, endpoint, address, tags, name, message[7], message[8])
             self._on_alive(record, message[2], now)
         elif kind in (_SUSPECT, _DEAD):
             node_id, incarnation = message[1], message[2]
@@ -361,7 +395,8 @@ class Membership:
     ) -> None:
         node_id = record.node_id
         if node_id == self.me.node_id:
-            if incarnation > self.incarnation:  # a stale or forged claim: outbid it
+            # An earlier run of this node (its identity kept) said more: outbid it.
+            if incarnation > self.incarnation and self._proven(record, incarnation):
                 self.incarnation = incarnation + 1
                 self._announce_self()
             return
@@ -370,6 +405,8 @@ class Membership:
             if len(self._members) >= self.config.max_members:
                 self.stats["dropped_members_overflow"] += 1
                 return
+            if not self._proven(record, incarnation):
+                return
             self._members[node_id] = Member(record, incarnation, _ALIVE_STATE, now)
             self._live += 1
             self._prober.add(node_id)
@@ -377,7 +414,13 @@ class Membership:
             if spread:
                 self._broadcast_alive(record, incarnation)
             return
-        if incarnation <= member.incarnation or member.state is _LEFT_STATE:
+        if incarnation <= member.incarnation:
+            return
+        # A node that left is gone for good, unless records are signed: then a newer record
+        # can only come from the node itself, restarted under the same identity.
+        if member.state is _LEFT_STATE and self._identity is None:
+            return
+        if not self._proven(record, incarnation):
             return
         was = member.state
         since = member.since if was is _ALIVE_STATE else now
@@ -386,15 +429,33 @@ class Membership:
         if was is _SUSPECT_STATE:
             self.stats["suspicions_refuted"] += 1
             self.events.append(MemberSuspect(node_id=node_id, suspect=False))
-        elif was is _DEAD_STATE:
+        elif was >= _DEAD_STATE:
             self._live += 1
             self._prober.add(node_id)
             self.stats["members_revived"] += 1
             self.events.append(MemberUp(record=record))
-        if was is not _DEAD_STATE and record != member.record:
+        if was <= _SUSPECT_STATE and record != member.record:
             self.events.append(MemberChanged(record=record))
         if spread:
             self._broadcast_alive(record, incarnation)
+
+    def _proven(self, record: MemberRecord, incarnation: int) -> bool:
+        """Whether `record` is signed by its node at `incarnation` (always, without an
+        identity); a forgery is counted. Verdicts are remembered by the record's bytes."""
+        identity = self._identity
+        if identity is None:
+            return True
+        key = record_transcript(record, incarnation) + record.public + record.signature
+        ok = self._verdicts.get(key)
+        if ok is None:
+            ok = record_proven(record, incarnation, identity)
+            if len(self._verdicts) >= _MAX_VERDICTS:
+                self._verdicts.clear()
+            self._verdicts[key] = ok
+            self.stats["record_signatures_checked"] += 1
+        if not ok:
+            self.stats["dropped_bad_record_signature"] += 1
+        return ok
 
     def _on_suspect(self, node_id: bytes, incarnation: int, by: bytes, now: float) -> None:
         if node_id == self.me.node_id:
@@ -433,7 +494,9 @@ class Membership:
 
     def _on_dead(self, node_id: bytes, incarnation: int, by: bytes, now: float) -> None:
         if node_id == self.me.node_id:
-            if by != node_id:  # declared dead, yet here we are
+            # Declared dead, yet here we are; or an earlier run of this node (its identity
+            # kept) left: outbid its departure.
+            if by != node_id or (not self.left and self._identity is not None):
                 self._refute(incarnation)
             return
         member = self._members.get(node_id)
@@ -471,16 +534,18 @@ class Membership:
             if incarnation >= member.incarnation:
                 return
             record, current = member.record, member.incarnation
+        if node_id == self.me.node_id:
+            record = self.signed_me()
         alive = [_ALIVE, node_id, current, record.endpoint, record.address, record.tags]
-        self._send(source, [[*alive, record.name]])
+        self._send(source, [[*alive, record.name, record.public, record.signature]])
         self.stats["corrections_sent"] += 1
 
     def _merge_state(self, sender: bytes, entries: list[list[Any]], now: float) -> None:
-        for node_id, incarnation, state, endpoint, address, tags, name in entries:
+        for node_id, incarnation, state, endpoint, address, tags, name, public, sig in entries:
             if state == 0:
                 # The partner's table is not spread again (a node spreads its own news), except
                 # the partner itself when it is new here: it is joining through this node.
-                record = MemberRecord(node_id, endpoint, address, tags, name)
+                record = MemberRecord(node_id, endpoint, address, tags, name, public, sig)
                 joining = node_id == sender and node_id not in self._members
                 self._on_alive(record, incarnation, now, spread=joining)
             elif state == 3:
@@ -506,11 +571,12 @@ class Membership:
     # ----------------------------------------------------------------- spreading
 
     def _announce_self(self) -> None:
-        self._broadcast_alive(self.me, self.incarnation)
+        self._broadcast_alive(self.signed_me(), self.incarnation)
 
     def _broadcast_alive(self, record: MemberRecord, incarnation: int) -> None:
         message = [_ALIVE, record.node_id, incarnation, record.endpoint, record.address]
-        self._queue.queue(record.node_id, encode_message([*message, record.tags, record.name]))
+        proof = [record.tags, record.name, record.public, record.signature]
+        self._queue.queue(record.node_id, encode_message([*message, *proof]))
 
     def _gossip(self, now: float) -> None:
         dead_since = now - self.config.gossip_to_dead
@@ -524,7 +590,7 @@ class Membership:
         return push_pull_interval(self.config.push_pull_interval, self._live + 1)
 
     def _send_state_to(self, address: str, *, reply: bool) -> None:
-        me = state_entry(self.me, self.incarnation, 0)
+        me = state_entry(self.signed_me(), self.incarnation, 0)
         table = (state_entry(m.record, m.incarnation, int(m.state)) for m in self._members.values())
         self._out.send_state(address, itertools.chain((me,), table), reply=reply)
 

@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import enum
+import hashlib
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, NamedTuple, Protocol
 
-from irismesh._core.gossip import MAX_DATAGRAM, MAX_NAME, is_name
+from irismesh._core.gossip import (
+    MAX_DATAGRAM,
+    MAX_NAME,
+    NODE_ID_SIZE,
+    PUBLIC_KEY_SIZE,
+    SIGNATURE_SIZE,
+    encode_message,
+    is_name,
+)
 from irismesh.errors import ConfigurationError
 
 NOTE_SALT: Final = 16  # bytes of fresh salt a note is sealed with (`seal_note`)
@@ -22,16 +31,62 @@ class MemberState(enum.IntEnum):
     LEFT = 3
 
 
+_ID_DOMAIN: Final = b"irismesh node id v1\x00"
+_RECORD_DOMAIN: Final = b"irismesh record v1"
+
+
+def node_id_of(public: bytes) -> bytes:
+    """The node id an Ed25519 public key owns: the first 16 bytes of SHA-256 over a domain
+    string and the key. Nobody can claim an id without the private key of the public key."""
+    return hashlib.sha256(_ID_DOMAIN + public).digest()[:NODE_ID_SIZE]
+
+
+class NodeIdentity(Protocol):
+    """A node's key pair (implemented in `irismesh.security.identity`): it signs this node's
+    handshakes and records, and checks its peers'."""
+
+    @property
+    def public(self) -> bytes: ...
+
+    def sign(self, message: bytes) -> bytes: ...
+
+    def verify(self, public: bytes, message: bytes, signature: bytes) -> bool:
+        """Whether `signature` is `public`'s signature of `message` (never raises)."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class MemberRecord:
     """What a node says about itself: where to reach it, what it serves (opaque tags), and
-    what to call it (a label for people: names need not be unique; the id is the identity)."""
+    what to call it (a label for people: names need not be unique; the id is the identity).
+
+    `public` and `signature` prove it (`record_transcript`): the node's public key, from which
+    its id derives, and its signature of the record at one incarnation. They are not part of
+    what the record says (equality ignores them); b"" in cores built without identities."""
 
     node_id: bytes
     endpoint: str  # links: tcp://host:port
     address: str  # datagrams: host:port
     tags: bytes = b""
     name: str = ""  # "": none given (cores built without a name, simulations)
+    public: bytes = field(default=b"", compare=False)
+    signature: bytes = field(default=b"", compare=False)
+
+
+def record_transcript(record: MemberRecord, incarnation: int) -> bytes:
+    """What a node signs of its record at `incarnation`."""
+    fields = [record.node_id, incarnation, record.endpoint, record.address, record.tags]
+    return _RECORD_DOMAIN + encode_message([*fields, record.name])
+
+
+def record_proven(record: MemberRecord, incarnation: int, identity: NodeIdentity) -> bool:
+    """Whether `record` is signed, at `incarnation`, by the key its node id derives from."""
+    public, signature = record.public, record.signature
+    if len(public) != PUBLIC_KEY_SIZE or len(signature) != SIGNATURE_SIZE:
+        return False
+    if node_id_of(public) != record.node_id:
+        return False
+    return identity.verify(public, record_transcript(record, incarnation), signature)
 
 
 def validate_name(name: object) -> str:
@@ -188,5 +243,9 @@ __all__ = [
     "MemberUp",
     "MembershipConfig",
     "MembershipSecurity",
+    "NodeIdentity",
+    "node_id_of",
+    "record_proven",
+    "record_transcript",
     "validate_name",
 ]

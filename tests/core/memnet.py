@@ -16,6 +16,7 @@ Members answer requests through a handler: `echo` answers at once with b"re:" + 
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import itertools
 import random
@@ -38,7 +39,9 @@ from irismesh._core.events import (
     Token,
 )
 from irismesh._core.frames import Kind
+from irismesh._core.records import NodeIdentity, node_id_of
 from irismesh._core.sealing import LinkSecurity
+from irismesh.security.identity import Identity
 from irismesh.security.keyring import Keyring
 from irismesh.security.linksecurity import KeyedLinkSecurity
 
@@ -161,8 +164,10 @@ class MemNet:
         config: CoreConfig | None = None,
         keyring: Keyring | None = None,
         security: SecurityFactory = KeyedLinkSecurity,
+        identities: bool = True,
     ) -> None:
         self.rng = random.Random(seed)
+        self.identities = identities  # False: cores without identities (nothing signed)
         self.now = 0.0
         self.loss = loss
         self.max_delay = max_delay
@@ -196,7 +201,12 @@ class MemNet:
         config: CoreConfig | None = None,
         security: SecurityFactory | None = None,
         version: str = "",
+        identity: NodeIdentity | None = None,
+        node_id: bytes | None = None,
+        plain: bool = False,
     ) -> MemNode:
+        """`identity` and `node_id`: this node's own (a test's liar), not one made here;
+        `plain`: a core without an identity (it signs nothing) in a net of identified ones."""
         spec = NodeSpec(
             clusters=tuple(clusters),
             seeds=tuple(s if isinstance(s, str) else s.endpoint for s in seeds),
@@ -205,12 +215,27 @@ class MemNet:
             security=security or self.security,
             version=version,
         )
-        return self._start(name, f"tcp://{name}:7000", handler, spec)
+        return self._start(name, f"tcp://{name}:7000", handler, spec, identity, node_id, plain)
 
-    def _start(self, name: str, endpoint: str, handler: Handler, spec: NodeSpec) -> MemNode:
+    def _start(
+        self,
+        name: str,
+        endpoint: str,
+        handler: Handler,
+        spec: NodeSpec,
+        identity: NodeIdentity | None = None,
+        node_id: bytes | None = None,
+        plain: bool = False,
+    ) -> MemNode:
         security = spec.security(spec.keyring)
+        # The same 16 bytes of the seeded stream as random ids took, so runs replay as before.
+        drawn = self.rng.randbytes(16)
+        if identity is None and self.identities and not plain:
+            identity = Identity.from_private_bytes(hashlib.sha256(drawn).digest())
+        if node_id is None:
+            node_id = drawn if identity is None else node_id_of(identity.public)
         core = MeshCore(
-            node_id=self.rng.randbytes(16),
+            node_id=node_id,
             endpoint=endpoint,
             clusters=spec.clusters,
             security=security,
@@ -220,6 +245,7 @@ class MemNet:
             now=self.now,
             name=name,
             version=spec.version,
+            identity=identity,
         )
         node = MemNode(name, endpoint, core, handler, spec, security=security)
         self.nodes[name] = node
@@ -231,10 +257,11 @@ class MemNet:
         self.collect(node)
         return node
 
-    def restart(self, node: MemNode) -> MemNode:
-        """Kill `node` and start a fresh incarnation (new id, empty state) at its endpoint."""
+    def restart(self, node: MemNode, identity: NodeIdentity | None = None) -> MemNode:
+        """Kill `node` and start a fresh incarnation (new id, empty state) at its endpoint;
+        under `identity` (so with that identity's id), if given."""
         self.kill(node)
-        return self._start(node.name, node.endpoint, node.handler, node.spec)
+        return self._start(node.name, node.endpoint, node.handler, node.spec, identity)
 
     def rekey(self, node: MemNode, keyring: Keyring) -> None:
         """The node rereads its keyring (a rotation step): its security decides with `keyring`."""

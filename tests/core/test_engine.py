@@ -22,6 +22,7 @@ from irismesh.errors import (
     NoResponders,
     PayloadTooLarge,
 )
+from irismesh.security.identity import Identity
 from irismesh.security.keyring import Keyring
 from irismesh.security.linksecurity import KeyedLinkSecurity
 
@@ -33,10 +34,12 @@ def make_core(
     config: CoreConfig | None = None,
     keyring: Keyring | None = None,
     name: str = "",
+    identity: Identity | None = None,
 ) -> MeshCore:
     rng = random.Random(7)
     return MeshCore(
-        node_id=bytes(range(16)),
+        node_id=bytes(range(16)) if identity is None else identity.node_id,
+        identity=identity,
         endpoint=ENDPOINT,
         clusters=clusters,
         security=KeyedLinkSecurity(keyring or Keyring.generate(randbytes=rng.randbytes)),
@@ -96,7 +99,8 @@ def test_request_after_close_raises_closed() -> None:
 
 
 def test_a_candidate_is_dialled_once_with_a_hello() -> None:
-    core = make_core(name="orders-7")
+    identity = Identity.from_private_bytes(bytes(32))
+    core = make_core(name="orders-7", identity=identity)
     core.add_candidate("tcp://peer:7000", 0.0)
     core.add_candidate("tcp://peer:7000", 0.0)
     assert core.events == [OpenLink(link_id=1, endpoint="tcp://peer:7000")]
@@ -106,9 +110,12 @@ def test_a_candidate_is_dialled_once_with_a_hello() -> None:
     assert (kind, scope, seq) == (Kind.HELLO, 0, 0)
     node_id, nonce, endpoint, caps = BodyCodec(1000).unpack(frame[HEADER_SIZE:], kind)
     assert (node_id, endpoint) == (core.node_id, ENDPOINT)
-    assert set(caps) == {"kx", "rec", "proof"}
+    assert set(caps) == {"kx", "rec", "proof", "id", "sig"}
     assert len(caps["kx"]) == 32  # an X25519 public key: the link's key agreement
-    incarnation, address, tags, sealed_name = caps["rec"]  # its membership record
+    assert caps["id"] == identity.public  # the key its id derives from...
+    assert len(caps["sig"]) == 64  # ...and its signature over the transcript
+    incarnation, address, tags, sealed_name, signed = caps["rec"]  # its membership record
+    assert signed == core.membership.signed_me().signature
     assert (incarnation, address, tags) == (0, "self:7000", core.membership.me.tags)
     assert core.membership.open_name(core.node_id, sealed_name) == "orders-7"
     assert b"orders-7" not in frame  # the name is sealed under the mesh key: HELLO is not

@@ -41,7 +41,7 @@ MESSAGES: list[list[object]] = [
     [2, 8, ID_B, "127.0.0.1:7001"],
     [3, 7],
     [4, 7],
-    [5, ID_B, 3, "tcp://127.0.0.1:7001", "127.0.0.1:7001", b"\x01" * 16, "w2"],
+    [5, ID_B, 3, "tcp://127.0.0.1:7001", "127.0.0.1:7001", b"\x01" * 16, "w2", b"", b""],
     [6, ID_B, 3, ID_A],
     [7, ID_B, 3, ID_A],
 ]
@@ -49,7 +49,7 @@ MESSAGES: list[list[object]] = [
 
 def test_every_message_round_trips_through_a_sealed_datagram() -> None:
     sealer = MeshDatagramSealer([b"k" * 32], ID_A)
-    state_entry = encode_message([ID_B, 3, 1, "tcp://h:1", "h:1", b"", "bée-2"])
+    state_entry = encode_message([ID_B, 3, 1, "tcp://h:1", "h:1", b"", "bée-2", b"", b""])
     packed = [encode_message(m) for m in MESSAGES] + [encode_state(True, [state_entry] * 20)]
     datagram = seal_datagram(sealer, ID_A, 5, encode_compound(packed))
     opener = MeshDatagramSealer([b"k" * 32], ID_B)
@@ -119,10 +119,10 @@ def test_a_datagram_with_a_bad_name_is_dropped_whole_and_counted(bad: object) ->
     me = MemberRecord(ID_A, "tcp://127.0.0.1:1", "127.0.0.1:1", name="a")
     stats: Counter[str] = Counter()
     membership = Membership(me, sealer=NullDatagramSealer(), rng=random.Random(1), stats=stats)
-    good = [5, ID_B, 3, "tcp://127.0.0.1:7001", "127.0.0.1:7001", b"", "w2"]
-    third = [5, b"c" * 16, 1, "tcp://127.0.0.1:7002", "127.0.0.1:7002", b"", "w3"]
-    alive = [*good[:6], bad]
-    entry = [b"c" * 16, 1, 0, "tcp://127.0.0.1:7002", "127.0.0.1:7002", b"", bad]
+    good = [5, ID_B, 3, "tcp://127.0.0.1:7001", "127.0.0.1:7001", b"", "w2", b"", b""]
+    third = [5, b"c" * 16, 1, "tcp://127.0.0.1:7002", "127.0.0.1:7002", b"", "w3", b"", b""]
+    alive = [*good[:6], bad, b"", b""]
+    entry = [b"c" * 16, 1, 0, "tcp://127.0.0.1:7002", "127.0.0.1:7002", b"", bad, b"", b""]
     compounds = [[third, alive], [third, [8, False, [[*good[1:2], 3, 0, *good[3:]], entry]]]]
     for counter, messages in enumerate(compounds, start=1):
         body = encode_compound([encode_message(m) for m in messages])
@@ -146,8 +146,8 @@ def test_a_datagram_with_a_bad_name_is_dropped_whole_and_counted(bad: object) ->
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=80))
 def test_any_text_in_a_name_field_is_a_name_or_bad_name(name: str) -> None:
-    message = [*MESSAGES[4][:6], name]
-    state = [8, False, [[ID_B, 3, 1, "tcp://h:1", "h:1", b"", name]]]
+    message = [*MESSAGES[4][:6], name, b"", b""]
+    state = [8, False, [[ID_B, 3, 1, "tcp://h:1", "h:1", b"", name, b"", b""]]]
     for checked in (message, state):
         packed = encode_compound([encode_message(checked)])
         if is_name(name):

@@ -9,6 +9,7 @@ window stays where it was, and the core emits nothing (no event, no frame in ans
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections import Counter
 from collections.abc import Callable
@@ -33,6 +34,8 @@ from irismesh._core.frames import (
     encode_request,
 )
 from irismesh._core.gossip import seal_name
+from irismesh._core.records import MemberRecord, record_transcript
+from irismesh.security.identity import Identity
 from irismesh.security.keyring import MESH_SCOPE, Keyring, ScopeKey
 from irismesh.security.linksecurity import KeyedLinkSecurity, X25519LinkKeys
 
@@ -324,18 +327,27 @@ def test_random_bytes_are_dropped_and_counted(target: str, frame: bytes) -> None
 # ---------------------------------------------------------------------- bounded memory
 
 
+def _stranger(i: int) -> Identity:
+    return Identity.from_private_bytes(hashlib.sha256(b"stranger %d" % i).digest())
+
+
 def _hello(scene: Scene, i: int, *, proven: bool, name: bytes | None = None) -> bytes:
     """A stranger's HELLO: with a proof under the mesh key (an insider), or a made-up one;
-    its name sealed as a node's own would be, unless `name` gives the field's bytes."""
-    ident = i.to_bytes(16, "big")
+    its name sealed as a node's own would be, unless `name` gives the field's bytes. Signed
+    by the stranger's own identity, as a real node's is."""
+    identity = _stranger(i)
+    ident = identity.node_id
     endpoint, public = f"tcp://stranger-{i}:7000", X25519LinkKeys(sealing=True).public
     keys = KeyedLinkSecurity(scene.net.keyring)
+    address, plain = f"stranger-{i}:7000", f"stranger-{i}"
     if name is None:
-        name = seal_name(keys.datagram_sealer(ident), ident, 1, f"stranger-{i}")
-    record = [0, f"stranger-{i}:7000", b"", name]
-    said = CODEC.pack([ident, ident, endpoint, public, record])
-    proof = keys.mesh_proof(b"hello", said) if proven else bytes(16)
-    caps = {"kx": public, "rec": record, "proof": proof}
+        name = seal_name(keys.datagram_sealer(ident), ident, 1, plain)
+    signed = record_transcript(MemberRecord(ident, endpoint, address, b"", plain), 0)
+    record = [0, address, b"", name, identity.sign(signed)]
+    said = [ident, ident, endpoint, public, record]
+    proof = keys.mesh_proof(b"hello", CODEC.pack(said)) if proven else bytes(16)
+    sig = identity.sign(b"hello" + CODEC.pack([*said, identity.public]))
+    caps = {"kx": public, "rec": record, "proof": proof, "id": identity.public, "sig": sig}
     return encode_header(Kind.HELLO, 0, 0) + CODEC.pack([ident, ident, endpoint, caps])
 
 
@@ -370,10 +382,10 @@ def test_five_thousand_hellos_from_insiders_stop_at_the_in_link_limit() -> None:
 def test_an_insiders_hello_names_it_and_a_bad_name_drops_the_hello() -> None:
     scene = Scene(seed=6)
     assert scene.feed("member<-stranger", _hello(scene, 1, proven=True)) == "hello_accepted"
-    member = scene.member.core.membership.get((1).to_bytes(16, "big"))
+    member = scene.member.core.membership.get(_stranger(1).node_id)
     assert member is not None
     assert member.record.name == "stranger-1"
-    ident = (2).to_bytes(16, "big")
+    ident = _stranger(2).node_id
     sealer = KeyedLinkSecurity(scene.net.keyring).datagram_sealer(ident)
     other = KeyedLinkSecurity(Keyring.generate()).datagram_sealer(ident)
     bad = {

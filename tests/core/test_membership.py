@@ -180,7 +180,7 @@ def test_without_the_mesh_key_nobody_can_be_made_suspect_dead_or_departed() -> N
         [7, victim.node_id, 99, stranger],  # DEAD, by a stranger
         [7, victim.node_id, 99, victim.node_id],  # "it left"
         [6, victim.node_id, 99, stranger],  # SUSPECT
-        [5, stranger, 1, "tcp://evil:1", "evil:1", b"", "evil"],  # ALIVE: join as a peer
+        [5, stranger, 1, "tcp://evil:1", "evil:1", b"", "evil", b"", b""],  # ALIVE: join as a peer
     ]
     for counter, attack in enumerate(attacks, 1):
         # Under the wrong key, and under the wrong key while claiming the victim's own id.

@@ -27,6 +27,8 @@ from helpers import MESH, assert_error, run_all
 import irismesh
 from irismesh import cli
 from irismesh._cli.serve import CommandHandler
+from irismesh._core.records import node_id_of
+from irismesh.security.identity import Identity
 
 WAITING = {"request", "peers", "clusters", "top", "bench"}
 # The --exec command of member X; sh, not Python, so that it starts fast on a busy machine.
@@ -201,6 +203,28 @@ def test_keygen_writes_a_private_keyring(tmp_path: Path) -> None:
     assert report["path"] == str(path)
     assert [k["scope"] for k in report["keys"]] == ["*"]
     assert len(report["keys"][0]["key_id"]) == 8
+
+
+def test_identity_new_writes_a_private_identity_a_node_then_holds(
+    mesh: Mesh, tmp_path: Path
+) -> None:
+    path = tmp_path / "a1.identity"
+    out = mesh.json("identity", "new", str(path))
+    assert isinstance(out, dict)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    identity = Identity.load(path)
+    assert out["node_id"] == identity.node_id.hex() == node_id_of(identity.public).hex()
+    assert out["public"] == identity.public.hex()
+    again = mesh.run("identity", "new", str(path))
+    assert again.returncode == 2
+    assert "already exists" in again.stderr
+    procs = Processes(mesh.env, tmp_path)
+    try:
+        node = ["node", "--cluster", "echo", "--seed", mesh.seed, "--identity", str(path)]
+        _proc, line = procs.start(*node, "--bind", "tcp://127.0.0.1:0", "--json")
+        assert json.loads(line)["node_id"] == identity.node_id.hex()
+    finally:
+        procs.close()
 
 
 # ----------------------------------------------------------------- node

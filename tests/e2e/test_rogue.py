@@ -35,7 +35,9 @@ from irismesh._core.frames import (
     encode_request,
 )
 from irismesh._core.gossip import encode_compound, encode_message, seal_datagram, seal_name
+from irismesh._core.records import MemberRecord, record_transcript
 from irismesh._core.sealing import Sealer
+from irismesh.security.identity import Identity
 from irismesh.security.keyring import MESH_SCOPE, ScopeKey
 from irismesh.security.linksecurity import KeyedLinkSecurity
 from irismesh.security.meshkey import MeshDatagramSealer
@@ -166,13 +168,18 @@ class RawPeer:
         self.seq = 0
 
     def hello(self, node_id: bytes | None = None) -> bytes:
-        """A HELLO with a record and a proof under this peer's mesh key."""
-        node_id = node_id or os.urandom(16)
+        """A HELLO with a record, a proof under this peer's mesh key and a fresh identity's
+        signature (whose id is `node_id`'s only if none is given)."""
+        identity = Identity.generate()
+        node_id = node_id or identity.node_id
         name = seal_name(self.security.datagram_sealer(node_id), node_id, 1, "rogue")
-        record = [0, NOWHERE.removeprefix("tcp://"), b"", name]
-        said = CODEC.pack([node_id, self.nonce, NOWHERE, self.keys.public, record])
-        caps = {"kx": self.keys.public, "rec": record}
-        caps["proof"] = self.security.mesh_proof(b"hello", said)
+        address = NOWHERE.removeprefix("tcp://")
+        signed = record_transcript(MemberRecord(node_id, NOWHERE, address, b"", "rogue"), 0)
+        record = [0, address, b"", name, identity.sign(signed)]
+        said = [node_id, self.nonce, NOWHERE, self.keys.public, record]
+        caps = {"kx": self.keys.public, "rec": record, "id": identity.public}
+        caps["proof"] = self.security.mesh_proof(b"hello", CODEC.pack(said))
+        caps["sig"] = identity.sign(b"hello" + CODEC.pack([*said, identity.public]))
         return encode_header(Kind.HELLO, 0, 0) + CODEC.pack([node_id, self.nonce, NOWHERE, caps])
 
     async def handshake(self, node_id: bytes | None = None) -> None:
@@ -388,14 +395,14 @@ def test_forged_membership_datagrams_make_no_member_suspect_dead_or_departed(
                 [7, victim, 99, stranger],  # DEAD, declared by a stranger
                 [7, victim, 99, victim],  # "it left"
                 [6, victim, 99, stranger],  # SUSPECT
-                [5, stranger, 1, "tcp://127.0.0.1:9", "127.0.0.1:9", b"", "evil"],  # a new peer
+                [5, stranger, 1, "tcp://127.0.0.1:9", "127.0.0.1:9", b"", "evil", b"", b""],
             ]
             sender = MeshDatagramSealer([os.urandom(32)], victim)  # another mesh's key
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
                 for counter, lie in enumerate(lies, 1):
                     body = encode_compound([encode_message(lie)])
                     udp.sendto(seal_datagram(sender, victim, counter, body), (host, int(port)))
-                    udp.sendto(b"S\x01" + os.urandom(60), (host, int(port)))  # noise
+                    udp.sendto(b"S\x02" + os.urandom(60), (host, int(port)))  # noise
             await counted(member, "bad_seal", before, 2 * len(lies))
             assert {p.node_id for p in member.peers()} == {
                 other.node_id.hex(),

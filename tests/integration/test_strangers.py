@@ -30,7 +30,9 @@ import irismesh
 from irismesh._core.config import CoreConfig
 from irismesh._core.frames import BodyCodec, Kind, encode_header
 from irismesh._core.gossip import MAX_ADDRESS, MAX_NAME, MAX_TAGS, seal_name
+from irismesh._core.records import MemberRecord, record_transcript
 from irismesh._stream import HELLO_LIMIT, framed
+from irismesh.security.identity import Identity
 from irismesh.security.keyring import Keyring
 from irismesh.security.linksecurity import KeyedLinkSecurity
 
@@ -204,20 +206,22 @@ async def join_within(keys: irismesh.Keyring, endpoint: str, seconds: float) -> 
 
 
 def test_a_hello_at_every_limit_is_well_within_what_a_stranger_may_send() -> None:
-    """The largest HELLO irismesh sends (every field of its record at its limit) fits four
-    times over in `HELLO_LIMIT`; a stranger may send nothing longer."""
+    """The largest HELLO irismesh sends (every field of its record at its limit, its identity
+    and signatures) fits three times over in `HELLO_LIMIT`; a stranger may send nothing
+    longer."""
     keys = Keyring.generate([f"cluster-{i:02d}" for i in range(64)])
     security = KeyedLinkSecurity(keys)
     kx = security.begin().public
     host = "h" * (MAX_ADDRESS - 6)
     endpoint = f"tcp://{host}"[:250] + ":65535"
     name = os.urandom(8 + 4 * MAX_NAME + 16)  # a sealed name of 64 four-byte characters
-    record = [(1 << 63) - 1, f"{host}:65535", os.urandom(MAX_TAGS), name]
+    record = [(1 << 63) - 1, f"{host}:65535", os.urandom(MAX_TAGS), name, os.urandom(64)]
     caps = {"kx": kx, "rec": record, "proof": os.urandom(32), "prio": 1, "run": 1}
+    caps |= {"id": os.urandom(32), "sig": os.urandom(64)}  # its identity and signature
     body = BodyCodec(1 << 20).pack([os.urandom(16), os.urandom(16), endpoint, caps])
     hello = encode_header(Kind.HELLO, 0, 0) + body
-    assert len(hello) < 2048
-    assert 4 * len(hello) < HELLO_LIMIT
+    assert len(hello) < 2304
+    assert 3 * len(hello) < HELLO_LIMIT
 
 
 def test_silent_and_half_sent_connections_are_closed_at_the_hello_deadline_and_counted(
@@ -266,13 +270,19 @@ def test_silent_and_half_sent_connections_are_closed_at_the_hello_deadline_and_c
 def a_hello(keys: irismesh.Keyring) -> bytes:
     """A HELLO proving `keys`' mesh key, as a dialler sends it."""
     security = KeyedLinkSecurity(keys)
-    node_id, nonce, kx = os.urandom(16), os.urandom(16), security.begin().public
+    identity = Identity.generate()
+    node_id, nonce, kx = identity.node_id, os.urandom(16), security.begin().public
     endpoint = "tcp://127.0.0.1:9"
     name = seal_name(security.datagram_sealer(node_id), node_id, 1, "dialler")
-    record = [0, "127.0.0.1:9", b"", name]
+    signed = record_transcript(MemberRecord(node_id, endpoint, "127.0.0.1:9", b"", "dialler"), 0)
+    record = [0, "127.0.0.1:9", b"", name, identity.sign(signed)]
     codec = BodyCodec(1 << 20)
-    said = codec.pack([node_id, nonce, endpoint, kx, record])
-    caps = {"kx": kx, "rec": record, "proof": security.mesh_proof(b"hello", said)}
+    said = [node_id, nonce, endpoint, kx, record]
+    caps = {"kx": kx, "rec": record, "proof": security.mesh_proof(b"hello", codec.pack(said))}
+    caps |= {
+        "id": identity.public,
+        "sig": identity.sign(b"hello" + codec.pack([*said, identity.public])),
+    }
     return encode_header(Kind.HELLO, 0, 0) + codec.pack([node_id, nonce, endpoint, caps])
 
 

@@ -173,7 +173,7 @@ def test_a_capture_of_every_packet_on_lo_shows_no_secret(
         assert any(src == member_port and data for (src, _dst), data in streams.items())
         assert any(d.startswith(b"IMSV") for d in capture.udp), "no survey datagram seen"
         # Membership's datagrams (magic "S", version 1) are in the scan below too.
-        assert any(d.startswith(b"S\x01") for d in capture.udp), "no membership datagram seen"
+        assert any(d.startswith(b"S\x02") for d in capture.udp), "no membership datagram seen"
         found = secrets_in(capture.captured)
         if sealing:
             assert found == []
