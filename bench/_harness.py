@@ -6,12 +6,26 @@ with it: stdin is a pipe the parent never writes to, so EOF on it means the pare
 and on Linux the kernel also sends SIGKILL when the parent dies (PR_SET_PDEATHSIG). The parent
 stops every child it started in a `finally`, first by closing stdin, then SIGTERM, then SIGKILL.
 A parent may also write command lines to a child's stdin (see `on_stdin_lines`).
+
+The benchmarks that set irismesh beside other systems (reqrep.py, pubsub.py, tunnel.py) share
+more than that: one parent skeleton (`run_parent`: warn when the machine is busy, make the
+keyring, measure, print, write JSON), one preflight that skips the systems this machine cannot
+run (`Run.preflight`), the nats-server and redis-server starters, and one event reader
+(`Events`) that relays a child's lines, turns its error events into `ChildFailed`, enforces a
+deadline and samples RSS and CPU over a timed window. A benchmark only says what its children
+do and how its tables look.
+
+A stale compiled core silently falls back to the pure Python one and gives figures several
+times slower: every benchmark calls `refuse_pure_core` before it measures, and runs on the pure
+core only when `--allow-pure` says so.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import ctypes
+import importlib.util
 import json
 import math
 import os
@@ -24,7 +38,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType, TracebackType
 from typing import IO, TYPE_CHECKING, Any, Self
@@ -65,6 +79,42 @@ def otel_from_env() -> None:
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(Dropped()))
     trace.set_tracer_provider(provider)
+
+
+def progress(message: str) -> None:
+    """A progress line for the person watching: stderr, so that stdout stays the report."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def add_allow_pure(parser: argparse.ArgumentParser) -> None:
+    """The `--allow-pure` flag `refuse_pure_core` reads."""
+    parser.add_argument(
+        "--allow-pure",
+        action="store_true",
+        help="measure even if irismesh runs its pure Python core (a stale or missing compiled "
+        "build; the figures are then the pure core's)",
+    )
+
+
+def refuse_pure_core(allow_pure: bool) -> None:
+    """Exit with status 2 unless irismesh runs its compiled core, or `allow_pure` is set."""
+    from irismesh import _core
+
+    if _core.COMPILED or allow_pure:
+        return
+    why = (
+        "IRISMESH_PURE is set"
+        if os.environ.get("IRISMESH_PURE")
+        else "the compiled core is missing or older than its source"
+    )
+    print(
+        f"{os.path.basename(sys.argv[0])}: irismesh runs its pure Python core ({why}), whose "
+        "figures are several times slower than the compiled core's; rebuild it (bash .ci/setup) "
+        "or pass --allow-pure to measure the pure core",
+        file=sys.stderr,
+        flush=True,
+    )
+    raise SystemExit(2)
 
 
 class BenchError(Exception):
@@ -388,6 +438,344 @@ def raise_keyboard_interrupt_on_sigterm() -> None:
 
 
 # --------------------------------------------------------------------------------------------
+# Parent side: brokers the baselines need
+
+NATS_SERVER_INSTALL = "apt-get install -y nats-server"
+
+
+def find_nats_server() -> str | None:
+    return find_executable("nats-server", "/usr/sbin/nats-server", "/usr/bin/nats-server")
+
+
+def nats_missing() -> str | None:
+    """Why NATS cannot be measured here (None: it can): its server or its client is missing."""
+    if find_nats_server() is None:
+        return f"nats-server not installed: {NATS_SERVER_INSTALL}"
+    if importlib.util.find_spec("nats") is None:
+        return "its client, nats-py, is not installed: pip install -e '.[bench]'"
+    return None
+
+
+def start_nats_server(procs: ChildProcesses, *options: str) -> tuple[Child, str]:
+    """A nats-server on a free port of 127.0.0.1 (with `options`, e.g. -js); (child, its URL)."""
+    executable = find_nats_server()
+    if executable is None:
+        raise BenchError(f"nats-server not installed: {NATS_SERVER_INSTALL}")
+    port = free_tcp_port()
+    argv = [executable, "-a", "127.0.0.1", "-p", str(port), *options]
+    child = procs.spawn("nats-server", argv, read_stdout=False, stops_on_eof=False)
+    wait_for_tcp(port, timeout=15.0)
+    return child, f"nats://127.0.0.1:{port}"
+
+
+def nats_server_version() -> str | None:
+    executable = find_nats_server()
+    if executable is None:
+        return None
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        done = subprocess.run([executable, "--version"], capture_output=True, text=True, timeout=5)
+        return done.stdout.strip()
+    return None
+
+
+def start_redis_server(procs: ChildProcesses) -> int | None:
+    """A redis-server on a free port of 127.0.0.1, nothing saved to disk; its port, or None
+    where redis-server is not installed."""
+    executable = shutil.which("redis-server")
+    if executable is None:
+        return None
+    port = free_tcp_port()
+    argv = [executable, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly"]
+    procs.spawn("redis-server", [*argv, "no"], read_stdout=False, stops_on_eof=False)
+    wait_for_tcp(port, timeout=15.0)
+    return port
+
+
+# --------------------------------------------------------------------------------------------
+# Parent side: reading children's events
+
+
+def child_failure(child: Child, event: Mapping[str, Any]) -> ChildFailed:
+    """The ChildFailed for a child's error event, with the traceback it writes as it exits."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        child.proc.wait(timeout=5.0)
+    return ChildFailed(child.name, str(event.get("message", "failed")), child.stderr_tail())
+
+
+def parse_event(child: Child, line: str) -> tuple[str | None, dict[str, Any]]:
+    """(kind, fields) of a child's JSON event line; (None, {}) for any other line, relayed to
+    stderr. An error event raises ChildFailed."""
+    try:
+        event = json.loads(line)
+    except json.JSONDecodeError:
+        event = None
+    if not isinstance(event, dict):
+        progress(f"  {child.name}: {line}")
+        return None, {}
+    kind = event.pop("event", None)
+    if kind == "error":
+        raise child_failure(child, event)
+    return kind, event
+
+
+def expect_ready(child: Child, timeout: float) -> str:
+    """The rest of the child's READY line; its error (with stderr) if it failed before."""
+    deadline = time.monotonic() + timeout
+    while True:
+        line = child.next_line(deadline)
+        if line is None:
+            raise ChildFailed(child.name, f"no READY line within {timeout} s", child.stderr_tail())
+        if line.startswith("READY"):
+            return line[len("READY") :].strip()
+        parse_event(child, line)
+
+
+def check_local(name: str, endpoint: str) -> str:
+    """`endpoint` (comma-separated endpoints) if every one is on 127.0.0.1, else BenchError."""
+    if not all(
+        part.startswith(("tcp://127.0.0.1:", "nats://127.0.0.1:")) for part in endpoint.split(",")
+    ):
+        raise BenchError(f"{name} is not on 127.0.0.1: {endpoint}")
+    return endpoint
+
+
+class Events:
+    """The JSON events of some children, in the order they come, until a deadline.
+
+    `for child, kind, event in Events(...)`: the caller breaks out once it has what it waits
+    for. Lines that are not events are relayed; an error event, a child that exits, and the
+    deadline raise ChildFailed (with the stderr of every child still awaited). Between
+    `sample(pids)` and `sampled()` the processes in `pids` are sampled every `sample_every`
+    seconds: the timed window over which RSS and CPU are reported.
+    """
+
+    def __init__(
+        self, children: Sequence[Child], budget_s: float, *, sample_every: float | None = 1.0
+    ) -> None:
+        self.children = list(children)
+        self.budget_s = budget_s
+        self.deadline = time.monotonic() + budget_s
+        self.sample_every = sample_every
+        self.sampler: RssSampler | None = None
+        self._next_sample = math.inf
+
+    def sample(self, pids: Mapping[str, int]) -> None:
+        """Start the window: a first sample of every process in `pids` now."""
+        self.sampler = RssSampler(pids)
+        self.sampler.sample()
+        if self.sample_every is not None:
+            self._next_sample = time.monotonic() + self.sample_every
+
+    def sampled(self) -> dict[str, Any]:
+        """End the window: a last sample; per process RSS/CPU ("memory") and others' CPU."""
+        sampler, self.sampler, self._next_sample = self.sampler, None, math.inf
+        if sampler is None:
+            return {}
+        sampler.sample()
+        return {"memory": sampler.summary(), "others_cpu_percent": sampler.others_cpu_percent()}
+
+    def _tick(self, now: float) -> None:
+        if self.sampler is not None and now >= self._next_sample:
+            self.sampler.sample()
+            assert self.sample_every is not None
+            self._next_sample = max(self._next_sample + self.sample_every, now)
+
+    def __iter__(self) -> Iterator[tuple[Child, str, dict[str, Any]]]:
+        while True:
+            now = time.monotonic()
+            if now >= self.deadline:
+                names = ", ".join(child.name for child in self.children)
+                tails = "\n".join(f"[{c.name}] {c.stderr_tail(10)}" for c in self.children)
+                raise ChildFailed(names, f"no result within {self.budget_s:.0f} s", tails)
+            self._tick(now)
+            if len(self.children) == 1:  # one child: block on it until the next sample is due
+                lines = [(self.children[0], min(self.deadline, self._next_sample))]
+            else:
+                lines = [(child, now) for child in self.children]
+            idle = True
+            for child, until in lines:
+                line = child.next_line(until)
+                if line is None:
+                    continue
+                idle = False
+                kind, event = parse_event(child, line)
+                if kind is not None:
+                    yield child, kind, event
+            if idle and len(self.children) > 1:
+                time.sleep(min(0.005, max(0.0, self._next_sample - time.monotonic())))
+
+
+# --------------------------------------------------------------------------------------------
+# Parent side: one run of a benchmark
+
+
+def parse_only(text: str, systems: Sequence[str], aliases: Mapping[str, str]) -> list[str]:
+    """The systems `--only` names (aliases allowed), in the order of `systems`."""
+    chosen = []
+    for item in (part.strip().lower() for part in text.split(",") if part.strip()):
+        system = aliases.get(item, item)
+        if system not in systems:
+            raise SystemExit(f"--only: unknown system {item!r}; choose from {', '.join(systems)}")
+        chosen.append(system)
+    return [s for s in systems if s in chosen]
+
+
+def size_label(size: int) -> str:
+    return f"{size // 1024} KB" if size % 1024 == 0 else f"{size} B"
+
+
+def ratio_cell(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}x"
+
+
+def warn_if_busy() -> float:
+    """CPU use by others just before the run: on 2 cores, other work skews every figure."""
+    import psutil
+
+    busy: float = psutil.cpu_percent(interval=0.5)
+    if busy > 20.0:
+        progress(f"warning: the CPUs are {busy:.0f}% busy before starting; figures will be noisy")
+    return busy
+
+
+def machine_facts(nats: bool = False) -> dict[str, Any]:
+    import platform
+
+    import zmq
+
+    facts: dict[str, Any] = {
+        "python": platform.python_version(),
+        "pyzmq": zmq.__version__,
+        "libzmq": zmq.zmq_version(),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    with contextlib.suppress(Exception):
+        import irismesh
+
+        facts["irismesh"] = irismesh.__version__
+    if nats and (version := nats_server_version()):
+        facts["nats_server"] = version
+    return facts
+
+
+def write_json(path: str, document: Mapping[str, Any]) -> None:
+    with open(path, "w", encoding="utf-8") as out:
+        json.dump(document, out, indent=2)
+    progress(f"wrote {path}")
+
+
+@dataclass(kw_only=True, slots=True)
+class Run:
+    """One run of a benchmark that sets irismesh beside other systems: what it measures, and
+    what it measured. A benchmark's own Run adds its plans."""
+
+    systems: list[str]
+    labels: Mapping[str, str]
+    mesh_systems: Collection[str]  # the systems whose children load the keyring
+    requested: list[str] = field(default_factory=list)
+    keyring_path: str = ""
+    results: dict[str, Any] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    step: int = 0
+    steps: int = 0
+    busy_before: float = 0.0
+    elapsed_s: float = 0.0
+
+    def announce(self, what: str) -> None:
+        self.step += 1
+        progress(f"[{self.step}/{self.steps}] {what}")
+
+    def preflight(self) -> None:
+        """Drop the systems this machine cannot run, saying why; make the irismesh keyring."""
+        if "nats" in self.systems and (missing := nats_missing()):
+            self.skipped["nats"] = missing
+        if any(system in self.mesh_systems for system in self.systems):
+            try:
+                import irismesh
+
+                irismesh.Keyring.generate().save(self.keyring_path)
+            except Exception as exc:
+                for system in self.mesh_systems:
+                    if system in self.systems:
+                        self.failed[system] = f"{type(exc).__name__}: {exc}"
+        for system, reason in self.skipped.items():
+            progress(f"{self.labels[system]}: skipped ({reason})")
+        for system, reason in self.failed.items():
+            progress(f"{self.labels[system]}: FAILED before starting: {reason}")
+        self.systems = [s for s in self.systems if s not in self.skipped and s not in self.failed]
+
+    def each_system(self, measure: Callable[[str], object]) -> None:
+        """`measure(system)` for every system in turn; a BenchError fails that system only."""
+        for system in list(self.systems):
+            try:
+                measure(system)
+            except BenchError as exc:
+                self.failed[system] = str(exc)
+                progress(f"{self.labels[system]}: FAILED: {exc}")
+
+    def child_argv(self, script: str, role: str, system: str, *options: str) -> list[str]:
+        """This same script as a child: `--role`, `--system`, the keyring if it needs one."""
+        argv = [sys.executable, os.path.abspath(script), "--role", role, "--system", system]
+        if system in self.mesh_systems:
+            argv += ["--keyring", self.keyring_path]
+        return [*argv, *options]
+
+    def footnotes(self) -> list[str]:
+        """One line per system skipped or failed, for under the tables."""
+        lines = []
+        for system, reason in {**self.skipped, **self.failed}.items():
+            state = "skipped" if system in self.skipped else "FAILED (details above)"
+            lines.append(f"{self.labels[system]}: {state}: {reason.splitlines()[0]}")
+        return lines
+
+
+def run_parent(
+    run: Run,
+    measure: Callable[[], object],
+    report: Callable[[], object],
+    document: Callable[[], Mapping[str, Any]],
+    json_path: str | None,
+) -> int:
+    """The parent's whole life: measure, report, write `document()` to `json_path` (between
+    the machine's facts and the run's length). Exit status 1 if a system failed, 130 if
+    interrupted: every child is stopped either way."""
+    raise_keyboard_interrupt_on_sigterm()
+    run.busy_before = warn_if_busy()
+    run.requested = list(run.systems)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="irismesh-bench-") as tmp:
+        run.keyring_path = os.path.join(tmp, "bench.keys")
+        run.preflight()
+        try:
+            measure()
+        except KeyboardInterrupt:
+            progress("interrupted; every child process has been stopped")
+            return 130
+    run.elapsed_s = time.monotonic() - started
+    report()
+    if json_path:
+        facts = {**machine_facts(nats="nats" in run.requested)}
+        facts["cpu_busy_percent_before"] = run.busy_before
+        write_json(json_path, {"facts": facts, **document(), "elapsed_s": run.elapsed_s})
+    return 1 if run.failed else 0
+
+
+def console(width: int) -> Any:
+    """A rich Console: the terminal's width on a terminal, `width` when piped (a file)."""
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=width)
+
+
+def print_footnotes(out: Any, run: Run) -> None:
+    for line in run.footnotes():
+        out.print(line, markup=False, highlight=False)
+
+
+# --------------------------------------------------------------------------------------------
 # Child side
 
 
@@ -448,3 +836,28 @@ def exit_after(seconds: float, status: int = 3) -> None:
     timer = threading.Timer(seconds, expire)
     timer.daemon = True
     timer.start()
+
+
+def park() -> None:
+    """A sync child's last step: its sockets stay up until the parent stops it (stdin EOF)."""
+    while True:
+        time.sleep(3600)
+
+
+async def park_async() -> None:
+    """An asyncio child's last step: its connections stay up until the parent stops it."""
+    import asyncio
+
+    await asyncio.Event().wait()
+
+
+def child_main(max_seconds: float, body: Callable[[], object], *, eof_status: int = 0) -> None:
+    """A child's life: `body()`, ended by the hard timeout or by EOF on stdin (the parent
+    stopping us, or gone; exit status `eof_status`); an exception is also an error event."""
+    exit_after(max_seconds)
+    on_stdin_eof(lambda: os._exit(eof_status))
+    try:
+        body()
+    except BaseException as exc:
+        emit("error", message=f"{type(exc).__name__}: {exc}")
+        raise

@@ -15,14 +15,11 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import importlib.util
 import json
 import os
-import platform
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
@@ -31,18 +28,25 @@ from typing import Any
 import zmq
 from _harness import (
     BenchError,
-    ChildFailed,
     ChildProcesses,
-    RssSampler,
+    Events,
+    Run,
+    add_allow_pure,
+    check_local,
+    child_main,
+    console,
     emit,
     exit_after,
-    find_executable,
-    free_tcp_port,
     latency_summary_us,
     on_stdin_eof,
     otel_from_env,
-    raise_keyboard_interrupt_on_sigterm,
-    wait_for_tcp,
+    parse_only,
+    print_footnotes,
+    progress,
+    refuse_pure_core,
+    run_parent,
+    size_label,
+    start_nats_server,
 )
 
 SYSTEMS = ("raw", "raw-asyncio", "nats", "mesh", "mesh-null", "mesh-notel", "mesh-zmq")
@@ -69,7 +73,6 @@ ALIASES = {"irismesh": "mesh", "pyzmq": "raw", "asyncio": "raw-asyncio"}
 SIZES = (100, 1024)
 SCENARIOS = ("throughput", "latency", "sustained")
 SUBJECT = "bench"  # NATS subject and irismesh cluster alike
-NATS_SERVER_INSTALL = "apt-get install -y nats-server"
 
 Request = Callable[[bytes], Awaitable[bytes]]
 
@@ -103,10 +106,6 @@ def payload_of(size: int) -> bytes:
     return bytes(i % 251 for i in range(size))
 
 
-def size_label(size: int) -> str:
-    return f"{size // 1024} KB" if size % 1024 == 0 else f"{size} B"
-
-
 def parse_mesh_opts(pairs: list[str]) -> dict[str, Any]:
     """KEY=VALUE pairs for irismesh.Node: ints, floats and true/false convert, the rest stay str."""
     opts: dict[str, Any] = {}
@@ -126,24 +125,6 @@ def parse_mesh_opts(pairs: list[str]) -> dict[str, Any]:
                     pass
         opts[key] = value
     return opts
-
-
-class MeshUnavailable(BenchError):
-    """irismesh cannot be benchmarked yet (it does not import, or lacks Node/Keyring)."""
-
-
-def import_mesh() -> Any:
-    try:
-        import irismesh
-    except ImportError as exc:
-        raise MeshUnavailable(f"cannot import irismesh: {exc}") from exc
-    missing = [name for name in ("Node", "Keyring") if not hasattr(irismesh, name)]
-    if missing:
-        raise MeshUnavailable(
-            f"irismesh has no {' or '.join(missing)} yet (irismesh/__init__.py must export "
-            "them); run with --only raw,raw-asyncio,nats to leave irismesh out"
-        )
-    return irismesh
 
 
 # ============================================================================================
@@ -234,7 +215,8 @@ async def serve_nats(url: str) -> None:
 
 
 async def serve_mesh(keyring_path: str, opts: dict[str, Any]) -> None:
-    irismesh = import_mesh()
+    import irismesh
+
     keys = irismesh.Keyring.load(keyring_path)
     async with irismesh.Node(
         cluster=SUBJECT, keyring=keys, bind="tcp://127.0.0.1:0", survey=False, **opts
@@ -407,7 +389,8 @@ async def nats_requester(url: str, request_timeout: float) -> AsyncIterator[Requ
 async def mesh_requester(
     endpoint: str, keyring_path: str, opts: dict[str, Any], request_timeout: float, split: str = ""
 ) -> AsyncIterator[Request]:
-    irismesh = import_mesh()
+    import irismesh
+
     keys = irismesh.Keyring.load(keyring_path)
     async with irismesh.Node(keyring=keys, seeds=[endpoint], survey=False, **opts) as client:
         await client.wait_for_members(SUBJECT, count=1, timeout=10)
@@ -513,8 +496,8 @@ def irismesh_run(main: Coroutine[Any, Any, None]) -> None:
 
 
 def run_child(args: argparse.Namespace) -> None:
-    exit_after(args.max_seconds)
     if args.role == "server":
+        exit_after(args.max_seconds)
         if args.system == "raw":
             serve_raw()
         elif args.system == "raw-asyncio":
@@ -524,18 +507,14 @@ def run_child(args: argparse.Namespace) -> None:
         else:  # on irismesh's own loop: uvloop where installed (IRISMESH_LOOP=asyncio: not)
             irismesh_run(serve_mesh(args.keyring, parse_mesh_opts(args.mesh_opt)))
         return
-    on_stdin_eof(lambda: os._exit(1))
     plan = Plan(**json.loads(args.plan))
-    try:
-        if args.system == "raw":
-            client_raw(args.endpoint, plan)
-        elif args.system == "mesh":
-            irismesh_run(client_async(args, plan))
-        else:
-            asyncio.run(client_async(args, plan))
-    except BaseException as exc:
-        emit("error", message=f"{type(exc).__name__}: {exc}")
-        raise
+    if args.system == "raw":
+        client = functools.partial(client_raw, args.endpoint, plan)
+    elif args.system == "mesh":
+        client = functools.partial(irismesh_run, client_async(args, plan))
+    else:
+        client = functools.partial(asyncio.run, client_async(args, plan))
+    child_main(args.max_seconds, client, eof_status=1)
     emit("done")
 
 
@@ -544,40 +523,25 @@ def run_child(args: argparse.Namespace) -> None:
 
 
 @dataclass(kw_only=True, slots=True)
-class Run:
+class ReqrepRun(Run):
     """Settings of one benchmark run and everything it measured."""
 
-    systems: list[str]
     plans: list[Plan]
     mesh_opts: list[str]
     split: str = ""
-    keyring_path: str = ""
-    nats_server: str | None = None
-    results: dict[str, dict[str, dict[str, Any]]] = dataclasses.field(default_factory=dict)
-    skipped: dict[str, str] = dataclasses.field(default_factory=dict)
-    failed: dict[str, str] = dataclasses.field(default_factory=dict)
-    step: int = 0
-
-    @property
-    def steps(self) -> int:
-        return len(self.systems) * len(self.plans) * len(SCENARIOS)
 
 
-def progress(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def child_argv(role: str, system: str, run: Run, *extra: str) -> list[str]:
-    child_system = "mesh" if system in MESH_VARIANTS else system
-    argv = [sys.executable, os.path.abspath(__file__), "--role", role, "--system", child_system]
+def child_argv(role: str, system: str, run: ReqrepRun, *extra: str) -> list[str]:
+    options: list[str] = []
     if system in MESH_VARIANTS:
-        argv += ["--keyring", run.keyring_path]
         for opt in [*run.mesh_opts, *MESH_VARIANTS[system]]:
-            argv += ["--mesh-opt", opt]
+            options += ["--mesh-opt", opt]
         if run.split:
-            argv += ["--split", run.split]
+            options += ["--split", run.split]
     budget = sum(plan.budget_s() for plan in run.plans) + 60.0
-    return [*argv, "--max-seconds", f"{budget:.0f}", *extra]
+    child_system = "mesh" if system in MESH_VARIANTS else system
+    options += ["--max-seconds", f"{budget:.0f}", *extra]
+    return run.child_argv(__file__, role, child_system, *options)
 
 
 def describe(system: str, plan: Plan, scenario: str) -> str:
@@ -591,7 +555,7 @@ def describe(system: str, plan: Plan, scenario: str) -> str:
 
 def run_client(
     procs: ChildProcesses,
-    run: Run,
+    run: ReqrepRun,
     system: str,
     plan: Plan,
     endpoint: str,
@@ -602,46 +566,20 @@ def run_client(
     argv = child_argv("client", system, run, "--endpoint", endpoint, "--plan")
     client = procs.spawn(name, [*argv, json.dumps(dataclasses.asdict(plan))])
     results = run.results.setdefault(system, {}).setdefault(str(plan.size), {})
-    deadline = time.monotonic() + plan.budget_s()
-    sampler: RssSampler | None = None
-    next_sample = float("inf")
+    events = Events([client], plan.budget_s())
     try:
-        while True:
-            line = client.next_line(min(deadline, next_sample))
-            if line is None:
-                if time.monotonic() >= deadline:
-                    raise ChildFailed(name, f"hard timeout of {plan.budget_s():.0f} s reached")
-                if sampler is not None:
-                    sampler.sample()
-                next_sample += 1.0
-                continue
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                progress(f"  {name}: {line}")
-                continue
-            kind = event.pop("event", None)
+        for _, kind, event in events:
             if kind == "phase":
-                run.step += 1
-                progress(f"[{run.step}/{run.steps}] {describe(system, plan, event['scenario'])}")
+                run.announce(describe(system, plan, event["scenario"]))
             elif kind == "mark":
-                sampler = RssSampler({**server_pids, "client": client.pid})
-                sampler.sample()
-                next_sample = time.monotonic() + 1.0
+                events.sample({**server_pids, "client": client.pid})
             elif kind == "result":
                 scenario = event.pop("scenario")
-                if scenario == "sustained" and sampler is not None:
-                    sampler.sample()
-                    event["memory"] = sampler.summary()
-                    event["others_cpu_percent"] = sampler.others_cpu_percent()
-                    sampler, next_sample = None, float("inf")
+                if scenario == "sustained":
+                    event.update(events.sampled())
                 if event.get("errors"):
                     progress(f"  {event['errors']} errors, first: {event.get('first_error')}")
                 results[scenario] = event
-            elif kind == "error":
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    client.proc.wait(timeout=5.0)  # let it finish writing its traceback
-                raise ChildFailed(name, event.get("message", "failed"), client.stderr_tail())
             elif kind == "done":
                 try:
                     code = client.proc.wait(timeout=10.0)
@@ -654,54 +592,21 @@ def run_client(
         procs.stop(client, grace=5.0)
 
 
-def run_system(run: Run, system: str) -> None:
+def run_system(run: ReqrepRun, system: str) -> None:
     """Start the system's server(s), run one client per payload size, stop everything."""
     with ChildProcesses() as procs:
         server_pids: dict[str, int] = {}
         extra: list[str] = []
         if system == "nats":
-            assert run.nats_server is not None
-            port = free_tcp_port()
-            broker = procs.spawn(
-                "nats-server",
-                [run.nats_server, "-a", "127.0.0.1", "-p", str(port)],
-                read_stdout=False,
-                stops_on_eof=False,
-            )
-            wait_for_tcp(port, timeout=10.0)
+            broker, url = start_nats_server(procs)
             server_pids["broker"] = broker.pid
-            extra = ["--endpoint", f"nats://127.0.0.1:{port}"]
-        server = procs.spawn(f"{system} server", child_argv("server", system, run, *extra))
-        endpoint = server.expect_prefix("READY ", timeout=30.0)
+            extra = ["--endpoint", url]
+        name = f"{system} server"
+        server = procs.spawn(name, child_argv("server", system, run, *extra))
+        endpoint = check_local(name, server.expect_prefix("READY ", timeout=30.0))
         server_pids["server"] = server.pid
-        if not endpoint.startswith(("tcp://127.0.0.1:", "nats://127.0.0.1:")):
-            raise BenchError(f"{system} server is not on 127.0.0.1: {endpoint}")
         for plan in run.plans:
             run_client(procs, run, system, plan, endpoint, server_pids)
-
-
-def preflight(run: Run) -> None:
-    """Drop the systems this machine cannot run, saying why."""
-    if "nats" in run.systems:
-        run.nats_server = find_executable(
-            "nats-server", "/usr/sbin/nats-server", "/usr/bin/nats-server"
-        )
-        if run.nats_server is None:
-            run.skipped["nats"] = f"nats-server not installed: {NATS_SERVER_INSTALL}"
-        elif importlib.util.find_spec("nats") is None:
-            run.skipped["nats"] = "its client, nats-py, is not installed: pip install -e '.[bench]'"
-    if any(system in MESH_VARIANTS for system in run.systems):
-        try:
-            irismesh = import_mesh()
-            irismesh.Keyring.generate().save(run.keyring_path)
-        except Exception as exc:
-            for system in MESH_VARIANTS:
-                run.failed[system] = f"{type(exc).__name__}: {exc}"
-    for system, reason in run.skipped.items():
-        progress(f"{LABELS[system]}: skipped ({reason})")
-    for system, reason in run.failed.items():
-        progress(f"{LABELS[system]}: FAILED before starting: {reason}")
-    run.systems = [s for s in run.systems if s not in run.skipped and s not in run.failed]
 
 
 def make_plans(args: argparse.Namespace) -> list[Plan]:
@@ -722,102 +627,45 @@ def make_plans(args: argparse.Namespace) -> list[Plan]:
     ]
 
 
-def parse_only(text: str) -> list[str]:
-    chosen = []
-    for item in (part.strip().lower() for part in text.split(",") if part.strip()):
-        system = ALIASES.get(item, item)
-        if system not in SYSTEMS:
-            raise SystemExit(f"--only: unknown system {item!r}; choose from {', '.join(SYSTEMS)}")
-        if system not in chosen:
-            chosen.append(system)
-    return [s for s in SYSTEMS if s in chosen]
-
-
-def machine_facts(run: Run) -> dict[str, Any]:
-    facts: dict[str, Any] = {
-        "python": platform.python_version(),
-        "pyzmq": zmq.__version__,
-        "libzmq": zmq.zmq_version(),
-        "cpus": os.cpu_count(),
-        "platform": platform.platform(),
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    if run.nats_server:
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            facts["nats_server"] = subprocess.run(
-                [run.nats_server, "--version"], capture_output=True, text=True, timeout=5
-            ).stdout.strip()
-    return facts
-
-
-def warn_if_busy() -> float:
-    """CPU use by others just before the run: on 2 cores, other work skews every figure."""
-    import psutil
-
-    busy: float = psutil.cpu_percent(interval=0.5)
-    if busy > 20.0:
-        progress(f"warning: the CPUs are {busy:.0f}% busy before starting; figures will be noisy")
-    return busy
-
-
 def main_parent(args: argparse.Namespace) -> int:
-    raise_keyboard_interrupt_on_sigterm()
-    busy_before = warn_if_busy()
-    run = Run(
-        systems=parse_only(args.only),
+    run = ReqrepRun(
+        systems=parse_only(args.only, SYSTEMS, ALIASES),
+        labels=LABELS,
+        mesh_systems=MESH_VARIANTS,
         plans=make_plans(args),
         mesh_opts=args.mesh_opt,
         split=args.split,
     )
-    requested = list(run.systems)
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="irismesh-bench-") as tmp:
-        run.keyring_path = os.path.join(tmp, "bench.keys")
-        preflight(run)
-        try:
-            for system in list(run.systems):
-                try:
-                    run_system(run, system)
-                except BenchError as exc:
-                    run.failed[system] = str(exc)
-                    progress(f"{LABELS[system]}: FAILED: {exc}")
-        except KeyboardInterrupt:
-            progress("interrupted; every child process has been stopped")
-            return 130
-    elapsed = time.monotonic() - started
+    run.steps = len(run.systems) * len(run.plans) * len(SCENARIOS)
 
-    print_tables(run, requested, elapsed)
-    if args.json:
-        document = {
-            "facts": {**machine_facts(run), "cpu_busy_percent_before": busy_before},
+    def document() -> dict[str, Any]:
+        return {
             "settings": {
                 "plans": [dataclasses.asdict(plan) for plan in run.plans],
                 "mesh_opts": parse_mesh_opts(run.mesh_opts),
                 "split": run.split,
-                "systems": requested,
+                "systems": run.requested,
             },
             "results": run.results,
             "ratios": ratios(run),
             "skipped": run.skipped,
             "failed": run.failed,
-            "elapsed_s": elapsed,
         }
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump(document, out, indent=2)
-        progress(f"wrote {args.json}")
-    return 1 if run.failed else 0
+
+    measure = functools.partial(run.each_system, functools.partial(run_system, run))
+    return run_parent(run, measure, functools.partial(print_tables, run), document, args.json)
 
 
 # ============================================================================================
 # Parent: report
 
 
-def _cell(run: Run, system: str, size: int, scenario: str) -> dict[str, Any] | None:
+def _cell(run: ReqrepRun, system: str, size: int, scenario: str) -> dict[str, Any] | None:
     result: dict[str, Any] | None = run.results.get(system, {}).get(str(size), {}).get(scenario)
     return result
 
 
-def _figures(run: Run, system: str, size: int, scenario: str) -> tuple[float, ...] | None:
+def _figures(run: ReqrepRun, system: str, size: int, scenario: str) -> tuple[float, ...] | None:
     """The numbers a table cell shows: (req/s,) or (p50 us, p99 us)."""
     result = _cell(run, system, size, scenario)
     if result is None:
@@ -827,7 +675,7 @@ def _figures(run: Run, system: str, size: int, scenario: str) -> tuple[float, ..
     return (result["rps"],)
 
 
-def ratios(run: Run) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
+def ratios(run: ReqrepRun) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
     """irismesh divided by each baseline, per scenario and size, figure by figure."""
     out: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
     for baseline in ("raw", "raw-asyncio", "nats"):
@@ -852,7 +700,7 @@ def _show(figures: tuple[float, ...] | None, absent: str) -> str:
     return f"{figures[0]:,.0f}"
 
 
-def _show_ratio(run: Run, baseline: str, size: int, scenario: str) -> str:
+def _show_ratio(run: ReqrepRun, baseline: str, size: int, scenario: str) -> str:
     mesh = _figures(run, "mesh", size, scenario)
     base = _figures(run, baseline, size, scenario)
     if not mesh or not base:
@@ -861,12 +709,12 @@ def _show_ratio(run: Run, baseline: str, size: int, scenario: str) -> str:
     return parts[0] if len(parts) == 1 else f"{parts[0]} [{parts[1]}]"
 
 
-def print_tables(run: Run, requested: list[str], elapsed: float) -> None:
-    from rich.console import Console
+def print_tables(run: ReqrepRun) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    console = Console() if sys.stdout.isatty() else Console(width=140)
+    out = console(140)
+    requested = run.requested
 
     def absent(system: str) -> str:
         if system not in requested:
@@ -882,7 +730,7 @@ def print_tables(run: Run, requested: list[str], elapsed: float) -> None:
     }
     table = Table(
         title=f"request/reply on 127.0.0.1, server and client in separate processes "
-        f"({elapsed:.0f} s run)",
+        f"({run.elapsed_s:.0f} s run)",
         caption="req/s: higher is better, so a ratio below 1 means irismesh is slower; "
         "latency: lower is better, so a ratio above 1 means irismesh is slower",
     )
@@ -906,7 +754,7 @@ def print_tables(run: Run, requested: list[str], elapsed: float) -> None:
             ]
             table.add_row(*(Text(cell) for cell in row))  # Text: "[p99]" is not markup
         table.add_section()
-    console.print(table)
+    out.print(table)
     variants = [v for v in ("mesh-null", "mesh-notel", "mesh-zmq") if v in run.systems]
     if variants and "mesh" in run.systems:
         costs = Table(
@@ -921,7 +769,7 @@ def print_tables(run: Run, requested: list[str], elapsed: float) -> None:
             for size in SIZES:
                 cells = [_show_ratio(run, variant, size, scenario) for variant in variants]
                 costs.add_row(scenario, size_label(size), *cells)
-        console.print(costs)
+        out.print(costs)
 
     memory = Table(
         title="memory and CPU over the sustained run (RSS sampled once a second after warm-up)",
@@ -955,11 +803,8 @@ def print_tables(run: Run, requested: list[str], elapsed: float) -> None:
                 )
         memory.add_section()
     if memory.row_count:
-        console.print(memory)
-    for system, reason in {**run.skipped, **run.failed}.items():
-        state = "skipped" if system in run.skipped else "FAILED (details above)"
-        first_line = reason.splitlines()[0]
-        console.print(f"{LABELS[system]}: {state}: {first_line}", markup=False, highlight=False)
+        out.print(memory)
+    print_footnotes(out, run)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -999,6 +844,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="irismesh: the client sets this traffic split on the cluster before measuring "
         "(name the member's version with --mesh-opt version=V)",
     )
+    add_allow_pure(parser)
     # The children's side of this file.
     parser.add_argument("--role", choices=("server", "client"), help=argparse.SUPPRESS)
     parser.add_argument("--system", choices=SYSTEMS, help=argparse.SUPPRESS)
@@ -1015,6 +861,7 @@ def main() -> int:
         otel_from_env()
         run_child(args)
         return 0
+    refuse_pure_core(args.allow_pure)
     return main_parent(args)
 
 
