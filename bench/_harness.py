@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import dataclasses
 import importlib.util
 import json
 import math
@@ -94,6 +95,34 @@ def add_allow_pure(parser: argparse.ArgumentParser) -> None:
         help="measure even if irismesh runs its pure Python core (a stale or missing compiled "
         "build; the figures are then the pure core's)",
     )
+
+
+def add_child_arguments(
+    parser: argparse.ArgumentParser, roles: Sequence[str], systems: Sequence[str]
+) -> None:
+    """`--allow-pure`, and the hidden flags with which the parent starts this same script as
+    one of its children."""
+    add_allow_pure(parser)
+    parser.add_argument("--role", choices=roles, help=argparse.SUPPRESS)
+    parser.add_argument("--system", choices=systems, help=argparse.SUPPRESS)
+    parser.add_argument("--endpoint", help=argparse.SUPPRESS)
+    parser.add_argument("--plan", help=argparse.SUPPRESS)
+    parser.add_argument("--keyring", help=argparse.SUPPRESS)
+    parser.add_argument("--max-seconds", type=float, default=600.0, help=argparse.SUPPRESS)
+
+
+def bench_main(
+    args: argparse.Namespace,
+    run_child: Callable[[argparse.Namespace], object],
+    main_parent: Callable[[argparse.Namespace], int],
+) -> int:
+    """A child (`--role`) does its part; a parent refuses the pure core, then runs."""
+    if args.role:
+        otel_from_env()
+        run_child(args)
+        return 0
+    refuse_pure_core(args.allow_pure)
+    return main_parent(args)
 
 
 def refuse_pure_core(allow_pure: bool) -> None:
@@ -674,15 +703,20 @@ class Run:
     systems: list[str]
     labels: Mapping[str, str]
     mesh_systems: Collection[str]  # the systems whose children load the keyring
+    plans: Sequence[Any]  # dataclasses: one a case (or a client) of each system
+    steps_per_plan: int = 1
     requested: list[str] = field(default_factory=list)
     keyring_path: str = ""
     results: dict[str, Any] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
     step: int = 0
-    steps: int = 0
     busy_before: float = 0.0
     elapsed_s: float = 0.0
+
+    @property
+    def steps(self) -> int:
+        return len(self.systems) * len(self.plans) * self.steps_per_plan
 
     def announce(self, what: str) -> None:
         self.step += 1
@@ -723,6 +757,10 @@ class Run:
             argv += ["--keyring", self.keyring_path]
         return [*argv, *options]
 
+    def extra_json(self) -> dict[str, Any]:
+        """What a benchmark's own Run adds to the JSON document."""
+        return {}
+
     def footnotes(self) -> list[str]:
         """One line per system skipped or failed, for under the tables."""
         lines = []
@@ -736,12 +774,13 @@ def run_parent(
     run: Run,
     measure: Callable[[], object],
     report: Callable[[], object],
-    document: Callable[[], Mapping[str, Any]],
+    ratios: Callable[[], Mapping[str, Any]],
     json_path: str | None,
+    **settings: Any,
 ) -> int:
-    """The parent's whole life: measure, report, write `document()` to `json_path` (between
-    the machine's facts and the run's length). Exit status 1 if a system failed, 130 if
-    interrupted: every child is stopped either way."""
+    """The parent's whole life: measure, report, write every number to `json_path` (the
+    machine, the plans and `settings`, the results, `ratios()`, what was skipped or failed).
+    Exit status 1 if a system failed, 130 if interrupted: every child is stopped either way."""
     raise_keyboard_interrupt_on_sigterm()
     run.busy_before = warn_if_busy()
     run.requested = list(run.systems)
@@ -759,7 +798,18 @@ def run_parent(
     if json_path:
         facts = {**machine_facts(nats="nats" in run.requested)}
         facts["cpu_busy_percent_before"] = run.busy_before
-        write_json(json_path, {"facts": facts, **document(), "elapsed_s": run.elapsed_s})
+        plans = [dataclasses.asdict(plan) for plan in run.plans]
+        document = {
+            "facts": facts,
+            "settings": {"plans": plans, "systems": run.requested, **settings},
+            "results": run.results,
+            "ratios": ratios(),
+            "skipped": run.skipped,
+            "failed": run.failed,
+            **run.extra_json(),
+            "elapsed_s": run.elapsed_s,
+        }
+        write_json(json_path, document)
     return 1 if run.failed else 0
 
 

@@ -32,18 +32,17 @@ from _harness import (
     ChildProcesses,
     Events,
     Run,
-    add_allow_pure,
+    add_child_arguments,
+    bench_main,
     check_local,
     child_main,
     console,
     emit,
-    otel_from_env,
     park,
     park_async,
     parse_only,
     print_footnotes,
     progress,
-    refuse_pure_core,
     run_parent,
     size_label,
     start_nats_server,
@@ -628,8 +627,6 @@ def run_child(args: argparse.Namespace) -> None:
 class PubsubRun(Run):
     """Settings of one benchmark run; its results are system -> size -> fanout -> case."""
 
-    plans: list[Plan]
-
 
 def child_argv(
     role: str, system: str, run: PubsubRun, plan: Plan, endpoint: str, index: int = 0
@@ -795,28 +792,17 @@ def make_plans(args: argparse.Namespace) -> list[Plan]:
 
 
 def main_parent(args: argparse.Namespace) -> int:
+    if args.count < 1 or (args.seconds is not None and args.seconds <= 0) or args.warmup < 0:
+        raise SystemExit("--count must be at least 1, --seconds above 0 and --warmup >= 0")
     run = PubsubRun(
         systems=parse_only(args.only, SYSTEMS, ALIASES),
         labels=LABELS,
         mesh_systems=MESH_VARIANTS,
         plans=make_plans(args),
     )
-    run.steps = len(run.systems) * len(run.plans)
-
-    def document() -> dict[str, Any]:
-        return {
-            "settings": {
-                "plans": [dataclasses.asdict(plan) for plan in run.plans],
-                "systems": run.requested,
-            },
-            "results": run.results,
-            "ratios": ratios(run),
-            "skipped": run.skipped,
-            "failed": run.failed,
-        }
-
     measure = functools.partial(run.each_system, functools.partial(run_system, run))
-    return run_parent(run, measure, functools.partial(print_table, run), document, args.json)
+    report, figures = functools.partial(print_table, run), functools.partial(ratios, run)
+    return run_parent(run, measure, report, figures, args.json)
 
 
 # ============================================================================================
@@ -989,28 +975,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=10.0,
         help="a subscriber that receives nothing this long stops and reports (default 10)",
     )
-    add_allow_pure(parser)
-    # The children's side of this file.
-    parser.add_argument("--role", choices=("pub", "sub"), help=argparse.SUPPRESS)
-    parser.add_argument("--system", choices=SYSTEMS, help=argparse.SUPPRESS)
-    parser.add_argument("--endpoint", help=argparse.SUPPRESS)
-    parser.add_argument("--plan", help=argparse.SUPPRESS)
+    add_child_arguments(parser, ("pub", "sub"), SYSTEMS)
     parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--keyring", help=argparse.SUPPRESS)
-    parser.add_argument("--max-seconds", type=float, default=600.0, help=argparse.SUPPRESS)
     return parser
 
 
 def main() -> int:
-    args = build_parser().parse_args()
-    if args.role:
-        otel_from_env()
-        run_child(args)
-        return 0
-    if args.count < 1 or (args.seconds is not None and args.seconds <= 0) or args.warmup < 0:
-        raise SystemExit("--count must be at least 1, --seconds above 0 and --warmup >= 0")
-    refuse_pure_core(args.allow_pure)
-    return main_parent(args)
+    return bench_main(build_parser().parse_args(), run_child, main_parent)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,8 @@ from _harness import (
     ChildProcesses,
     Events,
     Run,
-    add_allow_pure,
+    add_child_arguments,
+    bench_main,
     check_local,
     child_main,
     console,
@@ -39,11 +40,9 @@ from _harness import (
     exit_after,
     latency_summary_us,
     on_stdin_eof,
-    otel_from_env,
     parse_only,
     print_footnotes,
     progress,
-    refuse_pure_core,
     run_parent,
     size_label,
     start_nats_server,
@@ -526,7 +525,6 @@ def run_child(args: argparse.Namespace) -> None:
 class ReqrepRun(Run):
     """Settings of one benchmark run and everything it measured."""
 
-    plans: list[Plan]
     mesh_opts: list[str]
     split: str = ""
 
@@ -633,27 +631,14 @@ def main_parent(args: argparse.Namespace) -> int:
         labels=LABELS,
         mesh_systems=MESH_VARIANTS,
         plans=make_plans(args),
+        steps_per_plan=len(SCENARIOS),
         mesh_opts=args.mesh_opt,
         split=args.split,
     )
-    run.steps = len(run.systems) * len(run.plans) * len(SCENARIOS)
-
-    def document() -> dict[str, Any]:
-        return {
-            "settings": {
-                "plans": [dataclasses.asdict(plan) for plan in run.plans],
-                "mesh_opts": parse_mesh_opts(run.mesh_opts),
-                "split": run.split,
-                "systems": run.requested,
-            },
-            "results": run.results,
-            "ratios": ratios(run),
-            "skipped": run.skipped,
-            "failed": run.failed,
-        }
-
     measure = functools.partial(run.each_system, functools.partial(run_system, run))
-    return run_parent(run, measure, functools.partial(print_tables, run), document, args.json)
+    report, figures = functools.partial(print_tables, run), functools.partial(ratios, run)
+    settings = {"mesh_opts": parse_mesh_opts(run.mesh_opts), "split": run.split}
+    return run_parent(run, measure, report, figures, args.json, **settings)
 
 
 # ============================================================================================
@@ -844,25 +829,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="irismesh: the client sets this traffic split on the cluster before measuring "
         "(name the member's version with --mesh-opt version=V)",
     )
-    add_allow_pure(parser)
-    # The children's side of this file.
-    parser.add_argument("--role", choices=("server", "client"), help=argparse.SUPPRESS)
-    parser.add_argument("--system", choices=SYSTEMS, help=argparse.SUPPRESS)
-    parser.add_argument("--endpoint", help=argparse.SUPPRESS)
-    parser.add_argument("--plan", help=argparse.SUPPRESS)
-    parser.add_argument("--keyring", help=argparse.SUPPRESS)
-    parser.add_argument("--max-seconds", type=float, default=600.0, help=argparse.SUPPRESS)
+    add_child_arguments(parser, ("server", "client"), SYSTEMS)
     return parser
 
 
 def main() -> int:
-    args = build_parser().parse_args()
-    if args.role:
-        otel_from_env()
-        run_child(args)
-        return 0
-    refuse_pure_core(args.allow_pure)
-    return main_parent(args)
+    return bench_main(build_parser().parse_args(), run_child, main_parent)
 
 
 if __name__ == "__main__":

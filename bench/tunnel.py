@@ -38,7 +38,8 @@ from _harness import (
     ChildProcesses,
     Events,
     Run,
-    add_allow_pure,
+    add_child_arguments,
+    bench_main,
     check_local,
     child_main,
     console,
@@ -49,7 +50,6 @@ from _harness import (
     parse_only,
     print_footnotes,
     progress,
-    refuse_pure_core,
     run_parent,
 )
 
@@ -468,9 +468,11 @@ def run_child(args: argparse.Namespace) -> None:
 class TunnelRun(Run):
     """Settings of one benchmark run; its results are system -> block size -> case."""
 
-    plans: list[Plan]
     # system -> block size -> why the case failed
     failures: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+
+    def extra_json(self) -> dict[str, Any]:
+        return {"failures": self.failures}
 
     def fail(self, system: str, plan: Plan, reason: str) -> None:
         self.failures.setdefault(system, {})[str(plan.block)] = reason
@@ -637,28 +639,10 @@ def main_parent(args: argparse.Namespace) -> int:
         mesh_systems=MESH_SEALING,
         plans=make_plans(args),
     )
-    run.steps = len(run.systems) * len(run.plans)
-
-    def document() -> dict[str, Any]:
-        return {
-            "settings": {
-                "plans": [dataclasses.asdict(plan) for plan in run.plans],
-                "systems": run.requested,
-                "mesh_window": "irismesh's default tunnel window (1 MiB), each direction",
-            },
-            "results": run.results,
-            "ratios": ratios(run),
-            "failures": run.failures,
-            "failed": run.failed,
-        }
-
-    return run_parent(
-        run,
-        functools.partial(run_all, run),
-        functools.partial(print_table, run),
-        document,
-        args.json,
-    )
+    measure, report = functools.partial(run_all, run), functools.partial(print_table, run)
+    window = "irismesh's default tunnel window (1 MiB), each direction"
+    figures = functools.partial(ratios, run)
+    return run_parent(run, measure, report, figures, args.json, mesh_window=window)
 
 
 # ============================================================================================
@@ -805,24 +789,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=10.0,
         help="a child that moves no byte for this long reports a stall and exits (default 10)",
     )
-    add_allow_pure(parser)
-    # The children's side of this file.
-    parser.add_argument("--role", choices=("send", "recv"), help=argparse.SUPPRESS)
-    parser.add_argument("--system", choices=SYSTEMS, help=argparse.SUPPRESS)
-    parser.add_argument("--endpoint", help=argparse.SUPPRESS)
-    parser.add_argument("--plan", help=argparse.SUPPRESS)
-    parser.add_argument("--keyring", help=argparse.SUPPRESS)
-    parser.add_argument("--max-seconds", type=float, default=600.0, help=argparse.SUPPRESS)
+    add_child_arguments(parser, ("send", "recv"), SYSTEMS)
     return parser
 
 
 def main() -> int:
-    args = build_parser().parse_args()
-    if args.role:
-        run_child(args)
-        return 0
-    refuse_pure_core(args.allow_pure)
-    return main_parent(args)
+    return bench_main(build_parser().parse_args(), run_child, main_parent)
 
 
 if __name__ == "__main__":
