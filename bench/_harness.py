@@ -116,20 +116,35 @@ def bench_main(
     run_child: Callable[[argparse.Namespace], object],
     main_parent: Callable[[argparse.Namespace], int],
 ) -> int:
-    """A child (`--role`) does its part; a parent refuses the pure core, then runs."""
+    """A parent refuses the pure core, then runs; a child (`--role`) does its part."""
+    refuse_pure_core(args.allow_pure)
     if args.role:
         otel_from_env()
         run_child(args)
         return 0
-    refuse_pure_core(args.allow_pure)
     return main_parent(args)
 
 
+def allow_pure(allowed: bool) -> None:
+    """For a benchmark that runs others: let them measure the pure core if `allowed`."""
+    if allowed:
+        os.environ[ALLOW_PURE] = "1"
+
+
+# Set by a parent given --allow-pure; its children (and benchmarks it runs) inherit it.
+ALLOW_PURE = "IRISMESH_BENCH_ALLOW_PURE"
+
+
 def refuse_pure_core(allow_pure: bool) -> None:
-    """Exit with status 2 unless irismesh runs its compiled core, or `allow_pure` is set."""
+    """Exit with status 2 unless irismesh runs its compiled core, or `allow_pure` (or a parent
+    that was given it) says the pure core will do."""
+    if allow_pure:
+        os.environ[ALLOW_PURE] = "1"
+    if os.environ.get(ALLOW_PURE) == "1":
+        return
     from irismesh import _core
 
-    if _core.COMPILED or allow_pure:
+    if _core.COMPILED:
         return
     why = (
         "IRISMESH_PURE is set"

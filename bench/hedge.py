@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _harness import add_allow_pure, refuse_pure_core
+
 import irismesh
 
 os.environ.setdefault("IRISMESH_DISCOVERY", "0")  # nodes join by seed only, as measured
@@ -134,7 +136,9 @@ def main() -> int:
     parser.add_argument("--fast-ms", type=float, default=1.0)
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--member", type=float, help=argparse.SUPPRESS)
+    add_allow_pure(parser)
     args = parser.parse_args()
+    refuse_pure_core(args.allow_pure)
     if args.member is not None:
         asyncio.run(member(args.member))
         return 0

@@ -51,11 +51,13 @@ from _harness import (
     ChildFailed,
     ChildProcesses,
     RssSampler,
+    add_allow_pure,
     emit,
     exit_after,
     on_stdin_lines,
     percentile,
     raise_keyboard_interrupt_on_sigterm,
+    refuse_pure_core,
 )
 
 import irismesh
@@ -1290,7 +1292,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main() -> int:
     parser = build_parser()
+    add_allow_pure(parser)
     args = parser.parse_args()
+    refuse_pure_core(args.allow_pure)
     if args.role:
         run_child(args)
         return 0

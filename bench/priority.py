@@ -46,11 +46,13 @@ from _harness import (
     BenchError,
     Child,
     ChildProcesses,
+    add_allow_pure,
     emit,
     exit_after,
     on_stdin_lines,
     percentile,
     raise_keyboard_interrupt_on_sigterm,
+    refuse_pure_core,
 )
 
 import irismesh
@@ -424,7 +426,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main() -> int:
     parser = build_parser()
+    add_allow_pure(parser)
     args = parser.parse_args()
+    refuse_pure_core(args.allow_pure)
     if args.seconds is None:
         args.seconds = 2.0 if args.quick else 5.0
     if args.role:

@@ -69,12 +69,14 @@ from _harness import (
     Child,
     ChildFailed,
     ChildProcesses,
+    add_allow_pure,
     emit,
     exit_after,
     on_stdin_lines,
     percentile,
     raise_fd_limit,
     raise_keyboard_interrupt_on_sigterm,
+    refuse_pure_core,
 )
 
 CLUSTER_PREFIX = "bench-"
@@ -1535,7 +1537,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main() -> int:
-    args = build_parser().parse_args()
+    parser = build_parser()
+    add_allow_pure(parser)
+    args = parser.parse_args()
+    refuse_pure_core(args.allow_pure)
     if args.role == "node":
         exit_after(args.max_seconds)
         raise_fd_limit()

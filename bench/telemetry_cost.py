@@ -51,9 +51,11 @@ from _harness import (
     BenchError,
     Child,
     ChildProcesses,
+    add_allow_pure,
     exit_after,
     on_stdin_eof,
     raise_keyboard_interrupt_on_sigterm,
+    refuse_pure_core,
 )
 
 VARIANTS = ("off", "counters", "spooled", "scraped")
@@ -532,7 +534,9 @@ def main() -> int:
     parser.add_argument("--keyring", help=argparse.SUPPRESS)
     parser.add_argument("--spool", help=argparse.SUPPRESS)
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)
+    add_allow_pure(parser)
     args = parser.parse_args()
+    refuse_pure_core(args.allow_pure)
     if args.role:
         run_child(args)
         return 0
