@@ -97,6 +97,20 @@ def add_allow_pure(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def parse_args(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None = None, *, refuse: bool = True
+) -> argparse.Namespace:
+    """`parser`'s arguments, `--allow-pure` added; exits (status 2) on the pure core unless it
+    is given. A benchmark that only runs others (`refuse=False`) passes the permission on."""
+    add_allow_pure(parser)
+    args = parser.parse_args(argv)
+    if refuse:
+        refuse_pure_core(args.allow_pure)
+    else:
+        allow_pure(args.allow_pure)
+    return args
+
+
 def add_child_arguments(
     parser: argparse.ArgumentParser, roles: Sequence[str], systems: Sequence[str]
 ) -> None:

@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from _harness import add_allow_pure, allow_pure
+from _harness import parse_args
 
 BENCHES = {
     "reqrep": ["--quick", "--only", "mesh"],
@@ -91,9 +91,7 @@ def main() -> int:
     parser.add_argument("builds", nargs="+", metavar="NAME=PYTHON")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--bench", default="reqrep,pubsub", help="comma-separated: reqrep,pubsub")
-    add_allow_pure(parser)
-    args = parser.parse_args()
-    allow_pure(args.allow_pure)
+    args = parse_args(parser, refuse=False)
     builds = []
     for text in args.builds:
         name, sep, python = text.partition("=")

@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _harness import add_allow_pure, otel_from_env, refuse_pure_core
+from _harness import otel_from_env, parse_args
 
 import irismesh
 
@@ -165,9 +165,7 @@ def main() -> int:
     parser.add_argument("--profile-sub", default="", metavar="PATH")
     parser.add_argument("--telemetry", action="store_true", help="telemetry on (off by default)")
     parser.add_argument("--subscriber", nargs=5, help=argparse.SUPPRESS)
-    add_allow_pure(parser)
-    args = parser.parse_args()
-    refuse_pure_core(args.allow_pure)
+    args = parse_args(parser)
     otel_from_env()  # IRISMESH_BENCH_OTEL=batch: tracing into the SDK (bench/tracing_cost.py)
     if args.subscriber:
         keyfile, endpoint, total, profile, telemetry = args.subscriber

@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _harness import add_allow_pure, otel_from_env, refuse_pure_core
+from _harness import otel_from_env, parse_args
 
 import irismesh
 
@@ -124,9 +124,7 @@ def main() -> int:
     )
     parser.add_argument("--member", metavar="KEYFILE", help=argparse.SUPPRESS)
     parser.add_argument("--version", default="", help=argparse.SUPPRESS)
-    add_allow_pure(parser)
-    args = parser.parse_args()
-    refuse_pure_core(args.allow_pure)
+    args = parse_args(parser)
     otel_from_env()  # IRISMESH_BENCH_OTEL=batch: tracing into the SDK (bench/tracing_cost.py)
     if args.member:
         irismesh.run(member(args.member, args.version))

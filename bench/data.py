@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import add_allow_pure, latency_summary_us, refuse_pure_core
+from _harness import latency_summary_us, parse_args
 
 import irismesh
 
@@ -164,9 +164,7 @@ def main() -> None:
     parser.add_argument("--writes", type=int, default=2000)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--holder", action="store_true", help=argparse.SUPPRESS)
-    add_allow_pure(parser)
-    args = parser.parse_args()
-    refuse_pure_core(args.allow_pure)
+    args = parse_args(parser)
     if "IRISMESH_KEYS" not in os.environ and irismesh.Keyring.from_env() is None:
         os.environ["IRISMESH_KEYS"] = irismesh.Keyring.generate().to_text()
     if args.holder:

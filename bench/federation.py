@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from _harness import add_allow_pure, refuse_pure_core
+from _harness import parse_args
 
 import irismesh
 
@@ -249,9 +249,7 @@ def cli() -> None:
     parser.add_argument("--messages", type=int, default=50000)
     parser.add_argument("--tunnel-mb", type=int, default=64)
     parser.add_argument("--json", type=Path, help="also write the figures here")
-    add_allow_pure(parser)
-    args = parser.parse_args()
-    refuse_pure_core(args.allow_pure)
+    args = parse_args(parser)
     out = irismesh.run(main(args))
     direct = {
         "reqrep": out["reqrep_direct_per_s"],

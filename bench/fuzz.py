@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "core"))
 
-from _harness import add_allow_pure, refuse_pure_core
+from _harness import parse_args
 from frame_fuzz import Escaped, Footprint, Scene
 
 CHECK_EVERY = 10_000
@@ -75,9 +75,7 @@ def main() -> int:
     parser.add_argument(
         "--seed", type=int, default=1, help="the same seed makes the same choices (default 1)"
     )
-    add_allow_pure(parser)
-    args = parser.parse_args()
-    refuse_pure_core(args.allow_pure)
+    args = parse_args(parser)
     return run(args.cases, args.seed)
 
 

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _harness import add_allow_pure, refuse_pure_core
+from _harness import parse_args
 
 import irismesh
 
@@ -136,9 +136,7 @@ def main() -> int:
     parser.add_argument("--fast-ms", type=float, default=1.0)
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--member", type=float, help=argparse.SUPPRESS)
-    add_allow_pure(parser)
-    args = parser.parse_args()
-    refuse_pure_core(args.allow_pure)
+    args = parse_args(parser)
     if args.member is not None:
         asyncio.run(member(args.member))
         return 0

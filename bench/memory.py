@@ -56,7 +56,7 @@ import irismesh
 from irismesh.memory import MemoryStore, Retention, message_id
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import add_allow_pure, find_executable, refuse_pure_core
+from _harness import find_executable, parse_args
 
 NATS_SERVER_INSTALL = "apt-get install -y nats-server"
 IN_FLIGHT = 32
@@ -480,9 +480,7 @@ def main() -> int:
     parser.add_argument("--only-versus", action="store_true", help="step 6 alone")
     parser.add_argument("--versus-publishes", type=int, default=20_000)
     parser.add_argument("--versus-paths", type=int, default=1000)
-    add_allow_pure(parser)
-    args = parser.parse_args()
-    refuse_pure_core(args.allow_pure)
+    args = parse_args(parser)
     if args.only_versus:
         with tempfile.TemporaryDirectory(prefix="irismesh-memory-bench-") as tmp:
             Console().print(versus(args, Path(tmp)))

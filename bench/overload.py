@@ -45,20 +45,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from _harness import (
-    BenchError,
-    Child,
-    ChildFailed,
-    ChildProcesses,
-    RssSampler,
-    add_allow_pure,
-    emit,
-    exit_after,
-    on_stdin_lines,
-    percentile,
-    raise_keyboard_interrupt_on_sigterm,
-    refuse_pure_core,
-)
+import _harness as harness
 
 import irismesh
 
@@ -140,7 +127,7 @@ def ms(seconds: float | None) -> float | None:
 
 
 def pct(sorted_values: Sequence[float], q: float) -> float | None:
-    return percentile(sorted_values, q) if sorted_values else None
+    return harness.percentile(sorted_values, q) if sorted_values else None
 
 
 # ============================================================================================
@@ -168,7 +155,7 @@ async def member_main(args: argparse.Namespace) -> None:
 
         def report(seq: str) -> None:
             stats = node.stats
-            emit(
+            harness.emit(
                 "counts",
                 seq=seq,
                 runs={tag.decode(): n for tag, n in runs.items()},
@@ -180,7 +167,7 @@ async def member_main(args: argparse.Namespace) -> None:
             if verb == "counts":
                 loop.call_soon_threadsafe(report, seq)
 
-        on_stdin_lines(on_line, lambda: loop.call_soon_threadsafe(stopped.set))
+        harness.on_stdin_lines(on_line, lambda: loop.call_soon_threadsafe(stopped.set))
         loop.add_signal_handler(signal.SIGTERM, stopped.set)
         print("READY", node.endpoint, node.node_id.hex(), flush=True)
         await stopped.wait()
@@ -557,23 +544,23 @@ async def caller_main(args: argparse.Namespace, plan: Plan) -> None:
     keys = irismesh.Keyring.load(args.keyring)
     loop = asyncio.get_running_loop()
     commands: asyncio.Queue[str] = asyncio.Queue()
-    on_stdin_lines(
+    harness.on_stdin_lines(
         lambda line: loop.call_soon_threadsafe(commands.put_nowait, line),
         lambda: os._exit(1),  # the parent is gone
     )
     seeds = args.seeds.split(",")
 
     async def checkpoint(name: str) -> None:
-        emit("checkpoint", name=name)
+        harness.emit("checkpoint", name=name)
         line = await asyncio.wait_for(commands.get(), DRAIN_CAP_S + 30.0)
         if line != "go":
-            raise BenchError(f"unexpected command {line!r} at checkpoint {name}")
+            raise harness.BenchError(f"unexpected command {line!r} at checkpoint {name}")
 
     async with irismesh.Node(keyring=keys, bind=BIND, seeds=seeds, survey=False) as node:
-        emit("progress", message=f"caller: waiting for {plan.members} member(s)")
+        harness.emit("progress", message=f"caller: waiting for {plan.members} member(s)")
         await node.wait_for_members(CLUSTER, count=plan.members, timeout=STARTUP_S)
 
-        emit("progress", message="baseline: unloaded p50 (1 in flight), then capacity")
+        harness.emit("progress", message="baseline: unloaded p50 (1 in flight), then capacity")
         await closed_loop(node, "W", 1, plan.warmup_s, BASELINE_TIMEOUT_S)
         unloaded = await closed_loop(node, "U", 1, plan.unloaded_s, BASELINE_TIMEOUT_S)
         capacity = await closed_loop(
@@ -581,14 +568,14 @@ async def caller_main(args: argparse.Namespace, plan: Plan) -> None:
         )
         c = capacity["replies_per_s"]
         unloaded_p50 = (unloaded["served_p50_ms"] or 0.0) / 1000.0
-        emit("baseline", unloaded=unloaded, capacity=capacity)
+        harness.emit("baseline", unloaded=unloaded, capacity=capacity)
         if c <= 0 or unloaded_p50 <= 0:
-            raise BenchError(f"no capacity measured: {capacity['failures']}")
+            raise harness.BenchError(f"no capacity measured: {capacity['failures']}")
 
         await checkpoint("baseline")
         for index, multiple in enumerate(plan.loads):
             rate = multiple * c
-            emit(
+            harness.emit(
                 "progress",
                 message=f"load {multiple:g}x C: {rate:,.0f} req/s for {plan.seconds:g} s, "
                 f"then {plan.recovery_s:g} s of recovery",
@@ -605,11 +592,11 @@ async def caller_main(args: argparse.Namespace, plan: Plan) -> None:
             counters_before = pick(node.stats, SUSPICION_PREFIXES)
             watch = PeerWatch(node, plan.peers_every_s)
             opened = OpenLoop(node, tag, rate, plan)
-            emit("mark", index=index)
+            harness.emit("mark", index=index)
             watching = loop.create_task(watch.run(loop.time()))
             with GcPauses() as gc_pauses:
                 await opened.launch()
-                emit("mark_end", index=index)
+                harness.emit("mark_end", index=index)
                 recovered = await recovery(node, f"R{index}", plan, loop.time(), unloaded_p50)
                 unfinished = await opened.finish()
             watch.stop()
@@ -629,13 +616,13 @@ async def caller_main(args: argparse.Namespace, plan: Plan) -> None:
                 peer_samples=watch.samples,
                 caller_counters={k: v for k, v in counters.items() if v},
             )
-            emit("load", **result)
+            harness.emit("load", **result)
             await checkpoint(f"after {tag}")
-    emit("done")
+    harness.emit("done")
 
 
 def run_child(args: argparse.Namespace) -> None:
-    exit_after(args.max_seconds)
+    harness.exit_after(args.max_seconds)
     if args.role == "member":
         asyncio.run(member_main(args))
         return
@@ -644,7 +631,7 @@ def run_child(args: argparse.Namespace) -> None:
     try:
         asyncio.run(caller_main(args, plan))
     except BaseException as exc:
-        emit("error", message=f"{type(exc).__name__}: {exc}")
+        harness.emit("error", message=f"{type(exc).__name__}: {exc}")
         raise
 
 
@@ -655,7 +642,7 @@ def run_child(args: argparse.Namespace) -> None:
 @dataclass(kw_only=True, slots=True)
 class Member:
     name: str
-    child: Child
+    child: harness.Child
     cost_ms: float
     endpoint: str = ""
     node_id: str = ""
@@ -670,15 +657,17 @@ class Member:
             stdin.flush()
 
 
-def tell(child: Child, line: str) -> None:
+def tell(child: harness.Child, line: str) -> None:
     stdin = child.proc.stdin
     if stdin is None:
-        raise ChildFailed(child.name, "no stdin to write to")
+        raise harness.ChildFailed(child.name, "no stdin to write to")
     try:
         stdin.write(line.encode() + b"\n")
         stdin.flush()
     except (OSError, ValueError) as exc:
-        raise ChildFailed(child.name, f"cannot write to it: {exc}", child.stderr_tail()) from exc
+        raise harness.ChildFailed(
+            child.name, f"cannot write to it: {exc}", child.stderr_tail()
+        ) from exc
 
 
 class MemberCounts:
@@ -798,7 +787,7 @@ def run_scenario(name: str, plan: Plan, keyring: str) -> dict[str, Any]:
     budget = plan.budget_s()
     # The longest the caller may stay silent: start-up, baseline, or one load and recovery.
     silence = max(STARTUP_S + 15.0, plan.baseline_budget_s(), plan.load_budget_s()) + 5.0
-    with ChildProcesses() as procs:
+    with harness.ChildProcesses() as procs:
         members = [
             Member(
                 name=f"m{k + 1}",
@@ -822,7 +811,7 @@ def run_scenario(name: str, plan: Plan, keyring: str) -> dict[str, Any]:
         seeds = ",".join(m.endpoint for m in members)
         caller = procs.spawn("caller", [*argv, "--seeds", seeds])
         pids = {m.name: m.child.pid for m in members} | {"caller": caller.pid}
-        sampler: RssSampler | None = None
+        sampler: harness.RssSampler | None = None
         cpu: dict[int, dict[str, Any]] = {}
         ended_at: dict[int, float] = {}  # time.monotonic() at the end of each load's launches
         drain_limit = DRAIN_SLACK_S
@@ -837,7 +826,9 @@ def run_scenario(name: str, plan: Plan, keyring: str) -> dict[str, Any]:
             line = caller.next_line(until)
             if line is None:
                 if time.monotonic() >= heard + silence:
-                    raise ChildFailed("caller", f"silent for {silence:.0f} s", caller.stderr_tail())
+                    raise harness.ChildFailed(
+                        "caller", f"silent for {silence:.0f} s", caller.stderr_tail()
+                    )
                 counts.poll()
                 continue
             heard = time.monotonic()
@@ -858,7 +849,7 @@ def run_scenario(name: str, plan: Plan, keyring: str) -> dict[str, Any]:
                     f"unloaded p50 {unl['served_p50_ms']:.2f} ms"
                 )
             elif kind == "mark":
-                sampler = RssSampler(pids)
+                sampler = harness.RssSampler(pids)
                 sampler.sample()
             elif kind == "mark_end" and sampler is not None:
                 ended_at[event["index"]] = time.monotonic()
@@ -913,7 +904,9 @@ def run_scenario(name: str, plan: Plan, keyring: str) -> dict[str, Any]:
             elif kind == "error":
                 with contextlib.suppress(Exception):
                     caller.proc.wait(timeout=5.0)
-                raise ChildFailed("caller", event.get("message", "failed"), caller.stderr_tail())
+                raise harness.ChildFailed(
+                    "caller", event.get("message", "failed"), caller.stderr_tail()
+                )
             elif kind == "done":
                 break
     result["checkpoints"] = checkpoints
@@ -1152,7 +1145,7 @@ def machine_facts() -> dict[str, Any]:
 
 
 def main_parent(args: argparse.Namespace) -> int:
-    raise_keyboard_interrupt_on_sigterm()
+    harness.raise_keyboard_interrupt_on_sigterm()
     facts = machine_facts()
     results: dict[str, Any] = {}
     failed: dict[str, str] = {}
@@ -1177,7 +1170,7 @@ def main_parent(args: argparse.Namespace) -> int:
                 progress(f"scenario {name}: {len(SCENARIOS[name])} member(s) ...")
                 try:
                     results[name] = run_scenario(name, plan, keyring)
-                except BenchError as exc:
+                except harness.BenchError as exc:
                     failed[name] = str(exc)
                     progress(f"scenario {name}: FAILED: {exc}")
         except KeyboardInterrupt:
@@ -1292,9 +1285,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main() -> int:
     parser = build_parser()
-    add_allow_pure(parser)
-    args = parser.parse_args()
-    refuse_pure_core(args.allow_pure)
+    args = harness.parse_args(parser)
     if args.role:
         run_child(args)
         return 0

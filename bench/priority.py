@@ -42,18 +42,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from _harness import (
-    BenchError,
-    Child,
-    ChildProcesses,
-    add_allow_pure,
-    emit,
-    exit_after,
-    on_stdin_lines,
-    percentile,
-    raise_keyboard_interrupt_on_sigterm,
-    refuse_pure_core,
-)
+import _harness as harness
 
 import irismesh
 from irismesh import Priority
@@ -71,7 +60,7 @@ def ms(seconds: float | None) -> float | None:
 
 
 def pct(values: list[float], q: float) -> float | None:
-    return percentile(sorted(values), q) if values else None
+    return harness.percentile(sorted(values), q) if values else None
 
 
 # ============================================================================================
@@ -97,13 +86,13 @@ async def member_main(args: argparse.Namespace) -> None:
         def on_line(line: str) -> None:
             if line == "stats":
                 loop.call_soon_threadsafe(
-                    lambda: emit(
+                    lambda: harness.emit(
                         "stats",
                         stats={k: v for k, v in node.stats.items() if k.startswith("requests_")},
                     )
                 )
 
-        on_stdin_lines(on_line, lambda: loop.call_soon_threadsafe(stopped.set))
+        harness.on_stdin_lines(on_line, lambda: loop.call_soon_threadsafe(stopped.set))
         print("READY", node.endpoint, flush=True)
         await stopped.wait()
 
@@ -198,7 +187,7 @@ async def caller_main(args: argparse.Namespace) -> None:
     keys = irismesh.Keyring.load(args.keyring)
     loop = asyncio.get_running_loop()
     commands: asyncio.Queue[str] = asyncio.Queue()
-    on_stdin_lines(
+    harness.on_stdin_lines(
         lambda line: loop.call_soon_threadsafe(commands.put_nowait, line),
         lambda: os._exit(1),  # the parent is gone
     )
@@ -209,22 +198,24 @@ async def caller_main(args: argparse.Namespace) -> None:
         while True:
             verb, *rest = (await commands.get()).split()
             if verb == "capacity":
-                emit("capacity", rps=await closed_loop(node, CAPACITY_IN_FLIGHT, CAPACITY_S))
+                harness.emit(
+                    "capacity", rps=await closed_loop(node, CAPACITY_IN_FLIGHT, CAPACITY_S)
+                )
             elif verb == "load":
                 rate, tag = float(rest[0]), rest[1]
-                emit("done", tag=tag, **await open_loop(node, tag.encode(), rate, args, -1))
+                harness.emit("done", tag=tag, **await open_loop(node, tag.encode(), rate, args, -1))
             elif verb == "probe":
                 priority, tag = int(rest[0]), rest[1]
                 probes = await open_loop(node, tag.encode(), args.probe_rate, args, priority)
-                emit("done", tag=tag, **probes)
+                harness.emit("done", tag=tag, **probes)
 
 
 def run_child(args: argparse.Namespace) -> None:
-    exit_after(args.max_seconds)
+    harness.exit_after(args.max_seconds)
     try:
         asyncio.run(member_main(args) if args.role == "member" else caller_main(args))
     except BaseException as exc:
-        emit("error", message=f"{type(exc).__name__}: {exc}")
+        harness.emit("error", message=f"{type(exc).__name__}: {exc}")
         raise
 
 
@@ -302,29 +293,29 @@ def machine_facts() -> dict[str, Any]:
     return facts
 
 
-def expect(child: Child, event: str, timeout: float) -> dict[str, Any]:
+def expect(child: harness.Child, event: str, timeout: float) -> dict[str, Any]:
     """The next JSON line of `child` that is `event` (an "error" one raises)."""
     deadline = time.monotonic() + timeout
     while True:
         line = child.next_line(deadline)
         if line is None:
-            raise BenchError(f"{child.name}: no {event!r} within {timeout:.0f} s")
+            raise harness.BenchError(f"{child.name}: no {event!r} within {timeout:.0f} s")
         found = json.loads(line) if line.startswith("{") else {}
         if found.get("event") == "error":
-            raise BenchError(f"{child.name}: {found['message']}\n{child.stderr_tail()}")
+            raise harness.BenchError(f"{child.name}: {found['message']}\n{child.stderr_tail()}")
         if found.get("event") == event:
             return found
 
 
-def tell(child: Child, line: str) -> None:
+def tell(child: harness.Child, line: str) -> None:
     stdin = child.proc.stdin
     if stdin is None:
-        raise BenchError(f"{child.name}: no stdin")
+        raise harness.BenchError(f"{child.name}: no stdin")
     stdin.write(line.encode() + b"\n")
     stdin.flush()
 
 
-def measure(args: argparse.Namespace, keyring: str, kids: ChildProcesses) -> dict[str, Any]:
+def measure(args: argparse.Namespace, keyring: str, kids: harness.ChildProcesses) -> dict[str, Any]:
     me = [sys.executable, os.path.abspath(__file__), "--keyring", keyring]
     common = ["--cost", str(args.cost), "--max-seconds", str(args.max_seconds)]
     common += ["--seconds", str(args.seconds), "--deadline", str(args.deadline)]
@@ -347,7 +338,7 @@ def measure(args: argparse.Namespace, keyring: str, kids: ChildProcesses) -> dic
     tell(loader, "capacity")
     capacity = float(expect(loader, "capacity", CAPACITY_S + 30.0)["rps"])
     if capacity <= 0:
-        raise BenchError("no capacity measured")
+        raise harness.BenchError("no capacity measured")
     result: dict[str, Any] = {"unloaded": unloaded, "capacity_rps": capacity}
     for name, probe in (("overload", Priority.HIGH), ("control", Priority.LOW)):
         progress(
@@ -373,9 +364,12 @@ def measure(args: argparse.Namespace, keyring: str, kids: ChildProcesses) -> dic
 
 
 def main_parent(args: argparse.Namespace) -> int:
-    raise_keyboard_interrupt_on_sigterm()
+    harness.raise_keyboard_interrupt_on_sigterm()
     facts = machine_facts()
-    with tempfile.TemporaryDirectory(prefix="irismesh-priority-") as tmp, ChildProcesses() as kids:
+    with (
+        tempfile.TemporaryDirectory(prefix="irismesh-priority-") as tmp,
+        harness.ChildProcesses() as kids,
+    ):
         keyring = os.path.join(tmp, "bench.keys")
         irismesh.Keyring.generate().save(keyring)
         try:
@@ -383,7 +377,7 @@ def main_parent(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             print("interrupted; every child process has been stopped", file=sys.stderr)
             return 130
-        except BenchError as exc:
+        except harness.BenchError as exc:
             print(f"FAILED: {exc}", file=sys.stderr)
             return 1
     print(report(result, args, facts))
@@ -426,9 +420,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main() -> int:
     parser = build_parser()
-    add_allow_pure(parser)
-    args = parser.parse_args()
-    refuse_pure_core(args.allow_pure)
+    args = harness.parse_args(parser)
     if args.seconds is None:
         args.seconds = 2.0 if args.quick else 5.0
     if args.role:

@@ -25,28 +25,8 @@ from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import _harness as harness
 import zmq
-from _harness import (
-    BenchError,
-    Child,
-    ChildProcesses,
-    Events,
-    Run,
-    add_child_arguments,
-    bench_main,
-    check_local,
-    child_main,
-    console,
-    emit,
-    park,
-    park_async,
-    parse_only,
-    print_footnotes,
-    progress,
-    run_parent,
-    size_label,
-    start_nats_server,
-)
 
 SYSTEMS = ("raw", "nats", "mesh", "mesh-iter", "mesh-null", "mesh-tel")
 LABELS = {
@@ -162,10 +142,10 @@ class Publishing:
         self.t_start = time.time()
         self.first_measured = seq
         self.cpu_start = time.process_time()
-        emit("start", seq=seq, t=self.t_start)
+        harness.emit("start", seq=seq, t=self.t_start)
 
     def finish(self, last_seq: int, **extra: Any) -> None:
-        emit(
+        harness.emit(
             "published",
             published=last_seq + 1,
             measured=last_seq + 1 - self.first_measured,
@@ -252,7 +232,7 @@ class Tally:
                 f"nothing for the idle timeout after {self.received} messages (last seen "
                 f"{self.expected - 1}); the last message never came"
             )
-        emit(
+        harness.emit(
             "result",
             received=self.received,
             measured=self.measured,
@@ -287,7 +267,7 @@ class Confirmations:
         try:
             await asyncio.wait_for(self._all.wait(), timeout)
         except TimeoutError:
-            raise BenchError(
+            raise harness.BenchError(
                 f"{len(self.counts)} of {self.fanout} subscribers confirmed the warm-up "
                 f"within {timeout:g} s"
             ) from None
@@ -330,7 +310,7 @@ def pub_raw(plan: Plan) -> None:
     probe = HEADER.pack(0, PROBE) + filler(plan.size)
     while len(acked) < plan.fanout:
         if time.monotonic() >= deadline:
-            raise BenchError(f"{len(acked)} of {plan.fanout} subscribers joined in time")
+            raise harness.BenchError(f"{len(acked)} of {plan.fanout} subscribers joined in time")
         pub.send(probe)
         if credit.poll(20, zmq.POLLIN):
             while True:
@@ -344,7 +324,7 @@ def pub_raw(plan: Plan) -> None:
         try:
             frames = credit.recv_multipart()
         except zmq.Again:
-            raise BenchError(
+            raise harness.BenchError(
                 f"no credit from the subscribers for {plan.idle_timeout_s:g} s "
                 f"(acknowledged: {acked})"
             ) from None
@@ -369,7 +349,7 @@ def pub_raw(plan: Plan) -> None:
             while floor <= seq:
                 floor = wait_for_credit()
     record.finish(seq)
-    park()
+    harness.park()
 
 
 def sub_raw(endpoint: str, plan: Plan, index: int) -> None:
@@ -409,7 +389,7 @@ def sub_raw(endpoint: str, plan: Plan, index: int) -> None:
         if tally.received % every == 0:
             send(tally.received.to_bytes(8, "little"))
     tally.report(stalled, time.process_time() - cpu0)
-    park()
+    harness.park()
 
 
 # ============================================================================================
@@ -440,7 +420,9 @@ async def pub_nats(url: str, plan: Plan) -> None:
     try:
         await asyncio.wait_for(everyone.wait(), plan.join_timeout_s)
     except TimeoutError:
-        raise BenchError(f"{len(joined)} of {plan.fanout} subscribers joined in time") from None
+        raise harness.BenchError(
+            f"{len(joined)} of {plan.fanout} subscribers joined in time"
+        ) from None
 
     record = Publishing()
     body = filler(plan.size)
@@ -454,7 +436,7 @@ async def pub_nats(url: str, plan: Plan) -> None:
             await acks.unsubscribe()
     await nc.flush(timeout=60)  # everything is at the server
     record.finish(seq)
-    await park_async()
+    await harness.park_async()
 
 
 async def sub_nats(url: str, plan: Plan, index: int) -> None:
@@ -488,7 +470,7 @@ async def sub_nats(url: str, plan: Plan, index: int) -> None:
     cpu0 = time.process_time()
     stalled = await _wait_done(tally, done, plan.idle_timeout_s)
     tally.report(stalled, time.process_time() - cpu0, errors=slow)
-    await park_async()
+    await harness.park_async()
 
 
 async def _wait_done(tally: Tally, done: asyncio.Event, idle_s: float) -> bool:
@@ -531,13 +513,13 @@ async def pub_mesh(system: str, keyring_path: str, plan: Plan) -> None:
                     try:
                         await acks.get(timeout=plan.idle_timeout_s)
                     except TimeoutError:
-                        raise BenchError(
+                        raise harness.BenchError(
                             f"{got} of {fanout} subscribers confirmed the warm-up within "
                             f"{plan.idle_timeout_s:g} s"
                         ) from None
                 acks.close()  # a publisher with no subscription of its own takes the fast path
         record.finish(seq, short=short)
-        await park_async()
+        await harness.park_async()
 
 
 async def sub_mesh(system: str, endpoint: str, keyring_path: str, plan: Plan) -> None:
@@ -573,7 +555,7 @@ async def sub_mesh(system: str, endpoint: str, keyring_path: str, plan: Plan) ->
             print("READY", flush=True)
             stalled = await _wait_done(tally, done, plan.idle_timeout_s)
             tally.report(stalled, time.process_time() - cpu[0], sub_missed=sub.missed)
-            await park_async()
+            await harness.park_async()
             return
         sub = node.subscribe(PATTERN)
         await node.wait_for_subscribers(ACK_TOPIC, count=1, timeout=plan.join_timeout_s)
@@ -594,7 +576,7 @@ async def sub_mesh(system: str, endpoint: str, keyring_path: str, plan: Plan) ->
                 tally._note(f"Message.missed = {msg.missed} before message {tally.expected}")
             take(msg.payload)
         tally.report(stalled, time.process_time() - cpu0, sub_missed=sub.missed)
-        await park_async()
+        await harness.park_async()
 
 
 def run_child(args: argparse.Namespace) -> None:
@@ -616,7 +598,7 @@ def run_child(args: argparse.Namespace) -> None:
         child = functools.partial(asyncio.run, sub_nats(args.endpoint, plan, args.index))
     else:
         child = functools.partial(asyncio.run, sub_mesh(system, args.endpoint, args.keyring, plan))
-    child_main(args.max_seconds, child)
+    harness.child_main(args.max_seconds, child)
 
 
 # ============================================================================================
@@ -624,7 +606,7 @@ def run_child(args: argparse.Namespace) -> None:
 
 
 @dataclass(kw_only=True, slots=True)
-class PubsubRun(Run):
+class PubsubRun(harness.Run):
     """Settings of one benchmark run; its results are system -> size -> fanout -> case."""
 
 
@@ -639,15 +621,15 @@ def child_argv(
 def describe(system: str, plan: Plan) -> str:
     what = f"{plan.count:,} messages" if plan.count else f"{plan.seconds:g} s"
     noun = "subscriber" if plan.fanout == 1 else "subscribers"
-    return f"{LABELS[system]} {size_label(plan.size)} to {plan.fanout} {noun}, {what} ..."
+    return f"{LABELS[system]} {harness.size_label(plan.size)} to {plan.fanout} {noun}, {what} ..."
 
 
 def collect(
-    pub: Child, subs: list[Child], plan: Plan, pids: dict[str, int]
+    pub: harness.Child, subs: list[harness.Child], plan: Plan, pids: dict[str, int]
 ) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
     """Read every child's events until the publisher and all subscribers reported; CPU and RSS
     of every process from the start of the measured stream until then."""
-    events = Events([pub, *subs], plan.budget_s(), sample_every=None)
+    events = harness.Events([pub, *subs], plan.budget_s(), sample_every=None)
     published: dict[str, Any] | None = None
     results: dict[int, dict[str, Any]] = {}
     for child, kind, event in events:
@@ -664,14 +646,21 @@ def collect(
 
 
 def run_case(
-    procs: ChildProcesses, run: PubsubRun, system: str, plan: Plan, broker: dict[str, int], url: str
+    procs: harness.ChildProcesses,
+    run: PubsubRun,
+    system: str,
+    plan: Plan,
+    broker: dict[str, int],
+    url: str,
 ) -> dict[str, Any]:
     """One publisher and `plan.fanout` subscribers, started fresh; returns what they measured."""
-    tag = f"{system} {size_label(plan.size)} x{plan.fanout}"
+    tag = f"{system} {harness.size_label(plan.size)} x{plan.fanout}"
     pub = procs.spawn(f"{tag} publisher", child_argv("pub", system, run, plan, url))
-    subs: list[Child] = []
+    subs: list[harness.Child] = []
     try:
-        endpoint = check_local(f"{tag} publisher", pub.expect_prefix("READY ", timeout=30.0))
+        endpoint = harness.check_local(
+            f"{tag} publisher", pub.expect_prefix("READY ", timeout=30.0)
+        )
         for index in range(plan.fanout):
             argv = child_argv("sub", system, run, plan, endpoint, index)
             subs.append(procs.spawn(f"{tag} subscriber {index}", argv))
@@ -736,11 +725,11 @@ def summarise(
 
 def run_system(run: PubsubRun, system: str) -> None:
     """Start the broker if the system has one, then every size and fan-out in turn."""
-    with ChildProcesses() as procs:
+    with harness.ChildProcesses() as procs:
         broker: dict[str, int] = {}
         url = ""
         if system == "nats":
-            server, url = start_nats_server(procs)
+            server, url = harness.start_nats_server(procs)
             broker["broker"] = server.pid
         for plan in run.plans:
             run.announce(describe(system, plan))
@@ -748,7 +737,7 @@ def run_system(run: PubsubRun, system: str) -> None:
             cells = run.results.setdefault(system, {}).setdefault(str(plan.size), {})
             cells[str(plan.fanout)] = case
             cpu = case.get("cpu_s", {})
-            progress(
+            harness.progress(
                 f"  {case['rate']:,.0f} msg/s per subscriber, {case['measured']:,} measured "
                 f"messages in {case['seconds']:.2f} s; CPU s: publisher "
                 f"{cpu.get('publisher', 0):.2f}, subscribers {cpu.get('subscribers', 0):.2f}"
@@ -756,9 +745,9 @@ def run_system(run: PubsubRun, system: str) -> None:
             )
             if case["problems"]:
                 for problem in case["problems"]:
-                    progress(f"  {'LOSS' if system == 'nats' else 'FAILED'}: {problem}")
+                    harness.progress(f"  {'LOSS' if system == 'nats' else 'FAILED'}: {problem}")
                 if system != "nats":
-                    where = f"{size_label(plan.size)} to {plan.fanout}"
+                    where = f"{harness.size_label(plan.size)} to {plan.fanout}"
                     run.failed.setdefault(system, f"{where}: {case['problems'][0]}")
 
 
@@ -795,14 +784,14 @@ def main_parent(args: argparse.Namespace) -> int:
     if args.count < 1 or (args.seconds is not None and args.seconds <= 0) or args.warmup < 0:
         raise SystemExit("--count must be at least 1, --seconds above 0 and --warmup >= 0")
     run = PubsubRun(
-        systems=parse_only(args.only, SYSTEMS, ALIASES),
+        systems=harness.parse_only(args.only, SYSTEMS, ALIASES),
         labels=LABELS,
         mesh_systems=MESH_VARIANTS,
         plans=make_plans(args),
     )
     measure = functools.partial(run.each_system, functools.partial(run_system, run))
     report, figures = functools.partial(print_table, run), functools.partial(ratios, run)
-    return run_parent(run, measure, report, figures, args.json)
+    return harness.run_parent(run, measure, report, figures, args.json)
 
 
 # ============================================================================================
@@ -840,7 +829,7 @@ def ratios(run: PubsubRun) -> dict[str, dict[str, dict[str, float]]]:
 def print_table(run: PubsubRun) -> None:
     from rich.table import Table
 
-    out = console(160)
+    out = harness.console(160)
     requested = run.requested
     plan0 = run.plans[0]
     what = f"{plan0.count:,} messages" if plan0.count else f"{plan0.seconds:g} s of publishing"
@@ -871,7 +860,7 @@ def print_table(run: PubsubRun) -> None:
             if system not in requested:
                 continue
             case = _case(run, system, plan)
-            label = [size_label(plan.size), str(plan.fanout), LABELS[system]]
+            label = [harness.size_label(plan.size), str(plan.fanout), LABELS[system]]
             if case is None:
                 state = "skipped" if system in run.skipped else "failed"
                 table.add_row(*label, state, *[""] * 8)
@@ -921,9 +910,9 @@ def print_table(run: PubsubRun) -> None:
             for variant in variants:
                 ratio = _ratio(run, "mesh", variant, plan)
                 cells.append("-" if ratio is None else f"{ratio:.2f}x")
-            costs.add_row(size_label(plan.size), str(plan.fanout), *cells)
+            costs.add_row(harness.size_label(plan.size), str(plan.fanout), *cells)
         out.print(costs)
-    print_footnotes(out, run)
+    harness.print_footnotes(out, run)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -975,13 +964,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=10.0,
         help="a subscriber that receives nothing this long stops and reports (default 10)",
     )
-    add_child_arguments(parser, ("pub", "sub"), SYSTEMS)
+    harness.add_child_arguments(parser, ("pub", "sub"), SYSTEMS)
     parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     return parser
 
 
 def main() -> int:
-    return bench_main(build_parser().parse_args(), run_child, main_parent)
+    return harness.bench_main(build_parser().parse_args(), run_child, main_parent)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ import numpy as np
 import psutil
 import pyarrow as pa
 import pyarrow.dataset as ds
-from _harness import add_allow_pure, refuse_pure_core
+from _harness import parse_args
 
 from irismesh.spark_telemetry.compact import _PARTITIONING, add_partitions
 from irismesh.spark_telemetry.synthetic import MeshShape
@@ -304,9 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         " bucket width: without spark it uses 15 s)",
     )
     parser.add_argument("--duckdb-only", nargs=2, help=argparse.SUPPRESS)
-    add_allow_pure(parser)
-    args = parser.parse_args(argv)
-    refuse_pure_core(args.allow_pure)
+    args = parse_args(parser, argv)
     if args.duckdb_only:
         run_duckdb(Path(args.duckdb_only[0]), int(args.duckdb_only[1]))
         return 0

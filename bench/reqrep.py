@@ -25,28 +25,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+import _harness as harness
 import zmq
-from _harness import (
-    BenchError,
-    ChildProcesses,
-    Events,
-    Run,
-    add_child_arguments,
-    bench_main,
-    check_local,
-    child_main,
-    console,
-    emit,
-    exit_after,
-    latency_summary_us,
-    on_stdin_eof,
-    parse_only,
-    print_footnotes,
-    progress,
-    run_parent,
-    size_label,
-    start_nats_server,
-)
 
 SYSTEMS = ("raw", "raw-asyncio", "nats", "mesh", "mesh-null", "mesh-notel", "mesh-zmq")
 DEFAULT_SYSTEMS = ("raw", "raw-asyncio", "nats", "mesh")
@@ -149,7 +129,7 @@ def serve_raw() -> None:
     sock = ctx.socket(zmq.ROUTER)
     sock.linger = 0
     port = sock.bind_to_random_port("tcp://127.0.0.1")
-    on_stdin_eof(lambda: os._exit(0))
+    harness.on_stdin_eof(lambda: os._exit(0))
     print(f"READY tcp://127.0.0.1:{port}", flush=True)
     recv, send = sock.recv_multipart, sock.send_multipart
     while True:
@@ -162,7 +142,7 @@ async def until_stopped() -> AsyncIterator[asyncio.Event]:
     loop = asyncio.get_running_loop()
     stopped = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stopped.set)
-    on_stdin_eof(lambda: loop.call_soon_threadsafe(stopped.set))
+    harness.on_stdin_eof(lambda: loop.call_soon_threadsafe(stopped.set))
     try:
         yield stopped
     finally:
@@ -238,9 +218,9 @@ def _raw_recv(sock: zmq.Socket[bytes], payload: bytes) -> None:
     try:
         reply = sock.recv()
     except zmq.Again:
-        raise BenchError("no reply within the request timeout") from None
+        raise harness.BenchError("no reply within the request timeout") from None
     if reply != payload:
-        raise BenchError(f"echo mismatch: sent {len(payload)} B, got {len(reply)} B")
+        raise harness.BenchError(f"echo mismatch: sent {len(payload)} B, got {len(reply)} B")
 
 
 def _raw_pump(
@@ -283,10 +263,12 @@ def client_raw(endpoint: str, plan: Plan) -> None:
     sock.connect(endpoint)
     payload = payload_of(plan.size)
     try:
-        emit("phase", scenario="throughput")
-        emit("result", scenario="throughput", **_raw_pump(sock, payload, plan, plan.window_s))
+        harness.emit("phase", scenario="throughput")
+        harness.emit(
+            "result", scenario="throughput", **_raw_pump(sock, payload, plan, plan.window_s)
+        )
 
-        emit("phase", scenario="latency")
+        harness.emit("phase", scenario="latency")
         for _ in range(plan.latency_warmup):
             sock.send(payload)
             _raw_recv(sock, payload)
@@ -297,11 +279,11 @@ def client_raw(endpoint: str, plan: Plan) -> None:
             sock.send(payload)
             _raw_recv(sock, payload)
             samples.append(clock() - t)
-        emit("result", scenario="latency", **latency_summary_us(samples))
+        harness.emit("result", scenario="latency", **harness.latency_summary_us(samples))
 
-        emit("phase", scenario="sustained")
-        result = _raw_pump(sock, payload, plan, plan.sustained_s, lambda: emit("mark"))
-        emit("result", scenario="sustained", **result)
+        harness.emit("phase", scenario="sustained")
+        result = _raw_pump(sock, payload, plan, plan.sustained_s, lambda: harness.emit("mark"))
+        harness.emit("result", scenario="sustained", **result)
     finally:
         sock.close()
         ctx.term()
@@ -424,7 +406,9 @@ async def _async_pump(
                 await asyncio.sleep(0.01)  # an error raised at once must not starve the loop
                 continue
             if reply != payload:
-                raise BenchError(f"echo mismatch: sent {len(payload)} B, got {len(reply)} B")
+                raise harness.BenchError(
+                    f"echo mismatch: sent {len(payload)} B, got {len(reply)} B"
+                )
             completed += 1
 
     workers = [asyncio.create_task(worker()) for _ in range(plan.outstanding)]
@@ -456,8 +440,8 @@ async def _async_latency(request: Request, payload: bytes, plan: Plan) -> dict[s
         reply = await request(payload)
         samples.append(clock() - t)
         if reply != payload:
-            raise BenchError(f"echo mismatch: sent {len(payload)} B, got {len(reply)} B")
-    return latency_summary_us(samples)
+            raise harness.BenchError(f"echo mismatch: sent {len(payload)} B, got {len(reply)} B")
+    return harness.latency_summary_us(samples)
 
 
 async def client_async(args: argparse.Namespace, plan: Plan) -> None:
@@ -473,19 +457,19 @@ async def client_async(args: argparse.Namespace, plan: Plan) -> None:
         )
     payload = payload_of(plan.size)
     async with requester as request:
-        emit("phase", scenario="throughput")
-        emit(
+        harness.emit("phase", scenario="throughput")
+        harness.emit(
             "result",
             scenario="throughput",
             **await _async_pump(request, payload, plan, plan.window_s),
         )
-        emit("phase", scenario="latency")
-        emit("result", scenario="latency", **await _async_latency(request, payload, plan))
-        emit("phase", scenario="sustained")
+        harness.emit("phase", scenario="latency")
+        harness.emit("result", scenario="latency", **await _async_latency(request, payload, plan))
+        harness.emit("phase", scenario="sustained")
         sustained = await _async_pump(
-            request, payload, plan, plan.sustained_s, lambda: emit("mark")
+            request, payload, plan, plan.sustained_s, lambda: harness.emit("mark")
         )
-        emit("result", scenario="sustained", **sustained)
+        harness.emit("result", scenario="sustained", **sustained)
 
 
 def irismesh_run(main: Coroutine[Any, Any, None]) -> None:
@@ -496,7 +480,7 @@ def irismesh_run(main: Coroutine[Any, Any, None]) -> None:
 
 def run_child(args: argparse.Namespace) -> None:
     if args.role == "server":
-        exit_after(args.max_seconds)
+        harness.exit_after(args.max_seconds)
         if args.system == "raw":
             serve_raw()
         elif args.system == "raw-asyncio":
@@ -513,8 +497,8 @@ def run_child(args: argparse.Namespace) -> None:
         client = functools.partial(irismesh_run, client_async(args, plan))
     else:
         client = functools.partial(asyncio.run, client_async(args, plan))
-    child_main(args.max_seconds, client, eof_status=1)
-    emit("done")
+    harness.child_main(args.max_seconds, client, eof_status=1)
+    harness.emit("done")
 
 
 # ============================================================================================
@@ -522,7 +506,7 @@ def run_child(args: argparse.Namespace) -> None:
 
 
 @dataclass(kw_only=True, slots=True)
-class ReqrepRun(Run):
+class ReqrepRun(harness.Run):
     """Settings of one benchmark run and everything it measured."""
 
     mesh_opts: list[str]
@@ -548,11 +532,11 @@ def describe(system: str, plan: Plan, scenario: str) -> str:
         "latency": f"1 outstanding, {plan.latency_n} requests",
         "sustained": f"sustained {plan.sustained_s:g} s at {plan.outstanding} outstanding, RSS",
     }[scenario]
-    return f"{LABELS[system]} {size_label(plan.size)}, {what} ..."
+    return f"{LABELS[system]} {harness.size_label(plan.size)}, {what} ..."
 
 
 def run_client(
-    procs: ChildProcesses,
+    procs: harness.ChildProcesses,
     run: ReqrepRun,
     system: str,
     plan: Plan,
@@ -560,11 +544,11 @@ def run_client(
     server_pids: dict[str, int],
 ) -> None:
     """One client process for one payload size; results land in `run.results` as they come."""
-    name = f"{system} client {size_label(plan.size)}"
+    name = f"{system} client {harness.size_label(plan.size)}"
     argv = child_argv("client", system, run, "--endpoint", endpoint, "--plan")
     client = procs.spawn(name, [*argv, json.dumps(dataclasses.asdict(plan))])
     results = run.results.setdefault(system, {}).setdefault(str(plan.size), {})
-    events = Events([client], plan.budget_s())
+    events = harness.Events([client], plan.budget_s())
     try:
         for _, kind, event in events:
             if kind == "phase":
@@ -576,7 +560,9 @@ def run_client(
                 if scenario == "sustained":
                     event.update(events.sampled())
                 if event.get("errors"):
-                    progress(f"  {event['errors']} errors, first: {event.get('first_error')}")
+                    harness.progress(
+                        f"  {event['errors']} errors, first: {event.get('first_error')}"
+                    )
                 results[scenario] = event
             elif kind == "done":
                 try:
@@ -584,7 +570,9 @@ def run_client(
                 except subprocess.TimeoutExpired:
                     code = None
                 if code != 0:
-                    progress(f"  warning: {name} did not exit cleanly after its results ({code})")
+                    harness.progress(
+                        f"  warning: {name} did not exit cleanly after its results ({code})"
+                    )
                 return
     finally:
         procs.stop(client, grace=5.0)
@@ -592,16 +580,16 @@ def run_client(
 
 def run_system(run: ReqrepRun, system: str) -> None:
     """Start the system's server(s), run one client per payload size, stop everything."""
-    with ChildProcesses() as procs:
+    with harness.ChildProcesses() as procs:
         server_pids: dict[str, int] = {}
         extra: list[str] = []
         if system == "nats":
-            broker, url = start_nats_server(procs)
+            broker, url = harness.start_nats_server(procs)
             server_pids["broker"] = broker.pid
             extra = ["--endpoint", url]
         name = f"{system} server"
         server = procs.spawn(name, child_argv("server", system, run, *extra))
-        endpoint = check_local(name, server.expect_prefix("READY ", timeout=30.0))
+        endpoint = harness.check_local(name, server.expect_prefix("READY ", timeout=30.0))
         server_pids["server"] = server.pid
         for plan in run.plans:
             run_client(procs, run, system, plan, endpoint, server_pids)
@@ -627,7 +615,7 @@ def make_plans(args: argparse.Namespace) -> list[Plan]:
 
 def main_parent(args: argparse.Namespace) -> int:
     run = ReqrepRun(
-        systems=parse_only(args.only, SYSTEMS, ALIASES),
+        systems=harness.parse_only(args.only, SYSTEMS, ALIASES),
         labels=LABELS,
         mesh_systems=MESH_VARIANTS,
         plans=make_plans(args),
@@ -638,7 +626,7 @@ def main_parent(args: argparse.Namespace) -> int:
     measure = functools.partial(run.each_system, functools.partial(run_system, run))
     report, figures = functools.partial(print_tables, run), functools.partial(ratios, run)
     settings = {"mesh_opts": parse_mesh_opts(run.mesh_opts), "split": run.split}
-    return run_parent(run, measure, report, figures, args.json, **settings)
+    return harness.run_parent(run, measure, report, figures, args.json, **settings)
 
 
 # ============================================================================================
@@ -698,7 +686,7 @@ def print_tables(run: ReqrepRun) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    out = console(140)
+    out = harness.console(140)
     requested = run.requested
 
     def absent(system: str) -> str:
@@ -732,7 +720,7 @@ def print_tables(run: ReqrepRun) -> None:
             ]
             row = [
                 rows[scenario].replace("100", str(run.plans[0].outstanding)),
-                size_label(size),
+                harness.size_label(size),
                 *cells,
                 _show_ratio(run, "raw", size, scenario),
                 _show_ratio(run, "nats", size, scenario),
@@ -753,7 +741,7 @@ def print_tables(run: ReqrepRun) -> None:
         for scenario in SCENARIOS:
             for size in SIZES:
                 cells = [_show_ratio(run, variant, size, scenario) for variant in variants]
-                costs.add_row(scenario, size_label(size), *cells)
+                costs.add_row(scenario, harness.size_label(size), *cells)
         out.print(costs)
 
     memory = Table(
@@ -776,7 +764,7 @@ def print_tables(run: ReqrepRun) -> None:
                 others = result.get("others_cpu_percent")
                 memory.add_row(
                     LABELS[system],
-                    size_label(size),
+                    harness.size_label(size),
                     role,
                     f"{result['rps']:,.0f}",
                     f"{mem['start_mb']:.1f}",
@@ -789,7 +777,7 @@ def print_tables(run: ReqrepRun) -> None:
         memory.add_section()
     if memory.row_count:
         out.print(memory)
-    print_footnotes(out, run)
+    harness.print_footnotes(out, run)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -829,12 +817,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="irismesh: the client sets this traffic split on the cluster before measuring "
         "(name the member's version with --mesh-opt version=V)",
     )
-    add_child_arguments(parser, ("server", "client"), SYSTEMS)
+    harness.add_child_arguments(parser, ("server", "client"), SYSTEMS)
     return parser
 
 
 def main() -> int:
-    return bench_main(build_parser().parse_args(), run_child, main_parent)
+    return harness.bench_main(build_parser().parse_args(), run_child, main_parent)
 
 
 if __name__ == "__main__":

@@ -63,21 +63,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from _harness import (
-    MB,
-    BenchError,
-    Child,
-    ChildFailed,
-    ChildProcesses,
-    add_allow_pure,
-    emit,
-    exit_after,
-    on_stdin_lines,
-    percentile,
-    raise_fd_limit,
-    raise_keyboard_interrupt_on_sigterm,
-    refuse_pure_core,
-)
+import _harness as harness
 
 CLUSTER_PREFIX = "bench-"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -161,10 +147,10 @@ class Agent:
         while True:
             live = len(node.peers())
             if live >= target:
-                emit("full", at=time.monotonic(), peers=live)
+                harness.emit("full", at=time.monotonic(), peers=live)
                 return
             if live != last:
-                emit("count", peers=live)
+                harness.emit("count", peers=live)
                 last = live
             with contextlib.suppress(self.irismesh.MembershipTimeout):
                 await node.wait_for_peers(live + 1, timeout=1.0)
@@ -211,14 +197,14 @@ class Agent:
                 ok += 1
             except self.irismesh.MeshError as exc:
                 errors[type(exc).__name__] += 1
-        emit("probed", ok=ok, failed=sum(errors.values()), errors=dict(errors))
+        harness.emit("probed", ok=ok, failed=sum(errors.values()), errors=dict(errors))
 
     def check(self, seq: int) -> None:
         live = self.node.peers()
         departed = [p for p in self.node.peers(departed=True) if p.state in ("dead", "left")]
         now = self.counters()
         delta = {k: v - self.mark.get(k, 0) for k, v in now.items() if v != self.mark.get(k, 0)}
-        emit(
+        harness.emit(
             "check",
             seq=seq,
             peers=len(live),
@@ -240,7 +226,7 @@ class Agent:
                 await node.request(cluster, PAYLOAD, timeout=self.args.request_timeout)
                 latencies.append(time.monotonic() - began)
                 if len(latencies) == 1:
-                    emit("calling", seq=seq)
+                    harness.emit("calling", seq=seq)
             except self.irismesh.MeshError as exc:
                 errors[type(exc).__name__] += 1
             next_at += interval
@@ -251,14 +237,14 @@ class Agent:
                 next_at = time.monotonic()
         after = self.counters()
         ordered = sorted(latencies)
-        emit(
+        harness.emit(
             "calls",
             seq=seq,
             ok=len(latencies),
             failed=sum(errors.values()),
             seconds=time.monotonic() - began_calls,
             errors=dict(errors),
-            p50_ms=percentile(ordered, 50) * 1000 if ordered else None,
+            p50_ms=harness.percentile(ordered, 50) * 1000 if ordered else None,
             max_ms=ordered[-1] * 1000 if ordered else None,
             over_100ms=sum(v > 0.1 for v in ordered),
             resent=after.get("requests_resent", 0) - before.get("requests_resent", 0),
@@ -279,7 +265,7 @@ class Agent:
 
     async def watch(self, seq: int, cluster: str, victim: str) -> None:
         before = self.counters()
-        emit("watching", seq=seq)
+        harness.emit("watching", seq=seq)
         # Every node looks at its own phase: the times are late by 0 to one period each, not
         # all by the same amount.
         await asyncio.sleep(random.uniform(0.0, 1.0 / WATCH_HZ))
@@ -290,7 +276,7 @@ class Agent:
             if routed and victim not in self.node.members(cluster):
                 # Out of this node's routing for the cluster: no request goes to it any more.
                 routed = False
-                emit("unrouted", seq=seq, at=time.monotonic())
+                harness.emit("unrouted", seq=seq, at=time.monotonic())
             state = self.alive(victim)
             if state is not None:
                 at = time.monotonic()
@@ -300,7 +286,7 @@ class Agent:
                     for k, v in self.counters().items()
                     if k.startswith("peers_down_") and v > before.get(k, 0)
                 ]
-                emit("gone", seq=seq, at=at, state=state, how=how)
+                harness.emit("gone", seq=seq, at=at, state=state, how=how)
                 return
             await asyncio.sleep(1.0 / WATCH_HZ)
 
@@ -328,7 +314,7 @@ async def run_node(args: argparse.Namespace) -> None:
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         agent = Agent(node, irismesh, args)
-        on_stdin_lines(
+        harness.on_stdin_lines(
             lambda line: loop.call_soon_threadsafe(agent.command, line),
             lambda: loop.call_soon_threadsafe(stop.set),
         )
@@ -397,8 +383,8 @@ def spread(values: Sequence[float]) -> dict[str, float]:
     ordered = sorted(values)
     return {
         "min": ordered[0],
-        "median": percentile(ordered, 50),
-        "p90": percentile(ordered, 90),
+        "median": harness.percentile(ordered, 50),
+        "p90": harness.percentile(ordered, 90),
         "max": ordered[-1],
     }
 
@@ -406,7 +392,7 @@ def spread(values: Sequence[float]) -> dict[str, float]:
 @dataclass(kw_only=True, slots=True)
 class Node:
     name: str
-    child: Child
+    child: harness.Child
     cluster: str | None  # None: a pure client
     seed: bool = False
     node_id: str = ""
@@ -499,7 +485,7 @@ class Run:
 
     def __init__(
         self,
-        procs: ChildProcesses,
+        procs: harness.ChildProcesses,
         size: int,
         args: argparse.Namespace,
         keyring: str,
@@ -746,8 +732,8 @@ class Run:
         busy1, total1 = machine_busy()
         seconds = time.monotonic() - began
         cpu = [100.0 * (last[n][0] - first[n][0]) / seconds for n in pids]
-        rss = [last[n][1] / MB for n in pids]
-        anon = [rss_anon(pid) / MB for pid in pids.values()]
+        rss = [last[n][1] / harness.MB for n in pids]
+        anon = [rss_anon(pid) / harness.MB for pid in pids.values()]
         r = self.result
         r["window_s"] = seconds
         r["cpu_percent_per_node"] = summary(cpu)
@@ -987,7 +973,7 @@ def default_timeout(size: int) -> float:
 
 
 def measure(size: int, args: argparse.Namespace, keyring: str, discovery: str) -> dict[str, Any]:
-    with ChildProcesses() as procs:
+    with harness.ChildProcesses() as procs:
         run = Run(procs, size, args, keyring, discovery)
         try:
             return run.run()
@@ -1379,10 +1365,10 @@ def measure_size(
     )
     try:
         return measure(size, args, keyring, mode)
-    except ChildFailed as exc:
+    except harness.ChildFailed as exc:
         progress(f"  FAILED: {exc}")
         return {"nodes": size, "discovery": mode, "failed": f"{exc.name}: {exc.reason}"}
-    except BenchError as exc:
+    except harness.BenchError as exc:
         progress(f"  FAILED: {exc}")
         return {"nodes": size, "discovery": mode, "failed": str(exc)}
 
@@ -1390,8 +1376,8 @@ def measure_size(
 def main_parent(args: argparse.Namespace) -> int:
     import irismesh
 
-    raise_keyboard_interrupt_on_sigterm()
-    limit = raise_fd_limit()  # the children inherit it; each raises it again for itself
+    harness.raise_keyboard_interrupt_on_sigterm()
+    limit = harness.raise_fd_limit()  # the children inherit it; each raises it again for itself
     sizes = parse_sizes(args.sizes, args.clients)
     if args.kills and not args.clients:
         raise SystemExit("--kills needs a client to call the victim's cluster: --clients 1 or more")
@@ -1537,13 +1523,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main() -> int:
-    parser = build_parser()
-    add_allow_pure(parser)
-    args = parser.parse_args()
-    refuse_pure_core(args.allow_pure)
+    args = harness.parse_args(build_parser())
     if args.role == "node":
-        exit_after(args.max_seconds)
-        raise_fd_limit()
+        harness.exit_after(args.max_seconds)
+        harness.raise_fd_limit()
         asyncio.run(run_node(args))
         return 0
     return main_parent(args)

@@ -79,7 +79,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "core"))
 
-from _harness import add_allow_pure, refuse_pure_core
+from _harness import parse_args
 from swimnet import SwimNet, SwimNode, null_sealer
 
 from irismesh._core.gossip import DatagramSealer
@@ -967,9 +967,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main() -> int:
     parser = build_parser()
-    add_allow_pure(parser)
-    args = parser.parse_args()
-    refuse_pure_core(args.allow_pure)
+    args = parse_args(parser)
     if not 0 <= args.loss < 1 or not 0 <= args.soak_loss < 1:
         parser.error("--loss and --soak-loss must be in [0, 1)")
     if args.crashes < 0 or args.stall < 0 or args.settle < 0 or args.window < 1:

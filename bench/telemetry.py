@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
-from _harness import add_allow_pure, refuse_pure_core
+from _harness import parse_args
 
 from irismesh.telemetry.schema import Record
 from irismesh.telemetry.spool import SpoolWriter
@@ -163,9 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path, default=None, help="work directory (default: tmp)")
     parser.add_argument("--keep", action="store_true", help="keep spool and Parquet files")
     parser.add_argument("--json", type=Path, default=None, help="also write every figure here")
-    add_allow_pure(parser)
-    args = parser.parse_args(argv)
-    refuse_pure_core(args.allow_pure)
+    args = parse_args(parser, argv)
     sizes = [float(s) for s in args.sizes.split(",") if s.strip()]
 
     base = args.dir or Path(tempfile.mkdtemp(prefix="irismesh-bench-telemetry-"))

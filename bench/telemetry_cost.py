@@ -47,16 +47,7 @@ import threading
 import time
 from typing import Any
 
-from _harness import (
-    BenchError,
-    Child,
-    ChildProcesses,
-    add_allow_pure,
-    exit_after,
-    on_stdin_eof,
-    raise_keyboard_interrupt_on_sigterm,
-    refuse_pure_core,
-)
+import _harness as harness
 
 VARIANTS = ("off", "counters", "spooled", "scraped")
 DEFAULT_VARIANTS = "off,counters,spooled"
@@ -149,7 +140,7 @@ async def pump(node: Any, size: int, seconds: float, outstanding: int) -> dict[s
                 shed += 1
                 continue
             if reply != payload:
-                raise BenchError("echo mismatch")
+                raise harness.BenchError("echo mismatch")
             completed += 1
 
     workers = [asyncio.create_task(worker()) for _ in range(outstanding)]
@@ -166,9 +157,9 @@ async def pump(node: Any, size: int, seconds: float, outstanding: int) -> dict[s
 def run_child(args: argparse.Namespace) -> None:
     from irismesh import run
 
-    exit_after(args.max_seconds)
+    harness.exit_after(args.max_seconds)
     if args.role == "server":
-        on_stdin_eof(lambda: os._exit(0))
+        harness.on_stdin_eof(lambda: os._exit(0))
         # irismesh's own loop, as reqrep.py's mesh children: uvloop where installed.
         run(serve(args.keyring, args.variant, args.spool, args.sample_every))
     else:
@@ -263,12 +254,12 @@ class Scraper:
 
 
 def start_pairs(
-    procs: ChildProcesses,
+    procs: harness.ChildProcesses,
     args: argparse.Namespace,
     tmp: str,
     common: list[str],
     scraper: Scraper | None = None,
-) -> tuple[dict[str, Child], dict[str, Child]]:
+) -> tuple[dict[str, harness.Child], dict[str, harness.Child]]:
     """A server and a client per variant, each client linked to its server and ready; the
     metrics addresses of those that serve metrics go to `scraper`."""
     me = os.path.abspath(__file__)
@@ -298,7 +289,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     results: dict[str, Any] = {}
     scraper = Scraper(args.scrape)
-    with tempfile.TemporaryDirectory(prefix="irismesh-telcost-") as tmp, ChildProcesses() as procs:
+    with (
+        tempfile.TemporaryDirectory(prefix="irismesh-telcost-") as tmp,
+        harness.ChildProcesses() as procs,
+    ):
         keyring = os.path.join(tmp, "bench.keys")
         irismesh.Keyring.generate().save(keyring)
         common = ["--keyring", keyring, "--max-seconds", str(args.max_seconds)]
@@ -534,9 +528,7 @@ def main() -> int:
     parser.add_argument("--keyring", help=argparse.SUPPRESS)
     parser.add_argument("--spool", help=argparse.SUPPRESS)
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)
-    add_allow_pure(parser)
-    args = parser.parse_args()
-    refuse_pure_core(args.allow_pure)
+    args = harness.parse_args(parser)
     if args.role:
         run_child(args)
         return 0
@@ -556,10 +548,10 @@ def main() -> int:
             f"(got {args.variants}, baseline {args.baseline})"
         )
 
-    raise_keyboard_interrupt_on_sigterm()
+    harness.raise_keyboard_interrupt_on_sigterm()
     try:
         results = measure(args)
-    except BenchError as exc:
+    except harness.BenchError as exc:
         progress(f"FAILED: {exc}")
         return 1
     except KeyboardInterrupt:

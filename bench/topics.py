@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from _harness import add_allow_pure, refuse_pure_core
+from _harness import parse_args
 
 from irismesh._core.topics import TopicTrie, validate_topic
 
@@ -327,9 +327,7 @@ def main() -> int:
     )
     parser.add_argument("--seed", type=int, default=1, help="default 1")
     parser.add_argument("--json", metavar="PATH", help="also write every figure here")
-    add_allow_pure(parser)
-    args = parser.parse_args()
-    refuse_pure_core(args.allow_pure)
+    args = parse_args(parser)
     sizes = [int(size) for size in args.sizes.split(",")]
     started = time.perf_counter()
     rows = measure(sizes, args.seconds, args.seed)

@@ -28,7 +28,7 @@ import os
 import statistics
 import sys
 
-from _harness import add_allow_pure, allow_pure
+from _harness import parse_args
 from builds_ab import BENCHES, run_once
 
 TARGET = 0.99
@@ -39,9 +39,7 @@ def main() -> int:
     parser.add_argument("--main", required=True, metavar="PYTHON", help="the build to compare")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--bench", default="reqrep,pubsub", help="comma-separated: reqrep,pubsub")
-    add_allow_pure(parser)
-    args = parser.parse_args()
-    allow_pure(args.allow_pure)
+    args = parse_args(parser, refuse=False)
     benches = [b for b in args.bench.split(",") if b]
     for bench in benches:
         if bench not in BENCHES:

@@ -31,27 +31,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import _harness as harness
 import zmq
-from _harness import (
-    BenchError,
-    Child,
-    ChildProcesses,
-    Events,
-    Run,
-    add_child_arguments,
-    bench_main,
-    check_local,
-    child_main,
-    console,
-    emit,
-    expect_ready,
-    park,
-    park_async,
-    parse_only,
-    print_footnotes,
-    progress,
-    run_parent,
-)
 
 SYSTEMS = ("raw", "mesh", "mesh-null")
 LABELS = {"raw": "raw pyzmq", "mesh": "irismesh", "mesh-null": "irismesh, null sealer"}
@@ -204,7 +185,7 @@ class Watchdog:
                 seen, since = self.moved, now
                 continue
             if now - since >= self.idle_s:
-                emit(
+                harness.emit(
                     "error",
                     message=f"{self.who} stalled: nothing moved for {self.idle_s:g} s after "
                     f"{self.moved:,} bytes ({self.state})",
@@ -225,14 +206,14 @@ class Sending:
         self.cpu0 = 0.0
 
     def start(self) -> None:
-        emit("start")
+        harness.emit("start")
         self.cpu0 = time.process_time()
         self.t0 = time.perf_counter()
 
     def finish(self, sent: int, count: int, report: dict[str, Any]) -> None:
         """Called once the receiver's report arrived: it had every byte by then."""
         seconds = time.perf_counter() - self.t0
-        emit(
+        harness.emit(
             "done",
             sent=sent,
             blocks=count,
@@ -270,7 +251,7 @@ class Receipt:
             "cpu_s": time.process_time() - self.cpu0,
             "peak_rss_mb": peak_rss_mb(),
         }
-        emit("result", **report)
+        harness.emit("result", **report)
         return report
 
 
@@ -292,9 +273,11 @@ def send_raw(endpoint: str, plan: Plan) -> None:
     try:
         hello = sock.recv()
     except zmq.Again:
-        raise BenchError(f"no window from the receiver within {plan.join_timeout_s:g} s") from None
+        raise harness.BenchError(
+            f"no window from the receiver within {plan.join_timeout_s:g} s"
+        ) from None
     if hello[:1] != CREDIT:
-        raise BenchError(f"expected the first window, got {hello[:40]!r}")
+        raise harness.BenchError(f"expected the first window, got {hello[:40]!r}")
     allowed = int.from_bytes(hello[1:], "little")
     sock.rcvtimeo = -1  # the watchdog reports a stall
     print("READY", flush=True)
@@ -305,7 +288,7 @@ def send_raw(endpoint: str, plan: Plan) -> None:
         grant = recv()
         while True:
             if grant[:1] != CREDIT:
-                raise BenchError(f"expected credit, got {grant[:40]!r}")
+                raise harness.BenchError(f"expected credit, got {grant[:40]!r}")
             newest = int.from_bytes(grant[1:], "little")
             try:
                 grant = recv(zmq.NOBLOCK)
@@ -328,7 +311,7 @@ def send_raw(endpoint: str, plan: Plan) -> None:
         pass  # credit that came after the last block
     watch.disarm()
     record.finish(sent, count, json.loads(answer[1:]))
-    park()
+    harness.park()
 
 
 def recv_raw(plan: Plan) -> None:
@@ -366,7 +349,7 @@ def recv_raw(plan: Plan) -> None:
     watch.disarm()
     receipt.received, receipt.blocks = received, count
     send([who, REPORT + json.dumps(receipt.report()).encode()])
-    park()
+    harness.park()
 
 
 # ============================================================================================
@@ -401,7 +384,7 @@ async def send_mesh(system: str, endpoint: str, keyring_path: str, plan: Plan) -
             answer = await tunnel.recv()
             watch.disarm()
             record.finish(sent, count, json.loads(answer))
-        await park_async()
+        await harness.park_async()
 
 
 async def recv_mesh(system: str, keyring_path: str, plan: Plan) -> None:
@@ -433,11 +416,11 @@ async def recv_mesh(system: str, keyring_path: str, plan: Plan) -> None:
                 await tunnel.send(json.dumps(report).encode())
                 watch.disarm()
             except BaseException as exc:
-                emit("error", message=f"tunnel handler: {type(exc).__name__}: {exc}")
+                harness.emit("error", message=f"tunnel handler: {type(exc).__name__}: {exc}")
                 raise
 
         print("READY", node.endpoint, flush=True)
-        await park_async()
+        await harness.park_async()
 
 
 def run_child(args: argparse.Namespace) -> None:
@@ -457,7 +440,7 @@ def run_child(args: argparse.Namespace) -> None:
         child = functools.partial(recv_raw, plan)
     else:
         child = functools.partial(asyncio.run, recv_mesh(system, args.keyring, plan))
-    child_main(args.max_seconds, child)
+    harness.child_main(args.max_seconds, child)
 
 
 # ============================================================================================
@@ -465,7 +448,7 @@ def run_child(args: argparse.Namespace) -> None:
 
 
 @dataclass(kw_only=True, slots=True)
-class TunnelRun(Run):
+class TunnelRun(harness.Run):
     """Settings of one benchmark run; its results are system -> block size -> case."""
 
     # system -> block size -> why the case failed
@@ -493,10 +476,10 @@ def describe(system: str, plan: Plan) -> str:
 
 
 def collect(
-    sender: Child, receiver: Child, plan: Plan
+    sender: harness.Child, receiver: harness.Child, plan: Plan
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """Read both children's events until both reported, sampling them while they stream."""
-    events = Events([sender, receiver], plan.budget_s(), sample_every=SAMPLE_EVERY)
+    events = harness.Events([sender, receiver], plan.budget_s(), sample_every=SAMPLE_EVERY)
     done: dict[str, Any] | None = None
     result: dict[str, Any] | None = None
     for _, kind, event in events:
@@ -511,16 +494,20 @@ def collect(
     raise AssertionError("unreachable: Events ends by raising")
 
 
-def run_case(procs: ChildProcesses, run: TunnelRun, system: str, plan: Plan) -> dict[str, Any]:
+def run_case(
+    procs: harness.ChildProcesses, run: TunnelRun, system: str, plan: Plan
+) -> dict[str, Any]:
     """One receiver and one sender, started fresh; returns what they measured."""
     tag = f"{system} {size_label(plan.block)}"
     receiver = procs.spawn(f"{tag} receiver", child_argv("recv", system, run, plan))
-    sender: Child | None = None
+    sender: harness.Child | None = None
     try:
-        endpoint = check_local(f"{tag} receiver", expect_ready(receiver, timeout=30.0))
+        endpoint = harness.check_local(
+            f"{tag} receiver", harness.expect_ready(receiver, timeout=30.0)
+        )
         sender = procs.spawn(f"{tag} sender", child_argv("send", system, run, plan, endpoint))
         # The sender checksums the whole stream before it connects: allow 20 MB/s for that.
-        expect_ready(sender, timeout=30.0 + plan.total / (20 * MB))
+        harness.expect_ready(sender, timeout=30.0 + plan.total / (20 * MB))
         done, result, sampled = collect(sender, receiver, plan)
     finally:
         for child in (sender, receiver):
@@ -577,26 +564,26 @@ def report_case(case: dict[str, Any]) -> None:
         for role in ROLES
         if role in memory
     )
-    progress(
+    harness.progress(
         f"  {case['mb_per_s']:,.1f} MB/s, {size_label(case['bytes'])} in {case['seconds']:.2f} s, "
         f"{check}; CPU s: sender {cpu.get('sender', 0):.2f}, receiver "
         f"{cpu.get('receiver', 0):.2f}; peak RSS MB: {rss or '-'}"
     )
     for problem in case["problems"]:
-        progress(f"  FAILED: {problem}")
+        harness.progress(f"  FAILED: {problem}")
 
 
 def run_all(run: TunnelRun) -> None:
     """Block size by block size, every system in turn, so that ratios compare close runs."""
-    with ChildProcesses() as procs:
+    with harness.ChildProcesses() as procs:
         for plan in run.plans:
             for system in run.systems:
                 run.announce(describe(system, plan))
                 try:
                     case = run_case(procs, run, system, plan)
-                except BenchError as exc:
+                except harness.BenchError as exc:
                     run.fail(system, plan, str(exc))
-                    progress(f"  {LABELS[system]}: FAILED: {exc}")
+                    harness.progress(f"  {LABELS[system]}: FAILED: {exc}")
                     continue
                 run.results.setdefault(system, {})[str(plan.block)] = case
                 report_case(case)
@@ -634,7 +621,7 @@ def make_plans(args: argparse.Namespace) -> list[Plan]:
 
 def main_parent(args: argparse.Namespace) -> int:
     run = TunnelRun(
-        systems=parse_only(args.only, SYSTEMS, ALIASES),
+        systems=harness.parse_only(args.only, SYSTEMS, ALIASES),
         labels=LABELS,
         mesh_systems=MESH_SEALING,
         plans=make_plans(args),
@@ -642,7 +629,7 @@ def main_parent(args: argparse.Namespace) -> int:
     measure, report = functools.partial(run_all, run), functools.partial(print_table, run)
     window = "irismesh's default tunnel window (1 MiB), each direction"
     figures = functools.partial(ratios, run)
-    return run_parent(run, measure, report, figures, args.json, mesh_window=window)
+    return harness.run_parent(run, measure, report, figures, args.json, mesh_window=window)
 
 
 # ============================================================================================
@@ -677,7 +664,7 @@ def ratios(run: TunnelRun) -> dict[str, dict[str, float]]:
 def print_table(run: TunnelRun) -> None:
     from rich.table import Table
 
-    out = console(160)
+    out = harness.console(160)
     requested = run.requested
     plan0 = run.plans[0]
     table = Table(
@@ -750,7 +737,7 @@ def print_table(run: TunnelRun) -> None:
             ratio = _ratio(run, "mesh", "mesh-null", plan)
             costs.add_row(size_label(plan.block), "-" if ratio is None else f"{ratio:.2f}x")
         out.print(costs)
-    print_footnotes(out, run)
+    harness.print_footnotes(out, run)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -789,12 +776,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=10.0,
         help="a child that moves no byte for this long reports a stall and exits (default 10)",
     )
-    add_child_arguments(parser, ("send", "recv"), SYSTEMS)
+    harness.add_child_arguments(parser, ("send", "recv"), SYSTEMS)
     return parser
 
 
 def main() -> int:
-    return bench_main(build_parser().parse_args(), run_child, main_parent)
+    return harness.bench_main(build_parser().parse_args(), run_child, main_parent)
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import reqrep  # bench/reqrep.py: the same servers and the same asyncio client
-from _harness import add_allow_pure, refuse_pure_core
+from _harness import parse_args
 
 COUNTS: collections.Counter[str] = collections.Counter()
 _EVENTS = int(zmq.EVENTS)
@@ -469,9 +469,7 @@ def main() -> int:
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)
     parser.add_argument("--keyring", help=argparse.SUPPRESS)
     parser.add_argument("--counts-file", help=argparse.SUPPRESS)
-    add_allow_pure(parser)
-    args = parser.parse_args()
-    refuse_pure_core(args.allow_pure)
+    args = parse_args(parser)
     if args.role == "server":
         run_server(args)
         return 0
