@@ -27,6 +27,7 @@ import contextlib
 import ctypes
 import dataclasses
 import importlib.util
+import inspect
 import json
 import math
 import os
@@ -39,7 +40,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType, TracebackType
 from typing import IO, TYPE_CHECKING, Any, Self
@@ -126,11 +127,12 @@ def add_child_arguments(
 
 
 def bench_main(
-    args: argparse.Namespace,
+    parser: argparse.ArgumentParser,
     run_child: Callable[[argparse.Namespace], object],
     main_parent: Callable[[argparse.Namespace], int],
 ) -> int:
     """A parent refuses the pure core, then runs; a child (`--role`) does its part."""
+    args = parser.parse_args()
     refuse_pure_core(args.allow_pure)
     if args.role:
         otel_from_env()
@@ -139,21 +141,20 @@ def bench_main(
     return main_parent(args)
 
 
+# Set by a parent given --allow-pure; its children (and benchmarks it runs) inherit it.
+ALLOW_PURE = "IRISMESH_BENCH_ALLOW_PURE"
+
+
 def allow_pure(allowed: bool) -> None:
     """For a benchmark that runs others: let them measure the pure core if `allowed`."""
     if allowed:
         os.environ[ALLOW_PURE] = "1"
 
 
-# Set by a parent given --allow-pure; its children (and benchmarks it runs) inherit it.
-ALLOW_PURE = "IRISMESH_BENCH_ALLOW_PURE"
-
-
-def refuse_pure_core(allow_pure: bool) -> None:
-    """Exit with status 2 unless irismesh runs its compiled core, or `allow_pure` (or a parent
-    that was given it) says the pure core will do."""
-    if allow_pure:
-        os.environ[ALLOW_PURE] = "1"
+def refuse_pure_core(allowed: bool) -> None:
+    """Exit with status 2 unless irismesh runs its compiled core, or `allowed` (or a parent
+    that was given --allow-pure) says the pure core will do."""
+    allow_pure(allowed)
     if os.environ.get(ALLOW_PURE) == "1":
         return
     from irismesh import _core
@@ -930,13 +931,68 @@ async def park_async() -> None:
     await asyncio.Event().wait()
 
 
-def child_main(max_seconds: float, body: Callable[[], object], *, eof_status: int = 0) -> None:
-    """A child's life: `body()`, ended by the hard timeout or by EOF on stdin (the parent
-    stopping us, or gone; exit status `eof_status`); an exception is also an error event."""
+def child_main(
+    max_seconds: float,
+    body: Callable[[], object] | Coroutine[Any, Any, object],
+    *,
+    eof_status: int = 0,
+) -> None:
+    """A child's life: `body()` (a coroutine: on asyncio's loop), ended by the hard timeout or
+    by EOF on stdin (the parent stopping us, or gone; exit status `eof_status`); an exception
+    is also an error event for the parent."""
     exit_after(max_seconds)
     on_stdin_eof(lambda: os._exit(eof_status))
     try:
-        body()
+        if inspect.iscoroutine(body):
+            import asyncio
+
+            asyncio.run(body)
+        else:
+            assert callable(body)
+            body()
     except BaseException as exc:
         emit("error", message=f"{type(exc).__name__}: {exc}")
         raise
+
+
+async def busy_member(
+    keyring_path: str,
+    cost_s: float,
+    on_line: Callable[[Any, str], object],
+    *,
+    count: Callable[[bytes], object] | None = None,
+    cluster: str = "work",
+    ready: Callable[[Any], str] = lambda node: str(node.endpoint),
+) -> None:
+    """A member of `cluster` on 127.0.0.1 whose plain handler burns `cost_s` of CPU per
+    request, as real work would (it never sleeps), then echoes the payload; `count(payload)`
+    first, if given. `on_line(node, line)` runs on the event loop for each line the parent
+    writes; stdin EOF or SIGTERM stops it. Its READY line ends with `ready(node)`."""
+    import asyncio
+    import signal
+
+    import irismesh
+
+    keys = irismesh.Keyring.load(keyring_path)
+    clock = time.perf_counter
+
+    def handle(payload: bytes) -> bytes:
+        if count is not None:
+            count(payload)
+        end = clock() + cost_s
+        while clock() < end:
+            pass
+        return payload
+
+    loop = asyncio.get_running_loop()
+    stopped = asyncio.Event()
+    node = irismesh.Node(cluster, keyring=keys, bind="tcp://127.0.0.1:0", survey=False)
+    async with node:
+        node.on_request(handle)
+        on_stdin_lines(
+            lambda line: loop.call_soon_threadsafe(on_line, node, line),
+            lambda: loop.call_soon_threadsafe(stopped.set),
+        )
+        loop.add_signal_handler(signal.SIGTERM, stopped.set)
+        print("READY", ready(node), flush=True)
+        await stopped.wait()

@@ -36,7 +36,6 @@ import json
 import math
 import os
 import platform
-import signal
 import sys
 import tempfile
 import time
@@ -135,42 +134,30 @@ def pct(sorted_values: Sequence[float], q: float) -> float | None:
 
 
 async def member_main(args: argparse.Namespace) -> None:
-    keys = irismesh.Keyring.load(args.keyring)
-    cost = args.cost_ms / 1000.0
     runs: dict[bytes, int] = {}  # handler runs by the payload's tag (the caller's phase)
-    clock = time.perf_counter
 
-    def handle(payload: bytes) -> bytes:
+    def count(payload: bytes) -> None:
         tag = payload.partition(b":")[0]
         runs[tag] = runs.get(tag, 0) + 1
-        end = clock() + cost
-        while clock() < end:  # burn CPU, as real work would; never sleep
-            pass
-        return payload
 
-    loop = asyncio.get_running_loop()
-    stopped = asyncio.Event()
-    async with irismesh.Node(CLUSTER, keyring=keys, bind=BIND, survey=False) as node:
-        node.on_request(handle)
-
-        def report(seq: str) -> None:
-            stats = node.stats
+    def on_line(node: irismesh.Node, line: str) -> None:
+        verb, _, seq = line.partition(" ")
+        if verb == "counts":
             harness.emit(
                 "counts",
                 seq=seq,
                 runs={tag.decode(): n for tag, n in runs.items()},
-                stats=pick(stats, (*MEMBER_PREFIXES, *MEMBER_EXTRA_PREFIXES)),
+                stats=pick(node.stats, (*MEMBER_PREFIXES, *MEMBER_EXTRA_PREFIXES)),
             )
 
-        def on_line(line: str) -> None:
-            verb, _, seq = line.partition(" ")
-            if verb == "counts":
-                loop.call_soon_threadsafe(report, seq)
-
-        harness.on_stdin_lines(on_line, lambda: loop.call_soon_threadsafe(stopped.set))
-        loop.add_signal_handler(signal.SIGTERM, stopped.set)
-        print("READY", node.endpoint, node.node_id.hex(), flush=True)
-        await stopped.wait()
+    await harness.busy_member(
+        args.keyring,
+        args.cost_ms / 1000.0,
+        on_line,
+        count=count,
+        cluster=CLUSTER,
+        ready=lambda node: f"{node.endpoint} {node.node_id.hex()}",
+    )
 
 
 # ============================================================================================

@@ -68,33 +68,12 @@ def pct(values: list[float], q: float) -> float | None:
 
 
 async def member_main(args: argparse.Namespace) -> None:
-    keys = irismesh.Keyring.load(args.keyring)
-    cost = args.cost / 1000.0
-    clock = time.perf_counter
+    def on_line(node: irismesh.Node, line: str) -> None:
+        if line == "stats":
+            stats = {k: v for k, v in node.stats.items() if k.startswith("requests_")}
+            harness.emit("stats", stats=stats)
 
-    def handle(payload: bytes) -> bytes:
-        end = clock() + cost
-        while clock() < end:  # burn CPU, as real work would; never sleep
-            pass
-        return payload
-
-    loop = asyncio.get_running_loop()
-    stopped = asyncio.Event()
-    async with irismesh.Node(CLUSTER, keyring=keys, bind=BIND, survey=False) as node:
-        node.on_request(handle)
-
-        def on_line(line: str) -> None:
-            if line == "stats":
-                loop.call_soon_threadsafe(
-                    lambda: harness.emit(
-                        "stats",
-                        stats={k: v for k, v in node.stats.items() if k.startswith("requests_")},
-                    )
-                )
-
-        harness.on_stdin_lines(on_line, lambda: loop.call_soon_threadsafe(stopped.set))
-        print("READY", node.endpoint, flush=True)
-        await stopped.wait()
+    await harness.busy_member(args.keyring, args.cost / 1000.0, on_line, cluster=CLUSTER)
 
 
 # ============================================================================================

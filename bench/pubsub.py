@@ -580,25 +580,20 @@ async def sub_mesh(system: str, endpoint: str, keyring_path: str, plan: Plan) ->
 
 
 def run_child(args: argparse.Namespace) -> None:
-    # Children keep their sockets open after reporting, so that the publisher's last messages
-    # are not cut off; EOF on stdin (the parent stopping us, or gone) ends them at any point.
     plan = Plan(**json.loads(args.plan))
-    system = args.system
-    child: Callable[[], object]
-    if args.role == "pub":
-        if system == "raw":
-            child = functools.partial(pub_raw, plan)
-        elif system == "nats":
-            child = functools.partial(asyncio.run, pub_nats(args.endpoint, plan))
-        else:
-            child = functools.partial(asyncio.run, pub_mesh(system, args.keyring, plan))
-    elif system == "raw":
-        child = functools.partial(sub_raw, args.endpoint, plan, args.index)
+    system, index = args.system, args.index
+    side: Callable[[], object] | Coroutine[Any, Any, None]
+    if system == "raw":
+        pub = functools.partial(pub_raw, plan)
+        side = pub if args.role == "pub" else functools.partial(sub_raw, args.endpoint, plan, index)
     elif system == "nats":
-        child = functools.partial(asyncio.run, sub_nats(args.endpoint, plan, args.index))
+        pub_side = args.role == "pub"
+        side = pub_nats(args.endpoint, plan) if pub_side else sub_nats(args.endpoint, plan, index)
+    elif args.role == "pub":
+        side = pub_mesh(system, args.keyring, plan)
     else:
-        child = functools.partial(asyncio.run, sub_mesh(system, args.endpoint, args.keyring, plan))
-    harness.child_main(args.max_seconds, child)
+        side = sub_mesh(system, args.endpoint, args.keyring, plan)
+    harness.child_main(args.max_seconds, side)
 
 
 # ============================================================================================
@@ -969,9 +964,5 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main() -> int:
-    return harness.bench_main(build_parser().parse_args(), run_child, main_parent)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.bench_main(build_parser(), run_child, main_parent))

@@ -821,9 +821,5 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main() -> int:
-    return harness.bench_main(build_parser().parse_args(), run_child, main_parent)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.bench_main(build_parser(), run_child, main_parent))

@@ -15,7 +15,6 @@ bench/README.md says how to read it. The same file is the children's program (`-
 """
 
 import argparse
-import asyncio
 import dataclasses
 import faulthandler
 import functools
@@ -27,7 +26,7 @@ import sys
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -424,23 +423,17 @@ async def recv_mesh(system: str, keyring_path: str, plan: Plan) -> None:
 
 
 def run_child(args: argparse.Namespace) -> None:
-    # Children keep their sockets open after reporting; EOF on stdin (the parent stopping us,
-    # or gone) ends them at any point.
     plan = Plan(**json.loads(args.plan))
-    system = args.system
-    child: Callable[[], object]
-    if args.role == "send":
-        if system == "raw":
-            child = functools.partial(send_raw, args.endpoint, plan)
-        else:
-            child = functools.partial(
-                asyncio.run, send_mesh(system, args.endpoint, args.keyring, plan)
-            )
-    elif system == "raw":
-        child = functools.partial(recv_raw, plan)
+    side: Callable[[], object] | Coroutine[Any, Any, None]
+    if args.system == "raw" and args.role == "send":
+        side = functools.partial(send_raw, args.endpoint, plan)
+    elif args.system == "raw":
+        side = functools.partial(recv_raw, plan)
+    elif args.role == "send":
+        side = send_mesh(args.system, args.endpoint, args.keyring, plan)
     else:
-        child = functools.partial(asyncio.run, recv_mesh(system, args.keyring, plan))
-    harness.child_main(args.max_seconds, child)
+        side = recv_mesh(args.system, args.keyring, plan)
+    harness.child_main(args.max_seconds, side)
 
 
 # ============================================================================================
@@ -780,9 +773,5 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main() -> int:
-    return harness.bench_main(build_parser().parse_args(), run_child, main_parent)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.bench_main(build_parser(), run_child, main_parent))
