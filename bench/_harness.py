@@ -362,7 +362,13 @@ class Child:
     """One child process whose stdout is read line by line on a background thread."""
 
     def __init__(
-        self, name: str, argv: Sequence[str], *, read_stdout: bool = True, stops_on_eof: bool = True
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        read_stdout: bool = True,
+        stops_on_eof: bool = True,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.name = name
         self.stops_on_eof = stops_on_eof
@@ -374,6 +380,7 @@ class Child:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE if read_stdout else subprocess.DEVNULL,
             stderr=self._stderr,
+            env=env,
             start_new_session=True,  # Ctrl-C reaches the parent only; the parent stops us
             preexec_fn=_pdeathsig_preexec(),  # safe: spawned from the main thread only
         )
@@ -464,13 +471,34 @@ class ChildProcesses:
     ) -> None:
         self.stop_all()
 
+    @property
+    def children(self) -> list[Child]:
+        """The children still running, in the order they were started."""
+        return list(self._children)
+
     def spawn(
-        self, name: str, argv: Sequence[str], *, read_stdout: bool = True, stops_on_eof: bool = True
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        read_stdout: bool = True,
+        stops_on_eof: bool = True,
+        env: Mapping[str, str] | None = None,
     ) -> Child:
         """Start a child; `stops_on_eof=False` for programs that ignore stdin (SIGTERM at once)."""
-        child = Child(name, argv, read_stdout=read_stdout, stops_on_eof=stops_on_eof)
+        child = Child(name, argv, read_stdout=read_stdout, stops_on_eof=stops_on_eof, env=env)
         self._children.append(child)
         return child
+
+    def first_line(
+        self, name: str, argv: Sequence[str], timeout: float = 30.0, **options: Any
+    ) -> str:
+        """Start a child (as `spawn` does) and return the first line it prints."""
+        child = self.spawn(name, argv, **options)
+        line = child.next_line(time.monotonic() + timeout)
+        if line is None:
+            raise ChildFailed(name, f"printed nothing within {timeout} s", child.stderr_tail())
+        return line
 
     def stop(self, child: Child, grace: float = 3.0) -> None:
         if child in self._children:
