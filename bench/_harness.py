@@ -35,6 +35,7 @@ import queue
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,8 +43,9 @@ import threading
 import time
 from collections.abc import Callable, Collection, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType, TracebackType
-from typing import IO, TYPE_CHECKING, Any, Self
+from typing import IO, TYPE_CHECKING, Any, Self, TypeVar
 
 if TYPE_CHECKING:  # imported where used: children need not load it (memory, start-up time)
     import psutil
@@ -52,6 +54,7 @@ if TYPE_CHECKING:  # imported where used: children need not load it (memory, sta
 # they measure the same thing, and two runs on one machine never meet. Children inherit it.
 os.environ.setdefault("IRISMESH_DISCOVERY", "0")
 
+_T = TypeVar("_T")
 MB = 1024 * 1024
 _PR_SET_PDEATHSIG = 1
 # IRISMESH_BENCH_OTEL=batch: a child traces into OpenTelemetry's SDK with its batch span
@@ -881,6 +884,35 @@ def console(width: int) -> Any:
 def print_footnotes(out: Any, run: Run) -> None:
     for line in run.footnotes():
         out.print(line, markup=False, highlight=False)
+
+
+# --------------------------------------------------------------------------------------------
+# Parent side: rounds of one measurement, in this process
+
+
+def keyed_rounds(
+    rounds: int, what: str, measure: Callable[[Any, Path, bool], _T], *, prefix: str = "bench"
+) -> list[_T]:
+    """`measure(keys, keyfile, last)` `rounds` times, with one new keyring saved to a file
+    (children load it from there); `last` is True in the last round."""
+    import irismesh
+
+    keys = irismesh.Keyring.generate()
+    results = []
+    with tempfile.TemporaryDirectory(prefix=f"irismesh-{prefix}-") as tmp:
+        keyfile = Path(tmp) / "mesh.keys"
+        keys.save(keyfile)
+        for i in range(rounds):
+            progress(f"[{i + 1}/{rounds}] {what}")
+            results.append(measure(keys, keyfile, i == rounds - 1))
+    return results
+
+
+def print_medians(rows: Sequence[tuple[str, Sequence[float], str]], width: int = 18) -> None:
+    """Per row: its label, the median of its values and every value, each in `form`."""
+    for label, values, form in rows:
+        shown = ", ".join(form.format(v) for v in values)
+        print(f"{label:{width}} median {form.format(statistics.median(values))}  ({shown})")
 
 
 # --------------------------------------------------------------------------------------------
