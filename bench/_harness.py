@@ -86,9 +86,14 @@ def otel_from_env() -> None:
     trace.set_tracer_provider(provider)
 
 
-def progress(message: str) -> None:
-    """A progress line for the person watching: stderr, so that stdout stays the report."""
-    print(message, file=sys.stderr, flush=True)
+def progress(message: str, *, clock: bool = False) -> None:
+    """A progress line for the person watching (`clock`: after the time of day), on stderr, so
+    that stdout stays the report."""
+    print(
+        f"[{time.strftime('%H:%M:%S')}] {message}" if clock else message,
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def add_allow_pure(parser: argparse.ArgumentParser) -> None:
@@ -699,6 +704,17 @@ class Events:
 # Parent side: one run of a benchmark
 
 
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
 def parse_only(text: str, systems: Sequence[str], aliases: Mapping[str, str]) -> list[str]:
     """The systems `--only` names (aliases allowed), in the order of `systems`."""
     chosen = []
@@ -728,7 +744,9 @@ def warn_if_busy() -> float:
     return busy
 
 
-def machine_facts(nats: bool = False) -> dict[str, Any]:
+def machine_facts(nats: bool = False, busy: bool = False) -> dict[str, Any]:
+    """The machine and the versions a run's figures hold for; `busy`: how busy its CPUs were
+    just before (`warn_if_busy`), `nats`: nats-server's version too."""
     import platform
 
     import zmq
@@ -747,10 +765,17 @@ def machine_facts(nats: bool = False) -> dict[str, Any]:
         facts["irismesh"] = irismesh.__version__
     if nats and (version := nats_server_version()):
         facts["nats_server"] = version
+    if busy:
+        facts["cpu_busy_percent_before"] = warn_if_busy()
     return facts
 
 
-def write_json(path: str, document: Mapping[str, Any]) -> None:
+def write_json(path: str | os.PathLike[str], document: Mapping[str, Any]) -> None:
+    """`document` as indented JSON into the file `path`; `-`: on stdout."""
+    if str(path) == "-":
+        json.dump(document, sys.stdout, indent=2)
+        print()
+        return
     with open(path, "w", encoding="utf-8") as out:
         json.dump(document, out, indent=2)
     progress(f"wrote {path}")
@@ -857,7 +882,7 @@ def run_parent(
     run.elapsed_s = time.monotonic() - started
     report()
     if json_path:
-        facts = {**machine_facts(nats="nats" in run.requested)}
+        facts = machine_facts(nats="nats" in run.requested)
         facts["cpu_busy_percent_before"] = run.busy_before
         plans = [dataclasses.asdict(plan) for plan in run.plans]
         document = {

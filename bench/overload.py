@@ -35,7 +35,6 @@ import itertools
 import json
 import math
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -106,10 +105,6 @@ class Plan:
         """A hard ceiling on a child's whole run: generous, but finite."""
         per_load = self.load_budget_s() + DRAIN_CAP_S + 10.0
         return STARTUP_S + 20.0 + self.baseline_budget_s() + len(self.loads) * per_load + 60.0
-
-
-def progress(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def pick(stats: Mapping[str, int], prefixes: Sequence[str]) -> dict[str, int]:
@@ -822,15 +817,15 @@ def run_scenario(name: str, plan: Plan, keyring: str) -> dict[str, Any]:
             try:
                 event = json.loads(line)
             except json.JSONDecodeError:
-                progress(f"  caller: {line}")
+                harness.progress(f"  caller: {line}")
                 continue
             kind = event.pop("event", None)
             if kind == "progress":
-                progress(f"[{name}] {event['message']}")
+                harness.progress(f"[{name}] {event['message']}")
             elif kind == "baseline":
                 result["baseline"] = event
                 cap, unl = event["capacity"], event["unloaded"]
-                progress(
+                harness.progress(
                     f"[{name}] C = {cap['replies_per_s']:,.0f} replies/s "
                     f"(8 in flight, p50 {cap['served_p50_ms']:.2f} ms); "
                     f"unloaded p50 {unl['served_p50_ms']:.2f} ms"
@@ -856,12 +851,12 @@ def run_scenario(name: str, plan: Plan, keyring: str) -> dict[str, Any]:
                 result["loads"].append(event)
                 backlog_s = event["planned"] * max(costs) / 1000.0
                 drain_limit = min(DRAIN_CAP_S, backlog_s + DRAIN_SLACK_S)
-                progress(
+                harness.progress(
                     f"[{name}] {event['multiple']:g}x: goodput/C "
                     f"{event['goodput_over_c']:.2f}, failures {event['failures'] or 0}"
                 )
             elif kind == "checkpoint":
-                progress(
+                harness.progress(
                     f"[{name}] waiting (at most {drain_limit:.0f} s) for the members to finish "
                     "their backlog ..."
                 )
@@ -885,7 +880,9 @@ def run_scenario(name: str, plan: Plan, keyring: str) -> dict[str, Any]:
                     load["busy_after_s"] = busy
                     load["drain_settled"] = settled
                 if not drained.settled:
-                    progress(f"[{name}] members still busy after {drain_limit:.0f} s; going on")
+                    harness.progress(
+                        f"[{name}] members still busy after {drain_limit:.0f} s; going on"
+                    )
                 drain_limit = DRAIN_SLACK_S
                 tell(caller, "go")
             elif kind == "error":
@@ -1111,29 +1108,9 @@ def print_scenario(result: Mapping[str, Any], plan: Plan, console: Any) -> None:
 # Parent: main
 
 
-def machine_facts() -> dict[str, Any]:
-    facts: dict[str, Any] = {
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "platform": platform.platform(),
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "irismesh": getattr(irismesh, "__version__", "?"),
-    }
-    with contextlib.suppress(ImportError):
-        import psutil
-
-        facts["cpu_busy_percent_before"] = psutil.cpu_percent(interval=0.5)
-        if facts["cpu_busy_percent_before"] > 20.0:
-            progress(
-                f"warning: the CPUs are {facts['cpu_busy_percent_before']:.0f}% busy before "
-                "starting; figures will be noisy"
-            )
-    return facts
-
-
 def main_parent(args: argparse.Namespace) -> int:
     harness.raise_keyboard_interrupt_on_sigterm()
-    facts = machine_facts()
+    facts = harness.machine_facts(busy=True)
     results: dict[str, Any] = {}
     failed: dict[str, str] = {}
     plans: dict[str, Plan] = {}
@@ -1154,14 +1131,14 @@ def main_parent(args: argparse.Namespace) -> int:
                     deadline=args.deadline,
                     capacity_seconds=args.capacity_seconds,
                 )
-                progress(f"scenario {name}: {len(SCENARIOS[name])} member(s) ...")
+                harness.progress(f"scenario {name}: {len(SCENARIOS[name])} member(s) ...")
                 try:
                     results[name] = run_scenario(name, plan, keyring)
                 except harness.BenchError as exc:
                     failed[name] = str(exc)
-                    progress(f"scenario {name}: FAILED: {exc}")
+                    harness.progress(f"scenario {name}: FAILED: {exc}")
         except KeyboardInterrupt:
-            progress("interrupted; every child process has been stopped")
+            harness.progress("interrupted; every child process has been stopped")
             return 130
     elapsed = time.monotonic() - started
     for name, result in results.items():
@@ -1183,27 +1160,15 @@ def main_parent(args: argparse.Namespace) -> int:
             "failed": failed,
             "elapsed_s": elapsed,
         }
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump(document, out, indent=2)
-        progress(f"wrote {args.json}")
+        harness.write_json(args.json, document)
     return 1 if failed else 0
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-    return value
 
 
 def load_list(text: str) -> list[float]:
     parts = [part.strip() for part in text.split(",") if part.strip()]
     if not parts:
         raise argparse.ArgumentTypeError("give at least one multiple of C, e.g. 2,5,10")
-    loads = [positive_float(part) for part in parts]
+    loads = [harness.positive_float(part) for part in parts]
     if any(load > 100 for load in loads):
         raise argparse.ArgumentTypeError("multiples above 100x C are not supported")
     return loads
@@ -1236,25 +1201,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--seconds",
-        type=positive_float,
+        type=harness.positive_float,
         default=None,
         help="length of each overload (default 4; 2 with --quick)",
     )
     parser.add_argument(
         "--deadline",
-        type=positive_float,
+        type=harness.positive_float,
         default=0.5,
         help="timeout of each request, s (default 0.5)",
     )
     parser.add_argument(
         "--cost",
-        type=positive_float,
+        type=harness.positive_float,
         default=2.0,
         help="CPU each handler run burns, ms (default 2)",
     )
     parser.add_argument(
         "--capacity-seconds",
-        type=positive_float,
+        type=harness.positive_float,
         default=None,
         help="length of the capacity measurement (default 3; 2 with --quick)",
     )

@@ -35,7 +35,6 @@ import asyncio
 import json
 import math
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -256,22 +255,6 @@ def report(result: dict[str, Any], args: argparse.Namespace, facts: dict[str, An
     return "\n".join(lines)
 
 
-def machine_facts() -> dict[str, Any]:
-    facts: dict[str, Any] = {
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "platform": platform.platform(),
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "cpu_busy_percent_before": None,
-    }
-    try:
-        import psutil
-    except ImportError:
-        return facts
-    facts["cpu_busy_percent_before"] = psutil.cpu_percent(interval=0.5)
-    return facts
-
-
 def expect(child: harness.Child, event: str, timeout: float) -> dict[str, Any]:
     """The next JSON line of `child` that is `event` (an "error" one raises)."""
     deadline = time.monotonic() + timeout
@@ -344,7 +327,7 @@ def measure(args: argparse.Namespace, keyring: str, kids: harness.ChildProcesses
 
 def main_parent(args: argparse.Namespace) -> int:
     harness.raise_keyboard_interrupt_on_sigterm()
-    facts = machine_facts()
+    facts = harness.machine_facts(busy=True)
     with (
         tempfile.TemporaryDirectory(prefix="irismesh-priority-") as tmp,
         harness.ChildProcesses() as kids,
@@ -361,33 +344,26 @@ def main_parent(args: argparse.Namespace) -> int:
             return 1
     print(report(result, args, facts))
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump({"facts": facts, "settings": vars(args), "result": result}, out, indent=2)
-        print(f"wrote {args.json}", file=sys.stderr)
+        harness.write_json(args.json, {"facts": facts, "settings": vars(args), "result": result})
     return 0
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--cost", type=positive_float, default=5.0, help="handler CPU, ms")
+    parser.add_argument("--cost", type=harness.positive_float, default=5.0, help="handler CPU, ms")
     parser.add_argument(
-        "--load", type=positive_float, default=3.0, help="low-priority load, multiple of C"
+        "--load", type=harness.positive_float, default=3.0, help="low-priority load, multiple of C"
     )
-    parser.add_argument("--seconds", type=positive_float, default=None, help="per phase")
+    parser.add_argument("--seconds", type=harness.positive_float, default=None, help="per phase")
     parser.add_argument(
-        "--probe-rate", type=positive_float, default=20.0, help="high-priority probes a second"
+        "--probe-rate",
+        type=harness.positive_float,
+        default=20.0,
+        help="high-priority probes a second",
     )
-    parser.add_argument("--deadline", type=positive_float, default=1.0, help="request timeout")
+    parser.add_argument(
+        "--deadline", type=harness.positive_float, default=1.0, help="request timeout"
+    )
     parser.add_argument("--quick", action="store_true", help="2 s phases: a smoke test")
     parser.add_argument("--json", metavar="PATH", help="also write every number to this file")
     parser.add_argument("--role", choices=("member", "caller"), help=argparse.SUPPRESS)

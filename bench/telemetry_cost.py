@@ -185,10 +185,6 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
 
 
-def progress(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 class Scraper:
     """Scrapes every metrics address it is given each `every` seconds, as Prometheus would,
     on a thread of the parent (the nodes pay for serving the scrape, nothing else)."""
@@ -339,7 +335,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 rounds.append(figures)
                 ratio = figures[subject]["rps"] / figures[base]["rps"]
                 cpu_ratio = cpu_us(figures[base]) / cpu_us(figures[subject])
-                progress(
+                harness.progress(
                     f"{size} B round {index + 1}/{args.rounds}: "
                     + ", ".join(f"{v} {figures[v]['rps']:,.0f} req/s" for v in variants)
                     + f"; {subject}/{base} {ratio:.3f}, by CPU {cpu_ratio:.3f}"
@@ -354,9 +350,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     if scraper.every > 0 and scraper.scrapes:
         share, most, each = scraper.loop_share()
         if not each:
-            progress(f"scraped {scraper.scrapes} times; no node was scraped for 5 s or more")
+            harness.progress(
+                f"scraped {scraper.scrapes} times; no node was scraped for 5 s or more"
+            )
             return results
-        progress(
+        harness.progress(
             f"scraped {scraper.scrapes} times every {scraper.every:g} s "
             f"({scraper.bytes / max(scraper.scrapes, 1):,.0f} B each), {scraper.failures} failed;"
             f" answering one took {each * 1e3:.2f} ms of a node's loop CPU (median), in all "
@@ -552,18 +550,17 @@ def main() -> int:
     try:
         results = measure(args)
     except harness.BenchError as exc:
-        progress(f"FAILED: {exc}")
+        harness.progress(f"FAILED: {exc}")
         return 1
     except KeyboardInterrupt:
-        progress("interrupted; every child process has been stopped")
+        harness.progress("interrupted; every child process has been stopped")
         return 130
     summary = summarise(results, variants_of(args), args.baseline)
     print_table(summary, args)
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump(
-                {"rounds": results, "summary": summary, "settings": vars(args)}, out, indent=2
-            )
+        harness.write_json(
+            args.json, {"rounds": results, "summary": summary, "settings": vars(args)}
+        )
     return 0
 
 
