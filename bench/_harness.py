@@ -96,8 +96,19 @@ def progress(message: str, *, clock: bool = False) -> None:
     )
 
 
+def bench_parser(
+    doc: str | None, json_help: str = "also write every number to this file"
+) -> argparse.ArgumentParser:
+    """A benchmark's parser: the first paragraph of its docstring, and `--json PATH`."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0] if doc else None)
+    parser.add_argument("--json", metavar="PATH", help=json_help)
+    return parser
+
+
 def add_allow_pure(parser: argparse.ArgumentParser) -> None:
-    """The `--allow-pure` flag `refuse_pure_core` reads."""
+    """The `--allow-pure` flag `refuse_pure_core` reads (once, however often it is asked)."""
+    if "--allow-pure" in parser._option_string_actions:
+        return
     parser.add_argument(
         "--allow-pure",
         action="store_true",
@@ -121,7 +132,7 @@ def parse_args(
 
 
 def add_child_arguments(
-    parser: argparse.ArgumentParser, roles: Sequence[str], systems: Sequence[str]
+    parser: argparse.ArgumentParser, roles: Sequence[str], systems: Sequence[str] | None = None
 ) -> None:
     """`--allow-pure`, and the hidden flags with which the parent starts this same script as
     one of its children."""
@@ -378,6 +389,8 @@ class Child:
         stops_on_eof: bool = True,
         env: Mapping[str, str] | None = None,
     ) -> None:
+        """`read_stdout=False` sends its stdout to /dev/null; `stops_on_eof=False` for programs
+        that ignore stdin (`stop` sends SIGTERM at once); `env`: its whole environment."""
         self.name = name
         self.stops_on_eof = stops_on_eof
         # Lives as long as the child; stop() closes it.
@@ -484,17 +497,9 @@ class ChildProcesses:
         """The children still running, in the order they were started."""
         return list(self._children)
 
-    def spawn(
-        self,
-        name: str,
-        argv: Sequence[str],
-        *,
-        read_stdout: bool = True,
-        stops_on_eof: bool = True,
-        env: Mapping[str, str] | None = None,
-    ) -> Child:
-        """Start a child; `stops_on_eof=False` for programs that ignore stdin (SIGTERM at once)."""
-        child = Child(name, argv, read_stdout=read_stdout, stops_on_eof=stops_on_eof, env=env)
+    def spawn(self, name: str, argv: Sequence[str], **options: Any) -> Child:
+        """Start a child (`options`: Child's)."""
+        child = Child(name, argv, **options)
         self._children.append(child)
         return child
 
@@ -904,6 +909,18 @@ def console(width: int) -> Any:
     from rich.console import Console
 
     return Console() if sys.stdout.isatty() else Console(width=width)
+
+
+def table(title: str, labels: Sequence[str], figures: Sequence[str], caption: str = "") -> Any:
+    """A rich Table: `labels` columns, then `figures` columns (right-justified)."""
+    from rich.table import Table
+
+    made = Table(title=title, caption=caption or None)
+    for column in labels:
+        made.add_column(column, no_wrap=True)
+    for column in figures:
+        made.add_column(column, justify="right")
+    return made
 
 
 def print_footnotes(out: Any, run: Run) -> None:

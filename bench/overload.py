@@ -1185,7 +1185,7 @@ def scenario_list(text: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = harness.bench_parser(__doc__)
     parser.add_argument(
         "--scenarios",
         type=scenario_list,
@@ -1224,14 +1224,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="length of the capacity measurement (default 3; 2 with --quick)",
     )
     parser.add_argument("--quick", action="store_true", help="one load (5x), 2 s: a smoke test")
-    parser.add_argument("--json", metavar="PATH", help="also write every number to this file")
     # The children's side of this file.
-    parser.add_argument("--role", choices=("member", "caller"), help=argparse.SUPPRESS)
-    parser.add_argument("--keyring", help=argparse.SUPPRESS)
+    harness.add_child_arguments(parser, ("member", "caller"))
     parser.add_argument("--cost-ms", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--seeds", help=argparse.SUPPRESS)
-    parser.add_argument("--plan", help=argparse.SUPPRESS)
-    parser.add_argument("--max-seconds", type=float, default=600.0, help=argparse.SUPPRESS)
     return parser
 
 

@@ -349,7 +349,7 @@ def main_parent(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = harness.bench_parser(__doc__)
     parser.add_argument("--cost", type=harness.positive_float, default=5.0, help="handler CPU, ms")
     parser.add_argument(
         "--load", type=harness.positive_float, default=3.0, help="low-priority load, multiple of C"
@@ -365,11 +365,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--deadline", type=harness.positive_float, default=1.0, help="request timeout"
     )
     parser.add_argument("--quick", action="store_true", help="2 s phases: a smoke test")
-    parser.add_argument("--json", metavar="PATH", help="also write every number to this file")
-    parser.add_argument("--role", choices=("member", "caller"), help=argparse.SUPPRESS)
-    parser.add_argument("--keyring", help=argparse.SUPPRESS)
+    harness.add_child_arguments(parser, ("member", "caller"))
     parser.add_argument("--seeds", help=argparse.SUPPRESS)
-    parser.add_argument("--max-seconds", type=float, default=300.0, help=argparse.SUPPRESS)
     return parser
 
 

@@ -822,34 +822,30 @@ def ratios(run: PubsubRun) -> dict[str, dict[str, dict[str, float]]]:
 
 
 def print_table(run: PubsubRun) -> None:
-    from rich.table import Table
-
     out = harness.console(160)
     requested = run.requested
     plan0 = run.plans[0]
     what = f"{plan0.count:,} messages" if plan0.count else f"{plan0.seconds:g} s of publishing"
-    table = Table(
-        title=f"publish/subscribe on 127.0.0.1, one publisher process, each subscriber its own "
+    table = harness.table(
+        f"publish/subscribe on 127.0.0.1, one publisher process, each subscriber its own "
         f"process, {what} after {plan0.warmup_s:g} s warm-up ({run.elapsed_s:.0f} s run)",
-        caption="msg/s: messages of the measured stream / seconds from its first publish to its "
+        ["size", "subs", "system"],
+        [
+            "msg/s per sub",
+            "/ raw pyzmq",
+            "/ NATS",
+            "lost",
+            "CPU s pub",
+            "CPU s subs",
+            "CPU s broker",
+            "CPU us/delivery",
+            "others' CPU",
+        ],
+        "msg/s: messages of the measured stream / seconds from its first publish to its "
         "last arrival at the slowest subscriber; higher is better, so a ratio below 1 is slower. "
         "CPU: seconds each side used meanwhile, and all processes' CPU per delivered message. "
         "* = NATS lost messages (no flow control); the rate counts what arrived",
     )
-    for column in ("size", "subs", "system"):
-        table.add_column(column, no_wrap=True)
-    for column in (
-        "msg/s per sub",
-        "/ raw pyzmq",
-        "/ NATS",
-        "lost",
-        "CPU s pub",
-        "CPU s subs",
-        "CPU s broker",
-        "CPU us/delivery",
-        "others' CPU",
-    ):
-        table.add_column(column, justify="right")
     for plan in run.plans:
         for system in SYSTEMS:
             if system not in requested:
@@ -863,10 +859,9 @@ def print_table(run: PubsubRun) -> None:
             mark = ""
             if case["problems"]:
                 mark = "*" if system == "nats" else " LOSS"
-            ratio_cells = []
-            for baseline in ("raw", "nats"):
-                ratio = _ratio(run, system, baseline, plan)
-                ratio_cells.append("-" if ratio is None else f"{ratio:.2f}x")
+            ratio_cells = [
+                harness.ratio_cell(_ratio(run, system, b, plan)) for b in ("raw", "nats")
+            ]
             cpu = case.get("cpu_s")
             if cpu is not None:
                 deliveries = max(1, case["measured"] * plan.fanout)
@@ -891,28 +886,22 @@ def print_table(run: PubsubRun) -> None:
     out.print(table)
     variants = [v for v in ("mesh-iter", "mesh-null", "mesh-tel") if v in run.results]
     if variants and "mesh" in run.results:
-        costs = Table(
-            title="what a buffered subscription, sealing and telemetry cost:"
+        costs = harness.table(
+            "what a buffered subscription, sealing and telemetry cost:"
             " irismesh msg/s / its variant's, same run",
-            caption="below 1.00x: irismesh (sealed, telemetry off) is slower than the variant",
+            ["size", "subs"],
+            [f"irismesh / {LABELS[variant]}" for variant in variants],
+            "below 1.00x: irismesh (sealed, telemetry off) is slower than the variant",
         )
-        costs.add_column("size")
-        costs.add_column("subs", justify="right")
-        for variant in variants:
-            costs.add_column(f"irismesh / {LABELS[variant]}", justify="right")
         for plan in run.plans:
-            cells = []
-            for variant in variants:
-                ratio = _ratio(run, "mesh", variant, plan)
-                cells.append("-" if ratio is None else f"{ratio:.2f}x")
+            cells = [harness.ratio_cell(_ratio(run, "mesh", v, plan)) for v in variants]
             costs.add_row(harness.size_label(plan.size), str(plan.fanout), *cells)
         out.print(costs)
     harness.print_footnotes(out, run)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--json", metavar="PATH", help="also write every number to this file")
+    parser = harness.bench_parser(__doc__)
     parser.add_argument(
         "--sizes", default="100,1024", help="payload sizes in bytes (default: 100,1024)"
     )

@@ -683,7 +683,6 @@ def _show_ratio(run: ReqrepRun, baseline: str, size: int, scenario: str) -> str:
 
 
 def print_tables(run: ReqrepRun) -> None:
-    from rich.table import Table
     from rich.text import Text
 
     out = harness.console(140)
@@ -701,18 +700,19 @@ def print_tables(run: ReqrepRun) -> None:
         "latency": "latency, 1 outstanding (us p50 [p99])",
         "sustained": "sustained, 100 outstanding (req/s)",
     }
-    table = Table(
-        title=f"request/reply on 127.0.0.1, server and client in separate processes "
+    table = harness.table(
+        f"request/reply on 127.0.0.1, server and client in separate processes "
         f"({run.elapsed_s:.0f} s run)",
-        caption="req/s: higher is better, so a ratio below 1 means irismesh is slower; "
+        ["scenario"],
+        [
+            "size",
+            *(LABELS[system] for system in SYSTEMS),
+            "irismesh / raw pyzmq",
+            "irismesh / NATS",
+        ],
+        "req/s: higher is better, so a ratio below 1 means irismesh is slower; "
         "latency: lower is better, so a ratio above 1 means irismesh is slower",
     )
-    table.add_column("scenario", no_wrap=True)
-    table.add_column("size", justify="right")
-    for system in SYSTEMS:
-        table.add_column(LABELS[system], justify="right")
-    table.add_column("irismesh / raw pyzmq", justify="right")
-    table.add_column("irismesh / NATS", justify="right")
     for scenario in SCENARIOS:
         for size in SIZES:
             cells = [
@@ -730,30 +730,26 @@ def print_tables(run: ReqrepRun) -> None:
     out.print(table)
     variants = [v for v in ("mesh-null", "mesh-notel", "mesh-zmq") if v in run.systems]
     if variants and "mesh" in run.systems:
-        costs = Table(
-            title="what sealing and telemetry cost, and the transport gains: irismesh / its "
-            "variant, same run"
+        costs = harness.table(
+            "what sealing and telemetry cost, and the transport gains: irismesh / its "
+            "variant, same run",
+            ["scenario"],
+            ["size", *(f"irismesh / {LABELS[variant]}" for variant in variants)],
         )
-        costs.add_column("scenario")
-        costs.add_column("size", justify="right")
-        for variant in variants:
-            costs.add_column(f"irismesh / {LABELS[variant]}", justify="right")
         for scenario in SCENARIOS:
             for size in SIZES:
                 cells = [_show_ratio(run, variant, size, scenario) for variant in variants]
                 costs.add_row(scenario, harness.size_label(size), *cells)
         out.print(costs)
 
-    memory = Table(
-        title="memory and CPU over the sustained run (RSS sampled once a second after warm-up)",
-        caption="flat memory: growth (end - start) stays near zero; CPU us/req: CPU time of "
+    memory = harness.table(
+        "memory and CPU over the sustained run (RSS sampled once a second after warm-up)",
+        ["system", "size", "process"],
+        ["req/s", "start MB", "peak MB", "end MB", "growth MB", "CPU us/req", "others' CPU"],
+        "flat memory: growth (end - start) stays near zero; CPU us/req: CPU time of "
         "that process / requests served in the window; others' CPU: share of the machine used "
         "by other processes meanwhile (well above 0% = disturbed figures)",
     )
-    for column in ("system", "size", "process", "req/s"):
-        memory.add_column(column, justify="left" if column != "req/s" else "right")
-    for column in ("start MB", "peak MB", "end MB", "growth MB", "CPU us/req", "others' CPU"):
-        memory.add_column(column, justify="right")
     for system in SYSTEMS:
         for size in SIZES:
             result = _cell(run, system, size, "sustained")
@@ -781,9 +777,8 @@ def print_tables(run: ReqrepRun) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = harness.bench_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="shorter runs (about a minute)")
-    parser.add_argument("--json", metavar="PATH", help="also write every number to this file")
     parser.add_argument(
         "--duration",
         type=float,

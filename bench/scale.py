@@ -1444,7 +1444,7 @@ def main_parent(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = harness.bench_parser(__doc__, "also write every number to PATH ('-': stdout)")
     parser.add_argument("--sizes", default="10,20,40", help="node counts (default 10,20,40)")
     parser.add_argument(
         "--clusters", type=int, default=0, help="clusters the members serve (default: N/10, >= 1)"
@@ -1495,9 +1495,6 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=0.0,
         help="seconds allowed for startup + convergence (default: 60, or 0.8 s a node if more)",
-    )
-    parser.add_argument(
-        "--json", metavar="PATH", help="also write every number to PATH ('-': stdout)"
     )
     # The children's side of this file.
     parser.add_argument("--role", choices=("node",), help=argparse.SUPPRESS)

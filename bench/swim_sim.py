@@ -931,7 +931,7 @@ def main_parent(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = harness.bench_parser(__doc__, "also write every number to PATH ('-': stdout)")
     add = parser.add_argument
     add("--nodes", type=parse_sizes, default=[100, 1000], help="sizes (default 100,1000)")
     add("--crashes", type=int, default=3, help="nodes killed one by one (default 3)")
@@ -946,7 +946,6 @@ def build_parser() -> argparse.ArgumentParser:
     add("--window", type=int, default=10, help="periods of each cost window (default 10)")
     add("--limit", type=float, default=60.0, help="simulated seconds allowed per wait")
     add("--phases", type=parse_phases, default=PHASES, help="default all: " + ",".join(PHASES))
-    add("--json", metavar="PATH", help="also write every number to PATH ('-': stdout)")
     add("--child", type=int, help=argparse.SUPPRESS)
     return parser
 

@@ -478,14 +478,13 @@ def print_table(summary: dict[str, Any], args: argparse.Namespace) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = harness.bench_parser(__doc__, "also write every figure to this file")
     parser.add_argument("--rounds", type=int, default=8, help="rounds per size (default 8)")
     parser.add_argument(
         "--window", type=float, default=2.0, help="seconds measured per variant and round"
     )
     parser.add_argument("--sizes", default="100,1024", help="payload sizes (default 100,1024)")
     parser.add_argument("--outstanding", type=int, default=100, help="requests in flight")
-    parser.add_argument("--json", metavar="PATH", help="also write every figure to this file")
     parser.add_argument(
         "--sample-every",
         type=int,

@@ -655,15 +655,25 @@ def ratios(run: TunnelRun) -> dict[str, dict[str, float]]:
 
 
 def print_table(run: TunnelRun) -> None:
-    from rich.table import Table
-
     out = harness.console(160)
     requested = run.requested
     plan0 = run.plans[0]
-    table = Table(
-        title=f"tunnel on 127.0.0.1: {size_label(plan0.total)} from one sender process to one "
+    table = harness.table(
+        f"tunnel on 127.0.0.1: {size_label(plan0.total)} from one sender process to one "
         f"receiver process, per block size ({run.elapsed_s:.0f} s run)",
-        caption="MB/s: 10^6 bytes / s, from the sender's first block to the receiver's report "
+        ["block", "system"],
+        [
+            "MB/s",
+            "/ raw pyzmq",
+            "seconds",
+            "CPU s sender",
+            "CPU s receiver",
+            "peak RSS MB sender",
+            "peak RSS MB receiver",
+            "check",
+            "others' CPU",
+        ],
+        "MB/s: 10^6 bytes / s, from the sender's first block to the receiver's report "
         "arriving back; higher is better, so a ratio below 1 is slower. CPU s: each process "
         "meanwhile, libzmq's I/O threads included; the receiver's includes the checksum. Peak "
         f"RSS: sampled every {SAMPLE_EVERY * 1000:.0f} ms while streaming, (+ growth over the "
@@ -671,20 +681,6 @@ def print_table(run: TunnelRun) -> None:
         "default tunnel window (1 MiB). check: byte and block count and "
         f"{plan0.checksum} of every byte",
     )
-    for column in ("block", "system"):
-        table.add_column(column, no_wrap=True)
-    for column in (
-        "MB/s",
-        "/ raw pyzmq",
-        "seconds",
-        "CPU s sender",
-        "CPU s receiver",
-        "peak RSS MB sender",
-        "peak RSS MB receiver",
-        "check",
-        "others' CPU",
-    ):
-        table.add_column(column, justify="right")
     for plan in run.plans:
         for system in SYSTEMS:
             if system not in requested:
@@ -710,7 +706,7 @@ def print_table(run: TunnelRun) -> None:
             table.add_row(
                 *label,
                 f"{case['mb_per_s']:,.1f}",
-                "-" if ratio is None else f"{ratio:.2f}x",
+                harness.ratio_cell(ratio),
                 f"{case['seconds']:.2f}",
                 *(f"{cpu[role]:.2f}" if role in cpu else "-" for role in ROLES),
                 *rss_cells,
@@ -720,22 +716,21 @@ def print_table(run: TunnelRun) -> None:
         table.add_section()
     out.print(table)
     if "mesh" in requested and "mesh-null" in requested:
-        costs = Table(
-            title="what sealing costs (same run)",
-            caption="irismesh MB/s / null sealer's; below 1.00x: sealing slows it down",
+        costs = harness.table(
+            "what sealing costs (same run)",
+            ["block"],
+            ["irismesh / null sealer"],
+            "irismesh MB/s / null sealer's; below 1.00x: sealing slows it down",
         )
-        costs.add_column("block")
-        costs.add_column("irismesh / null sealer", justify="right")
         for plan in run.plans:
             ratio = _ratio(run, "mesh", "mesh-null", plan)
-            costs.add_row(size_label(plan.block), "-" if ratio is None else f"{ratio:.2f}x")
+            costs.add_row(size_label(plan.block), harness.ratio_cell(ratio))
         out.print(costs)
     harness.print_footnotes(out, run)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--json", metavar="PATH", help="also write every number to this file")
+    parser = harness.bench_parser(__doc__)
     parser.add_argument(
         "--size", default="512M", help="bytes to stream per case, e.g. 64M, 1G (default 512M)"
     )
