@@ -41,10 +41,18 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Collection, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import (
+    Callable,
+    Collection,
+    Coroutine,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import FrameType
 from typing import IO, TYPE_CHECKING, Any, Self, TypeVar
 
 if TYPE_CHECKING:  # imported where used: children need not load it (memory, start-up time)
@@ -103,6 +111,14 @@ def bench_parser(
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0] if doc else None)
     parser.add_argument("--json", metavar="PATH", help=json_help)
     return parser
+
+
+def add_only(parser: argparse.ArgumentParser, default: Sequence[str], explain: str) -> None:
+    """`--only`: the systems to measure (`parse_only` reads it)."""
+    listed = ",".join(default)
+    parser.add_argument(
+        "--only", default=listed, help=f"comma-separated systems (default: {listed}; {explain})"
+    )
 
 
 def add_allow_pure(parser: argparse.ArgumentParser) -> None:
@@ -484,12 +500,7 @@ class ChildProcesses:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop_all()
 
     @property
@@ -921,6 +932,23 @@ def table(title: str, labels: Sequence[str], figures: Sequence[str], caption: st
     for column in figures:
         made.add_column(column, justify="right")
     return made
+
+
+def print_costs(
+    out: Any,
+    title: str,
+    labels: Sequence[str],
+    variants: Sequence[str],
+    rows: Iterable[Sequence[str]],
+    caption: str = "",
+) -> None:
+    """What each variant of irismesh changes, if any ran: per row its labels, then irismesh's
+    figure divided by each variant's."""
+    if variants:
+        costs = table(title, labels, [f"irismesh / {variant}" for variant in variants], caption)
+        for row in rows:
+            costs.add_row(*row)
+        out.print(costs)
 
 
 def print_footnotes(out: Any, run: Run) -> None:

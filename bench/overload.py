@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import gc
 import itertools
 import json
@@ -1186,6 +1187,7 @@ def scenario_list(text: str) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = harness.bench_parser(__doc__)
+    positive = functools.partial(parser.add_argument, type=harness.positive_float)
     parser.add_argument(
         "--scenarios",
         type=scenario_list,
@@ -1199,27 +1201,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="offered load as multiples of the capacity C, comma-separated (default 2,5,10; "
         "5 with --quick)",
     )
-    parser.add_argument(
+    positive(
         "--seconds",
-        type=harness.positive_float,
         default=None,
         help="length of each overload (default 4; 2 with --quick)",
     )
-    parser.add_argument(
+    positive(
         "--deadline",
-        type=harness.positive_float,
         default=0.5,
         help="timeout of each request, s (default 0.5)",
     )
-    parser.add_argument(
+    positive(
         "--cost",
-        type=harness.positive_float,
         default=2.0,
         help="CPU each handler run burns, ms (default 2)",
     )
-    parser.add_argument(
+    positive(
         "--capacity-seconds",
-        type=harness.positive_float,
         default=None,
         help="length of the capacity measurement (default 3; 2 with --quick)",
     )

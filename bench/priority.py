@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import math
 import os
@@ -350,20 +351,16 @@ def main_parent(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = harness.bench_parser(__doc__)
-    parser.add_argument("--cost", type=harness.positive_float, default=5.0, help="handler CPU, ms")
-    parser.add_argument(
-        "--load", type=harness.positive_float, default=3.0, help="low-priority load, multiple of C"
-    )
-    parser.add_argument("--seconds", type=harness.positive_float, default=None, help="per phase")
-    parser.add_argument(
+    positive = functools.partial(parser.add_argument, type=harness.positive_float)
+    positive("--cost", default=5.0, help="handler CPU, ms")
+    positive("--load", default=3.0, help="low-priority load, multiple of C")
+    positive("--seconds", default=None, help="per phase")
+    positive(
         "--probe-rate",
-        type=harness.positive_float,
         default=20.0,
         help="high-priority probes a second",
     )
-    parser.add_argument(
-        "--deadline", type=harness.positive_float, default=1.0, help="request timeout"
-    )
+    positive("--deadline", default=1.0, help="request timeout")
     parser.add_argument("--quick", action="store_true", help="2 s phases: a smoke test")
     harness.add_child_arguments(parser, ("member", "caller"))
     parser.add_argument("--seeds", help=argparse.SUPPRESS)

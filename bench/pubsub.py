@@ -885,18 +885,22 @@ def print_table(run: PubsubRun) -> None:
         table.add_section()
     out.print(table)
     variants = [v for v in ("mesh-iter", "mesh-null", "mesh-tel") if v in run.results]
-    if variants and "mesh" in run.results:
-        costs = harness.table(
-            "what a buffered subscription, sealing and telemetry cost:"
-            " irismesh msg/s / its variant's, same run",
-            ["size", "subs"],
-            [f"irismesh / {LABELS[variant]}" for variant in variants],
-            "below 1.00x: irismesh (sealed, telemetry off) is slower than the variant",
-        )
-        for plan in run.plans:
-            cells = [harness.ratio_cell(_ratio(run, "mesh", v, plan)) for v in variants]
-            costs.add_row(harness.size_label(plan.size), str(plan.fanout), *cells)
-        out.print(costs)
+    harness.print_costs(
+        out,
+        "what a buffered subscription, sealing and telemetry cost: irismesh msg/s / its "
+        "variant's, same run",
+        ["size", "subs"],
+        [LABELS[variant] for variant in variants] if "mesh" in run.results else [],
+        (
+            [
+                harness.size_label(plan.size),
+                str(plan.fanout),
+                *(harness.ratio_cell(_ratio(run, "mesh", v, plan)) for v in variants),
+            ]
+            for plan in run.plans
+        ),
+        "below 1.00x: irismesh (sealed, telemetry off) is slower than the variant",
+    )
     harness.print_footnotes(out, run)
 
 
@@ -923,12 +927,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--warmup", type=float, default=0.5, help="seconds of warm-up messages (default 0.5)"
     )
-    parser.add_argument(
-        "--only",
-        default=",".join(SYSTEMS),
-        help=f"comma-separated systems (default: {','.join(SYSTEMS)}; mesh = irismesh sealed, "
-        "telemetry off, callback subscribers; mesh-iter: `async for` subscribers; mesh-null: "
-        "sealing off; mesh-tel: telemetry on)",
+    harness.add_only(
+        parser,
+        SYSTEMS,
+        "mesh = irismesh sealed, telemetry off, callback subscribers; mesh-iter: `async for` "
+        "subscribers; mesh-null: sealing off; mesh-tel: telemetry on",
     )
     parser.add_argument(
         "--window",

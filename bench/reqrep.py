@@ -729,18 +729,22 @@ def print_tables(run: ReqrepRun) -> None:
         table.add_section()
     out.print(table)
     variants = [v for v in ("mesh-null", "mesh-notel", "mesh-zmq") if v in run.systems]
-    if variants and "mesh" in run.systems:
-        costs = harness.table(
-            "what sealing and telemetry cost, and the transport gains: irismesh / its "
-            "variant, same run",
-            ["scenario"],
-            ["size", *(f"irismesh / {LABELS[variant]}" for variant in variants)],
-        )
-        for scenario in SCENARIOS:
-            for size in SIZES:
-                cells = [_show_ratio(run, variant, size, scenario) for variant in variants]
-                costs.add_row(scenario, harness.size_label(size), *cells)
-        out.print(costs)
+    harness.print_costs(
+        out,
+        "what sealing and telemetry cost, and the transport gains: irismesh / its variant, "
+        "same run",
+        ["scenario", "size"],
+        [LABELS[variant] for variant in variants] if "mesh" in run.systems else [],
+        (
+            [
+                scenario,
+                harness.size_label(size),
+                *(_show_ratio(run, v, size, scenario) for v in variants),
+            ]
+            for scenario in SCENARIOS
+            for size in SIZES
+        ),
+    )
 
     memory = harness.table(
         "memory and CPU over the sustained run (RSS sampled once a second after warm-up)",
@@ -792,11 +796,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="throughput measuring window after warm-up; default 3, 1 with --quick",
     )
     parser.add_argument("--outstanding", type=int, default=100, help=argparse.SUPPRESS)
-    parser.add_argument(
-        "--only",
-        default=",".join(DEFAULT_SYSTEMS),
-        help=f"comma-separated systems (default: {','.join(DEFAULT_SYSTEMS)}; also mesh-null: "
-        "sealing off, mesh-notel: telemetry off, mesh-zmq: links on zmq; irismesh = mesh)",
+    harness.add_only(
+        parser,
+        DEFAULT_SYSTEMS,
+        "also mesh-null: sealing off, mesh-notel: telemetry off, mesh-zmq: links on zmq; "
+        "irismesh = mesh",
     )
     parser.add_argument(
         "--mesh-opt",

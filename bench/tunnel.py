@@ -715,17 +715,17 @@ def print_table(run: TunnelRun) -> None:
             )
         table.add_section()
     out.print(table)
-    if "mesh" in requested and "mesh-null" in requested:
-        costs = harness.table(
-            "what sealing costs (same run)",
-            ["block"],
-            ["irismesh / null sealer"],
-            "irismesh MB/s / null sealer's; below 1.00x: sealing slows it down",
-        )
-        for plan in run.plans:
-            ratio = _ratio(run, "mesh", "mesh-null", plan)
-            costs.add_row(size_label(plan.block), harness.ratio_cell(ratio))
-        out.print(costs)
+    harness.print_costs(
+        out,
+        "what sealing costs (same run)",
+        ["block"],
+        [LABELS["mesh-null"]] if "mesh" in requested and "mesh-null" in requested else [],
+        (
+            [size_label(plan.block), harness.ratio_cell(_ratio(run, "mesh", "mesh-null", plan))]
+            for plan in run.plans
+        ),
+        "irismesh MB/s / null sealer's; below 1.00x: sealing slows it down",
+    )
     harness.print_footnotes(out, run)
 
 
@@ -739,12 +739,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="64K,1M",
         help="block sizes, each a case; the sender sends one message per block (default 64K,1M)",
     )
-    parser.add_argument(
-        "--only",
-        default=",".join(SYSTEMS),
-        help=f"comma-separated systems (default: {','.join(SYSTEMS)}; mesh = irismesh sealed, "
-        "mesh-null: sealing off)",
-    )
+    harness.add_only(parser, SYSTEMS, "mesh = irismesh sealed, mesh-null: sealing off")
     parser.add_argument(
         "--window",
         default="4M",
