@@ -1022,6 +1022,20 @@ def on_stdin_lines(on_line: Callable[[str], object], on_eof: Callable[[], object
     threading.Thread(target=watch, name="stdin", daemon=True).start()
 
 
+def peak_rss_mb() -> float:
+    """The kernel's high-water mark of this process's RSS, start-up included (MiB).
+
+    VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec, from the parent's peak.
+    """
+    with contextlib.suppress(OSError, ValueError, KeyError, IndexError):
+        status = Path("/proc/self/status").read_text()
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        return int(fields["VmHWM"].split()[0]) / 1024
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def raise_fd_limit(wanted: int = 65536) -> int:
     """Raise this process's soft limit on open descriptors towards `wanted` (never above the
     hard limit); returns the soft limit now in force. Children inherit it."""
@@ -1083,6 +1097,34 @@ def child_main(
     except BaseException as exc:
         emit("error", message=f"{type(exc).__name__}: {exc}")
         raise
+
+
+async def on_schedule(
+    start: float,
+    interval: float,
+    count: int,
+    launch: Callable[[int, float], object],
+    give_up_at: float = math.inf,
+) -> int:
+    """An open loop: `launch(index, due)` for index 0 to count - 1, each at its due time
+    start + index * interval on the event loop's clock, whatever the earlier ones do (those
+    overdue at once, in a burst), until `give_up_at`. Returns how many were launched."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    index = 0
+    while index < count:
+        now = loop.time()
+        due = start + index * interval
+        if due > now:
+            await asyncio.sleep(due - now)
+            now = loop.time()
+        if now > give_up_at:
+            break
+        while index < count and (due := start + index * interval) <= now:
+            launch(index, due)
+            index += 1
+    return index
 
 
 async def busy_member(

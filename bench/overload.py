@@ -302,24 +302,15 @@ class OpenLoop:
         waited0 = runqueue_wait_s()
         start = self.start = loop.time() + 0.002
         give_up_at = start + self._plan.launch_limit_s()
-        planned, index = self.planned, 0
         tasks = self.tasks
-        while index < planned:
-            now = loop.time()
-            due = start + index * interval
-            if due > now:
-                await asyncio.sleep(due - now)
-                now = loop.time()
-            if now > give_up_at:
-                break
-            while index < planned:
-                scheduled = start + index * interval
-                if scheduled > now:
-                    break
-                task = loop.create_task(self._one(index, scheduled))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-                index += 1
+
+        def launch(index: int, due: float) -> None:
+            task = loop.create_task(self._one(index, due))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+        planned = self.planned
+        index = await harness.on_schedule(start, interval, planned, launch, give_up_at)
         await asyncio.sleep(0)  # let the last ones take their first step
         self.launched = index
         self.gave_up = planned - index

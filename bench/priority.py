@@ -125,17 +125,12 @@ async def open_loop(
     interval, count = 1.0 / rate, max(1, round(rate * args.seconds))
     start = loop.time() + 0.002
     tasks: list[asyncio.Task[None]] = []
-    index = 0
-    while index < count:
-        now = loop.time()
-        due = start + index * interval
-        if due > now:
-            await asyncio.sleep(due - now)
-            now = loop.time()
-        while index < count and start + index * interval <= now:
-            payload = tag + b":%d" % index
-            tasks.append(loop.create_task(calls.call(node, payload, args.deadline, priority)))
-            index += 1
+
+    def launch(index: int, due: float) -> None:
+        payload = tag + b":%d" % index
+        tasks.append(loop.create_task(calls.call(node, payload, args.deadline, priority)))
+
+    await harness.on_schedule(start, interval, count, launch)
     await asyncio.gather(*tasks)
     return calls.summary(args.seconds)
 

@@ -21,7 +21,6 @@ import functools
 import hashlib
 import json
 import os
-import resource
 import sys
 import threading
 import time
@@ -138,21 +137,6 @@ def expected_checksum(plan: Plan) -> str:
     return value()
 
 
-def peak_rss_mb() -> float:
-    """The kernel's high-water mark of this process's RSS, start-up included (MiB).
-
-    VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec, from the parent's peak.
-    """
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 class Watchdog:
     """Ends a child whose stream stalls: an error event, every thread's stack, exit status 4.
 
@@ -220,7 +204,7 @@ class Sending:
             cpu_s=time.process_time() - self.cpu0,
             expected=self.expected,
             report=report,
-            peak_rss_mb=peak_rss_mb(),
+            peak_rss_mb=harness.peak_rss_mb(),
         )
 
 
@@ -248,7 +232,7 @@ class Receipt:
             "t_first": self.t_first,
             "t_last": time.time(),
             "cpu_s": time.process_time() - self.cpu0,
-            "peak_rss_mb": peak_rss_mb(),
+            "peak_rss_mb": harness.peak_rss_mb(),
         }
         harness.emit("result", **report)
         return report
