@@ -120,7 +120,12 @@ def call_tables(total: int, shape: MeshShape, rng: np.random.Generator) -> Itera
                 "value": pa.nulls(calls + n2, pa.float64()),
             }
         )
-        yield table.cast(arrow_schema())
+        # The schema's other columns (names: on gauges and membership records) stay empty.
+        schema = arrow_schema()
+        for field in schema:
+            if field.name not in table.column_names:
+                table = table.append_column(field.name, pa.nulls(table.num_rows, field.type))
+        yield table.select(schema.names).cast(schema)
         done += calls + n2
 
 
