@@ -978,11 +978,12 @@ def keyed_rounds(
     return results
 
 
-def print_medians(rows: Sequence[tuple[str, Sequence[float], str]], width: int = 18) -> None:
-    """Per row: its label, the median of its values and every value, each in `form`."""
-    for label, values, form in rows:
+def print_medians(rows: Sequence[tuple[str, Sequence[float], str, str]], width: int = 18) -> None:
+    """Per row (label, values, format, unit): the median of its values, its unit, and every
+    value."""
+    for label, values, form, unit in rows:
         shown = ", ".join(form.format(v) for v in values)
-        print(f"{label:{width}} median {form.format(statistics.median(values))}  ({shown})")
+        print(f"{label:{width}} median {form.format(statistics.median(values))}{unit}  ({shown})")
 
 
 # --------------------------------------------------------------------------------------------

@@ -135,9 +135,9 @@ def main() -> int:
     results = harness.keyed_rounds(args.rounds, what, measure, prefix="cpu")
     harness.print_medians(
         [
-            ("caller", [r[0] for r in results], "{:,.2f} us"),
-            ("member", [r[1] for r in results], "{:,.2f} us"),
-            ("rate", [r[2] for r in results], "{:,.0f} /s"),
+            ("caller", [r[0] for r in results], "{:,.2f}", " us"),
+            ("member", [r[1] for r in results], "{:,.2f}", " us"),
+            ("rate", [r[2] for r in results], "{:,.0f}", " /s"),
         ],
         width=6,
     )
