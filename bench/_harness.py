@@ -1,23 +1,29 @@
-"""Child processes, RSS sampling and statistics shared by the benchmarks in this folder.
+"""Everything the benchmarks in this folder share: one harness, so no benchmark has a run loop
+of its own.
 
 A benchmark is one parent that only orchestrates and a few children that do the work.
 Children talk to the parent in lines on stdout (`READY <endpoint>`, then JSON events) and die
 with it: stdin is a pipe the parent never writes to, so EOF on it means the parent is gone,
 and on Linux the kernel also sends SIGKILL when the parent dies (PR_SET_PDEATHSIG). The parent
 stops every child it started in a `finally`, first by closing stdin, then SIGTERM, then SIGKILL.
-A parent may also write command lines to a child's stdin (see `on_stdin_lines`).
+A parent may also write command lines to a child's stdin (`on_stdin_lines`, `stdin_commands`).
 
-The benchmarks that set irismesh beside other systems (reqrep.py, pubsub.py, tunnel.py) share
-more than that: one parent skeleton (`run_parent`: warn when the machine is busy, make the
-keyring, measure, print, write JSON), one preflight that skips the systems this machine cannot
-run (`Run.preflight`), the nats-server and redis-server starters, and one event reader
-(`Events`) that relays a child's lines, turns its error events into `ChildFailed`, enforces a
-deadline and samples RSS and CPU over a timed window. A benchmark only says what its children
-do and how its tables look.
+The sections below, in order:
 
-A stale compiled core silently falls back to the pure Python one and gives figures several
-times slower: every benchmark calls `refuse_pure_core` before it measures, and runs on the pure
-core only when `--allow-pure` says so.
+- command line: `bench_parser` (`--json`), `add_only`, `parse_args` and `bench_main`, which
+  refuse the pure Python core unless `--allow-pure` is given (a stale compiled build falls
+  back to it silently, and its figures are several times slower);
+- statistics, ports and resource sampling (`RssSampler`: RSS and CPU of named processes);
+- the parent's side: `ChildProcesses` starts and stops children, `start_nats_server` and
+  `start_redis_server` the baselines' brokers, `Events` reads the children's events under a
+  deadline and samples them over a timed window, and `Run` with `run_parent` is the whole life
+  of a benchmark that sets irismesh beside other systems (reqrep.py, pubsub.py, tunnel.py):
+  preflight (skip what this machine cannot run, saying why), measure, print the tables (`table`,
+  `print_costs`), write the JSON document (`write_json`: facts, settings, results, ratios);
+- rounds of one measurement in the parent's own process (`keyed_rounds`, `print_medians`);
+- the child's side: `emit` an event, `child_main` (hard timeout, stop at stdin EOF, an
+  exception becomes an error event), `busy_member` (a member burning CPU per request) and
+  `on_schedule` (an open loop of requests).
 """
 
 from __future__ import annotations
@@ -92,6 +98,10 @@ def otel_from_env() -> None:
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(Dropped()))
     trace.set_tracer_provider(provider)
+
+
+# --------------------------------------------------------------------------------------------
+# Command line
 
 
 def progress(message: str, *, clock: bool = False) -> None:
@@ -1098,6 +1108,21 @@ def child_main(
     except BaseException as exc:
         emit("error", message=f"{type(exc).__name__}: {exc}")
         raise
+
+
+def stdin_commands() -> Any:
+    """An asyncio child's commands from its parent: an asyncio.Queue of the lines the parent
+    writes to stdin. At EOF (the parent is gone) the child exits at once, with status 1."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    commands: asyncio.Queue[str] = asyncio.Queue()
+    on_stdin_lines(lambda line: loop.call_soon_threadsafe(commands.put_nowait, line), _gone)
+    return commands
+
+
+def _gone() -> None:
+    os._exit(1)
 
 
 async def on_schedule(

@@ -517,11 +517,7 @@ async def rejoin(node: irismesh.Node, count: int) -> tuple[int, float]:
 async def caller_main(args: argparse.Namespace, plan: Plan) -> None:
     keys = irismesh.Keyring.load(args.keyring)
     loop = asyncio.get_running_loop()
-    commands: asyncio.Queue[str] = asyncio.Queue()
-    harness.on_stdin_lines(
-        lambda line: loop.call_soon_threadsafe(commands.put_nowait, line),
-        lambda: os._exit(1),  # the parent is gone
-    )
+    commands: asyncio.Queue[str] = harness.stdin_commands()
     seeds = args.seeds.split(",")
 
     async def checkpoint(name: str) -> None:

@@ -159,12 +159,7 @@ async def caller_main(args: argparse.Namespace) -> None:
     a process of its own, so that generating the load does not delay the probes' replies
     in the caller. Commands on stdin: `capacity`, `load RATE TAG`, `probe PRIORITY TAG`."""
     keys = irismesh.Keyring.load(args.keyring)
-    loop = asyncio.get_running_loop()
-    commands: asyncio.Queue[str] = asyncio.Queue()
-    harness.on_stdin_lines(
-        lambda line: loop.call_soon_threadsafe(commands.put_nowait, line),
-        lambda: os._exit(1),  # the parent is gone
-    )
+    commands: asyncio.Queue[str] = harness.stdin_commands()
     async with irismesh.Node(keyring=keys, bind=BIND, seeds=[args.seeds], survey=False) as node:
         await node.wait_for_members(CLUSTER, timeout=STARTUP_S)
         await closed_loop(node, 1, WARMUP_S)
