@@ -25,6 +25,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from _harness import parse_args
+
 BENCHES = {
     "reqrep": ["--quick", "--only", "mesh"],
     "pubsub": ["--only", "mesh", "--sizes", "100", "--fanouts", "1,4"],
@@ -89,7 +91,7 @@ def main() -> int:
     parser.add_argument("builds", nargs="+", metavar="NAME=PYTHON")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--bench", default="reqrep,pubsub", help="comma-separated: reqrep,pubsub")
-    args = parser.parse_args()
+    args = parse_args(parser, refuse=False)
     builds = []
     for text in args.builds:
         name, sep, python = text.partition("=")

@@ -30,11 +30,10 @@ import statistics
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from _harness import otel_from_env
+import _harness as harness
 
 import irismesh
 
@@ -88,9 +87,13 @@ async def subscriber(
         await loop.run_in_executor(None, sys.stdin.readline)  # stay until told
 
 
+# CPU us per publish (all threads, the loop's), per subscriber (all, loop's), messages/s.
+Figures = tuple[float, float, list[tuple[float, float]], float]
+
+
 async def publisher(
     keys: irismesh.Keyring, keyfile: Path, args: argparse.Namespace, profile: str, sub_prof: str
-) -> tuple[float, float, list[tuple[float, float]], float]:
+) -> Figures:
     async with irismesh.Node(keyring=keys, discovery=False, telemetry=args.telemetry) as node:
         endpoint = node.endpoint
         # Warm-up messages carry sequence numbers from -warmup; the subscribers count from 0.
@@ -165,37 +168,30 @@ def main() -> int:
     parser.add_argument("--profile-sub", default="", metavar="PATH")
     parser.add_argument("--telemetry", action="store_true", help="telemetry on (off by default)")
     parser.add_argument("--subscriber", nargs=5, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    otel_from_env()  # IRISMESH_BENCH_OTEL=batch: tracing into the SDK (bench/tracing_cost.py)
+    args = harness.parse_args(parser)
+    harness.otel_from_env()  # IRISMESH_BENCH_OTEL=batch: tracing into the SDK (tracing_cost.py)
     if args.subscriber:
         keyfile, endpoint, total, profile, telemetry = args.subscriber
         irismesh.run(subscriber(keyfile, endpoint, int(total), profile, bool(telemetry)))
         return 0
-    keys = irismesh.Keyring.generate()
-    results = []
-    with tempfile.TemporaryDirectory(prefix="irismesh-cpu-") as tmp:
-        keyfile = Path(tmp) / "mesh.keys"
-        keys.save(keyfile)
-        for i in range(args.rounds):
-            print(f"[{i + 1}/{args.rounds}] {args.messages:,} messages", file=sys.stderr)
-            last = i == args.rounds - 1
-            profile = args.profile if last else ""
-            sub_prof = args.profile_sub if last else ""
-            results.append(irismesh.run(publisher(keys, keyfile, args, profile, sub_prof)))
-    pubs = [r[0] for r in results]
-    loops = [r[1] for r in results]
-    subs = [statistics.median(s for s, _t in r[2]) for r in results]
-    sub_loops = [statistics.median(t for _s, t in r[2]) for r in results]
-    rates = [r[3] for r in results]
-    for label, values, fmt in (
-        ("publisher us/msg", pubs, "{:,.2f}"),
-        (" its loop's thread", loops, "{:,.2f}"),
-        ("subscriber us/msg", subs, "{:,.2f}"),
-        (" its loop's thread", sub_loops, "{:,.2f}"),
-        ("msg/s", rates, "{:,.0f}"),
-    ):
-        shown = ", ".join(fmt.format(v) for v in values)
-        print(f"{label:18} median {fmt.format(statistics.median(values))}  ({shown})")
+
+    def measure(keys: irismesh.Keyring, keyfile: Path, last: bool) -> Figures:
+        profile, sub_prof = (args.profile, args.profile_sub) if last else ("", "")
+        return irismesh.run(publisher(keys, keyfile, args, profile, sub_prof))
+
+    what = f"{args.messages:,} messages"
+    results = harness.keyed_rounds(args.rounds, what, measure, prefix="cpu")
+    subs = [statistics.median(s for s, _ in r[2]) for r in results]
+    sub_loops = [statistics.median(t for _, t in r[2]) for r in results]
+    harness.print_medians(
+        [
+            ("publisher us/msg", [r[0] for r in results], "{:,.2f}", ""),
+            (" its loop's thread", [r[1] for r in results], "{:,.2f}", ""),
+            ("subscriber us/msg", subs, "{:,.2f}", ""),
+            (" its loop's thread", sub_loops, "{:,.2f}", ""),
+            ("msg/s", [r[3] for r in results], "{:,.0f}", ""),
+        ]
+    )
     return 0
 
 

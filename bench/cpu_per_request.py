@@ -19,14 +19,12 @@ import argparse
 import asyncio
 import os
 import resource
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from _harness import otel_from_env
+import _harness as harness
 
 import irismesh
 
@@ -124,28 +122,25 @@ def main() -> int:
     )
     parser.add_argument("--member", metavar="KEYFILE", help=argparse.SUPPRESS)
     parser.add_argument("--version", default="", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    otel_from_env()  # IRISMESH_BENCH_OTEL=batch: tracing into the SDK (bench/tracing_cost.py)
+    args = harness.parse_args(parser)
+    harness.otel_from_env()  # IRISMESH_BENCH_OTEL=batch: tracing into the SDK (tracing_cost.py)
     if args.member:
         irismesh.run(member(args.member, args.version))
         return 0
-    keys = irismesh.Keyring.generate()
-    results = []
-    with tempfile.TemporaryDirectory(prefix="irismesh-cpu-") as tmp:
-        keyfile = Path(tmp) / "mesh.keys"
-        keys.save(keyfile)
-        for i in range(args.rounds):
-            print(f"[{i + 1}/{args.rounds}] {args.requests:,} requests", file=sys.stderr)
-            results.append(one_round(keyfile, keys, args))
-    for label, index, unit in (("caller", 0, "us"), ("member", 1, "us"), ("rate", 2, "/s")):
-        values = [r[index] for r in results]
-        shown = ", ".join(f"{v:,.2f}" if unit == "us" else f"{v:,.0f}" for v in values)
-        middle = statistics.median(values)
-        print(
-            f"{label:6} median {middle:,.2f} {unit}  ({shown})"
-            if unit == "us"
-            else f"{label:6} median {middle:,.0f} {unit}  ({shown})"
-        )
+
+    def measure(keys: irismesh.Keyring, keyfile: Path, last: bool) -> tuple[float, ...]:
+        return one_round(keyfile, keys, args)
+
+    what = f"{args.requests:,} requests"
+    results = harness.keyed_rounds(args.rounds, what, measure, prefix="cpu")
+    harness.print_medians(
+        [
+            ("caller", [r[0] for r in results], "{:,.2f}", " us"),
+            ("member", [r[1] for r in results], "{:,.2f}", " us"),
+            ("rate", [r[2] for r in results], "{:,.0f}", " /s"),
+        ],
+        width=6,
+    )
     return 0
 
 

@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -28,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import latency_summary_us
+import _harness as harness
 
 import irismesh
 
@@ -47,36 +46,20 @@ async def holder() -> None:
 
 def redis_incr(n: int) -> float | None:
     """INCRs per second against a redis-server started here, or None without one."""
-    server = shutil.which("redis-server")
     try:
         import redis  # type: ignore[import-not-found]
     except ImportError:
         return None
-    if server is None:
-        return None
-    port = 6391
-    proc = subprocess.Popen(
-        [server, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-    )
-    try:
+    with harness.ChildProcesses() as procs:
+        port = harness.start_redis_server(procs)
+        if port is None:
+            return None
         client = redis.Redis(host="127.0.0.1", port=port)
-        deadline = time.monotonic() + 5
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+        client.ping()
         start = time.perf_counter()
         for _ in range(n):
             client.incr("bench")
         return n / (time.perf_counter() - start)
-    finally:
-        proc.terminate()
-        proc.wait(5)
 
 
 def start_holders(count: int) -> tuple[list[subprocess.Popen[str]], list[str]]:
@@ -133,7 +116,7 @@ async def measure(args: argparse.Namespace, seeds: list[str]) -> dict[str, objec
                 t0 = time.perf_counter_ns()
                 await counter.add(1, consistency=consistency, timeout=5)  # type: ignore[arg-type]
                 samples.append(time.perf_counter_ns() - t0)
-            summary = latency_summary_us(samples)
+            summary = harness.latency_summary_us(samples)
             results[f"{consistency}_write_p50_us"] = round(summary["p50_us"])
             results[f"{consistency}_write_p99_us"] = round(summary["p99_us"])
         samples = []
@@ -141,7 +124,7 @@ async def measure(args: argparse.Namespace, seeds: list[str]) -> dict[str, objec
             t0 = time.perf_counter_ns()
             await counter.get(consistency="majority", timeout=5)
             samples.append(time.perf_counter_ns() - t0)
-        summary = latency_summary_us(samples)
+        summary = harness.latency_summary_us(samples)
         results["majority_read_p50_us"] = round(summary["p50_us"])
         results["majority_read_p99_us"] = round(summary["p99_us"])
 
@@ -164,7 +147,7 @@ def main() -> None:
     parser.add_argument("--writes", type=int, default=2000)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--holder", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = harness.parse_args(parser)
     if "IRISMESH_KEYS" not in os.environ and irismesh.Keyring.from_env() is None:
         os.environ["IRISMESH_KEYS"] = irismesh.Keyring.generate().to_text()
     if args.holder:

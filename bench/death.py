@@ -27,7 +27,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from _harness import ChildProcesses, on_stdin_eof
+from _harness import ChildProcesses, on_stdin_eof, parse_args
 
 import irismesh
 from irismesh.errors import NoResponders, RequestTimeout
@@ -166,7 +166,7 @@ def main() -> int:
     parser.add_argument("--idle", nargs="+", type=int, default=[0, 20])
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_args(parser)
     if args.child:
         transport, count, cluster, *seeds = args.child
         asyncio.run(child(transport, seeds, int(count), cluster))

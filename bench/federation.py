@@ -29,13 +29,13 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import _harness as harness
 import psutil
 
 import irismesh
@@ -44,21 +44,18 @@ os.environ.setdefault("IRISMESH_DISCOVERY", "0")  # nodes join by seed only
 LOCAL = "tcp://127.0.0.1:0"
 
 
-def start(procs: list[subprocess.Popen[str]], *argv: str) -> dict[str, Any]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "irismesh", *argv], stdout=subprocess.PIPE, text=True
-    )
-    procs.append(proc)
-    assert proc.stdout is not None
-    return json.loads(proc.stdout.readline())  # type: ignore[no-any-return]
+def start(procs: harness.ChildProcesses, *argv: str) -> dict[str, Any]:
+    """A `mesh` command in a child process; the JSON line it prints once it is up."""
+    command = [sys.executable, "-m", "irismesh", *argv]
+    return json.loads(procs.first_line(argv[0], command, stops_on_eof=False))  # type: ignore[no-any-return]
 
 
 WHO = ("callers", "member", "gateway_a", "gateway_b", "gateway_ac")  # this, then the children
 
 
-def cpu_seconds(procs: list[subprocess.Popen[str]]) -> list[float]:
+def cpu_seconds(procs: harness.ChildProcesses) -> list[float]:
     """User + system CPU seconds so far of this process and of each child, in WHO's order."""
-    times = [psutil.Process(p.pid).cpu_times() for p in procs]
+    times = [psutil.Process(p.pid).cpu_times() for p in procs.children]
     return [sum(psutil.Process().cpu_times()[:2]), *(sum(t[:2]) for t in times)]
 
 
@@ -69,12 +66,12 @@ def cpu_per(
         out[f"cpu_{key}_{who}_us"] = (ended - began) / n * 1e6
 
 
-def main_threads(procs: list[subprocess.Popen[str]]) -> list[tuple[float, float, int]]:
+def main_threads(procs: harness.ChildProcesses) -> list[tuple[float, float, int]]:
     """For the event loop's thread of this process and of each child, in WHO's order: seconds
     on a CPU, seconds runnable but waiting for one, and voluntary sleeps, so far (Linux's
     /proc; zeros elsewhere)."""
     figures = []
-    for pid in [os.getpid(), *(p.pid for p in procs)]:
+    for pid in [os.getpid(), *(p.pid for p in procs.children)]:
         try:
             run, wait, _ = Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()
             status = Path(f"/proc/{pid}/task/{pid}/status").read_text()
@@ -181,8 +178,7 @@ async def main(args: argparse.Namespace) -> dict[str, float]:
     for name in ("a", "b", "c", "link"):
         keys[name] = irismesh.Keyring.generate()
         keys[name].save(tmp / f"{name}.keys")
-    procs: list[subprocess.Popen[str]] = []
-    try:
+    with harness.ChildProcesses() as procs:
         common = ["--bind", LOCAL, "--no-discovery", "--json"]
         member = start(procs, "node", "--cluster", "db", "--keys", str(tmp / "a.keys"), *common)
         gw = ["gateway", "--link-keys", str(tmp / "link.keys"), *common]
@@ -231,14 +227,6 @@ async def main(args: argparse.Namespace) -> dict[str, float]:
                 await tunnel_rate(node, 4 << 20)  # warm up
                 out[f"tunnel_{label}_mb_s"] = await tunnel_rate(node, args.tunnel_mb << 20)
             return out
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
 
 
 def cli() -> None:
@@ -248,7 +236,7 @@ def cli() -> None:
     parser.add_argument("--messages", type=int, default=50000)
     parser.add_argument("--tunnel-mb", type=int, default=64)
     parser.add_argument("--json", type=Path, help="also write the figures here")
-    args = parser.parse_args()
+    args = harness.parse_args(parser)
     out = irismesh.run(main(args))
     direct = {
         "reqrep": out["reqrep_direct_per_s"],

@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "core"))
 
+from _harness import parse_args
 from frame_fuzz import Escaped, Footprint, Scene
 
 CHECK_EVERY = 10_000
@@ -74,7 +75,7 @@ def main() -> int:
     parser.add_argument(
         "--seed", type=int, default=1, help="the same seed makes the same choices (default 1)"
     )
-    args = parser.parse_args()
+    args = parse_args(parser)
     return run(args.cases, args.seed)
 
 

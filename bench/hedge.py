@@ -16,11 +16,12 @@ import json
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import _harness as harness
 
 import irismesh
 
@@ -102,28 +103,15 @@ def run(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     env = dict(os.environ, IRISMESH_KEYFILE=str(keyfile))
     env.pop("IRISMESH_KEYS", None)
     fast = args.fast_ms / 1000
-    procs = []
     try:
-        endpoints = []
-        for delay in (fast, fast, 10 * fast):
-            proc = subprocess.Popen(
-                [sys.executable, __file__, "--member", str(delay)],
-                stdout=subprocess.PIPE,
-                text=True,
-                env=env,
-            )
-            procs.append(proc)
-            assert proc.stdout is not None
-            endpoints.append(proc.stdout.readline().split()[1])
-        return asyncio.run(measure(args, keys, endpoints))
+        with harness.ChildProcesses() as procs:
+            endpoints = []
+            for delay in (fast, fast, 10 * fast):
+                argv = [sys.executable, __file__, "--member", str(delay)]
+                ready = procs.first_line(f"member {delay:g} s", argv, env=env, stops_on_eof=False)
+                endpoints.append(ready.split()[1])
+            return asyncio.run(measure(args, keys, endpoints))
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
         workdir.cleanup()
 
 
@@ -134,7 +122,7 @@ def main() -> int:
     parser.add_argument("--fast-ms", type=float, default=1.0)
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--member", type=float, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = harness.parse_args(parser)
     if args.member is not None:
         asyncio.run(member(args.member))
         return 0

@@ -24,6 +24,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from _harness import parse_args
+
 WAKEUPS = Path(__file__).resolve().parent / "wakeups.py"
 
 
@@ -67,7 +69,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--requests", type=int, default=3000)
-    args = parser.parse_args()
+    args = parse_args(parser, refuse=False)
     if args.rounds < 1 or args.size < 1 or args.requests < 100:
         parser.error("--rounds and --size must be positive, --requests at least 100")
     builds = [parse_build(text) for text in args.builds]

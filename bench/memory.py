@@ -39,9 +39,7 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,15 +48,15 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 import irismesh
 from irismesh.memory import MemoryStore, Retention, message_id
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import find_executable
+import _harness as harness
 
-NATS_SERVER_INSTALL = "apt-get install -y nats-server"
 IN_FLIGHT = 32
 ONE_AT_A_TIME = 2000
 
@@ -106,17 +104,14 @@ def store_rereads(directory: Path, keys: irismesh.Keyring, rounds: int, paths: i
 
 
 def start_member(
-    data: Path, keyfile: Path, seed: str | None, sync: str = "fsync"
-) -> tuple[subprocess.Popen[str], str]:
-    args = [sys.executable, "-m", "irismesh", "memory", "--data", str(data), "--keys", str(keyfile)]
-    args += ["--sync", sync]
-    args += ["--bind", "tcp://127.0.0.1:0", "--json"] + (["--seed", seed] if seed else [])
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line:
-        raise SystemExit(f"memory member on {data} did not start")
-    return proc, str(json.loads(line)["endpoint"])
+    procs: harness.ChildProcesses, data: Path, keyfile: Path, seed: str | None, sync: str = "fsync"
+) -> str:
+    """A memory member (`mesh memory`) in a child process; its endpoint."""
+    argv = [sys.executable, "-m", "irismesh", "memory", "--data", str(data), "--keys", str(keyfile)]
+    argv += ["--sync", sync]
+    argv += ["--bind", "tcp://127.0.0.1:0", "--json"] + (["--seed", seed] if seed else [])
+    line = procs.first_line(f"memory member {data.name}", argv, timeout=60, stops_on_eof=False)
+    return str(json.loads(line)["endpoint"])
 
 
 async def over_the_mesh(
@@ -348,28 +343,6 @@ async def versus_clients(
             await side.close()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def start_nats(server: str, store: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    args = [server, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(store)]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return proc, f"nats://127.0.0.1:{port}"
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    proc.kill()
-    raise SystemExit(f"nats-server did not start on 127.0.0.1:{port}")
-
-
 def fdatasync_p50(directory: Path, rounds: int = 200) -> float:
     """Seconds one 4 KiB append and its fdatasync take on this disk, median: the floor of a
     commit that waits for the disk."""
@@ -388,40 +361,24 @@ def fdatasync_p50(directory: Path, rounds: int = 200) -> float:
     return statistics.median(samples)
 
 
-def jetstream_missing() -> str | None:
-    """Why the JetStream column cannot be measured (None: it can)."""
-    if find_executable("nats-server", "/usr/sbin/nats-server", "/usr/bin/nats-server") is None:
-        return f"nats-server is not installed ({NATS_SERVER_INSTALL})"
-    try:
-        import nats  # noqa: F401
-    except ImportError:
-        return "nats-py is not installed (pip install -e '.[bench]')"
-    return None
-
-
 def versus(args: argparse.Namespace, root: Path) -> Table:
     """The memory beside JetStream: rate with 32 in flight, p50 one at a time, reread."""
     members: dict[str, tuple[irismesh.Keyring, str]] = {}
-    procs: list[subprocess.Popen[Any]] = []
     results: dict[str, dict[str, float] | str] = {}
-    try:
+    with harness.ChildProcesses() as procs:
         for sync in ("fsync", "os"):
             # A mesh (keyring) each: the two members must not find each other and share work.
             keys = irismesh.Keyring.generate()
             keyfile = root / f"versus-{sync}.keys"
             keys.save(keyfile)
-            member, seed = start_member(root / f"versus-{sync}", keyfile, None, sync)
-            procs.append(member)
+            seed = start_member(procs, root / f"versus-{sync}", keyfile, None, sync)
             members[f"irismesh {sync}"] = (keys, seed)
         url = None
-        missing = jetstream_missing()
+        missing = harness.nats_missing()
         if missing is not None:
             print(f"[versus] JetStream skipped: {missing}", file=sys.stderr)
         else:
-            server = find_executable("nats-server", "/usr/sbin/nats-server", "/usr/bin/nats-server")
-            assert server is not None
-            proc, url = start_nats(server, root / "jetstream")
-            procs.append(proc)
+            _, url = harness.start_nats_server(procs, "-js", "-sd", str(root / "jetstream"))
         print(
             f"[versus] {', '.join(members)}{', JetStream' if url else ''}: "
             f"{args.rounds} rounds each, in turns",
@@ -430,10 +387,6 @@ def versus(args: argparse.Namespace, root: Path) -> Table:
         results.update(irismesh.run(versus_clients(members, url, args)))
         if missing is not None:
             results["JetStream"] = f"skipped: {missing}"
-    finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(timeout=30)
     js = results["JetStream"]
     floor = fdatasync_p50(root / "probe")
     table = Table(
@@ -456,7 +409,7 @@ def versus(args: argparse.Namespace, root: Path) -> Table:
         cells = []
         for figures in results.values():
             if isinstance(figures, str):
-                cells.append(figures)
+                cells.append(escape(figures))  # not rich markup: "[bench]"
                 continue
             value = figures[key] * (1e6 if key.startswith("p") else 1e3 if key == "reread" else 1)
             cell = form.format(value)
@@ -480,7 +433,7 @@ def main() -> int:
     parser.add_argument("--only-versus", action="store_true", help="step 6 alone")
     parser.add_argument("--versus-publishes", type=int, default=20_000)
     parser.add_argument("--versus-paths", type=int, default=1000)
-    args = parser.parse_args()
+    args = harness.parse_args(parser)
     if args.only_versus:
         with tempfile.TemporaryDirectory(prefix="irismesh-memory-bench-") as tmp:
             Console().print(versus(args, Path(tmp)))
@@ -499,19 +452,15 @@ def main() -> int:
         print("[2/4] rereading from the store", file=sys.stderr)
         local = store_rereads(root / "one", keys, args.rounds, args.paths)
         print("[3/4] two memory members, rereading over the mesh", file=sys.stderr)
-        first, seed = start_member(root / "one", keyfile, None)
-        second, _ = start_member(root / "two", keyfile, seed)
-        try:
+        with harness.ChildProcesses() as procs:
+            seed = start_member(procs, root / "one", keyfile, None)
+            start_member(procs, root / "two", keyfile, seed)
             print("[4/4] ... retained publishes and queued jobs", file=sys.stderr)
             mesh = asyncio.run(
                 over_the_mesh(
                     keys, seed, args.rounds, args.paths, args.publishes, args.size, args.jobs
                 )
             )
-        finally:
-            for proc in (first, second):
-                proc.terminate()
-                proc.wait(timeout=30)
         beside = versus(args, root)
     table = Table(
         title=f"the mesh's memory: {args.messages:,} messages of {args.size} B on "

@@ -30,13 +30,12 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import gc
 import itertools
 import json
 import math
 import os
-import platform
-import signal
 import sys
 import tempfile
 import time
@@ -45,18 +44,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from _harness import (
-    BenchError,
-    Child,
-    ChildFailed,
-    ChildProcesses,
-    RssSampler,
-    emit,
-    exit_after,
-    on_stdin_lines,
-    percentile,
-    raise_keyboard_interrupt_on_sigterm,
-)
+import _harness as harness
 
 import irismesh
 
@@ -120,10 +108,6 @@ class Plan:
         return STARTUP_S + 20.0 + self.baseline_budget_s() + len(self.loads) * per_load + 60.0
 
 
-def progress(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 def pick(stats: Mapping[str, int], prefixes: Sequence[str]) -> dict[str, int]:
     return {k: int(v) for k, v in stats.items() if k.startswith(tuple(prefixes))}
 
@@ -138,7 +122,7 @@ def ms(seconds: float | None) -> float | None:
 
 
 def pct(sorted_values: Sequence[float], q: float) -> float | None:
-    return percentile(sorted_values, q) if sorted_values else None
+    return harness.percentile(sorted_values, q) if sorted_values else None
 
 
 # ============================================================================================
@@ -146,42 +130,30 @@ def pct(sorted_values: Sequence[float], q: float) -> float | None:
 
 
 async def member_main(args: argparse.Namespace) -> None:
-    keys = irismesh.Keyring.load(args.keyring)
-    cost = args.cost_ms / 1000.0
     runs: dict[bytes, int] = {}  # handler runs by the payload's tag (the caller's phase)
-    clock = time.perf_counter
 
-    def handle(payload: bytes) -> bytes:
+    def count(payload: bytes) -> None:
         tag = payload.partition(b":")[0]
         runs[tag] = runs.get(tag, 0) + 1
-        end = clock() + cost
-        while clock() < end:  # burn CPU, as real work would; never sleep
-            pass
-        return payload
 
-    loop = asyncio.get_running_loop()
-    stopped = asyncio.Event()
-    async with irismesh.Node(CLUSTER, keyring=keys, bind=BIND, survey=False) as node:
-        node.on_request(handle)
-
-        def report(seq: str) -> None:
-            stats = node.stats
-            emit(
+    def on_line(node: irismesh.Node, line: str) -> None:
+        verb, _, seq = line.partition(" ")
+        if verb == "counts":
+            harness.emit(
                 "counts",
                 seq=seq,
                 runs={tag.decode(): n for tag, n in runs.items()},
-                stats=pick(stats, (*MEMBER_PREFIXES, *MEMBER_EXTRA_PREFIXES)),
+                stats=pick(node.stats, (*MEMBER_PREFIXES, *MEMBER_EXTRA_PREFIXES)),
             )
 
-        def on_line(line: str) -> None:
-            verb, _, seq = line.partition(" ")
-            if verb == "counts":
-                loop.call_soon_threadsafe(report, seq)
-
-        on_stdin_lines(on_line, lambda: loop.call_soon_threadsafe(stopped.set))
-        loop.add_signal_handler(signal.SIGTERM, stopped.set)
-        print("READY", node.endpoint, node.node_id.hex(), flush=True)
-        await stopped.wait()
+    await harness.busy_member(
+        args.keyring,
+        args.cost_ms / 1000.0,
+        on_line,
+        count=count,
+        cluster=CLUSTER,
+        ready=lambda node: f"{node.endpoint} {node.node_id.hex()}",
+    )
 
 
 # ============================================================================================
@@ -330,24 +302,15 @@ class OpenLoop:
         waited0 = runqueue_wait_s()
         start = self.start = loop.time() + 0.002
         give_up_at = start + self._plan.launch_limit_s()
-        planned, index = self.planned, 0
         tasks = self.tasks
-        while index < planned:
-            now = loop.time()
-            due = start + index * interval
-            if due > now:
-                await asyncio.sleep(due - now)
-                now = loop.time()
-            if now > give_up_at:
-                break
-            while index < planned:
-                scheduled = start + index * interval
-                if scheduled > now:
-                    break
-                task = loop.create_task(self._one(index, scheduled))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-                index += 1
+
+        def launch(index: int, due: float) -> None:
+            task = loop.create_task(self._one(index, due))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+        planned = self.planned
+        index = await harness.on_schedule(start, interval, planned, launch, give_up_at)
         await asyncio.sleep(0)  # let the last ones take their first step
         self.launched = index
         self.gave_up = planned - index
@@ -554,24 +517,20 @@ async def rejoin(node: irismesh.Node, count: int) -> tuple[int, float]:
 async def caller_main(args: argparse.Namespace, plan: Plan) -> None:
     keys = irismesh.Keyring.load(args.keyring)
     loop = asyncio.get_running_loop()
-    commands: asyncio.Queue[str] = asyncio.Queue()
-    on_stdin_lines(
-        lambda line: loop.call_soon_threadsafe(commands.put_nowait, line),
-        lambda: os._exit(1),  # the parent is gone
-    )
+    commands: asyncio.Queue[str] = harness.stdin_commands()
     seeds = args.seeds.split(",")
 
     async def checkpoint(name: str) -> None:
-        emit("checkpoint", name=name)
+        harness.emit("checkpoint", name=name)
         line = await asyncio.wait_for(commands.get(), DRAIN_CAP_S + 30.0)
         if line != "go":
-            raise BenchError(f"unexpected command {line!r} at checkpoint {name}")
+            raise harness.BenchError(f"unexpected command {line!r} at checkpoint {name}")
 
     async with irismesh.Node(keyring=keys, bind=BIND, seeds=seeds, survey=False) as node:
-        emit("progress", message=f"caller: waiting for {plan.members} member(s)")
+        harness.emit("progress", message=f"caller: waiting for {plan.members} member(s)")
         await node.wait_for_members(CLUSTER, count=plan.members, timeout=STARTUP_S)
 
-        emit("progress", message="baseline: unloaded p50 (1 in flight), then capacity")
+        harness.emit("progress", message="baseline: unloaded p50 (1 in flight), then capacity")
         await closed_loop(node, "W", 1, plan.warmup_s, BASELINE_TIMEOUT_S)
         unloaded = await closed_loop(node, "U", 1, plan.unloaded_s, BASELINE_TIMEOUT_S)
         capacity = await closed_loop(
@@ -579,14 +538,14 @@ async def caller_main(args: argparse.Namespace, plan: Plan) -> None:
         )
         c = capacity["replies_per_s"]
         unloaded_p50 = (unloaded["served_p50_ms"] or 0.0) / 1000.0
-        emit("baseline", unloaded=unloaded, capacity=capacity)
+        harness.emit("baseline", unloaded=unloaded, capacity=capacity)
         if c <= 0 or unloaded_p50 <= 0:
-            raise BenchError(f"no capacity measured: {capacity['failures']}")
+            raise harness.BenchError(f"no capacity measured: {capacity['failures']}")
 
         await checkpoint("baseline")
         for index, multiple in enumerate(plan.loads):
             rate = multiple * c
-            emit(
+            harness.emit(
                 "progress",
                 message=f"load {multiple:g}x C: {rate:,.0f} req/s for {plan.seconds:g} s, "
                 f"then {plan.recovery_s:g} s of recovery",
@@ -603,11 +562,11 @@ async def caller_main(args: argparse.Namespace, plan: Plan) -> None:
             counters_before = pick(node.stats, SUSPICION_PREFIXES)
             watch = PeerWatch(node, plan.peers_every_s)
             opened = OpenLoop(node, tag, rate, plan)
-            emit("mark", index=index)
+            harness.emit("mark", index=index)
             watching = loop.create_task(watch.run(loop.time()))
             with GcPauses() as gc_pauses:
                 await opened.launch()
-                emit("mark_end", index=index)
+                harness.emit("mark_end", index=index)
                 recovered = await recovery(node, f"R{index}", plan, loop.time(), unloaded_p50)
                 unfinished = await opened.finish()
             watch.stop()
@@ -627,13 +586,13 @@ async def caller_main(args: argparse.Namespace, plan: Plan) -> None:
                 peer_samples=watch.samples,
                 caller_counters={k: v for k, v in counters.items() if v},
             )
-            emit("load", **result)
+            harness.emit("load", **result)
             await checkpoint(f"after {tag}")
-    emit("done")
+    harness.emit("done")
 
 
 def run_child(args: argparse.Namespace) -> None:
-    exit_after(args.max_seconds)
+    harness.exit_after(args.max_seconds)
     if args.role == "member":
         asyncio.run(member_main(args))
         return
@@ -642,7 +601,7 @@ def run_child(args: argparse.Namespace) -> None:
     try:
         asyncio.run(caller_main(args, plan))
     except BaseException as exc:
-        emit("error", message=f"{type(exc).__name__}: {exc}")
+        harness.emit("error", message=f"{type(exc).__name__}: {exc}")
         raise
 
 
@@ -653,7 +612,7 @@ def run_child(args: argparse.Namespace) -> None:
 @dataclass(kw_only=True, slots=True)
 class Member:
     name: str
-    child: Child
+    child: harness.Child
     cost_ms: float
     endpoint: str = ""
     node_id: str = ""
@@ -668,15 +627,17 @@ class Member:
             stdin.flush()
 
 
-def tell(child: Child, line: str) -> None:
+def tell(child: harness.Child, line: str) -> None:
     stdin = child.proc.stdin
     if stdin is None:
-        raise ChildFailed(child.name, "no stdin to write to")
+        raise harness.ChildFailed(child.name, "no stdin to write to")
     try:
         stdin.write(line.encode() + b"\n")
         stdin.flush()
     except (OSError, ValueError) as exc:
-        raise ChildFailed(child.name, f"cannot write to it: {exc}", child.stderr_tail()) from exc
+        raise harness.ChildFailed(
+            child.name, f"cannot write to it: {exc}", child.stderr_tail()
+        ) from exc
 
 
 class MemberCounts:
@@ -796,7 +757,7 @@ def run_scenario(name: str, plan: Plan, keyring: str) -> dict[str, Any]:
     budget = plan.budget_s()
     # The longest the caller may stay silent: start-up, baseline, or one load and recovery.
     silence = max(STARTUP_S + 15.0, plan.baseline_budget_s(), plan.load_budget_s()) + 5.0
-    with ChildProcesses() as procs:
+    with harness.ChildProcesses() as procs:
         members = [
             Member(
                 name=f"m{k + 1}",
@@ -820,7 +781,7 @@ def run_scenario(name: str, plan: Plan, keyring: str) -> dict[str, Any]:
         seeds = ",".join(m.endpoint for m in members)
         caller = procs.spawn("caller", [*argv, "--seeds", seeds])
         pids = {m.name: m.child.pid for m in members} | {"caller": caller.pid}
-        sampler: RssSampler | None = None
+        sampler: harness.RssSampler | None = None
         cpu: dict[int, dict[str, Any]] = {}
         ended_at: dict[int, float] = {}  # time.monotonic() at the end of each load's launches
         drain_limit = DRAIN_SLACK_S
@@ -835,28 +796,30 @@ def run_scenario(name: str, plan: Plan, keyring: str) -> dict[str, Any]:
             line = caller.next_line(until)
             if line is None:
                 if time.monotonic() >= heard + silence:
-                    raise ChildFailed("caller", f"silent for {silence:.0f} s", caller.stderr_tail())
+                    raise harness.ChildFailed(
+                        "caller", f"silent for {silence:.0f} s", caller.stderr_tail()
+                    )
                 counts.poll()
                 continue
             heard = time.monotonic()
             try:
                 event = json.loads(line)
             except json.JSONDecodeError:
-                progress(f"  caller: {line}")
+                harness.progress(f"  caller: {line}")
                 continue
             kind = event.pop("event", None)
             if kind == "progress":
-                progress(f"[{name}] {event['message']}")
+                harness.progress(f"[{name}] {event['message']}")
             elif kind == "baseline":
                 result["baseline"] = event
                 cap, unl = event["capacity"], event["unloaded"]
-                progress(
+                harness.progress(
                     f"[{name}] C = {cap['replies_per_s']:,.0f} replies/s "
                     f"(8 in flight, p50 {cap['served_p50_ms']:.2f} ms); "
                     f"unloaded p50 {unl['served_p50_ms']:.2f} ms"
                 )
             elif kind == "mark":
-                sampler = RssSampler(pids)
+                sampler = harness.RssSampler(pids)
                 sampler.sample()
             elif kind == "mark_end" and sampler is not None:
                 ended_at[event["index"]] = time.monotonic()
@@ -876,12 +839,12 @@ def run_scenario(name: str, plan: Plan, keyring: str) -> dict[str, Any]:
                 result["loads"].append(event)
                 backlog_s = event["planned"] * max(costs) / 1000.0
                 drain_limit = min(DRAIN_CAP_S, backlog_s + DRAIN_SLACK_S)
-                progress(
+                harness.progress(
                     f"[{name}] {event['multiple']:g}x: goodput/C "
                     f"{event['goodput_over_c']:.2f}, failures {event['failures'] or 0}"
                 )
             elif kind == "checkpoint":
-                progress(
+                harness.progress(
                     f"[{name}] waiting (at most {drain_limit:.0f} s) for the members to finish "
                     "their backlog ..."
                 )
@@ -905,13 +868,17 @@ def run_scenario(name: str, plan: Plan, keyring: str) -> dict[str, Any]:
                     load["busy_after_s"] = busy
                     load["drain_settled"] = settled
                 if not drained.settled:
-                    progress(f"[{name}] members still busy after {drain_limit:.0f} s; going on")
+                    harness.progress(
+                        f"[{name}] members still busy after {drain_limit:.0f} s; going on"
+                    )
                 drain_limit = DRAIN_SLACK_S
                 tell(caller, "go")
             elif kind == "error":
                 with contextlib.suppress(Exception):
                     caller.proc.wait(timeout=5.0)
-                raise ChildFailed("caller", event.get("message", "failed"), caller.stderr_tail())
+                raise harness.ChildFailed(
+                    "caller", event.get("message", "failed"), caller.stderr_tail()
+                )
             elif kind == "done":
                 break
     result["checkpoints"] = checkpoints
@@ -1129,29 +1096,9 @@ def print_scenario(result: Mapping[str, Any], plan: Plan, console: Any) -> None:
 # Parent: main
 
 
-def machine_facts() -> dict[str, Any]:
-    facts: dict[str, Any] = {
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "platform": platform.platform(),
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "irismesh": getattr(irismesh, "__version__", "?"),
-    }
-    with contextlib.suppress(ImportError):
-        import psutil
-
-        facts["cpu_busy_percent_before"] = psutil.cpu_percent(interval=0.5)
-        if facts["cpu_busy_percent_before"] > 20.0:
-            progress(
-                f"warning: the CPUs are {facts['cpu_busy_percent_before']:.0f}% busy before "
-                "starting; figures will be noisy"
-            )
-    return facts
-
-
 def main_parent(args: argparse.Namespace) -> int:
-    raise_keyboard_interrupt_on_sigterm()
-    facts = machine_facts()
+    harness.raise_keyboard_interrupt_on_sigterm()
+    facts = harness.machine_facts(busy=True)
     results: dict[str, Any] = {}
     failed: dict[str, str] = {}
     plans: dict[str, Plan] = {}
@@ -1172,14 +1119,14 @@ def main_parent(args: argparse.Namespace) -> int:
                     deadline=args.deadline,
                     capacity_seconds=args.capacity_seconds,
                 )
-                progress(f"scenario {name}: {len(SCENARIOS[name])} member(s) ...")
+                harness.progress(f"scenario {name}: {len(SCENARIOS[name])} member(s) ...")
                 try:
                     results[name] = run_scenario(name, plan, keyring)
-                except BenchError as exc:
+                except harness.BenchError as exc:
                     failed[name] = str(exc)
-                    progress(f"scenario {name}: FAILED: {exc}")
+                    harness.progress(f"scenario {name}: FAILED: {exc}")
         except KeyboardInterrupt:
-            progress("interrupted; every child process has been stopped")
+            harness.progress("interrupted; every child process has been stopped")
             return 130
     elapsed = time.monotonic() - started
     for name, result in results.items():
@@ -1201,27 +1148,15 @@ def main_parent(args: argparse.Namespace) -> int:
             "failed": failed,
             "elapsed_s": elapsed,
         }
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump(document, out, indent=2)
-        progress(f"wrote {args.json}")
+        harness.write_json(args.json, document)
     return 1 if failed else 0
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-    return value
 
 
 def load_list(text: str) -> list[float]:
     parts = [part.strip() for part in text.split(",") if part.strip()]
     if not parts:
         raise argparse.ArgumentTypeError("give at least one multiple of C, e.g. 2,5,10")
-    loads = [positive_float(part) for part in parts]
+    loads = [harness.positive_float(part) for part in parts]
     if any(load > 100 for load in loads):
         raise argparse.ArgumentTypeError("multiples above 100x C are not supported")
     return loads
@@ -1238,7 +1173,8 @@ def scenario_list(text: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = harness.bench_parser(__doc__)
+    positive = functools.partial(parser.add_argument, type=harness.positive_float)
     parser.add_argument(
         "--scenarios",
         type=scenario_list,
@@ -1252,45 +1188,37 @@ def build_parser() -> argparse.ArgumentParser:
         help="offered load as multiples of the capacity C, comma-separated (default 2,5,10; "
         "5 with --quick)",
     )
-    parser.add_argument(
+    positive(
         "--seconds",
-        type=positive_float,
         default=None,
         help="length of each overload (default 4; 2 with --quick)",
     )
-    parser.add_argument(
+    positive(
         "--deadline",
-        type=positive_float,
         default=0.5,
         help="timeout of each request, s (default 0.5)",
     )
-    parser.add_argument(
+    positive(
         "--cost",
-        type=positive_float,
         default=2.0,
         help="CPU each handler run burns, ms (default 2)",
     )
-    parser.add_argument(
+    positive(
         "--capacity-seconds",
-        type=positive_float,
         default=None,
         help="length of the capacity measurement (default 3; 2 with --quick)",
     )
     parser.add_argument("--quick", action="store_true", help="one load (5x), 2 s: a smoke test")
-    parser.add_argument("--json", metavar="PATH", help="also write every number to this file")
     # The children's side of this file.
-    parser.add_argument("--role", choices=("member", "caller"), help=argparse.SUPPRESS)
-    parser.add_argument("--keyring", help=argparse.SUPPRESS)
+    harness.add_child_arguments(parser, ("member", "caller"))
     parser.add_argument("--cost-ms", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--seeds", help=argparse.SUPPRESS)
-    parser.add_argument("--plan", help=argparse.SUPPRESS)
-    parser.add_argument("--max-seconds", type=float, default=600.0, help=argparse.SUPPRESS)
     return parser
 
 
 def main() -> int:
     parser = build_parser()
-    args = parser.parse_args()
+    args = harness.parse_args(parser)
     if args.role:
         run_child(args)
         return 0

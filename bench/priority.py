@@ -32,26 +32,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import math
 import os
-import platform
 import sys
 import tempfile
 import time
 from collections import Counter
 from typing import Any
 
-from _harness import (
-    BenchError,
-    Child,
-    ChildProcesses,
-    emit,
-    exit_after,
-    on_stdin_lines,
-    percentile,
-    raise_keyboard_interrupt_on_sigterm,
-)
+import _harness as harness
 
 import irismesh
 from irismesh import Priority
@@ -69,7 +60,7 @@ def ms(seconds: float | None) -> float | None:
 
 
 def pct(values: list[float], q: float) -> float | None:
-    return percentile(sorted(values), q) if values else None
+    return harness.percentile(sorted(values), q) if values else None
 
 
 # ============================================================================================
@@ -77,33 +68,12 @@ def pct(values: list[float], q: float) -> float | None:
 
 
 async def member_main(args: argparse.Namespace) -> None:
-    keys = irismesh.Keyring.load(args.keyring)
-    cost = args.cost / 1000.0
-    clock = time.perf_counter
+    def on_line(node: irismesh.Node, line: str) -> None:
+        if line == "stats":
+            stats = {k: v for k, v in node.stats.items() if k.startswith("requests_")}
+            harness.emit("stats", stats=stats)
 
-    def handle(payload: bytes) -> bytes:
-        end = clock() + cost
-        while clock() < end:  # burn CPU, as real work would; never sleep
-            pass
-        return payload
-
-    loop = asyncio.get_running_loop()
-    stopped = asyncio.Event()
-    async with irismesh.Node(CLUSTER, keyring=keys, bind=BIND, survey=False) as node:
-        node.on_request(handle)
-
-        def on_line(line: str) -> None:
-            if line == "stats":
-                loop.call_soon_threadsafe(
-                    lambda: emit(
-                        "stats",
-                        stats={k: v for k, v in node.stats.items() if k.startswith("requests_")},
-                    )
-                )
-
-        on_stdin_lines(on_line, lambda: loop.call_soon_threadsafe(stopped.set))
-        print("READY", node.endpoint, flush=True)
-        await stopped.wait()
+    await harness.busy_member(args.keyring, args.cost / 1000.0, on_line, cluster=CLUSTER)
 
 
 # ============================================================================================
@@ -155,17 +125,12 @@ async def open_loop(
     interval, count = 1.0 / rate, max(1, round(rate * args.seconds))
     start = loop.time() + 0.002
     tasks: list[asyncio.Task[None]] = []
-    index = 0
-    while index < count:
-        now = loop.time()
-        due = start + index * interval
-        if due > now:
-            await asyncio.sleep(due - now)
-            now = loop.time()
-        while index < count and start + index * interval <= now:
-            payload = tag + b":%d" % index
-            tasks.append(loop.create_task(calls.call(node, payload, args.deadline, priority)))
-            index += 1
+
+    def launch(index: int, due: float) -> None:
+        payload = tag + b":%d" % index
+        tasks.append(loop.create_task(calls.call(node, payload, args.deadline, priority)))
+
+    await harness.on_schedule(start, interval, count, launch)
     await asyncio.gather(*tasks)
     return calls.summary(args.seconds)
 
@@ -194,12 +159,7 @@ async def caller_main(args: argparse.Namespace) -> None:
     a process of its own, so that generating the load does not delay the probes' replies
     in the caller. Commands on stdin: `capacity`, `load RATE TAG`, `probe PRIORITY TAG`."""
     keys = irismesh.Keyring.load(args.keyring)
-    loop = asyncio.get_running_loop()
-    commands: asyncio.Queue[str] = asyncio.Queue()
-    on_stdin_lines(
-        lambda line: loop.call_soon_threadsafe(commands.put_nowait, line),
-        lambda: os._exit(1),  # the parent is gone
-    )
+    commands: asyncio.Queue[str] = harness.stdin_commands()
     async with irismesh.Node(keyring=keys, bind=BIND, seeds=[args.seeds], survey=False) as node:
         await node.wait_for_members(CLUSTER, timeout=STARTUP_S)
         await closed_loop(node, 1, WARMUP_S)
@@ -207,22 +167,24 @@ async def caller_main(args: argparse.Namespace) -> None:
         while True:
             verb, *rest = (await commands.get()).split()
             if verb == "capacity":
-                emit("capacity", rps=await closed_loop(node, CAPACITY_IN_FLIGHT, CAPACITY_S))
+                harness.emit(
+                    "capacity", rps=await closed_loop(node, CAPACITY_IN_FLIGHT, CAPACITY_S)
+                )
             elif verb == "load":
                 rate, tag = float(rest[0]), rest[1]
-                emit("done", tag=tag, **await open_loop(node, tag.encode(), rate, args, -1))
+                harness.emit("done", tag=tag, **await open_loop(node, tag.encode(), rate, args, -1))
             elif verb == "probe":
                 priority, tag = int(rest[0]), rest[1]
                 probes = await open_loop(node, tag.encode(), args.probe_rate, args, priority)
-                emit("done", tag=tag, **probes)
+                harness.emit("done", tag=tag, **probes)
 
 
 def run_child(args: argparse.Namespace) -> None:
-    exit_after(args.max_seconds)
+    harness.exit_after(args.max_seconds)
     try:
         asyncio.run(member_main(args) if args.role == "member" else caller_main(args))
     except BaseException as exc:
-        emit("error", message=f"{type(exc).__name__}: {exc}")
+        harness.emit("error", message=f"{type(exc).__name__}: {exc}")
         raise
 
 
@@ -284,45 +246,29 @@ def report(result: dict[str, Any], args: argparse.Namespace, facts: dict[str, An
     return "\n".join(lines)
 
 
-def machine_facts() -> dict[str, Any]:
-    facts: dict[str, Any] = {
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "platform": platform.platform(),
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "cpu_busy_percent_before": None,
-    }
-    try:
-        import psutil
-    except ImportError:
-        return facts
-    facts["cpu_busy_percent_before"] = psutil.cpu_percent(interval=0.5)
-    return facts
-
-
-def expect(child: Child, event: str, timeout: float) -> dict[str, Any]:
+def expect(child: harness.Child, event: str, timeout: float) -> dict[str, Any]:
     """The next JSON line of `child` that is `event` (an "error" one raises)."""
     deadline = time.monotonic() + timeout
     while True:
         line = child.next_line(deadline)
         if line is None:
-            raise BenchError(f"{child.name}: no {event!r} within {timeout:.0f} s")
+            raise harness.BenchError(f"{child.name}: no {event!r} within {timeout:.0f} s")
         found = json.loads(line) if line.startswith("{") else {}
         if found.get("event") == "error":
-            raise BenchError(f"{child.name}: {found['message']}\n{child.stderr_tail()}")
+            raise harness.BenchError(f"{child.name}: {found['message']}\n{child.stderr_tail()}")
         if found.get("event") == event:
             return found
 
 
-def tell(child: Child, line: str) -> None:
+def tell(child: harness.Child, line: str) -> None:
     stdin = child.proc.stdin
     if stdin is None:
-        raise BenchError(f"{child.name}: no stdin")
+        raise harness.BenchError(f"{child.name}: no stdin")
     stdin.write(line.encode() + b"\n")
     stdin.flush()
 
 
-def measure(args: argparse.Namespace, keyring: str, kids: ChildProcesses) -> dict[str, Any]:
+def measure(args: argparse.Namespace, keyring: str, kids: harness.ChildProcesses) -> dict[str, Any]:
     me = [sys.executable, os.path.abspath(__file__), "--keyring", keyring]
     common = ["--cost", str(args.cost), "--max-seconds", str(args.max_seconds)]
     common += ["--seconds", str(args.seconds), "--deadline", str(args.deadline)]
@@ -345,7 +291,7 @@ def measure(args: argparse.Namespace, keyring: str, kids: ChildProcesses) -> dic
     tell(loader, "capacity")
     capacity = float(expect(loader, "capacity", CAPACITY_S + 30.0)["rps"])
     if capacity <= 0:
-        raise BenchError("no capacity measured")
+        raise harness.BenchError("no capacity measured")
     result: dict[str, Any] = {"unloaded": unloaded, "capacity_rps": capacity}
     for name, probe in (("overload", Priority.HIGH), ("control", Priority.LOW)):
         progress(
@@ -371,9 +317,12 @@ def measure(args: argparse.Namespace, keyring: str, kids: ChildProcesses) -> dic
 
 
 def main_parent(args: argparse.Namespace) -> int:
-    raise_keyboard_interrupt_on_sigterm()
-    facts = machine_facts()
-    with tempfile.TemporaryDirectory(prefix="irismesh-priority-") as tmp, ChildProcesses() as kids:
+    harness.raise_keyboard_interrupt_on_sigterm()
+    facts = harness.machine_facts(busy=True)
+    with (
+        tempfile.TemporaryDirectory(prefix="irismesh-priority-") as tmp,
+        harness.ChildProcesses() as kids,
+    ):
         keyring = os.path.join(tmp, "bench.keys")
         irismesh.Keyring.generate().save(keyring)
         try:
@@ -381,50 +330,36 @@ def main_parent(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             print("interrupted; every child process has been stopped", file=sys.stderr)
             return 130
-        except BenchError as exc:
+        except harness.BenchError as exc:
             print(f"FAILED: {exc}", file=sys.stderr)
             return 1
     print(report(result, args, facts))
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump({"facts": facts, "settings": vars(args), "result": result}, out, indent=2)
-        print(f"wrote {args.json}", file=sys.stderr)
+        harness.write_json(args.json, {"facts": facts, "settings": vars(args), "result": result})
     return 0
 
 
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--cost", type=positive_float, default=5.0, help="handler CPU, ms")
-    parser.add_argument(
-        "--load", type=positive_float, default=3.0, help="low-priority load, multiple of C"
+    parser = harness.bench_parser(__doc__)
+    positive = functools.partial(parser.add_argument, type=harness.positive_float)
+    positive("--cost", default=5.0, help="handler CPU, ms")
+    positive("--load", default=3.0, help="low-priority load, multiple of C")
+    positive("--seconds", default=None, help="per phase")
+    positive(
+        "--probe-rate",
+        default=20.0,
+        help="high-priority probes a second",
     )
-    parser.add_argument("--seconds", type=positive_float, default=None, help="per phase")
-    parser.add_argument(
-        "--probe-rate", type=positive_float, default=20.0, help="high-priority probes a second"
-    )
-    parser.add_argument("--deadline", type=positive_float, default=1.0, help="request timeout")
+    positive("--deadline", default=1.0, help="request timeout")
     parser.add_argument("--quick", action="store_true", help="2 s phases: a smoke test")
-    parser.add_argument("--json", metavar="PATH", help="also write every number to this file")
-    parser.add_argument("--role", choices=("member", "caller"), help=argparse.SUPPRESS)
-    parser.add_argument("--keyring", help=argparse.SUPPRESS)
+    harness.add_child_arguments(parser, ("member", "caller"))
     parser.add_argument("--seeds", help=argparse.SUPPRESS)
-    parser.add_argument("--max-seconds", type=float, default=300.0, help=argparse.SUPPRESS)
     return parser
 
 
 def main() -> int:
     parser = build_parser()
-    args = parser.parse_args()
+    args = harness.parse_args(parser)
     if args.seconds is None:
         args.seconds = 2.0 if args.quick else 5.0
     if args.role:

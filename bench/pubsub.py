@@ -16,34 +16,17 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
-import os
-import platform
 import struct
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import _harness as harness
 import zmq
-from _harness import (
-    BenchError,
-    Child,
-    ChildFailed,
-    ChildProcesses,
-    RssSampler,
-    emit,
-    exit_after,
-    find_executable,
-    free_tcp_port,
-    on_stdin_eof,
-    otel_from_env,
-    raise_keyboard_interrupt_on_sigterm,
-    wait_for_tcp,
-)
 
 SYSTEMS = ("raw", "nats", "mesh", "mesh-iter", "mesh-null", "mesh-tel")
 LABELS = {
@@ -77,7 +60,6 @@ TOPIC = "bench.data"  # NATS subject and irismesh topic alike
 READY_SUBJECT = "bench.ready"
 ACK_TOPIC = "ack.bench"  # subscribers confirm the warm-up here; outside the subscribed pattern
 PATTERN = "bench.#"
-NATS_SERVER_INSTALL = "apt-get install -y nats-server"
 # A count, not a duration, by default: NATS has no flow control, its publisher outruns the
 # subscribers by far, and their backlog would grow with the time spent publishing.
 DEFAULT_COUNT = 100_000
@@ -111,16 +93,8 @@ class Plan:
         return self.warmup_s + publishing + self.join_timeout_s + 2 * self.idle_timeout_s + 30.0
 
 
-def size_label(size: int) -> str:
-    return f"{size // 1024} KB" if size % 1024 == 0 else f"{size} B"
-
-
 def filler(size: int) -> bytes:
     return bytes(i % 251 for i in range(size - HEADER.size))
-
-
-def progress(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 # ============================================================================================
@@ -168,10 +142,10 @@ class Publishing:
         self.t_start = time.time()
         self.first_measured = seq
         self.cpu_start = time.process_time()
-        emit("start", seq=seq, t=self.t_start)
+        harness.emit("start", seq=seq, t=self.t_start)
 
     def finish(self, last_seq: int, **extra: Any) -> None:
-        emit(
+        harness.emit(
             "published",
             published=last_seq + 1,
             measured=last_seq + 1 - self.first_measured,
@@ -258,7 +232,7 @@ class Tally:
                 f"nothing for the idle timeout after {self.received} messages (last seen "
                 f"{self.expected - 1}); the last message never came"
             )
-        emit(
+        harness.emit(
             "result",
             received=self.received,
             measured=self.measured,
@@ -293,7 +267,7 @@ class Confirmations:
         try:
             await asyncio.wait_for(self._all.wait(), timeout)
         except TimeoutError:
-            raise BenchError(
+            raise harness.BenchError(
                 f"{len(self.counts)} of {self.fanout} subscribers confirmed the warm-up "
                 f"within {timeout:g} s"
             ) from None
@@ -310,17 +284,6 @@ def confirm_soon(send: Callable[[bytes], Coroutine[Any, Any, None]]) -> Callable
         task.add_done_callback(tasks.discard)
 
     return confirm
-
-
-def park() -> None:
-    """A sync child's last step: its sockets stay up until the parent stops it (stdin EOF)."""
-    while True:
-        time.sleep(3600)
-
-
-async def park_async() -> None:
-    """An asyncio child's last step: its connections stay up until the parent stops it."""
-    await asyncio.Event().wait()
 
 
 # ============================================================================================
@@ -347,7 +310,7 @@ def pub_raw(plan: Plan) -> None:
     probe = HEADER.pack(0, PROBE) + filler(plan.size)
     while len(acked) < plan.fanout:
         if time.monotonic() >= deadline:
-            raise BenchError(f"{len(acked)} of {plan.fanout} subscribers joined in time")
+            raise harness.BenchError(f"{len(acked)} of {plan.fanout} subscribers joined in time")
         pub.send(probe)
         if credit.poll(20, zmq.POLLIN):
             while True:
@@ -361,7 +324,7 @@ def pub_raw(plan: Plan) -> None:
         try:
             frames = credit.recv_multipart()
         except zmq.Again:
-            raise BenchError(
+            raise harness.BenchError(
                 f"no credit from the subscribers for {plan.idle_timeout_s:g} s "
                 f"(acknowledged: {acked})"
             ) from None
@@ -386,7 +349,7 @@ def pub_raw(plan: Plan) -> None:
             while floor <= seq:
                 floor = wait_for_credit()
     record.finish(seq)
-    park()
+    harness.park()
 
 
 def sub_raw(endpoint: str, plan: Plan, index: int) -> None:
@@ -426,7 +389,7 @@ def sub_raw(endpoint: str, plan: Plan, index: int) -> None:
         if tally.received % every == 0:
             send(tally.received.to_bytes(8, "little"))
     tally.report(stalled, time.process_time() - cpu0)
-    park()
+    harness.park()
 
 
 # ============================================================================================
@@ -457,7 +420,9 @@ async def pub_nats(url: str, plan: Plan) -> None:
     try:
         await asyncio.wait_for(everyone.wait(), plan.join_timeout_s)
     except TimeoutError:
-        raise BenchError(f"{len(joined)} of {plan.fanout} subscribers joined in time") from None
+        raise harness.BenchError(
+            f"{len(joined)} of {plan.fanout} subscribers joined in time"
+        ) from None
 
     record = Publishing()
     body = filler(plan.size)
@@ -471,7 +436,7 @@ async def pub_nats(url: str, plan: Plan) -> None:
             await acks.unsubscribe()
     await nc.flush(timeout=60)  # everything is at the server
     record.finish(seq)
-    await park_async()
+    await harness.park_async()
 
 
 async def sub_nats(url: str, plan: Plan, index: int) -> None:
@@ -505,7 +470,7 @@ async def sub_nats(url: str, plan: Plan, index: int) -> None:
     cpu0 = time.process_time()
     stalled = await _wait_done(tally, done, plan.idle_timeout_s)
     tally.report(stalled, time.process_time() - cpu0, errors=slow)
-    await park_async()
+    await harness.park_async()
 
 
 async def _wait_done(tally: Tally, done: asyncio.Event, idle_s: float) -> bool:
@@ -548,13 +513,13 @@ async def pub_mesh(system: str, keyring_path: str, plan: Plan) -> None:
                     try:
                         await acks.get(timeout=plan.idle_timeout_s)
                     except TimeoutError:
-                        raise BenchError(
+                        raise harness.BenchError(
                             f"{got} of {fanout} subscribers confirmed the warm-up within "
                             f"{plan.idle_timeout_s:g} s"
                         ) from None
                 acks.close()  # a publisher with no subscription of its own takes the fast path
         record.finish(seq, short=short)
-        await park_async()
+        await harness.park_async()
 
 
 async def sub_mesh(system: str, endpoint: str, keyring_path: str, plan: Plan) -> None:
@@ -590,7 +555,7 @@ async def sub_mesh(system: str, endpoint: str, keyring_path: str, plan: Plan) ->
             print("READY", flush=True)
             stalled = await _wait_done(tally, done, plan.idle_timeout_s)
             tally.report(stalled, time.process_time() - cpu[0], sub_missed=sub.missed)
-            await park_async()
+            await harness.park_async()
             return
         sub = node.subscribe(PATTERN)
         await node.wait_for_subscribers(ACK_TOPIC, count=1, timeout=plan.join_timeout_s)
@@ -611,33 +576,24 @@ async def sub_mesh(system: str, endpoint: str, keyring_path: str, plan: Plan) ->
                 tally._note(f"Message.missed = {msg.missed} before message {tally.expected}")
             take(msg.payload)
         tally.report(stalled, time.process_time() - cpu0, sub_missed=sub.missed)
-        await park_async()
+        await harness.park_async()
 
 
 def run_child(args: argparse.Namespace) -> None:
-    exit_after(args.max_seconds)
-    # Children keep their sockets open after reporting, so that the publisher's last messages
-    # are not cut off; EOF on stdin (the parent stopping us, or gone) ends them at any point.
-    on_stdin_eof(lambda: os._exit(0))
     plan = Plan(**json.loads(args.plan))
-    system = args.system
-    try:
-        if args.role == "pub":
-            if system == "raw":
-                pub_raw(plan)
-            elif system == "nats":
-                asyncio.run(pub_nats(args.endpoint, plan))
-            else:
-                asyncio.run(pub_mesh(system, args.keyring, plan))
-        elif system == "raw":
-            sub_raw(args.endpoint, plan, args.index)
-        elif system == "nats":
-            asyncio.run(sub_nats(args.endpoint, plan, args.index))
-        else:
-            asyncio.run(sub_mesh(system, args.endpoint, args.keyring, plan))
-    except BaseException as exc:
-        emit("error", message=f"{type(exc).__name__}: {exc}")
-        raise
+    system, index = args.system, args.index
+    side: Callable[[], object] | Coroutine[Any, Any, None]
+    if system == "raw":
+        pub = functools.partial(pub_raw, plan)
+        side = pub if args.role == "pub" else functools.partial(sub_raw, args.endpoint, plan, index)
+    elif system == "nats":
+        pub_side = args.role == "pub"
+        side = pub_nats(args.endpoint, plan) if pub_side else sub_nats(args.endpoint, plan, index)
+    elif args.role == "pub":
+        side = pub_mesh(system, args.keyring, plan)
+    else:
+        side = sub_mesh(system, args.endpoint, args.keyring, plan)
+    harness.child_main(args.max_seconds, side)
 
 
 # ============================================================================================
@@ -645,107 +601,61 @@ def run_child(args: argparse.Namespace) -> None:
 
 
 @dataclass(kw_only=True, slots=True)
-class Run:
-    """Settings of one benchmark run and everything it measured."""
-
-    systems: list[str]
-    plans: list[Plan]
-    keyring_path: str = ""
-    nats_server: str | None = None
-    # system -> size -> fanout -> case
-    results: dict[str, dict[str, dict[str, dict[str, Any]]]] = dataclasses.field(
-        default_factory=dict
-    )
-    skipped: dict[str, str] = dataclasses.field(default_factory=dict)
-    failed: dict[str, str] = dataclasses.field(default_factory=dict)
-    step: int = 0
-
-    @property
-    def steps(self) -> int:
-        return len(self.systems) * len(self.plans)
+class PubsubRun(harness.Run):
+    """Settings of one benchmark run; its results are system -> size -> fanout -> case."""
 
 
 def child_argv(
-    role: str, system: str, run: Run, plan: Plan, endpoint: str, index: int = 0
+    role: str, system: str, run: PubsubRun, plan: Plan, endpoint: str, index: int = 0
 ) -> list[str]:
-    argv = [sys.executable, os.path.abspath(__file__), "--role", role, "--system", system]
-    argv += ["--plan", json.dumps(dataclasses.asdict(plan)), "--endpoint", endpoint]
-    argv += ["--index", str(index), "--max-seconds", f"{plan.budget_s() + 30:.0f}"]
-    if system in MESH_VARIANTS:
-        argv += ["--keyring", run.keyring_path]
-    return argv
+    options = ["--plan", json.dumps(dataclasses.asdict(plan)), "--endpoint", endpoint]
+    options += ["--index", str(index), "--max-seconds", f"{plan.budget_s() + 30:.0f}"]
+    return run.child_argv(__file__, role, system, *options)
 
 
 def describe(system: str, plan: Plan) -> str:
     what = f"{plan.count:,} messages" if plan.count else f"{plan.seconds:g} s"
     noun = "subscriber" if plan.fanout == 1 else "subscribers"
-    return f"{LABELS[system]} {size_label(plan.size)} to {plan.fanout} {noun}, {what} ..."
-
-
-def _failure(child: Child, event: dict[str, Any]) -> ChildFailed:
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        child.proc.wait(timeout=5.0)  # let it finish writing its traceback
-    return ChildFailed(child.name, event.get("message", "failed"), child.stderr_tail())
+    return f"{LABELS[system]} {harness.size_label(plan.size)} to {plan.fanout} {noun}, {what} ..."
 
 
 def collect(
-    pub: Child, subs: list[Child], plan: Plan, pids: dict[str, int]
-) -> tuple[dict[str, Any], list[dict[str, Any]], RssSampler | None]:
-    """Read every child's events until the publisher and all subscribers reported."""
-    deadline = time.monotonic() + plan.budget_s()
+    pub: harness.Child, subs: list[harness.Child], plan: Plan, pids: dict[str, int]
+) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+    """Read every child's events until the publisher and all subscribers reported; CPU and RSS
+    of every process from the start of the measured stream until then."""
+    events = harness.Events([pub, *subs], plan.budget_s(), sample_every=None)
     published: dict[str, Any] | None = None
     results: dict[int, dict[str, Any]] = {}
-    sampler: RssSampler | None = None
-    while published is None or len(results) < len(subs):
-        if time.monotonic() >= deadline:
-            waiting = [pub.name] if published is None else []
-            waiting += [sub.name for i, sub in enumerate(subs) if i not in results]
-            raise ChildFailed(
-                ", ".join(waiting),
-                f"no result within {plan.budget_s():.0f} s",
-                "\n".join(f"[{c.name}] {c.stderr_tail(10)}" for c in (pub, *subs)),
-            )
-        idle = True
-        for index, child in enumerate([pub, *subs]):
-            line = child.next_line(time.monotonic())
-            if line is None:
-                continue
-            idle = False
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                progress(f"  {child.name}: {line}")
-                continue
-            kind = event.pop("event", None)
-            if kind == "error":
-                raise _failure(child, event)
-            if kind == "start":
-                sampler = RssSampler(pids)
-                sampler.sample()
-            elif kind == "published":
-                published = event
-            elif kind == "result":
-                results[index - 1] = event
-        if idle:
-            time.sleep(0.01)
-    if sampler is not None:
-        sampler.sample()
-    return published, [results[i] for i in range(len(subs))], sampler
+    for child, kind, event in events:
+        if kind == "start":
+            events.sample(pids)
+        elif kind == "published":
+            published = event
+        elif kind == "result":
+            results[subs.index(child)] = event
+        if published is not None and len(results) == len(subs):
+            break
+    assert published is not None
+    return published, [results[i] for i in range(len(subs))], events.sampled()
 
 
 def run_case(
-    procs: ChildProcesses, run: Run, system: str, plan: Plan, broker: dict[str, int], url: str
+    procs: harness.ChildProcesses,
+    run: PubsubRun,
+    system: str,
+    plan: Plan,
+    broker: dict[str, int],
+    url: str,
 ) -> dict[str, Any]:
     """One publisher and `plan.fanout` subscribers, started fresh; returns what they measured."""
-    tag = f"{system} {size_label(plan.size)} x{plan.fanout}"
+    tag = f"{system} {harness.size_label(plan.size)} x{plan.fanout}"
     pub = procs.spawn(f"{tag} publisher", child_argv("pub", system, run, plan, url))
-    subs: list[Child] = []
+    subs: list[harness.Child] = []
     try:
-        endpoint = pub.expect_prefix("READY ", timeout=30.0)
-        if not all(
-            e.startswith(("tcp://127.0.0.1:", "nats://127.0.0.1:")) for e in endpoint.split(",")
-        ):
-            raise BenchError(f"{tag} publisher is not on 127.0.0.1: {endpoint}")
+        endpoint = harness.check_local(
+            f"{tag} publisher", pub.expect_prefix("READY ", timeout=30.0)
+        )
         for index in range(plan.fanout):
             argv = child_argv("sub", system, run, plan, endpoint, index)
             subs.append(procs.spawn(f"{tag} subscriber {index}", argv))
@@ -753,19 +663,18 @@ def run_case(
             sub.expect_prefix("READY", timeout=30.0)
         pids = {**broker, "publisher": pub.pid}
         pids.update({f"sub{i}": sub.pid for i, sub in enumerate(subs)})
-        published, received, sampler = collect(pub, subs, plan, pids)
+        published, received, sampled = collect(pub, subs, plan, pids)
     finally:
         for child in reversed([pub, *subs]):
             procs.stop(child, grace=5.0)
-    return summarise(system, plan, published, received, sampler)
+    return summarise(plan, published, received, sampled)
 
 
 def summarise(
-    system: str,
     plan: Plan,
     published: dict[str, Any],
     received: list[dict[str, Any]],
-    sampler: RssSampler | None,
+    sampled: dict[str, Any],
 ) -> dict[str, Any]:
     total, measured = published["published"], published["measured"]
     t_start = published["t_start"]
@@ -798,43 +707,32 @@ def summarise(
         "publisher": published,
         "subscribers": received,
     }
-    if sampler is not None:
-        summary = sampler.summary()
+    if sampled:
+        summary = sampled["memory"]
         case["cpu_s"] = {
             "publisher": summary.get("publisher", {}).get("cpu_s", 0.0),
             "subscribers": sum(v["cpu_s"] for k, v in summary.items() if k.startswith("sub")),
             "broker": summary.get("broker", {}).get("cpu_s", 0.0),
         }
-        case["memory"] = summary
-        case["others_cpu_percent"] = sampler.others_cpu_percent()
+        case.update(sampled)
     return case
 
 
-def run_system(run: Run, system: str) -> None:
+def run_system(run: PubsubRun, system: str) -> None:
     """Start the broker if the system has one, then every size and fan-out in turn."""
-    with ChildProcesses() as procs:
+    with harness.ChildProcesses() as procs:
         broker: dict[str, int] = {}
         url = ""
         if system == "nats":
-            assert run.nats_server is not None
-            port = free_tcp_port()
-            server = procs.spawn(
-                "nats-server",
-                [run.nats_server, "-a", "127.0.0.1", "-p", str(port)],
-                read_stdout=False,
-                stops_on_eof=False,
-            )
-            wait_for_tcp(port, timeout=10.0)
+            server, url = harness.start_nats_server(procs)
             broker["broker"] = server.pid
-            url = f"nats://127.0.0.1:{port}"
         for plan in run.plans:
-            run.step += 1
-            progress(f"[{run.step}/{run.steps}] {describe(system, plan)}")
+            run.announce(describe(system, plan))
             case = run_case(procs, run, system, plan, broker, url)
             cells = run.results.setdefault(system, {}).setdefault(str(plan.size), {})
             cells[str(plan.fanout)] = case
             cpu = case.get("cpu_s", {})
-            progress(
+            harness.progress(
                 f"  {case['rate']:,.0f} msg/s per subscriber, {case['measured']:,} measured "
                 f"messages in {case['seconds']:.2f} s; CPU s: publisher "
                 f"{cpu.get('publisher', 0):.2f}, subscribers {cpu.get('subscribers', 0):.2f}"
@@ -842,39 +740,10 @@ def run_system(run: Run, system: str) -> None:
             )
             if case["problems"]:
                 for problem in case["problems"]:
-                    progress(f"  {'LOSS' if system == 'nats' else 'FAILED'}: {problem}")
+                    harness.progress(f"  {'LOSS' if system == 'nats' else 'FAILED'}: {problem}")
                 if system != "nats":
-                    where = f"{size_label(plan.size)} to {plan.fanout}"
+                    where = f"{harness.size_label(plan.size)} to {plan.fanout}"
                     run.failed.setdefault(system, f"{where}: {case['problems'][0]}")
-
-
-def preflight(run: Run) -> None:
-    """Drop the systems this machine cannot run, saying why."""
-    if "nats" in run.systems:
-        run.nats_server = find_executable(
-            "nats-server", "/usr/sbin/nats-server", "/usr/bin/nats-server"
-        )
-        if run.nats_server is None:
-            run.skipped["nats"] = f"nats-server not installed: {NATS_SERVER_INSTALL}"
-        else:
-            try:
-                import nats  # noqa: F401
-            except ImportError as exc:
-                run.skipped["nats"] = f"nats-py not installed ({exc}): pip install -e '.[bench]'"
-    if any(system in MESH_VARIANTS for system in run.systems):
-        try:
-            import irismesh
-
-            irismesh.Keyring.generate().save(run.keyring_path)
-        except Exception as exc:
-            for system in MESH_VARIANTS:
-                if system in run.systems:
-                    run.failed[system] = f"{type(exc).__name__}: {exc}"
-    for system, reason in run.skipped.items():
-        progress(f"{LABELS[system]}: skipped ({reason})")
-    for system, reason in run.failed.items():
-        progress(f"{LABELS[system]}: FAILED before starting: {reason}")
-    run.systems = [s for s in run.systems if s not in run.skipped and s not in run.failed]
 
 
 def parse_list(text: str, option: str, minimum: int) -> list[int]:
@@ -885,17 +754,6 @@ def parse_list(text: str, option: str, minimum: int) -> list[int]:
     if not values or min(values) < minimum:
         raise SystemExit(f"{option}: every value must be at least {minimum}, got {text!r}")
     return list(dict.fromkeys(values))
-
-
-def parse_only(text: str) -> list[str]:
-    chosen = []
-    for item in (part.strip().lower() for part in text.split(",") if part.strip()):
-        system = ALIASES.get(item, item)
-        if system not in SYSTEMS:
-            raise SystemExit(f"--only: unknown system {item!r}; choose from {', '.join(SYSTEMS)}")
-        if system not in chosen:
-            chosen.append(system)
-    return [s for s in SYSTEMS if s in chosen]
 
 
 def make_plans(args: argparse.Namespace) -> list[Plan]:
@@ -917,86 +775,32 @@ def make_plans(args: argparse.Namespace) -> list[Plan]:
     ]
 
 
-def machine_facts(run: Run) -> dict[str, Any]:
-    facts: dict[str, Any] = {
-        "python": platform.python_version(),
-        "pyzmq": zmq.__version__,
-        "libzmq": zmq.zmq_version(),
-        "cpus": os.cpu_count(),
-        "platform": platform.platform(),
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    if run.nats_server:
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            facts["nats_server"] = subprocess.run(
-                [run.nats_server, "--version"], capture_output=True, text=True, timeout=5
-            ).stdout.strip()
-    return facts
-
-
-def warn_if_busy() -> float:
-    """CPU use by others just before the run: on 2 cores, other work skews every figure."""
-    import psutil
-
-    busy: float = psutil.cpu_percent(interval=0.5)
-    if busy > 20.0:
-        progress(f"warning: the CPUs are {busy:.0f}% busy before starting; figures will be noisy")
-    return busy
-
-
 def main_parent(args: argparse.Namespace) -> int:
-    raise_keyboard_interrupt_on_sigterm()
-    busy_before = warn_if_busy()
-    run = Run(systems=parse_only(args.only), plans=make_plans(args))
-    requested = list(run.systems)
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="irismesh-bench-") as tmp:
-        run.keyring_path = os.path.join(tmp, "bench.keys")
-        preflight(run)
-        try:
-            for system in list(run.systems):
-                try:
-                    run_system(run, system)
-                except BenchError as exc:
-                    run.failed[system] = str(exc)
-                    progress(f"{LABELS[system]}: FAILED: {exc}")
-        except KeyboardInterrupt:
-            progress("interrupted; every child process has been stopped")
-            return 130
-    elapsed = time.monotonic() - started
-
-    print_table(run, requested, elapsed)
-    if args.json:
-        document = {
-            "facts": {**machine_facts(run), "cpu_busy_percent_before": busy_before},
-            "settings": {
-                "plans": [dataclasses.asdict(plan) for plan in run.plans],
-                "systems": requested,
-            },
-            "results": run.results,
-            "ratios": ratios(run),
-            "skipped": run.skipped,
-            "failed": run.failed,
-            "elapsed_s": elapsed,
-        }
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump(document, out, indent=2)
-        progress(f"wrote {args.json}")
-    return 1 if run.failed else 0
+    if args.count < 1 or (args.seconds is not None and args.seconds <= 0) or args.warmup < 0:
+        raise SystemExit("--count must be at least 1, --seconds above 0 and --warmup >= 0")
+    run = PubsubRun(
+        systems=harness.parse_only(args.only, SYSTEMS, ALIASES),
+        labels=LABELS,
+        mesh_systems=MESH_VARIANTS,
+        plans=make_plans(args),
+    )
+    measure = functools.partial(run.each_system, functools.partial(run_system, run))
+    report, figures = functools.partial(print_table, run), functools.partial(ratios, run)
+    return harness.run_parent(run, measure, report, figures, args.json)
 
 
 # ============================================================================================
 # Parent: report
 
 
-def _case(run: Run, system: str, plan: Plan) -> dict[str, Any] | None:
+def _case(run: PubsubRun, system: str, plan: Plan) -> dict[str, Any] | None:
     case: dict[str, Any] | None = (
         run.results.get(system, {}).get(str(plan.size), {}).get(str(plan.fanout))
     )
     return case
 
 
-def _ratio(run: Run, system: str, baseline: str, plan: Plan) -> float | None:
+def _ratio(run: PubsubRun, system: str, baseline: str, plan: Plan) -> float | None:
     case, base = _case(run, system, plan), _case(run, baseline, plan)
     if case is None or base is None or not base["rate"]:
         return None
@@ -1004,7 +808,7 @@ def _ratio(run: Run, system: str, baseline: str, plan: Plan) -> float | None:
     return ratio
 
 
-def ratios(run: Run) -> dict[str, dict[str, dict[str, float]]]:
+def ratios(run: PubsubRun) -> dict[str, dict[str, dict[str, float]]]:
     """Every system's msg/s divided by raw pyzmq's and by NATS's, per size and fan-out."""
     out: dict[str, dict[str, dict[str, float]]] = {}
     for baseline in ("raw", "nats"):
@@ -1017,41 +821,37 @@ def ratios(run: Run) -> dict[str, dict[str, dict[str, float]]]:
     return out
 
 
-def print_table(run: Run, requested: list[str], elapsed: float) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console() if sys.stdout.isatty() else Console(width=160)
+def print_table(run: PubsubRun) -> None:
+    out = harness.console(160)
+    requested = run.requested
     plan0 = run.plans[0]
     what = f"{plan0.count:,} messages" if plan0.count else f"{plan0.seconds:g} s of publishing"
-    table = Table(
-        title=f"publish/subscribe on 127.0.0.1, one publisher process, each subscriber its own "
-        f"process, {what} after {plan0.warmup_s:g} s warm-up ({elapsed:.0f} s run)",
-        caption="msg/s: messages of the measured stream / seconds from its first publish to its "
+    table = harness.table(
+        f"publish/subscribe on 127.0.0.1, one publisher process, each subscriber its own "
+        f"process, {what} after {plan0.warmup_s:g} s warm-up ({run.elapsed_s:.0f} s run)",
+        ["size", "subs", "system"],
+        [
+            "msg/s per sub",
+            "/ raw pyzmq",
+            "/ NATS",
+            "lost",
+            "CPU s pub",
+            "CPU s subs",
+            "CPU s broker",
+            "CPU us/delivery",
+            "others' CPU",
+        ],
+        "msg/s: messages of the measured stream / seconds from its first publish to its "
         "last arrival at the slowest subscriber; higher is better, so a ratio below 1 is slower. "
         "CPU: seconds each side used meanwhile, and all processes' CPU per delivered message. "
         "* = NATS lost messages (no flow control); the rate counts what arrived",
     )
-    for column in ("size", "subs", "system"):
-        table.add_column(column, no_wrap=True)
-    for column in (
-        "msg/s per sub",
-        "/ raw pyzmq",
-        "/ NATS",
-        "lost",
-        "CPU s pub",
-        "CPU s subs",
-        "CPU s broker",
-        "CPU us/delivery",
-        "others' CPU",
-    ):
-        table.add_column(column, justify="right")
     for plan in run.plans:
         for system in SYSTEMS:
             if system not in requested:
                 continue
             case = _case(run, system, plan)
-            label = [size_label(plan.size), str(plan.fanout), LABELS[system]]
+            label = [harness.size_label(plan.size), str(plan.fanout), LABELS[system]]
             if case is None:
                 state = "skipped" if system in run.skipped else "failed"
                 table.add_row(*label, state, *[""] * 8)
@@ -1059,10 +859,9 @@ def print_table(run: Run, requested: list[str], elapsed: float) -> None:
             mark = ""
             if case["problems"]:
                 mark = "*" if system == "nats" else " LOSS"
-            ratio_cells = []
-            for baseline in ("raw", "nats"):
-                ratio = _ratio(run, system, baseline, plan)
-                ratio_cells.append("-" if ratio is None else f"{ratio:.2f}x")
+            ratio_cells = [
+                harness.ratio_cell(_ratio(run, system, b, plan)) for b in ("raw", "nats")
+            ]
             cpu = case.get("cpu_s")
             if cpu is not None:
                 deliveries = max(1, case["measured"] * plan.fanout)
@@ -1084,34 +883,29 @@ def print_table(run: Run, requested: list[str], elapsed: float) -> None:
                 *cpu_cells,
             )
         table.add_section()
-    console.print(table)
+    out.print(table)
     variants = [v for v in ("mesh-iter", "mesh-null", "mesh-tel") if v in run.results]
-    if variants and "mesh" in run.results:
-        costs = Table(
-            title="what a buffered subscription, sealing and telemetry cost:"
-            " irismesh msg/s / its variant's, same run",
-            caption="below 1.00x: irismesh (sealed, telemetry off) is slower than the variant",
-        )
-        costs.add_column("size")
-        costs.add_column("subs", justify="right")
-        for variant in variants:
-            costs.add_column(f"irismesh / {LABELS[variant]}", justify="right")
-        for plan in run.plans:
-            cells = []
-            for variant in variants:
-                ratio = _ratio(run, "mesh", variant, plan)
-                cells.append("-" if ratio is None else f"{ratio:.2f}x")
-            costs.add_row(size_label(plan.size), str(plan.fanout), *cells)
-        console.print(costs)
-    for system, reason in {**run.skipped, **run.failed}.items():
-        state = "skipped" if system in run.skipped else "FAILED (details above)"
-        first_line = reason.splitlines()[0]
-        console.print(f"{LABELS[system]}: {state}: {first_line}", markup=False, highlight=False)
+    harness.print_costs(
+        out,
+        "what a buffered subscription, sealing and telemetry cost: irismesh msg/s / its "
+        "variant's, same run",
+        ["size", "subs"],
+        [LABELS[variant] for variant in variants] if "mesh" in run.results else [],
+        (
+            [
+                harness.size_label(plan.size),
+                str(plan.fanout),
+                *(harness.ratio_cell(_ratio(run, "mesh", v, plan)) for v in variants),
+            ]
+            for plan in run.plans
+        ),
+        "below 1.00x: irismesh (sealed, telemetry off) is slower than the variant",
+    )
+    harness.print_footnotes(out, run)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--json", metavar="PATH", help="also write every number to this file")
+    parser = harness.bench_parser(__doc__)
     parser.add_argument(
         "--sizes", default="100,1024", help="payload sizes in bytes (default: 100,1024)"
     )
@@ -1133,12 +927,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--warmup", type=float, default=0.5, help="seconds of warm-up messages (default 0.5)"
     )
-    parser.add_argument(
-        "--only",
-        default=",".join(SYSTEMS),
-        help=f"comma-separated systems (default: {','.join(SYSTEMS)}; mesh = irismesh sealed, "
-        "telemetry off, callback subscribers; mesh-iter: `async for` subscribers; mesh-null: "
-        "sealing off; mesh-tel: telemetry on)",
+    harness.add_only(
+        parser,
+        SYSTEMS,
+        "mesh = irismesh sealed, telemetry off, callback subscribers; mesh-iter: `async for` "
+        "subscribers; mesh-null: sealing off; mesh-tel: telemetry on",
     )
     parser.add_argument(
         "--window",
@@ -1158,27 +951,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=10.0,
         help="a subscriber that receives nothing this long stops and reports (default 10)",
     )
-    # The children's side of this file.
-    parser.add_argument("--role", choices=("pub", "sub"), help=argparse.SUPPRESS)
-    parser.add_argument("--system", choices=SYSTEMS, help=argparse.SUPPRESS)
-    parser.add_argument("--endpoint", help=argparse.SUPPRESS)
-    parser.add_argument("--plan", help=argparse.SUPPRESS)
+    harness.add_child_arguments(parser, ("pub", "sub"), SYSTEMS)
     parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--keyring", help=argparse.SUPPRESS)
-    parser.add_argument("--max-seconds", type=float, default=600.0, help=argparse.SUPPRESS)
     return parser
 
 
-def main() -> int:
-    args = build_parser().parse_args()
-    if args.role:
-        otel_from_env()
-        run_child(args)
-        return 0
-    if args.count < 1 or (args.seconds is not None and args.seconds <= 0) or args.warmup < 0:
-        raise SystemExit("--count must be at least 1, --seconds above 0 and --warmup >= 0")
-    return main_parent(args)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.bench_main(build_parser(), run_child, main_parent))

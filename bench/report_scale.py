@@ -20,6 +20,7 @@ its own whose peak RSS is sampled the same way.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import shutil
@@ -32,6 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import _harness as harness
 import numpy as np
 import psutil
 import pyarrow as pa
@@ -41,14 +43,12 @@ from irismesh.spark_telemetry.compact import _PARTITIONING, add_partitions
 from irismesh.spark_telemetry.synthetic import MeshShape
 from irismesh.telemetry.schema import arrow_schema
 
+progress = functools.partial(harness.progress, clock=True)  # long steps: say when
+
 MILLION = 1_000_000
 CHUNK = 4_000_000  # records per generated table: about 0.5 GB of numpy at a time
 START = 1_700_000_000.0
 DURATION = 3600.0
-
-
-def progress(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def strings(values: list[str], index: np.ndarray, missing: np.ndarray | None = None) -> pa.Array:
@@ -120,7 +120,12 @@ def call_tables(total: int, shape: MeshShape, rng: np.random.Generator) -> Itera
                 "value": pa.nulls(calls + n2, pa.float64()),
             }
         )
-        yield table.cast(arrow_schema())
+        # The schema's other columns (names: on gauges and membership records) stay empty.
+        schema = arrow_schema()
+        for field in schema:
+            if field.name not in table.column_names:
+                table = table.append_column(field.name, pa.nulls(table.num_rows, field.type))
+        yield table.select(schema.names).cast(schema)
         done += calls + n2
 
 
@@ -303,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         " bucket width: without spark it uses 15 s)",
     )
     parser.add_argument("--duckdb-only", nargs=2, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    args = harness.parse_args(parser, argv)
     if args.duckdb_only:
         run_duckdb(Path(args.duckdb_only[0]), int(args.duckdb_only[1]))
         return 0

@@ -15,35 +15,18 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import importlib.util
 import json
 import os
-import platform
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+import _harness as harness
 import zmq
-from _harness import (
-    BenchError,
-    ChildFailed,
-    ChildProcesses,
-    RssSampler,
-    emit,
-    exit_after,
-    find_executable,
-    free_tcp_port,
-    latency_summary_us,
-    on_stdin_eof,
-    otel_from_env,
-    raise_keyboard_interrupt_on_sigterm,
-    wait_for_tcp,
-)
 
 SYSTEMS = ("raw", "raw-asyncio", "nats", "mesh", "mesh-null", "mesh-notel", "mesh-zmq")
 DEFAULT_SYSTEMS = ("raw", "raw-asyncio", "nats", "mesh")
@@ -69,7 +52,6 @@ ALIASES = {"irismesh": "mesh", "pyzmq": "raw", "asyncio": "raw-asyncio"}
 SIZES = (100, 1024)
 SCENARIOS = ("throughput", "latency", "sustained")
 SUBJECT = "bench"  # NATS subject and irismesh cluster alike
-NATS_SERVER_INSTALL = "apt-get install -y nats-server"
 
 Request = Callable[[bytes], Awaitable[bytes]]
 
@@ -103,10 +85,6 @@ def payload_of(size: int) -> bytes:
     return bytes(i % 251 for i in range(size))
 
 
-def size_label(size: int) -> str:
-    return f"{size // 1024} KB" if size % 1024 == 0 else f"{size} B"
-
-
 def parse_mesh_opts(pairs: list[str]) -> dict[str, Any]:
     """KEY=VALUE pairs for irismesh.Node: ints, floats and true/false convert, the rest stay str."""
     opts: dict[str, Any] = {}
@@ -126,24 +104,6 @@ def parse_mesh_opts(pairs: list[str]) -> dict[str, Any]:
                     pass
         opts[key] = value
     return opts
-
-
-class MeshUnavailable(BenchError):
-    """irismesh cannot be benchmarked yet (it does not import, or lacks Node/Keyring)."""
-
-
-def import_mesh() -> Any:
-    try:
-        import irismesh
-    except ImportError as exc:
-        raise MeshUnavailable(f"cannot import irismesh: {exc}") from exc
-    missing = [name for name in ("Node", "Keyring") if not hasattr(irismesh, name)]
-    if missing:
-        raise MeshUnavailable(
-            f"irismesh has no {' or '.join(missing)} yet (irismesh/__init__.py must export "
-            "them); run with --only raw,raw-asyncio,nats to leave irismesh out"
-        )
-    return irismesh
 
 
 # ============================================================================================
@@ -169,7 +129,7 @@ def serve_raw() -> None:
     sock = ctx.socket(zmq.ROUTER)
     sock.linger = 0
     port = sock.bind_to_random_port("tcp://127.0.0.1")
-    on_stdin_eof(lambda: os._exit(0))
+    harness.on_stdin_eof(lambda: os._exit(0))
     print(f"READY tcp://127.0.0.1:{port}", flush=True)
     recv, send = sock.recv_multipart, sock.send_multipart
     while True:
@@ -182,7 +142,7 @@ async def until_stopped() -> AsyncIterator[asyncio.Event]:
     loop = asyncio.get_running_loop()
     stopped = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stopped.set)
-    on_stdin_eof(lambda: loop.call_soon_threadsafe(stopped.set))
+    harness.on_stdin_eof(lambda: loop.call_soon_threadsafe(stopped.set))
     try:
         yield stopped
     finally:
@@ -234,7 +194,8 @@ async def serve_nats(url: str) -> None:
 
 
 async def serve_mesh(keyring_path: str, opts: dict[str, Any]) -> None:
-    irismesh = import_mesh()
+    import irismesh
+
     keys = irismesh.Keyring.load(keyring_path)
     async with irismesh.Node(
         cluster=SUBJECT, keyring=keys, bind="tcp://127.0.0.1:0", survey=False, **opts
@@ -257,9 +218,9 @@ def _raw_recv(sock: zmq.Socket[bytes], payload: bytes) -> None:
     try:
         reply = sock.recv()
     except zmq.Again:
-        raise BenchError("no reply within the request timeout") from None
+        raise harness.BenchError("no reply within the request timeout") from None
     if reply != payload:
-        raise BenchError(f"echo mismatch: sent {len(payload)} B, got {len(reply)} B")
+        raise harness.BenchError(f"echo mismatch: sent {len(payload)} B, got {len(reply)} B")
 
 
 def _raw_pump(
@@ -302,10 +263,12 @@ def client_raw(endpoint: str, plan: Plan) -> None:
     sock.connect(endpoint)
     payload = payload_of(plan.size)
     try:
-        emit("phase", scenario="throughput")
-        emit("result", scenario="throughput", **_raw_pump(sock, payload, plan, plan.window_s))
+        harness.emit("phase", scenario="throughput")
+        harness.emit(
+            "result", scenario="throughput", **_raw_pump(sock, payload, plan, plan.window_s)
+        )
 
-        emit("phase", scenario="latency")
+        harness.emit("phase", scenario="latency")
         for _ in range(plan.latency_warmup):
             sock.send(payload)
             _raw_recv(sock, payload)
@@ -316,11 +279,11 @@ def client_raw(endpoint: str, plan: Plan) -> None:
             sock.send(payload)
             _raw_recv(sock, payload)
             samples.append(clock() - t)
-        emit("result", scenario="latency", **latency_summary_us(samples))
+        harness.emit("result", scenario="latency", **harness.latency_summary_us(samples))
 
-        emit("phase", scenario="sustained")
-        result = _raw_pump(sock, payload, plan, plan.sustained_s, lambda: emit("mark"))
-        emit("result", scenario="sustained", **result)
+        harness.emit("phase", scenario="sustained")
+        result = _raw_pump(sock, payload, plan, plan.sustained_s, lambda: harness.emit("mark"))
+        harness.emit("result", scenario="sustained", **result)
     finally:
         sock.close()
         ctx.term()
@@ -407,7 +370,8 @@ async def nats_requester(url: str, request_timeout: float) -> AsyncIterator[Requ
 async def mesh_requester(
     endpoint: str, keyring_path: str, opts: dict[str, Any], request_timeout: float, split: str = ""
 ) -> AsyncIterator[Request]:
-    irismesh = import_mesh()
+    import irismesh
+
     keys = irismesh.Keyring.load(keyring_path)
     async with irismesh.Node(keyring=keys, seeds=[endpoint], survey=False, **opts) as client:
         await client.wait_for_members(SUBJECT, count=1, timeout=10)
@@ -442,7 +406,9 @@ async def _async_pump(
                 await asyncio.sleep(0.01)  # an error raised at once must not starve the loop
                 continue
             if reply != payload:
-                raise BenchError(f"echo mismatch: sent {len(payload)} B, got {len(reply)} B")
+                raise harness.BenchError(
+                    f"echo mismatch: sent {len(payload)} B, got {len(reply)} B"
+                )
             completed += 1
 
     workers = [asyncio.create_task(worker()) for _ in range(plan.outstanding)]
@@ -474,8 +440,8 @@ async def _async_latency(request: Request, payload: bytes, plan: Plan) -> dict[s
         reply = await request(payload)
         samples.append(clock() - t)
         if reply != payload:
-            raise BenchError(f"echo mismatch: sent {len(payload)} B, got {len(reply)} B")
-    return latency_summary_us(samples)
+            raise harness.BenchError(f"echo mismatch: sent {len(payload)} B, got {len(reply)} B")
+    return harness.latency_summary_us(samples)
 
 
 async def client_async(args: argparse.Namespace, plan: Plan) -> None:
@@ -491,19 +457,19 @@ async def client_async(args: argparse.Namespace, plan: Plan) -> None:
         )
     payload = payload_of(plan.size)
     async with requester as request:
-        emit("phase", scenario="throughput")
-        emit(
+        harness.emit("phase", scenario="throughput")
+        harness.emit(
             "result",
             scenario="throughput",
             **await _async_pump(request, payload, plan, plan.window_s),
         )
-        emit("phase", scenario="latency")
-        emit("result", scenario="latency", **await _async_latency(request, payload, plan))
-        emit("phase", scenario="sustained")
+        harness.emit("phase", scenario="latency")
+        harness.emit("result", scenario="latency", **await _async_latency(request, payload, plan))
+        harness.emit("phase", scenario="sustained")
         sustained = await _async_pump(
-            request, payload, plan, plan.sustained_s, lambda: emit("mark")
+            request, payload, plan, plan.sustained_s, lambda: harness.emit("mark")
         )
-        emit("result", scenario="sustained", **sustained)
+        harness.emit("result", scenario="sustained", **sustained)
 
 
 def irismesh_run(main: Coroutine[Any, Any, None]) -> None:
@@ -513,8 +479,8 @@ def irismesh_run(main: Coroutine[Any, Any, None]) -> None:
 
 
 def run_child(args: argparse.Namespace) -> None:
-    exit_after(args.max_seconds)
     if args.role == "server":
+        harness.exit_after(args.max_seconds)
         if args.system == "raw":
             serve_raw()
         elif args.system == "raw-asyncio":
@@ -524,19 +490,15 @@ def run_child(args: argparse.Namespace) -> None:
         else:  # on irismesh's own loop: uvloop where installed (IRISMESH_LOOP=asyncio: not)
             irismesh_run(serve_mesh(args.keyring, parse_mesh_opts(args.mesh_opt)))
         return
-    on_stdin_eof(lambda: os._exit(1))
     plan = Plan(**json.loads(args.plan))
-    try:
-        if args.system == "raw":
-            client_raw(args.endpoint, plan)
-        elif args.system == "mesh":
-            irismesh_run(client_async(args, plan))
-        else:
-            asyncio.run(client_async(args, plan))
-    except BaseException as exc:
-        emit("error", message=f"{type(exc).__name__}: {exc}")
-        raise
-    emit("done")
+    if args.system == "raw":
+        client = functools.partial(client_raw, args.endpoint, plan)
+    elif args.system == "mesh":
+        client = functools.partial(irismesh_run, client_async(args, plan))
+    else:
+        client = functools.partial(asyncio.run, client_async(args, plan))
+    harness.child_main(args.max_seconds, client, eof_status=1)
+    harness.emit("done")
 
 
 # ============================================================================================
@@ -544,40 +506,24 @@ def run_child(args: argparse.Namespace) -> None:
 
 
 @dataclass(kw_only=True, slots=True)
-class Run:
+class ReqrepRun(harness.Run):
     """Settings of one benchmark run and everything it measured."""
 
-    systems: list[str]
-    plans: list[Plan]
     mesh_opts: list[str]
     split: str = ""
-    keyring_path: str = ""
-    nats_server: str | None = None
-    results: dict[str, dict[str, dict[str, Any]]] = dataclasses.field(default_factory=dict)
-    skipped: dict[str, str] = dataclasses.field(default_factory=dict)
-    failed: dict[str, str] = dataclasses.field(default_factory=dict)
-    step: int = 0
-
-    @property
-    def steps(self) -> int:
-        return len(self.systems) * len(self.plans) * len(SCENARIOS)
 
 
-def progress(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def child_argv(role: str, system: str, run: Run, *extra: str) -> list[str]:
-    child_system = "mesh" if system in MESH_VARIANTS else system
-    argv = [sys.executable, os.path.abspath(__file__), "--role", role, "--system", child_system]
+def child_argv(role: str, system: str, run: ReqrepRun, *extra: str) -> list[str]:
+    options: list[str] = []
     if system in MESH_VARIANTS:
-        argv += ["--keyring", run.keyring_path]
         for opt in [*run.mesh_opts, *MESH_VARIANTS[system]]:
-            argv += ["--mesh-opt", opt]
+            options += ["--mesh-opt", opt]
         if run.split:
-            argv += ["--split", run.split]
+            options += ["--split", run.split]
     budget = sum(plan.budget_s() for plan in run.plans) + 60.0
-    return [*argv, "--max-seconds", f"{budget:.0f}", *extra]
+    child_system = "mesh" if system in MESH_VARIANTS else system
+    options += ["--max-seconds", f"{budget:.0f}", *extra]
+    return run.child_argv(__file__, role, child_system, *options)
 
 
 def describe(system: str, plan: Plan, scenario: str) -> str:
@@ -586,122 +532,67 @@ def describe(system: str, plan: Plan, scenario: str) -> str:
         "latency": f"1 outstanding, {plan.latency_n} requests",
         "sustained": f"sustained {plan.sustained_s:g} s at {plan.outstanding} outstanding, RSS",
     }[scenario]
-    return f"{LABELS[system]} {size_label(plan.size)}, {what} ..."
+    return f"{LABELS[system]} {harness.size_label(plan.size)}, {what} ..."
 
 
 def run_client(
-    procs: ChildProcesses,
-    run: Run,
+    procs: harness.ChildProcesses,
+    run: ReqrepRun,
     system: str,
     plan: Plan,
     endpoint: str,
     server_pids: dict[str, int],
 ) -> None:
     """One client process for one payload size; results land in `run.results` as they come."""
-    name = f"{system} client {size_label(plan.size)}"
+    name = f"{system} client {harness.size_label(plan.size)}"
     argv = child_argv("client", system, run, "--endpoint", endpoint, "--plan")
     client = procs.spawn(name, [*argv, json.dumps(dataclasses.asdict(plan))])
     results = run.results.setdefault(system, {}).setdefault(str(plan.size), {})
-    deadline = time.monotonic() + plan.budget_s()
-    sampler: RssSampler | None = None
-    next_sample = float("inf")
+    events = harness.Events([client], plan.budget_s())
     try:
-        while True:
-            line = client.next_line(min(deadline, next_sample))
-            if line is None:
-                if time.monotonic() >= deadline:
-                    raise ChildFailed(name, f"hard timeout of {plan.budget_s():.0f} s reached")
-                if sampler is not None:
-                    sampler.sample()
-                next_sample += 1.0
-                continue
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                progress(f"  {name}: {line}")
-                continue
-            kind = event.pop("event", None)
+        for _, kind, event in events:
             if kind == "phase":
-                run.step += 1
-                progress(f"[{run.step}/{run.steps}] {describe(system, plan, event['scenario'])}")
+                run.announce(describe(system, plan, event["scenario"]))
             elif kind == "mark":
-                sampler = RssSampler({**server_pids, "client": client.pid})
-                sampler.sample()
-                next_sample = time.monotonic() + 1.0
+                events.sample({**server_pids, "client": client.pid})
             elif kind == "result":
                 scenario = event.pop("scenario")
-                if scenario == "sustained" and sampler is not None:
-                    sampler.sample()
-                    event["memory"] = sampler.summary()
-                    event["others_cpu_percent"] = sampler.others_cpu_percent()
-                    sampler, next_sample = None, float("inf")
+                if scenario == "sustained":
+                    event.update(events.sampled())
                 if event.get("errors"):
-                    progress(f"  {event['errors']} errors, first: {event.get('first_error')}")
+                    harness.progress(
+                        f"  {event['errors']} errors, first: {event.get('first_error')}"
+                    )
                 results[scenario] = event
-            elif kind == "error":
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    client.proc.wait(timeout=5.0)  # let it finish writing its traceback
-                raise ChildFailed(name, event.get("message", "failed"), client.stderr_tail())
             elif kind == "done":
                 try:
                     code = client.proc.wait(timeout=10.0)
                 except subprocess.TimeoutExpired:
                     code = None
                 if code != 0:
-                    progress(f"  warning: {name} did not exit cleanly after its results ({code})")
+                    harness.progress(
+                        f"  warning: {name} did not exit cleanly after its results ({code})"
+                    )
                 return
     finally:
         procs.stop(client, grace=5.0)
 
 
-def run_system(run: Run, system: str) -> None:
+def run_system(run: ReqrepRun, system: str) -> None:
     """Start the system's server(s), run one client per payload size, stop everything."""
-    with ChildProcesses() as procs:
+    with harness.ChildProcesses() as procs:
         server_pids: dict[str, int] = {}
         extra: list[str] = []
         if system == "nats":
-            assert run.nats_server is not None
-            port = free_tcp_port()
-            broker = procs.spawn(
-                "nats-server",
-                [run.nats_server, "-a", "127.0.0.1", "-p", str(port)],
-                read_stdout=False,
-                stops_on_eof=False,
-            )
-            wait_for_tcp(port, timeout=10.0)
+            broker, url = harness.start_nats_server(procs)
             server_pids["broker"] = broker.pid
-            extra = ["--endpoint", f"nats://127.0.0.1:{port}"]
-        server = procs.spawn(f"{system} server", child_argv("server", system, run, *extra))
-        endpoint = server.expect_prefix("READY ", timeout=30.0)
+            extra = ["--endpoint", url]
+        name = f"{system} server"
+        server = procs.spawn(name, child_argv("server", system, run, *extra))
+        endpoint = harness.check_local(name, server.expect_prefix("READY ", timeout=30.0))
         server_pids["server"] = server.pid
-        if not endpoint.startswith(("tcp://127.0.0.1:", "nats://127.0.0.1:")):
-            raise BenchError(f"{system} server is not on 127.0.0.1: {endpoint}")
         for plan in run.plans:
             run_client(procs, run, system, plan, endpoint, server_pids)
-
-
-def preflight(run: Run) -> None:
-    """Drop the systems this machine cannot run, saying why."""
-    if "nats" in run.systems:
-        run.nats_server = find_executable(
-            "nats-server", "/usr/sbin/nats-server", "/usr/bin/nats-server"
-        )
-        if run.nats_server is None:
-            run.skipped["nats"] = f"nats-server not installed: {NATS_SERVER_INSTALL}"
-        elif importlib.util.find_spec("nats") is None:
-            run.skipped["nats"] = "its client, nats-py, is not installed: pip install -e '.[bench]'"
-    if any(system in MESH_VARIANTS for system in run.systems):
-        try:
-            irismesh = import_mesh()
-            irismesh.Keyring.generate().save(run.keyring_path)
-        except Exception as exc:
-            for system in MESH_VARIANTS:
-                run.failed[system] = f"{type(exc).__name__}: {exc}"
-    for system, reason in run.skipped.items():
-        progress(f"{LABELS[system]}: skipped ({reason})")
-    for system, reason in run.failed.items():
-        progress(f"{LABELS[system]}: FAILED before starting: {reason}")
-    run.systems = [s for s in run.systems if s not in run.skipped and s not in run.failed]
 
 
 def make_plans(args: argparse.Namespace) -> list[Plan]:
@@ -722,102 +613,32 @@ def make_plans(args: argparse.Namespace) -> list[Plan]:
     ]
 
 
-def parse_only(text: str) -> list[str]:
-    chosen = []
-    for item in (part.strip().lower() for part in text.split(",") if part.strip()):
-        system = ALIASES.get(item, item)
-        if system not in SYSTEMS:
-            raise SystemExit(f"--only: unknown system {item!r}; choose from {', '.join(SYSTEMS)}")
-        if system not in chosen:
-            chosen.append(system)
-    return [s for s in SYSTEMS if s in chosen]
-
-
-def machine_facts(run: Run) -> dict[str, Any]:
-    facts: dict[str, Any] = {
-        "python": platform.python_version(),
-        "pyzmq": zmq.__version__,
-        "libzmq": zmq.zmq_version(),
-        "cpus": os.cpu_count(),
-        "platform": platform.platform(),
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    if run.nats_server:
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            facts["nats_server"] = subprocess.run(
-                [run.nats_server, "--version"], capture_output=True, text=True, timeout=5
-            ).stdout.strip()
-    return facts
-
-
-def warn_if_busy() -> float:
-    """CPU use by others just before the run: on 2 cores, other work skews every figure."""
-    import psutil
-
-    busy: float = psutil.cpu_percent(interval=0.5)
-    if busy > 20.0:
-        progress(f"warning: the CPUs are {busy:.0f}% busy before starting; figures will be noisy")
-    return busy
-
-
 def main_parent(args: argparse.Namespace) -> int:
-    raise_keyboard_interrupt_on_sigterm()
-    busy_before = warn_if_busy()
-    run = Run(
-        systems=parse_only(args.only),
+    run = ReqrepRun(
+        systems=harness.parse_only(args.only, SYSTEMS, ALIASES),
+        labels=LABELS,
+        mesh_systems=MESH_VARIANTS,
         plans=make_plans(args),
+        steps_per_plan=len(SCENARIOS),
         mesh_opts=args.mesh_opt,
         split=args.split,
     )
-    requested = list(run.systems)
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="irismesh-bench-") as tmp:
-        run.keyring_path = os.path.join(tmp, "bench.keys")
-        preflight(run)
-        try:
-            for system in list(run.systems):
-                try:
-                    run_system(run, system)
-                except BenchError as exc:
-                    run.failed[system] = str(exc)
-                    progress(f"{LABELS[system]}: FAILED: {exc}")
-        except KeyboardInterrupt:
-            progress("interrupted; every child process has been stopped")
-            return 130
-    elapsed = time.monotonic() - started
-
-    print_tables(run, requested, elapsed)
-    if args.json:
-        document = {
-            "facts": {**machine_facts(run), "cpu_busy_percent_before": busy_before},
-            "settings": {
-                "plans": [dataclasses.asdict(plan) for plan in run.plans],
-                "mesh_opts": parse_mesh_opts(run.mesh_opts),
-                "split": run.split,
-                "systems": requested,
-            },
-            "results": run.results,
-            "ratios": ratios(run),
-            "skipped": run.skipped,
-            "failed": run.failed,
-            "elapsed_s": elapsed,
-        }
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump(document, out, indent=2)
-        progress(f"wrote {args.json}")
-    return 1 if run.failed else 0
+    measure = functools.partial(run.each_system, functools.partial(run_system, run))
+    report, figures = functools.partial(print_tables, run), functools.partial(ratios, run)
+    settings = {"mesh_opts": parse_mesh_opts(run.mesh_opts), "split": run.split}
+    return harness.run_parent(run, measure, report, figures, args.json, **settings)
 
 
 # ============================================================================================
 # Parent: report
 
 
-def _cell(run: Run, system: str, size: int, scenario: str) -> dict[str, Any] | None:
+def _cell(run: ReqrepRun, system: str, size: int, scenario: str) -> dict[str, Any] | None:
     result: dict[str, Any] | None = run.results.get(system, {}).get(str(size), {}).get(scenario)
     return result
 
 
-def _figures(run: Run, system: str, size: int, scenario: str) -> tuple[float, ...] | None:
+def _figures(run: ReqrepRun, system: str, size: int, scenario: str) -> tuple[float, ...] | None:
     """The numbers a table cell shows: (req/s,) or (p50 us, p99 us)."""
     result = _cell(run, system, size, scenario)
     if result is None:
@@ -827,7 +648,7 @@ def _figures(run: Run, system: str, size: int, scenario: str) -> tuple[float, ..
     return (result["rps"],)
 
 
-def ratios(run: Run) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
+def ratios(run: ReqrepRun) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
     """irismesh divided by each baseline, per scenario and size, figure by figure."""
     out: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
     for baseline in ("raw", "raw-asyncio", "nats"):
@@ -852,7 +673,7 @@ def _show(figures: tuple[float, ...] | None, absent: str) -> str:
     return f"{figures[0]:,.0f}"
 
 
-def _show_ratio(run: Run, baseline: str, size: int, scenario: str) -> str:
+def _show_ratio(run: ReqrepRun, baseline: str, size: int, scenario: str) -> str:
     mesh = _figures(run, "mesh", size, scenario)
     base = _figures(run, baseline, size, scenario)
     if not mesh or not base:
@@ -861,12 +682,11 @@ def _show_ratio(run: Run, baseline: str, size: int, scenario: str) -> str:
     return parts[0] if len(parts) == 1 else f"{parts[0]} [{parts[1]}]"
 
 
-def print_tables(run: Run, requested: list[str], elapsed: float) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def print_tables(run: ReqrepRun) -> None:
     from rich.text import Text
 
-    console = Console() if sys.stdout.isatty() else Console(width=140)
+    out = harness.console(140)
+    requested = run.requested
 
     def absent(system: str) -> str:
         if system not in requested:
@@ -880,18 +700,19 @@ def print_tables(run: Run, requested: list[str], elapsed: float) -> None:
         "latency": "latency, 1 outstanding (us p50 [p99])",
         "sustained": "sustained, 100 outstanding (req/s)",
     }
-    table = Table(
-        title=f"request/reply on 127.0.0.1, server and client in separate processes "
-        f"({elapsed:.0f} s run)",
-        caption="req/s: higher is better, so a ratio below 1 means irismesh is slower; "
+    table = harness.table(
+        f"request/reply on 127.0.0.1, server and client in separate processes "
+        f"({run.elapsed_s:.0f} s run)",
+        ["scenario"],
+        [
+            "size",
+            *(LABELS[system] for system in SYSTEMS),
+            "irismesh / raw pyzmq",
+            "irismesh / NATS",
+        ],
+        "req/s: higher is better, so a ratio below 1 means irismesh is slower; "
         "latency: lower is better, so a ratio above 1 means irismesh is slower",
     )
-    table.add_column("scenario", no_wrap=True)
-    table.add_column("size", justify="right")
-    for system in SYSTEMS:
-        table.add_column(LABELS[system], justify="right")
-    table.add_column("irismesh / raw pyzmq", justify="right")
-    table.add_column("irismesh / NATS", justify="right")
     for scenario in SCENARIOS:
         for size in SIZES:
             cells = [
@@ -899,40 +720,40 @@ def print_tables(run: Run, requested: list[str], elapsed: float) -> None:
             ]
             row = [
                 rows[scenario].replace("100", str(run.plans[0].outstanding)),
-                size_label(size),
+                harness.size_label(size),
                 *cells,
                 _show_ratio(run, "raw", size, scenario),
                 _show_ratio(run, "nats", size, scenario),
             ]
             table.add_row(*(Text(cell) for cell in row))  # Text: "[p99]" is not markup
         table.add_section()
-    console.print(table)
+    out.print(table)
     variants = [v for v in ("mesh-null", "mesh-notel", "mesh-zmq") if v in run.systems]
-    if variants and "mesh" in run.systems:
-        costs = Table(
-            title="what sealing and telemetry cost, and the transport gains: irismesh / its "
-            "variant, same run"
-        )
-        costs.add_column("scenario")
-        costs.add_column("size", justify="right")
-        for variant in variants:
-            costs.add_column(f"irismesh / {LABELS[variant]}", justify="right")
-        for scenario in SCENARIOS:
-            for size in SIZES:
-                cells = [_show_ratio(run, variant, size, scenario) for variant in variants]
-                costs.add_row(scenario, size_label(size), *cells)
-        console.print(costs)
+    harness.print_costs(
+        out,
+        "what sealing and telemetry cost, and the transport gains: irismesh / its variant, "
+        "same run",
+        ["scenario", "size"],
+        [LABELS[variant] for variant in variants] if "mesh" in run.systems else [],
+        (
+            [
+                scenario,
+                harness.size_label(size),
+                *(_show_ratio(run, v, size, scenario) for v in variants),
+            ]
+            for scenario in SCENARIOS
+            for size in SIZES
+        ),
+    )
 
-    memory = Table(
-        title="memory and CPU over the sustained run (RSS sampled once a second after warm-up)",
-        caption="flat memory: growth (end - start) stays near zero; CPU us/req: CPU time of "
+    memory = harness.table(
+        "memory and CPU over the sustained run (RSS sampled once a second after warm-up)",
+        ["system", "size", "process"],
+        ["req/s", "start MB", "peak MB", "end MB", "growth MB", "CPU us/req", "others' CPU"],
+        "flat memory: growth (end - start) stays near zero; CPU us/req: CPU time of "
         "that process / requests served in the window; others' CPU: share of the machine used "
         "by other processes meanwhile (well above 0% = disturbed figures)",
     )
-    for column in ("system", "size", "process", "req/s"):
-        memory.add_column(column, justify="left" if column != "req/s" else "right")
-    for column in ("start MB", "peak MB", "end MB", "growth MB", "CPU us/req", "others' CPU"):
-        memory.add_column(column, justify="right")
     for system in SYSTEMS:
         for size in SIZES:
             result = _cell(run, system, size, "sustained")
@@ -943,7 +764,7 @@ def print_tables(run: Run, requested: list[str], elapsed: float) -> None:
                 others = result.get("others_cpu_percent")
                 memory.add_row(
                     LABELS[system],
-                    size_label(size),
+                    harness.size_label(size),
                     role,
                     f"{result['rps']:,.0f}",
                     f"{mem['start_mb']:.1f}",
@@ -955,17 +776,13 @@ def print_tables(run: Run, requested: list[str], elapsed: float) -> None:
                 )
         memory.add_section()
     if memory.row_count:
-        console.print(memory)
-    for system, reason in {**run.skipped, **run.failed}.items():
-        state = "skipped" if system in run.skipped else "FAILED (details above)"
-        first_line = reason.splitlines()[0]
-        console.print(f"{LABELS[system]}: {state}: {first_line}", markup=False, highlight=False)
+        out.print(memory)
+    harness.print_footnotes(out, run)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = harness.bench_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="shorter runs (about a minute)")
-    parser.add_argument("--json", metavar="PATH", help="also write every number to this file")
     parser.add_argument(
         "--duration",
         type=float,
@@ -979,11 +796,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="throughput measuring window after warm-up; default 3, 1 with --quick",
     )
     parser.add_argument("--outstanding", type=int, default=100, help=argparse.SUPPRESS)
-    parser.add_argument(
-        "--only",
-        default=",".join(DEFAULT_SYSTEMS),
-        help=f"comma-separated systems (default: {','.join(DEFAULT_SYSTEMS)}; also mesh-null: "
-        "sealing off, mesh-notel: telemetry off, mesh-zmq: links on zmq; irismesh = mesh)",
+    harness.add_only(
+        parser,
+        DEFAULT_SYSTEMS,
+        "also mesh-null: sealing off, mesh-notel: telemetry off, mesh-zmq: links on zmq; "
+        "irismesh = mesh",
     )
     parser.add_argument(
         "--mesh-opt",
@@ -999,24 +816,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="irismesh: the client sets this traffic split on the cluster before measuring "
         "(name the member's version with --mesh-opt version=V)",
     )
-    # The children's side of this file.
-    parser.add_argument("--role", choices=("server", "client"), help=argparse.SUPPRESS)
-    parser.add_argument("--system", choices=SYSTEMS, help=argparse.SUPPRESS)
-    parser.add_argument("--endpoint", help=argparse.SUPPRESS)
-    parser.add_argument("--plan", help=argparse.SUPPRESS)
-    parser.add_argument("--keyring", help=argparse.SUPPRESS)
-    parser.add_argument("--max-seconds", type=float, default=600.0, help=argparse.SUPPRESS)
+    harness.add_child_arguments(parser, ("server", "client"), SYSTEMS)
     return parser
 
 
-def main() -> int:
-    args = build_parser().parse_args()
-    if args.role:
-        otel_from_env()
-        run_child(args)
-        return 0
-    return main_parent(args)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.bench_main(build_parser(), run_child, main_parent))

@@ -50,7 +50,6 @@ import functools
 import itertools
 import json
 import os
-import platform
 import random
 import signal
 import socket
@@ -63,19 +62,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from _harness import (
-    MB,
-    BenchError,
-    Child,
-    ChildFailed,
-    ChildProcesses,
-    emit,
-    exit_after,
-    on_stdin_lines,
-    percentile,
-    raise_fd_limit,
-    raise_keyboard_interrupt_on_sigterm,
-)
+import _harness as harness
 
 CLUSTER_PREFIX = "bench-"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -159,10 +146,10 @@ class Agent:
         while True:
             live = len(node.peers())
             if live >= target:
-                emit("full", at=time.monotonic(), peers=live)
+                harness.emit("full", at=time.monotonic(), peers=live)
                 return
             if live != last:
-                emit("count", peers=live)
+                harness.emit("count", peers=live)
                 last = live
             with contextlib.suppress(self.irismesh.MembershipTimeout):
                 await node.wait_for_peers(live + 1, timeout=1.0)
@@ -209,14 +196,14 @@ class Agent:
                 ok += 1
             except self.irismesh.MeshError as exc:
                 errors[type(exc).__name__] += 1
-        emit("probed", ok=ok, failed=sum(errors.values()), errors=dict(errors))
+        harness.emit("probed", ok=ok, failed=sum(errors.values()), errors=dict(errors))
 
     def check(self, seq: int) -> None:
         live = self.node.peers()
         departed = [p for p in self.node.peers(departed=True) if p.state in ("dead", "left")]
         now = self.counters()
         delta = {k: v - self.mark.get(k, 0) for k, v in now.items() if v != self.mark.get(k, 0)}
-        emit(
+        harness.emit(
             "check",
             seq=seq,
             peers=len(live),
@@ -238,7 +225,7 @@ class Agent:
                 await node.request(cluster, PAYLOAD, timeout=self.args.request_timeout)
                 latencies.append(time.monotonic() - began)
                 if len(latencies) == 1:
-                    emit("calling", seq=seq)
+                    harness.emit("calling", seq=seq)
             except self.irismesh.MeshError as exc:
                 errors[type(exc).__name__] += 1
             next_at += interval
@@ -249,14 +236,14 @@ class Agent:
                 next_at = time.monotonic()
         after = self.counters()
         ordered = sorted(latencies)
-        emit(
+        harness.emit(
             "calls",
             seq=seq,
             ok=len(latencies),
             failed=sum(errors.values()),
             seconds=time.monotonic() - began_calls,
             errors=dict(errors),
-            p50_ms=percentile(ordered, 50) * 1000 if ordered else None,
+            p50_ms=harness.percentile(ordered, 50) * 1000 if ordered else None,
             max_ms=ordered[-1] * 1000 if ordered else None,
             over_100ms=sum(v > 0.1 for v in ordered),
             resent=after.get("requests_resent", 0) - before.get("requests_resent", 0),
@@ -277,7 +264,7 @@ class Agent:
 
     async def watch(self, seq: int, cluster: str, victim: str) -> None:
         before = self.counters()
-        emit("watching", seq=seq)
+        harness.emit("watching", seq=seq)
         # Every node looks at its own phase: the times are late by 0 to one period each, not
         # all by the same amount.
         await asyncio.sleep(random.uniform(0.0, 1.0 / WATCH_HZ))
@@ -288,7 +275,7 @@ class Agent:
             if routed and victim not in self.node.members(cluster):
                 # Out of this node's routing for the cluster: no request goes to it any more.
                 routed = False
-                emit("unrouted", seq=seq, at=time.monotonic())
+                harness.emit("unrouted", seq=seq, at=time.monotonic())
             state = self.alive(victim)
             if state is not None:
                 at = time.monotonic()
@@ -298,7 +285,7 @@ class Agent:
                     for k, v in self.counters().items()
                     if k.startswith("peers_down_") and v > before.get(k, 0)
                 ]
-                emit("gone", seq=seq, at=at, state=state, how=how)
+                harness.emit("gone", seq=seq, at=at, state=state, how=how)
                 return
             await asyncio.sleep(1.0 / WATCH_HZ)
 
@@ -326,7 +313,7 @@ async def run_node(args: argparse.Namespace) -> None:
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         agent = Agent(node, irismesh, args)
-        on_stdin_lines(
+        harness.on_stdin_lines(
             lambda line: loop.call_soon_threadsafe(agent.command, line),
             lambda: loop.call_soon_threadsafe(stop.set),
         )
@@ -340,10 +327,6 @@ async def run_node(args: argparse.Namespace) -> None:
 
 # ============================================================================================
 # Parent
-
-
-def progress(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def proc_stat(pid: int) -> tuple[float, int]:
@@ -395,8 +378,8 @@ def spread(values: Sequence[float]) -> dict[str, float]:
     ordered = sorted(values)
     return {
         "min": ordered[0],
-        "median": percentile(ordered, 50),
-        "p90": percentile(ordered, 90),
+        "median": harness.percentile(ordered, 50),
+        "p90": harness.percentile(ordered, 90),
         "max": ordered[-1],
     }
 
@@ -404,7 +387,7 @@ def spread(values: Sequence[float]) -> dict[str, float]:
 @dataclass(kw_only=True, slots=True)
 class Node:
     name: str
-    child: Child
+    child: harness.Child
     cluster: str | None  # None: a pure client
     seed: bool = False
     node_id: str = ""
@@ -497,7 +480,7 @@ class Run:
 
     def __init__(
         self,
-        procs: ChildProcesses,
+        procs: harness.ChildProcesses,
         size: int,
         args: argparse.Namespace,
         keyring: str,
@@ -557,7 +540,7 @@ class Run:
             self.probe()
         self.idle()
         if not self.result["converged"]:
-            progress("  crash detection skipped: the mesh never converged")
+            harness.progress("  crash detection skipped: the mesh never converged")
         elif self.args.kills:
             self.crashes()
         return self.result
@@ -587,7 +570,9 @@ class Run:
 
         @functools.partial(every, 2.0)
         def tick(now: float) -> None:
-            progress(f"  {now - spawned:5.1f} s: {len(self.nodes)}/{size} spawned, {ready()} ready")
+            harness.progress(
+                f"  {now - spawned:5.1f} s: {len(self.nodes)}/{size} spawned, {ready()} ready"
+            )
 
         for i in range(self.n_seeds):
             self.spawn(i, ())
@@ -614,7 +599,7 @@ class Run:
         busy = 100.0 * (busy1 - busy0) / max(1e-9, total1 - total0)
         self.result["startup_machine_busy_percent"] = busy
         if n_ready < size:
-            progress(
+            harness.progress(
                 f"  NOT started within {self.timeout:.0f} s: {len(self.nodes)}/{size} spawned, "
                 f"{n_ready} ready, the machine {busy:.0f}% busy meanwhile: it cannot start this "
                 "many nodes in time"
@@ -624,7 +609,7 @@ class Run:
         self.result["started"] = True
         self.last_ready = max(n.ready_at or 0.0 for n in self.nodes)
         self.result["startup_s"] = self.last_ready - spawned
-        progress(
+        harness.progress(
             f"  {size} nodes ready {self.result['startup_s']:.1f} s after the first spawn (machine "
             f"{busy:.0f}% busy meanwhile)"
         )
@@ -636,7 +621,7 @@ class Run:
         def tick(now: float) -> None:
             full = sum(n.full_at is not None for n in self.nodes)
             fewest = min(n.peers for n in self.nodes)
-            progress(
+            harness.progress(
                 f"  {now - spawned:5.1f} s: {full}/{size} nodes know all {size - 1} others "
                 f"(fewest peers known by a node: {fewest})"
             )
@@ -649,7 +634,7 @@ class Run:
         self.result["nodes_full"] = len(full_at)
         if len(full_at) < size:
             fewest = min(n.peers for n in self.nodes)
-            progress(
+            harness.progress(
                 f"  NOT converged within {self.timeout:.0f} s of the first spawn: "
                 f"{len(full_at)}/{size} nodes know all others, fewest peers known {fewest}"
             )
@@ -657,7 +642,7 @@ class Run:
         self.result["converged"] = True
         self.result["full_after_ready_s"] = max(0.0, max(full_at) - self.last_ready)
         self.result["full_after_spawn_s"] = max(full_at) - spawned
-        progress(
+        harness.progress(
             f"  full membership {self.result['full_after_ready_s']:.2f} s after the last node "
             f"was ready ({self.result['full_after_spawn_s']:.2f} s after the first spawn)"
         )
@@ -680,7 +665,7 @@ class Run:
         }
         if clients:
             p = self.result["probe"]
-            progress(
+            harness.progress(
                 f"  {len(clients)} client(s) called each of {self.clusters} cluster(s) once: "
                 f"{p['ok']} ok, {p['failed']} failed"
                 + (f", {p['unanswered']} client(s) did not answer" if p["unanswered"] else "")
@@ -735,7 +720,7 @@ class Run:
         first = {name: proc_stat(pid) for name, pid in pids.items()}
         busy0, total0 = machine_busy()
         began = time.monotonic()
-        progress(
+        harness.progress(
             f"  idle: CPU and RSS of {size} nodes over {args.window:.0f} s, false deaths over "
             f"{hold:.0f} s"
         )
@@ -744,8 +729,8 @@ class Run:
         busy1, total1 = machine_busy()
         seconds = time.monotonic() - began
         cpu = [100.0 * (last[n][0] - first[n][0]) / seconds for n in pids]
-        rss = [last[n][1] / MB for n in pids]
-        anon = [rss_anon(pid) / MB for pid in pids.values()]
+        rss = [last[n][1] / harness.MB for n in pids]
+        anon = [rss_anon(pid) / harness.MB for pid in pids.values()]
         r = self.result
         r["window_s"] = seconds
         r["cpu_percent_per_node"] = summary(cpu)
@@ -766,11 +751,11 @@ class Run:
                 if r["others_busy_percent"] > ours
                 else "the nodes wanted more CPU than there is"
             )
-            progress(
+            harness.progress(
                 f"  warning: the machine was {r['machine_busy_percent']:.0f}% busy, {whose}, so "
                 "their CPU figures may be capped by the machine"
             )
-        progress(
+        harness.progress(
             f"  CPU per node {c['mean']:.1f}% of a core (max {c['max']:.1f}%), whole mesh "
             f"{r['mesh_cpu_cores']:.2f} cores; RSS per node {m['mean']:.1f} MB (max "
             f"{m['max']:.1f}, private {r['rss_anon_mb_per_node']['mean']:.1f}, all nodes' "
@@ -789,21 +774,21 @@ class Run:
             if time.monotonic() >= began + hold - 0.5:
                 break
             so_far = self.checks(answer_within)
-            progress(
+            harness.progress(
                 f"  idle {time.monotonic() - began:4.0f}/{hold:.0f} s: false deaths so far "
                 f"{so_far['false_deaths']}, suspicions {so_far['suspicions']}"
             )
         final = self.checks(answer_within)
         final["hold_s"] = time.monotonic() - began
         r["idle"] = final
-        progress(
+        harness.progress(
             f"  false deaths in {final['hold_s']:.0f} s idle: {final['false_deaths']}"
             + (f" {final['by_reason']}" if final["by_reason"] else "")
             + f" ({final['nodes_affected']} nodes affected, {final['missing_at_check']} peers "
             f"missing at the end), suspicions {final['suspicions']}"
             + (f", {final['unanswered']} nodes did not answer" if final["unanswered"] else "")
         )
-        progress(
+        harness.progress(
             "  meanwhile, all nodes together: "
             + ", ".join(f"{key} {value}" for key, value in final["activity"].items())
         )
@@ -824,9 +809,9 @@ class Run:
         for k in range(self.args.kills):
             victim = self.pick_victim(k)
             if victim is None:
-                progress("  no member left to kill whose cluster keeps another member")
+                harness.progress("  no member left to kill whose cluster keeps another member")
                 break
-            progress(f"  kill {k + 1}/{self.args.kills}:")
+            harness.progress(f"  kill {k + 1}/{self.args.kills}:")
             kills.append(self.crash(victim, clients[k % len(clients)]))
             wait_for(self.nodes, lambda: False, time.monotonic() + self.args.gap, poll=0.2)
         self.result["kills"] = kills
@@ -843,7 +828,7 @@ class Run:
         if not wait_for(
             self.nodes, lambda: caller.got("calling", seq) is not None, time.monotonic() + 10
         ):
-            progress(f"    {caller.name} could not call {cluster}; the kill goes ahead")
+            harness.progress(f"    {caller.name} could not call {cluster}; the kill goes ahead")
         # A steady load before the kill.
         wait_for(self.nodes, lambda: False, time.monotonic() + args.lead, poll=0.1)
         survivors = [n for n in self.live() if n is not victim]
@@ -857,7 +842,7 @@ class Run:
         killed_at = time.monotonic()
         victim.child.proc.kill()
         victim.killed = True
-        progress(
+        harness.progress(
             f"    SIGKILL {victim.name} ({cluster}) while {caller.name} calls it at "
             f"{args.rate:g}/s; {len(survivors)} survivors watching at {WATCH_HZ:.0f} Hz"
         )
@@ -867,7 +852,9 @@ class Run:
 
         @functools.partial(every, 1.0)
         def tick(now: float) -> None:
-            progress(f"    {now - killed_at:4.1f} s: {seen()}/{len(survivors)} know it is dead")
+            harness.progress(
+                f"    {now - killed_at:4.1f} s: {seen()}/{len(survivors)} know it is dead"
+            )
 
         wait_for(
             self.nodes,
@@ -910,7 +897,7 @@ class Run:
         )
         known = out["known_dead_s"]
         calls = out["calls"] or {}
-        progress(
+        harness.progress(
             "    "
             + (
                 f"{caller.name} stopped choosing it after {out['caller_drops_it_s']:.2f} s"
@@ -927,7 +914,7 @@ class Run:
             )
         )
         if known is not None:
-            progress(
+            harness.progress(
                 f"    known dead: median {known['median']:.2f} s, p90 {known['p90']:.2f} s, "
                 + (
                     f"by every node {known['max']:.2f} s"
@@ -985,7 +972,7 @@ def default_timeout(size: int) -> float:
 
 
 def measure(size: int, args: argparse.Namespace, keyring: str, discovery: str) -> dict[str, Any]:
-    with ChildProcesses() as procs:
+    with harness.ChildProcesses() as procs:
         run = Run(procs, size, args, keyring, discovery)
         try:
             return run.run()
@@ -998,7 +985,7 @@ def stop_all_at_once(nodes: Sequence[Node], grace: float = 10.0) -> None:
     and SIGKILL whoever is left, all at once: one by one, a saturated machine would take
     minutes. ChildProcesses then reaps them."""
     started = time.monotonic()
-    progress(f"  stopping {len(nodes)} nodes")
+    harness.progress(f"  stopping {len(nodes)} nodes")
     for node in nodes:
         with contextlib.suppress(OSError, ValueError):
             if node.child.proc.stdin is not None:
@@ -1015,7 +1002,7 @@ def stop_all_at_once(nodes: Sequence[Node], grace: float = 10.0) -> None:
         while time.monotonic() < deadline and any(n.child.proc.poll() is None for n in running):
             time.sleep(0.05)
     left = sum(n.child.proc.poll() is None for n in nodes)
-    progress(
+    harness.progress(
         f"  stopped in {time.monotonic() - started:.1f} s"
         + (f"; {left} still running, killed one by one next" if left else "")
     )
@@ -1361,7 +1348,7 @@ def measure_size(
     """One size joined one way; skipped when a smaller size joined that way did not converge."""
     size = sizes[i]
     if failed_at is not None and size >= failed_at:
-        progress(
+        harness.progress(
             f"[{i + 1}/{len(sizes)}] {size} nodes ({mode}): skipped, {failed_at} did not "
             "converge and a bigger mesh on this machine will not either"
         )
@@ -1371,30 +1358,32 @@ def measure_size(
             "failed": f"skipped: {failed_at} nodes did not converge",
         }
     k = clusters_for(size, args)
-    progress(
+    harness.progress(
         f"[{i + 1}/{len(sizes)}] {size} nodes: {size - args.clients} members in {k} "
         f"cluster(s), {args.clients} client(s) ({mode})"
     )
     try:
         return measure(size, args, keyring, mode)
-    except ChildFailed as exc:
-        progress(f"  FAILED: {exc}")
+    except harness.ChildFailed as exc:
+        harness.progress(f"  FAILED: {exc}")
         return {"nodes": size, "discovery": mode, "failed": f"{exc.name}: {exc.reason}"}
-    except BenchError as exc:
-        progress(f"  FAILED: {exc}")
+    except harness.BenchError as exc:
+        harness.progress(f"  FAILED: {exc}")
         return {"nodes": size, "discovery": mode, "failed": str(exc)}
 
 
 def main_parent(args: argparse.Namespace) -> int:
     import irismesh
 
-    raise_keyboard_interrupt_on_sigterm()
-    limit = raise_fd_limit()  # the children inherit it; each raises it again for itself
+    harness.raise_keyboard_interrupt_on_sigterm()
+    limit = harness.raise_fd_limit()  # the children inherit it; each raises it again for itself
     sizes = parse_sizes(args.sizes, args.clients)
     if args.kills and not args.clients:
         raise SystemExit("--kills needs a client to call the victim's cluster: --clients 1 or more")
     if limit < 3 * max(sizes) + 64:
-        progress(f"warning: only {limit} open files allowed; {max(sizes)} nodes may run out")
+        harness.progress(
+            f"warning: only {limit} open files allowed; {max(sizes)} nodes may run out"
+        )
     results: list[dict[str, Any]] = []
     started = time.monotonic()
     status = 0
@@ -1411,19 +1400,13 @@ def main_parent(args: argparse.Namespace) -> int:
                         status = 1
                         failed_at[mode] = min(size, failed_at.get(mode, size))
         except KeyboardInterrupt:
-            progress("interrupted; every node process has been stopped")
+            harness.progress("interrupted; every node process has been stopped")
             return 130
     elapsed = time.monotonic() - started
     print_report(results, args)
     if args.json:
         document = {
-            "facts": {
-                "python": platform.python_version(),
-                "cpus": os.cpu_count(),
-                "platform": platform.platform(),
-                "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "open_files_limit": limit,
-            },
+            "facts": {**harness.machine_facts(), "open_files_limit": limit},
             "settings": {
                 "sizes": sizes,
                 "clusters": args.clusters or "auto (N/10)",
@@ -1454,20 +1437,14 @@ def main_parent(args: argparse.Namespace) -> int:
         }
         if args.discovery == "both":
             document["comparison"] = comparison(results)
-        if args.json == "-":
-            json.dump(document, sys.stdout, indent=2)
-            print()
-        else:
-            with open(args.json, "w", encoding="utf-8") as out:
-                json.dump(document, out, indent=2)
-            progress(f"wrote {args.json}")
+        harness.write_json(args.json, document)
     if any(r.get("crash", {}).get("requests_failed") for r in results):
         status = 1
     return status
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = harness.bench_parser(__doc__, "also write every number to PATH ('-': stdout)")
     parser.add_argument("--sizes", default="10,20,40", help="node counts (default 10,20,40)")
     parser.add_argument(
         "--clusters", type=int, default=0, help="clusters the members serve (default: N/10, >= 1)"
@@ -1519,9 +1496,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="seconds allowed for startup + convergence (default: 60, or 0.8 s a node if more)",
     )
-    parser.add_argument(
-        "--json", metavar="PATH", help="also write every number to PATH ('-': stdout)"
-    )
     # The children's side of this file.
     parser.add_argument("--role", choices=("node",), help=argparse.SUPPRESS)
     parser.add_argument("--keyring", help=argparse.SUPPRESS)
@@ -1535,10 +1509,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main() -> int:
-    args = build_parser().parse_args()
+    args = harness.parse_args(build_parser())
     if args.role == "node":
-        exit_after(args.max_seconds)
-        raise_fd_limit()
+        harness.exit_after(args.max_seconds)
+        harness.raise_fd_limit()
         asyncio.run(run_node(args))
         return 0
     return main_parent(args)

@@ -66,7 +66,6 @@ import itertools
 import json
 import math
 import os
-import platform
 import random
 import statistics
 import subprocess
@@ -79,6 +78,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "core"))
 
+import _harness as harness
 from swimnet import SwimNet, SwimNode, null_sealer
 
 from irismesh._core.gossip import DatagramSealer
@@ -97,10 +97,6 @@ PHASES = ("steady", "join", "soak", "stall", "crash")
 # The first message of a datagram's compound, by type (gossip: an update with nothing before it).
 KINDS = ("other", "PING", "PING_REQ", "ACK", "NACK", "gossip", "gossip", "gossip", "STATE")
 KIND_NAMES = ("PING", "PING_REQ", "ACK", "NACK", "gossip", "STATE", "other")
-
-
-def progress(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def memory() -> tuple[float, float]:
@@ -314,7 +310,7 @@ class Simulation:
     def say(self, phase: str, message: str) -> None:
         rss, peak = memory()
         self.peak_rss = max(self.peak_rss, peak)
-        progress(
+        harness.progress(
             f"[N={self.n}] {phase}: {message}  (sim {self.net.now:.1f} s, wall {self.wall():.0f} s,"
             f" RSS {rss:.0f} MB)"
         )
@@ -888,30 +884,27 @@ def main_parent(args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
         for index, n in enumerate(args.nodes):
-            progress(f"[{index + 1}/{len(args.nodes)}] {n} nodes")
+            harness.progress(f"[{index + 1}/{len(args.nodes)}] {n} nodes")
             command = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--child", str(n)]
             child = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=False)
             lines = child.stdout.strip().splitlines()
             if child.returncode != 0:
-                progress(f"  FAILED: the simulation of {n} nodes exited with {child.returncode}")
+                harness.progress(
+                    f"  FAILED: the simulation of {n} nodes exited with {child.returncode}"
+                )
                 failed.append(n)
             if lines:  # the phases it finished, even if a later one failed
                 result = json.loads(lines[-1])
                 result["complete"] = child.returncode == 0
                 results.append(result)
     except KeyboardInterrupt:
-        progress("interrupted")
+        harness.progress("interrupted")
         return 130
     if results:
         print_report(results, args)
     if args.json:
         document = {
-            "facts": {
-                "python": platform.python_version(),
-                "cpus": os.cpu_count(),
-                "platform": platform.platform(),
-                "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            },
+            "facts": harness.machine_facts(),
             "settings": {
                 "nodes": args.nodes,
                 "loss": args.loss,
@@ -933,18 +926,12 @@ def main_parent(args: argparse.Namespace) -> int:
             "failed": failed,
             "elapsed_s": time.monotonic() - started,
         }
-        if args.json == "-":
-            json.dump(document, sys.stdout, indent=2)
-            print()
-        else:
-            with open(args.json, "w", encoding="utf-8") as out:
-                json.dump(document, out, indent=2)
-            progress(f"wrote {args.json}")
+        harness.write_json(args.json, document)
     return 1 if failed else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = harness.bench_parser(__doc__, "also write every number to PATH ('-': stdout)")
     add = parser.add_argument
     add("--nodes", type=parse_sizes, default=[100, 1000], help="sizes (default 100,1000)")
     add("--crashes", type=int, default=3, help="nodes killed one by one (default 3)")
@@ -959,14 +946,13 @@ def build_parser() -> argparse.ArgumentParser:
     add("--window", type=int, default=10, help="periods of each cost window (default 10)")
     add("--limit", type=float, default=60.0, help="simulated seconds allowed per wait")
     add("--phases", type=parse_phases, default=PHASES, help="default all: " + ",".join(PHASES))
-    add("--json", metavar="PATH", help="also write every number to PATH ('-': stdout)")
     add("--child", type=int, help=argparse.SUPPRESS)
     return parser
 
 
 def main() -> int:
     parser = build_parser()
-    args = parser.parse_args()
+    args = harness.parse_args(parser)
     if not 0 <= args.loss < 1 or not 0 <= args.soak_loss < 1:
         parser.error("--loss and --soak-loss must be in [0, 1)")
     if args.crashes < 0 or args.stall < 0 or args.settle < 0 or args.window < 1:

@@ -26,6 +26,7 @@ compare figures from one run, and look at how each grows with size rather than a
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -36,16 +37,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _harness as harness
 import msgpack
 
 from irismesh.telemetry.schema import Record
 from irismesh.telemetry.spool import SpoolWriter
 
+progress = functools.partial(harness.progress, clock=True)  # long steps: say when
+
 MILLION = 1_000_000
-
-
-def progress(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def typical_records(n: int) -> list[Record]:
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path, default=None, help="work directory (default: tmp)")
     parser.add_argument("--keep", action="store_true", help="keep spool and Parquet files")
     parser.add_argument("--json", type=Path, default=None, help="also write every figure here")
-    args = parser.parse_args(argv)
+    args = harness.parse_args(parser, argv)
     sizes = [float(s) for s in args.sizes.split(",") if s.strip()]
 
     base = args.dir or Path(tempfile.mkdtemp(prefix="irismesh-bench-telemetry-"))

@@ -47,14 +47,7 @@ import threading
 import time
 from typing import Any
 
-from _harness import (
-    BenchError,
-    Child,
-    ChildProcesses,
-    exit_after,
-    on_stdin_eof,
-    raise_keyboard_interrupt_on_sigterm,
-)
+import _harness as harness
 
 VARIANTS = ("off", "counters", "spooled", "scraped")
 DEFAULT_VARIANTS = "off,counters,spooled"
@@ -147,7 +140,7 @@ async def pump(node: Any, size: int, seconds: float, outstanding: int) -> dict[s
                 shed += 1
                 continue
             if reply != payload:
-                raise BenchError("echo mismatch")
+                raise harness.BenchError("echo mismatch")
             completed += 1
 
     workers = [asyncio.create_task(worker()) for _ in range(outstanding)]
@@ -164,9 +157,9 @@ async def pump(node: Any, size: int, seconds: float, outstanding: int) -> dict[s
 def run_child(args: argparse.Namespace) -> None:
     from irismesh import run
 
-    exit_after(args.max_seconds)
+    harness.exit_after(args.max_seconds)
     if args.role == "server":
-        on_stdin_eof(lambda: os._exit(0))
+        harness.on_stdin_eof(lambda: os._exit(0))
         # irismesh's own loop, as reqrep.py's mesh children: uvloop where installed.
         run(serve(args.keyring, args.variant, args.spool, args.sample_every))
     else:
@@ -190,10 +183,6 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
-
-
-def progress(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 class Scraper:
@@ -261,12 +250,12 @@ class Scraper:
 
 
 def start_pairs(
-    procs: ChildProcesses,
+    procs: harness.ChildProcesses,
     args: argparse.Namespace,
     tmp: str,
     common: list[str],
     scraper: Scraper | None = None,
-) -> tuple[dict[str, Child], dict[str, Child]]:
+) -> tuple[dict[str, harness.Child], dict[str, harness.Child]]:
     """A server and a client per variant, each client linked to its server and ready; the
     metrics addresses of those that serve metrics go to `scraper`."""
     me = os.path.abspath(__file__)
@@ -296,7 +285,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     results: dict[str, Any] = {}
     scraper = Scraper(args.scrape)
-    with tempfile.TemporaryDirectory(prefix="irismesh-telcost-") as tmp, ChildProcesses() as procs:
+    with (
+        tempfile.TemporaryDirectory(prefix="irismesh-telcost-") as tmp,
+        harness.ChildProcesses() as procs,
+    ):
         keyring = os.path.join(tmp, "bench.keys")
         irismesh.Keyring.generate().save(keyring)
         common = ["--keyring", keyring, "--max-seconds", str(args.max_seconds)]
@@ -343,7 +335,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 rounds.append(figures)
                 ratio = figures[subject]["rps"] / figures[base]["rps"]
                 cpu_ratio = cpu_us(figures[base]) / cpu_us(figures[subject])
-                progress(
+                harness.progress(
                     f"{size} B round {index + 1}/{args.rounds}: "
                     + ", ".join(f"{v} {figures[v]['rps']:,.0f} req/s" for v in variants)
                     + f"; {subject}/{base} {ratio:.3f}, by CPU {cpu_ratio:.3f}"
@@ -358,9 +350,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     if scraper.every > 0 and scraper.scrapes:
         share, most, each = scraper.loop_share()
         if not each:
-            progress(f"scraped {scraper.scrapes} times; no node was scraped for 5 s or more")
+            harness.progress(
+                f"scraped {scraper.scrapes} times; no node was scraped for 5 s or more"
+            )
             return results
-        progress(
+        harness.progress(
             f"scraped {scraper.scrapes} times every {scraper.every:g} s "
             f"({scraper.bytes / max(scraper.scrapes, 1):,.0f} B each), {scraper.failures} failed;"
             f" answering one took {each * 1e3:.2f} ms of a node's loop CPU (median), in all "
@@ -484,14 +478,13 @@ def print_table(summary: dict[str, Any], args: argparse.Namespace) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = harness.bench_parser(__doc__, "also write every figure to this file")
     parser.add_argument("--rounds", type=int, default=8, help="rounds per size (default 8)")
     parser.add_argument(
         "--window", type=float, default=2.0, help="seconds measured per variant and round"
     )
     parser.add_argument("--sizes", default="100,1024", help="payload sizes (default 100,1024)")
     parser.add_argument("--outstanding", type=int, default=100, help="requests in flight")
-    parser.add_argument("--json", metavar="PATH", help="also write every figure to this file")
     parser.add_argument(
         "--sample-every",
         type=int,
@@ -532,7 +525,7 @@ def main() -> int:
     parser.add_argument("--keyring", help=argparse.SUPPRESS)
     parser.add_argument("--spool", help=argparse.SUPPRESS)
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = harness.parse_args(parser)
     if args.role:
         run_child(args)
         return 0
@@ -552,22 +545,21 @@ def main() -> int:
             f"(got {args.variants}, baseline {args.baseline})"
         )
 
-    raise_keyboard_interrupt_on_sigterm()
+    harness.raise_keyboard_interrupt_on_sigterm()
     try:
         results = measure(args)
-    except BenchError as exc:
-        progress(f"FAILED: {exc}")
+    except harness.BenchError as exc:
+        harness.progress(f"FAILED: {exc}")
         return 1
     except KeyboardInterrupt:
-        progress("interrupted; every child process has been stopped")
+        harness.progress("interrupted; every child process has been stopped")
         return 130
     summary = summarise(results, variants_of(args), args.baseline)
     print_table(summary, args)
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump(
-                {"rounds": results, "summary": summary, "settings": vars(args)}, out, indent=2
-            )
+        harness.write_json(
+            args.json, {"rounds": results, "summary": summary, "settings": vars(args)}
+        )
     return 0
 
 

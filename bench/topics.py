@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import gc
 import itertools
-import json
 import random
 import re
 import sys
@@ -38,6 +37,8 @@ import tracemalloc
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import _harness as harness
 
 from irismesh._core.topics import TopicTrie, validate_topic
 
@@ -325,15 +326,14 @@ def main() -> int:
     )
     parser.add_argument("--seed", type=int, default=1, help="default 1")
     parser.add_argument("--json", metavar="PATH", help="also write every figure here")
-    args = parser.parse_args()
+    args = harness.parse_args(parser)
     sizes = [int(size) for size in args.sizes.split(",")]
     started = time.perf_counter()
     rows = measure(sizes, args.seconds, args.seed)
     print(f"  done in {time.perf_counter() - started:.0f} s", file=sys.stderr)
     report(rows)
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump({"seed": args.seed, "seconds": args.seconds, "rows": rows}, out, indent=2)
+        harness.write_json(args.json, {"seed": args.seed, "seconds": args.seconds, "rows": rows})
     return 0
 
 

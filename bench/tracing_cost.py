@@ -28,6 +28,7 @@ import os
 import statistics
 import sys
 
+from _harness import parse_args
 from builds_ab import BENCHES, run_once
 
 TARGET = 0.99
@@ -38,7 +39,7 @@ def main() -> int:
     parser.add_argument("--main", required=True, metavar="PYTHON", help="the build to compare")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--bench", default="reqrep,pubsub", help="comma-separated: reqrep,pubsub")
-    args = parser.parse_args()
+    args = parse_args(parser, refuse=False)
     benches = [b for b in args.bench.split(",") if b]
     for bench in benches:
         if bench not in BENCHES:

@@ -15,37 +15,22 @@ bench/README.md says how to read it. The same file is the children's program (`-
 """
 
 import argparse
-import asyncio
-import contextlib
 import dataclasses
 import faulthandler
+import functools
 import hashlib
 import json
 import os
-import platform
-import resource
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import _harness as harness
 import zmq
-from _harness import (
-    BenchError,
-    Child,
-    ChildFailed,
-    ChildProcesses,
-    RssSampler,
-    emit,
-    exit_after,
-    on_stdin_eof,
-    raise_keyboard_interrupt_on_sigterm,
-)
 
 SYSTEMS = ("raw", "mesh", "mesh-null")
 LABELS = {"raw": "raw pyzmq", "mesh": "irismesh", "mesh-null": "irismesh, null sealer"}
@@ -107,10 +92,6 @@ def parse_size(text: str, option: str) -> int:
     return value
 
 
-def progress(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 # ============================================================================================
 # Children: both sides
 
@@ -156,21 +137,6 @@ def expected_checksum(plan: Plan) -> str:
     return value()
 
 
-def peak_rss_mb() -> float:
-    """The kernel's high-water mark of this process's RSS, start-up included (MiB).
-
-    VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec, from the parent's peak.
-    """
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 class Watchdog:
     """Ends a child whose stream stalls: an error event, every thread's stack, exit status 4.
 
@@ -202,7 +168,7 @@ class Watchdog:
                 seen, since = self.moved, now
                 continue
             if now - since >= self.idle_s:
-                emit(
+                harness.emit(
                     "error",
                     message=f"{self.who} stalled: nothing moved for {self.idle_s:g} s after "
                     f"{self.moved:,} bytes ({self.state})",
@@ -223,14 +189,14 @@ class Sending:
         self.cpu0 = 0.0
 
     def start(self) -> None:
-        emit("start")
+        harness.emit("start")
         self.cpu0 = time.process_time()
         self.t0 = time.perf_counter()
 
     def finish(self, sent: int, count: int, report: dict[str, Any]) -> None:
         """Called once the receiver's report arrived: it had every byte by then."""
         seconds = time.perf_counter() - self.t0
-        emit(
+        harness.emit(
             "done",
             sent=sent,
             blocks=count,
@@ -238,7 +204,7 @@ class Sending:
             cpu_s=time.process_time() - self.cpu0,
             expected=self.expected,
             report=report,
-            peak_rss_mb=peak_rss_mb(),
+            peak_rss_mb=harness.peak_rss_mb(),
         )
 
 
@@ -266,21 +232,10 @@ class Receipt:
             "t_first": self.t_first,
             "t_last": time.time(),
             "cpu_s": time.process_time() - self.cpu0,
-            "peak_rss_mb": peak_rss_mb(),
+            "peak_rss_mb": harness.peak_rss_mb(),
         }
-        emit("result", **report)
+        harness.emit("result", **report)
         return report
-
-
-def park() -> None:
-    """A sync child's last step: its sockets stay up until the parent stops it (stdin EOF)."""
-    while True:
-        time.sleep(3600)
-
-
-async def park_async() -> None:
-    """An asyncio child's last step: its node stays up until the parent stops it."""
-    await asyncio.Event().wait()
 
 
 # ============================================================================================
@@ -301,9 +256,11 @@ def send_raw(endpoint: str, plan: Plan) -> None:
     try:
         hello = sock.recv()
     except zmq.Again:
-        raise BenchError(f"no window from the receiver within {plan.join_timeout_s:g} s") from None
+        raise harness.BenchError(
+            f"no window from the receiver within {plan.join_timeout_s:g} s"
+        ) from None
     if hello[:1] != CREDIT:
-        raise BenchError(f"expected the first window, got {hello[:40]!r}")
+        raise harness.BenchError(f"expected the first window, got {hello[:40]!r}")
     allowed = int.from_bytes(hello[1:], "little")
     sock.rcvtimeo = -1  # the watchdog reports a stall
     print("READY", flush=True)
@@ -314,7 +271,7 @@ def send_raw(endpoint: str, plan: Plan) -> None:
         grant = recv()
         while True:
             if grant[:1] != CREDIT:
-                raise BenchError(f"expected credit, got {grant[:40]!r}")
+                raise harness.BenchError(f"expected credit, got {grant[:40]!r}")
             newest = int.from_bytes(grant[1:], "little")
             try:
                 grant = recv(zmq.NOBLOCK)
@@ -337,7 +294,7 @@ def send_raw(endpoint: str, plan: Plan) -> None:
         pass  # credit that came after the last block
     watch.disarm()
     record.finish(sent, count, json.loads(answer[1:]))
-    park()
+    harness.park()
 
 
 def recv_raw(plan: Plan) -> None:
@@ -375,7 +332,7 @@ def recv_raw(plan: Plan) -> None:
     watch.disarm()
     receipt.received, receipt.blocks = received, count
     send([who, REPORT + json.dumps(receipt.report()).encode()])
-    park()
+    harness.park()
 
 
 # ============================================================================================
@@ -410,7 +367,7 @@ async def send_mesh(system: str, endpoint: str, keyring_path: str, plan: Plan) -
             answer = await tunnel.recv()
             watch.disarm()
             record.finish(sent, count, json.loads(answer))
-        await park_async()
+        await harness.park_async()
 
 
 async def recv_mesh(system: str, keyring_path: str, plan: Plan) -> None:
@@ -442,33 +399,25 @@ async def recv_mesh(system: str, keyring_path: str, plan: Plan) -> None:
                 await tunnel.send(json.dumps(report).encode())
                 watch.disarm()
             except BaseException as exc:
-                emit("error", message=f"tunnel handler: {type(exc).__name__}: {exc}")
+                harness.emit("error", message=f"tunnel handler: {type(exc).__name__}: {exc}")
                 raise
 
         print("READY", node.endpoint, flush=True)
-        await park_async()
+        await harness.park_async()
 
 
 def run_child(args: argparse.Namespace) -> None:
-    exit_after(args.max_seconds)
-    # Children keep their sockets open after reporting; EOF on stdin (the parent stopping us,
-    # or gone) ends them at any point.
-    on_stdin_eof(lambda: os._exit(0))
     plan = Plan(**json.loads(args.plan))
-    system = args.system
-    try:
-        if args.role == "send":
-            if system == "raw":
-                send_raw(args.endpoint, plan)
-            else:
-                asyncio.run(send_mesh(system, args.endpoint, args.keyring, plan))
-        elif system == "raw":
-            recv_raw(plan)
-        else:
-            asyncio.run(recv_mesh(system, args.keyring, plan))
-    except BaseException as exc:
-        emit("error", message=f"{type(exc).__name__}: {exc}")
-        raise
+    side: Callable[[], object] | Coroutine[Any, Any, None]
+    if args.system == "raw" and args.role == "send":
+        side = functools.partial(send_raw, args.endpoint, plan)
+    elif args.system == "raw":
+        side = functools.partial(recv_raw, plan)
+    elif args.role == "send":
+        side = send_mesh(args.system, args.endpoint, args.keyring, plan)
+    else:
+        side = recv_mesh(args.system, args.keyring, plan)
+    harness.child_main(args.max_seconds, side)
 
 
 # ============================================================================================
@@ -476,35 +425,24 @@ def run_child(args: argparse.Namespace) -> None:
 
 
 @dataclass(kw_only=True, slots=True)
-class Run:
-    """Settings of one benchmark run and everything it measured."""
+class TunnelRun(harness.Run):
+    """Settings of one benchmark run; its results are system -> block size -> case."""
 
-    systems: list[str]
-    plans: list[Plan]
-    keyring_path: str = ""
-    # system -> block size -> case
-    results: dict[str, dict[str, dict[str, Any]]] = dataclasses.field(default_factory=dict)
     # system -> block size -> why the case failed
     failures: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
-    failed: dict[str, str] = dataclasses.field(default_factory=dict)  # system -> first reason
-    step: int = 0
 
-    @property
-    def steps(self) -> int:
-        return len(self.systems) * len(self.plans)
+    def extra_json(self) -> dict[str, Any]:
+        return {"failures": self.failures}
 
     def fail(self, system: str, plan: Plan, reason: str) -> None:
         self.failures.setdefault(system, {})[str(plan.block)] = reason
         self.failed.setdefault(system, f"{size_label(plan.block)} blocks: {reason}")
 
 
-def child_argv(role: str, system: str, run: Run, plan: Plan, endpoint: str = "") -> list[str]:
-    argv = [sys.executable, os.path.abspath(__file__), "--role", role, "--system", system]
-    argv += ["--plan", json.dumps(dataclasses.asdict(plan)), "--endpoint", endpoint]
-    argv += ["--max-seconds", f"{plan.budget_s() + 30:.0f}"]
-    if system in MESH_SEALING:
-        argv += ["--keyring", run.keyring_path]
-    return argv
+def child_argv(role: str, system: str, run: TunnelRun, plan: Plan, endpoint: str = "") -> list[str]:
+    options = ["--plan", json.dumps(dataclasses.asdict(plan)), "--endpoint", endpoint]
+    options += ["--max-seconds", f"{plan.budget_s() + 30:.0f}"]
+    return run.child_argv(__file__, role, system, *options)
 
 
 def describe(system: str, plan: Plan) -> str:
@@ -514,105 +452,49 @@ def describe(system: str, plan: Plan) -> str:
     )
 
 
-def _failure(child: Child, event: dict[str, Any]) -> ChildFailed:
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        child.proc.wait(timeout=5.0)  # let it finish writing its traceback
-    return ChildFailed(child.name, event.get("message", "failed"), child.stderr_tail())
-
-
-def _event(child: Child, line: str) -> tuple[str | None, dict[str, Any]]:
-    """(kind, fields) of a child's JSON event line; (None, {}) for anything else, relayed."""
-    try:
-        event = json.loads(line)
-    except json.JSONDecodeError:
-        progress(f"  {child.name}: {line}")
-        return None, {}
-    if not isinstance(event, dict):
-        progress(f"  {child.name}: {line}")
-        return None, {}
-    kind = event.pop("event", None)
-    if kind == "error":
-        raise _failure(child, event)
-    return kind, event
-
-
-def expect_ready(child: Child, timeout: float) -> str:
-    """The rest of the child's READY line; its error event (with stderr) if it failed first."""
-    deadline = time.monotonic() + timeout
-    while True:
-        line = child.next_line(deadline)
-        if line is None:
-            raise ChildFailed(child.name, f"no READY line within {timeout} s", child.stderr_tail())
-        if line.startswith("READY"):
-            return line[len("READY") :].strip()
-        _event(child, line)
-
-
 def collect(
-    sender: Child, receiver: Child, plan: Plan
-) -> tuple[dict[str, Any], dict[str, Any], RssSampler | None]:
+    sender: harness.Child, receiver: harness.Child, plan: Plan
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """Read both children's events until both reported, sampling them while they stream."""
-    deadline = time.monotonic() + plan.budget_s()
+    events = harness.Events([sender, receiver], plan.budget_s(), sample_every=SAMPLE_EVERY)
     done: dict[str, Any] | None = None
     result: dict[str, Any] | None = None
-    sampler: RssSampler | None = None
-    next_sample = float("inf")
-    while done is None or result is None:
-        now = time.monotonic()
-        if now >= deadline:
-            waiting = [c.name for c, got in ((sender, done), (receiver, result)) if got is None]
-            raise ChildFailed(
-                ", ".join(waiting),
-                f"no result within {plan.budget_s():.0f} s",
-                "\n".join(f"[{c.name}] {c.stderr_tail(10)}" for c in (sender, receiver)),
-            )
-        if sampler is not None and now >= next_sample:
-            sampler.sample()
-            next_sample = max(next_sample + SAMPLE_EVERY, now)
-        idle = True
-        for child in (sender, receiver):
-            line = child.next_line(time.monotonic())
-            if line is None:
-                continue
-            idle = False
-            kind, event = _event(child, line)
-            if kind == "start":
-                sampler = RssSampler({"sender": sender.pid, "receiver": receiver.pid})
-                sampler.sample()
-                next_sample = time.monotonic() + SAMPLE_EVERY
-            elif kind == "done":
-                done = event
-            elif kind == "result":
-                result = event
-        if idle:
-            time.sleep(min(0.005, max(0.0, next_sample - time.monotonic())))
-    if sampler is not None:
-        sampler.sample()
-    return done, result, sampler
+    for _, kind, event in events:
+        if kind == "start":
+            events.sample({"sender": sender.pid, "receiver": receiver.pid})
+        elif kind == "done":
+            done = event
+        elif kind == "result":
+            result = event
+        if done is not None and result is not None:
+            return done, result, events.sampled()
+    raise AssertionError("unreachable: Events ends by raising")
 
 
-def run_case(procs: ChildProcesses, run: Run, system: str, plan: Plan) -> dict[str, Any]:
+def run_case(
+    procs: harness.ChildProcesses, run: TunnelRun, system: str, plan: Plan
+) -> dict[str, Any]:
     """One receiver and one sender, started fresh; returns what they measured."""
     tag = f"{system} {size_label(plan.block)}"
     receiver = procs.spawn(f"{tag} receiver", child_argv("recv", system, run, plan))
-    sender: Child | None = None
+    sender: harness.Child | None = None
     try:
-        endpoint = expect_ready(receiver, timeout=30.0)
-        if not endpoint.startswith("tcp://127.0.0.1:"):
-            raise BenchError(f"{tag} receiver is not on 127.0.0.1: {endpoint}")
+        endpoint = harness.check_local(
+            f"{tag} receiver", harness.expect_ready(receiver, timeout=30.0)
+        )
         sender = procs.spawn(f"{tag} sender", child_argv("send", system, run, plan, endpoint))
         # The sender checksums the whole stream before it connects: allow 20 MB/s for that.
-        expect_ready(sender, timeout=30.0 + plan.total / (20 * MB))
-        done, result, sampler = collect(sender, receiver, plan)
+        harness.expect_ready(sender, timeout=30.0 + plan.total / (20 * MB))
+        done, result, sampled = collect(sender, receiver, plan)
     finally:
         for child in (sender, receiver):
             if child is not None:
                 procs.stop(child, grace=5.0)
-    return summarise(plan, done, result, sampler)
+    return summarise(plan, done, result, sampled)
 
 
 def summarise(
-    plan: Plan, done: dict[str, Any], result: dict[str, Any], sampler: RssSampler | None
+    plan: Plan, done: dict[str, Any], result: dict[str, Any], sampled: dict[str, Any]
 ) -> dict[str, Any]:
     problems: list[str] = []
     if done["sent"] != plan.total or done["blocks"] != plan.count:
@@ -643,11 +525,10 @@ def summarise(
         "sender": done,
         "receiver": result,
     }
-    if sampler is not None:
-        summary = sampler.summary()
+    if sampled:
+        summary = sampled["memory"]
         case["cpu_s"] = {role: summary.get(role, {}).get("cpu_s", 0.0) for role in ROLES}
-        case["memory"] = summary
-        case["others_cpu_percent"] = sampler.others_cpu_percent()
+        case.update(sampled)
     return case
 
 
@@ -660,47 +541,31 @@ def report_case(case: dict[str, Any]) -> None:
         for role in ROLES
         if role in memory
     )
-    progress(
+    harness.progress(
         f"  {case['mb_per_s']:,.1f} MB/s, {size_label(case['bytes'])} in {case['seconds']:.2f} s, "
         f"{check}; CPU s: sender {cpu.get('sender', 0):.2f}, receiver "
         f"{cpu.get('receiver', 0):.2f}; peak RSS MB: {rss or '-'}"
     )
     for problem in case["problems"]:
-        progress(f"  FAILED: {problem}")
+        harness.progress(f"  FAILED: {problem}")
 
 
-def run_all(run: Run, procs: ChildProcesses) -> None:
+def run_all(run: TunnelRun) -> None:
     """Block size by block size, every system in turn, so that ratios compare close runs."""
-    for plan in run.plans:
-        for system in run.systems:
-            run.step += 1
-            progress(f"[{run.step}/{run.steps}] {describe(system, plan)}")
-            try:
-                case = run_case(procs, run, system, plan)
-            except BenchError as exc:
-                run.fail(system, plan, str(exc))
-                progress(f"  {LABELS[system]}: FAILED: {exc}")
-                continue
-            run.results.setdefault(system, {})[str(plan.block)] = case
-            report_case(case)
-            if case["problems"]:
-                run.fail(system, plan, case["problems"][0])
-
-
-def preflight(run: Run) -> None:
-    """Make the keyring the irismesh children load; drop irismesh if that fails, saying why."""
-    if not any(system in MESH_SEALING for system in run.systems):
-        return
-    try:
-        import irismesh
-
-        irismesh.Keyring.generate().save(run.keyring_path)
-    except Exception as exc:
-        for system in MESH_SEALING:
-            if system in run.systems:
-                run.failed[system] = f"{type(exc).__name__}: {exc}"
-                progress(f"{LABELS[system]}: FAILED before starting: {run.failed[system]}")
-    run.systems = [s for s in run.systems if s not in run.failed]
+    with harness.ChildProcesses() as procs:
+        for plan in run.plans:
+            for system in run.systems:
+                run.announce(describe(system, plan))
+                try:
+                    case = run_case(procs, run, system, plan)
+                except harness.BenchError as exc:
+                    run.fail(system, plan, str(exc))
+                    harness.progress(f"  {LABELS[system]}: FAILED: {exc}")
+                    continue
+                run.results.setdefault(system, {})[str(plan.block)] = case
+                report_case(case)
+                if case["problems"]:
+                    run.fail(system, plan, case["problems"][0])
 
 
 def parse_blocks(text: str) -> list[int]:
@@ -712,17 +577,6 @@ def parse_blocks(text: str) -> list[int]:
             f"--blocks: at most {size_label(MAX_BLOCK)} (a tunnel's default max_message)"
         )
     return list(dict.fromkeys(values))
-
-
-def parse_only(text: str) -> list[str]:
-    chosen = []
-    for item in (part.strip().lower() for part in text.split(",") if part.strip()):
-        system = ALIASES.get(item, item)
-        if system not in SYSTEMS:
-            raise SystemExit(f"--only: unknown system {item!r}; choose from {', '.join(SYSTEMS)}")
-        if system not in chosen:
-            chosen.append(system)
-    return [s for s in SYSTEMS if s in chosen]
 
 
 def make_plans(args: argparse.Namespace) -> list[Plan]:
@@ -742,80 +596,29 @@ def make_plans(args: argparse.Namespace) -> list[Plan]:
     ]
 
 
-def machine_facts() -> dict[str, Any]:
-    facts: dict[str, Any] = {
-        "python": platform.python_version(),
-        "pyzmq": zmq.__version__,
-        "libzmq": zmq.zmq_version(),
-        "cpus": os.cpu_count(),
-        "platform": platform.platform(),
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    with contextlib.suppress(Exception):
-        import irismesh
-
-        facts["irismesh"] = irismesh.__version__
-    return facts
-
-
-def warn_if_busy() -> float:
-    """CPU use by others just before the run: on 2 cores, other work skews every figure."""
-    import psutil
-
-    busy: float = psutil.cpu_percent(interval=0.5)
-    if busy > 20.0:
-        progress(f"warning: the CPUs are {busy:.0f}% busy before starting; figures will be noisy")
-    return busy
-
-
 def main_parent(args: argparse.Namespace) -> int:
-    raise_keyboard_interrupt_on_sigterm()
-    run = Run(systems=parse_only(args.only), plans=make_plans(args))
-    busy_before = warn_if_busy()
-    requested = list(run.systems)
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="irismesh-bench-") as tmp:
-        run.keyring_path = os.path.join(tmp, "bench.keys")
-        preflight(run)
-        try:
-            with ChildProcesses() as procs:
-                run_all(run, procs)
-        except KeyboardInterrupt:
-            progress("interrupted; every child process has been stopped")
-            return 130
-    elapsed = time.monotonic() - started
-
-    print_table(run, requested, elapsed)
-    if args.json:
-        document = {
-            "facts": {**machine_facts(), "cpu_busy_percent_before": busy_before},
-            "settings": {
-                "plans": [dataclasses.asdict(plan) for plan in run.plans],
-                "systems": requested,
-                "mesh_window": "irismesh's default tunnel window (1 MiB), each direction",
-            },
-            "results": run.results,
-            "ratios": ratios(run),
-            "failures": run.failures,
-            "failed": run.failed,
-            "elapsed_s": elapsed,
-        }
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump(document, out, indent=2)
-        progress(f"wrote {args.json}")
-    return 1 if run.failed else 0
+    run = TunnelRun(
+        systems=harness.parse_only(args.only, SYSTEMS, ALIASES),
+        labels=LABELS,
+        mesh_systems=MESH_SEALING,
+        plans=make_plans(args),
+    )
+    measure, report = functools.partial(run_all, run), functools.partial(print_table, run)
+    window = "irismesh's default tunnel window (1 MiB), each direction"
+    figures = functools.partial(ratios, run)
+    return harness.run_parent(run, measure, report, figures, args.json, mesh_window=window)
 
 
 # ============================================================================================
 # Parent: report
 
 
-def _case(run: Run, system: str, plan: Plan) -> dict[str, Any] | None:
+def _case(run: TunnelRun, system: str, plan: Plan) -> dict[str, Any] | None:
     case: dict[str, Any] | None = run.results.get(system, {}).get(str(plan.block))
     return case
 
 
-def _ratio(run: Run, system: str, baseline: str, plan: Plan) -> float | None:
+def _ratio(run: TunnelRun, system: str, baseline: str, plan: Plan) -> float | None:
     case, base = _case(run, system, plan), _case(run, baseline, plan)
     if case is None or base is None or not base["mb_per_s"]:
         return None
@@ -823,7 +626,7 @@ def _ratio(run: Run, system: str, baseline: str, plan: Plan) -> float | None:
     return ratio
 
 
-def ratios(run: Run) -> dict[str, dict[str, float]]:
+def ratios(run: TunnelRun) -> dict[str, dict[str, float]]:
     """MB/s of each system / raw pyzmq's, and irismesh's / mesh-null's, per block size."""
     out: dict[str, dict[str, float]] = {}
     pairs = [(system, "raw") for system in SYSTEMS if system != "raw"] + [("mesh", "mesh-null")]
@@ -835,16 +638,26 @@ def ratios(run: Run) -> dict[str, dict[str, float]]:
     return out
 
 
-def print_table(run: Run, requested: list[str], elapsed: float) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console() if sys.stdout.isatty() else Console(width=160)
+def print_table(run: TunnelRun) -> None:
+    out = harness.console(160)
+    requested = run.requested
     plan0 = run.plans[0]
-    table = Table(
-        title=f"tunnel on 127.0.0.1: {size_label(plan0.total)} from one sender process to one "
-        f"receiver process, per block size ({elapsed:.0f} s run)",
-        caption="MB/s: 10^6 bytes / s, from the sender's first block to the receiver's report "
+    table = harness.table(
+        f"tunnel on 127.0.0.1: {size_label(plan0.total)} from one sender process to one "
+        f"receiver process, per block size ({run.elapsed_s:.0f} s run)",
+        ["block", "system"],
+        [
+            "MB/s",
+            "/ raw pyzmq",
+            "seconds",
+            "CPU s sender",
+            "CPU s receiver",
+            "peak RSS MB sender",
+            "peak RSS MB receiver",
+            "check",
+            "others' CPU",
+        ],
+        "MB/s: 10^6 bytes / s, from the sender's first block to the receiver's report "
         "arriving back; higher is better, so a ratio below 1 is slower. CPU s: each process "
         "meanwhile, libzmq's I/O threads included; the receiver's includes the checksum. Peak "
         f"RSS: sampled every {SAMPLE_EVERY * 1000:.0f} ms while streaming, (+ growth over the "
@@ -852,20 +665,6 @@ def print_table(run: Run, requested: list[str], elapsed: float) -> None:
         "default tunnel window (1 MiB). check: byte and block count and "
         f"{plan0.checksum} of every byte",
     )
-    for column in ("block", "system"):
-        table.add_column(column, no_wrap=True)
-    for column in (
-        "MB/s",
-        "/ raw pyzmq",
-        "seconds",
-        "CPU s sender",
-        "CPU s receiver",
-        "peak RSS MB sender",
-        "peak RSS MB receiver",
-        "check",
-        "others' CPU",
-    ):
-        table.add_column(column, justify="right")
     for plan in run.plans:
         for system in SYSTEMS:
             if system not in requested:
@@ -891,7 +690,7 @@ def print_table(run: Run, requested: list[str], elapsed: float) -> None:
             table.add_row(
                 *label,
                 f"{case['mb_per_s']:,.1f}",
-                "-" if ratio is None else f"{ratio:.2f}x",
+                harness.ratio_cell(ratio),
                 f"{case['seconds']:.2f}",
                 *(f"{cpu[role]:.2f}" if role in cpu else "-" for role in ROLES),
                 *rss_cells,
@@ -899,28 +698,23 @@ def print_table(run: Run, requested: list[str], elapsed: float) -> None:
                 "-" if others is None else f"{others:.0f}%",
             )
         table.add_section()
-    console.print(table)
-    if "mesh" in requested and "mesh-null" in requested:
-        costs = Table(
-            title="what sealing costs (same run)",
-            caption="irismesh MB/s / null sealer's; below 1.00x: sealing slows it down",
-        )
-        costs.add_column("block")
-        costs.add_column("irismesh / null sealer", justify="right")
-        for plan in run.plans:
-            ratio = _ratio(run, "mesh", "mesh-null", plan)
-            costs.add_row(size_label(plan.block), "-" if ratio is None else f"{ratio:.2f}x")
-        console.print(costs)
-    for system, reason in run.failed.items():
-        first_line = reason.splitlines()[0]
-        console.print(
-            f"{LABELS[system]}: FAILED (details above): {first_line}", markup=False, highlight=False
-        )
+    out.print(table)
+    harness.print_costs(
+        out,
+        "what sealing costs (same run)",
+        ["block"],
+        [LABELS["mesh-null"]] if "mesh" in requested and "mesh-null" in requested else [],
+        (
+            [size_label(plan.block), harness.ratio_cell(_ratio(run, "mesh", "mesh-null", plan))]
+            for plan in run.plans
+        ),
+        "irismesh MB/s / null sealer's; below 1.00x: sealing slows it down",
+    )
+    harness.print_footnotes(out, run)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--json", metavar="PATH", help="also write every number to this file")
+    parser = harness.bench_parser(__doc__)
     parser.add_argument(
         "--size", default="512M", help="bytes to stream per case, e.g. 64M, 1G (default 512M)"
     )
@@ -929,12 +723,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="64K,1M",
         help="block sizes, each a case; the sender sends one message per block (default 64K,1M)",
     )
-    parser.add_argument(
-        "--only",
-        default=",".join(SYSTEMS),
-        help=f"comma-separated systems (default: {','.join(SYSTEMS)}; mesh = irismesh sealed, "
-        "mesh-null: sealing off)",
-    )
+    harness.add_only(parser, SYSTEMS, "mesh = irismesh sealed, mesh-null: sealing off")
     parser.add_argument(
         "--window",
         default="4M",
@@ -954,23 +743,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=10.0,
         help="a child that moves no byte for this long reports a stall and exits (default 10)",
     )
-    # The children's side of this file.
-    parser.add_argument("--role", choices=("send", "recv"), help=argparse.SUPPRESS)
-    parser.add_argument("--system", choices=SYSTEMS, help=argparse.SUPPRESS)
-    parser.add_argument("--endpoint", help=argparse.SUPPRESS)
-    parser.add_argument("--plan", help=argparse.SUPPRESS)
-    parser.add_argument("--keyring", help=argparse.SUPPRESS)
-    parser.add_argument("--max-seconds", type=float, default=600.0, help=argparse.SUPPRESS)
+    harness.add_child_arguments(parser, ("send", "recv"), SYSTEMS)
     return parser
 
 
-def main() -> int:
-    args = build_parser().parse_args()
-    if args.role:
-        run_child(args)
-        return 0
-    return main_parent(args)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.bench_main(build_parser(), run_child, main_parent))

@@ -51,6 +51,7 @@ import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import reqrep  # bench/reqrep.py: the same servers and the same asyncio client
+from _harness import parse_args
 
 COUNTS: collections.Counter[str] = collections.Counter()
 _EVENTS = int(zmq.EVENTS)
@@ -468,7 +469,7 @@ def main() -> int:
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)
     parser.add_argument("--keyring", help=argparse.SUPPRESS)
     parser.add_argument("--counts-file", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_args(parser)
     if args.role == "server":
         run_server(args)
         return 0
