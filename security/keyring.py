@@ -146,6 +146,36 @@ def _check_private(name: str, mode: int) -> None:
     )
 
 
+def _write_private(name: str, data: bytes, *, what: str, overwrite: bool) -> None:
+    """Write `data` as a new 0600 file `name` (a `what`: keyring, identity), atomically;
+    replace an existing one only if `overwrite`. ConfigurationError if it cannot."""
+    exists = f"{what} {name} already exists: pass overwrite=True to replace it"
+    if not overwrite and os.path.lexists(name):
+        raise ConfigurationError(exists)
+    directory = os.path.dirname(os.path.abspath(name))
+    try:
+        # mkstemp creates the file 0600 from the start: the secrets are never exposed.
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(name)}.")
+        try:
+            with os.fdopen(fd, "wb") as file:
+                file.write(data)
+                file.flush()
+                os.fsync(file.fileno())
+            if overwrite:
+                os.replace(tmp, name)
+            else:
+                _publish_new(tmp, name)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    except FileExistsError:
+        raise ConfigurationError(exists) from None
+    except OSError as exc:
+        raise ConfigurationError(f"cannot write {what} {name}: {exc.strerror or exc}") from None
+    _fsync_dir(directory)
+
+
 def _publish_new(tmp: str, name: str) -> None:
     """Move ``tmp`` to ``name`` unless ``name`` exists (FileExistsError)."""
     try:
@@ -303,33 +333,7 @@ class Keyring:
         name = os.fspath(path)
         if not self._by_scope:
             raise ConfigurationError("refusing to save an empty keyring: add a key first")
-        exists = f"keyring {name} already exists: pass overwrite=True to replace it"
-        if not overwrite and os.path.lexists(name):
-            raise ConfigurationError(exists)
-        directory = os.path.dirname(os.path.abspath(name))
-        try:
-            # mkstemp creates the file 0600 from the start: the secrets are never exposed.
-            fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(name)}.")
-            try:
-                with os.fdopen(fd, "wb") as file:
-                    file.write(self.to_text().encode())
-                    file.flush()
-                    os.fsync(file.fileno())
-                if overwrite:
-                    os.replace(tmp, name)
-                else:
-                    _publish_new(tmp, name)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
-        except FileExistsError:
-            raise ConfigurationError(exists) from None
-        except OSError as exc:
-            raise ConfigurationError(
-                f"cannot write keyring {name}: {exc.strerror or exc}"
-            ) from None
-        _fsync_dir(directory)
+        _write_private(name, self.to_text().encode(), what="keyring", overwrite=overwrite)
 
     def primary(self, scope: str) -> ScopeKey | None:
         """The key to send and prove with: the scope's own first key, else ``*``'s, else None."""
