@@ -19,8 +19,9 @@ from pathlib import Path
 from irismesh._cli.base import (
     USAGE_ERROR,
     CommandError,
-    MeshArgumentParser,
+    Commands,
     add_command,
+    add_family,
     add_json_option,
     positive_int,
     print_json,
@@ -31,8 +32,8 @@ _HOST_PORT = r"[^\s:/,\[\]]+:\d{1,5}"
 _MASTER = re.compile(rf"local(\[(\*|[1-9]\d*)(,[1-9]\d*)?\])?|spark://{_HOST_PORT}(,{_HOST_PORT})*")
 
 
-def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
-    telemetry = add_command(
+def register(commands: Commands) -> None:
+    family = add_family(
         commands,
         "telemetry",
         summary="analyse the telemetry that nodes spool to disk (needs PySpark and Java)",
@@ -48,9 +49,9 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
             "  mesh telemetry report --spool /var/spool/irismesh --out report\n"
             "  mesh telemetry report --spool spool --out report --master spark://10.0.0.5:7077"
         ),
-        run=None,
+        dest="telemetry_command",
+        metavar="COMMAND",
     )
-    family = telemetry.add_subparsers(dest="telemetry_command", required=True, metavar="COMMAND")
     register_collect(family)
     report = add_command(
         family,
