@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import base64
 import os
-import stat
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -35,7 +34,7 @@ from cryptography.hazmat.primitives.serialization import (
 from irismesh._core.gossip import PUBLIC_KEY_SIZE, SIGNATURE_SIZE
 from irismesh._core.records import node_id_of
 from irismesh.errors import ConfigurationError
-from irismesh.security.keyring import _check_private, _write_private
+from irismesh.security.keyring import _read_private, _write_private
 
 __all__ = ["Identity", "verify"]
 
@@ -123,25 +122,7 @@ class Identity:
     def load(cls, path: str | os.PathLike[str]) -> Identity:
         """Read an identity file, refusing one that group or others may access."""
         name = os.fspath(path)
-        try:
-            with open(name, "rb") as file:
-                info = os.fstat(file.fileno())
-                if not stat.S_ISREG(info.st_mode):
-                    raise ConfigurationError(f"identity {name} is not a regular file")
-                _check_private(name, info.st_mode)
-                data = file.read()
-        except FileNotFoundError:
-            raise ConfigurationError(
-                f"identity {name} not found: `mesh identity new` makes one"
-            ) from None
-        except OSError as exc:
-            raise ConfigurationError(
-                f"cannot read identity {name}: {exc.strerror or exc}"
-            ) from None
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ConfigurationError(f"identity {name} is not UTF-8 text") from None
+        text = _read_private(name, what="identity", maker="`mesh identity new`")
         identity = cls.from_text(text, source=name)
         identity._path = name
         return identity
