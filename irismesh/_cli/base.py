@@ -148,10 +148,19 @@ def _finite(text: str, what: str, *, zero: bool = False) -> float:
 
 
 def _float(text: str) -> float:
+    return _parsed(float, text, "a number")
+
+
+def _int(text: str) -> int:
+    return _parsed(int, text, "a whole number")
+
+
+def _parsed(kind: Callable[[str], _T], text: str, what: str) -> _T:
+    """`kind(text)`; its ValueError is the usage error "must be `what`"."""
     try:
-        return float(text)
+        return kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
 
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
@@ -170,13 +179,6 @@ def window_size(text: str) -> int:
     if not 1 <= value <= 1 << 30:
         raise argparse.ArgumentTypeError(f"must be 1 byte to 1 GiB, got {text!r}")
     return value
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
 
 
 def seed_endpoint(text: str) -> str:
