@@ -9,11 +9,8 @@ trace. Spark is imported only when the report runs, so `mesh` itself starts as f
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import os
 import re
-import shutil
 from pathlib import Path
 
 from irismesh._cli.base import (
@@ -140,6 +137,7 @@ def run_report(args: argparse.Namespace) -> int:
         raise CommandError(f"--out {out} exists and is not a directory", USAGE_ERROR)
     require_spark()
     from irismesh.spark_telemetry.cli import main as spark_main
+    from irismesh.spark_telemetry.cli import spark_failures
 
     argv = ["report", "--spool", str(spool), "--out", str(out), "--master", args.master]
     argv += ["--top", str(args.top)]
@@ -176,27 +174,9 @@ def run_report(args: argparse.Namespace) -> int:
 
 def require_spark() -> None:
     """PySpark (with pyarrow) importable and a Java to run it, or one line saying what to do."""
-    missing = [name for name in ("pyspark", "pyarrow") if importlib.util.find_spec(name) is None]
-    if missing:
-        raise CommandError(
-            f"{' and '.join(missing)} not installed: pip install 'irismesh[spark]'", USAGE_ERROR
-        )
-    home = os.environ.get("JAVA_HOME")
-    if home:
-        java = Path(home) / "bin" / "java"
-        if not os.access(java, os.X_OK):
-            raise CommandError(f"JAVA_HOME={home} has no bin/java: fix or unset it", USAGE_ERROR)
-    elif shutil.which("java") is None:
-        raise CommandError(
-            "Java not found on PATH: Spark needs a JRE 17 or later "
-            "(apt-get install openjdk-17-jre-headless), or set JAVA_HOME",
-            USAGE_ERROR,
-        )
+    from irismesh.spark_telemetry import cli as spark_cli
 
-
-def spark_failures() -> tuple[type[Exception], ...]:
-    """The exceptions by which PySpark says Spark failed (no JVM, a job, the master)."""
-    from py4j.protocol import Py4JError  # type: ignore[import-untyped]  # no stubs
-    from pyspark.errors import PySparkException
-
-    return (PySparkException, Py4JError)
+    try:
+        spark_cli.require(("pyspark", "pyarrow"))
+    except spark_cli.CommandFailed as exc:
+        raise CommandError(str(exc), USAGE_ERROR) from None
