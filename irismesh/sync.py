@@ -17,7 +17,7 @@ import concurrent.futures
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 from irismesh import node as _async
 from irismesh._core.config import CoreConfig
@@ -338,13 +338,40 @@ class DataHandle:
         return blocking
 
 
-class DataWatch:
-    """`irismesh.data.DataWatch`, blocking; iteration ends when it or its node closes."""
+class _Feed(Generic[T]):
+    """What DataWatch and Subscription share: items read with a blocking `get`, iteration
+    that ends when the feed or its node closes, and `close` on leaving a `with` block."""
+
+    _inner: Any
 
     def __init__(self, node: Node, inner: Any) -> None:
         self._node = node
         self._inner = inner
         self.pattern: str = inner.pattern
+
+    def get(self, timeout: float | None = None) -> T:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[T]:
+        while True:
+            try:
+                yield self.get()
+            except Closed:
+                return
+
+    def close(self) -> None:
+        if self._node._thread.is_alive():
+            self._node._call(_wrap(self._inner.close))
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class DataWatch(_Feed[Any]):
+    """`irismesh.data.DataWatch`, blocking; iteration ends when it or its node closes."""
 
     def get(self, timeout: float | None = None) -> Any:
         """The next change; Closed once closed and drained, TimeoutError after timeout."""
@@ -354,35 +381,15 @@ class DataWatch:
 
         return self._node._call(next_change())
 
-    def __iter__(self) -> Iterator[Any]:
-        while True:
-            try:
-                yield self.get()
-            except Closed:
-                return
-
-    def close(self) -> None:
-        if self._node._thread.is_alive():
-            self._node._call(_wrap(self._inner.close))
-
-    def __enter__(self) -> DataWatch:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 async def _wrap(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return fn(*args, **kwargs)
 
 
-class Subscription:
+class Subscription(_Feed[_pubsub.Message]):
     """`irismesh.Subscription`, blocking; iteration ends when it or its node closes."""
 
-    def __init__(self, node: Node, inner: _pubsub.Subscription) -> None:
-        self._node = node
-        self._inner = inner
-        self.pattern = inner.pattern
+    _inner: _pubsub.Subscription
 
     @property
     def missed(self) -> int:
@@ -391,23 +398,6 @@ class Subscription:
     def get(self, timeout: float | None = None) -> _pubsub.Message:
         """The next message; Closed once closed and drained, TimeoutError after timeout."""
         return self._node._call(self._inner.get(timeout))
-
-    def __iter__(self) -> Iterator[_pubsub.Message]:
-        while True:
-            try:
-                yield self.get()
-            except Closed:
-                return
-
-    def close(self) -> None:
-        if self._node._thread.is_alive():
-            self._node._call(_wrap(self._inner.close))
-
-    def __enter__(self) -> Subscription:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class Tunnel:

@@ -210,22 +210,16 @@ class Tunnel:
 
         Messages not yet read are dropped; `recv` and `send` raise TunnelReset from now on.
         """
-        self._hub.forget(self._handle)
-        self._messages.clear()
-        self._partial = []
-        if self._reset is not None:
-            return
-        core = self._hub.core_or_none()
-        if core is not None:
-            with contextlib.suppress(TunnelError, Closed):
-                if self._eof:  # the other end is done sending: a graceful close, like TCP's FIN
-                    if not self._fin_sent:
-                        core.tunnel_send(self._handle, _FIN)
-                    core.tunnel_forget(self._handle)
-                else:  # it may still send, and nobody would read it: reset, like TCP's RST
-                    core.tunnel_send(self._handle, _RESET, 0, b"the other end closed the tunnel")
-            self._hub.flush_soon()
-        self._end("closed by this end")
+
+        def goodbye(core: MeshCore) -> None:
+            if self._eof:  # the other end is done sending: a graceful close, like TCP's FIN
+                if not self._fin_sent:
+                    core.tunnel_send(self._handle, _FIN)
+                core.tunnel_forget(self._handle)
+            else:  # it may still send, and nobody would read it: reset, like TCP's RST
+                core.tunnel_send(self._handle, _RESET, 0, b"the other end closed the tunnel")
+
+        self._end_here(goodbye, "closed by this end")
 
     async def wait_reset(self) -> str:
         """Wait until the tunnel ends by a reset (either end's, or the other end's node
@@ -251,6 +245,13 @@ class Tunnel:
     def reset(self, reason: str) -> None:
         """End both directions at once, now: the other end's `send` and `recv` raise
         TunnelReset with `reason` (a relay passing on why its own far end went away)."""
+        self._end_here(
+            lambda core: core.tunnel_send(self._handle, _RESET, 0, reason.encode()[:1000]), reason
+        )
+
+    def _end_here(self, tell: Callable[[MeshCore], object], reason: str) -> None:
+        """End the tunnel from this end: drop what is unread, `tell` the other end through the
+        core (unless the tunnel has already ended), and end it with `reason`."""
         self._hub.forget(self._handle)
         self._messages.clear()
         self._partial = []
@@ -259,7 +260,7 @@ class Tunnel:
         core = self._hub.core_or_none()
         if core is not None:
             with contextlib.suppress(TunnelError, Closed):
-                core.tunnel_send(self._handle, _RESET, 0, reason.encode()[:1000])
+                tell(core)
             self._hub.flush_soon()
         self._end(reason)
 

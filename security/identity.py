@@ -20,10 +20,7 @@ otherwise. The private key never appears in a repr or an error message.
 from __future__ import annotations
 
 import base64
-import contextlib
 import os
-import stat
-import tempfile
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -37,7 +34,7 @@ from cryptography.hazmat.primitives.serialization import (
 from irismesh._core.gossip import PUBLIC_KEY_SIZE, SIGNATURE_SIZE
 from irismesh._core.records import node_id_of
 from irismesh.errors import ConfigurationError
-from irismesh.security.keyring import _check_private, _fsync_dir, _publish_new
+from irismesh.security.keyring import _read_private, _write_private
 
 __all__ = ["Identity", "verify"]
 
@@ -125,25 +122,7 @@ class Identity:
     def load(cls, path: str | os.PathLike[str]) -> Identity:
         """Read an identity file, refusing one that group or others may access."""
         name = os.fspath(path)
-        try:
-            with open(name, "rb") as file:
-                info = os.fstat(file.fileno())
-                if not stat.S_ISREG(info.st_mode):
-                    raise ConfigurationError(f"identity {name} is not a regular file")
-                _check_private(name, info.st_mode)
-                data = file.read()
-        except FileNotFoundError:
-            raise ConfigurationError(
-                f"identity {name} not found: `mesh identity new` makes one"
-            ) from None
-        except OSError as exc:
-            raise ConfigurationError(
-                f"cannot read identity {name}: {exc.strerror or exc}"
-            ) from None
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ConfigurationError(f"identity {name} is not UTF-8 text") from None
+        text = _read_private(name, what="identity", maker="`mesh identity new`")
         identity = cls.from_text(text, source=name)
         identity._path = name
         return identity
@@ -151,33 +130,7 @@ class Identity:
     def save(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> None:
         """Write the identity as a new 0600 file, atomically; replace one only if asked."""
         name = os.fspath(path)
-        exists = f"identity {name} already exists: pass overwrite=True to replace it"
-        if not overwrite and os.path.lexists(name):
-            raise ConfigurationError(exists)
-        directory = os.path.dirname(os.path.abspath(name))
-        try:
-            # mkstemp creates the file 0600 from the start: the key is never exposed.
-            fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(name)}.")
-            try:
-                with os.fdopen(fd, "wb") as file:
-                    file.write(self.to_text().encode())
-                    file.flush()
-                    os.fsync(file.fileno())
-                if overwrite:
-                    os.replace(tmp, name)
-                else:
-                    _publish_new(tmp, name)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
-        except FileExistsError:
-            raise ConfigurationError(exists) from None
-        except OSError as exc:
-            raise ConfigurationError(
-                f"cannot write identity {name}: {exc.strerror or exc}"
-            ) from None
-        _fsync_dir(directory)
+        _write_private(name, self.to_text().encode(), what="identity", overwrite=overwrite)
 
     def __repr__(self) -> str:
         return f"Identity(node_id={self.node_id.hex()})"

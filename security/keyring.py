@@ -135,15 +135,67 @@ def _parse_key(scope: str, encoded: str) -> ScopeKey:
     return ScopeKey(scope=scope, secret=secret)
 
 
-def _check_private(name: str, mode: int) -> None:
+def _check_private(name: str, mode: int, what: str = "keyring") -> None:
     # Windows has no mode bits worth reading; its ACLs are the operator's business.
     if os.name != "posix" or not mode & 0o077:
         return
-    what = "readable by others" if mode & 0o044 else "open to others"
+    exposed = "readable by others" if mode & 0o044 else "open to others"
     raise ConfigurationError(
-        f"keyring {name} is {what} (mode {stat.S_IMODE(mode):04o}): "
+        f"{what} {name} is {exposed} (mode {stat.S_IMODE(mode):04o}): "
         f"run chmod 600 {shlex.quote(name)}"
     )
+
+
+def _read_private(name: str, *, what: str, maker: str, hint: str = "") -> str:
+    """The text of file `name` (a `what`: keyring, identity), refusing one that is not a
+    regular file or that group or others may access; `maker` makes a missing one, `hint`
+    follows the complaint about a file that is not UTF-8. ConfigurationError if it cannot."""
+    try:
+        with open(name, "rb") as file:
+            # fstat, not stat: the file checked is the file read.
+            info = os.fstat(file.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise ConfigurationError(f"{what} {name} is not a regular file")
+            _check_private(name, info.st_mode, what)
+            data = file.read()
+    except FileNotFoundError:
+        raise ConfigurationError(f"{what} {name} not found: {maker} makes one") from None
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read {what} {name}: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigurationError(f"{what} {name} is not UTF-8 text{hint}") from None
+
+
+def _write_private(name: str, data: bytes, *, what: str, overwrite: bool) -> None:
+    """Write `data` as a new 0600 file `name` (a `what`: keyring, identity), atomically;
+    replace an existing one only if `overwrite`. ConfigurationError if it cannot."""
+    exists = f"{what} {name} already exists: pass overwrite=True to replace it"
+    if not overwrite and os.path.lexists(name):
+        raise ConfigurationError(exists)
+    directory = os.path.dirname(os.path.abspath(name))
+    try:
+        # mkstemp creates the file 0600 from the start: the secrets are never exposed.
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(name)}.")
+        try:
+            with os.fdopen(fd, "wb") as file:
+                file.write(data)
+                file.flush()
+                os.fsync(file.fileno())
+            if overwrite:
+                os.replace(tmp, name)
+            else:
+                _publish_new(tmp, name)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    except FileExistsError:
+        raise ConfigurationError(exists) from None
+    except OSError as exc:
+        raise ConfigurationError(f"cannot write {what} {name}: {exc.strerror or exc}") from None
+    _fsync_dir(directory)
 
 
 def _publish_new(tmp: str, name: str) -> None:
@@ -208,24 +260,7 @@ class Keyring:
     def load(cls, path: str | os.PathLike[str]) -> Keyring:
         """Read a keyring file, refusing one that group or others may access."""
         name = os.fspath(path)
-        try:
-            with open(name, "rb") as file:
-                # fstat, not stat: the file checked is the file read.
-                info = os.fstat(file.fileno())
-                if not stat.S_ISREG(info.st_mode):
-                    raise ConfigurationError(f"keyring {name} is not a regular file")
-                _check_private(name, info.st_mode)
-                data = file.read()
-        except FileNotFoundError:
-            raise ConfigurationError(f"keyring {name} not found: `mesh keygen` makes one") from None
-        except OSError as exc:
-            raise ConfigurationError(f"cannot read keyring {name}: {exc.strerror or exc}") from None
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ConfigurationError(
-                f"keyring {name} is not UTF-8 text: is it a keyring?"
-            ) from None
+        text = _read_private(name, what="keyring", maker="`mesh keygen`", hint=": is it a keyring?")
         keyring = cls.from_text(text, source=name)
         keyring._path = name
         return keyring
@@ -303,33 +338,7 @@ class Keyring:
         name = os.fspath(path)
         if not self._by_scope:
             raise ConfigurationError("refusing to save an empty keyring: add a key first")
-        exists = f"keyring {name} already exists: pass overwrite=True to replace it"
-        if not overwrite and os.path.lexists(name):
-            raise ConfigurationError(exists)
-        directory = os.path.dirname(os.path.abspath(name))
-        try:
-            # mkstemp creates the file 0600 from the start: the secrets are never exposed.
-            fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(name)}.")
-            try:
-                with os.fdopen(fd, "wb") as file:
-                    file.write(self.to_text().encode())
-                    file.flush()
-                    os.fsync(file.fileno())
-                if overwrite:
-                    os.replace(tmp, name)
-                else:
-                    _publish_new(tmp, name)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
-        except FileExistsError:
-            raise ConfigurationError(exists) from None
-        except OSError as exc:
-            raise ConfigurationError(
-                f"cannot write keyring {name}: {exc.strerror or exc}"
-            ) from None
-        _fsync_dir(directory)
+        _write_private(name, self.to_text().encode(), what="keyring", overwrite=overwrite)
 
     def primary(self, scope: str) -> ScopeKey | None:
         """The key to send and prove with: the scope's own first key, else ``*``'s, else None."""

@@ -158,11 +158,18 @@ def _fail(command: str, message: str) -> None:
 
 def _require(command: str) -> None:
     """The packages and the Java the command needs, or CommandFailed saying what to do."""
-    missing = [name for name in _NEEDS[command] if importlib.util.find_spec(name) is None]
+    require(_NEEDS[command])
+
+
+def require(packages: Sequence[str]) -> None:
+    """`packages` importable (the `spark` extra's), and a Java to run Spark when PySpark is
+    one of them; else CommandFailed (exit status 2) saying what to do. `mesh telemetry report`
+    checks with it too, before it hands over."""
+    missing = [name for name in packages if importlib.util.find_spec(name) is None]
     if missing:
         names = " and ".join(missing)
         raise CommandFailed(f"{names} not installed: pip install 'irismesh[spark]'", USAGE)
-    if "pyspark" in _NEEDS[command]:
+    if "pyspark" in packages:
         home = os.environ.get("JAVA_HOME")
         if home and not os.access(os.path.join(home, "bin", "java"), os.X_OK):
             raise CommandFailed(f"JAVA_HOME={home} has no bin/java: fix or unset it", USAGE)
@@ -174,7 +181,7 @@ def _require(command: str) -> None:
             )
 
 
-def _spark_failures() -> tuple[type[Exception], ...]:
+def spark_failures() -> tuple[type[Exception], ...]:
     """The exceptions by which PySpark says Spark failed (no JVM, a job, the master)."""
     from py4j.protocol import Py4JError  # type: ignore[import-untyped]  # no stubs
     from pyspark.errors import PySparkException
@@ -229,7 +236,7 @@ def _report(args: argparse.Namespace) -> int:
         shutil.rmtree(dataset, ignore_errors=True)
         result = compact(args.spool, dataset, done="keep")
         meta.update(spool_files=result.files, corrupt_records=result.corrupt)
-    failures = _spark_failures()
+    failures = spark_failures()
     try:
         spark = make_session(
             args.master, jvm_options=JVM_OPTIONS if args.quick_jvm else THROUGHPUT_JVM_OPTIONS

@@ -130,10 +130,15 @@ def latency_over_time(records: DataFrame, *, bucket: int = 60, accuracy: int = 1
             "time",
             "samples",
             "events",
-            F.col("q")[0].alias("p50_us"),
-            F.col("q")[1].alias("p99_us"),
+            *quantile_columns("p50_us", "p99_us"),
         )
     )
+
+
+def quantile_columns(*names: str) -> list[Column]:
+    """The quantiles an aggregation put in the array column "q" (`percentile_approx` of a
+    list of ranks), one column each, named in the order of the ranks."""
+    return [F.col("q")[i].alias(name) for i, name in enumerate(names)]
 
 
 def _timed(records: DataFrame) -> DataFrame:
@@ -172,9 +177,7 @@ def latency_percentiles(records: DataFrame, *, accuracy: int = 10_000) -> DataFr
             "samples",
             "events",
             "mean_us",
-            F.col("q")[0].alias("p50_us"),
-            F.col("q")[1].alias("p95_us"),
-            F.col("q")[2].alias("p99_us"),
+            *quantile_columns("p50_us", "p95_us", "p99_us"),
             "max_us",
         )
     )

@@ -42,6 +42,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from irismesh.spark_telemetry.decode import decode_to_table
+from irismesh.spark_telemetry.jobs import quantile_columns
 from irismesh.telemetry.schema import CALL_KINDS, Outcome, Record, spark_schema
 from irismesh.telemetry.spool import SPOOL_SUFFIX, SpoolWriter
 
@@ -119,9 +120,7 @@ def windowed_calls(
             "events",
             "ok",
             "failed",
-            F.col("q")[0].alias("p50_us"),
-            F.col("q")[1].alias("p95_us"),
-            F.col("q")[2].alias("p99_us"),
+            *quantile_columns("p50_us", "p95_us", "p99_us"),
         )
     )
 

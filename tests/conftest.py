@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import faulthandler
 import os
 import shutil
@@ -56,11 +57,8 @@ def keyfile(tmp_path: Path, keys: irismesh.Keyring) -> Path:
 
 @pytest.fixture
 def workers(keyfile: Path) -> Iterator[Workers]:
-    group = Workers(keyfile)
-    try:
+    with contextlib.closing(Workers(keyfile)) as group:
         yield group
-    finally:
-        group.close()
 
 
 # The last resort against a hung test: pytest-timeout ends a test by raising in the main

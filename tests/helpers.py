@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 MESH = [sys.executable, "-m", "irismesh"]  # the `mesh` tool, as a subprocess
+
+
+def run_with_deadline(coro: Awaitable[None], timeout: float) -> None:
+    """Run a test's coroutine in a fresh event loop; TimeoutError fails it after `timeout` s."""
+
+    async def bounded() -> None:
+        await asyncio.wait_for(coro, timeout)
+
+    asyncio.run(bounded())
 
 
 async def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> float:
@@ -59,11 +70,28 @@ class Workers:
         return line[1]
 
     def close(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.kill()
-        for proc in self.procs.values():
+        kill_all(self.procs.values())
+
+
+def kill_all(procs: Iterable[subprocess.Popen[Any]], *, drain: bool = False) -> None:
+    """Kill each of `procs` that still runs, then reap them all (`drain`: reading what is
+    left in their pipes, which closes them)."""
+    procs = list(procs)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+    for proc in procs:
+        if drain:
+            proc.communicate(timeout=10)
+        else:
             proc.wait(timeout=10)
+
+
+def echo_or_boom(payload: bytes) -> bytes:
+    """A request handler: the payload back, or ValueError("boom") for b"boom"."""
+    if payload == b"boom":
+        raise ValueError("boom")
+    return payload
 
 
 def assert_error(result: subprocess.CompletedProcess[str], status: int, *fragments: str) -> None:
@@ -113,6 +141,74 @@ def run_all(
                 proc.kill()
                 proc.communicate()
     assert not failures, "\n".join(failures)
+
+
+def assert_usage_errors(
+    cases: Sequence[tuple[Sequence[str], str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`mesh` error cases run in-process (`cli.main`), to spare an interpreter per case: each
+    (argv, fragment) exits 2 with one line `mesh: ...` holding `fragment`, and nothing on stdout."""
+    from irismesh import cli
+
+    failures = []
+    for argv, fragment in cases:
+        status: int | str | None
+        try:
+            status = cli.main(list(argv))
+        except SystemExit as exit_:  # argparse's own errors
+            status = exit_.code
+        captured = capsys.readouterr()
+        lines = captured.err.splitlines()
+        if status != 2 or len(lines) != 1 or not lines[0].startswith("mesh: ") or captured.out:
+            failures.append(f"mesh {' '.join(argv)}: status {status}, {captured!r}")
+        elif fragment not in lines[0]:
+            failures.append(f"mesh {' '.join(argv)}: {fragment!r} not in {lines[0]!r}")
+    assert not failures, "\n".join(failures)
+
+
+def run_example(name: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run examples/`name` in a process group of its own, all of which dies at the end (the
+    members it starts join the group, so none outlives the test); it must exit 0."""
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "examples" / name), *args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{name} took over {timeout} s:\n{out}\n{err}")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, out + err
+    assert "Traceback" not in err
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+async def memory_members(keys: Any, *directories: Path) -> list[Any]:
+    """Started memory members (irismesh.Node), one storing in each of `directories`, each
+    joining through the first."""
+    import irismesh
+
+    nodes: list[Any] = []
+    for directory in directories:
+        seeds = [nodes[0].endpoint] if nodes else []
+        node = irismesh.Node(keyring=keys, memory=directory, seeds=seeds)
+        nodes.append(await node.start())
+    return nodes
+
+
+def burn(seconds: float) -> None:
+    """Busy CPU, as a handler that computes."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
 class LoadStalled(AssertionError):

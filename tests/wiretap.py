@@ -11,6 +11,9 @@ frames of a live connection, as a man in the middle would (`Connection.inject`).
 kernel-filtered to the given TCP ports and to UDP, and puts TCP streams back together by
 sequence number, so it sees links no proxy was put on (a member's dial-back) and multicast
 answers sent to ports nobody chose.
+
+`multicast_sender` and `group_listener` are the plain sockets a test sends surveys with and
+hears a survey group on, both pinned to loopback.
 """
 
 from __future__ import annotations
@@ -31,10 +34,35 @@ from helpers import wait_until
 
 import irismesh
 from irismesh._core.links import DialRecord
+from irismesh.discovery.survey import SurveyConfig
 
 LOOPBACK = "127.0.0.1"
 ZMTP_GREETING = 64
 _MORE, _LONG, _COMMAND = 0x01, 0x02, 0x04
+
+
+def multicast_sender(*, blocking: bool = True) -> socket.socket:
+    """A socket that sends multicast out of loopback only (TTL 1), and hears unicast answers."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind((LOOPBACK, 0))
+    sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(LOOPBACK))
+    sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 1)
+    sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
+    sock.setblocking(blocking)
+    return sock
+
+
+def group_listener(config: SurveyConfig, *, blocking: bool = True) -> socket.socket:
+    """A socket that hears the survey group of `config`, joined on loopback; others may listen
+    on the same group and port."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((config.group, config.port))
+    membership = socket.inet_aton(config.group) + socket.inet_aton(LOOPBACK)
+    sock.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, membership)
+    sock.setblocking(blocking)
+    return sock
 
 
 def free_tcp_port() -> int:

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import IO, Any, NoReturn
+from typing import IO, Any, NoReturn, TypeAlias, TypeVar
 
 from rich.console import Console
 
@@ -35,6 +35,8 @@ from irismesh.errors import ConfigurationError, MembershipTimeout
 
 # A command's body: plain, or async when it joins the mesh (main runs it in asyncio.run).
 Run = Callable[[argparse.Namespace], int | Coroutine[Any, Any, int]]
+
+_T = TypeVar("_T")
 
 USAGE_ERROR = 2
 MESH_ERROR = 1
@@ -59,8 +61,12 @@ class MeshArgumentParser(argparse.ArgumentParser):
         self.exit(USAGE_ERROR, f"mesh: {message} (see `{self.prog} --help`)\n")
 
 
+# What a command module's `register` adds its subcommands to.
+Commands: TypeAlias = "argparse._SubParsersAction[MeshArgumentParser]"
+
+
 def add_command(
-    commands: argparse._SubParsersAction[MeshArgumentParser],
+    commands: Commands,
     name: str,
     *,
     summary: str,
@@ -84,29 +90,38 @@ def add_command(
     return parser
 
 
+def add_family(
+    commands: Commands,
+    name: str,
+    *,
+    summary: str,
+    description: str,
+    examples: str,
+    dest: str = "action",
+    metavar: str = "ACTION",
+) -> Commands:
+    """A command that only groups subcommands (`mesh context add|ls|use|rm`); what to add
+    them to. The chosen subcommand's name is `args.<dest>`."""
+    family = add_command(
+        commands, name, summary=summary, description=description, examples=examples, run=None
+    )
+    return family.add_subparsers(dest=dest, required=True, metavar=metavar)
+
+
 # ----------------------------------------------------------------- argument types
 
 
 def seconds(text: str) -> float:
     """A positive number of seconds."""
-    value = _float(text)
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
-    return value
+    return _finite(text, "a positive number of seconds")
 
 
 def seconds_or_zero(text: str) -> float:
-    value = _float(text)
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be zero or more seconds, got {text!r}")
-    return value
+    return _finite(text, "zero or more seconds", zero=True)
 
 
 def positive_number(text: str) -> float:
-    value = _float(text)
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-    return value
+    return _finite(text, "a positive number")
 
 
 def positive_int(text: str) -> int:
@@ -124,11 +139,28 @@ def byte_size(text: str) -> int:
     return value
 
 
+def _finite(text: str, what: str, *, zero: bool = False) -> float:
+    """A finite number above zero (or zero too); else the usage error "must be `what`"."""
+    value = _float(text)
+    if not (value >= 0 if zero else value > 0) or value == float("inf"):  # NaN fails both
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+    return value
+
+
 def _float(text: str) -> float:
+    return _parsed(float, text, "a number")
+
+
+def _int(text: str) -> int:
+    return _parsed(int, text, "a whole number")
+
+
+def _parsed(kind: Callable[[str], _T], text: str, what: str) -> _T:
+    """`kind(text)`; its ValueError is the usage error "must be `what`"."""
     try:
-        return float(text)
+        return kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
 
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
@@ -149,13 +181,6 @@ def window_size(text: str) -> int:
     return value
 
 
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-
-
 def seed_endpoint(text: str) -> str:
     """tcp://HOST:PORT of a node to dial."""
     match = _ENDPOINT.fullmatch(text)
@@ -174,29 +199,39 @@ def bind_endpoint(text: str) -> str:
     return text
 
 
-def metrics_address(text: str) -> str:
-    """--metrics: HOST:PORT (or :PORT, PORT) where the node serves Prometheus metrics."""
+def _argument(check: Callable[[str], _T], text: str) -> _T:
+    """What `check` makes of `text`; its ConfigurationError is a usage error (argparse prints
+    the message and exits with status 2)."""
     try:
-        _env.metrics_address(text)
+        return check(text)
     except ConfigurationError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def metrics_address(text: str) -> str:
+    """--metrics: HOST:PORT (or :PORT, PORT) where the node serves Prometheus metrics."""
+    _argument(_env.metrics_address, text)
     return text
 
 
 def node_name(text: str) -> str:
     """--name: what peers, `mesh peers`, `mesh top` and the telemetry report call the node."""
-    try:
-        return validate_name(text)
-    except ConfigurationError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    return _argument(validate_name, text)
 
 
 def version_name(text: str) -> str:
     """--version: what version a member serves as (`mesh split` weighs versions)."""
-    try:
-        return validate_version(text)
-    except ConfigurationError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    return _argument(validate_version, text)
+
+
+def topic_name(text: str) -> str:
+    """A topic to publish on: dot-separated segments, no wildcards."""
+    return _argument(validate_topic, text)
+
+
+def topic_pattern(text: str) -> str:
+    """A subscription pattern: segments, each a literal, `*` or `#`."""
+    return _argument(validate_pattern, text)
 
 
 def cluster_name(text: str) -> str:
@@ -205,22 +240,6 @@ def cluster_name(text: str) -> str:
             f"bad cluster name {text!r}: 1-200 characters, no whitespace, not '*'"
         )
     return text
-
-
-def topic_name(text: str) -> str:
-    """A topic to publish on: dot-separated segments, no wildcards."""
-    try:
-        return validate_topic(text)
-    except ConfigurationError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def topic_pattern(text: str) -> str:
-    """A subscription pattern: segments, each a literal, `*` or `#`."""
-    try:
-        return validate_pattern(text)
-    except ConfigurationError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def topic_scope(topic: str) -> str | None:
@@ -243,6 +262,19 @@ def add_context_option(parser: argparse._ActionsContainer) -> None:
     )
 
 
+def add_repeatable(
+    parser: argparse._ActionsContainer,
+    flag: str,
+    *,
+    metavar: str,
+    help: str,
+    type: Callable[[str], Any] = str,
+) -> None:
+    """An option that may be given again and again: `args.<flag>` lists its values (each made
+    by `type`), [] when it is not given."""
+    parser.add_argument(flag, action="append", default=[], type=type, metavar=metavar, help=help)
+
+
 def add_joining_options(parser: MeshArgumentParser, *, wait: float | None, wait_help: str) -> None:
     group = parser.add_argument_group(
         "joining the mesh",
@@ -255,10 +287,9 @@ def add_joining_options(parser: MeshArgumentParser, *, wait: float | None, wait_
         help="keyring file (default: the context's, else $IRISMESH_KEYFILE, else "
         f"{_home(_env.default_keyfile())}, which `mesh keygen` writes)",
     )
-    group.add_argument(
+    add_repeatable(
+        group,
         "--seed",
-        action="append",
-        default=[],
         type=seed_endpoint,
         metavar="ENDPOINT",
         help="tcp://HOST:PORT of a running node (repeatable; also $IRISMESH_SEEDS)",
@@ -322,6 +353,24 @@ def add_priority_option(parser: MeshArgumentParser, what: str) -> None:
         default=0,
         metavar="PRIORITY",
         help=f"low, normal, high, or -7 to 7: {what} (default: normal)",
+    )
+
+
+def add_timeout_option(parser: MeshArgumentParser, what: str) -> None:
+    """--timeout SECONDS, 5 by default; `what` says what it bounds."""
+    parser.add_argument(
+        "--timeout",
+        type=seconds,
+        default=5.0,
+        metavar="SECONDS",
+        help=f"{what} (default: %(default)s)",
+    )
+
+
+def add_member_wait_options(parser: MeshArgumentParser) -> None:
+    """The joining options of a command that talks to the members of its CLUSTER argument."""
+    add_joining_options(
+        parser, wait=3.0, wait_help="seconds to wait for a member of CLUSTER to appear"
     )
 
 
@@ -448,6 +497,38 @@ def make_node(
     )
 
 
+def client_keyring(args: argparse.Namespace, scope: str | None = None) -> irismesh.Keyring:
+    """The keyring of a command whose node joins as a client, once what can fail before
+    joining has been checked: a way to find other nodes, and a key for `scope` (NoKey now, not
+    after --wait seconds)."""
+    keys = load_keyring(args.keys)
+    require_discovery(args)
+    if scope is not None:
+        keys.require(scope)
+    return keys
+
+
+@contextlib.asynccontextmanager
+async def cluster_client(
+    args: argparse.Namespace, keys: irismesh.Keyring, cluster: str
+) -> AsyncIterator[irismesh.Node]:
+    """The command's client node, once `cluster` has a live member (CommandError after --wait
+    seconds without one)."""
+    async with make_node(args, keys) as node:
+        await wait_for_cluster(node, args, cluster)
+        yield node
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event that SIGINT or SIGTERM sets: a long-running command's cue to end cleanly
+    (leave the mesh, flush what it wrote) rather than be killed by a KeyboardInterrupt."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
 def reload_keys_on_hangup(node: irismesh.Node) -> None:
     """A long-running command rereads its keyring file on SIGHUP (it also does by itself,
     within a second of a change); what happens to it is one line on stderr."""
@@ -534,6 +615,11 @@ def text_fields(key: str, data: bytes) -> dict[str, str]:
     except UnicodeDecodeError:
         text = data.decode(errors="replace")
         return {key: text, f"{key}_base64": base64.b64encode(data).decode()}
+
+
+def read_payload(text: str) -> bytes:
+    """A PAYLOAD argument: its UTF-8 bytes, or all of standard input for '-'."""
+    return sys.stdin.buffer.read() if text == "-" else text.encode()
 
 
 def print_json(value: object) -> None:

@@ -34,25 +34,25 @@ import irismesh
 from irismesh._cli.base import (
     USAGE_ERROR,
     CommandError,
-    MeshArgumentParser,
+    Commands,
     add_command,
     add_joining_options,
     add_json_option,
+    add_timeout_option,
     byte_size,
+    client_keyring,
+    cluster_client,
     cluster_name,
     load_keyring,
     make_node,
     positive_int,
     positive_number,
     print_json,
-    require_discovery,
-    seconds,
     settle,
     stderr_console,
     stdout_console,
     topic_name,
     topic_scope,
-    wait_for_cluster,
     where,
 )
 from irismesh.errors import Closed, InterestTimeout, MeshError, SlowConsumer
@@ -71,7 +71,7 @@ MAX_LAG = 10_000_000  # ns
 _ANY_HOST = re.compile(r"tcp://(\*|0\.0\.0\.0|\[::\])(?=:)")
 
 
-def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
+def register(commands: Commands) -> None:
     parser = add_command(
         commands,
         "bench",
@@ -136,13 +136,10 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
         metavar="B",
         help="payload bytes (default: %(default)s)",
     )
-    parser.add_argument(
-        "--timeout",
-        type=seconds,
-        default=5.0,
-        metavar="SECONDS",
-        help="per request; with --pubsub, most seconds a publish waits for room and a "
-        "subscriber for its next message (default: %(default)s)",
+    add_timeout_option(
+        parser,
+        "per request; with --pubsub, most seconds a publish waits for room and a subscriber "
+        "for its next message",
     )
     pubsub = parser.add_argument_group("publish/subscribe")
     pubsub.add_argument(
@@ -280,12 +277,9 @@ def _only_with(args: argparse.Namespace, mode: str, **options: str) -> None:
 
 
 async def bench_requests(args: argparse.Namespace) -> int:
-    keys = load_keyring(args.keys)
-    require_discovery(args)
-    keys.require(args.cluster)
+    keys = client_keyring(args, args.cluster)
     payload = bytes(args.size)
-    async with make_node(args, keys) as node:
-        await wait_for_cluster(node, args, args.cluster)
+    async with cluster_client(args, keys, args.cluster) as node:
         await settle(node, args.wait)  # the whole cluster, not just its first member to answer
         members = len(node.members(args.cluster))
         # One request alone first: a cluster that cannot answer fails here with its own error.

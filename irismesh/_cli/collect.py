@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -25,19 +24,19 @@ from pathlib import Path
 from irismesh._cli.base import (
     USAGE_ERROR,
     CommandError,
-    MeshArgumentParser,
+    Commands,
     add_command,
     add_joining_options,
     add_json_option,
-    load_keyring,
+    client_keyring,
     make_node,
     print_json,
     reload_keys_on_hangup,
-    require_discovery,
     seconds,
     short_id,
     stderr_console,
     stdout_console,
+    stop_on_signals,
     where,
 )
 from irismesh.telemetry.export import TOPIC_SCOPE, Collector, CollectStats
@@ -45,7 +44,7 @@ from irismesh.telemetry.export import TOPIC_SCOPE, Collector, CollectStats
 PROGRESS_EVERY = 1.0  # seconds between progress updates on stderr
 
 
-def register_collect(family: argparse._SubParsersAction[MeshArgumentParser]) -> None:
+def register_collect(family: Commands) -> None:
     """Add `collect` to the subcommands of `mesh telemetry`."""
     parser = add_command(
         family,
@@ -109,14 +108,10 @@ def spool_directory(out: Path) -> Path:
 
 
 async def run_collect(args: argparse.Namespace) -> int:
-    keys = load_keyring(args.keys)
-    require_discovery(args)
+    keys = client_keyring(args)
     out = spool_directory(args.out)
     keys.require(TOPIC_SCOPE)  # no key to read the records with: say so now
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     started = time.monotonic()
     deadline = None if args.seconds is None else started + args.seconds
     peers_seen = False

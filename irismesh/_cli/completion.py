@@ -10,7 +10,7 @@ import argparse
 
 import shtab
 
-from irismesh._cli.base import MeshArgumentParser, add_command
+from irismesh._cli.base import Commands, add_command
 
 SHELLS = ("bash", "zsh")
 
@@ -21,7 +21,7 @@ _PREAMBLE = {
 _CONTEXTS = {"bash": "_mesh_contexts", "zsh": "_mesh_contexts"}
 
 
-def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
+def register(commands: Commands) -> None:
     parser = add_command(
         commands,
         "completion",

@@ -9,9 +9,11 @@ from irismesh._cli import config
 from irismesh._cli.base import (
     USAGE_ERROR,
     CommandError,
-    MeshArgumentParser,
+    Commands,
     add_command,
+    add_family,
     add_json_option,
+    add_repeatable,
     print_json,
     seed_endpoint,
     stdout_console,
@@ -21,8 +23,8 @@ from irismesh.errors import ConfigurationError
 NO_CONTEXTS = "no contexts yet: `mesh context add NAME --keys FILE --seed ENDPOINT` makes one"
 
 
-def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
-    family = add_command(
+def register(commands: Commands) -> None:
+    actions = add_family(
         commands,
         "context",
         summary="name the meshes you join: a keyring, seeds, an interface each",
@@ -43,9 +45,7 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
             "  mesh context use --none               # back to the defaults\n"
             "  mesh context rm prod"
         ),
-        run=None,
     )
-    actions = family.add_subparsers(dest="action", required=True, metavar="ACTION")
     add = add_command(
         actions,
         "add",
@@ -59,10 +59,9 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
     )
     add.add_argument("name", metavar="NAME", type=_name)
     add.add_argument("--keys", type=Path, metavar="FILE", help="the context's keyring file")
-    add.add_argument(
+    add_repeatable(
+        add,
         "--seed",
-        action="append",
-        default=[],
         type=seed_endpoint,
         metavar="ENDPOINT",
         help="tcp://HOST:PORT of a node to join through (repeatable)",

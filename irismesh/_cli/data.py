@@ -5,18 +5,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import signal
 from typing import Any
 
 from irismesh._cli.base import (
     CommandError,
-    MeshArgumentParser,
+    Commands,
     add_command,
+    add_family,
     add_joining_options,
     add_json_option,
     load_keyring,
     make_node,
     print_json,
+    stop_on_signals,
     topic_name,
     topic_pattern,
 )
@@ -25,8 +26,8 @@ from irismesh.errors import MembershipTimeout
 TYPES = ("counter", "set", "register", "flag", "map")
 
 
-def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
-    family = add_command(
+def register(commands: Commands) -> None:
+    actions = add_family(
         commands,
         "data",
         summary="read, change and watch the mesh's replicated counters, sets and registers",
@@ -46,9 +47,7 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
             "  mesh data set flags.beta on --type flag\n"
             "  mesh data watch 'flags.#'"
         ),
-        run=None,
     )
-    actions = family.add_subparsers(dest="action", required=True, metavar="ACTION")
     for name, summary, value in (
         ("get", "print a key's value", None),
         ("add", "add N to a counter (default 1), or an element to a set", "VALUE"),
@@ -120,10 +119,8 @@ async def run_change(args: argparse.Namespace) -> int:
 
 async def run_watch(args: argparse.Namespace) -> int:
     keys = load_keyring(args.keys)
-    stop = asyncio.Event()
+    stop = stop_on_signals()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     async with make_node(args, keys) as node, node.data.watch(args.pattern) as watch:
         stopping = loop.create_task(stop.wait())
         while True:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import time
 
 from rich.table import Table
@@ -19,16 +18,17 @@ import irismesh
 from irismesh._cli.base import (
     SETTLED_FOR,
     CommandError,
+    Commands,
     MeshArgumentParser,
     add_command,
-    add_joining_options,
     add_json_option,
+    add_member_wait_options,
+    add_timeout_option,
+    client_keyring,
     cluster_name,
-    load_keyring,
     make_node,
     print_json,
-    require_discovery,
-    seconds,
+    read_payload,
     short_id,
     stderr_console,
     stdout_console,
@@ -41,7 +41,7 @@ ANSWER_LINES = 3
 ANSWER_CHARS = 100
 
 
-def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
+def register(commands: Commands) -> None:
     broadcast = add_command(
         commands,
         "broadcast",
@@ -97,16 +97,8 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
 def _add_message_arguments(parser: MeshArgumentParser, what: str, waiting: str) -> None:
     parser.add_argument("cluster", type=cluster_name, metavar="CLUSTER")
     parser.add_argument("payload", metavar="PAYLOAD", help=f"the {what}; '-' reads stdin")
-    parser.add_argument(
-        "--timeout",
-        type=seconds,
-        default=5.0,
-        metavar="SECONDS",
-        help=f"most seconds to wait {waiting} (default: %(default)s)",
-    )
-    add_joining_options(
-        parser, wait=3.0, wait_help="seconds to wait for a member of CLUSTER to appear"
-    )
+    add_timeout_option(parser, f"most seconds to wait {waiting}")
+    add_member_wait_options(parser)
 
 
 # ----------------------------------------------------------------- running
@@ -182,11 +174,7 @@ async def run_survey(args: argparse.Namespace) -> int:
 
 def _prepare(args: argparse.Namespace) -> tuple[irismesh.Keyring, bytes]:
     """The keyring and the payload, once all that can be checked before joining is checked."""
-    keys = load_keyring(args.keys)
-    require_discovery(args)
-    keys.require(args.cluster)  # no key for it: say so now, not after --wait seconds
-    payload: str = args.payload
-    return keys, sys.stdin.buffer.read() if payload == "-" else payload.encode()
+    return client_keyring(args, args.cluster), read_payload(args.payload)
 
 
 async def gather_members(node: irismesh.Node, args: argparse.Namespace, cluster: str) -> list[str]:

@@ -18,17 +18,19 @@ from irismesh import _env
 from irismesh._cli.base import (
     USAGE_ERROR,
     CommandError,
-    MeshArgumentParser,
+    Commands,
     add_command,
     add_joining_options,
     add_json_option,
     add_metrics_option,
+    add_repeatable,
     load_keyring,
     positive_int,
     print_json,
     reload_keys_on_hangup,
     seed_endpoint,
     short_id,
+    stop_on_signals,
     topic_pattern,
     window_size,
 )
@@ -103,7 +105,7 @@ def joined_mesh(text: str) -> Joined:
     return joined
 
 
-def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
+def register(commands: Commands) -> None:
     parser = add_command(
         commands,
         "gateway",
@@ -149,25 +151,22 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
     parser.add_argument(
         "--listen", metavar="ENDPOINT", help="tcp://HOST:PORT where peer gateways dial in"
     )
-    parser.add_argument(
+    add_repeatable(
+        parser,
         "--peer",
-        action="append",
-        default=[],
         metavar="ENDPOINT",
         help="tcp://HOST:PORT of a peer gateway to dial (repeatable)",
     )
-    parser.add_argument(
+    add_repeatable(
+        parser,
         "--export",
-        action="append",
-        default=[],
         type=_names,
         metavar="CLUSTERS",
         help="clusters that leave this mesh, comma-separated (repeatable)",
     )
-    parser.add_argument(
+    add_repeatable(
+        parser,
         "--topics",
-        action="append",
-        default=[],
         type=topic_pattern,
         metavar="PATTERN",
         help="a topic pattern whose messages leave this mesh (repeatable)",
@@ -179,10 +178,9 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
         metavar="N",
         help="messages kept per link while it is down (default: %(default)s)",
     )
-    parser.add_argument(
+    add_repeatable(
+        parser,
         "--join",
-        action="append",
-        default=[],
         type=joined_mesh,
         metavar="'NAME;keys=FILE;...'",
         help=f"another mesh this process joins, linked in-process (repeatable); {_JOIN_FIELDS}",
@@ -236,10 +234,7 @@ async def run_gateway(args: argparse.Namespace) -> int:
     _check(args)
     keys = load_keyring(args.keys)
     link_keys = None if args.link_keys is None else irismesh.Keyring.load(args.link_keys)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     if args.metrics is not None:
         from irismesh.telemetry import metrics_endpoint
 
@@ -304,7 +299,7 @@ async def run_gateway(args: argparse.Namespace) -> int:
             if not (gateway.reload_link_keyring() or node_keys):
                 logging.getLogger("irismesh.keyring").info("keyrings unchanged: keys in use kept")
 
-        loop.add_signal_handler(signal.SIGHUP, hangup)
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, hangup)
         # What the process made to start (modules, keys) stays out of the collector's passes,
         # which otherwise cost a gateway about 5% of its CPU per request, traversing it anew.
         gc.freeze()

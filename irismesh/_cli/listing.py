@@ -19,16 +19,17 @@ import irismesh
 from irismesh._cli.base import (
     USAGE_ERROR,
     CommandError,
+    Commands,
     MeshArgumentParser,
     add_command,
     add_joining_options,
     add_json_option,
+    add_repeatable,
+    client_keyring,
     cluster_name,
-    load_keyring,
     make_node,
     ms,
     print_json,
-    require_discovery,
     settle,
     short_id,
     stdout_console,
@@ -51,7 +52,7 @@ class ClusterView:
     announced: tuple[str, ...] = ()  # members heard of by discovery only, not peers here
 
 
-def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
+def register(commands: Commands) -> None:
     peers = add_command(
         commands,
         "peers",
@@ -97,10 +98,9 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
 
 
 def add_cluster_option(parser: MeshArgumentParser) -> None:
-    parser.add_argument(
+    add_repeatable(
+        parser,
         "--cluster",
-        action="append",
-        default=[],
         type=cluster_name,
         metavar="C",
         help="a cluster to look for besides the keyring's own scopes (repeatable)",
@@ -249,8 +249,7 @@ def nobody_answered(args: argparse.Namespace) -> CommandError:
 
 
 async def run_peers(args: argparse.Namespace) -> int:
-    keys = load_keyring(args.keys)
-    require_discovery(args)
+    keys = client_keyring(args)
     names = cluster_names(keys, [])
     async with make_node(args, keys) as node:
         await settle(node, args.wait)
@@ -270,8 +269,7 @@ async def run_peers(args: argparse.Namespace) -> int:
 
 
 async def run_clusters(args: argparse.Namespace) -> int:
-    keys = load_keyring(args.keys)
-    require_discovery(args)
+    keys = client_keyring(args)
     names = cluster_names(keys, args.cluster)
     if not names and not args.survey:
         raise CommandError(

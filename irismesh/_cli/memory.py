@@ -3,31 +3,30 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import signal
 from pathlib import Path
 
 from irismesh._cli.base import (
-    MeshArgumentParser,
+    Commands,
     add_command,
     add_joining_options,
     add_json_option,
     add_metrics_option,
+    client_keyring,
+    cluster_client,
     load_keyring,
     make_node,
     positive_int,
     print_json,
     reload_keys_on_hangup,
-    require_discovery,
     short_id,
+    stop_on_signals,
     text_fields,
     topic_pattern,
-    wait_for_cluster,
 )
 from irismesh.memory.service import MEMORY_CLUSTER
 
 
-def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
+def register(commands: Commands) -> None:
     memory = add_command(
         commands,
         "memory",
@@ -95,10 +94,7 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
 
 async def run_memory(args: argparse.Namespace) -> int:
     keys = load_keyring(args.keys)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     async with make_node(args, keys, memory=args.data, memory_sync=args.sync) as node:
         reload_keys_on_hangup(node)
         await node.caught_up()  # what the others stored meanwhile, before saying it is ready
@@ -127,10 +123,8 @@ async def run_memory(args: argparse.Namespace) -> int:
 
 
 async def run_reread(args: argparse.Namespace) -> int:
-    keys = load_keyring(args.keys)
-    require_discovery(args)
-    async with make_node(args, keys) as node:
-        await wait_for_cluster(node, args, MEMORY_CLUSTER)
+    keys = client_keyring(args)
+    async with cluster_client(args, keys, MEMORY_CLUSTER) as node:
         found = await node.reread(args.pattern, latest=args.latest, timeout=args.wait)
     for message in found:
         if args.json:

@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -23,24 +22,26 @@ import irismesh
 from irismesh._cli.base import (
     USAGE_ERROR,
     CommandError,
-    MeshArgumentParser,
+    Commands,
     StdinReader,
     StdoutWriter,
     add_command,
     add_joining_options,
     add_json_option,
     add_priority_option,
+    add_timeout_option,
+    client_keyring,
     load_keyring,
     make_node,
     positive_int,
     positive_number,
     print_json,
     reload_keys_on_hangup,
-    require_discovery,
     seconds,
     settle,
     short_id,
     stderr_console,
+    stop_on_signals,
     text_fields,
     topic_name,
     topic_pattern,
@@ -54,7 +55,7 @@ from irismesh.memory.service import MEMORY_CLUSTER
 from irismesh.patterns.pubsub import POLICIES, Message, Subscription
 
 
-def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
+def register(commands: Commands) -> None:
     publish = add_command(
         commands,
         "publish",
@@ -116,13 +117,7 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
         metavar="N",
         help="first wait (up to --wait) until N nodes subscribed to TOPIC",
     )
-    publish.add_argument(
-        "--timeout",
-        type=seconds,
-        default=5.0,
-        metavar="SECONDS",
-        help="most seconds a publish waits for room at a slow subscriber (default: %(default)s)",
-    )
+    add_timeout_option(publish, "most seconds a publish waits for room at a slow subscriber")
     add_priority_option(
         publish, "publishes waiting for a slow subscriber's room go highest priority first"
     )
@@ -192,9 +187,7 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
 
 
 async def run_publish(args: argparse.Namespace) -> int:
-    keys = load_keyring(args.keys)
-    require_discovery(args)
-    keys.require(topic_scope(args.topic) or "*")  # no key for it: say so now, not later
+    keys = client_keyring(args, topic_scope(args.topic) or "*")
     limit = irismesh.CoreConfig().max_payload
     if args.payload != "-" and len(args.payload.encode()) > limit:
         raise CommandError(
@@ -336,10 +329,7 @@ async def run_subscribe(args: argparse.Namespace) -> int:
     scope = topic_scope(args.pattern)
     if scope is not None:
         keys.require(scope)  # its publishers seal under that key: without it nothing opens
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     async with make_node(args, keys) as node:
         reload_keys_on_hangup(node)
         sub = node.subscribe(args.pattern, policy=args.policy, maxsize=args.maxsize)

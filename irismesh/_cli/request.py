@@ -7,24 +7,23 @@ import sys
 import time
 
 from irismesh._cli.base import (
-    MeshArgumentParser,
+    Commands,
     add_command,
-    add_joining_options,
     add_json_option,
+    add_member_wait_options,
     add_priority_option,
+    add_timeout_option,
+    client_keyring,
+    cluster_client,
     cluster_name,
-    load_keyring,
-    make_node,
     positive_int,
     print_json,
-    require_discovery,
-    seconds,
+    read_payload,
     text_fields,
-    wait_for_cluster,
 )
 
 
-def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
+def register(commands: Commands) -> None:
     parser = add_command(
         commands,
         "request",
@@ -51,29 +50,18 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
     parser.add_argument(
         "--count", type=positive_int, default=1, metavar="N", help="send N requests in turn"
     )
-    parser.add_argument(
-        "--timeout",
-        type=seconds,
-        default=5.0,
-        metavar="SECONDS",
-        help="per request (default: %(default)s)",
-    )
+    add_timeout_option(parser, "per request")
     add_priority_option(
         parser, "a busy member serves higher priorities first and turns lower ones away first"
     )
-    add_joining_options(
-        parser, wait=3.0, wait_help="seconds to wait for a member of CLUSTER to appear"
-    )
+    add_member_wait_options(parser)
     add_json_option(parser, "one JSON object per reply")
 
 
 async def run_request(args: argparse.Namespace) -> int:
-    keys = load_keyring(args.keys)
-    require_discovery(args)
-    keys.require(args.cluster)  # no key for it: say so now, not after --wait seconds
-    payload = sys.stdin.buffer.read() if args.payload == "-" else args.payload.encode()
-    async with make_node(args, keys) as node:
-        await wait_for_cluster(node, args, args.cluster)
+    keys = client_keyring(args, args.cluster)
+    payload = read_payload(args.payload)
+    async with cluster_client(args, keys, args.cluster) as node:
         for _ in range(args.count):
             started = time.perf_counter()
             reply = await node.request(

@@ -23,7 +23,7 @@ import irismesh
 from irismesh._cli.base import (
     USAGE_ERROR,
     CommandError,
-    MeshArgumentParser,
+    Commands,
     add_command,
     add_joining_options,
     add_json_option,
@@ -37,13 +37,14 @@ from irismesh._cli.base import (
     reload_keys_on_hangup,
     seconds,
     short_id,
+    stop_on_signals,
     text_fields,
     version_name,
 )
 from irismesh._cli.tunnel import BLOCK
 
 
-def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
+def register(commands: Commands) -> None:
     parser = add_command(
         commands,
         "node",
@@ -233,10 +234,7 @@ async def run_node(args: argparse.Namespace) -> int:
             )
         )
     # Before the first line: whoever reads it may signal this node at once.
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     async with make_node(args, keys, clusters, args.name, version=args.version) as node:
         reload_keys_on_hangup(node)
         if handler is not None:

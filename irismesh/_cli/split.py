@@ -8,25 +8,23 @@ import datetime
 from irismesh._cli.base import (
     USAGE_ERROR,
     CommandError,
-    MeshArgumentParser,
+    Commands,
     add_command,
-    add_joining_options,
     add_json_option,
+    add_member_wait_options,
+    add_timeout_option,
+    client_keyring,
+    cluster_client,
     cluster_name,
-    load_keyring,
-    make_node,
     print_json,
-    require_discovery,
-    seconds,
     settle,
-    wait_for_cluster,
 )
 from irismesh._core.split import MAX_WEIGHT, check_weights, validate_version
 from irismesh.errors import ConfigurationError
 from irismesh.patterns.split import SplitView
 
 
-def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
+def register(commands: Commands) -> None:
     parser = add_command(
         commands,
         "split",
@@ -65,16 +63,8 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
         help="the share of each version (whole numbers, relative)",
     )
     parser.add_argument("--clear", action="store_true", help="clear the cluster's split")
-    parser.add_argument(
-        "--timeout",
-        type=seconds,
-        default=5.0,
-        metavar="SECONDS",
-        help="most seconds to wait for every member to carry it (default: %(default)s)",
-    )
-    add_joining_options(
-        parser, wait=3.0, wait_help="seconds to wait for a member of CLUSTER to appear"
-    )
+    add_timeout_option(parser, "most seconds to wait for every member to carry it")
+    add_member_wait_options(parser)
     add_json_option(parser, "the split as a JSON object")
 
 
@@ -107,11 +97,8 @@ async def run_split(args: argparse.Namespace) -> int:
         raise CommandError("a version is named twice", USAGE_ERROR)
     if weights:
         check_weights(weights)  # a split that cannot be: say so now, not after joining
-    keys = load_keyring(args.keys)
-    require_discovery(args)
-    keys.require(args.cluster)
-    async with make_node(args, keys) as node:
-        await wait_for_cluster(node, args, args.cluster)
+    keys = client_keyring(args, args.cluster)
+    async with cluster_client(args, keys, args.cluster) as node:
         await settle(node, args.wait)  # every member known: its version, the split it carries
         carrying: int | None = None
         if args.clear:

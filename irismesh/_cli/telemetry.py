@@ -9,18 +9,16 @@ trace. Spark is imported only when the report runs, so `mesh` itself starts as f
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import os
 import re
-import shutil
 from pathlib import Path
 
 from irismesh._cli.base import (
     USAGE_ERROR,
     CommandError,
-    MeshArgumentParser,
+    Commands,
     add_command,
+    add_family,
     add_json_option,
     positive_int,
     print_json,
@@ -31,8 +29,8 @@ _HOST_PORT = r"[^\s:/,\[\]]+:\d{1,5}"
 _MASTER = re.compile(rf"local(\[(\*|[1-9]\d*)(,[1-9]\d*)?\])?|spark://{_HOST_PORT}(,{_HOST_PORT})*")
 
 
-def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
-    telemetry = add_command(
+def register(commands: Commands) -> None:
+    family = add_family(
         commands,
         "telemetry",
         summary="analyse the telemetry that nodes spool to disk (needs PySpark and Java)",
@@ -48,9 +46,9 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
             "  mesh telemetry report --spool /var/spool/irismesh --out report\n"
             "  mesh telemetry report --spool spool --out report --master spark://10.0.0.5:7077"
         ),
-        run=None,
+        dest="telemetry_command",
+        metavar="COMMAND",
     )
-    family = telemetry.add_subparsers(dest="telemetry_command", required=True, metavar="COMMAND")
     register_collect(family)
     report = add_command(
         family,
@@ -139,6 +137,7 @@ def run_report(args: argparse.Namespace) -> int:
         raise CommandError(f"--out {out} exists and is not a directory", USAGE_ERROR)
     require_spark()
     from irismesh.spark_telemetry.cli import main as spark_main
+    from irismesh.spark_telemetry.cli import spark_failures
 
     argv = ["report", "--spool", str(spool), "--out", str(out), "--master", args.master]
     argv += ["--top", str(args.top)]
@@ -175,27 +174,9 @@ def run_report(args: argparse.Namespace) -> int:
 
 def require_spark() -> None:
     """PySpark (with pyarrow) importable and a Java to run it, or one line saying what to do."""
-    missing = [name for name in ("pyspark", "pyarrow") if importlib.util.find_spec(name) is None]
-    if missing:
-        raise CommandError(
-            f"{' and '.join(missing)} not installed: pip install 'irismesh[spark]'", USAGE_ERROR
-        )
-    home = os.environ.get("JAVA_HOME")
-    if home:
-        java = Path(home) / "bin" / "java"
-        if not os.access(java, os.X_OK):
-            raise CommandError(f"JAVA_HOME={home} has no bin/java: fix or unset it", USAGE_ERROR)
-    elif shutil.which("java") is None:
-        raise CommandError(
-            "Java not found on PATH: Spark needs a JRE 17 or later "
-            "(apt-get install openjdk-17-jre-headless), or set JAVA_HOME",
-            USAGE_ERROR,
-        )
+    from irismesh.spark_telemetry import cli as spark_cli
 
-
-def spark_failures() -> tuple[type[Exception], ...]:
-    """The exceptions by which PySpark says Spark failed (no JVM, a job, the master)."""
-    from py4j.protocol import Py4JError  # type: ignore[import-untyped]  # no stubs
-    from pyspark.errors import PySparkException
-
-    return (PySparkException, Py4JError)
+    try:
+        spark_cli.require(("pyspark", "pyarrow"))
+    except spark_cli.CommandFailed as exc:
+        raise CommandError(str(exc), USAGE_ERROR) from None

@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import signal
 import sys
 import termios
 import time
@@ -28,18 +27,19 @@ from rich.text import Text
 
 import irismesh
 from irismesh._cli.base import (
-    MeshArgumentParser,
+    Commands,
     add_command,
     add_joining_options,
     add_json_option,
-    load_keyring,
+    add_repeatable,
+    client_keyring,
     make_node,
     print_json,
-    require_discovery,
     seconds,
     settle,
     short_id,
     stdout_console,
+    stop_on_signals,
     where,
 )
 from irismesh._cli.listing import (
@@ -70,7 +70,7 @@ GAUGES = frozenset(
 )
 
 
-def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
+def register(commands: Commands) -> None:
     parser = add_command(
         commands,
         "top",
@@ -99,10 +99,9 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
         help="seconds between frames (default: %(default)s)",
     )
     parser.add_argument("--once", action="store_true", help="print one frame and exit")
-    parser.add_argument(
+    add_repeatable(
+        parser,
         "--subscribe",
-        action="append",
-        default=[],
         metavar="PATTERN",
         help=(
             "also subscribe to PATTERN (repeatable; messages are counted, then dropped), so the"
@@ -401,8 +400,7 @@ def keypresses(loop: asyncio.AbstractEventLoop, quit_: Callable[[], None]) -> It
 
 
 async def run_top(args: argparse.Namespace) -> int:
-    keys = load_keyring(args.keys)
-    require_discovery(args)
+    keys = client_keyring(args)
     names = cluster_names(keys, args.cluster)
     async with make_node(args, keys) as node:
         for pattern in args.subscribe:
@@ -420,10 +418,7 @@ async def run_top(args: argparse.Namespace) -> int:
             else:
                 console.print(render(frame, args, live=False))
             return 0
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        stop = stop_on_signals()
 
         async def tick() -> bool:
             """Wait one interval; False once asked to stop."""
@@ -444,7 +439,7 @@ async def run_top(args: argparse.Namespace) -> int:
                 if not await tick():
                     return 0
         with (
-            keypresses(loop, stop.set),
+            keypresses(asyncio.get_running_loop(), stop.set),
             Live(console=console, screen=True, auto_refresh=False) as view,
         ):
             while True:

@@ -19,25 +19,23 @@ from collections.abc import AsyncIterator
 import irismesh
 from irismesh._cli.base import (
     CommandError,
-    MeshArgumentParser,
+    Commands,
     StdinReader,
     StdoutWriter,
     add_command,
-    add_joining_options,
+    add_member_wait_options,
+    add_timeout_option,
+    client_keyring,
+    cluster_client,
     cluster_name,
-    load_keyring,
-    make_node,
-    require_discovery,
-    seconds,
     stderr_console,
-    wait_for_cluster,
 )
 from irismesh.errors import EndOfStream, RequestTimeout, TunnelReset
 
 BLOCK = 64 << 10  # bytes read from stdin at a time: one tunnel message (one chunk on the wire)
 
 
-def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
+def register(commands: Commands) -> None:
     parser = add_command(
         commands,
         "tunnel",
@@ -68,27 +66,16 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
         run=run_tunnel,
     )
     parser.add_argument("cluster", type=cluster_name, metavar="CLUSTER")
-    parser.add_argument(
-        "--timeout",
-        type=seconds,
-        default=5.0,
-        metavar="SECONDS",
-        help="most seconds for the member to accept the tunnel (default: %(default)s)",
-    )
-    add_joining_options(
-        parser, wait=3.0, wait_help="seconds to wait for a member of CLUSTER to appear"
-    )
+    add_timeout_option(parser, "most seconds for the member to accept the tunnel")
+    add_member_wait_options(parser)
 
 
 # ----------------------------------------------------------------- the caller
 
 
 async def run_tunnel(args: argparse.Namespace) -> int:
-    keys = load_keyring(args.keys)
-    require_discovery(args)
-    keys.require(args.cluster)  # no key for it: say so now, not after --wait seconds
-    async with make_node(args, keys) as node:
-        await wait_for_cluster(node, args, args.cluster)
+    keys = client_keyring(args, args.cluster)
+    async with cluster_client(args, keys, args.cluster) as node:
         try:
             tunnel = await node.tunnel(args.cluster, timeout=args.timeout)
         except RequestTimeout:

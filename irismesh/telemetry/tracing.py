@@ -212,25 +212,24 @@ class Tracing:
         context = None
         if parent and not self._trace.get_current_span().get_span_context().is_valid:
             context = self.extract(parent)
-        span = self._tracer.start_span(
-            f"{cluster}/{method}",
-            context=context,
-            kind=self._client,
-            attributes={"rpc.system": SYSTEM, "rpc.service": cluster, "rpc.method": method},
-        )
+        span = self._rpc_span(cluster, method, context, self._client)
         return span, self._context_bytes(span)
 
     def serve(self, cluster: str, method: str, trace: bytes) -> tuple[Span, object]:
         """A SERVER span for a call that came with context `trace`, made the current context
         (for the handler's run): the span, and the token `leave` takes to detach it."""
         parent = self.extract(trace)
-        span = self._tracer.start_span(
+        span = self._rpc_span(cluster, method, parent, self._server)
+        return span, self._attach(self._trace.set_span_in_context(span, parent))
+
+    def _rpc_span(self, cluster: str, method: str, context: Any, kind: Any) -> Span:
+        """A span of an RPC (OpenTelemetry's semantic conventions) on `cluster`'s `method`."""
+        return self._tracer.start_span(
             f"{cluster}/{method}",
-            context=parent,
-            kind=self._server,
+            context=context,
+            kind=kind,
             attributes={"rpc.system": SYSTEM, "rpc.service": cluster, "rpc.method": method},
         )
-        return span, self._attach(self._trace.set_span_in_context(span, parent))
 
     def leave(self, token: object) -> None:
         """Detach what `serve` (or `process`) attached."""
@@ -249,34 +248,42 @@ class Tracing:
 
     def publish(self, topic: str) -> tuple[Span, bytes]:
         """A PRODUCER span for a publish on `topic`, and the context to send with it."""
-        span = self._tracer.start_span(
-            f"publish {topic}",
-            kind=self._producer,
-            attributes={
-                "messaging.system": SYSTEM,
-                "messaging.destination.name": topic,
-                "messaging.operation.type": "publish",
-                "messaging.operation.name": "publish",
-            },
-        )
+        span = self._messaging_span("publish", topic, None, self._producer)
         return span, self._context_bytes(span)
 
     def process(self, topic: str, trace: bytes, publisher: str) -> tuple[Span, object, bytes]:
         """A CONSUMER span for a message delivered with context `trace`, made the current
         context: the span, the token `leave` takes, and the span's context (for the message)."""
         parent = self.extract(trace)
-        span = self._tracer.start_span(
-            f"process {topic}",
-            context=parent,
-            kind=self._consumer,
-            attributes={
-                "messaging.system": SYSTEM,
-                "messaging.destination.name": topic,
-                "messaging.operation.type": "process",
-                "messaging.operation.name": "process",
-                "messaging.client.id": self.node_name,
-                "irismesh.publisher": publisher,
-            },
+        span = self._messaging_span(
+            "process",
+            topic,
+            parent,
+            self._consumer,
+            {"messaging.client.id": self.node_name, "irismesh.publisher": publisher},
         )
         token = self._attach(self._trace.set_span_in_context(span, parent))
         return span, token, self._context_bytes(span) or trace
+
+    def _messaging_span(
+        self,
+        operation: str,
+        topic: str,
+        context: Any,
+        kind: Any,
+        more: dict[str, str] | None = None,
+    ) -> Span:
+        """A span of a messaging `operation` (OpenTelemetry's semantic conventions) on `topic`,
+        with the attributes `more` besides."""
+        attributes = {
+            "messaging.system": SYSTEM,
+            "messaging.destination.name": topic,
+            "messaging.operation.type": operation,
+            "messaging.operation.name": operation,
+        }
+        return self._tracer.start_span(
+            f"{operation} {topic}",
+            context=context,
+            kind=kind,
+            attributes=attributes if more is None else attributes | more,
+        )

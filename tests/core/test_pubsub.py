@@ -184,6 +184,18 @@ def test_publish_checks_the_payload_size_and_the_topic_key() -> None:
     assert pub.core.publish("db.x", b"ok") == 0
 
 
+def intruder_linked_to_insider(net: MemNet) -> tuple[MemNode, MemNode]:
+    """An intruder holding only the default key, linked to an insider (who holds the "secret"
+    key and subscribes to everything) as a publisher of "secret.orders"."""
+    _publisher_keys, insider_keys, outsider_keys = keyrings(net)
+    intruder = net.add("intruder", keyring=outsider_keys)
+    insider = net.add("insider", seeds=[intruder], keyring=insider_keys)
+    net.advance(0.5)
+    subscribe(net, insider, "#")
+    linked_for(net, intruder, "secret.orders")
+    return intruder, insider
+
+
 def keyrings(net: MemNet) -> tuple[Keyring, Keyring, Keyring]:
     """A default key all share; "secret" topics keyed apart, held by `insider` and `publisher`."""
     base = Keyring.generate(["*", "secret"], randbytes=net.rng.randbytes)
@@ -228,12 +240,7 @@ def test_a_topic_with_a_key_of_its_own_reaches_only_holders_of_that_key() -> Non
 
 def test_a_default_key_holder_cannot_inject_into_a_scope_keyed_apart() -> None:
     net = MemNet(seed=9, config=CONFIG)
-    _publisher_keys, insider_keys, outsider_keys = keyrings(net)
-    intruder = net.add("intruder", keyring=outsider_keys)
-    insider = net.add("insider", seeds=[intruder], keyring=insider_keys)
-    net.advance(0.5)
-    subscribe(net, insider, "#")
-    linked_for(net, intruder, "secret.orders")
+    intruder, insider = intruder_linked_to_insider(net)
     [link] = intruder.core.peers()
     # The intruder publishes "secret.*" under the default key (all it has); the insider's
     # interest makes it try. It must be refused, and cost the intruder nothing it can use.
@@ -249,12 +256,7 @@ def test_a_default_key_holder_cannot_inject_into_a_scope_keyed_apart() -> None:
 @pytest.mark.parametrize("runs", [True, False], ids=["runs", "batches"])
 def test_a_batch_delivers_its_good_messages_in_order_around_the_refused_ones(runs: bool) -> None:
     net = MemNet(seed=10, config=CONFIG)
-    _publisher_keys, insider_keys, outsider_keys = keyrings(net)
-    intruder = net.add("intruder", keyring=outsider_keys)
-    insider = net.add("insider", seeds=[intruder], keyring=insider_keys)
-    net.advance(0.5)
-    subscribe(net, insider, "#")
-    linked_for(net, intruder, "secret.orders")
+    intruder, insider = intruder_linked_to_insider(net)
     intruder.core.batching = True
     for link in intruder.core.peers():
         link.pub_runs = runs

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import MESH, assert_error, run_all
+from helpers import MESH, assert_error, assert_usage_errors, kill_all, run_all
 
 import irismesh
 from irismesh import cli
@@ -113,11 +113,7 @@ class Processes:
         return "\n".join(lines)
 
     def close(self) -> None:
-        for proc, _ in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-        for proc, _ in self.procs:
-            proc.communicate(timeout=10)
+        kill_all((proc for proc, _ in self.procs), drain=True)
 
 
 @pytest.fixture(scope="module")
@@ -471,19 +467,7 @@ def test_more_user_mistakes(
         (["bench", *seed, "echo", "--size", "99999999"], "--size: must be between"),
         (["bench", *seed, "echo", "-c", "1.5"], "must be a whole number"),
     ]
-    failures = []
-    for argv, fragment in cases:
-        try:
-            status = cli.main(argv)
-        except SystemExit as exit_:  # argparse's own errors
-            status = exit_.code
-        err = capsys.readouterr().err
-        lines = err.splitlines()
-        if status != 2 or len(lines) != 1 or not lines[0].startswith("mesh: "):
-            failures.append(f"mesh {' '.join(argv)}: status {status}, stderr {err!r}")
-        elif fragment not in lines[0]:
-            failures.append(f"mesh {' '.join(argv)}: {fragment!r} not in {lines[0]!r}")
-    assert not failures, "\n".join(failures)
+    assert_usage_errors(cases, capsys)
 
 
 def test_mesh_refusals_are_one_line_and_exit_1(mesh: Mesh, tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from helpers import MESH, assert_error, run_all, wait_until_sync
+from helpers import MESH, assert_error, assert_usage_errors, kill_all, run_all, wait_until_sync
 
 import irismesh
 from irismesh import cli
@@ -97,11 +97,7 @@ class Members:
         return member
 
     def close(self) -> None:
-        for member in self.started:
-            if member.proc.poll() is None:
-                member.proc.kill()
-        for member in self.started:
-            member.proc.wait(timeout=10)
+        kill_all(member.proc for member in self.started)
 
 
 @dataclass
@@ -359,16 +355,4 @@ def test_more_fanout_user_mistakes(
         (["broadcast", *seed, "fan", "x", "--wait", "-1"], "--wait: must be zero or more"),
         (["survey", *seed], "required: CLUSTER, PAYLOAD"),
     ]
-    failures = []
-    for argv, fragment in cases:
-        try:
-            status = cli.main(argv)
-        except SystemExit as exit_:  # argparse's own errors
-            status = exit_.code
-        captured = capsys.readouterr()
-        lines = captured.err.splitlines()
-        if status != 2 or len(lines) != 1 or not lines[0].startswith("mesh: ") or captured.out:
-            failures.append(f"mesh {' '.join(argv)}: status {status}, {captured!r}")
-        elif fragment not in lines[0]:
-            failures.append(f"mesh {' '.join(argv)}: {fragment!r} not in {lines[0]!r}")
-    assert not failures, "\n".join(failures)
+    assert_usage_errors(cases, capsys)

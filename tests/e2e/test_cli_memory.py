@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import MESH
+from helpers import MESH, kill_all
 
 import irismesh
 
@@ -143,7 +143,4 @@ def test_a_memory_member_killed_while_publishing_loses_no_retained_message(
     try:
         asyncio.run(asyncio.wait_for(main(), 90))
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(timeout=10)
+        kill_all(procs)

@@ -9,6 +9,7 @@ publishers use --wait-subscribers, so nothing is published before the interest a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from helpers import MESH, run_all, wait_until_sync
+from helpers import MESH, assert_usage_errors, run_all, wait_until_sync
 
 import irismesh
 from irismesh import cli
@@ -161,11 +162,8 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
 
 @pytest.fixture
 def subscribers(mesh: Mesh) -> Iterator[Subscribers]:
-    group = Subscribers(mesh)
-    try:
+    with contextlib.closing(Subscribers(mesh)) as group:
         yield group
-    finally:
-        group.close()
 
 
 def one_line_error(status: int, err: str | bytes, expected: int, *fragments: str) -> None:
@@ -353,17 +351,4 @@ def test_more_user_mistakes(
         (["node", "--cluster", "t", "--tunnel-exec", "no-such-program-here"], "not found"),
         (["node", "--cluster", "t", "--tunnel-exec", "'unclosed"], "bad --tunnel-exec command"),
     ]
-    failures = []
-    for argv, fragment in cases:
-        status: int | str | None
-        try:
-            status = cli.main(argv)
-        except SystemExit as exit_:  # argparse's own errors
-            status = exit_.code
-        captured = capsys.readouterr()
-        lines = captured.err.splitlines()
-        if status != 2 or len(lines) != 1 or not lines[0].startswith("mesh: ") or captured.out:
-            failures.append(f"mesh {' '.join(argv)}: status {status}, {captured!r}")
-        elif fragment not in lines[0]:
-            failures.append(f"mesh {' '.join(argv)}: {fragment!r} not in {lines[0]!r}")
-    assert not failures, "\n".join(failures)
+    assert_usage_errors(cases, capsys)

@@ -8,6 +8,7 @@ the callers' loop keeps running, so the test sees when each caller applies what 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -18,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import MESH, run_all, wait_until
+from helpers import MESH, kill_all, run_all, wait_until
 
 import irismesh
 
@@ -47,11 +48,7 @@ class Members:
         return proc
 
     def close(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-        for proc in self.procs:
-            proc.wait(timeout=10)
+        kill_all(self.procs)
 
 
 @pytest.fixture
@@ -63,11 +60,8 @@ def env(keyfile: Path) -> dict[str, str]:
 
 @pytest.fixture
 def members(env: dict[str, str]) -> Iterator[Members]:
-    group = Members(env)
-    try:
+    with contextlib.closing(Members(env)) as group:
         yield group
-    finally:
-        group.close()
 
 
 async def mesh_split(env: dict[str, str], seed: str, *args: str) -> str:

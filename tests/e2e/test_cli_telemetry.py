@@ -9,56 +9,12 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from helpers import MESH
+from helpers import MESH, assert_usage_errors, run_all
 
 from irismesh import cli
-
-
-def assert_error(result: subprocess.CompletedProcess[str], status: int, fragment: str) -> None:
-    """One line `mesh: ...` on stderr, the right exit status, no traceback, nothing on stdout."""
-    where = f"stdout={result.stdout!r} stderr={result.stderr!r}"
-    assert result.returncode == status, where
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, where
-    assert lines[0].startswith("mesh: "), where
-    assert fragment in lines[0], where
-    assert "Traceback" not in result.stderr
-    assert result.stdout == "", where
-
-
-def run_all(cases: Sequence[tuple[Sequence[str], str]], env: dict[str, str]) -> None:
-    """Each (argv, fragment) in a process of its own, all at once; each must exit 2."""
-    procs = [
-        subprocess.Popen(
-            [*MESH, *argv],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for argv, _ in cases
-    ]
-    failures = []
-    try:
-        for proc, (argv, fragment) in zip(procs, cases, strict=True):
-            out, err = proc.communicate(timeout=30)
-            try:
-                assert_error(
-                    subprocess.CompletedProcess(argv, proc.returncode, out, err), 2, fragment
-                )
-            except AssertionError as exc:
-                failures.append(f"mesh {' '.join(argv)}: {exc}")
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-    assert not failures, "\n".join(failures)
 
 
 def test_telemetry_report_explains_itself(capsys: pytest.CaptureFixture[str]) -> None:
@@ -86,10 +42,10 @@ def test_telemetry_report_refuses_a_missing_spool_or_java_in_one_line(tmp_path: 
     # No Java: nothing on PATH (the interpreter is named by its full path) and no JAVA_HOME.
     no_java = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"} | {"PATH": str(tmp_path)}
     if importlib.util.find_spec("pyspark") is None:  # PySpark is the first thing it looks for
-        java_case = (report, "not installed: pip install 'irismesh[spark]'")
+        java_case = (report, 2, "not installed: pip install 'irismesh[spark]'")
     else:
-        java_case = (report, "Java not found on PATH")
-    run_all([(missing, f"spool directory {tmp_path / 'none'} does not exist")], dict(os.environ))
+        java_case = (report, 2, "Java not found on PATH")
+    run_all([(missing, 2, f"spool directory {tmp_path / 'none'} does not exist")], dict(os.environ))
     run_all([java_case], no_java)
     assert not out.exists()  # refused before anything was written
 
@@ -119,19 +75,7 @@ def test_more_telemetry_report_mistakes(
     ]
     if importlib.util.find_spec("pyspark") is not None:
         cases.append((ok, f"JAVA_HOME={tmp_path} has no bin/java"))
-    failures = []
-    for argv, fragment in cases:
-        try:
-            status = cli.main(argv)
-        except SystemExit as exit_:  # argparse's own errors
-            status = exit_.code
-        captured = capsys.readouterr()
-        lines = captured.err.splitlines()
-        if status != 2 or len(lines) != 1 or not lines[0].startswith("mesh: ") or captured.out:
-            failures.append(f"mesh {' '.join(argv)}: status {status}, {captured!r}")
-        elif fragment not in lines[0]:
-            failures.append(f"mesh {' '.join(argv)}: {fragment!r} not in {lines[0]!r}")
-    assert not failures, "\n".join(failures)
+    assert_usage_errors(cases, capsys)
     assert not Path(out).exists()
 
 

@@ -5,40 +5,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from helpers import ROOT
-
-
-def run_example(name: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """Run an example in a process group of its own, all of which dies at the end."""
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "examples" / name), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its members join the group, so none outlives the test
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{name} took over {timeout} s:\n{out}\n{err}")
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, out + err
-    assert "Traceback" not in err
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+from helpers import run_example
 
 
 def test_kv_cluster_reads_back_every_key_from_any_replica() -> None:

@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from helpers import MESH, ROOT, Workers, wait_until
+from helpers import MESH, ROOT, Workers, kill_all, wait_until
 
 import irismesh
 
@@ -160,10 +160,7 @@ def test_the_only_member_sigkilled_gives_no_responders_at_once_and_its_restart_s
     try:
         asyncio.run(asyncio.wait_for(main(), 60))
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.communicate(timeout=10)
+        kill_all(procs, drain=True)
 
 
 def test_stopped_member_for_300ms_is_not_declared_dead(

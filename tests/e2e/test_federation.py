@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import wait_until
+from helpers import kill_all, wait_until
 
 import irismesh
 
@@ -37,20 +37,13 @@ class Processes:
         return json.loads(line)  # type: ignore[no-any-return]
 
     def close(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.kill()
-        for proc in self.procs.values():
-            proc.wait(timeout=10)
+        kill_all(self.procs.values())
 
 
 @pytest.fixture
 def procs() -> Iterator[Processes]:
-    group = Processes()
-    try:
+    with contextlib.closing(Processes()) as group:
         yield group
-    finally:
-        group.close()
 
 
 def keyring(tmp: Path, name: str) -> tuple[irismesh.Keyring, str]:

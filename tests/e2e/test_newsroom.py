@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import subprocess
-import sys
 
-import pytest
-from helpers import ROOT
+from helpers import run_example
 
 READERS = {
     "archive": "feeds.#",
@@ -21,27 +16,7 @@ READERS = {
 
 
 def run_newsroom(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    """The example in a process group of its own, all of which dies at the end."""
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "examples" / "newsroom.py"), *args],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its desks and readers join the group: none outlives the test
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"newsroom.py took over {timeout} s:\n{out}\n{err}")
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, out + err
-    assert "Traceback" not in err
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return run_example("newsroom.py", *args, timeout=timeout)
 
 
 def test_every_reader_gets_exactly_what_matches_its_pattern() -> None:

@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from helpers import MESH
+from helpers import MESH, kill_all
 
 import irismesh
 
@@ -271,8 +271,4 @@ def test_prometheus_rate_and_p99_agree_with_the_client(tmp_path: Path) -> None:
     finally:
         if prometheus is not None:
             prometheus.close()
-        for proc in members:
-            if proc.poll() is None:
-                proc.kill()
-        for proc in members:
-            proc.communicate(timeout=10)
+        kill_all(members, drain=True)

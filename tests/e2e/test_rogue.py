@@ -13,6 +13,7 @@ inject them back into that live connection.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -60,11 +61,8 @@ def rogues(tmp_path: Path) -> Iterator[Workers]:
     """Workers of the same program, with a keyring of their own (another mesh key)."""
     keyfile = tmp_path / "rogue.keys"
     irismesh.Keyring.generate().save(keyfile)
-    group = Workers(keyfile)
-    try:
+    with contextlib.closing(Workers(keyfile)) as group:
         yield group
-    finally:
-        group.close()
 
 
 @pytest.fixture
@@ -72,11 +70,8 @@ def insiders(tmp_path: Path, keys: irismesh.Keyring) -> Iterator[Workers]:
     """Workers of the same program holding the mesh key, but their own key for "work"."""
     keyfile = tmp_path / "insider.keys"
     insider_keys(keys).save(keyfile)
-    group = Workers(keyfile)
-    try:
+    with contextlib.closing(Workers(keyfile)) as group:
         yield group
-    finally:
-        group.close()
 
 
 def run(main: Callable[[], Any], timeout: float = 60) -> None:

@@ -49,19 +49,25 @@ class Member:
         self._reader.cancel()
 
 
-async def start_member(keys: Path, seeds: list[str], prefix: str = "") -> Member:
-    argv = [*MESH, "node", "--cluster", "echo", "--keys", str(keys), "--json", *_JOIN]
-    argv += ["--prefix", prefix]
-    for seed in seeds:
-        argv += ["--seed", seed]
+async def spawn(argv: list[str]) -> asyncio.subprocess.Process:
+    """`argv` with its output piped, no stdin, and none of the IRISMESH_ settings of the
+    environment the tests run in (each command is told what it needs)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("IRISMESH_")}
-    proc = await asyncio.create_subprocess_exec(
+    return await asyncio.create_subprocess_exec(
         *argv,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env=env,
     )
+
+
+async def start_member(keys: Path, seeds: list[str], prefix: str = "") -> Member:
+    argv = [*MESH, "node", "--cluster", "echo", "--keys", str(keys), "--json", *_JOIN]
+    argv += ["--prefix", prefix]
+    for seed in seeds:
+        argv += ["--seed", seed]
+    proc = await spawn(argv)
     assert proc.stdout is not None
     line = await asyncio.wait_for(proc.stdout.readline(), 20)
     assert line, "mesh node did not start"
@@ -69,15 +75,7 @@ async def start_member(keys: Path, seeds: list[str], prefix: str = "") -> Member
 
 
 async def mesh(*argv: str) -> tuple[int, str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IRISMESH_")}
-    proc = await asyncio.create_subprocess_exec(
-        *MESH,
-        *argv,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
-    )
+    proc = await spawn([*MESH, *argv])
     out, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()

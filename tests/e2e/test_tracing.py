@@ -5,6 +5,7 @@ between two meshes (`mesh gateway` processes, which make no spans and pass conte
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import kill_all
 
 import irismesh
 
@@ -58,20 +60,13 @@ class Processes:
         return json.loads((self.tmp / f"{role}.json").read_text())  # type: ignore[no-any-return]
 
     def close(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.kill()
-        for proc in self.procs.values():
-            proc.wait(timeout=10)
+        kill_all(self.procs.values())
 
 
 @pytest.fixture
 def procs(tmp_path: Path) -> Iterator[Processes]:
-    group = Processes(tmp_path)
-    try:
+    with contextlib.closing(Processes(tmp_path)) as group:
         yield group
-    finally:
-        group.close()
 
 
 def keyfile(tmp: Path, name: str) -> str:

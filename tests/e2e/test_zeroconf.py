@@ -7,6 +7,7 @@ so, with discovery on (on 127.0.0.1); the other tests of the suite run with it o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -18,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import MESH, assert_error
+from helpers import MESH, assert_error, kill_all
 
 import irismesh
 from irismesh._cli import config
@@ -72,29 +73,19 @@ class Env:
         return line
 
     def close(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-        for proc in self.procs:
-            proc.communicate(timeout=10)
+        kill_all(self.procs, drain=True)
 
 
 @pytest.fixture
 def user(tmp_path: Path) -> Iterator[Env]:
-    env = Env(tmp_path / "config", discovery=True)
-    try:
+    with contextlib.closing(Env(tmp_path / "config", discovery=True)) as env:
         yield env
-    finally:
-        env.close()
 
 
 @pytest.fixture
 def seeded(tmp_path: Path) -> Iterator[Env]:
-    env = Env(tmp_path / "config", discovery=False)
-    try:
+    with contextlib.closing(Env(tmp_path / "config", discovery=False)) as env:
         yield env
-    finally:
-        env.close()
 
 
 def test_keygen_then_node_and_request_with_no_other_flag(user: Env) -> None:

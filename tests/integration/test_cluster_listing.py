@@ -3,7 +3,6 @@ on 127.0.0.1 (each test on a group and port of its own), and what a capture of i
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import os
 import random
@@ -12,6 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 import pytest
+from helpers import run_with_deadline, wait_until
 from wiretap import LOOPBACK, LoopbackCapture
 
 import irismesh
@@ -25,20 +25,7 @@ TEST_TIMEOUT = 30.0
 
 
 def run(scenario: Callable[[], Awaitable[None]]) -> None:
-    async def bounded() -> None:
-        async with asyncio.timeout(TEST_TIMEOUT):
-            await scenario()
-
-    asyncio.run(bounded())
-
-
-async def wait_until(pred: Callable[[], bool], within: float, what: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not pred():
-        if loop.time() >= deadline:
-            pytest.fail(f"not true within {within} s: {what}")
-        await asyncio.sleep(0.02)
+    run_with_deadline(scenario(), TEST_TIMEOUT)
 
 
 def free_udp_port() -> int:

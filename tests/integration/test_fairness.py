@@ -71,11 +71,8 @@ class Watcher:
 def watcher(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Watcher]:
     keyfile = tmp_path_factory.mktemp("fairness") / "mesh.keys"
     irismesh.Keyring.generate().save(keyfile)
-    peer = Watcher(keyfile)
-    try:
+    with contextlib.closing(Watcher(keyfile)) as peer:
         yield peer
-    finally:
-        peer.close()
 
 
 async def no_subscriber(node: irismesh.Node) -> None:

@@ -6,15 +6,13 @@ import asyncio
 from collections.abc import Awaitable
 
 import pytest
+from helpers import run_with_deadline
 
 import irismesh
 
 
 def run(coro: Awaitable[None], timeout: float = 30) -> None:
-    async def bounded() -> None:
-        await asyncio.wait_for(coro, timeout)
-
-    asyncio.run(bounded())
+    run_with_deadline(coro, timeout)
 
 
 async def start_members(keys: irismesh.Keyring, n: int) -> list[irismesh.Node]:

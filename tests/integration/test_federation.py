@@ -13,7 +13,8 @@ from contextlib import AsyncExitStack, ExitStack
 from pathlib import Path
 
 import pytest
-from helpers import wait_until
+from federated import FAST, LOCAL, Mesh, gateway, member
+from helpers import run_with_deadline, wait_until
 
 import irismesh
 from irismesh._cli.top import gateway_views
@@ -22,76 +23,9 @@ from irismesh.federation import gateway as gateway_module
 from irismesh.federation.crossing import CROSSING, RESENT, Crossing
 from irismesh.patterns import pubsub as pubsub_module
 
-LOCAL = "tcp://127.0.0.1:0"
-FAST = LinkConfig(heartbeat=0.1, dead_after=0.6, retry=0.2, resend_after=0.4)
-
 
 def run(coro: Awaitable[None], timeout: float = 45) -> None:
-    async def bounded() -> None:
-        await asyncio.wait_for(coro, timeout)
-
-    asyncio.run(bounded())
-
-
-class Mesh:
-    """One mesh: its keyring, and the endpoint of a node that others join through."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.keys = irismesh.Keyring.generate()
-        self.seeds: list[str] = []
-
-    def node(self, cluster: str | None = None, **kwargs: object) -> irismesh.Node:
-        return irismesh.Node(
-            cluster,
-            keyring=self.keys,
-            seeds=list(self.seeds),
-            bind=LOCAL,
-            **kwargs,  # type: ignore[arg-type]
-        )
-
-
-async def member(stack: AsyncExitStack, mesh: Mesh, cluster: str, prefix: bytes) -> irismesh.Node:
-    node = await stack.enter_async_context(mesh.node(cluster))
-    if not mesh.seeds:
-        mesh.seeds.append(node.endpoint)
-
-    @node.on_request
-    def echo(payload: bytes) -> bytes:
-        if payload == b"boom":
-            raise ValueError("boom")
-        return prefix + payload
-
-    return node
-
-
-async def gateway(
-    stack: AsyncExitStack,
-    mesh: Mesh,
-    link_keys: irismesh.Keyring,
-    *,
-    listen: bool = False,
-    peers: tuple[str, ...] = (),
-    export: tuple[str, ...] = (),
-    topics: tuple[str, ...] = (),
-    config: LinkConfig = FAST,
-) -> irismesh.Gateway:
-    gw = irismesh.Gateway(
-        mesh.name,
-        keyring=mesh.keys,
-        link_keyring=link_keys,
-        listen=LOCAL if listen else None,
-        peers=peers,
-        export=export,
-        topics=topics,
-        link_config=config,
-        seeds=list(mesh.seeds),
-        bind=LOCAL,
-    )
-    await stack.enter_async_context(gw)
-    if not mesh.seeds:
-        mesh.seeds.append(gw.node.endpoint)
-    return gw
+    run_with_deadline(coro, timeout)
 
 
 def test_request_crosses_a_gateway_pair_and_errors_come_back() -> None:
@@ -103,7 +37,7 @@ def test_request_crosses_a_gateway_pair_and_errors_come_back() -> None:
             await member(stack, a, "secret", b"S:")
             gw_a = await gateway(stack, a, link, listen=True, export=("db",))
             gw_b = await gateway(stack, b, link, peers=(gw_a.endpoint,))
-            client = await stack.enter_async_context(b.node())
+            client = await stack.enter_async_context(b.new_node())
             await client.wait_for_members("db", timeout=10)
             assert await client.request("db", b"x", timeout=5) == b"A:x"
             with pytest.raises(irismesh.RemoteError) as caught:
@@ -128,7 +62,7 @@ def test_a_request_given_up_or_never_answered_is_forgotten_by_the_gateway() -> N
             await member(stack, a, "db", b"A:")
             gw_a = await gateway(stack, a, link, listen=True, export=("db",))
             gw_b = await gateway(stack, b, link, peers=(gw_a.endpoint,))
-            client = await stack.enter_async_context(b.node())
+            client = await stack.enter_async_context(b.new_node())
             await client.wait_for_members("db", timeout=10)
             assert await client.request("db", b"x", timeout=5) == b"A:x"
             gw_a._on_request = lambda end, item: None  # type: ignore[method-assign]
@@ -191,7 +125,7 @@ def test_a_request_for_a_cluster_not_exported_is_refused_on_the_far_side() -> No
 async def subscribed(
     stack: AsyncExitStack, mesh: Mesh, pattern: str
 ) -> tuple[irismesh.Node, list[bytes]]:
-    node = await stack.enter_async_context(mesh.node())
+    node = await stack.enter_async_context(mesh.new_node())
     got: list[bytes] = []
     node.subscribe(pattern, callback=lambda msg: got.append(msg.payload))
     return node, got
@@ -225,7 +159,7 @@ def test_topics_cross_a_gateway_pair_once_and_in_order() -> None:
         a, b = Mesh("a"), Mesh("b")
         link = irismesh.Keyring.generate()
         async with AsyncExitStack() as stack:
-            pub = await stack.enter_async_context(a.node())
+            pub = await stack.enter_async_context(a.new_node())
             a.seeds.append(pub.endpoint)
             gw_a = await gateway(stack, a, link, listen=True, topics=("feeds.#",))
             gw_b = await gateway(stack, b, link, peers=(gw_a.endpoint,))
@@ -263,7 +197,7 @@ async def three_meshes(shape: str, n: int) -> None:
     async with AsyncExitStack() as stack:
         publishers = {}
         for m, mesh in meshes.items():
-            publishers[m] = node = await stack.enter_async_context(mesh.node())
+            publishers[m] = node = await stack.enter_async_context(mesh.new_node())
             mesh.seeds.append(node.endpoint)
         gws: list[irismesh.Gateway] = []
         t = ("feeds.#",)
@@ -324,7 +258,7 @@ def test_three_meshes_with_a_redundant_pair_on_one_edge_deliver_each_message_onc
         async with AsyncExitStack() as stack:
             publishers = {}
             for m, mesh in meshes.items():
-                publishers[m] = node = await stack.enter_async_context(mesh.node())
+                publishers[m] = node = await stack.enter_async_context(mesh.new_node())
                 mesh.seeds.append(node.endpoint)
             gws: dict[str, irismesh.Gateway] = {}
 
@@ -392,11 +326,11 @@ def test_a_gateway_not_yet_in_the_snapshot_of_its_fellow_is_known_by_its_first_m
         a, b = Mesh("a"), Mesh("b")
         link = irismesh.Keyring.generate()
         async with AsyncExitStack() as stack:
-            pub = await stack.enter_async_context(a.node())
+            pub = await stack.enter_async_context(a.new_node())
             a.seeds.append(pub.endpoint)
             a1 = await gateway(stack, a, link, listen=True, topics=("feeds.#",))
             a2 = await gateway(stack, a, link, listen=True)
-            pub_b = await stack.enter_async_context(b.node())
+            pub_b = await stack.enter_async_context(b.new_node())
             b.seeds.append(pub_b.endpoint)
             b1 = await gateway(stack, b, link, peers=(a2.endpoint,), topics=("feeds.#",))
             _, got_a = await subscribed(stack, a, "feeds.#")
@@ -483,7 +417,7 @@ def test_an_outage_buffers_to_the_bound_counts_the_rest_and_replays_in_order() -
         link = irismesh.Keyring.generate()
         cfg = LinkConfig(buffer=200, heartbeat=0.1, dead_after=0.6, retry=0.2, resend_after=0.4)
         async with AsyncExitStack() as stack:
-            pub = await stack.enter_async_context(a.node())
+            pub = await stack.enter_async_context(a.new_node())
             a.seeds.append(pub.endpoint)
             await member(stack, a, "db", b"A:")
             gw_a = await gateway(
@@ -530,7 +464,7 @@ def test_a_publisher_faster_than_the_link_waits_for_its_acks_and_loses_nothing()
         link = irismesh.Keyring.generate()
         cfg = LinkConfig(window=64, heartbeat=0.1, dead_after=0.6, retry=0.2)
         async with AsyncExitStack() as stack:
-            pub = await stack.enter_async_context(a.node())
+            pub = await stack.enter_async_context(a.new_node())
             a.seeds.append(pub.endpoint)
             gw_a = await gateway(stack, a, link, listen=True, topics=("feeds.#",), config=cfg)
             gw_b = await gateway(stack, b, link, peers=(gw_a.endpoint,), config=cfg)
@@ -551,7 +485,7 @@ def test_a_peer_gone_for_good_is_forgotten_with_what_it_had_buffered() -> None:
         link = irismesh.Keyring.generate()
         cfg = LinkConfig(heartbeat=0.1, dead_after=0.6, retry=0.2, forget_after=1.5)
         async with AsyncExitStack() as stack:
-            pub = await stack.enter_async_context(a.node())
+            pub = await stack.enter_async_context(a.new_node())
             a.seeds.append(pub.endpoint)
             gw_a = await gateway(stack, a, link, listen=True, topics=("feeds.#",), config=cfg)
             async with AsyncExitStack() as b_side:
@@ -575,11 +509,11 @@ def test_a_slow_reader_across_the_link_holds_the_publisher_back_not_the_gateways
         link = irismesh.Keyring.generate()
         cfg = LinkConfig(window=64, heartbeat=0.1, dead_after=0.6, retry=0.2)
         async with AsyncExitStack() as stack:
-            pub = await stack.enter_async_context(a.node())
+            pub = await stack.enter_async_context(a.new_node())
             a.seeds.append(pub.endpoint)
             gw_a = await gateway(stack, a, link, listen=True, topics=("feeds.#",), config=cfg)
             gw_b = await gateway(stack, b, link, peers=(gw_a.endpoint,), config=cfg)
-            reader = await stack.enter_async_context(b.node())
+            reader = await stack.enter_async_context(b.new_node())
             sub = reader.subscribe("feeds.#", maxsize=16)  # "block": publishers wait for it
             await gw_b.node.wait_for_subscribers("feeds.x", 1, timeout=10)
             await wait_until(lambda: gw_a.stats["links_up"] == 1, 10, "the link")
@@ -610,7 +544,7 @@ def test_two_gateway_pairs_for_the_same_topics_deliver_each_message_once() -> No
         link = irismesh.Keyring.generate()
         n = 5000
         async with AsyncExitStack() as stack:
-            pub = await stack.enter_async_context(a.node())
+            pub = await stack.enter_async_context(a.new_node())
             a.seeds.append(pub.endpoint)
             a1 = await gateway(stack, a, link, listen=True, topics=("feeds.#",))
             a2 = await gateway(stack, a, link, listen=True, topics=("feeds.#",))
@@ -693,7 +627,7 @@ def test_a_gateway_that_starts_late_stands_by_and_takes_over_when_the_forwarder_
         a, b = Mesh("a"), Mesh("b")
         link = irismesh.Keyring.generate()
         async with AsyncExitStack() as stack:
-            pub = await stack.enter_async_context(a.node())
+            pub = await stack.enter_async_context(a.new_node())
             a.seeds.append(pub.endpoint)
             _, got_b = await subscribed(stack, b, "feeds.#")
             b.seeds.append(_.endpoint)
@@ -778,7 +712,7 @@ def test_a_rotated_link_keyring_applies_without_a_restart_and_a_bad_file_is_refu
             )
             await stack.enter_async_context(gw_b)
             b.seeds.append(gw_b.node.endpoint)
-            client = await stack.enter_async_context(b.node())
+            client = await stack.enter_async_context(b.new_node())
             await client.wait_for_members("db", 1, timeout=10)
             assert await client.request("db", b"0", timeout=5) == b"a:0"
 
@@ -828,7 +762,7 @@ def test_a_broadcast_crosses_two_gateway_pairs_and_reaches_each_far_member_once(
             a2 = await gateway(stack, a, link, listen=True, export=("db",))
             b1 = await gateway(stack, b, link, peers=(a1.endpoint,))
             b2 = await gateway(stack, b, link, peers=(a2.endpoint,))
-            client = await stack.enter_async_context(b.node())
+            client = await stack.enter_async_context(b.new_node())
             await wait_until(lambda: b1.imports() == b2.imports() == ["db"], 10, "db in b")
             await client.wait_for_members("db", 2, timeout=10)
             for gw in (b1, b2):  # each gateway sees the other serving db
@@ -860,7 +794,7 @@ def test_a_survey_crosses_two_gateway_pairs_and_the_far_answers_come_back_merged
             a2 = await gateway(stack, a, link, listen=True, export=("db",))
             b1 = await gateway(stack, b, link, peers=(a1.endpoint,))
             b2 = await gateway(stack, b, link, peers=(a2.endpoint,))
-            client = await stack.enter_async_context(b.node())
+            client = await stack.enter_async_context(b.new_node())
             await wait_until(lambda: b1.imports() == b2.imports() == ["db"], 10, "db in b")
             await client.wait_for_members("db", 2, timeout=10)
             for gw in (b1, b2):
@@ -939,7 +873,7 @@ def test_a_gateway_on_a_fixed_port_serves_every_import_on_ports_of_its_range() -
                 import_ports=(range_ports[0], range_ports[-1]),
             )  # fmt: skip
             b.seeds.append(gw_b.node.endpoint)
-            client = await stack.enter_async_context(b.node())
+            client = await stack.enter_async_context(b.new_node())
             await wait_until(lambda: gw_b.imports() == ["db", "search"], 10, "both imports")
             assert port_of(gw_b.node.endpoint) == node_port
             ports = {port_of(n.endpoint) for n in gw_b._imports.values()}
@@ -970,7 +904,7 @@ def test_a_fixed_bind_without_a_range_imports_on_free_ports_of_its_host() -> Non
                 stack, b, link, f"tcp://127.0.0.1:{node_port}", peers=(gw_a.endpoint,)
             )
             b.seeds.append(gw_b.node.endpoint)
-            client = await stack.enter_async_context(b.node())
+            client = await stack.enter_async_context(b.new_node())
             await wait_until(lambda: gw_b.imports() == ["db"], 10, "the import")
             await client.wait_for_members("db", timeout=10)
             assert await client.request("db", b"x", timeout=5) == b"A:x"
@@ -1017,7 +951,7 @@ def test_an_import_that_cannot_start_is_an_error_once_shown_by_top_and_retried(
                 ]
                 assert len(errors) == 1  # once, not at each retry
                 # mesh top's view of the gateway shows it.
-                viewer = await stack.enter_async_context(b.node())
+                viewer = await stack.enter_async_context(b.new_node())
                 await viewer.wait_for_members("_gateway", timeout=10)
                 views = await gateway_views(viewer, 5.0, wait=True)
                 [view] = views
@@ -1106,7 +1040,7 @@ def test_a_subscription_delivers_an_id_once_within_its_window_and_again_past_it(
     async def main() -> None:
         mesh = Mesh("a")
         async with AsyncExitStack() as stack:
-            pub = await stack.enter_async_context(mesh.node())
+            pub = await stack.enter_async_context(mesh.new_node())
             mesh.seeds.append(pub.endpoint)
             _, got = await subscribed(stack, mesh, "t.#")
             await pub.wait_for_subscribers("t.x", 1, timeout=10)
@@ -1141,7 +1075,7 @@ def test_what_a_link_held_for_a_gateway_that_died_goes_first_to_the_one_that_rep
         a, b = Mesh("a"), Mesh("b")
         link = irismesh.Keyring.generate()
         async with AsyncExitStack() as stack:
-            pub = await stack.enter_async_context(a.node())
+            pub = await stack.enter_async_context(a.new_node())
             a.seeds.append(pub.endpoint)
             gw_a = await gateway(stack, a, link, listen=True, topics=("feeds.#",))
             reader, got = await subscribed(stack, b, "feeds.#")

@@ -9,58 +9,16 @@ from collections.abc import Awaitable
 from contextlib import AsyncExitStack
 
 import pytest
-from helpers import wait_until
+from federated import LOCAL, Mesh, member
+from helpers import run_with_deadline, wait_until
 
 import irismesh
 from irismesh._core.events import RequestArrived
 from irismesh.federation import LinkConfig, LocalGateways, far_answers
 
-LOCAL = "tcp://127.0.0.1:0"
-
 
 def run(coro: Awaitable[None], timeout: float = 45) -> None:
-    async def bounded() -> None:
-        await asyncio.wait_for(coro, timeout)
-
-    asyncio.run(bounded())
-
-
-class Mesh:
-    """One mesh: its keyring, and the endpoint of a node that others join through."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.keys = irismesh.Keyring.generate()
-        self.seeds: list[str] = []
-
-    async def node(self, stack: AsyncExitStack, cluster: str | None = None) -> irismesh.Node:
-        node = irismesh.Node(cluster, keyring=self.keys, seeds=list(self.seeds), bind=LOCAL)
-        await stack.enter_async_context(node)
-        if not self.seeds:
-            self.seeds.append(node.endpoint)
-        return node
-
-    def gateway(self, **kwargs: object) -> irismesh.Gateway:
-        return irismesh.Gateway(
-            self.name,
-            keyring=self.keys,
-            seeds=list(self.seeds),
-            bind=LOCAL,
-            local=True,
-            **kwargs,  # type: ignore[arg-type]
-        )
-
-
-async def member(stack: AsyncExitStack, mesh: Mesh, cluster: str, prefix: bytes) -> irismesh.Node:
-    node = await mesh.node(stack, cluster)
-
-    @node.on_request
-    def echo(payload: bytes) -> bytes:
-        if payload == b"boom":
-            raise ValueError("boom")
-        return prefix + payload
-
-    return node
+    run_with_deadline(coro, timeout)
 
 
 def test_requests_cross_one_process_and_the_unexported_cluster_stays_unseen() -> None:

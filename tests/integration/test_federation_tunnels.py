@@ -10,65 +10,15 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 
 import pytest
-from helpers import MESH, wait_until
+from federated import LOCAL, Mesh, gateway
+from helpers import MESH, run_with_deadline, wait_until
 
 import irismesh
-from irismesh.federation import LinkConfig
 from irismesh.federation.linkproto import T_DATA, TUNNEL, TunnelItem
-
-LOCAL = "tcp://127.0.0.1:0"
-FAST = LinkConfig(heartbeat=0.1, dead_after=0.6, retry=0.2, resend_after=0.4)
 
 
 def run(coro: Awaitable[None], timeout: float = 60) -> None:
-    async def bounded() -> None:
-        await asyncio.wait_for(coro, timeout)
-
-    asyncio.run(bounded())
-
-
-class Mesh:
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.keys = irismesh.Keyring.generate()
-        self.seeds: list[str] = []
-
-    async def node(self, stack: AsyncExitStack, cluster: str | None = None) -> irismesh.Node:
-        node = irismesh.Node(
-            cluster, keyring=self.keys, seeds=list(self.seeds), bind=LOCAL, telemetry=False
-        )
-        await stack.enter_async_context(node)
-        if not self.seeds:
-            self.seeds.append(node.endpoint)
-        return node
-
-
-async def gateway(
-    stack: AsyncExitStack,
-    mesh: Mesh,
-    link_keys: irismesh.Keyring,
-    *,
-    listen: bool = False,
-    peers: tuple[str, ...] = (),
-    export: tuple[str, ...] = (),
-    window: int | None = None,
-) -> irismesh.Gateway:
-    gw = irismesh.Gateway(
-        mesh.name,
-        keyring=mesh.keys,
-        link_keyring=link_keys,
-        listen=LOCAL if listen else None,
-        peers=peers,
-        export=export,
-        link_config=FAST,
-        seeds=list(mesh.seeds),
-        bind=LOCAL,
-        **({} if window is None else {"tunnel_window": window}),
-    )
-    await stack.enter_async_context(gw)
-    if not mesh.seeds:
-        mesh.seeds.append(gw.node.endpoint)
-    return gw
+    run_with_deadline(coro, timeout)
 
 
 async def federation(
@@ -76,7 +26,7 @@ async def federation(
 ) -> tuple[Mesh, Mesh, irismesh.Node, irismesh.Gateway, irismesh.Gateway, irismesh.Node]:
     """Mesh a with a member of "db" and a gateway exporting it, mesh b with a gateway and a
     client that sees "db"."""
-    a, b = Mesh("a"), Mesh("b")
+    a, b = Mesh("a", telemetry=False), Mesh("b", telemetry=False)
     link = irismesh.Keyring.generate()
     member = await a.node(stack, "db")
     gw_a = await gateway(stack, a, link, listen=True, export=("db",), window=window)
@@ -285,7 +235,7 @@ def test_a_reset_after_a_half_close_reaches_a_member_that_only_waits() -> None:
 def test_a_killed_member_resets_the_callers_tunnel_across_the_gateways(tmp_path: Path) -> None:
     async def main() -> None:
         async with AsyncExitStack() as stack:
-            a, b = Mesh("a"), Mesh("b")
+            a, b = Mesh("a", telemetry=False), Mesh("b", telemetry=False)
             link = irismesh.Keyring.generate()
             gw_a = await gateway(stack, a, link, listen=True, export=("db",))
             gw_b = await gateway(stack, b, link, peers=(gw_a.endpoint,))

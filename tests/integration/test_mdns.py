@@ -15,13 +15,13 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 import zeroconf.asyncio
-from helpers import wait_until
+from helpers import run_with_deadline, wait_until
 from zeroconf import IPVersion, ServiceStateChange, Zeroconf
 from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
 
@@ -43,12 +43,8 @@ TEST_TIMEOUT = 20.0
 DISCOVERY = 5.0  # NETLAB: a browser sees a new service in 0.03-1.2 s
 
 
-def run(scenario: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    async def bounded() -> None:
-        async with asyncio.timeout(TEST_TIMEOUT):
-            await scenario()
-
-    asyncio.run(bounded())
+def run(scenario: Callable[[], Awaitable[None]]) -> None:
+    run_with_deadline(scenario(), TEST_TIMEOUT)
 
 
 def fresh_type() -> str:

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import wait_until
+from helpers import memory_members, wait_until
 
 import irismesh
 from irismesh.memory import MemoryStore, message_id
@@ -22,10 +22,7 @@ def test_a_late_reader_rereads_the_latest_message_of_every_path(
     keys: irismesh.Keyring, tmp_path: Path
 ) -> None:
     async def main() -> None:
-        first = irismesh.Node(keyring=keys, memory=tmp_path / "m1")
-        await first.start()
-        second = irismesh.Node(keyring=keys, memory=tmp_path / "m2", seeds=[first.endpoint])
-        await second.start()
+        first, second = await memory_members(keys, tmp_path / "m1", tmp_path / "m2")
         publisher = irismesh.Node(keyring=keys, seeds=[first.endpoint])
         await publisher.start()
         try:
@@ -81,10 +78,7 @@ def test_a_restarted_member_catches_up_and_then_answers_alone(
     keys: irismesh.Keyring, tmp_path: Path
 ) -> None:
     async def main() -> None:
-        steady = irismesh.Node(keyring=keys, memory=tmp_path / "steady")
-        await steady.start()
-        flaky = irismesh.Node(keyring=keys, memory=tmp_path / "flaky", seeds=[steady.endpoint])
-        await flaky.start()
+        steady, flaky = await memory_members(keys, tmp_path / "steady", tmp_path / "flaky")
         publisher = irismesh.Node(keyring=keys, seeds=[steady.endpoint])
         await publisher.start()
         try:
@@ -149,10 +143,7 @@ def test_a_long_answer_comes_a_page_at_a_time_and_whole(
     assert [s.topic for page in pages for s in page] == [r[0] for r in rows]  # no gap, no repeat
 
     async def main() -> None:
-        one = irismesh.Node(keyring=keys, memory=tmp_path / "one")
-        await one.start()
-        two = irismesh.Node(keyring=keys, memory=tmp_path / "two", seeds=[one.endpoint])
-        await two.start()
+        one, two = await memory_members(keys, tmp_path / "one", tmp_path / "two")
         reader = irismesh.Node(keyring=keys, seeds=[one.endpoint])
         await reader.start()
         try:
@@ -174,10 +165,7 @@ def test_a_rereading_subscriber_gets_the_latest_of_each_path_then_live_without_g
     paths, versions, live = 400, 5, 300
 
     async def main() -> None:
-        one = irismesh.Node(keyring=keys, memory=tmp_path / "one")
-        await one.start()
-        two = irismesh.Node(keyring=keys, memory=tmp_path / "two", seeds=[one.endpoint])
-        await two.start()
+        one, two = await memory_members(keys, tmp_path / "one", tmp_path / "two")
         publisher = irismesh.Node(keyring=keys, seeds=[one.endpoint])
         await publisher.start()
         reader = irismesh.Node(keyring=keys, seeds=[one.endpoint])

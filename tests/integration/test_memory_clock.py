@@ -14,7 +14,7 @@ from pathlib import Path
 
 import msgpack
 import pytest
-from helpers import MESH
+from helpers import MESH, memory_members
 
 import irismesh
 from irismesh.memory import MemoryStore, message_id
@@ -66,10 +66,7 @@ def test_a_write_after_reading_a_fast_clocks_write_is_reread_everywhere(tmp_path
     )
 
     async def main() -> None:
-        first = irismesh.Node(keyring=keys, memory=tmp_path / "m1")
-        await first.start()
-        second = irismesh.Node(keyring=keys, memory=tmp_path / "m2", seeds=[first.endpoint])
-        await second.start()
+        first, second = await memory_members(keys, tmp_path / "m1", tmp_path / "m2")
         correct = irismesh.Node(keyring=keys, seeds=[first.endpoint])
         await correct.start()
         try:

@@ -7,7 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from helpers import wait_until
+from helpers import memory_members, wait_until
 
 import irismesh
 from irismesh._core.frames import Kind
@@ -19,12 +19,7 @@ def run(main: object, limit: float = 40) -> object:
 
 
 async def memories(keys: irismesh.Keyring, tmp_path: Path, count: int) -> list[irismesh.Node]:
-    nodes: list[irismesh.Node] = []
-    for i in range(count):
-        seeds = [nodes[0].endpoint] if nodes else []
-        node = irismesh.Node(keyring=keys, memory=tmp_path / f"m{i}", seeds=seeds)
-        nodes.append(await node.start())
-    return nodes
+    return await memory_members(keys, *(tmp_path / f"m{i}" for i in range(count)))
 
 
 def worker(keys: irismesh.Keyring, seed: str, handled: Counter[bytes]) -> irismesh.Node:

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
+from helpers import echo_or_boom
 from prometheus_client.parser import text_string_to_metric_families
 
 import irismesh
@@ -69,12 +70,7 @@ def names(found: Samples) -> set[str]:
 def test_metrics_agree_with_the_node_counters(keys: irismesh.Keyring) -> None:
     async def main() -> tuple[Samples, Samples, dict[str, int], dict[str, int]]:
         async with irismesh.Node("db", keyring=keys, name="m1", metrics="127.0.0.1:0") as member:
-
-            @member.on_request
-            def handle(payload: bytes) -> bytes:
-                if payload == b"boom":
-                    raise ValueError("boom")
-                return payload
+            member.on_request(echo_or_boom)
 
             async with irismesh.Node(
                 keyring=keys, seeds=[member.endpoint], name="c1", metrics="127.0.0.1:0"

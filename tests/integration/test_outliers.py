@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from helpers import RequestLoad, wait_until
+from helpers import RequestLoad, run_with_deadline, wait_until
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
@@ -25,10 +25,7 @@ WORKERS = 8  # requests each caller keeps in flight
 
 
 def run(coro: Awaitable[None], timeout: float = 90) -> None:
-    async def bounded() -> None:
-        await asyncio.wait_for(coro, timeout)
-
-    asyncio.run(bounded())
+    run_with_deadline(coro, timeout)
 
 
 async def start_members(

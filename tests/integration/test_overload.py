@@ -9,24 +9,14 @@ import time
 from collections import Counter
 from collections.abc import Awaitable
 
-from helpers import wait_until
+from helpers import burn, run_with_deadline, wait_until
 
 import irismesh
 from irismesh import sync
 
 
 def run(coro: Awaitable[None], timeout: float = 30) -> None:
-    async def bounded() -> None:
-        await asyncio.wait_for(coro, timeout)
-
-    asyncio.run(bounded())
-
-
-def burn(seconds: float) -> None:
-    """Busy CPU, as a handler that computes."""
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
+    run_with_deadline(coro, timeout)
 
 
 def test_a_handler_whose_caller_timed_out_is_cancelled(keys: irismesh.Keyring) -> None:

@@ -4,11 +4,10 @@ and the low still completes; publishes waiting for room take turns by priority."
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable
 
 import pytest
-from helpers import wait_until
+from helpers import burn, run_with_deadline, wait_until
 
 import irismesh
 from irismesh import Priority, sync
@@ -18,16 +17,7 @@ COST = 0.004  # seconds of CPU each handler run burns
 
 
 def run(coro: Awaitable[None], timeout: float = 30) -> None:
-    async def bounded() -> None:
-        await asyncio.wait_for(coro, timeout)
-
-    asyncio.run(bounded())
-
-
-def burn(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
+    run_with_deadline(coro, timeout)
 
 
 def test_an_overloaded_member_serves_high_before_low_and_low_still_completes(

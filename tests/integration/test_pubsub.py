@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Awaitable
 
 import pytest
-from helpers import wait_until
+from helpers import run_with_deadline, wait_until
 
 import irismesh
 from irismesh import CoreConfig
@@ -15,10 +15,7 @@ WINDOW = 64
 
 
 def run(coro: Awaitable[None], timeout: float = 30) -> None:
-    async def bounded() -> None:
-        await asyncio.wait_for(coro, timeout)
-
-    asyncio.run(bounded())
+    run_with_deadline(coro, timeout)
 
 
 async def start_nodes(keys: irismesh.Keyring, n: int, **options: object) -> list[irismesh.Node]:

@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 
 import pytest
-from helpers import wait_until
+from helpers import run_with_deadline, wait_until
 
 import irismesh
 from irismesh import sync
@@ -21,10 +21,7 @@ Test = Callable[[], Awaitable[None]]
 
 
 def run(coro: Awaitable[None], timeout: float = 30) -> None:
-    async def bounded() -> None:
-        await asyncio.wait_for(coro, timeout)
-
-    asyncio.run(bounded())
+    run_with_deadline(coro, timeout)
 
 
 async def echo_members(keys: irismesh.Keyring, n: int, cluster: str = "db") -> list[irismesh.Node]:

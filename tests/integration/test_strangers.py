@@ -12,6 +12,7 @@ member closes it, until the test is done.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import resource
@@ -24,7 +25,7 @@ from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, wait_until
+from helpers import ROOT, run_with_deadline, wait_until
 
 import irismesh
 from irismesh._core.config import CoreConfig
@@ -41,10 +42,7 @@ HELD = 1100  # connections held against a member whose descriptor limit is 1,024
 
 
 def run(coro: Awaitable[None], timeout: float = 60) -> None:
-    async def bounded() -> None:
-        await asyncio.wait_for(coro, timeout)
-
-    asyncio.run(bounded())
+    run_with_deadline(coro, timeout)
 
 
 @pytest.fixture(autouse=True)
@@ -328,6 +326,23 @@ def test_a_hello_that_came_while_the_loop_stalled_past_the_deadline_is_read_firs
     run(main())
 
 
+@contextlib.asynccontextmanager
+async def flooded(client: irismesh.Node, endpoint: str) -> AsyncIterator[None]:
+    """HELD connections held open to the member at `endpoint` while `client` keeps calling it;
+    at the end, every one of the client's calls has succeeded."""
+    caller = Caller(client)
+    holder = Holder(endpoint)
+    holder.start(HELD)
+    try:
+        await wait_until(lambda: holder.counts["opened"] >= HELD, 20, "all to connect")
+        yield
+    finally:
+        await holder.stop()
+        calls = await caller.stop()
+    assert calls["failed"] == 0
+    assert calls["ok"] > 0
+
+
 def test_idle_connections_beyond_the_descriptor_limit_lock_no_peer_out(
     keyfile: Path, keys: irismesh.Keyring, tmp_path: Path
 ) -> None:
@@ -344,22 +359,13 @@ def test_idle_connections_beyond_the_descriptor_limit_lock_no_peer_out(
             irismesh.Node(keyring=keys, seeds=[endpoint], transport="tcp") as client,
         ):
             await client.wait_for_members("db", timeout=10)
-            caller = Caller(client)
-            holder = Holder(endpoint)
-            holder.start(HELD)
-            try:
-                await wait_until(lambda: holder.counts["opened"] >= HELD, 20, "all to connect")
+            async with flooded(client, endpoint):
                 await join_within(keys, endpoint, 5)
                 stats = await member_stats(client)
                 per_address = CoreConfig().max_strangers_per_address
                 assert stats["strangers_connected"] <= per_address
                 assert stats["dropped_stranger_evicted"] >= HELD - per_address
                 assert stats.get("accept_out_of_descriptors", 0) == 0
-            finally:
-                await holder.stop()
-                calls = await caller.stop()
-            assert calls["failed"] == 0
-            assert calls["ok"] > 0
         assert "Traceback" not in (tmp_path / "member.err").read_text()
 
     run(main())
@@ -379,11 +385,7 @@ def test_a_member_out_of_descriptors_closes_strangers_to_let_peers_in(
             irismesh.Node(keyring=keys, seeds=[endpoint], transport="tcp") as client,
         ):
             await client.wait_for_members("db", timeout=10)
-            caller = Caller(client)
-            holder = Holder(endpoint)
-            holder.start(HELD)
-            try:
-                await wait_until(lambda: holder.counts["opened"] >= HELD, 20, "all to connect")
+            async with flooded(client, endpoint):
                 # Connected is not yet accepted: the member takes the kernel's backlog at its
                 # own pace (a busy machine slows it), and is full when accepting runs out.
                 stats = await member_stats(client)
@@ -397,11 +399,6 @@ def test_a_member_out_of_descriptors_closes_strangers_to_let_peers_in(
                 stats = await member_stats(client)
                 assert stats["accept_out_of_descriptors"] >= 1
                 assert stats["dropped_stranger_evicted"] >= 1
-            finally:
-                await holder.stop()
-                calls = await caller.stop()
-            assert calls["failed"] == 0
-            assert calls["ok"] > 0
         errors = (tmp_path / "member.err").read_text()
         assert "Traceback" not in errors
         assert 1 <= errors.count("out of file descriptors") <= 2, errors

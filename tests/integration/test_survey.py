@@ -17,12 +17,14 @@ import select
 import socket
 import struct
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 import pytest
+from helpers import run_with_deadline, wait_until
+from wiretap import group_listener, multicast_sender
 
 from irismesh.discovery.sealed import SLOT_LEN, SLOTS
 from irismesh.discovery.survey import (
@@ -53,32 +55,12 @@ def fresh_config(**overrides: Any) -> SurveyConfig:
     return SurveyConfig(group=group, port=free_port(), interface=LOOPBACK, **overrides)
 
 
-def pinned_sender() -> socket.socket:
-    """A socket that can only send multicast out of loopback."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind((LOOPBACK, 0))
-    sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(LOOPBACK))
-    sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 1)
-    sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
-    return sock
-
-
-def group_listener(config: SurveyConfig) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((config.group, config.port))
-    membership = socket.inet_aton(config.group) + socket.inet_aton(LOOPBACK)
-    sock.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, membership)
-    return sock
-
-
 @pytest.fixture(scope="module", autouse=True)
 def multicast_on_loopback() -> None:
     """Probe once: without multicast on lo these tests cannot say anything, so skip them."""
     config = fresh_config()
     try:
-        with group_listener(config) as listener, pinned_sender() as sender:
+        with group_listener(config) as listener, multicast_sender() as sender:
             sender.sendto(b"probe", (config.group, config.port))
             readable, _, _ = select.select([listener], [], [], 2.0)
             if not readable or listener.recv(64) != b"probe":
@@ -87,22 +69,8 @@ def multicast_on_loopback() -> None:
         pytest.skip(f"multicast on 127.0.0.1 is not usable here: {exc}")
 
 
-def run(scenario: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    async def bounded() -> None:
-        async with asyncio.timeout(TEST_TIMEOUT):
-            await scenario()
-
-    asyncio.run(bounded())
-
-
-async def wait_until(pred: Callable[[], bool], within: float, what: str) -> None:
-    """Poll `pred` every 10 ms; fail the test, saying what was awaited, after `within` s."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not pred():
-        if loop.time() >= deadline:
-            pytest.fail(f"not true within {within} s: {what}")
-        await asyncio.sleep(0.01)
+def run(scenario: Callable[[], Awaitable[None]]) -> None:
+    run_with_deadline(scenario(), TEST_TIMEOUT)
 
 
 @dataclass
@@ -220,7 +188,7 @@ def test_malformed_datagrams_are_counted_and_discovery_goes_on() -> None:
         garbage = [b"", b"hello", b"IMSV\x09" + valid[5:], valid[:-2], valid + b"x" * 1100]
         async with started(a, b):
             await wait_until(lambda: a.seen == {b.me}, 3.0, "a sees b")
-            with pinned_sender() as sender:
+            with multicast_sender() as sender:
                 for datagram in garbage:
                     sender.sendto(datagram, (config.group, config.port))
                 sender.sendto(b"\x00" * 7, a.survey.local_addresses[1])
@@ -659,7 +627,7 @@ def test_a_recorded_datagram_sent_again_is_dropped_and_counted() -> None:
                 await wait_until(lambda: b.seen == {a.me}, 3.0, "b hears a's question")
                 await wait_until(lambda: a.seen == {b.me}, 3.0, "a hears b's answer")
                 answered = b.survey.stats["answers_sent"]
-                with pinned_sender() as sender:
+                with multicast_sender() as sender:
                     for _ in range(3):
                         sender.sendto(question, (config.group, config.port))
                 await wait_until(
@@ -693,7 +661,7 @@ def test_stale_and_old_datagrams_are_dropped_and_counted() -> None:
         packed: bytes = msgpack.packb([stranger, "tcp://127.0.0.1:1", b""], use_bin_type=True)
         old = b"IMSV\x01" + bytes([SurveyKind.QUESTION]) + packed
         async with started(node):
-            with pinned_sender() as sender:
+            with multicast_sender() as sender:
                 for data in (stale, future, old):
                     sender.sendto(data, (config.group, config.port))
             await wait_until(
@@ -721,7 +689,7 @@ def test_a_forged_slot_or_tag_is_neither_a_candidate_nor_a_name() -> None:
             slots=[os.urandom(SLOT_LEN)] * SLOTS,
         )
         async with started(node):
-            with pinned_sender() as sender:
+            with multicast_sender() as sender:
                 sender.sendto(forged, (config.group, config.port))
                 await wait_until(
                     lambda: node.survey.stats["dropped_realm"] >= 1, 3.0, "forgery dropped"

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import wait_until
+from helpers import echo_or_boom, wait_until
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,12 +26,7 @@ def test_spooled_records_agree_with_the_node_counters(
     async def main() -> tuple[dict[str, int], dict[str, int]]:
         config = TelemetryConfig(spool_dir=spool, sample_every=1, gauge_interval=0.2)
         async with irismesh.Node("db", keyring=keys, telemetry=config, name="db-1") as member:
-
-            @member.on_request
-            def handle(payload: bytes) -> bytes:
-                if payload == b"boom":
-                    raise ValueError("boom")
-                return payload
+            member.on_request(echo_or_boom)
 
             async with irismesh.Node(
                 keyring=keys, seeds=[member.endpoint], telemetry=config, name="client-1"

@@ -18,7 +18,7 @@ from typing import Any, cast
 
 import msgpack
 import pytest
-from helpers import wait_until
+from helpers import echo_or_boom, run_with_deadline, wait_until
 
 import irismesh
 from irismesh import CoreConfig
@@ -47,10 +47,7 @@ NODE = "ab" * 16
 
 
 def run(coro: Awaitable[None], timeout: float = 20) -> None:
-    async def bounded() -> None:
-        await asyncio.wait_for(coro, timeout)
-
-    asyncio.run(bounded())
+    run_with_deadline(coro, timeout)
 
 
 def record(i: int, node: str = NODE, kind: str = "request") -> Record:
@@ -97,12 +94,7 @@ def test_the_collector_spools_every_node_s_records_as_the_nodes_spool_them(
         collecting = await irismesh.Node(keyring=keys, seeds=seeds, telemetry=False).start()
         nodes = [db1, db2, client]
         for member in (db1, db2):
-
-            @member.on_request
-            def handle(payload: bytes) -> bytes:
-                if payload == b"boom":
-                    raise ValueError("boom")
-                return payload
+            member.on_request(echo_or_boom)
 
         exporters = [attach_exporter(node) for node in nodes]
         assert [attach_exporter(node) for node in nodes] == exporters  # one per node

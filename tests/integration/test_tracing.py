@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Iterator
 from pathlib import Path
 
 import pytest
-from helpers import wait_until
+from helpers import run_with_deadline, wait_until
 
 import irismesh
 from irismesh._core.events import RequestArrived
@@ -28,10 +28,7 @@ from opentelemetry.trace import SpanKind
 
 
 def run(coro: Awaitable[None], timeout: float = 30) -> None:
-    async def bounded() -> None:
-        await asyncio.wait_for(coro, timeout)
-
-    asyncio.run(bounded())
+    run_with_deadline(coro, timeout)
 
 
 class Recorded:

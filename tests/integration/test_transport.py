@@ -12,7 +12,7 @@ import socket
 from collections.abc import Awaitable
 
 import pytest
-from helpers import wait_until
+from helpers import run_with_deadline, wait_until
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,10 +22,7 @@ from irismesh._stream import Framer, framed, listen, split_endpoint
 
 
 def run(coro: Awaitable[None], timeout: float = 30) -> None:
-    async def bounded() -> None:
-        await asyncio.wait_for(coro, timeout)
-
-    asyncio.run(bounded())
+    run_with_deadline(coro, timeout)
 
 
 # ---------------------------------------------------------------------- framing

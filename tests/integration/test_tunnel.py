@@ -3,37 +3,39 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 
 import pytest
-from helpers import wait_until
+from helpers import run_with_deadline, wait_until
 
 import irismesh
 from irismesh.patterns.tunnel import CHUNK, NO_MEMBER
 
 
 def run(coro: Awaitable[None], timeout: float = 60) -> None:
-    async def bounded() -> None:
-        await asyncio.wait_for(coro, timeout)
-
-    asyncio.run(bounded())
+    run_with_deadline(coro, timeout)
 
 
-async def pair(keys: irismesh.Keyring) -> tuple[irismesh.Node, irismesh.Node]:
+@contextlib.asynccontextmanager
+async def paired(keys: irismesh.Keyring) -> AsyncIterator[tuple[irismesh.Node, irismesh.Node]]:
+    """A member of "db" and a caller that knows it; both closed at the end."""
     member = await irismesh.Node("db", keyring=keys, telemetry=False).start()
     caller = irismesh.Node(keyring=keys, seeds=[member.endpoint], telemetry=False)
-    await caller.start()
-    await caller.wait_for_members("db", 1, timeout=5)
-    return member, caller
+    try:
+        await caller.start()
+        await caller.wait_for_members("db", 1, timeout=5)
+        yield member, caller
+    finally:
+        await asyncio.gather(caller.close(), member.close())
 
 
 def test_messages_of_every_size_arrive_whole_in_order_both_ways(keys: irismesh.Keyring) -> None:
     sizes = [0, 1, 100, CHUNK - 1, CHUNK, CHUNK + 1, 3 * CHUNK + 7, 5 << 20]
 
     async def main() -> None:
-        member, caller = await pair(keys)
-        try:
+        async with paired(keys) as (member, caller):
 
             @member.on_tunnel
             async def echo(tunnel: irismesh.Tunnel) -> None:
@@ -50,8 +52,6 @@ def test_messages_of_every_size_arrive_whole_in_order_both_ways(keys: irismesh.K
                 assert tunnel.bytes_sent == sum(sizes)
             await wait_until(lambda: member.stats["tunnels_open"] == 0, 5, "the member to close")
             assert caller.stats["tunnels_open"] == 0
-        finally:
-            await asyncio.gather(caller.close(), member.close())
 
     run(main())
 
@@ -60,8 +60,7 @@ def test_half_close_lets_the_other_end_finish_and_close_resets_a_sender(
     keys: irismesh.Keyring,
 ) -> None:
     async def main() -> None:
-        member, caller = await pair(keys)
-        try:
+        async with paired(keys) as (member, caller):
             handler_saw: list[str] = []
 
             @member.on_tunnel
@@ -104,8 +103,6 @@ def test_half_close_lets_the_other_end_finish_and_close_resets_a_sender(
             assert "closed the tunnel" in str(stopped[0])
             with pytest.raises(irismesh.TunnelReset):
                 await tunnel.recv()
-        finally:
-            await asyncio.gather(caller.close(), member.close())
 
     run(main())
 
@@ -116,8 +113,7 @@ def test_a_slow_reader_bounds_what_is_buffered_and_the_sender_waits(
     window = 200_000
 
     async def main() -> None:
-        member, caller = await pair(keys)
-        try:
+        async with paired(keys) as (member, caller):
             release = asyncio.Event()
             held: list[irismesh.Tunnel] = []
 
@@ -149,16 +145,13 @@ def test_a_slow_reader_bounds_what_is_buffered_and_the_sender_waits(
             release.set()
             await asyncio.wait_for(pumping, 30)
             assert sent == 50 * window
-        finally:
-            await asyncio.gather(caller.close(), member.close())
 
     run(main())
 
 
 def test_refusals_and_errors_are_clear(keys: irismesh.Keyring) -> None:
     async def main() -> None:
-        member, caller = await pair(keys)
-        try:
+        async with paired(keys) as (member, caller):
             with pytest.raises(irismesh.TunnelReset, match="serves no tunnels"):
                 await caller.tunnel("db", timeout=5)
             with pytest.raises(irismesh.NoResponders):
@@ -180,16 +173,13 @@ def test_refusals_and_errors_are_clear(keys: irismesh.Keyring) -> None:
             async with caller.tunnel("db", timeout=5, max_message=10) as tunnel:
                 with pytest.raises(irismesh.ConfigurationError, match="max_message"):
                     await tunnel.send(b"x" * 11)
-        finally:
-            await asyncio.gather(caller.close(), member.close())
 
     run(main())
 
 
 def test_a_member_that_leaves_resets_the_tunnel_at_once(keys: irismesh.Keyring) -> None:
     async def main() -> None:
-        member, caller = await pair(keys)
-        try:
+        async with paired(keys) as (member, caller):
 
             @member.on_tunnel
             async def idle(tunnel: irismesh.Tunnel) -> None:
@@ -202,8 +192,6 @@ def test_a_member_that_leaves_resets_the_tunnel_at_once(keys: irismesh.Keyring) 
                 await asyncio.wait_for(reading, 5)
             with pytest.raises(irismesh.TunnelReset):
                 await tunnel.send(b"x")
-        finally:
-            await asyncio.gather(caller.close(), member.close())
 
     run(main())
 
@@ -212,8 +200,7 @@ def test_a_member_that_answers_and_returns_ends_the_stream_cleanly(
     keys: irismesh.Keyring,
 ) -> None:
     async def main() -> None:
-        member, caller = await pair(keys)
-        try:
+        async with paired(keys) as (member, caller):
 
             @member.on_tunnel
             async def answer(tunnel: irismesh.Tunnel) -> None:
@@ -227,8 +214,6 @@ def test_a_member_that_answers_and_returns_ends_the_stream_cleanly(
                     await tunnel.recv()
                 with pytest.raises(irismesh.TunnelReset):  # nobody reads what we would send
                     await tunnel.send(b"late")
-        finally:
-            await asyncio.gather(caller.close(), member.close())
 
     run(main())
 
@@ -239,8 +224,7 @@ def test_a_slow_reader_of_large_messages_buffers_a_window_and_one_message(
     window, size = 256 << 10, 1 << 20  # messages four times the window
 
     async def main() -> None:
-        member, caller = await pair(keys)
-        try:
+        async with paired(keys) as (member, caller):
             release = asyncio.Event()
             held: list[irismesh.Tunnel] = []
 
@@ -272,16 +256,13 @@ def test_a_slow_reader_of_large_messages_buffers_a_window_and_one_message(
             release.set()
             await asyncio.wait_for(pumping, 30)
             assert sent == 12
-        finally:
-            await asyncio.gather(caller.close(), member.close())
 
     run(main())
 
 
 def test_reset_carries_its_reason_and_wait_reset_sees_it(keys: irismesh.Keyring) -> None:
     async def main() -> None:
-        member, caller = await pair(keys)
-        try:
+        async with paired(keys) as (member, caller):
             reasons: list[str] = []
 
             @member.on_tunnel
@@ -298,8 +279,6 @@ def test_reset_carries_its_reason_and_wait_reset_sees_it(keys: irismesh.Keyring)
                 await tunnel.recv()
             await wait_until(lambda: reasons == ["no more today"], 5, "the member's own end")
             await tunnel.close()
-        finally:
-            await asyncio.gather(caller.close(), member.close())
 
     run(main())
 
@@ -308,8 +287,7 @@ def test_a_handler_that_accepts_itself_decides_what_the_opener_gets(
     keys: irismesh.Keyring,
 ) -> None:
     async def main() -> None:
-        member, caller = await pair(keys)
-        try:
+        async with paired(keys) as (member, caller):
             decide = asyncio.Queue[str]()
 
             async def handler(tunnel: irismesh.Tunnel) -> None:
@@ -339,7 +317,5 @@ def test_a_handler_that_accepts_itself_decides_what_the_opener_gets(
             decide.put_nowait("not today")
             with pytest.raises(irismesh.TunnelReset, match="not today"):
                 await caller.tunnel("db", timeout=5)
-        finally:
-            await asyncio.gather(caller.close(), member.close())
 
     run(main())

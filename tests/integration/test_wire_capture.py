@@ -21,8 +21,16 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from helpers import wait_until
-from wiretap import LOOPBACK, LoopbackCapture, RecordingProxy, free_tcp_port, proxied_client
+from helpers import run_with_deadline, wait_until
+from wiretap import (
+    LOOPBACK,
+    LoopbackCapture,
+    RecordingProxy,
+    free_tcp_port,
+    group_listener,
+    multicast_sender,
+    proxied_client,
+)
 
 import irismesh
 from irismesh.discovery.survey import (
@@ -40,11 +48,7 @@ TEST_TIMEOUT = 30.0
 
 
 def run(scenario: Callable[[], Awaitable[None]]) -> None:
-    async def bounded() -> None:
-        async with asyncio.timeout(TEST_TIMEOUT):
-            await scenario()
-
-    asyncio.run(bounded())
+    run_with_deadline(scenario(), TEST_TIMEOUT)
 
 
 def secrets_in(captured: bytes) -> list[bytes]:
@@ -201,32 +205,13 @@ def fresh_survey_config() -> SurveyConfig:
     return SurveyConfig(group=group, port=free_udp_port(), interface=LOOPBACK)
 
 
-def group_listener(config: SurveyConfig) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((config.group, config.port))
-    membership = socket.inet_aton(config.group) + socket.inet_aton(LOOPBACK)
-    sock.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, membership)
-    sock.setblocking(False)
-    return sock
-
-
-def pinned_sender() -> socket.socket:
-    """A socket that sends multicast out of loopback only, and hears unicast answers."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind((LOOPBACK, 0))
-    sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(LOOPBACK))
-    sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 1)
-    sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
-    sock.setblocking(False)
-    return sock
-
-
 def multicast_works() -> bool:
     config = fresh_survey_config()
     try:
-        with group_listener(config) as listener, pinned_sender() as sender:
+        with (
+            group_listener(config, blocking=False) as listener,
+            multicast_sender(blocking=False) as sender,
+        ):
             sender.sendto(b"probe", (config.group, config.port))
             readable, _, _ = select.select([listener], [], [], 2.0)
             return bool(readable) and listener.recv(64) == b"probe"
@@ -251,7 +236,10 @@ def test_survey_datagrams_carry_no_cluster_name(keys: irismesh.Keyring) -> None:
     async def main() -> None:
         questions: list[bytes] = []
         answers: list[bytes] = []
-        with group_listener(config) as listener, pinned_sender() as asker:
+        with (
+            group_listener(config, blocking=False) as listener,
+            multicast_sender(blocking=False) as asker,
+        ):
             members = [
                 member_of_the_vault(keys, survey=config),
                 irismesh.Node("other-cluster-9c1d", keyring=keys, survey=config),
