@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-import zmq
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from irismesh import _env, _stream
@@ -56,7 +55,7 @@ from irismesh._core.priority import Priority, check_priority
 from irismesh._core.records import MemberState, validate_name
 from irismesh._core.split import validate_version
 from irismesh._datagrams import DatagramSocket
-from irismesh._driver import Driver, ZmqDriver, listen
+from irismesh._driver import Driver
 from irismesh._spin import Spin
 from irismesh._stream import StreamDriver
 from irismesh.data.api import DataApi
@@ -70,10 +69,9 @@ from irismesh.errors import (
     NoResponders,
     RequestTimeout,
 )
+from irismesh.memory import MAX_LATEST, MEMORY_CLUSTER
 from irismesh.memory.api import MemoryApi
 from irismesh.memory.queued import QueuedJobs
-from irismesh.memory.service import MAX_LATEST, MEMORY_CLUSTER, MemoryMember, NodeMemory
-from irismesh.memory.store import Retention
 from irismesh.patterns.pubsub import Message, Policy, PubSub, Subscription
 from irismesh.patterns.reqrep import (
     Caller,
@@ -107,8 +105,11 @@ from irismesh.telemetry.recorder import Recorder, Series
 from irismesh.telemetry.tracing import tracing_wanted
 
 if TYPE_CHECKING:
+    import zmq
     from opentelemetry.trace import TracerProvider
 
+    from irismesh.memory.service import NodeMemory
+    from irismesh.memory.store import Retention
     from irismesh.telemetry.metrics_endpoint import MetricsEndpoint
     from irismesh.telemetry.tracing import Tracing
 
@@ -359,18 +360,19 @@ class Node(MemoryApi, DataApi, KeyringApi, SplitApi):
         self._surveys: HandlerRunner | None = None  # None: surveys go to the request handler
         self._pubsub = PubSub(self.node_id, self._flush_soon, self._flush_now)
         self._pubsub.tracing = self.tracing
-        # The memory: retained publishes and rereads; with `memory=DIR`, a store served here
-        # (opened now, so a directory that cannot hold it is an error at once).
+        # The memory: retained publishes and rereads (`memory`, made on first use); with
+        # `memory=DIR`, a store served here (opened now, so a directory that cannot hold it is
+        # an error at once).
+        if type(replicas) is not int or replicas < 1:
+            raise ConfigurationError(f"replicas must be a positive integer, not {replicas!r}")
+        self._replicas = replicas
+        self._memory: NodeMemory | None = None
         member = None
         if memory is not None:
+            from irismesh.memory.service import MemoryMember
+
             member = MemoryMember(memory, keyring, retention=memory_retention, sync=memory_sync)
-        self.memory = NodeMemory(
-            self.node_id,
-            self._memory_survey,
-            replicas=replicas,
-            member=member,
-            max_payload=self._config.max_payload,
-        )
+            self._memory = self._node_memory(member)
         self._memory_runner: HandlerRunner | None = None
         self._catching_up: asyncio.Task[None] | None = None
         self._dispatcher: asyncio.Task[None] | None = None
@@ -416,6 +418,10 @@ class Node(MemoryApi, DataApi, KeyringApi, SplitApi):
         router: zmq.Socket[bytes] | None = None
         listener: socket.socket | None = None
         if self.transport == "zmq":
+            import zmq  # a node on zmq only: the others leave pyzmq unloaded
+
+            from irismesh._zmqdriver import listen
+
             ctx = zmq.Context() if shared is None else shared
             router, endpoint = listen(ctx, self._bind, self._config.max_frame, term=shared is None)
         else:
@@ -453,6 +459,8 @@ class Node(MemoryApi, DataApi, KeyringApi, SplitApi):
         self._tunnels.attach(core)
         driver: Driver
         if ctx is not None and router is not None:
+            from irismesh._zmqdriver import ZmqDriver
+
             driver = ZmqDriver(core, ctx, router, loop, self._on_events, datagrams)
         else:
             assert listener is not None
@@ -476,8 +484,9 @@ class Node(MemoryApi, DataApi, KeyringApi, SplitApi):
         driver.process()
         driver.start()
         self._start_keyring_watch(loop)
-        if self.memory.member is not None:  # copy what the other memory members hold
-            self._keep_data(self.memory.member.store.path)
+        if self._memory is not None and self._memory.member is not None:
+            # A memory member: copy what the other memory members hold.
+            self._keep_data(self._memory.member.store.path)
             self._catching_up = loop.create_task(self._memory_catch_up())
             self._dispatcher = loop.create_task(
                 self.memory.dispatch(self._dispatch_job, self._memory_peer_ids)
@@ -618,7 +627,8 @@ class Node(MemoryApi, DataApi, KeyringApi, SplitApi):
                     await task
         if self._memory_runner is not None:
             await self._memory_runner.close()
-        self.memory.close()
+        if self._memory is not None:
+            self._memory.close()
         self._pubsub.close()
         if self._core is not None and self._driver is not None:
             self._core.close()
@@ -1355,11 +1365,13 @@ class Node(MemoryApi, DataApi, KeyringApi, SplitApi):
         stats["messages_duplicates_dropped"] = self._pubsub.duplicates
         stats["tunnels_open"] = self._tunnels.open_count
         stats["loop_turns_given"] = self._caller.turns.given
-        stats.update(self.memory.stats)
+        memory = self._memory
+        if memory is not None:
+            stats.update(memory.stats)
+            if memory.member is not None:
+                for name, value in memory.member.figures().items():
+                    stats["memory_" + name] = value
         stats.update(self._data_figures())
-        if self.memory.member is not None:
-            for name, value in self.memory.member.figures().items():
-                stats["memory_" + name] = value
         for discovery in self._discovery:  # the survey's drops, replays and stale ones too
             if isinstance(discovery, SurveyDiscovery):
                 for name, value in discovery.stats.items():

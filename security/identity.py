@@ -23,7 +23,6 @@ import base64
 import contextlib
 import os
 import stat
-import tempfile
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -155,6 +154,8 @@ class Identity:
         if not overwrite and os.path.lexists(name):
             raise ConfigurationError(exists)
         directory = os.path.dirname(os.path.abspath(name))
+        import tempfile  # brings shutil and the compressors: imported only to write a file
+
         try:
             # mkstemp creates the file 0600 from the start: the key is never exposed.
             fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(name)}.")

@@ -1,7 +1,9 @@
 """The memory's part of the Node API: rereads, durable queues, rereading subscriptions.
 
 `Node` inherits it; it works through the node's `memory` (a `NodeMemory`), its pub/sub and its
-request path, which the node provides (declared below for the type checker).
+request path, which the node provides (declared below for the type checker). A node that is
+no memory member makes its `NodeMemory` when it first uses the memory: until then neither the
+memory's protocol nor its store (SQLite) is loaded.
 """
 
 from __future__ import annotations
@@ -14,14 +16,16 @@ from typing import TYPE_CHECKING
 
 from irismesh._core.frames import Kind
 from irismesh.errors import MembershipTimeout, MeshError
-from irismesh.memory.service import MEMORY_CLUSTER, NodeMemory
-from irismesh.memory.store import Stored as Remembered
+from irismesh.memory import MEMORY_CLUSTER
 from irismesh.patterns.pubsub import Message, PubSub, Subscription
 from irismesh.patterns.reqrep import Caller, as_bytes, incoming_trace
 from irismesh.security.keyring import Keyring
 
 if TYPE_CHECKING:
+    from irismesh._core.config import CoreConfig
     from irismesh._core.engine import MeshCore
+    from irismesh.memory.service import MemoryMember, NodeMemory
+    from irismesh.memory.store import Stored as Remembered
     from irismesh.telemetry.tracing import Tracing
 
 CATCH_UP_WAIT = 2.0  # seconds a starting memory member waits to find another to copy from
@@ -35,12 +39,15 @@ _KIND_JOB = int(Kind.JOB)
 class MemoryApi:
     """Node's methods for the mesh's memory."""
 
-    memory: NodeMemory
+    _memory: NodeMemory | None  # made on first use, or by a memory member's constructor
+    _replicas: int
+    node_id: bytes
     keyring: Keyring
     _pubsub: PubSub
     _core: MeshCore | None
     _caller: Caller
     _default_timeout: float
+    _config: CoreConfig
     tracing: Tracing | None
 
     if TYPE_CHECKING:  # the node's own, with their signatures there
@@ -49,6 +56,26 @@ class MemoryApi:
         wait_for_members: Callable[..., Awaitable[int]]
         _linked: Callable[..., Awaitable[float]]
         _check_cluster: Callable[[str], None]
+
+    @property
+    def memory(self) -> NodeMemory:
+        """This node's side of the mesh's memory (its retained publishes, rereads and queued
+        jobs; on a memory member, its store too)."""
+        memory = self._memory
+        if memory is None:
+            memory = self._memory = self._node_memory()
+        return memory
+
+    def _node_memory(self, member: MemoryMember | None = None) -> NodeMemory:
+        from irismesh.memory.service import NodeMemory
+
+        return NodeMemory(
+            self.node_id,
+            self._memory_survey,
+            replicas=self._replicas,
+            member=member,
+            max_payload=self._config.max_payload,
+        )
 
     async def reread(
         self, pattern: str, *, latest: int = 1, timeout: float | None = None
