@@ -12,6 +12,7 @@ transport is zmq, zeroconf with mDNS discovery (a test keeps it so).
 
 from typing import TYPE_CHECKING, Any
 
+from irismesh import _lazy
 from irismesh._core.config import CoreConfig
 from irismesh._core.outliers import OutlierConfig
 from irismesh._core.priority import MAX_PRIORITY, MIN_PRIORITY, Priority
@@ -65,14 +66,7 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
-    found = _LAZY.get(name)
-    if found is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(found[0]), found[1])
-    globals()[name] = value  # looked up once
-    return value
+    return _lazy.attribute(__name__, name, _LAZY)
 
 
 __all__ = [

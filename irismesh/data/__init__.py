@@ -12,27 +12,23 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from irismesh import _lazy
+
 if TYPE_CHECKING:
     from irismesh.data.clock import HybridClock, Stamp
     from irismesh.data.types import Flag, LWWRegister, ORMap, ORSet, PNCounter, decode, encode
 
 _LAZY = {
-    "HybridClock": "irismesh.data.clock",
-    "Stamp": "irismesh.data.clock",
-    **dict.fromkeys(
-        ("Flag", "LWWRegister", "ORMap", "ORSet", "PNCounter", "decode", "encode"),
-        "irismesh.data.types",
-    ),
+    **{name: ("irismesh.data.clock", name) for name in ("HybridClock", "Stamp")},
+    **{
+        name: ("irismesh.data.types", name)
+        for name in ("Flag", "LWWRegister", "ORMap", "ORSet", "PNCounter", "decode", "encode")
+    },
 }
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
+    return _lazy.attribute(__name__, name, _LAZY)
 
 
 __all__ = [

@@ -10,27 +10,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final
 
+from irismesh import _lazy
+
 if TYPE_CHECKING:
     from irismesh.memory.store import MemoryStore, Retention, Stored, message_id
 
 MEMORY_CLUSTER: Final = "_memory"  # the cluster every memory member serves
 MAX_LATEST: Final = 100_000  # the most messages of one path a reread returns
 
-_LAZY = {
-    "MemoryStore": "irismesh.memory.store",
-    "Retention": "irismesh.memory.store",
-    "Stored": "irismesh.memory.store",
-    "message_id": "irismesh.memory.store",
-}
+_STORE = "irismesh.memory.store"
+_LAZY = {name: (_STORE, name) for name in ("MemoryStore", "Retention", "Stored", "message_id")}
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
+    return _lazy.attribute(__name__, name, _LAZY)
 
 
 __all__ = ["MAX_LATEST", "MEMORY_CLUSTER", "MemoryStore", "Retention", "Stored", "message_id"]

@@ -102,6 +102,14 @@ def test_names_that_load_on_first_use_are_there(name: str, module: str) -> None:
     assert module in loaded
 
 
+@pytest.mark.parametrize(
+    "path", ["irismesh.federation.LinkConfig", "irismesh.memory.store.MemoryStore"]
+)
+def test_subpackages_are_attributes_as_they_were(path: str) -> None:
+    loaded = _loaded(f"import irismesh\nassert {path}.__name__")
+    assert path.rsplit(".", 1)[0] in loaded
+
+
 def test_a_name_irismesh_does_not_have_is_an_attribute_error() -> None:
     import irismesh
 
