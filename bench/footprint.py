@@ -40,18 +40,6 @@ NATS_SUBJECT = "bench.footprint"
 CLUSTER = "footprint"
 
 
-def rss_kb() -> int:
-    """This process's resident set, in kB (Linux)."""
-    with open("/proc/self/status", encoding="ascii") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError("no VmRSS in /proc/self/status")
-
-
-# ------------------------------------------------------------------------------ child processes
-
-
 # Run with `python -c` in a fresh interpreter: nothing of this script is loaded before the
 # import timed (the script itself imports asyncio).
 IMPORT_PROBE = """
@@ -73,56 +61,52 @@ print(f"RESULT {took * 1000:.3f} {rss}", flush=True)
 """
 
 
-async def _wait_for_stdin_line() -> None:
-    """Until this process's parent writes a line (or closes the pipe)."""
+# A serving process, with `python -c` too: it loads what it serves with and no more.
+SERVER_PROBE = (
+    f"CLUSTER, SUBJECT = {CLUSTER!r}, {NATS_SUBJECT!r}\n"
+    + """
+import asyncio, sys
+
+def rss():
+    return next(l for l in open("/proc/self/status") if l.startswith("VmRSS:")).split()[1]
+
+async def told():  # until the parent writes a line (or closes the pipe)
     loop = asyncio.get_running_loop()
     said = asyncio.Event()
-    fd = sys.stdin.fileno()
-    loop.add_reader(fd, said.set)
-    try:
-        await said.wait()
-    finally:
-        loop.remove_reader(fd)
+    loop.add_reader(sys.stdin.fileno(), said.set)
+    await said.wait()
+    loop.remove_reader(sys.stdin.fileno())
 
-
-async def child_node() -> None:
+async def node():
     import irismesh
-
     async with irismesh.Node(CLUSTER, discovery=False, name="footprint") as node:
         node.on_request(lambda payload: payload)
         print(f"READY {node.endpoint}", flush=True)
-        await _wait_for_stdin_line()
-        print(f"RESULT 0 {rss_kb()}", flush=True)
+        await told()
+        print(f"RESULT 0 {rss()}", flush=True)
 
-
-async def child_nats(url: str) -> None:
+async def nats_client(url):
     import nats
-
     nc = await nats.connect(url, connect_timeout=5, allow_reconnect=False)
-
-    async def answer(msg: object) -> None:
-        await msg.respond(msg.data)  # type: ignore[attr-defined]
-
-    await nc.subscribe(NATS_SUBJECT, cb=answer)
+    async def answer(msg):
+        await msg.respond(msg.data)
+    await nc.subscribe(SUBJECT, cb=answer)
     await nc.flush()
     print("READY nats", flush=True)
-    await _wait_for_stdin_line()
-    print(f"RESULT 0 {rss_kb()}", flush=True)
+    await told()
+    print(f"RESULT 0 {rss()}", flush=True)
     await nc.close()
 
-
-def child(argv: list[str]) -> None:
-    kind = argv[0]
-    if kind == "node":
-        import irismesh
-
-        irismesh.run(child_node())
-    elif kind == "node-asyncio":
-        asyncio.run(child_node())
-    elif kind == "nats":
-        asyncio.run(child_nats(argv[1]))
-    else:
-        raise SystemExit(f"unknown child {kind!r}")
+kind = sys.argv[1]
+if kind == "node":
+    import irismesh
+    irismesh.run(node())
+elif kind == "node-asyncio":
+    asyncio.run(node())
+else:
+    asyncio.run(nats_client(sys.argv[2]))
+"""
+)
 
 
 # ------------------------------------------------------------------------------ the parent
@@ -169,11 +153,12 @@ async def measure_server(argv: list[str], requests: int, nats_url: str | None) -
     """Start a serving child, send it `requests` requests, then read its RSS."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
-        __file__,
-        "--child",
+        "-c",
+        SERVER_PROBE,
         *argv,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
+        cwd=tempfile.gettempdir(),
     )
     assert proc.stdin is not None
     assert proc.stdout is not None
@@ -301,7 +286,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        child(sys.argv[2:])
-    else:
-        main()
+    main()
