@@ -69,6 +69,10 @@ def __getattr__(name: str) -> Any:
     return _lazy.attribute(__name__, name, _LAZY)
 
 
+def __dir__() -> list[str]:  # the names that load on first access too
+    return sorted({*globals(), *_LAZY})
+
+
 __all__ = [
     "MAX_PRIORITY",
     "MIN_PRIORITY",
