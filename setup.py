@@ -19,7 +19,7 @@ from setuptools import setup
 
 HERE = Path(__file__).resolve().parent
 CORE = "irismesh/_core"
-DRIVERS = ["irismesh/_driver.py", "irismesh/_stream.py"]
+DRIVERS = ["irismesh/_driver.py", "irismesh/_stream.py", "irismesh/_zmqdriver.py"]
 
 
 def _say(message: str) -> None:

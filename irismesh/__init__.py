@@ -3,8 +3,16 @@
 Every service embeds a `Node`; nodes find each other, join clusters addressed by name, and
 talk request/reply load-balanced over a cluster's members. `irismesh.sync.Node` is the same
 API for code that does not run asyncio. docs/getting-started.md is a tour.
+
+`import irismesh` loads what a node needs to request, serve, publish and subscribe. The rest
+loads when first used: the federation (`Gateway`, `LocalGateways`) and the memory's store
+(`Retention`, `Remembered`) on first access to those names, pyzmq with a node whose
+transport is zmq, zeroconf with mDNS discovery (a test keeps it so).
 """
 
+from typing import TYPE_CHECKING, Any
+
+from irismesh import _lazy
 from irismesh._core.config import CoreConfig
 from irismesh._core.outliers import OutlierConfig
 from irismesh._core.priority import MAX_PRIORITY, MIN_PRIORITY, Priority
@@ -33,9 +41,6 @@ from irismesh.errors import (
     TunnelError,
     TunnelReset,
 )
-from irismesh.federation import Gateway, LocalGateways
-from irismesh.memory.store import Retention
-from irismesh.memory.store import Stored as Remembered
 from irismesh.node import Node, PeerInfo, SurveyResult, TelemetryConfig
 from irismesh.patterns.pubsub import Message, Subscription
 from irismesh.patterns.reqrep import deadline, time_left
@@ -44,7 +49,29 @@ from irismesh.patterns.tunnel import Tunnel
 from irismesh.security.identity import Identity
 from irismesh.security.keyring import Keyring, ScopeKey
 
+if TYPE_CHECKING:
+    from irismesh.federation import Gateway, LocalGateways
+    from irismesh.memory.store import Retention
+    from irismesh.memory.store import Stored as Remembered
+
 __version__ = "0.1.0"
+
+# Names whose modules load on first access: (module, name there).
+_LAZY = {
+    "Gateway": ("irismesh.federation", "Gateway"),
+    "LocalGateways": ("irismesh.federation", "LocalGateways"),
+    "Retention": ("irismesh.memory.store", "Retention"),
+    "Remembered": ("irismesh.memory.store", "Stored"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    return _lazy.attribute(__name__, name, _LAZY)
+
+
+def __dir__() -> list[str]:  # the names that load on first access too
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "MAX_PRIORITY",

@@ -24,7 +24,10 @@ from __future__ import annotations
 import ipaddress
 import os
 from collections.abc import Mapping
-from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 from irismesh.errors import ConfigurationError
 
@@ -118,6 +121,8 @@ def interface(environ: Mapping[str, str] | None = None) -> str | None:
 def config_dir(environ: Mapping[str, str] | None = None) -> Path:
     """$XDG_CONFIG_HOME/irismesh, or ~/.config/irismesh."""
     base = _environ(environ).get("XDG_CONFIG_HOME", "")
+    from pathlib import Path  # only for a file's place: a node that names its files needs none
+
     root = Path(base) if os.path.isabs(base) else Path.home() / ".config"
     return root / "irismesh"
 
@@ -125,7 +130,11 @@ def config_dir(environ: Mapping[str, str] | None = None) -> Path:
 def config_file(environ: Mapping[str, str] | None = None) -> Path:
     """The `mesh` config file: $IRISMESH_CONFIG, or config.toml in the config directory."""
     path = _environ(environ).get(CONFIG, "")
-    return Path(path).expanduser() if path else config_dir(environ) / "config.toml"
+    if path:
+        from pathlib import Path
+
+        return Path(path).expanduser()
+    return config_dir(environ) / "config.toml"
 
 
 def default_keyfile(environ: Mapping[str, str] | None = None) -> Path:

@@ -98,6 +98,7 @@ def parser() -> MeshArgumentParser:
     )
     root.add_argument("--version", action="version", version=irismesh.__version__)
     add_context_option(root)
+    root.set_defaults(build_parser=parser)  # `mesh completion` builds the whole parser again
     commands = root.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for family in FAMILIES:
         family.register(commands)

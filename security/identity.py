@@ -24,12 +24,6 @@ import os
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from cryptography.hazmat.primitives.serialization import (
-    Encoding,
-    NoEncryption,
-    PrivateFormat,
-    PublicFormat,
-)
 
 from irismesh._core.gossip import PUBLIC_KEY_SIZE, SIGNATURE_SIZE
 from irismesh._core.records import node_id_of
@@ -60,7 +54,7 @@ class Identity:
 
     def __init__(self, key: Ed25519PrivateKey) -> None:
         self._key = key
-        self.public: bytes = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+        self.public: bytes = key.public_key().public_bytes_raw()
         self.node_id: bytes = node_id_of(self.public)
         self._path: str | None = None
 
@@ -100,7 +94,7 @@ class Identity:
     # ----------------------------------------------------------------- files
 
     def to_text(self) -> str:
-        raw = self._key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+        raw = self._key.private_bytes_raw()
         return f"{_HEADER}\n{_FORMAT_HINT}\ned25519 {base64.b64encode(raw).decode()}\n"
 
     @classmethod

@@ -45,7 +45,6 @@ import os
 import re
 import shlex
 import stat
-import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -175,6 +174,8 @@ def _write_private(name: str, data: bytes, *, what: str, overwrite: bool) -> Non
     if not overwrite and os.path.lexists(name):
         raise ConfigurationError(exists)
     directory = os.path.dirname(os.path.abspath(name))
+    import tempfile  # brings shutil and the compressors: imported only to write a file
+
     try:
         # mkstemp creates the file 0600 from the start: the secrets are never exposed.
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(name)}.")

@@ -7,6 +7,7 @@ completing costs the shell nothing; only context names ask `mesh context ls --na
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 import shtab
 
@@ -40,11 +41,10 @@ def register(commands: Commands) -> None:
     parser.add_argument("shell", choices=SHELLS, help="the shell to complete in")
 
 
-def script(shell: str) -> str:
-    # The whole parser, built afresh: completion marks are set on its actions, not on the
-    # parser `mesh` runs with.
-    from irismesh.cli import parser as build
-
+def script(shell: str, build: Callable[[], argparse.ArgumentParser]) -> str:
+    # The whole parser, built afresh by `build` (`irismesh.cli.parser`, which passes itself in
+    # the arguments): completion marks are set on its actions, not on the parser `mesh` runs
+    # with.
     root = build()
     _mark(root)
     return shtab.complete(root, shell=shell, preamble=_PREAMBLE[shell])
@@ -64,5 +64,5 @@ def _mark(parser: argparse.ArgumentParser) -> None:
 
 
 def run_completion(args: argparse.Namespace) -> int:
-    print(script(args.shell), end="")
+    print(script(args.shell, args.build_parser), end="")
     return 0

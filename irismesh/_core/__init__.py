@@ -28,7 +28,7 @@ _HERE: Final = os.path.dirname(os.path.abspath(__file__))
 # their compiled form calls the core's compiled classes natively, so they run with the compiled
 # core or not at all.
 _PARENT: Final = os.path.dirname(_HERE)
-_DRIVERS: Final = ("_driver", "_stream")
+_DRIVERS: Final = ("_driver", "_stream", "_zmqdriver")
 
 
 def _compiled_modules() -> dict[str, str]:

@@ -6,7 +6,6 @@ node's loop, so a node that never touches shared data pays nothing for it.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -32,6 +31,8 @@ class DataApi:
 
     def _keep_data(self, memory_store: str) -> None:
         """A memory member holds every key, on disk beside its memory's database."""
+        from pathlib import Path
+
         self.data.keep(Path(memory_store).parent)
 
     async def _close_data(self) -> None:

@@ -1,7 +1,9 @@
 """The memory's part of the Node API: rereads, durable queues, rereading subscriptions.
 
 `Node` inherits it; it works through the node's `memory` (a `NodeMemory`), its pub/sub and its
-request path, which the node provides (declared below for the type checker).
+request path, which the node provides (declared below for the type checker). A node that is
+no memory member makes its `NodeMemory` when it first uses the memory: until then neither the
+memory's protocol nor its store (SQLite) is loaded.
 """
 
 from __future__ import annotations
@@ -10,19 +12,19 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, TypeVar, overload
 
 from irismesh._core.frames import Kind
-from irismesh.errors import MembershipTimeout, MeshError
-from irismesh.memory.service import MEMORY_CLUSTER, NodeMemory
-from irismesh.memory.store import Stored as Remembered
-from irismesh.patterns.pubsub import Message, PubSub, Subscription
-from irismesh.patterns.reqrep import Caller, as_bytes, incoming_trace
-from irismesh.security.keyring import Keyring
+from irismesh._nodestate import NodeState
+from irismesh.errors import ConfigurationError, MembershipTimeout, MeshError
+from irismesh.memory import MEMORY_CLUSTER
+from irismesh.patterns.pubsub import Message, Subscription
+from irismesh.patterns.reqrep import RequestHandler, as_bytes, incoming_trace
 
 if TYPE_CHECKING:
-    from irismesh._core.engine import MeshCore
-    from irismesh.telemetry.tracing import Tracing
+    from irismesh.memory.service import MemoryMember, NodeMemory
+    from irismesh.memory.store import Stored as Remembered
 
 CATCH_UP_WAIT = 2.0  # seconds a starting memory member waits to find another to copy from
 # A rereading subscription reads the memory again after this long: its interest has reached
@@ -30,25 +32,36 @@ CATCH_UP_WAIT = 2.0  # seconds a starting memory member waits to find another to
 REREAD_AGAIN_AFTER = 2.0
 _log = logging.getLogger("irismesh.node")
 _KIND_JOB = int(Kind.JOB)
+H = TypeVar("H", bound=RequestHandler)
 
 
-class MemoryApi:
+class MemoryApi(NodeState):
     """Node's methods for the mesh's memory."""
-
-    memory: NodeMemory
-    keyring: Keyring
-    _pubsub: PubSub
-    _core: MeshCore | None
-    _caller: Caller
-    _default_timeout: float
-    tracing: Tracing | None
 
     if TYPE_CHECKING:  # the node's own, with their signatures there
         request: Callable[..., Awaitable[bytes]]
         _queued_request: Callable[..., Awaitable[bytes]]
-        wait_for_members: Callable[..., Awaitable[int]]
-        _linked: Callable[..., Awaitable[float]]
         _check_cluster: Callable[[str], None]
+
+    @property
+    def memory(self) -> NodeMemory:
+        """This node's side of the mesh's memory (its retained publishes, rereads and queued
+        jobs; on a memory member, its store too)."""
+        memory = self._memory
+        if memory is None:
+            memory = self._memory = self._node_memory()
+        return memory
+
+    def _node_memory(self, member: MemoryMember | None = None) -> NodeMemory:
+        from irismesh.memory.service import NodeMemory
+
+        return NodeMemory(
+            self.node_id,
+            self._memory_survey,
+            replicas=self._replicas,
+            member=member,
+            max_payload=self._config.max_payload,
+        )
 
     async def reread(
         self, pattern: str, *, latest: int = 1, timeout: float | None = None
@@ -152,6 +165,54 @@ class MemoryApi:
             if not sub.closed and m.id > newest.get(m.topic, b""):
                 sub._put(_remembered(m), None, 0)
         sub._wake()
+
+    @overload
+    def on_queued(self, handler: H, *, blocking: bool = False) -> H: ...
+
+    @overload
+    def on_queued(self, handler: None = None, *, blocking: bool = False) -> Callable[[H], H]: ...
+
+    def on_queued(
+        self, handler: H | None = None, *, blocking: bool = False
+    ) -> H | Callable[[H], H]:
+        """Decorator: `handler(payload) -> bytes` (sync or async) runs the jobs queued for this
+        node's cluster with `enqueue` (default: the request handler runs them);
+        `@node.on_queued` or `@node.on_queued(blocking=True)`.
+
+        A job is the mesh memory's until the handler's answer reaches it, so a job whose member
+        dies mid-run runs again elsewhere (at least once); a repeat that reaches this member
+        after it answered is answered again without running (`jobs_absorbed` in `stats()`).
+        Jobs have an admission of their own, next to the requests'.
+        """
+        if not self.clusters:
+            raise ConfigurationError("a node without a cluster runs no queued jobs: pass cluster=")
+
+        def register(handler: H) -> H:
+            pool = None
+            if blocking:
+                if self._runner.pool is None:
+                    self._runner.pool = ThreadPoolExecutor(
+                        self._handler_threads, thread_name_prefix="irismesh-handler"
+                    )
+                pool = self._runner.pool
+                admission = self._queued.runner.admission
+                if admission is not None:
+                    admission.max_limit = self._handler_threads
+                    admission.limit = min(admission.limit, self._handler_threads)
+            self._queued.handle(handler, blocking=blocking, pool=pool)
+            return handler
+
+        return register if handler is None else register(handler)
+
+    async def caught_up(self) -> None:
+        """Until this memory member, once started, has copied what the other memory members
+        stored while it was away (returns at once on other nodes)."""
+        if self._catching_up is not None:
+            await asyncio.shield(self._catching_up)
+
+    async def _retain(self, topic: str, payload: bytes, timeout: float | None) -> bytes:
+        """Store a retained publish with the memory members: its id (`publish(retain=True)`)."""
+        return await self.memory.retain(topic, payload, timeout)
 
 
 def _remembered(stored: Remembered) -> Message:

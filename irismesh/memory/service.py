@@ -62,6 +62,7 @@ from irismesh.errors import (
     RemoteError,
     RequestTimeout,
 )
+from irismesh.memory import MAX_LATEST, MEMORY_CLUSTER
 from irismesh.memory.jobs import TOMBSTONE_KEEP, Job, JobStore
 from irismesh.memory.store import (
     ID_SIZE,
@@ -85,7 +86,6 @@ Survey = Callable[
     [bytes, float | None], Awaitable[tuple[dict[str, bytes], dict[str, MeshError], list[str]]]
 ]
 
-MEMORY_CLUSTER: Final = "_memory"
 _STORE, _LATEST, _SINCE = "store", "latest", "since"
 _ENQUEUE, _DONE, _JOBS = "enqueue", "done", "jobs"
 MAX_ATTEMPTS: Final = 5  # handler runs a job gets before it is set aside (dead-lettered)
@@ -96,7 +96,6 @@ _Rows = list[tuple[str, bytes, float, bytes]]
 _RETRY_AFTER: Final = 0.2  # seconds before a job that failed or found no member goes again
 CATCH_UP_MARGIN: Final = 60.0  # seconds before its newest message a starting member asks from
 _MAX_BATCH: Final = 4096
-MAX_LATEST: Final = 100_000
 _GROUP: Final = 256  # store requests written in one transaction at most
 _BATCH_BYTES: Final = 256 << 10  # payload a caller sends in one store or enqueue request
 _ROW_ROOM: Final = 64  # a row's id, times and msgpack framing, at most

@@ -42,13 +42,12 @@ from irismesh._core.events import (
     PeerUp,
 )
 from irismesh.errors import Closed, NoResponders, Overloaded, PayloadTooLarge, RequestTimeout
-from irismesh.telemetry.export import Publish, TopicExporter, exporter_for
 from irismesh.telemetry.recorder import Recorder
 from irismesh.telemetry.schema import Kind, MembershipEvent, Outcome
-from irismesh.telemetry.spool import SpoolWriter
 
 if TYPE_CHECKING:
     from irismesh.patterns.tunnel import Tunnel
+    from irismesh.telemetry.export import Publish, TopicExporter
 
 OK, REMOTE_ERROR, DROPPED = str(Outcome.OK), str(Outcome.REMOTE_ERROR), str(Outcome.DROPPED)
 REQUEST_KIND, BROADCAST_KIND = str(Kind.REQUEST), str(Kind.BROADCAST)
@@ -121,6 +120,10 @@ class NodeTelemetry:
         config = self._spool
         if config is None:
             return
+        # Imported by a node with a spool only: the others leave them unloaded.
+        from irismesh.telemetry.export import exporter_for
+        from irismesh.telemetry.spool import SpoolWriter
+
         recorder = self.recorder
         recorder.writer = SpoolWriter(
             config.spool_dir, self.node_id.hex(), max_age=config.max_file_age

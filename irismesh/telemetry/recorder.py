@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from irismesh.telemetry.schema import Kind, MembershipEvent, Outcome, Pattern
-from irismesh.telemetry.spool import SpoolWriter
+
+if TYPE_CHECKING:
+    from irismesh.telemetry.spool import SpoolWriter
 
 _REQUEST, _SERVE = str(Kind.REQUEST), str(Kind.SERVE)
 _REQREP = str(Pattern.REQREP)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -68,8 +69,9 @@ def tracing_wanted(
     been set."""
     if asked is not None and not isinstance(asked, bool):
         return True
+    env = os.environ if environ is None else environ
     if asked is None:
-        text = (os.environ if environ is None else environ).get(ENV, "").strip().lower()
+        text = env.get(ENV, "").strip().lower()
         if text in _TRUE:
             asked = True
         elif text in _FALSE:
@@ -77,6 +79,11 @@ def tracing_wanted(
         elif text:
             raise ConfigurationError(f"{ENV}={text!r}: expected 1 or 0 (true/false, on/off)")
     if asked is False:
+        return False
+    unset = "opentelemetry.trace" not in sys.modules and not env.get("OTEL_PYTHON_TRACER_PROVIDER")
+    if not asked and unset:
+        # A tracer provider is set through the API (imported by then) or named in the
+        # environment: without either none was set, and the API stays unloaded.
         return False
     if not installed():
         if asked:

@@ -19,7 +19,8 @@ from helpers import run_with_deadline, wait_until
 import irismesh
 from irismesh._cli.top import gateway_views
 from irismesh.federation import LinkConfig, far_answers
-from irismesh.federation import gateway as gateway_module
+from irismesh.federation import imports as imports_module
+from irismesh.federation import topics as topics_module
 from irismesh.federation.crossing import CROSSING, RESENT, Crossing
 from irismesh.patterns import pubsub as pubsub_module
 
@@ -918,7 +919,7 @@ def test_a_fixed_bind_without_a_range_imports_on_free_ports_of_its_host() -> Non
 def test_an_import_that_cannot_start_is_an_error_once_shown_by_top_and_retried(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(gateway_module, "_IMPORT_RETRY", 0.3)
+    monkeypatch.setattr(imports_module, "_IMPORT_RETRY", 0.3)
 
     async def main() -> None:
         a, b = Mesh("a"), Mesh("b")
@@ -1044,7 +1045,7 @@ def test_a_subscription_delivers_an_id_once_within_its_window_and_again_past_it(
             mesh.seeds.append(pub.endpoint)
             _, got = await subscribed(stack, mesh, "t.#")
             await pub.wait_for_subscribers("t.x", 1, timeout=10)
-            publish = gateway_module._publish_identified
+            publish = topics_module.publish_identified
 
             def ident(i: int) -> bytes:
                 return i.to_bytes(16, "big")

@@ -260,6 +260,9 @@ def test_a_killed_member_resets_the_callers_tunnel_across_the_gateways(tmp_path:
             assert proc.stdout is not None
             line = (await asyncio.wait_for(proc.stdout.readline(), 20)).decode()
             assert "member of 'db'" in line, line
+            # The line comes as the member starts, before its link to the seed is up: the
+            # gateway of mesh a opens the tunnel there once its node knows the member.
+            await gw_a.node.wait_for_members("db", timeout=10)
             await client.wait_for_members("db", timeout=10)
             tunnel = await client.tunnel("db", timeout=5)
             await tunnel.send(b"echo me")  # `mesh node` echoes tunnels
