@@ -96,8 +96,10 @@ def choose(members: Sequence[C], rng: Random, avoid: object = None, now: float =
     return a if cost_a < cost_b else b
 
 
-def observe(member: Candidate, sample: float, now: float = 0.0) -> None:
-    """Fold a round-trip sample, taken at `now`, into the member's latency estimate.
+def observe(member: Candidate, sample: float, age: float = 0.0) -> None:
+    """Fold a round-trip sample into the member's latency estimate, refreshed `age` seconds
+    ago (the caller keeps `latency_at`: it holds the member's own class, whose attributes cost
+    less to reach than a Protocol's, and this runs for every reply).
 
     A sample counts for at most twice the estimate: one outlier (a GC pause, a scheduler
     hiccup) then moves the estimate by at most EWMA_WEIGHT, inside the tie band, while a member
@@ -105,8 +107,6 @@ def observe(member: Candidate, sample: float, now: float = 0.0) -> None:
     counts for less: the sample's weight grows with the estimate's age, to all of it at DECAY.
     """
     latency = member.latency
-    age = now - member.latency_at
-    member.latency_at = now
     if latency == 0.0:  # the first sample is the estimate
         member.latency = sample
         return

@@ -484,10 +484,11 @@ class Calls(LinkObserver):
             link.errors_in_row = 0
         elif not request.pinned:  # its request handler raised: a strike against it
             self.outliers.failed(link, request.cluster, now)
+        age = now - link.latency_at  # of the estimate: a stale one counts for less
+        link.latency_at = link.last_sample = now
         balancer.observe(
-            link, now - (request.sent_at if request.link is link else request.hedge_at), now
+            link, now - (request.sent_at if request.link is link else request.hedge_at), age
         )
-        link.last_sample = now
         if not request.pinned:
             self.throttle.accepted(throttle_key(request.cluster, request.priority), now)
             other = request.hedged if request.link is link else request.link

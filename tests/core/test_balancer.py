@@ -152,18 +152,17 @@ def test_a_member_with_requests_in_flight_does_not_decay() -> None:
 
 
 def test_a_fresh_sample_replaces_an_estimate_decay_old() -> None:
-    member = Member(latency=1.0, latency_at=0.0)
-    balancer.observe(member, 0.001, balancer.DECAY)
+    member = Member(latency=1.0)
+    balancer.observe(member, 0.001, balancer.DECAY)  # an estimate DECAY old
     assert abs(member.latency - 0.001) < 1e-12
-    assert member.latency_at == balancer.DECAY
     # Halfway, it counts for half; fresh, for EWMA_WEIGHT as before.
-    member = Member(latency=1.0, latency_at=0.0)
+    member = Member(latency=1.0)
     balancer.observe(member, 0.0, 0.5 * balancer.DECAY)
     assert abs(member.latency - 0.5) < 1e-9
-    balancer.observe(member, 0.0, 0.5 * balancer.DECAY + 0.01)
+    balancer.observe(member, 0.0, 0.01)
     assert abs(member.latency - 0.5 * (1 - balancer.EWMA_WEIGHT)) < 1e-9
     # A stale estimate still moves at most to twice itself: one outlier is one outlier.
-    member = Member(latency=0.001, latency_at=0.0)
+    member = Member(latency=0.001)
     balancer.observe(member, 5.0, 2 * balancer.DECAY)
     assert member.latency == 0.002
 
@@ -190,8 +189,11 @@ def simulate_measured(
     for order in range(picks):
         if len(in_flight) >= concurrency:
             now, _order, done, sent = heapq.heappop(in_flight)
-            members[done].outstanding -= 1
-            balancer.observe(members[done], now - sent, now if clock else 0.0)
+            member = members[done]
+            member.outstanding -= 1
+            age = now - member.latency_at if clock else 0.0
+            member.latency_at = now if clock else 0.0  # as Calls.on_reply stamps it
+            balancer.observe(member, now - sent, age)
         chosen = balancer.choose(members, rng, None, now if clock else 0.0)
         index = next(i for i, m in enumerate(members) if m is chosen)
         chosen.outstanding += 1
