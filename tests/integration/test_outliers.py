@@ -268,7 +268,11 @@ def test_members_shedding_load_are_not_ejected(keys: irismesh.Keyring) -> None:
             assert caller.stats["requests_turned_away"] > 0, outcomes
             assert outcomes["Overloaded"] > 0, outcomes
             assert outcomes["RemoteError"] == 0, outcomes
-            assert caller.stats.get("members_ejected", 0) == 0, dict(caller.stats)
+            assert caller.stats.get("members_ejected", 0) == 0, {
+                k: v
+                for k, v in caller.stats.items()
+                if "eject" in k or "turned" in k or "timed" in k
+            }
         finally:
             await asyncio.gather(*(n.close() for n in (caller, second, first)))
 
