@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from irismesh._core.events import LinksChanged, PeerDown, PeerUp
+from irismesh._core.outliers import ID_PREFIX
 from irismesh._core.records import MemberState
 from irismesh._nodestate import NodeState
 from irismesh.discovery.survey import SurveyDiscovery
@@ -172,6 +173,27 @@ class IntrospectionApi(NodeState):
                 )
             live.append(info)
         return gone + live
+
+    def ejected_by(self, clusters: Iterable[str]) -> dict[str, dict[str, tuple[str, ...]]]:
+        """Which nodes of the mesh keep which peers out of the rotation of `clusters` (outlier
+        ejection: each caller decides for itself), as their membership records say: peer id
+        -> cluster -> the callers' ids, sorted (ids in hex). Only clusters this keyring holds
+        a key for can be read; a caller's record says so within a few seconds of its
+        decision, and names at most 8 members per cluster, for at most 4 clusters."""
+        core, _ = self._caller.running()
+        seen = core.ejected_by([c for c in clusters if self.keyring.primary(c) is not None])
+        found: dict[str, dict[str, tuple[str, ...]]] = {}
+        if not seen:
+            return found
+        for member, _link in core.known():
+            node_id = member.record.node_id
+            by_cluster = seen.get(node_id[:ID_PREFIX])
+            if by_cluster and member.state <= MemberState.SUSPECT:
+                found[node_id.hex()] = {
+                    cluster: tuple(sorted(caller.hex() for caller in callers))
+                    for cluster, callers in sorted(by_cluster.items())
+                }
+        return found
 
     def _list_clusters(self) -> dict[str, tuple[PeerInfo, ...]]:
         """`node.clusters()`: the clusters this node's keyring can open, each with its live

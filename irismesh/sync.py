@@ -235,6 +235,10 @@ class Node:
         """As `irismesh.Node.clusters`: the clusters the keyring opens, with their members."""
         return self._call(_wrap(self._node.clusters))
 
+    def ejected_by(self, clusters: Iterable[str]) -> dict[str, dict[str, tuple[str, ...]]]:
+        """As `irismesh.Node.ejected_by`: which callers keep which peers out of rotation."""
+        return self._call(_wrap(self._node.ejected_by, list(clusters)))
+
     def set_split(self, cluster: str, weights: Mapping[str, int], *, timeout: float = 5.0) -> int:
         """As `irismesh.Node.set_split`: the traffic split of `cluster`, for the whole mesh."""
         return self._call(self._node.set_split(cluster, weights, timeout=timeout))

@@ -63,7 +63,9 @@ def register(commands: Commands) -> None:
             "--name`; '-' for a node without one), endpoint, state\n"
             "(alive; suspect when it fell silent and other peers are asked about it; dead or\n"
             "left for peers seen to go while gathering; 'ejected from C' while this node keeps\n"
-            "it out of cluster C's rotation after failures or lagging far behind),\n"
+            "it out of cluster C's rotation after failures or lagging far behind; 'ejected by\n"
+            "N callers (C)' while N nodes of the mesh keep it out of C's rotation, as their\n"
+            "membership records say, for the clusters this keyring can open),\n"
             "heartbeat RTT, the balancer's latency estimate, this node's requests in flight,\n"
             "and the clusters it serves among those this keyring can open (nodes announce\n"
             "their clusters sealed under the keys that open them; '*' opens them all)."
@@ -161,7 +163,13 @@ def _mean(values: Iterable[float]) -> float | None:
     return sum(items) / len(items) if items else None
 
 
-def peer_json(p: irismesh.PeerInfo, clusters: Sequence[str]) -> dict[str, object]:
+EjectedBy = Mapping[str, Mapping[str, Sequence[str]]]  # peer id -> cluster -> callers' ids
+
+
+def peer_json(
+    p: irismesh.PeerInfo, clusters: Sequence[str], ejected_by: EjectedBy | None = None
+) -> dict[str, object]:
+    by = (ejected_by or {}).get(p.node_id, {})
     return {
         "node_id": p.node_id,
         "name": p.name,
@@ -172,6 +180,7 @@ def peer_json(p: irismesh.PeerInfo, clusters: Sequence[str]) -> dict[str, object
         "outstanding": p.outstanding,
         "clusters": list(clusters),
         "ejected": list(p.ejected),
+        "ejected_by": {cluster: list(callers) for cluster, callers in by.items()},
     }
 
 
@@ -195,7 +204,20 @@ _STATE_STYLE = {
 }
 
 
-def peers_table(peers: Sequence[irismesh.PeerInfo], served: dict[str, list[str]]) -> Table:
+def ejected_by_text(by: Mapping[str, Sequence[str]]) -> str:
+    """'ejected by 2 callers (db, cache)': how many nodes keep the peer out of some rotation."""
+    callers = {caller for ids in by.values() for caller in ids}
+    if not callers:
+        return ""
+    noun = "caller" if len(callers) == 1 else "callers"
+    return f"ejected by {len(callers)} {noun} ({', '.join(sorted(by))})"
+
+
+def peers_table(
+    peers: Sequence[irismesh.PeerInfo],
+    served: dict[str, list[str]],
+    ejected_by: EjectedBy | None = None,
+) -> Table:
     table = Table(title=f"peers ({len(peers)})", title_justify="left")
     table.add_column("node")
     table.add_column("name", no_wrap=True)
@@ -206,12 +228,14 @@ def peers_table(peers: Sequence[irismesh.PeerInfo], served: dict[str, list[str]]
     table.add_column("outstanding", justify="right")
     table.add_column("clusters")
     for p in sorted(peers, key=lambda p: p.endpoint):
+        by = ejected_by_text((ejected_by or {}).get(p.node_id, {}))
         table.add_row(
             short_id(p.node_id),
             escape(p.name) or "-",
             p.endpoint,
             _STATE_STYLE.get(p.state, p.state)
-            + (f" [magenta]ejected from {escape(', '.join(p.ejected))}[/]" if p.ejected else ""),
+            + (f" [magenta]ejected from {escape(', '.join(p.ejected))}[/]" if p.ejected else "")
+            + (f" [magenta]{escape(by)}[/]" if by else ""),
             ms(p.rtt_ms),
             ms(measured(p.latency_ms)),
             str(p.outstanding),
@@ -258,13 +282,15 @@ async def run_peers(args: argparse.Namespace) -> int:
                 await node.connect(name, timeout=args.wait)
         peers = node.peers()
         served = served_by(view_clusters(node, names, peers))
+        # Which callers keep which peers out of rotation: their records say, cluster by cluster.
+        ejected_by = node.ejected_by({*names, *(c for cs in served.values() for c in cs)})
         peers = node.peers(departed=True)  # and those seen to go while gathering
     if not peers and args.seed:
         raise nobody_answered(args)
     if args.json:
-        print_json([peer_json(p, served.get(p.node_id, [])) for p in peers])
+        print_json([peer_json(p, served.get(p.node_id, []), ejected_by) for p in peers])
     else:
-        stdout_console().print(peers_table(peers, served))
+        stdout_console().print(peers_table(peers, served, ejected_by))
     return 0
 
 

@@ -243,11 +243,11 @@ class Calls(LinkObserver):
             route = self.routes.get(cluster)
             if route is not None:
                 candidates = route.narrow(candidates, self._rng)
-        link = balancer.choose(candidates, self._rng)
+        link = balancer.choose(candidates, self._rng, None, now)
         if link.suspect:  # silent lately: another member if there is one that is not
             heard = [m for m in candidates if not m.suspect]
             if heard:
-                link = balancer.choose(heard, self._rng)
+                link = balancer.choose(heard, self._rng, None, now)
         req_id = self._next_req
         self._next_req += 1
         request = PendingRequest(
@@ -418,7 +418,7 @@ class Calls(LinkObserver):
             if request.deadline > now:
                 self._want(request.cluster, now)  # other members, not linked yet
             return
-        link = balancer.choose(members, self._rng, avoid=failed)
+        link = balancer.choose(members, self._rng, failed, now)
         counter = "requests_resent" if request.attempts else "requests_unparked"
         self._send_to(request, link, now, counter, hedge=False)
 
@@ -437,7 +437,7 @@ class Calls(LinkObserver):
             if not others or request.deadline <= now:
                 continue  # it stays: this member may yet answer
             link.outstanding -= 1
-            target = balancer.choose(others, self._rng)
+            target = balancer.choose(others, self._rng, None, now)
             self._send_to(request, target, now, "requests_migrated", hedge=False)
 
     def _hedge(self, request: PendingRequest, now: float) -> None:
@@ -456,7 +456,7 @@ class Calls(LinkObserver):
             self._stats["hedges_over_budget"] += 1
             return
         self._hedge_tokens -= 1.0
-        link = balancer.choose(members, self._rng)
+        link = balancer.choose(members, self._rng, None, now)
         self._send_to(request, link, now, "requests_hedged", hedge=True)
 
     def on_reply(
@@ -484,10 +484,11 @@ class Calls(LinkObserver):
             link.errors_in_row = 0
         elif not request.pinned:  # its request handler raised: a strike against it
             self.outliers.failed(link, request.cluster, now)
+        age = now - link.latency_at  # of the estimate: a stale one counts for less
+        link.latency_at = link.last_sample = now
         balancer.observe(
-            link, now - (request.sent_at if request.link is link else request.hedge_at)
+            link, now - (request.sent_at if request.link is link else request.hedge_at), age
         )
-        link.last_sample = now
         if not request.pinned:
             self.throttle.accepted(throttle_key(request.cluster, request.priority), now)
             other = request.hedged if request.link is link else request.link
@@ -507,7 +508,7 @@ class Calls(LinkObserver):
         else it fails with Overloaded. The member weighs less in the balance for a while."""
         self._stats["requests_turned_away"] += 1
         link.refusals += 1  # no failure, yet its latency estimate is penalised below
-        balancer.penalise(link)
+        balancer.penalise(link, now)
         link.outstanding -= 1
         if request.hedged is link:
             request.hedged = None
@@ -520,7 +521,7 @@ class Calls(LinkObserver):
             members = self.linked.get(request.cluster) or self.members(request.cluster)
             others = [m for m in members if m.peer_id not in request.refused]
             if others:
-                target = balancer.choose(others, self._rng)
+                target = balancer.choose(others, self._rng, None, now)
                 self._send_to(request, target, now, "requests_retried_elsewhere", hedge=False)
                 return
         self.pending.pop(request.req_id)

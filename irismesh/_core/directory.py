@@ -44,11 +44,13 @@ class Directory:
         # sealed notes it carries by cluster (traffic splits: `split`).
         self.version = ""
         self.notes: dict[str, bytes] = {}
+        # The sealed notes on the members it keeps out of rotation, by cluster (`outliers`).
+        self.ejections: dict[str, bytes] = {}
 
     def own_tags(self, node_id: bytes, clusters: Iterable[str], patterns: Iterable[str]) -> bytes:
         """The tags of this node's own record: the clusters it serves and as which version, the
         topic scopes its subscription `patterns` read (a pattern whose first word is a wildcard
-        reads them all), and its notes (those that fit)."""
+        reads them all), and its notes (those that fit; its ejections' last)."""
         scopes = {pattern.partition(".")[0] for pattern in patterns}
         every = bool(scopes & {"*", "#"})
         served = tuple(clusters)
@@ -63,7 +65,12 @@ class Directory:
                 tags += note
         # Key tags only report a rotation's progress: they never crowd out what routes.
         room = max(0, MAX_TAGS - len(tags)) // KEY_TAG_SIZE * KEY_TAG_SIZE
-        return tags + self._security.key_tags(node_id)[:room]
+        tags += self._security.key_tags(node_id)[:room]
+        # Ejections are only for operators to see: they have the room that is left.
+        for note in self.ejections.values():
+            if len(tags) + len(note) <= MAX_TAGS:
+                tags += note
+        return tags
 
     def recheck(self) -> bool:
         """The keys changed: answer every table in use again; True if one gained a node."""

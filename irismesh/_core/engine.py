@@ -40,7 +40,8 @@ inbound link gone), in this order:
 - `pubsub`: interest, publishing, credit;
 - `tunnels`: tunnel ends and their ops;
 - `calls`: requests as caller (resends, hedges, deadlines, and through `outliers` the members
-  kept out of rotation for a while) and as member (the reply cache).
+  kept out of rotation for a while, which this node's record tells the mesh) and as member
+  (the reply cache).
 
 `outbox` holds what the core hands its driver: events, and frames sealed per link (staged and
 batched while the driver flushes); `take_datagrams` hands it membership's datagrams.
@@ -93,6 +94,7 @@ from irismesh._core.links import (
 from irismesh._core.liveness import LinkWatch
 from irismesh._core.membership import Membership
 from irismesh._core.outbox import Outbox
+from irismesh._core.outliers import SharedEjections, ejected_by
 from irismesh._core.pubsub import PubSubCore
 from irismesh._core.records import (
     MemberChanged,
@@ -243,6 +245,10 @@ class MeshCore(CoreApi):
             stats=stats,
             routes=calls.routes,
             carried=directory.notes,
+        )
+        # Which members this node keeps out of rotation, as its record says (`outliers`).
+        self._ejections = SharedEjections(
+            security=security, randbytes=randbytes, carried=directory.ejections
         )
         self.pubsub = pubsub = PubSubCore(
             config=config,
@@ -708,6 +714,8 @@ class MeshCore(CoreApi):
             self._demand.dial_wanted(now)
         if self.splits.reread():
             self._retag()
+        self._ejections.reseal()
+        self.calls.outliers.unshared = True
 
     # ----------------------------------------------------------------- traffic splits
 
@@ -735,6 +743,15 @@ class MeshCore(CoreApi):
         """Live members of `cluster` by version its split names, and those of other versions."""
         return self.splits.versions(cluster)
 
+    # ----------------------------------------------------------------- ejections, mesh-wide
+
+    def ejected_by(self, clusters: Iterable[str]) -> dict[bytes, dict[str, list[bytes]]]:
+        """Which live nodes (this one too) keep which members out of `clusters`' rotation, as
+        their records say (`outliers`): member id prefix -> cluster -> the nodes' ids."""
+        live = [m.record for m in self.membership.members() if m.state <= MemberState.SUSPECT]
+        live.append(self.membership.me)
+        return ejected_by(self._security, live, clusters)
+
     # ----------------------------------------------------------------- time
 
     def tick(self, now: float) -> None:
@@ -759,6 +776,13 @@ class MeshCore(CoreApi):
                 self._recheck_unreachable()
             self._demand.housekeep(now)
         self.calls.tick(now)
+        outliers = self.calls.outliers
+        if (
+            outliers.unshared
+            and self._ejections.due(now)
+            and self._ejections.update(outliers.shared(), now)
+        ):
+            self._retag()
         self._tick_due = self.next_deadline(now)
 
     def _recheck_unreachable(self) -> None:

@@ -56,7 +56,8 @@ class OutLink:
     recv_seq: int = 0
     outstanding: int = 0  # requests in flight on this link (read by the balancer)
     latency: float = 0.0  # EWMA of request round trips (read by the balancer)
-    last_sample: float = 0.0
+    latency_at: float = 0.0  # when a reply (or a refusal) last refreshed `latency`
+    last_sample: float = 0.0  # when the link was last used (a reply, a publish): idle closing
     # This interval's outcomes of requests on this link (read and cleared by `outliers`):
     replies: int = 0  # replies, good or error (turned away unrun: `refusals`)
     errors: int = 0  # error replies (the member's handler raised)

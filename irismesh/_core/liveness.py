@@ -88,9 +88,6 @@ class LinkWatch(LinkObserver):
             link.last_ping = now
             acks, link.acks = link.acks[:200], link.acks[200:]
             self._outbox.send_out(link, _PING, [int(now * 1e6), acks])
-            if link.outstanding == 0 and now - link.last_sample > 1.0:
-                link.latency *= 0.5  # let an idle member that was slow be probed again
-                link.last_sample = now
         return None
 
     def next_deadline(self, now: float) -> float:

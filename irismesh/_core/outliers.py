@@ -37,6 +37,16 @@ The member is a link's peer; a peer serving two clusters has its replies counted
 and is ejected from the cluster whose requests it failed. Ejections outlive the link: a member
 whose link closes and opens again is still out.
 
+Shared. A caller's ejections are its own decisions, but an operator wants to see them across
+the mesh ("which callers keep this member out?"). So each node says in its membership record
+which members it keeps out of each cluster's rotation now: per cluster, a *note* sealed under
+the cluster's key (the traffic splits' notes, `split`), of kind NOTE_EJECTED, listing the
+first ID_PREFIX bytes of at most MAX_NOTE_IDS members' ids, for at most MAX_NOTE_CLUSTERS
+clusters. The record carries them after everything else, only in the room left (its tags
+have a budget, `gossip.MAX_TAGS`), and changes at most once per SHARE_EVERY: ejections are
+rare, and a change of record costs the mesh one round of gossip. `SharedEjections` keeps the
+sealed notes; `ejected_by` reads them out of the live records, for the clusters named.
+
 Cost: `Calls.request` asks `rotation` for the members to choose from only while some member is
 ejected (the list is kept per cluster, remade when an ejection or the cluster's links change);
 a reply costs its link two integer updates.
@@ -45,15 +55,25 @@ a reply costs its link two integer updates.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
+
+import msgpack
 
 from irismesh._core.events import MemberEjected, MemberReadmitted
 from irismesh._core.links import OutLink
 from irismesh._core.outbox import Outbox
-from irismesh.errors import ConfigurationError
+from irismesh._core.records import NOTE_SALT, MemberRecord, MembershipSecurity
+from irismesh.errors import ConfigurationError, NoKey
 
 ERRORS, SUCCESS_RATE, LATENCY = "errors", "success_rate", "latency"  # why a member was ejected
+
+NOTE_EJECTED = 2  # the kind of note: members out of a cluster's rotation (`split` has 1)
+ID_PREFIX = 8  # bytes of a member's id a note names it by
+MAX_NOTE_IDS = 8  # members one note names
+MAX_NOTE_CLUSTERS = 4  # clusters a record carries notes on
+SHARE_EVERY = 1.0  # seconds: the most often a record's notes change
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,6 +152,7 @@ class OutlierEjection:
         self._rotations: dict[str, tuple[list[OutLink], list[OutLink]]] = {}
         self._next_sweep = 0.0
         self._next_readmission = float("inf")  # the earliest ejection's end
+        self.unshared = False  # the ejections changed since `shared` last said which
 
     # ----------------------------------------------------------------- the caller's choice
 
@@ -321,3 +342,117 @@ class OutlierEjection:
     def _changed(self, by: int) -> None:
         self.ejected += by
         self._rotations.clear()
+        self.unshared = True
+
+    def shared(self) -> dict[str, list[bytes]]:
+        """What this node's record says (see Shared above): cluster -> the id prefixes of the
+        members out of its rotation, both sorted and capped."""
+        self.unshared = False
+        return {
+            cluster: sorted(node_id[:ID_PREFIX] for node_id in out)[:MAX_NOTE_IDS]
+            for cluster, out in sorted(self._out.items())[:MAX_NOTE_CLUSTERS]
+        }
+
+
+_packb = msgpack.Packer(use_bin_type=True).pack
+
+
+def encode_ejected(prefixes: list[bytes]) -> bytes:
+    """A note before sealing: [NOTE_EJECTED, [id prefix, ...]]."""
+    return _packb([NOTE_EJECTED, prefixes])  # type: ignore[no-any-return]
+
+
+def decode_ejected(note: bytes) -> list[bytes] | None:
+    """The id prefixes of a note of kind NOTE_EJECTED; None if it is none, or not well formed
+    (a note of a newer kind is none of ours)."""
+    try:
+        value: Any = msgpack.unpackb(
+            note,
+            raw=False,
+            max_bin_len=ID_PREFIX,
+            max_str_len=0,
+            max_array_len=MAX_NOTE_IDS,
+            max_map_len=0,
+            max_ext_len=0,
+        )
+    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+        return None
+    if (
+        type(value) is not list
+        or len(value) != 2
+        or value[0] != NOTE_EJECTED
+        or type(value[1]) is not list
+        or not all(type(p) is bytes and len(p) == ID_PREFIX for p in value[1])
+    ):
+        return None
+    return list(value[1])
+
+
+class SharedEjections:
+    """The sealed notes this node's record carries on its ejections (see Shared above)."""
+
+    def __init__(
+        self,
+        *,
+        security: MembershipSecurity,
+        randbytes: Callable[[int], bytes],
+        carried: dict[str, bytes],
+    ) -> None:
+        self._security = security
+        self._randbytes = randbytes
+        # Cluster -> the sealed note this node's record carries: the directory's own dict,
+        # which it puts among the record's tags.
+        self.carried = carried
+        self._plain: dict[str, bytes] = {}  # cluster -> the note as sealed in `carried`
+        self._next = 0.0
+
+    def due(self, now: float) -> bool:
+        return now >= self._next
+
+    def update(self, shared: dict[str, list[bytes]], now: float) -> bool:
+        """Carry notes saying `shared` (`OutlierEjection.shared`); True if they changed. A
+        note that says what it said before stays as it was sealed."""
+        self._next = now + SHARE_EVERY
+        plain: dict[str, bytes] = {}
+        carried: dict[str, bytes] = {}
+        for cluster, prefixes in shared.items():
+            note = encode_ejected(prefixes)
+            sealed = self.carried.get(cluster)
+            if sealed is None or self._plain.get(cluster) != note:
+                try:
+                    sealed = self._security.seal_note(cluster, self._randbytes(NOTE_SALT), note)
+                except NoKey:  # no key for it any more: nothing to say to its holders
+                    continue
+            plain[cluster] = note
+            carried[cluster] = sealed
+        if carried == self.carried:
+            return False
+        self._plain = plain
+        self.carried.clear()
+        self.carried.update(carried)
+        return True
+
+    def reseal(self) -> None:
+        """This node's keys changed: seal every note again at the next `update`."""
+        self._plain.clear()
+        self._next = 0.0
+
+
+def ejected_by(
+    security: MembershipSecurity, records: Iterable[MemberRecord], clusters: Iterable[str]
+) -> dict[bytes, dict[str, list[bytes]]]:
+    """What the `records` say of `clusters` (those this node holds keys for): id prefix of a
+    member -> cluster -> the ids of the nodes keeping it out of that cluster's rotation."""
+    seen: dict[bytes, dict[str, list[bytes]]] = {}
+    names = list(clusters)
+    for record in records:
+        if not record.tags:
+            continue
+        for cluster in names:
+            for plain, _sealed in security.open_notes(record.tags, cluster):
+                prefixes = decode_ejected(plain)
+                for prefix in prefixes or ():
+                    callers = seen.setdefault(prefix, {}).setdefault(cluster, [])
+                    if record.node_id not in callers:
+                        callers.append(record.node_id)
+    return seen

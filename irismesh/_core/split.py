@@ -121,6 +121,15 @@ def encode_split(stamp: int, weights: tuple[tuple[str, int], ...]) -> bytes:
     return _packb([_NOTE_SPLIT, stamp, [[v, w] for v, w in weights]])  # type: ignore[no-any-return]
 
 
+def note_kind(note: bytes) -> int:
+    """The kind of a note: the first element of its encoding, a msgpack array that begins
+    with a small int (-1: none such). Notes of every kind on a cluster sit under one locator:
+    a split's (_NOTE_SPLIT), and the members a caller ejects (`outliers.NOTE_EJECTED`)."""
+    if len(note) >= 2 and 0x91 <= note[0] <= 0x9F and note[1] < 0x80:
+        return note[1]
+    return -1
+
+
 def decode_split(note: bytes) -> tuple[int, tuple[tuple[str, int], ...]] | None:
     """(stamp, weights) of a split's note; None if it is no well-formed split."""
     try:
@@ -324,7 +333,8 @@ class Splits:
         for plain, sealed in self._security.open_notes(tags, cluster):
             decoded = decode_split(plain)
             if decoded is None:
-                self._stats["split_notes_bad"] += 1
+                if note_kind(plain) == _NOTE_SPLIT:  # other kinds share the cluster's notes
+                    self._stats["split_notes_bad"] += 1
                 continue
             split = Split(decoded[0], decoded[1], plain, sealed)
             if split.newer_than(self.current.get(cluster)):

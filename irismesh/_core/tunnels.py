@@ -77,7 +77,7 @@ class TunnelTable(LinkObserver):
         members = self._members_for(cluster, 0, 0, now)
         if not members:  # known, not linked yet: the node waits for a link, then opens
             raise NoResponders(cluster)
-        link = balancer.choose(members, self._rng)
+        link = balancer.choose(members, self._rng, None, now)
         handle = self._next_handle
         self._next_handle += 1
         slot = link.clusters[cluster]

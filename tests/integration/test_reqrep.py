@@ -238,6 +238,7 @@ def test_sync_node_blocking_api(keyfile: object, keys: irismesh.Keyring) -> None
             assert client.request("db", b"abc", timeout=5) == b"ABC"
             with pytest.raises(irismesh.NoResponders):
                 client.request("other", b"x")
+            assert client.ejected_by(["db"]) == {}  # nobody keeps the member out
     with pytest.raises(irismesh.Closed):
         client.request("db", b"x")
 
