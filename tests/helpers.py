@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 MESH = [sys.executable, "-m", "irismesh"]  # the `mesh` tool, as a subprocess
+
+_P = ParamSpec("_P")
 
 
 def run_with_deadline(coro: Awaitable[None], timeout: float) -> None:
@@ -27,6 +30,21 @@ def run_with_deadline(coro: Awaitable[None], timeout: float) -> None:
         await asyncio.wait_for(coro, timeout)
 
     asyncio.run(bounded())
+
+
+def deadline(
+    timeout: float,
+) -> Callable[[Callable[_P, Awaitable[None]]], Callable[_P, None]]:
+    """An async test, run by `run_with_deadline` (pytest passes it the fixtures it names)."""
+
+    def wrap(test: Callable[_P, Awaitable[None]]) -> Callable[_P, None]:
+        @functools.wraps(test)
+        def run(*args: _P.args, **kwargs: _P.kwargs) -> None:
+            run_with_deadline(test(*args, **kwargs), timeout)
+
+        return run
+
+    return wrap
 
 
 async def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> float:
@@ -166,6 +184,19 @@ def assert_usage_errors(
     assert not failures, "\n".join(failures)
 
 
+async def calls_of_each_outcome(client: Any, count: int) -> None:
+    """`count` requests to "db" (served by `echo_or_boom`) that succeed, one the member fails
+    (a RemoteError) and one to a cluster nobody serves (NoResponders)."""
+    import irismesh
+
+    await client.wait_for_members("db", timeout=5)
+    await asyncio.gather(*(client.request("db", b"%d" % i) for i in range(count)))
+    with pytest.raises(irismesh.RemoteError):
+        await client.request("db", b"boom")
+    with pytest.raises(irismesh.NoResponders):
+        await client.request("nobody", b"x")
+
+
 def run_example(name: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """Run examples/`name` in a process group of its own, all of which dies at the end (the
     members it starts join the group, so none outlives the test); it must exit 0."""
@@ -202,6 +233,22 @@ async def memory_members(keys: Any, *directories: Path) -> list[Any]:
         node = irismesh.Node(keyring=keys, memory=directory, seeds=seeds)
         nodes.append(await node.start())
     return nodes
+
+
+@contextlib.asynccontextmanager
+async def memory_mesh(keys: Any, *directories: Path) -> AsyncIterator[tuple[list[Any], Any]]:
+    """Memory members storing in `directories` (`memory_members`) and a client node joined
+    through the first that sees them all; every node closed at the end."""
+    import irismesh
+
+    members = await memory_members(keys, *directories)
+    client = irismesh.Node(keyring=keys, seeds=[members[0].endpoint])
+    try:
+        await client.start()
+        await client.wait_for_members("_memory", len(members), timeout=10)
+        yield members, client
+    finally:
+        await asyncio.gather(client.close(), *(member.close() for member in reversed(members)))
 
 
 def burn(seconds: float) -> None:
