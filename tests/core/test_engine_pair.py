@@ -326,10 +326,8 @@ def test_failover_resends_a_dead_members_requests_to_the_others() -> None:
 
 def test_a_transport_failure_resends_at_once_and_counts_the_attempt() -> None:
     net = MemNet(seed=13)
-    first = net.add("first", clusters=["db"], handler=hold)
-    second = net.add("second", clusters=["db"], handler=hold)
-    client = net.add("client", seeds=[first, second])
-    net.advance(0.5)
+    nodes = mesh(net, {"first": ["db"], "second": ["db"]}, handler=hold)
+    first, second, client = nodes["first"], nodes["second"], nodes["client"]
     req_id = net.request(client, "db", b"x", timeout=1.0)
     holder, other = (first, second) if first.held else (second, first)
     net.break_link(client, client.conn_to(holder).link_id)
