@@ -510,6 +510,14 @@ class MemNet:
         return [d for d in self.delivered if d.kind == kind]
 
 
+def member_and_client(
+    net: MemNet, *, handler: Handler = echo, settle: float = 0.5
+) -> tuple[MemNode, MemNode]:
+    """A member of "db" and a client seeded with it, handshakes done."""
+    nodes = mesh(net, {"member": ["db"]}, handler=handler, settle=settle)
+    return nodes["member"], nodes["client"]
+
+
 def mesh(
     net: MemNet,
     members: dict[str, Iterable[str]],

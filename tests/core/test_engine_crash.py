@@ -10,7 +10,7 @@ virtual time.
 from __future__ import annotations
 
 import pytest
-from memnet import MemNet, MemNode, echo, hold, mesh
+from memnet import MemNet, MemNode, echo, hold, member_and_client, mesh
 
 from irismesh._core.events import PeerDown
 from irismesh._core.links import LinkState
@@ -18,9 +18,7 @@ from irismesh.errors import NoResponders
 
 
 def pair(net: MemNet) -> tuple[MemNode, MemNode]:
-    member = net.add("member", clusters=["db"], handler=hold)
-    client = net.add("client", seeds=[member])
-    net.advance(0.3)
+    member, client = member_and_client(net, handler=hold, settle=0.3)
     return client, member
 
 

@@ -17,7 +17,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-from memnet import Handler, MacLinkSecurity, MemNet, MemNode, echo, hold, mesh
+from memnet import Handler, MacLinkSecurity, MemNet, MemNode, echo, hold, member_and_client, mesh
 
 from irismesh._core.config import CoreConfig
 from irismesh._core.engine import MeshCore
@@ -340,9 +340,7 @@ def test_a_transport_failure_resends_at_once_and_counts_the_attempt() -> None:
 
 def _single_member_with_a_held_request() -> tuple[MemNet, MemNode, MemNode, int]:
     net = MemNet(seed=14)
-    member = net.add("member", clusters=["db"], handler=hold)
-    client = net.add("client", seeds=[member])
-    net.advance(0.3)
+    member, client = member_and_client(net, handler=hold, settle=0.3)
     req_id = net.request(client, "db", b"once", timeout=5.0)
     assert len(member.arrived) == 1
     return net, client, member, req_id

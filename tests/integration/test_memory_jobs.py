@@ -7,7 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from helpers import deadline, memory_members, wait_until
+from helpers import deadline, memory_members, memory_mesh, wait_until
 
 import irismesh
 from irismesh._core.frames import Kind
@@ -33,14 +33,11 @@ def worker(keys: irismesh.Keyring, seed: str, handled: Counter[bytes]) -> irisme
 async def test_every_job_is_handled_once_and_then_forgotten(
     keys: irismesh.Keyring, tmp_path: Path
 ) -> None:
-    held = await memories(keys, tmp_path, 2)
     handled: Counter[bytes] = Counter()
-    producer = irismesh.Node(keyring=keys, seeds=[held[0].endpoint])
-    await producer.start()
-    member = worker(keys, held[0].endpoint, handled)
-    await member.start()
-    try:
-        await producer.wait_for_members("_memory", 2, timeout=10)
+    async with (
+        memory_mesh(keys, tmp_path / "m0", tmp_path / "m1") as (held, producer),
+        worker(keys, held[0].endpoint, handled),
+    ):
         ids = [await producer.enqueue("work", b"job %d" % i) for i in range(50)]
         assert len(set(ids)) == 50
         await wait_until(lambda: len(handled) == 50, 15, "every job handled")
@@ -52,20 +49,14 @@ async def test_every_job_is_handled_once_and_then_forgotten(
         )
         with pytest.raises(irismesh.ConfigurationError):
             await producer.enqueue("work", b"x", expiry=0)
-    finally:
-        await asyncio.gather(member.close(), producer.close(), *(m.close() for m in held))
 
 
 @deadline(40)
 async def test_jobs_wait_for_a_member_and_expire_if_none_comes(
     keys: irismesh.Keyring, tmp_path: Path
 ) -> None:
-    [memory] = await memories(keys, tmp_path, 1)
     handled: Counter[bytes] = Counter()
-    producer = irismesh.Node(keyring=keys, seeds=[memory.endpoint])
-    await producer.start()
-    try:
-        await producer.wait_for_members("_memory", 1, timeout=10)
+    async with memory_mesh(keys, tmp_path / "m0") as ([memory], producer):
         await producer.enqueue("work", b"short-lived", expiry=0.3)
         for i in range(5):
             await producer.enqueue("work", b"patient %d" % i)
@@ -75,8 +66,6 @@ async def test_jobs_wait_for_a_member_and_expire_if_none_comes(
         async with member:
             await wait_until(lambda: len(handled) == 5, 15, "the waiting jobs handled")
         assert b"short-lived" not in handled
-    finally:
-        await asyncio.gather(producer.close(), memory.close())
 
 
 @deadline(40)
