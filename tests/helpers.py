@@ -12,6 +12,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ParamSpec
 
@@ -249,6 +250,59 @@ async def memory_mesh(keys: Any, *directories: Path) -> AsyncIterator[tuple[list
         yield members, client
     finally:
         await asyncio.gather(client.close(), *(member.close() for member in reversed(members)))
+
+
+@contextlib.asynccontextmanager
+async def all_started(discoveries: Iterable[Any]) -> AsyncIterator[None]:
+    """Each of `discoveries` started (`await start()`) in turn; all closed at the end."""
+    discoveries = list(discoveries)
+    try:
+        for discovery in discoveries:
+            await discovery.start()
+        yield
+    finally:
+        for discovery in discoveries:
+            await discovery.close()
+
+
+async def end_child(proc: asyncio.subprocess.Process, timeout: float) -> None:
+    """Close a child's stdin (its signal to exit) and wait for it; killed after `timeout` s."""
+    assert proc.stdin is not None
+    proc.stdin.close()
+    try:
+        await asyncio.wait_for(proc.wait(), timeout)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+
+
+@dataclass
+class Discovering:
+    """A node under discovery in a test: its id and endpoint, and the candidates its
+    discovery reported (`candidate_recorder`)."""
+
+    node_id: bytes
+    endpoint: str
+    seen: set[tuple[bytes, str]]
+
+    @property
+    def me(self) -> tuple[bytes, str]:
+        return (self.node_id, self.endpoint)
+
+
+def candidate_recorder(
+    *, raising: bool = False
+) -> tuple[set[tuple[bytes, str]], Callable[[bytes, str], None]]:
+    """A discovery's `on_candidate` that keeps what it is told in the set returned with it;
+    with `raising` it also raises, as a buggy handler would."""
+    seen: set[tuple[bytes, str]] = set()
+
+    def on_candidate(candidate_id: bytes, candidate_endpoint: str) -> None:
+        seen.add((candidate_id, candidate_endpoint))
+        if raising:
+            raise RuntimeError("a buggy candidate handler")
+
+    return seen, on_candidate
 
 
 def burn(seconds: float) -> None:

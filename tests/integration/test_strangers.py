@@ -25,7 +25,7 @@ from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, deadline, wait_until
+from helpers import ROOT, deadline, end_child, wait_until
 
 import irismesh
 from irismesh._core.config import CoreConfig
@@ -80,13 +80,7 @@ async def held_member(keyfile: Path, stderr: Path, *options: str) -> AsyncIterat
         assert ready == "READY", line
         yield endpoint, int(pid)
     finally:
-        assert proc.stdin is not None
-        proc.stdin.close()
-        try:
-            await asyncio.wait_for(proc.wait(), 10)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
+        await end_child(proc, 10)
 
 
 def rss(pid: int) -> int:
