@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import pytest
 from helpers import deadline, wait_until
@@ -22,16 +24,23 @@ async def start_nodes(keys: irismesh.Keyring, n: int, **options: object) -> list
     return nodes
 
 
-async def close_all(nodes: list[irismesh.Node]) -> None:
-    await asyncio.gather(*(n.close() for n in nodes))
+@contextlib.asynccontextmanager
+async def started_nodes(
+    keys: irismesh.Keyring, n: int, **options: object
+) -> AsyncIterator[list[irismesh.Node]]:
+    """`start_nodes`, all closed at the end."""
+    nodes = await start_nodes(keys, n, **options)
+    try:
+        yield nodes
+    finally:
+        await asyncio.gather(*(node.close() for node in nodes))
 
 
 @deadline(30)
 async def test_wildcards_route_each_message_to_the_matching_subscriptions_only(
     keys: irismesh.Keyring,
 ) -> None:
-    pub, a, b = await start_nodes(keys, 3)
-    try:
+    async with started_nodes(keys, 3) as (pub, a, b):
         breaking = a.subscribe("feeds.*.breaking")
         everything = b.subscribe("feeds.#")
         corrections = b.subscribe("feeds.#.corrections")
@@ -51,43 +60,39 @@ async def test_wildcards_route_each_message_to_the_matching_subscriptions_only(
         for sub in (breaking, everything, corrections, local):
             assert sub.get_nowait() is None  # nothing else, nothing twice
         assert a.stats["messages_unmatched"] == 0
-    finally:
-        await close_all([pub, a, b])
 
 
 @deadline(30)
 async def test_each_publisher_s_messages_arrive_in_order(keys: irismesh.Keyring) -> None:
-    sub_node, p1, p2 = await start_nodes(keys, 3)
-    try:
-        async with sub_node.subscribe("orders.#") as sub:
-            for p in (p1, p2):
-                await p.wait_for_subscribers("orders.x", 1, timeout=5)
+    async with (
+        started_nodes(keys, 3) as (sub_node, p1, p2),
+        sub_node.subscribe("orders.#") as sub,
+    ):
+        for p in (p1, p2):
+            await p.wait_for_subscribers("orders.x", 1, timeout=5)
 
-            async def pump(node: irismesh.Node, name: bytes) -> None:
-                for i in range(3000):
-                    await node.publish(f"orders.{i % 5}", name + b":%d" % i)
+        async def pump(node: irismesh.Node, name: bytes) -> None:
+            for i in range(3000):
+                await node.publish(f"orders.{i % 5}", name + b":%d" % i)
 
-            seen: dict[bytes, list[int]] = {b"p1": [], b"p2": []}
+        seen: dict[bytes, list[int]] = {b"p1": [], b"p2": []}
 
-            async def read() -> None:
-                for _ in range(6000):  # the reader keeps up: credit flows back
-                    message = await sub.get(timeout=5)
-                    name, number = message.payload.split(b":")
-                    seen[name].append(int(number))
-                    assert message.missed == 0
+        async def read() -> None:
+            for _ in range(6000):  # the reader keeps up: credit flows back
+                message = await sub.get(timeout=5)
+                name, number = message.payload.split(b":")
+                seen[name].append(int(number))
+                assert message.missed == 0
 
-            await asyncio.gather(pump(p1, b"p1"), pump(p2, b"p2"), read())
-            assert seen == {b"p1": list(range(3000)), b"p2": list(range(3000))}
-    finally:
-        await close_all([sub_node, p1, p2])
+        await asyncio.gather(pump(p1, b"p1"), pump(p2, b"p2"), read())
+        assert seen == {b"p1": list(range(3000)), b"p2": list(range(3000))}
 
 
 @deadline(30)
 async def test_a_blocking_subscriber_that_stops_reading_bounds_memory_and_loses_nothing(
     keys: irismesh.Keyring,
 ) -> None:
-    pub, sub_node = await start_nodes(keys, 2, config=CoreConfig(pubsub_window=WINDOW))
-    try:
+    async with started_nodes(keys, 2, config=CoreConfig(pubsub_window=WINDOW)) as (pub, sub_node):
         sub = sub_node.subscribe("load", maxsize=16)
         await pub.wait_for_subscribers("load", 1, timeout=5)
         sent = 0
@@ -111,16 +116,13 @@ async def test_a_blocking_subscriber_that_stops_reading_bounds_memory_and_loses_
         assert got == list(range(3 * WINDOW))
         assert sub.missed == 0
         assert sub_node.stats.get("dropped_over_credit", 0) == 0
-    finally:
-        await close_all([pub, sub_node])
 
 
 @deadline(30)
 async def test_a_drop_oldest_subscriber_never_slows_the_publisher_and_counts_what_it_missed(
     keys: irismesh.Keyring,
 ) -> None:
-    pub, sub_node = await start_nodes(keys, 2, config=CoreConfig(pubsub_window=WINDOW))
-    try:
+    async with started_nodes(keys, 2, config=CoreConfig(pubsub_window=WINDOW)) as (pub, sub_node):
         sub = sub_node.subscribe("ticks", policy="drop_oldest", maxsize=10)
         await pub.wait_for_subscribers("ticks", 1, timeout=5)
         total = 20 * WINDOW
@@ -135,14 +137,11 @@ async def test_a_drop_oldest_subscriber_never_slows_the_publisher_and_counts_wha
         rest = [int((await sub.get(timeout=1)).payload) for _ in range(9)]
         assert rest == list(range(total - 9, total))
         assert all(m == 0 for m in [sub.get_nowait()] if m is not None)
-    finally:
-        await close_all([pub, sub_node])
 
 
 @deadline(30)
 async def test_closing_a_subscription_withdraws_its_interest(keys: irismesh.Keyring) -> None:
-    pub, sub_node = await start_nodes(keys, 2)
-    try:
+    async with started_nodes(keys, 2) as (pub, sub_node):
         async with sub_node.subscribe("a.#") as sub:
             await pub.wait_for_subscribers("a.b", 1, timeout=5)
             assert await pub.publish("a.b", b"x") == 1
@@ -154,8 +153,6 @@ async def test_closing_a_subscription_withdraws_its_interest(keys: irismesh.Keyr
         assert core is not None
         await wait_until(lambda: core.subscribers("a.b") == [], 5, "interest to go")
         assert await pub.publish("a.b", b"y") == 0
-    finally:
-        await close_all([pub, sub_node])
 
 
 @deadline(30)
@@ -227,8 +224,7 @@ async def test_what_a_node_publishes_just_before_it_closes_still_arrives(
 async def test_a_callback_subscription_gets_every_message_in_order_and_survives_its_errors(
     keys: irismesh.Keyring, caplog: pytest.LogCaptureFixture
 ) -> None:
-    pub, sub_node = await start_nodes(keys, 2, config=CoreConfig(pubsub_window=WINDOW))
-    try:
+    async with started_nodes(keys, 2, config=CoreConfig(pubsub_window=WINDOW)) as (pub, sub_node):
         got: list[irismesh.Message] = []
 
         def on_message(message: irismesh.Message) -> None:
@@ -267,5 +263,3 @@ async def test_a_callback_subscription_gets_every_message_in_order_and_survives_
         assert len(got) == total + 1
         with pytest.raises(irismesh.ConfigurationError, match="callable"):
             sub_node.subscribe("x", callback="not a function")  # type: ignore[arg-type]
-    finally:
-        await close_all([pub, sub_node])
