@@ -59,12 +59,15 @@ async def wait_until(predicate: Callable[[], object], timeout: float, what: str)
     return loop.time() - start
 
 
-def wait_until_sync(predicate: Callable[[], object], timeout: float, what: str) -> float:
+def wait_until_sync(
+    predicate: Callable[[], object], timeout: float, what: str, step: float = 0.005
+) -> float:
+    """`wait_until` for code without an event loop: poll every `step` seconds."""
     start = time.monotonic()
     while not predicate():
         if time.monotonic() - start > timeout:
             pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.005)
+        time.sleep(step)
     return time.monotonic() - start
 
 
@@ -196,6 +199,64 @@ async def calls_of_each_outcome(client: Any, count: int) -> None:
         await client.request("db", b"boom")
     with pytest.raises(irismesh.NoResponders):
         await client.request("nobody", b"x")
+
+
+def mesh_workdir(
+    factory: pytest.TempPathFactory, name: str, scopes: Sequence[str] = ("*",), **files: str
+) -> tuple[Path, dict[str, str]]:
+    """A fresh directory holding a new keyring (mesh.keys, keys for `scopes`) and `files`
+    (file name -> text), and the environment in which `mesh` commands use that keyring."""
+    import irismesh
+
+    workdir = factory.mktemp(name)
+    keyfile = workdir / "mesh.keys"
+    irismesh.Keyring.generate(list(scopes)).save(keyfile)
+    for file, text in files.items():
+        (workdir / file).write_text(text)
+    env = dict(os.environ, IRISMESH_KEYFILE=str(keyfile), COLUMNS="160")
+    env.pop("IRISMESH_KEYS", None)
+    return workdir, env
+
+
+def commands_help(names: Sequence[str], capsys: pytest.CaptureFixture[str]) -> dict[str, str]:
+    """Each command's --help (in-process), once `mesh --help` is seen to list it and run it in
+    its tour, and the command's own examples to run it."""
+    from irismesh import cli
+
+    top = subprocess.run([*MESH, "--help"], capture_output=True, text=True, check=True)
+    texts = {}
+    for name in names:
+        assert f"\n    {name} " in top.stdout or f"\n    {name}\n" in top.stdout, top.stdout
+        assert f"mesh {name} " in top.stdout  # in the tour
+        with pytest.raises(SystemExit) as exit_:
+            cli.main([name, "--help"])
+        assert exit_.value.code == 0
+        texts[name] = capsys.readouterr().out
+        assert f"mesh {name}" in texts[name].partition("examples:")[2], name
+    return texts
+
+
+class InProcess:
+    """`mesh` error cases run in-process (`cli.main`) against a test's running mesh."""
+
+    def __init__(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        self._tmp_path, self._monkeypatch, self._capsys = tmp_path, monkeypatch, capsys
+
+    def join(self, env: dict[str, str]) -> Path:
+        """Take the keyring from `env`, as the mesh's processes do; return a keyring file
+        with a key for 'db' only, for the "no key for ..." cases."""
+        import irismesh
+
+        self._monkeypatch.setenv("IRISMESH_KEYFILE", str(env["IRISMESH_KEYFILE"]))
+        self._monkeypatch.delenv("IRISMESH_KEYS", raising=False)
+        db_only = self._tmp_path / "db_only.keys"
+        irismesh.Keyring.generate(["db"]).save(db_only)
+        return db_only
+
+    def assert_usage_errors(self, cases: Sequence[tuple[Sequence[str], str]]) -> None:
+        assert_usage_errors(cases, self._capsys)
 
 
 def run_example(name: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
