@@ -16,7 +16,6 @@ import asyncio
 import concurrent.futures
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
-from types import TracebackType
 from typing import Any, Generic, Self, TypeVar
 
 from irismesh import node as _async
@@ -124,12 +123,7 @@ class Node:
     def __enter__(self) -> Node:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     @property

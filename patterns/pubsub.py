@@ -28,7 +28,6 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from types import TracebackType
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from irismesh._core.engine import MeshCore
@@ -202,12 +201,7 @@ class Subscription:
     async def __aenter__(self) -> Subscription:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         self.close()
 
     def close(self) -> None:

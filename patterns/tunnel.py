@@ -26,7 +26,6 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Generator
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from irismesh._core.engine import MeshCore
@@ -267,12 +266,7 @@ class Tunnel:
     async def __aenter__(self) -> Tunnel:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
     # ----------------------------------------------------------------- from the core
@@ -366,12 +360,7 @@ class TunnelOpening:
         self._tunnel = await self._opener()
         return self._tunnel
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         if self._tunnel is not None:
             await self._tunnel.close()
 

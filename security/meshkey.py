@@ -35,7 +35,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -192,11 +192,15 @@ class KeyedMembershipSecurity:
             for s in self._mesh
         )
 
-    def member_tags(self, node_id: bytes, clusters: Iterable[str]) -> bytes:
+    def _tags(self, names: Iterable[str], tag: Callable[[bytes, str], bytes]) -> bytes:
+        """`tag(secret, name)` under every key accepted for each of `names`, one after another."""
         return b"".join(
-            self._member_tag(key.secret, node_id, cluster)
-            for cluster in clusters
-            for key in self._keyring.accepted(cluster)
+            tag(key.secret, name) for name in names for key in self._keyring.accepted(name)
+        )
+
+    def member_tags(self, node_id: bytes, clusters: Iterable[str]) -> bytes:
+        return self._tags(
+            clusters, lambda secret, cluster: self._member_tag(secret, node_id, cluster)
         )
 
     def serves(self, node_id: bytes, tags: bytes, cluster: str) -> bool:
@@ -213,16 +217,10 @@ class KeyedMembershipSecurity:
         if every_scope or len(wanted) > MAX_INTEREST_TAGS:
             # Every key it reads topics with: each scope's own, and the default key.
             names = [s for s in self._keyring.scopes if s not in ("*", MESH_SCOPE)]
-            return b"".join(
-                self._interest_tag(key.secret, node_id, _EVERY_SCOPE)
-                for scope in [*names, "*"]
-                for key in self._keyring.accepted(scope)
+            return self._tags(
+                [*names, "*"], lambda secret, _: self._interest_tag(secret, node_id, _EVERY_SCOPE)
             )
-        return b"".join(
-            self._interest_tag(key.secret, node_id, scope)
-            for scope in wanted
-            for key in self._keyring.accepted(scope)
-        )
+        return self._tags(wanted, lambda secret, scope: self._interest_tag(secret, node_id, scope))
 
     def reads(self, node_id: bytes, tags: bytes, scope: str) -> bool:
         if not tags:
@@ -237,10 +235,8 @@ class KeyedMembershipSecurity:
         return False
 
     def version_tags(self, node_id: bytes, clusters: Iterable[str], version: str) -> bytes:
-        return b"".join(
-            self._version_tag(key.secret, node_id, cluster, version)
-            for cluster in clusters
-            for key in self._keyring.accepted(cluster)
+        return self._tags(
+            clusters, lambda secret, cluster: self._version_tag(secret, node_id, cluster, version)
         )
 
     def version_of(

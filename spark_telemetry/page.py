@@ -304,125 +304,109 @@ def _sections(results: JobResults, names: _Names) -> list[str]:
             out.append(f"<h2>{html.escape(heading)}</h2>")
             out.extend(body)
 
+    def table(
+        name: str,
+        heading: str,
+        columns: Mapping[str, tuple[str, Format]],
+        *,
+        empty: str,
+        frame: pd.DataFrame | None = None,
+    ) -> None:
+        """A section that is one table: of `frame`, else of the job's table `name`."""
+        shown = tables.get(name, pd.DataFrame()) if frame is None else frame
+        section(name, heading, [_table(shown, columns, empty=empty)])
+
     events = tables.get("events", pd.DataFrame())
     if not events.empty:
         events = events.sort_values(["first_ts", "event"])
-    section(
+    table(
         "events",
         "Membership events",
-        [
-            _table(
-                events,
-                {
-                    "first_ts": ("first seen", _when_ms),
-                    "event": ("event", text),
-                    "peer": ("member", ident),
-                    "cluster": ("cluster", _cluster),
-                    "observers": ("observers", units.count),
-                },
-                empty="No joins, leaves, suspicions or deaths were recorded.",
-            )
-        ],
+        {
+            "first_ts": ("first seen", _when_ms),
+            "event": ("event", text),
+            "peer": ("member", ident),
+            "cluster": ("cluster", _cluster),
+            "observers": ("observers", units.count),
+        },
+        empty="No joins, leaves, suspicions or deaths were recorded.",
+        frame=events,
     )
     latency = tables.get("latency", pd.DataFrame())
     if not latency.empty:  # 0 us on every record means not measured: show none
         timed = ["mean_us", "p50_us", "p95_us", "p99_us", "max_us"]
         latency = latency.astype(dict.fromkeys(timed, float))
         latency.loc[latency["max_us"] == 0, timed] = float("nan")
-    section(
+    table(
         "latency",
         "Latency of successful calls",
-        [
-            _table(
-                latency,
-                {
-                    "cluster": ("cluster", _cluster),
-                    "kind": ("kind", text),
-                    "events": ("events", units.count),
-                    "mean_us": ("mean", ms),
-                    "p50_us": ("p50", ms),
-                    "p95_us": ("p95", ms),
-                    "p99_us": ("p99", ms),
-                    "max_us": ("max", ms),
-                },
-                empty="No successful call carried a latency.",
-            )
-        ],
+        {
+            "cluster": ("cluster", _cluster),
+            "kind": ("kind", text),
+            "events": ("events", units.count),
+            "mean_us": ("mean", ms),
+            "p50_us": ("p50", ms),
+            "p95_us": ("p95", ms),
+            "p99_us": ("p99", ms),
+            "max_us": ("max", ms),
+        },
+        empty="No successful call carried a latency.",
+        frame=latency,
     )
     section("errors", "Errors and timeouts", _errors(tables.get("errors", pd.DataFrame())))
-    section(
+    table(
         "drops",
         "Drops and errors by reason",
-        [
-            _table(
-                tables.get("drops", pd.DataFrame()),
-                {
-                    "kind": ("kind", text),
-                    "reason": ("reason", text),
-                    "cluster": ("cluster", _cluster),
-                    "events": ("events", units.count),
-                    "nodes": ("nodes", units.count),
-                    "first_ts": ("first", when),
-                    "last_ts": ("last", when),
-                },
-                empty="Nothing was dropped and no error outside a call was recorded.",
-            )
-        ],
+        {
+            "kind": ("kind", text),
+            "reason": ("reason", text),
+            "cluster": ("cluster", _cluster),
+            "events": ("events", units.count),
+            "nodes": ("nodes", units.count),
+            "first_ts": ("first", when),
+            "last_ts": ("last", when),
+        },
+        empty="Nothing was dropped and no error outside a call was recorded.",
     )
     section("member_load", "Load balance", _load(tables, names))
-    section(
+    table(
         "churn",
         "Membership churn",
-        [
-            _table(
-                tables.get("churn", pd.DataFrame()),
-                {
-                    "cluster": ("cluster", _cluster),
-                    "time": ("bucket start", when),
-                    "event": ("event", text),
-                    "observations": ("observations", units.count),
-                    "peers": ("members", units.count),
-                    "observers": ("observers", units.count),
-                },
-                empty="No membership changes were recorded.",
-            )
-        ],
+        {
+            "cluster": ("cluster", _cluster),
+            "time": ("bucket start", when),
+            "event": ("event", text),
+            "observations": ("observations", units.count),
+            "peers": ("members", units.count),
+            "observers": ("observers", units.count),
+        },
+        empty="No membership changes were recorded.",
     )
-    section(
+    table(
         "top_talkers",
         "Top talkers",
-        [
-            _table(
-                tables.get("top_talkers", pd.DataFrame()),
-                {
-                    "node": ("node", ident),
-                    "calls": ("calls", units.count),
-                    "bytes": ("bytes", units.size),
-                    "failed": ("failed", units.count),
-                    "clusters": ("clusters", units.count),
-                },
-                empty="No node made a call.",
-            )
-        ],
+        {
+            "node": ("node", ident),
+            "calls": ("calls", units.count),
+            "bytes": ("bytes", units.size),
+            "failed": ("failed", units.count),
+            "clusters": ("clusters", units.count),
+        },
+        empty="No node made a call.",
     )
     section("gauges", "Gauges", _gauges(tables.get("gauges", pd.DataFrame())))
-    section(
+    table(
         "totals",
         "Records and events by kind and outcome",
-        [
-            _table(
-                tables.get("totals", pd.DataFrame()),
-                {
-                    "kind": ("kind", text),
-                    "outcome": ("outcome", text),
-                    "records": ("records", units.count),
-                    "events": ("events", units.count),
-                    "first_ts": ("first", when),
-                    "last_ts": ("last", when),
-                },
-                empty="No records.",
-            )
-        ],
+        {
+            "kind": ("kind", text),
+            "outcome": ("outcome", text),
+            "records": ("records", units.count),
+            "events": ("events", units.count),
+            "first_ts": ("first", when),
+            "last_ts": ("last", when),
+        },
+        empty="No records.",
     )
     return out
 

@@ -19,7 +19,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from helpers import Workers
+from helpers import InProcess, Workers
 
 import irismesh
 
@@ -53,6 +53,13 @@ def keyfile(tmp_path: Path, keys: irismesh.Keyring) -> Path:
     path = tmp_path / "mesh.keys"
     keys.save(path)
     return path
+
+
+@pytest.fixture
+def in_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> InProcess:
+    return InProcess(tmp_path, monkeypatch, capsys)
 
 
 @pytest.fixture

@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 MESH = [sys.executable, "-m", "irismesh"]  # the `mesh` tool, as a subprocess
+
+_P = ParamSpec("_P")
 
 
 def run_with_deadline(coro: Awaitable[None], timeout: float) -> None:
@@ -27,6 +31,21 @@ def run_with_deadline(coro: Awaitable[None], timeout: float) -> None:
         await asyncio.wait_for(coro, timeout)
 
     asyncio.run(bounded())
+
+
+def deadline(
+    timeout: float,
+) -> Callable[[Callable[_P, Awaitable[None]]], Callable[_P, None]]:
+    """An async test, run by `run_with_deadline` (pytest passes it the fixtures it names)."""
+
+    def wrap(test: Callable[_P, Awaitable[None]]) -> Callable[_P, None]:
+        @functools.wraps(test)
+        def run(*args: _P.args, **kwargs: _P.kwargs) -> None:
+            run_with_deadline(test(*args, **kwargs), timeout)
+
+        return run
+
+    return wrap
 
 
 async def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> float:
@@ -40,12 +59,15 @@ async def wait_until(predicate: Callable[[], object], timeout: float, what: str)
     return loop.time() - start
 
 
-def wait_until_sync(predicate: Callable[[], object], timeout: float, what: str) -> float:
+def wait_until_sync(
+    predicate: Callable[[], object], timeout: float, what: str, step: float = 0.005
+) -> float:
+    """`wait_until` for code without an event loop: poll every `step` seconds."""
     start = time.monotonic()
     while not predicate():
         if time.monotonic() - start > timeout:
             pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.005)
+        time.sleep(step)
     return time.monotonic() - start
 
 
@@ -166,6 +188,77 @@ def assert_usage_errors(
     assert not failures, "\n".join(failures)
 
 
+async def calls_of_each_outcome(client: Any, count: int) -> None:
+    """`count` requests to "db" (served by `echo_or_boom`) that succeed, one the member fails
+    (a RemoteError) and one to a cluster nobody serves (NoResponders)."""
+    import irismesh
+
+    await client.wait_for_members("db", timeout=5)
+    await asyncio.gather(*(client.request("db", b"%d" % i) for i in range(count)))
+    with pytest.raises(irismesh.RemoteError):
+        await client.request("db", b"boom")
+    with pytest.raises(irismesh.NoResponders):
+        await client.request("nobody", b"x")
+
+
+def mesh_workdir(
+    factory: pytest.TempPathFactory, name: str, scopes: Sequence[str] = ("*",), **files: str
+) -> tuple[Path, dict[str, str]]:
+    """A fresh directory holding a new keyring (mesh.keys, keys for `scopes`) and `files`
+    (file name -> text), and the environment in which `mesh` commands use that keyring."""
+    import irismesh
+
+    workdir = factory.mktemp(name)
+    keyfile = workdir / "mesh.keys"
+    irismesh.Keyring.generate(list(scopes)).save(keyfile)
+    for file, text in files.items():
+        (workdir / file).write_text(text)
+    env = dict(os.environ, IRISMESH_KEYFILE=str(keyfile), COLUMNS="160")
+    env.pop("IRISMESH_KEYS", None)
+    return workdir, env
+
+
+def commands_help(names: Sequence[str], capsys: pytest.CaptureFixture[str]) -> dict[str, str]:
+    """Each command's --help (in-process), once `mesh --help` is seen to list it and run it in
+    its tour, and the command's own examples to run it."""
+    from irismesh import cli
+
+    top = subprocess.run([*MESH, "--help"], capture_output=True, text=True, check=True)
+    texts = {}
+    for name in names:
+        assert f"\n    {name} " in top.stdout or f"\n    {name}\n" in top.stdout, top.stdout
+        assert f"mesh {name} " in top.stdout  # in the tour
+        with pytest.raises(SystemExit) as exit_:
+            cli.main([name, "--help"])
+        assert exit_.value.code == 0
+        texts[name] = capsys.readouterr().out
+        assert f"mesh {name}" in texts[name].partition("examples:")[2], name
+    return texts
+
+
+class InProcess:
+    """`mesh` error cases run in-process (`cli.main`) against a test's running mesh."""
+
+    def __init__(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        self._tmp_path, self._monkeypatch, self._capsys = tmp_path, monkeypatch, capsys
+
+    def join(self, env: dict[str, str]) -> Path:
+        """Take the keyring from `env`, as the mesh's processes do; return a keyring file
+        with a key for 'db' only, for the "no key for ..." cases."""
+        import irismesh
+
+        self._monkeypatch.setenv("IRISMESH_KEYFILE", str(env["IRISMESH_KEYFILE"]))
+        self._monkeypatch.delenv("IRISMESH_KEYS", raising=False)
+        db_only = self._tmp_path / "db_only.keys"
+        irismesh.Keyring.generate(["db"]).save(db_only)
+        return db_only
+
+    def assert_usage_errors(self, cases: Sequence[tuple[Sequence[str], str]]) -> None:
+        assert_usage_errors(cases, self._capsys)
+
+
 def run_example(name: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """Run examples/`name` in a process group of its own, all of which dies at the end (the
     members it starts join the group, so none outlives the test); it must exit 0."""
@@ -202,6 +295,75 @@ async def memory_members(keys: Any, *directories: Path) -> list[Any]:
         node = irismesh.Node(keyring=keys, memory=directory, seeds=seeds)
         nodes.append(await node.start())
     return nodes
+
+
+@contextlib.asynccontextmanager
+async def memory_mesh(keys: Any, *directories: Path) -> AsyncIterator[tuple[list[Any], Any]]:
+    """Memory members storing in `directories` (`memory_members`) and a client node joined
+    through the first that sees them all; every node closed at the end."""
+    import irismesh
+
+    members = await memory_members(keys, *directories)
+    client = irismesh.Node(keyring=keys, seeds=[members[0].endpoint])
+    try:
+        await client.start()
+        await client.wait_for_members("_memory", len(members), timeout=10)
+        yield members, client
+    finally:
+        await asyncio.gather(client.close(), *(member.close() for member in reversed(members)))
+
+
+@contextlib.asynccontextmanager
+async def all_started(discoveries: Iterable[Any]) -> AsyncIterator[None]:
+    """Each of `discoveries` started (`await start()`) in turn; all closed at the end."""
+    discoveries = list(discoveries)
+    try:
+        for discovery in discoveries:
+            await discovery.start()
+        yield
+    finally:
+        for discovery in discoveries:
+            await discovery.close()
+
+
+async def end_child(proc: asyncio.subprocess.Process, timeout: float) -> None:
+    """Close a child's stdin (its signal to exit) and wait for it; killed after `timeout` s."""
+    assert proc.stdin is not None
+    proc.stdin.close()
+    try:
+        await asyncio.wait_for(proc.wait(), timeout)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+
+
+@dataclass
+class Discovering:
+    """A node under discovery in a test: its id and endpoint, and the candidates its
+    discovery reported (`candidate_recorder`)."""
+
+    node_id: bytes
+    endpoint: str
+    seen: set[tuple[bytes, str]]
+
+    @property
+    def me(self) -> tuple[bytes, str]:
+        return (self.node_id, self.endpoint)
+
+
+def candidate_recorder(
+    *, raising: bool = False
+) -> tuple[set[tuple[bytes, str]], Callable[[bytes, str], None]]:
+    """A discovery's `on_candidate` that keeps what it is told in the set returned with it;
+    with `raising` it also raises, as a buggy handler would."""
+    seen: set[tuple[bytes, str]] = set()
+
+    def on_candidate(candidate_id: bytes, candidate_endpoint: str) -> None:
+        seen.add((candidate_id, candidate_endpoint))
+        if raising:
+            raise RuntimeError("a buggy candidate handler")
+
+    return seen, on_candidate
 
 
 def burn(seconds: float) -> None:

@@ -54,6 +54,13 @@ class CommandError(Exception):
         self.status = status
 
 
+class UsageError(CommandError):
+    """The user's arguments or files are wrong (exit status 2)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, USAGE_ERROR)
+
+
 class MeshArgumentParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line on stderr (and exit status 2)."""
 
@@ -367,11 +374,31 @@ def add_timeout_option(parser: MeshArgumentParser, what: str) -> None:
     )
 
 
-def add_member_wait_options(parser: MeshArgumentParser) -> None:
-    """The joining options of a command that talks to the members of its CLUSTER argument."""
-    add_joining_options(
-        parser, wait=3.0, wait_help="seconds to wait for a member of CLUSTER to appear"
-    )
+# `joining` of a command that talks to the members of its CLUSTER argument.
+MEMBER_WAIT = (3.0, "seconds to wait for a member of CLUSTER to appear")
+
+
+def add_shared_options(
+    parser: MeshArgumentParser,
+    *,
+    timeout: str | None = None,
+    joining: tuple[float | None, str] | None = None,
+    metrics: bool = False,
+    json: str | None = None,
+) -> None:
+    """The options commands share, declared at the end of a command so that its --help lists
+    them last, in this order: --timeout (`timeout` says what it bounds), joining the mesh
+    (`joining` is --wait's default, None for no --wait, and its help), --metrics, --json
+    (`json` is its help). Each is left out unless asked for."""
+    if timeout is not None:
+        add_timeout_option(parser, timeout)
+    if joining is not None:
+        wait, wait_help = joining
+        add_joining_options(parser, wait=wait, wait_help=wait_help)
+    if metrics:
+        add_metrics_option(parser)
+    if json is not None:
+        add_json_option(parser, json)
 
 
 def add_metrics_option(parser: MeshArgumentParser) -> None:
@@ -433,7 +460,7 @@ def apply_settings(args: argparse.Namespace) -> None:
         try:
             config.check_interface(args.interface)
         except ConfigurationError as exc:
-            raise CommandError(f"--interface: {exc}", USAGE_ERROR) from None
+            raise UsageError(f"--interface: {exc}") from None
     if args.bind is None:
         args.bind = f"tcp://{args.interface or '127.0.0.1'}:0"
     args.survey_asked = args.survey
@@ -442,14 +469,14 @@ def apply_settings(args: argparse.Namespace) -> None:
     try:
         args.survey = not args.no_discovery and _env.discovery_enabled()
     except ConfigurationError as exc:
-        raise CommandError(str(exc), USAGE_ERROR) from None
+        raise UsageError(str(exc)) from None
 
 
 def _env_seed(text: str) -> str:
     try:
         return seed_endpoint(text)
     except argparse.ArgumentTypeError as exc:
-        raise CommandError(f"IRISMESH_SEEDS: {exc}", USAGE_ERROR) from None
+        raise UsageError(f"IRISMESH_SEEDS: {exc}") from None
 
 
 def load_keyring(path: Path | None) -> irismesh.Keyring:
@@ -458,10 +485,9 @@ def load_keyring(path: Path | None) -> irismesh.Keyring:
         return irismesh.Keyring.load(path)
     keys = irismesh.Keyring.from_env()
     if keys is None:
-        raise CommandError(
+        raise UsageError(
             "no keyring: pass --keys FILE, set IRISMESH_KEYFILE, or run `mesh keygen` to write "
-            f"the default one ({_env.default_keyfile()})",
-            USAGE_ERROR,
+            f"the default one ({_env.default_keyfile()})"
         )
     return keys
 
@@ -553,11 +579,10 @@ def require_discovery(args: argparse.Namespace) -> None:
     """A node that only looks around must have a way to find others."""
     if not args.seed and not args.survey:
         off = "--no-discovery" if args.no_discovery else "IRISMESH_DISCOVERY=0"
-        raise CommandError(
+        raise UsageError(
             "nothing to join: pass --seed tcp://HOST:PORT of a running node (or set "
             f"IRISMESH_SEEDS, or a context with seeds), or turn discovery back on ({off} "
-            "turned it off)",
-            USAGE_ERROR,
+            "turned it off)"
         )
 
 
@@ -682,7 +707,7 @@ class StdinReader:
             self._ended = not item
             return item
         self._ended = True
-        raise CommandError(f"cannot read standard input: {item}", USAGE_ERROR)
+        raise UsageError(f"cannot read standard input: {item}")
 
     async def lines(self) -> AsyncIterator[bytes]:
         """Each line as it comes, without its newline (and the last one, if it has none)."""

@@ -32,12 +32,11 @@ from rich.table import Table
 
 import irismesh
 from irismesh._cli.base import (
-    USAGE_ERROR,
     CommandError,
     Commands,
+    UsageError,
     add_command,
-    add_joining_options,
-    add_json_option,
+    add_shared_options,
     add_timeout_option,
     byte_size,
     client_keyring,
@@ -168,12 +167,14 @@ def register(commands: Commands) -> None:
         metavar="PER_SECOND",
         help="publish at most this many messages a second (default: as fast as they go)",
     )
-    add_joining_options(
+    add_shared_options(
         parser,
-        wait=3.0,
-        wait_help="seconds to wait for a member of CLUSTER (with --pubsub: for the subscribers)",
+        joining=(
+            3.0,
+            "seconds to wait for a member of CLUSTER (with --pubsub: for the subscribers)",
+        ),
+        json="the results as one JSON object",
     )
-    add_json_option(parser, "the results as one JSON object")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -240,9 +241,8 @@ def check_mode(args: argparse.Namespace) -> None:
     """CLUSTER or --pubsub, each with its own options; fills in the defaults of the mode."""
     if args.pubsub is None:
         if args.cluster is None:
-            raise CommandError(
-                "pass CLUSTER to measure request/reply, or --pubsub to measure publish/subscribe",
-                USAGE_ERROR,
+            raise UsageError(
+                "pass CLUSTER to measure request/reply, or --pubsub to measure publish/subscribe"
             )
         _only_with(
             args, "--pubsub", messages="--messages", subscribers="--subscribers", rate="--rate"
@@ -251,17 +251,15 @@ def check_mode(args: argparse.Namespace) -> None:
         args.concurrency = CONCURRENCY if args.concurrency is None else args.concurrency
         return
     if args.cluster is not None:
-        raise CommandError(
+        raise UsageError(
             f"CLUSTER ({args.cluster!r}) is for request/reply: --pubsub takes no CLUSTER "
-            "(--pubsub TOPIC names the topic)",
-            USAGE_ERROR,
+            "(--pubsub TOPIC names the topic)"
         )
     _only_with(args, "CLUSTER", requests="--requests", concurrency="--concurrency")
     if args.size < HEADER.size:
-        raise CommandError(
+        raise UsageError(
             f"--size: must be at least {HEADER.size} bytes with --pubsub (a send time and a "
-            f"sequence number), got {args.size}",
-            USAGE_ERROR,
+            f"sequence number), got {args.size}"
         )
     args.messages = MESSAGES if args.messages is None else args.messages
     args.subscribers = SUBSCRIBERS if args.subscribers is None else args.subscribers
@@ -270,7 +268,7 @@ def check_mode(args: argparse.Namespace) -> None:
 def _only_with(args: argparse.Namespace, mode: str, **options: str) -> None:
     for dest, option in options.items():
         if getattr(args, dest) is not None:
-            raise CommandError(f"{option} goes with {mode} only", USAGE_ERROR)
+            raise UsageError(f"{option} goes with {mode} only")
 
 
 # ----------------------------------------------------------------- request/reply

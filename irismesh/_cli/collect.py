@@ -22,12 +22,11 @@ import time
 from pathlib import Path
 
 from irismesh._cli.base import (
-    USAGE_ERROR,
     CommandError,
     Commands,
+    UsageError,
     add_command,
-    add_joining_options,
-    add_json_option,
+    add_shared_options,
     client_keyring,
     make_node,
     print_json,
@@ -90,20 +89,23 @@ def register_collect(family: Commands) -> None:
         metavar="SECONDS",
         help="complete each node's current file at least this often (default: %(default)s)",
     )
-    add_joining_options(parser, wait=None, wait_help="")
-    add_json_option(parser, "a JSON object summing up what was written, instead of the summary")
+    add_shared_options(
+        parser,
+        joining=(None, ""),
+        json="a JSON object summing up what was written, instead of the summary",
+    )
 
 
 def spool_directory(out: Path) -> Path:
     """--out, made if need be and writable; else one line and exit status 2."""
     if out.exists() and not out.is_dir():
-        raise CommandError(f"--out {out} exists and is not a directory", USAGE_ERROR)
+        raise UsageError(f"--out {out} exists and is not a directory")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise CommandError(f"cannot make --out {out}: {exc.strerror or exc}", USAGE_ERROR) from None
+        raise UsageError(f"cannot make --out {out}: {exc.strerror or exc}") from None
     if not os.access(out, os.W_OK | os.X_OK):
-        raise CommandError(f"cannot write to --out {out}: permission denied", USAGE_ERROR)
+        raise UsageError(f"cannot write to --out {out}: permission denied")
     return out
 
 
@@ -121,7 +123,7 @@ async def run_collect(args: argparse.Namespace) -> int:
         try:
             await collector.start()
         except OSError as exc:
-            raise CommandError(f"cannot write to --out {out}: {exc}", USAGE_ERROR) from None
+            raise UsageError(f"cannot write to --out {out}: {exc}") from None
         try:
             with Progress() as progress:
                 while not stop.is_set():
@@ -139,10 +141,9 @@ async def run_collect(args: argparse.Namespace) -> int:
             stats = await collector.stop()
     elapsed = time.monotonic() - started
     if stats.write_errors:
-        raise CommandError(
+        raise UsageError(
             f"could not write {stats.dropped} records to {out} "
-            f"({stats.records - stats.dropped} written): {stats.last_error}",
-            USAGE_ERROR,
+            f"({stats.records - stats.dropped} written): {stats.last_error}"
         )
     if not peers_seen and not stats.records:
         raise CommandError(

@@ -7,13 +7,12 @@ from pathlib import Path
 
 from irismesh._cli import config
 from irismesh._cli.base import (
-    USAGE_ERROR,
-    CommandError,
     Commands,
+    UsageError,
     add_command,
     add_family,
-    add_json_option,
     add_repeatable,
+    add_shared_options,
     print_json,
     seed_endpoint,
     stdout_console,
@@ -78,7 +77,7 @@ def register(commands: Commands) -> None:
         run=run_ls,
     )
     listing.add_argument("--names", action="store_true", help="only the names, one a line")
-    add_json_option(listing)
+    add_shared_options(listing, json="JSON for scripts")
     use = add_command(
         actions,
         "use",
@@ -110,9 +109,8 @@ def _name(text: str) -> str:
 def run_add(args: argparse.Namespace) -> int:
     settings = config.load()
     if args.name in settings.contexts and not args.force:
-        raise CommandError(
-            f"context {args.name!r} already exists in {settings.path}: pass --force to replace it",
-            USAGE_ERROR,
+        raise UsageError(
+            f"context {args.name!r} already exists in {settings.path}: pass --force to replace it"
         )
     if args.interface is not None:
         config.check_interface(args.interface)
@@ -169,7 +167,7 @@ def run_ls(args: argparse.Namespace) -> int:
 
 def run_use(args: argparse.Namespace) -> int:
     if (args.name is None) == (not args.none):
-        raise CommandError("pass a context NAME, or --none for no current context", USAGE_ERROR)
+        raise UsageError("pass a context NAME, or --none for no current context")
     settings = config.load()
     if args.name is not None:
         settings.get(args.name)  # it must exist

@@ -12,8 +12,7 @@ from irismesh._cli.base import (
     Commands,
     add_command,
     add_family,
-    add_joining_options,
-    add_json_option,
+    add_shared_options,
     load_keyring,
     make_node,
     print_json,
@@ -71,8 +70,9 @@ def register(commands: Commands) -> None:
         parser.add_argument(
             "--type", choices=TYPES, default=default, help="what KEY holds (default: %(default)s)"
         )
-        add_joining_options(parser, wait=2.0, wait_help="most seconds to find another holder")
-        add_json_option(parser, "the value as JSON")
+        add_shared_options(
+            parser, joining=(2.0, "most seconds to find another holder"), json="the value as JSON"
+        )
     watch = add_command(
         actions,
         "watch",
@@ -82,8 +82,7 @@ def register(commands: Commands) -> None:
         run=run_watch,
     )
     watch.add_argument("pattern", type=topic_pattern, metavar="PATTERN")
-    add_joining_options(watch, wait=None, wait_help="unused")
-    add_json_option(watch, "one JSON object per change")
+    add_shared_options(watch, joining=(None, "unused"), json="one JSON object per change")
 
 
 def _handle(node: Any, kind: str, key: str) -> Any:

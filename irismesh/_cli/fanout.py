@@ -16,14 +16,14 @@ from rich.text import Text
 
 import irismesh
 from irismesh._cli.base import (
+    MEMBER_WAIT,
     SETTLED_FOR,
     CommandError,
     Commands,
     MeshArgumentParser,
     add_command,
     add_json_option,
-    add_member_wait_options,
-    add_timeout_option,
+    add_shared_options,
     client_keyring,
     cluster_name,
     make_node,
@@ -97,8 +97,7 @@ def register(commands: Commands) -> None:
 def _add_message_arguments(parser: MeshArgumentParser, what: str, waiting: str) -> None:
     parser.add_argument("cluster", type=cluster_name, metavar="CLUSTER")
     parser.add_argument("payload", metavar="PAYLOAD", help=f"the {what}; '-' reads stdin")
-    add_timeout_option(parser, f"most seconds to wait {waiting}")
-    add_member_wait_options(parser)
+    add_shared_options(parser, timeout=f"most seconds to wait {waiting}", joining=MEMBER_WAIT)
 
 
 # ----------------------------------------------------------------- running

@@ -16,14 +16,11 @@ from pathlib import Path
 import irismesh
 from irismesh import _env
 from irismesh._cli.base import (
-    USAGE_ERROR,
-    CommandError,
     Commands,
+    UsageError,
     add_command,
-    add_joining_options,
-    add_json_option,
-    add_metrics_option,
     add_repeatable,
+    add_shared_options,
     load_keyring,
     positive_int,
     print_json,
@@ -205,28 +202,23 @@ def register(commands: Commands) -> None:
         ),
     )
     parser.add_argument("--name", metavar="NAME", help="the gateway's node name")
-    add_joining_options(parser, wait=None, wait_help="")
-    add_metrics_option(parser)
-    add_json_option(parser, "the first line as JSON")
+    add_shared_options(parser, joining=(None, ""), metrics=True, json="the first line as JSON")
 
 
 def _check(args: argparse.Namespace) -> None:
     joined: list[Joined] = args.join
     if args.link_keys is None and not joined:
-        raise CommandError(
-            "--link-keys is needed (or --join, to join meshes in one process)", USAGE_ERROR
-        )
+        raise UsageError("--link-keys is needed (or --join, to join meshes in one process)")
     if not joined and not (args.listen or args.peer):
-        raise CommandError("--listen or --peer is needed (or --join)", USAGE_ERROR)
+        raise UsageError("--listen or --peer is needed (or --join)")
     if args.link_keys is None and (args.listen or args.peer):
-        raise CommandError("--listen and --peer need --link-keys", USAGE_ERROR)
+        raise UsageError("--listen and --peer need --link-keys")
     if joined and args.link_keys is not None and not (args.listen or args.peer):
-        raise CommandError("--link-keys goes with --listen or --peer", USAGE_ERROR)
+        raise UsageError("--link-keys goes with --listen or --peer")
     meshes = [args.mesh, *(j.mesh for j in joined)]
     if len(set(meshes)) != len(meshes):
-        raise CommandError(
-            f"each --join names another mesh than --mesh and the other --join: {meshes}",
-            USAGE_ERROR,
+        raise UsageError(
+            f"each --join names another mesh than --mesh and the other --join: {meshes}"
         )
 
 

@@ -8,9 +8,7 @@ from pathlib import Path
 from irismesh._cli.base import (
     Commands,
     add_command,
-    add_joining_options,
-    add_json_option,
-    add_metrics_option,
+    add_shared_options,
     client_keyring,
     cluster_client,
     load_keyring,
@@ -59,9 +57,9 @@ def register(commands: Commands) -> None:
         "operating system holds it (faster; survives a crash of this process, not of the "
         "machine) (default: %(default)s)",
     )
-    add_joining_options(memory, wait=None, wait_help="unused")
-    add_metrics_option(memory)
-    add_json_option(memory, "the first line as a JSON object")
+    add_shared_options(
+        memory, joining=(None, "unused"), metrics=True, json="the first line as a JSON object"
+    )
 
     reread = add_command(
         commands,
@@ -88,8 +86,11 @@ def register(commands: Commands) -> None:
         metavar="N",
         help="messages per path, newest first (default: %(default)s)",
     )
-    add_joining_options(reread, wait=5.0, wait_help="most seconds to find a memory member")
-    add_json_option(reread, "one JSON object per message")
+    add_shared_options(
+        reread,
+        joining=(5.0, "most seconds to find a memory member"),
+        json="one JSON object per message",
+    )
 
 
 async def run_memory(args: argparse.Namespace) -> int:

@@ -20,15 +20,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 import irismesh
 from irismesh._cli.base import (
-    USAGE_ERROR,
     CommandError,
     Commands,
     StdinReader,
     StdoutWriter,
+    UsageError,
     add_command,
-    add_joining_options,
-    add_json_option,
     add_priority_option,
+    add_shared_options,
     add_timeout_option,
     client_keyring,
     load_keyring,
@@ -121,10 +120,11 @@ def register(commands: Commands) -> None:
     add_priority_option(
         publish, "publishes waiting for a slow subscriber's room go highest priority first"
     )
-    add_joining_options(
-        publish, wait=3.0, wait_help="seconds to wait for the mesh (and --wait-subscribers)"
+    add_shared_options(
+        publish,
+        joining=(3.0, "seconds to wait for the mesh (and --wait-subscribers)"),
+        json="a JSON object: topic, published, reached, reached_min, seconds",
     )
-    add_json_option(publish, "a JSON object: topic, published, reached, reached_min, seconds")
 
     subscribe = add_command(
         commands,
@@ -179,8 +179,11 @@ def register(commands: Commands) -> None:
         metavar="N",
         help="messages waiting to be printed before the policy applies (default: %(default)s)",
     )
-    add_joining_options(subscribe, wait=10.0, wait_help="with --seed: seconds to wait for a peer")
-    add_json_option(subscribe, "one JSON object per message")
+    add_shared_options(
+        subscribe,
+        joining=(10.0, "with --seed: seconds to wait for a peer"),
+        json="one JSON object per message",
+    )
 
 
 # ----------------------------------------------------------------- publish
@@ -190,9 +193,7 @@ async def run_publish(args: argparse.Namespace) -> int:
     keys = client_keyring(args, topic_scope(args.topic) or "*")
     limit = irismesh.CoreConfig().max_payload
     if args.payload != "-" and len(args.payload.encode()) > limit:
-        raise CommandError(
-            f"PAYLOAD is {len(args.payload.encode())} bytes, above the {limit} limit", USAGE_ERROR
-        )
+        raise UsageError(f"PAYLOAD is {len(args.payload.encode())} bytes, above the {limit} limit")
     async with make_node(args, keys) as node:
         if args.retain:
             await wait_for_cluster(node, args, MEMORY_CLUSTER)
@@ -214,8 +215,8 @@ async def run_publish(args: argparse.Namespace) -> int:
                 except SlowConsumer as exc:
                     raise CommandError(f"{exc} ({len(reached)} published before)") from None
                 except PayloadTooLarge as exc:
-                    raise CommandError(
-                        f"message {len(reached) + 1}: {exc}; nothing more published", USAGE_ERROR
+                    raise UsageError(
+                        f"message {len(reached) + 1}: {exc}; nothing more published"
                     ) from None
                 progress(len(reached))
         elapsed = time.perf_counter() - started

@@ -7,11 +7,11 @@ import sys
 import time
 
 from irismesh._cli.base import (
+    MEMBER_WAIT,
     Commands,
     add_command,
-    add_json_option,
-    add_member_wait_options,
     add_priority_option,
+    add_shared_options,
     add_timeout_option,
     client_keyring,
     cluster_client,
@@ -54,8 +54,7 @@ def register(commands: Commands) -> None:
     add_priority_option(
         parser, "a busy member serves higher priorities first and turns lower ones away first"
     )
-    add_member_wait_options(parser)
-    add_json_option(parser, "one JSON object per reply")
+    add_shared_options(parser, joining=MEMBER_WAIT, json="one JSON object per reply")
 
 
 async def run_request(args: argparse.Namespace) -> int:

@@ -21,13 +21,10 @@ from typing import Any
 
 import irismesh
 from irismesh._cli.base import (
-    USAGE_ERROR,
-    CommandError,
     Commands,
+    UsageError,
     add_command,
-    add_joining_options,
-    add_json_option,
-    add_metrics_option,
+    add_shared_options,
     cluster_name,
     load_keyring,
     make_node,
@@ -135,9 +132,9 @@ def register(commands: Commands) -> None:
         help="the node's identity (`mesh identity new`): its id derives from it "
         "(default: $IRISMESH_IDENTITY, else a fresh one)",
     )
-    add_joining_options(parser, wait=None, wait_help="")
-    add_metrics_option(parser)
-    add_json_option(parser, "print the listening line as JSON")
+    add_shared_options(
+        parser, joining=(None, ""), metrics=True, json="print the listening line as JSON"
+    )
 
 
 class CommandFailed(Exception):
@@ -203,13 +200,11 @@ def command_argv(command: str, option: str = "--exec") -> list[str]:
     try:
         argv = shlex.split(command)
     except ValueError as exc:
-        raise CommandError(f"bad {option} command {command!r}: {exc}", USAGE_ERROR) from None
+        raise UsageError(f"bad {option} command {command!r}: {exc}") from None
     if not argv:
-        raise CommandError(f"{option} needs a command", USAGE_ERROR)
+        raise UsageError(f"{option} needs a command")
     if shutil.which(argv[0]) is None:
-        raise CommandError(
-            f"{option}: program {argv[0]!r} not found (or not executable)", USAGE_ERROR
-        )
+        raise UsageError(f"{option}: program {argv[0]!r} not found (or not executable)")
     return argv
 
 

@@ -6,13 +6,12 @@ import argparse
 import datetime
 
 from irismesh._cli.base import (
-    USAGE_ERROR,
+    MEMBER_WAIT,
     CommandError,
     Commands,
+    UsageError,
     add_command,
-    add_json_option,
-    add_member_wait_options,
-    add_timeout_option,
+    add_shared_options,
     client_keyring,
     cluster_client,
     cluster_name,
@@ -63,9 +62,12 @@ def register(commands: Commands) -> None:
         help="the share of each version (whole numbers, relative)",
     )
     parser.add_argument("--clear", action="store_true", help="clear the cluster's split")
-    add_timeout_option(parser, "most seconds to wait for every member to carry it")
-    add_member_wait_options(parser)
-    add_json_option(parser, "the split as a JSON object")
+    add_shared_options(
+        parser,
+        timeout="most seconds to wait for every member to carry it",
+        joining=MEMBER_WAIT,
+        json="the split as a JSON object",
+    )
 
 
 def version_weight(text: str) -> tuple[str, int]:
@@ -91,10 +93,10 @@ def version_weight(text: str) -> tuple[str, int]:
 
 async def run_split(args: argparse.Namespace) -> int:
     if args.clear and args.weights:
-        raise CommandError("--clear takes no VERSION=WEIGHT pairs", USAGE_ERROR)
+        raise UsageError("--clear takes no VERSION=WEIGHT pairs")
     weights = dict(args.weights)
     if len(weights) != len(args.weights):
-        raise CommandError("a version is named twice", USAGE_ERROR)
+        raise UsageError("a version is named twice")
     if weights:
         check_weights(weights)  # a split that cannot be: say so now, not after joining
     keys = client_keyring(args, args.cluster)

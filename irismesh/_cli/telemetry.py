@@ -14,12 +14,12 @@ import re
 from pathlib import Path
 
 from irismesh._cli.base import (
-    USAGE_ERROR,
     CommandError,
     Commands,
+    UsageError,
     add_command,
     add_family,
-    add_json_option,
+    add_shared_options,
     positive_int,
     print_json,
 )
@@ -104,7 +104,9 @@ def register(commands: Commands) -> None:
         action="store_true",
         help="JVM flags for a fast start on small data instead of throughput on large data",
     )
-    add_json_option(report, "a JSON object naming the report's files, instead of the summary")
+    add_shared_options(
+        report, json="a JSON object naming the report's files, instead of the summary"
+    )
 
 
 def spark_master(text: str) -> str:
@@ -132,9 +134,9 @@ def run_report(args: argparse.Namespace) -> int:
     out: Path = args.out
     if not spool.is_dir():
         what = "is not a directory" if spool.exists() else "does not exist"
-        raise CommandError(f"spool directory {spool} {what}", USAGE_ERROR)
+        raise UsageError(f"spool directory {spool} {what}")
     if out.exists() and not out.is_dir():
-        raise CommandError(f"--out {out} exists and is not a directory", USAGE_ERROR)
+        raise UsageError(f"--out {out} exists and is not a directory")
     require_spark()
     from irismesh.spark_telemetry.cli import main as spark_main
     from irismesh.spark_telemetry.cli import spark_failures
@@ -155,7 +157,7 @@ def run_report(args: argparse.Namespace) -> int:
         raise CommandError(f"Spark failed: {lines[0] if lines else type(exc).__name__}") from None
     except OSError as exc:
         message = f"cannot read the spool or write the report: {exc}"
-        raise CommandError(message, USAGE_ERROR) from None
+        raise UsageError(message) from None
     if status != 0:  # arguments it refused: checked above, so not expected
         return status
     if args.json:
@@ -179,4 +181,4 @@ def require_spark() -> None:
     try:
         spark_cli.require(("pyspark", "pyarrow"))
     except spark_cli.CommandFailed as exc:
-        raise CommandError(str(exc), USAGE_ERROR) from None
+        raise UsageError(str(exc)) from None

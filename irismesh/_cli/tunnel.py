@@ -18,13 +18,13 @@ from collections.abc import AsyncIterator
 
 import irismesh
 from irismesh._cli.base import (
+    MEMBER_WAIT,
     CommandError,
     Commands,
     StdinReader,
     StdoutWriter,
     add_command,
-    add_member_wait_options,
-    add_timeout_option,
+    add_shared_options,
     client_keyring,
     cluster_client,
     cluster_name,
@@ -66,8 +66,9 @@ def register(commands: Commands) -> None:
         run=run_tunnel,
     )
     parser.add_argument("cluster", type=cluster_name, metavar="CLUSTER")
-    add_timeout_option(parser, "most seconds for the member to accept the tunnel")
-    add_member_wait_options(parser)
+    add_shared_options(
+        parser, timeout="most seconds for the member to accept the tunnel", joining=MEMBER_WAIT
+    )
 
 
 # ----------------------------------------------------------------- the caller

@@ -430,14 +430,22 @@ class MemNet:
             self._datagrams, (self.now + delay, next(self._order), node.core.address, address, data)
         )
 
+    def _reaches(self, src: MemNode | None, dst: MemNode | None, kind: str) -> bool:
+        """Whether what `src` sent reaches `dst` now (a paused `dst` holds it back); if not,
+        counted lost as `kind`dead (a side gone or down) or `kind`partition."""
+        if src is None or dst is None or not src.alive or not dst.alive:
+            self.lost[kind + "dead"] += 1
+            return False
+        if frozenset((src.name, dst.name)) in self.partitions:
+            self.lost[kind + "partition"] += 1
+            return False
+        return True
+
     def _deliver_datagram(self, source: str, address: str, data: bytes) -> None:
         src, dst = self.by_address.get(source), self.by_address.get(address)
-        if src is None or dst is None or not src.alive or not dst.alive:
-            self.lost["datagram_dead"] += 1
+        if not self._reaches(src, dst, "datagram_"):
             return
-        if frozenset((src.name, dst.name)) in self.partitions:
-            self.lost["datagram_partition"] += 1
-            return
+        assert dst is not None
         if dst.paused:
             dst.datagram_backlog.append((source, data))
             return
@@ -446,12 +454,9 @@ class MemNet:
 
     def _deliver(self, conn: Conn, to_listener: bool, frame: bytes, sent: float) -> None:
         src, dst = (conn.dialler, conn.listener) if to_listener else (conn.listener, conn.dialler)
-        if not conn.open or src is None or dst is None or not src.alive or not dst.alive:
-            self.lost["dead"] += 1
+        if not self._reaches(src if conn.open else None, dst, ""):  # closed: as if src were gone
             return
-        if frozenset((src.name, dst.name)) in self.partitions:
-            self.lost["partition"] += 1
-            return
+        assert dst is not None
         if dst.paused:
             dst.backlog.append((conn, to_listener, frame, sent))
             return
@@ -503,6 +508,14 @@ class MemNet:
 
     def kinds_delivered(self, kind: Kind) -> list[Delivery]:
         return [d for d in self.delivered if d.kind == kind]
+
+
+def member_and_client(
+    net: MemNet, *, handler: Handler = echo, settle: float = 0.5
+) -> tuple[MemNode, MemNode]:
+    """A member of "db" and a client seeded with it, handshakes done."""
+    nodes = mesh(net, {"member": ["db"]}, handler=handler, settle=settle)
+    return nodes["member"], nodes["client"]
 
 
 def mesh(

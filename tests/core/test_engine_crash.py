@@ -10,7 +10,7 @@ virtual time.
 from __future__ import annotations
 
 import pytest
-from memnet import MemNet, MemNode, echo, hold
+from memnet import MemNet, MemNode, echo, hold, member_and_client, mesh
 
 from irismesh._core.events import PeerDown
 from irismesh._core.links import LinkState
@@ -18,9 +18,7 @@ from irismesh.errors import NoResponders
 
 
 def pair(net: MemNet) -> tuple[MemNode, MemNode]:
-    member = net.add("member", clusters=["db"], handler=hold)
-    client = net.add("client", seeds=[member])
-    net.advance(0.3)
+    member, client = member_and_client(net, handler=hold, settle=0.3)
     return client, member
 
 
@@ -87,10 +85,8 @@ def test_a_member_that_keeps_dropping_connections_before_their_handshake_stays_i
 
 def test_the_other_members_take_over_a_crashed_members_requests_at_once() -> None:
     net = MemNet(seed=2)
-    doomed = net.add("doomed", clusters=["db"], handler=hold)
-    other = net.add("other", clusters=["db"], handler=hold)
-    client = net.add("client", seeds=[doomed, other])
-    net.advance(0.5)
+    nodes = mesh(net, {"doomed": ["db"], "other": ["db"]}, handler=hold)
+    doomed, other, client = nodes["doomed"], nodes["other"], nodes["client"]
     ids = [net.request(client, "db", b"%d" % i, timeout=5.0) for i in range(20)]
     on_doomed = {token[1] for token in doomed.held}
     assert on_doomed

@@ -17,7 +17,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-from memnet import Handler, MacLinkSecurity, MemNet, MemNode, echo, hold, mesh
+from memnet import Handler, MacLinkSecurity, MemNet, MemNode, echo, hold, member_and_client, mesh
 
 from irismesh._core.config import CoreConfig
 from irismesh._core.engine import MeshCore
@@ -326,10 +326,8 @@ def test_failover_resends_a_dead_members_requests_to_the_others() -> None:
 
 def test_a_transport_failure_resends_at_once_and_counts_the_attempt() -> None:
     net = MemNet(seed=13)
-    first = net.add("first", clusters=["db"], handler=hold)
-    second = net.add("second", clusters=["db"], handler=hold)
-    client = net.add("client", seeds=[first, second])
-    net.advance(0.5)
+    nodes = mesh(net, {"first": ["db"], "second": ["db"]}, handler=hold)
+    first, second, client = nodes["first"], nodes["second"], nodes["client"]
     req_id = net.request(client, "db", b"x", timeout=1.0)
     holder, other = (first, second) if first.held else (second, first)
     net.break_link(client, client.conn_to(holder).link_id)
@@ -342,9 +340,7 @@ def test_a_transport_failure_resends_at_once_and_counts_the_attempt() -> None:
 
 def _single_member_with_a_held_request() -> tuple[MemNet, MemNode, MemNode, int]:
     net = MemNet(seed=14)
-    member = net.add("member", clusters=["db"], handler=hold)
-    client = net.add("client", seeds=[member])
-    net.advance(0.3)
+    member, client = member_and_client(net, handler=hold, settle=0.3)
     req_id = net.request(client, "db", b"once", timeout=5.0)
     assert len(member.arrived) == 1
     return net, client, member, req_id
@@ -597,6 +593,24 @@ def test_a_member_reached_under_two_names_serves_requests_at_once() -> None:
 # ---------------------------------------------------------------------- hostile frames
 
 
+def assert_untouched(core: MeshCore) -> None:
+    """A dropped frame made the core neither emit an event nor a frame."""
+    assert core.events == []
+    assert core.out_frames == []
+    assert core.in_frames == []
+
+
+def assert_still_linked(
+    net: MemNet, client: MemNode, member: MemNode, payload: bytes, seconds: float
+) -> None:
+    """The pair serves a request after the hostile frames, and no link goes down for
+    `seconds`."""
+    req_id = net.request(client, "db", payload)
+    assert client.replies[req_id][0].payload == b"re:" + payload
+    net.advance(seconds)
+    assert client.downs() == member.downs() == []
+
+
 def test_bad_frames_are_counted_under_their_reason_and_change_nothing() -> None:
     net = MemNet(seed=26)
     client, member = pair(net)
@@ -622,13 +636,8 @@ def test_bad_frames_are_counted_under_their_reason_and_change_nothing() -> None:
     for core, before in [(client.core, before_client), (member.core, before_member)]:
         changed = {k for k in core.stats if core.stats[k] != before.get(k, 0)}
         assert changed == {"dropped_" + reason for reason in bad}
-        assert core.events == []
-        assert core.out_frames == []
-        assert core.in_frames == []
-    req_id = net.request(client, "db", b"still fine")
-    assert client.replies[req_id][0].payload == b"re:still fine"
-    net.advance(2.0)
-    assert client.downs() == member.downs() == []
+        assert_untouched(core)
+    assert_still_linked(net, client, member, b"still fine", 2.0)
 
 
 def _garbage(captured: list[bytes]) -> st.SearchStrategy[bytes]:
@@ -677,13 +686,8 @@ def test_any_hostile_frame_is_dropped_counted_and_harmless(data: st.DataObject) 
             core.receive_out(link.link_id, frame, net.now)
         assert dropped(core) == count + 1
         assert (out_link.recv_seq, in_link.recv_seq) == seqs
-        assert core.events == []
-        assert core.out_frames == []
-        assert core.in_frames == []
-    req_id = net.request(client, "db", b"after")
-    assert client.replies[req_id][0].payload == b"re:after"
-    net.advance(1.5)
-    assert client.downs() == member.downs() == []
+        assert_untouched(core)
+    assert_still_linked(net, client, member, b"after", 1.5)
 
 
 # ---------------------------------------------------------------------- loss and reordering

@@ -19,7 +19,7 @@ import pytest
 from frame_fuzz import ESTABLISHED, FUZZ_CONFIG, TARGETS, Footprint, Scene, seal_on
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from memnet import MemNet, hold
+from memnet import MemNet, hold, member_and_client
 
 from irismesh._core.config import CoreConfig
 from irismesh._core.frames import (
@@ -424,9 +424,7 @@ def test_a_caller_that_never_acknowledges_cannot_grow_the_reply_cache() -> None:
 
 def test_a_keyless_node_cannot_make_a_member_forget_a_callers_reply() -> None:
     net = MemNet(seed=15)
-    member = net.add("member", clusters=["db"], handler=hold)
-    client = net.add("client", seeds=[member])
-    net.advance(0.3)
+    member, client = member_and_client(net, handler=hold, settle=0.3)
     req_id = net.request(client, "db", b"charge card", timeout=5.0)
     member.core.reply(member.held[0], b"charged")  # queued on the member's side...
     net.break_link(client, client.conn_to(member).link_id)  # ...when the connection dies

@@ -13,7 +13,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from memnet import MemNet, MemNode
+from memnet import MemNet, MemNode, member_and_client
 
 from irismesh._core.engine import MeshCore
 from irismesh._core.gossip import encode_compound, encode_message, seal_datagram
@@ -78,9 +78,7 @@ def test_a_core_refuses_an_id_its_identity_does_not_derive() -> None:
 
 def test_memnet_nodes_link_under_their_derived_ids() -> None:
     net = MemNet(seed=3)
-    member = net.add("member", clusters=["db"])
-    client = net.add("client", seeds=[member])
-    net.advance(0.5)
+    member, client = member_and_client(net)
     assert client.peer_ids() == {member.node_id}
     assert member.node_id == node_id_of(_public(member))
     seen = client.core.membership.get(member.node_id)

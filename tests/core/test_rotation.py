@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from memnet import MemNet, MemNode, hold
+from memnet import MemNet, MemNode, hold, member_and_client
 
 from irismesh._core.directory import Directory
 from irismesh._core.frames import STATUS_OK
@@ -85,9 +85,7 @@ def test_three_rotation_steps_one_node_at_a_time_fail_no_request() -> None:
 def test_after_the_rotation_only_a_holder_of_the_new_key_can_call_or_serve() -> None:
     old, new = _keys(2)
     net = MemNet(seed=12, keyring=Keyring([old]))
-    member = net.add("member", clusters=["db"])
-    client = net.add("client", seeds=[member])
-    net.advance(0.5)
+    member, client = member_and_client(net)
     for keyring in _steps(old, new):
         for node in (member, client):
             net.rekey(node, keyring)
@@ -111,9 +109,7 @@ def test_after_the_rotation_only_a_holder_of_the_new_key_can_call_or_serve() -> 
 def test_a_request_running_when_its_key_is_removed_is_answered_once() -> None:
     old, new = _keys(3)
     net = MemNet(seed=13, keyring=Keyring([old]))
-    member = net.add("member", clusters=["db"], handler=hold)
-    client = net.add("client", seeds=[member])
-    net.advance(0.5)
+    member, client = member_and_client(net, handler=hold)
     for node in (member, client):
         net.rekey(node, Keyring([old, new]))
     for node in (member, client):
@@ -174,9 +170,7 @@ def test_a_link_opened_before_the_rotation_and_not_used_yet_serves_after_it() ->
     # replaces the link, and the new handshake offers the new one.
     old, new = _keys(5)
     net = MemNet(seed=15, keyring=Keyring([old]))
-    member = net.add("member", clusters=["db"])
-    client = net.add("client", seeds=[member])
-    net.advance(0.5)
+    member, client = member_and_client(net)
     assert client.core.links()  # linked, never called
     for keyring in _steps(old, new):
         for node in (member, client):
@@ -191,9 +185,7 @@ def test_a_link_opened_before_the_rotation_and_not_used_yet_serves_after_it() ->
 def test_a_new_order_of_the_same_keys_keeps_every_link() -> None:
     old, new = _keys(6)
     net = MemNet(seed=16, keyring=Keyring([old, new]))
-    member = net.add("member", clusters=["db"])
-    client = net.add("client", seeds=[member])
-    net.advance(0.5)
+    member, client = member_and_client(net)
     net.request(client, "db", b"x")
     for node in (member, client):
         net.rekey(node, Keyring([new, old]))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import stat
 import subprocess
@@ -22,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import MESH, assert_error, assert_usage_errors, kill_all, run_all
+from helpers import MESH, assert_error, assert_usage_errors, kill_all, mesh_workdir, run_all
 
 import irismesh
 from irismesh import cli
@@ -118,12 +117,7 @@ class Processes:
 
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
-    workdir = tmp_path_factory.mktemp("cli")
-    keyfile = workdir / "mesh.keys"
-    irismesh.Keyring.generate(["*", "db"]).save(keyfile)
-    (workdir / "exec.sh").write_text(EXEC_SCRIPT)
-    env = dict(os.environ, IRISMESH_KEYFILE=str(keyfile), COLUMNS="160")
-    env.pop("IRISMESH_KEYS", None)
+    workdir, env = mesh_workdir(tmp_path_factory, "cli", ("*", "db"), **{"exec.sh": EXEC_SCRIPT})
     procs = Processes(env, workdir)
     try:
         node = ["node", "--bind", "tcp://127.0.0.1:0", "--json"]
@@ -137,7 +131,7 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
         _, line = procs.start(*node, "--cluster", "ex", "--exec", command, "--exec-timeout",
                               "1", "--seed", seed)  # fmt: skip
         x = json.loads(line)
-        ready = Mesh(workdir, keyfile, env, seed, {"A": a, "B": b, "X": x}, procs)
+        ready = Mesh(workdir, workdir / "mesh.keys", env, seed, {"A": a, "B": b, "X": x}, procs)
         deadline = time.monotonic() + 15
         while True:  # until a newcomer sees the whole mesh
             views = ready.json("clusters", "--seed", seed, "--cluster", "echo", "--cluster", "ex")

@@ -8,7 +8,6 @@ node's telemetry loop does).
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import MESH, assert_error
+from helpers import MESH, assert_error, mesh_workdir
 
 import irismesh
 from irismesh.telemetry.spool import SpoolReader, complete_files, decode_spool
@@ -61,11 +60,8 @@ class Mesh:
 
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
-    workdir = tmp_path_factory.mktemp("collect")
+    workdir, env = mesh_workdir(tmp_path_factory, "collect")
     keyfile = workdir / "mesh.keys"
-    irismesh.Keyring.generate().save(keyfile)
-    env = dict(os.environ, IRISMESH_KEYFILE=str(keyfile), COLUMNS="160")
-    env.pop("IRISMESH_KEYS", None)
     cmd = [sys.executable, "-c", NODES, str(keyfile), str(workdir / "local")]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
     try:

@@ -9,7 +9,6 @@ is read as it comes, so a test can wait (with a deadline) for the broadcast it s
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -19,9 +18,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from helpers import MESH, assert_error, assert_usage_errors, kill_all, run_all, wait_until_sync
+from helpers import (
+    MESH,
+    InProcess,
+    assert_error,
+    commands_help,
+    kill_all,
+    mesh_workdir,
+    run_all,
+    wait_until_sync,
+)
 
-import irismesh
 from irismesh import cli
 
 # X's --exec command; sh, not Python, so that it starts fast on a busy machine.
@@ -129,13 +136,8 @@ class Mesh:
 
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
-    workdir = tmp_path_factory.mktemp("fanout")
-    keyfile = workdir / "mesh.keys"
-    irismesh.Keyring.generate().save(keyfile)
-    (workdir / "exec.sh").write_text(EXEC_SCRIPT)
-    (workdir / "deaf.py").write_text(DEAF_MEMBER)
-    env = dict(os.environ, IRISMESH_KEYFILE=str(keyfile), COLUMNS="160")
-    env.pop("IRISMESH_KEYS", None)
+    files = {"exec.sh": EXEC_SCRIPT, "deaf.py": DEAF_MEMBER}
+    workdir, env = mesh_workdir(tmp_path_factory, "fanout", **files)
     members = Members(env, workdir)
     try:
         node = [*MESH, "node", "--bind", "tcp://127.0.0.1:0"]
@@ -179,15 +181,7 @@ def json_line(line: str) -> object:
 
 
 def test_broadcast_and_survey_explain_themselves(capsys: pytest.CaptureFixture[str]) -> None:
-    top = subprocess.run([*MESH, "--help"], capture_output=True, text=True, check=True)
-    for name in ("broadcast", "survey"):
-        assert f"\n    {name} " in top.stdout or f"\n    {name}\n" in top.stdout, top.stdout
-        assert f"mesh {name} " in top.stdout  # in the tour
-        with pytest.raises(SystemExit) as exit_:
-            cli.main([name, "--help"])
-        assert exit_.value.code == 0
-        text = capsys.readouterr().out
-        assert f"mesh {name}" in text.partition("examples:")[2], name
+    for text in commands_help(("broadcast", "survey"), capsys).values():
         assert "--json" in text
         assert "'-' reads stdin" in text
     with pytest.raises(SystemExit):
@@ -332,17 +326,9 @@ def test_fanout_user_mistakes_are_one_line_and_exit_2(mesh: Mesh) -> None:
     run_all([(["survey", *seed, "fan", "x"], 2, "no keyring: pass --keys")], no_keys)
 
 
-def test_more_fanout_user_mistakes(
-    mesh: Mesh,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
+def test_more_fanout_user_mistakes(mesh: Mesh, tmp_path: Path, in_process: InProcess) -> None:
     """The same error boundary in-process (`cli.main`), to spare an interpreter per case."""
-    monkeypatch.setenv("IRISMESH_KEYFILE", str(mesh.env["IRISMESH_KEYFILE"]))
-    monkeypatch.delenv("IRISMESH_KEYS", raising=False)
-    db_only = tmp_path / "db_only.keys"
-    irismesh.Keyring.generate(["db"]).save(db_only)
+    db_only = in_process.join(mesh.env)
     seed = ["--seed", mesh.seed]
     cases: list[tuple[list[str], str]] = [
         (["survey", *seed, "fan", "x", "--timeout", "0"], "--timeout: must be a positive"),
@@ -355,4 +341,4 @@ def test_more_fanout_user_mistakes(
         (["broadcast", *seed, "fan", "x", "--wait", "-1"], "--wait: must be zero or more"),
         (["survey", *seed], "required: CLUSTER, PAYLOAD"),
     ]
-    assert_usage_errors(cases, capsys)
+    in_process.assert_usage_errors(cases)

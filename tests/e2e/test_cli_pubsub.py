@@ -21,9 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from helpers import MESH, assert_usage_errors, run_all, wait_until_sync
+from helpers import MESH, InProcess, commands_help, mesh_workdir, run_all, wait_until_sync
 
-import irismesh
 from irismesh import cli
 
 # X's --tunnel-exec command; sh, not Python, so that it starts fast on a busy machine.
@@ -127,12 +126,7 @@ class Subscribers:
 
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
-    workdir = tmp_path_factory.mktemp("pubsub")
-    keyfile = workdir / "mesh.keys"
-    irismesh.Keyring.generate().save(keyfile)
-    (workdir / "shout.sh").write_text(SHOUT_SCRIPT)
-    env = dict(os.environ, IRISMESH_KEYFILE=str(keyfile), COLUMNS="160")
-    env.pop("IRISMESH_KEYS", None)
+    workdir, env = mesh_workdir(tmp_path_factory, "pubsub", **{"shout.sh": SHOUT_SCRIPT})
     procs: list[subprocess.Popen[str]] = []
 
     def start(*args: str) -> str:
@@ -184,15 +178,7 @@ def one_line_error(status: int, err: str | bytes, expected: int, *fragments: str
 def test_publish_subscribe_and_tunnel_explain_themselves(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    top = subprocess.run([*MESH, "--help"], capture_output=True, text=True, check=True)
-    for name in ("publish", "subscribe", "tunnel"):
-        assert f"\n    {name} " in top.stdout or f"\n    {name}\n" in top.stdout, top.stdout
-        assert f"mesh {name} " in top.stdout  # in the tour
-        with pytest.raises(SystemExit) as exit_:
-            cli.main([name, "--help"])
-        assert exit_.value.code == 0
-        text = capsys.readouterr().out
-        assert f"mesh {name}" in text.partition("examples:")[2], name
+    commands_help(("publish", "subscribe", "tunnel"), capsys)
     for name, phrase in (
         ("publish", "--wait-subscribers"),
         ("subscribe", "Exit status: 0 after --count messages"),
@@ -321,17 +307,9 @@ def test_user_mistakes_are_one_line_and_exit_2(mesh: Mesh) -> None:
     run_all([(["publish", *seed, "news.today", "x"], 2, "no keyring: pass --keys")], no_keys)
 
 
-def test_more_user_mistakes(
-    mesh: Mesh,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
+def test_more_user_mistakes(mesh: Mesh, tmp_path: Path, in_process: InProcess) -> None:
     """The same error boundary in-process (`cli.main`), to spare an interpreter per case."""
-    monkeypatch.setenv("IRISMESH_KEYFILE", str(mesh.env["IRISMESH_KEYFILE"]))
-    monkeypatch.delenv("IRISMESH_KEYS", raising=False)
-    db_only = tmp_path / "db_only.keys"
-    irismesh.Keyring.generate(["db"]).save(db_only)
+    db_only = in_process.join(mesh.env)
     seed = ["--seed", mesh.seed]
     cases: list[tuple[list[str], str]] = [
         (["publish", *seed, "news.*", "x"], "wildcards belong in subscription patterns"),
@@ -351,4 +329,4 @@ def test_more_user_mistakes(
         (["node", "--cluster", "t", "--tunnel-exec", "no-such-program-here"], "not found"),
         (["node", "--cluster", "t", "--tunnel-exec", "'unclosed"], "bad --tunnel-exec command"),
     ]
-    assert_usage_errors(cases, capsys)
+    in_process.assert_usage_errors(cases)

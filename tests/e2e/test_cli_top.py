@@ -9,11 +9,12 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers import wait_until_sync
 
 import irismesh
 
@@ -71,14 +72,6 @@ def tmux() -> Iterator[Tmux]:
         server("kill-server", check=False)  # and with it whatever still runs in it
 
 
-def poll(condition: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
-
-
 @pytest.mark.parametrize("key", ["q", "C-c"])
 def test_top_shows_the_member_and_quits_cleanly(
     member: Member, tmux: Tmux, tmp_path: Path, key: str
@@ -103,7 +96,7 @@ def test_top_shows_the_member_and_quits_cleanly(
         return shown and any(line.startswith("│ echo ") for line in screen.splitlines())
 
     try:
-        poll(member_shown, 20, "the member in mesh top's peers table")
+        wait_until_sync(member_shown, 20, "the member in mesh top's peers table", step=0.05)
     except pytest.fail.Exception:
         print(screen)
         raise
@@ -117,9 +110,13 @@ def test_top_shows_the_member_and_quits_cleanly(
     assert "q or Ctrl-C quits" in screen
 
     tmux("send-keys", "-t", "top", key)
-    poll(lambda: status.exists() and status.read_text().strip(), 10, "mesh top to exit")
+    wait_until_sync(
+        lambda: status.exists() and status.read_text().strip(), 10, "mesh top to exit", step=0.05
+    )
     assert status.read_text().strip() == "0"
-    poll(lambda: terminal.exists() and terminal.read_text(), 10, "stty after mesh top")
+    wait_until_sync(
+        lambda: terminal.exists() and terminal.read_text(), 10, "stty after mesh top", step=0.05
+    )
     modes = terminal.read_text().split()
     assert "icanon" in modes, "mesh top left the terminal in cbreak mode"
     assert "echo" in modes, "mesh top left the terminal without echo"

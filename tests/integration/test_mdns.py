@@ -16,12 +16,20 @@ import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 import zeroconf.asyncio
-from helpers import run_with_deadline, wait_until
+from helpers import (
+    Discovering,
+    all_started,
+    candidate_recorder,
+    deadline,
+    end_child,
+    run_with_deadline,
+    wait_until,
+)
 from zeroconf import IPVersion, ServiceStateChange, Zeroconf
 from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
 
@@ -114,15 +122,8 @@ def zeroconf_calls(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
 
 
 @dataclass
-class Peer:
-    node_id: bytes
-    endpoint: str
+class Peer(Discovering):
     discovery: MdnsDiscovery
-    seen: set[tuple[bytes, str]] = field(default_factory=set)
-
-    @property
-    def me(self) -> tuple[bytes, str]:
-        return (self.node_id, self.endpoint)
 
 
 _next_port = iter(range(21000, 60000, 7))
@@ -131,28 +132,15 @@ _next_port = iter(range(21000, 60000, 7))
 def make_peer(config: MdnsConfig, *, raising: bool = False) -> Peer:
     node_id = os.urandom(16)
     endpoint = f"tcp://{LOOPBACK}:{next(_next_port)}"
-    seen: set[tuple[bytes, str]] = set()
-
-    def on_candidate(candidate_id: bytes, candidate_endpoint: str) -> None:
-        seen.add((candidate_id, candidate_endpoint))
-        if raising:
-            raise RuntimeError("a buggy candidate handler")
-
+    seen, on_candidate = candidate_recorder(raising=raising)
     discovery = MdnsDiscovery(
         node_id=node_id, endpoint=endpoint, config=config, on_candidate=on_candidate
     )
     return Peer(node_id=node_id, endpoint=endpoint, discovery=discovery, seen=seen)
 
 
-@contextlib.asynccontextmanager
-async def started(*peers: Peer) -> AsyncIterator[None]:
-    try:
-        for peer in peers:
-            await peer.discovery.start()
-        yield
-    finally:
-        for peer in peers:
-            await peer.discovery.close()
+def started(*peers: Peer) -> contextlib.AbstractAsyncContextManager[None]:
+    return all_started(peer.discovery for peer in peers)
 
 
 @contextlib.asynccontextmanager
@@ -309,15 +297,13 @@ def test_bad_endpoints_are_refused(endpoint: str, match: str) -> None:
         )
 
 
-def test_close_before_start_is_harmless() -> None:
-    async def scenario() -> None:
-        peer = make_peer(MdnsConfig(service_type=fresh_type()))
-        await peer.discovery.close()
-        await peer.discovery.close()
-        with pytest.raises(Closed):
-            await peer.discovery.start()
-
-    run(scenario)
+@deadline(TEST_TIMEOUT)
+async def test_close_before_start_is_harmless() -> None:
+    peer = make_peer(MdnsConfig(service_type=fresh_type()))
+    await peer.discovery.close()
+    await peer.discovery.close()
+    with pytest.raises(Closed):
+        await peer.discovery.start()
 
 
 def test_an_interface_this_host_lacks_is_refused_before_zeroconf_opens(
@@ -345,59 +331,52 @@ def test_an_interface_this_host_lacks_is_refused_before_zeroconf_opens(
 
 
 @needs_mdns
-def test_two_nodes_discover_each_other() -> None:
-    async def scenario() -> None:
-        config = MdnsConfig(service_type=fresh_type(), realm_key=os.urandom(32))
-        a, b = make_peer(config), make_peer(config)
-        async with started(a, b):
-            await wait_until(
-                lambda: a.seen == {b.me} and b.seen == {a.me}, DISCOVERY, "a and b see each other"
-            )
-            for peer in (a, b):
-                stats = peer.discovery.stats
-                assert stats["registered"] == 1
-                assert stats["candidates"] >= 1
-                assert stats["dropped_realm"] == stats["dropped_malformed"] == 0
-
-    run(scenario)
-
-
-@needs_mdns
-def test_found_nodes_are_offered_again_so_a_mesh_that_forgot_them_redials() -> None:
-    async def scenario() -> None:
-        config = MdnsConfig(
-            service_type=fresh_type(), realm_key=os.urandom(32), reoffer_interval=0.2
+@deadline(TEST_TIMEOUT)
+async def test_two_nodes_discover_each_other() -> None:
+    config = MdnsConfig(service_type=fresh_type(), realm_key=os.urandom(32))
+    a, b = make_peer(config), make_peer(config)
+    async with started(a, b):
+        await wait_until(
+            lambda: a.seen == {b.me} and b.seen == {a.me}, DISCOVERY, "a and b see each other"
         )
-        a, b = make_peer(config), make_peer(config)
-        async with started(a, b):
-            await wait_until(lambda: b.me in a.seen, DISCOVERY, "a sees b")
-            a.seen.clear()  # as if the mesh had forgotten b after failed dials
-            await wait_until(lambda: b.me in a.seen, 2.0, "b offered again")
-            assert a.discovery.stats["reoffered"] >= 1
-
-    run(scenario)
+        for peer in (a, b):
+            stats = peer.discovery.stats
+            assert stats["registered"] == 1
+            assert stats["candidates"] >= 1
+            assert stats["dropped_realm"] == stats["dropped_malformed"] == 0
 
 
 @needs_mdns
-def test_three_nodes_discover_each_other_and_ignore_themselves() -> None:
-    async def scenario() -> None:
-        config = MdnsConfig(service_type=fresh_type(), realm_key=os.urandom(32))
-        peers = [make_peer(config) for _ in range(3)]
-        async with started(*peers):
-            expected = [{p.me for p in peers if p is not peer} for peer in peers]
-            await wait_until(
-                lambda: all(p.seen == e for p, e in zip(peers, expected, strict=True)),
-                DISCOVERY,
-                "each node sees exactly the two others",
-            )
-            for peer in peers:
-                assert peer.discovery.stats["dropped_self"] >= 1
-
-    run(scenario)
+@deadline(TEST_TIMEOUT)
+async def test_found_nodes_are_offered_again_so_a_mesh_that_forgot_them_redials() -> None:
+    config = MdnsConfig(service_type=fresh_type(), realm_key=os.urandom(32), reoffer_interval=0.2)
+    a, b = make_peer(config), make_peer(config)
+    async with started(a, b):
+        await wait_until(lambda: b.me in a.seen, DISCOVERY, "a sees b")
+        a.seen.clear()  # as if the mesh had forgotten b after failed dials
+        await wait_until(lambda: b.me in a.seen, 2.0, "b offered again")
+        assert a.discovery.stats["reoffered"] >= 1
 
 
 @needs_mdns
-def test_a_node_in_another_process_is_discovered_both_ways() -> None:
+@deadline(TEST_TIMEOUT)
+async def test_three_nodes_discover_each_other_and_ignore_themselves() -> None:
+    config = MdnsConfig(service_type=fresh_type(), realm_key=os.urandom(32))
+    peers = [make_peer(config) for _ in range(3)]
+    async with started(*peers):
+        expected = [{p.me for p in peers if p is not peer} for peer in peers]
+        await wait_until(
+            lambda: all(p.seen == e for p, e in zip(peers, expected, strict=True)),
+            DISCOVERY,
+            "each node sees exactly the two others",
+        )
+        for peer in peers:
+            assert peer.discovery.stats["dropped_self"] >= 1
+
+
+@needs_mdns
+@deadline(TEST_TIMEOUT)
+async def test_a_node_in_another_process_is_discovered_both_ways() -> None:
     """Processes share port 5353: the case where unicast replies go astray on loopback."""
     child_code = """
 import asyncio, os, sys
@@ -418,170 +397,153 @@ async def main() -> None:
 
 asyncio.run(main())
 """
+    key, child_id = os.urandom(32), os.urandom(16)
+    config = MdnsConfig(service_type=fresh_type(), realm_key=key)
+    here = make_peer(config)
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        child_code,
+        config.service_type,
+        key.hex(),
+        child_id.hex(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    assert child.stdin is not None
+    assert child.stdout is not None
+    try:
+        assert await child.stdout.readline() == b"started\n"
+        async with started(here):
+            line = await asyncio.wait_for(child.stdout.readline(), DISCOVERY)
+            assert line.decode().split() == [here.node_id.hex(), here.endpoint]
+            await wait_until(
+                lambda: here.seen == {(child_id, "tcp://127.0.0.1:4999")},
+                DISCOVERY,
+                "this process sees the child",
+            )
+    finally:
+        await end_child(child, 5.0)
+    assert child.returncode == 0
 
-    async def scenario() -> None:
-        key, child_id = os.urandom(32), os.urandom(16)
-        config = MdnsConfig(service_type=fresh_type(), realm_key=key)
-        here = make_peer(config)
-        child = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-c",
-            child_code,
-            config.service_type,
-            key.hex(),
-            child_id.hex(),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
+
+@needs_mdns
+@deadline(TEST_TIMEOUT)
+async def test_nodes_of_another_realm_are_not_candidates() -> None:
+    service_type = fresh_type()
+    blue = MdnsConfig(service_type=service_type, realm_key=os.urandom(32))
+    blue_a, blue_b = make_peer(blue), make_peer(blue)
+    green = make_peer(MdnsConfig(service_type=service_type, realm_key=os.urandom(32)))
+    keyless = make_peer(MdnsConfig(service_type=service_type))
+    async with started(blue_a, blue_b, green, keyless):
+        await wait_until(
+            lambda: blue_a.seen == {blue_b.me} and blue_b.seen == {blue_a.me},
+            DISCOVERY,
+            "the two blue nodes see each other",
         )
-        assert child.stdin is not None
-        assert child.stdout is not None
-        try:
-            assert await child.stdout.readline() == b"started\n"
-            async with started(here):
-                line = await asyncio.wait_for(child.stdout.readline(), DISCOVERY)
-                assert line.decode().split() == [here.node_id.hex(), here.endpoint]
-                await wait_until(
-                    lambda: here.seen == {(child_id, "tcp://127.0.0.1:4999")},
-                    DISCOVERY,
-                    "this process sees the child",
-                )
-        finally:
-            child.stdin.close()
-            try:
-                await asyncio.wait_for(child.wait(), 5.0)
-            except TimeoutError:
-                child.kill()
-                await child.wait()
-        assert child.returncode == 0
-
-    run(scenario)
-
-
-@needs_mdns
-def test_nodes_of_another_realm_are_not_candidates() -> None:
-    async def scenario() -> None:
-        service_type = fresh_type()
-        blue = MdnsConfig(service_type=service_type, realm_key=os.urandom(32))
-        blue_a, blue_b = make_peer(blue), make_peer(blue)
-        green = make_peer(MdnsConfig(service_type=service_type, realm_key=os.urandom(32)))
-        keyless = make_peer(MdnsConfig(service_type=service_type))
-        async with started(blue_a, blue_b, green, keyless):
-            await wait_until(
-                lambda: blue_a.seen == {blue_b.me} and blue_b.seen == {blue_a.me},
-                DISCOVERY,
-                "the two blue nodes see each other",
-            )
-            # Each side has resolved the other realm's records, so silence is not luck.
-            await wait_until(
-                lambda: (
-                    green.discovery.stats["dropped_realm"] >= 3
-                    and blue_a.discovery.stats["dropped_realm"] >= 2
-                    and blue_b.discovery.stats["dropped_realm"] >= 2
-                ),
-                DISCOVERY,
-                "the other realms' nodes dropped",
-            )
-            assert green.seen == set()
-            assert green.me not in blue_a.seen | blue_b.seen
-            assert keyless.me not in blue_a.seen | blue_b.seen | green.seen
-            # Without a key every irismesh node is a candidate; the handshake sorts them out.
-            await wait_until(
-                lambda: keyless.seen == {blue_a.me, blue_b.me, green.me},
-                DISCOVERY,
-                "the keyless node sees every node",
-            )
-
-    run(scenario)
-
-
-@needs_mdns
-def test_a_rotated_key_still_admits_peers_tagging_with_the_old_one() -> None:
-    async def scenario() -> None:
-        old, new = os.urandom(32), os.urandom(32)
-        service_type = fresh_type()
-        lagging = make_peer(
-            MdnsConfig(service_type=service_type, realm_key=old, accepted_realm_keys=(new,))
+        # Each side has resolved the other realm's records, so silence is not luck.
+        await wait_until(
+            lambda: (
+                green.discovery.stats["dropped_realm"] >= 3
+                and blue_a.discovery.stats["dropped_realm"] >= 2
+                and blue_b.discovery.stats["dropped_realm"] >= 2
+            ),
+            DISCOVERY,
+            "the other realms' nodes dropped",
         )
-        switched = make_peer(
-            MdnsConfig(service_type=service_type, realm_key=new, accepted_realm_keys=(old,))
+        assert green.seen == set()
+        assert green.me not in blue_a.seen | blue_b.seen
+        assert keyless.me not in blue_a.seen | blue_b.seen | green.seen
+        # Without a key every irismesh node is a candidate; the handshake sorts them out.
+        await wait_until(
+            lambda: keyless.seen == {blue_a.me, blue_b.me, green.me},
+            DISCOVERY,
+            "the keyless node sees every node",
         )
-        async with started(lagging, switched):
-            await wait_until(
-                lambda: lagging.seen == {switched.me} and switched.seen == {lagging.me},
-                DISCOVERY,
-                "mid-rotation nodes see each other",
-            )
-
-    run(scenario)
 
 
 @needs_mdns
-def test_a_plain_browser_sees_a_node_and_nothing_about_its_clusters() -> None:
-    async def scenario() -> None:
-        # A keyring like a deployment's: the realm key is its '*' key, and it has a cluster.
-        keyring = Keyring.generate(["*", "payments-db"])
-        star = keyring.require("*").secret
-        config = MdnsConfig(realm_key=star)  # the default service type, as deployed
-        peer = make_peer(config)
-        async with watching(DEFAULT_SERVICE_TYPE) as events, started(peer):
-            name = peer.discovery.service_info.name
-            assert name == f"{peer.node_id.hex()[:16]}.{DEFAULT_SERVICE_TYPE}"
-            await wait_until(
-                lambda: (name, ServiceStateChange.Added) in events, DISCOVERY, "browser sees it"
-            )
-            async with contextlib.AsyncExitStack() as stack:
-                aiozc = loopback_zeroconf()
-                stack.push_async_callback(aiozc.async_close)
-                info = await aiozc.async_get_service_info(DEFAULT_SERVICE_TYPE, name, 3000)
-            assert info is not None
-            assert info.port == int(peer.endpoint.rsplit(":", 1)[1])
-            assert info.parsed_addresses() == [LOOPBACK]
-            properties = info.properties
-            assert set(properties) == {b"v", b"id", b"r"}
-            assert properties[b"v"] == b"1"
-            assert properties[b"id"] == peer.node_id.hex().encode()
-            # The whole TXT record, as it travels: no cluster name and no key in any encoding.
-            raw = info.text.lower()
-            secrets = [k.secret for k in keyring]
-            forbidden = [b"payments", b"cluster", b"*"]
-            forbidden += [s.hex().encode() for s in secrets]
-            forbidden += [base64.b64encode(s) for s in secrets]
-            forbidden += [s[:8] for s in secrets]
-            forbidden += [k.key_id.encode() for k in keyring]
-            for needle in forbidden:
-                assert needle.lower() not in raw, f"{needle!r} leaks into the TXT record"
-            # What it does carry proves realm membership only to holders of the key.
-            advert = parse_advert(properties, info.parsed_addresses(), info.port)
-            assert verified_endpoints(advert, [star]) == (peer.endpoint,)
-            assert verified_endpoints(advert, [keyring.require("payments-db").secret]) == ()
-
-    run(scenario)
+@deadline(TEST_TIMEOUT)
+async def test_a_rotated_key_still_admits_peers_tagging_with_the_old_one() -> None:
+    old, new = os.urandom(32), os.urandom(32)
+    service_type = fresh_type()
+    lagging = make_peer(
+        MdnsConfig(service_type=service_type, realm_key=old, accepted_realm_keys=(new,))
+    )
+    switched = make_peer(
+        MdnsConfig(service_type=service_type, realm_key=new, accepted_realm_keys=(old,))
+    )
+    async with started(lagging, switched):
+        await wait_until(
+            lambda: lagging.seen == {switched.me} and switched.seen == {lagging.me},
+            DISCOVERY,
+            "mid-rotation nodes see each other",
+        )
 
 
 @needs_mdns
-def test_close_unregisters_and_is_idempotent() -> None:
-    async def scenario() -> None:
-        config = MdnsConfig(service_type=fresh_type())
-        peer = make_peer(config)
-        async with watching(config.service_type) as events:
-            await peer.discovery.start()
-            name = peer.discovery.service_info.name
-            await wait_until(
-                lambda: (name, ServiceStateChange.Added) in events, DISCOVERY, "browser sees it"
-            )
-            # Concurrent and repeated closes all return once the goodbyes are out.
-            await asyncio.gather(peer.discovery.close(), peer.discovery.close())
-            assert peer.discovery.zeroconf is None
-            await wait_until(
-                lambda: (name, ServiceStateChange.Removed) in events,
-                DISCOVERY,
-                "the browser sees the service removed",
-            )
-            await peer.discovery.close()
-        with pytest.raises(Closed):
-            await peer.discovery.start()
+@deadline(TEST_TIMEOUT)
+async def test_a_plain_browser_sees_a_node_and_nothing_about_its_clusters() -> None:
+    # A keyring like a deployment's: the realm key is its '*' key, and it has a cluster.
+    keyring = Keyring.generate(["*", "payments-db"])
+    star = keyring.require("*").secret
+    config = MdnsConfig(realm_key=star)  # the default service type, as deployed
+    peer = make_peer(config)
+    async with watching(DEFAULT_SERVICE_TYPE) as events, started(peer):
+        name = peer.discovery.service_info.name
+        assert name == f"{peer.node_id.hex()[:16]}.{DEFAULT_SERVICE_TYPE}"
+        await wait_until(
+            lambda: (name, ServiceStateChange.Added) in events, DISCOVERY, "browser sees it"
+        )
+        async with contextlib.AsyncExitStack() as stack:
+            aiozc = loopback_zeroconf()
+            stack.push_async_callback(aiozc.async_close)
+            info = await aiozc.async_get_service_info(DEFAULT_SERVICE_TYPE, name, 3000)
+        assert info is not None
+        assert info.port == int(peer.endpoint.rsplit(":", 1)[1])
+        assert info.parsed_addresses() == [LOOPBACK]
+        properties = info.properties
+        assert set(properties) == {b"v", b"id", b"r"}
+        assert properties[b"v"] == b"1"
+        assert properties[b"id"] == peer.node_id.hex().encode()
+        # The whole TXT record, as it travels: no cluster name and no key in any encoding.
+        raw = info.text.lower()
+        secrets = [k.secret for k in keyring]
+        forbidden = [b"payments", b"cluster", b"*"]
+        forbidden += [s.hex().encode() for s in secrets]
+        forbidden += [base64.b64encode(s) for s in secrets]
+        forbidden += [s[:8] for s in secrets]
+        forbidden += [k.key_id.encode() for k in keyring]
+        for needle in forbidden:
+            assert needle.lower() not in raw, f"{needle!r} leaks into the TXT record"
+        # What it does carry proves realm membership only to holders of the key.
+        advert = parse_advert(properties, info.parsed_addresses(), info.port)
+        assert verified_endpoints(advert, [star]) == (peer.endpoint,)
+        assert verified_endpoints(advert, [keyring.require("payments-db").secret]) == ()
 
-    run(scenario)
+
+@needs_mdns
+@deadline(TEST_TIMEOUT)
+async def test_close_unregisters_and_is_idempotent() -> None:
+    config = MdnsConfig(service_type=fresh_type())
+    peer = make_peer(config)
+    async with watching(config.service_type) as events:
+        await peer.discovery.start()
+        name = peer.discovery.service_info.name
+        await wait_until(
+            lambda: (name, ServiceStateChange.Added) in events, DISCOVERY, "browser sees it"
+        )
+        # Concurrent and repeated closes all return once the goodbyes are out.
+        await asyncio.gather(peer.discovery.close(), peer.discovery.close())
+        assert peer.discovery.zeroconf is None
+        await wait_until(
+            lambda: (name, ServiceStateChange.Removed) in events,
+            DISCOVERY,
+            "the browser sees the service removed",
+        )
+        await peer.discovery.close()
+    with pytest.raises(Closed):
+        await peer.discovery.start()
 
 
 @needs_mdns
@@ -607,64 +569,60 @@ def test_zeroconf_is_pinned_to_loopback(zeroconf_calls: list[dict[str, Any]]) ->
 
 
 @needs_mdns
-def test_malformed_and_impostor_records_are_counted_and_discovery_goes_on() -> None:
-    async def scenario() -> None:
-        config = MdnsConfig(service_type=fresh_type())
-        peer, friend = make_peer(config), make_peer(config)
-        stype = config.service_type
+@deadline(TEST_TIMEOUT)
+async def test_malformed_and_impostor_records_are_counted_and_discovery_goes_on() -> None:
+    config = MdnsConfig(service_type=fresh_type())
+    peer, friend = make_peer(config), make_peer(config)
+    stype = config.service_type
 
-        def forged(label: str, properties: dict[str, str], port: int = 7) -> AsyncServiceInfo:
-            return AsyncServiceInfo(
-                stype,
-                f"{label}.{stype}",
-                port=port,
-                properties=properties,
-                server=f"{label}.forger.local.",
-                parsed_addresses=[LOOPBACK],
+    def forged(label: str, properties: dict[str, str], port: int = 7) -> AsyncServiceInfo:
+        return AsyncServiceInfo(
+            stype,
+            f"{label}.{stype}",
+            port=port,
+            properties=properties,
+            server=f"{label}.forger.local.",
+            parsed_addresses=[LOOPBACK],
+        )
+
+    bad = [
+        forged("noversion", {"id": "ab" * 16}),
+        forged("badid", {"v": "1", "id": "not-hex"}),
+        forged("future", {"v": "9", "id": "cd" * 16}),
+    ]
+    impostor = forged("impostor", {"v": "1", "id": peer.node_id.hex()})
+    forger = loopback_zeroconf()
+    try:
+        async with started(peer, friend):
+            for info in [*bad, impostor]:
+                await forger.async_register_service(info, cooperating_responders=True)
+            await wait_until(
+                lambda: (
+                    peer.discovery.stats["dropped_malformed"] >= len(bad)
+                    and peer.discovery.stats["dropped_self"] >= 2  # itself, the impostor
+                ),
+                DISCOVERY,
+                "forged records dropped and counted",
             )
-
-        bad = [
-            forged("noversion", {"id": "ab" * 16}),
-            forged("badid", {"v": "1", "id": "not-hex"}),
-            forged("future", {"v": "9", "id": "cd" * 16}),
-        ]
-        impostor = forged("impostor", {"v": "1", "id": peer.node_id.hex()})
-        forger = loopback_zeroconf()
-        try:
-            async with started(peer, friend):
-                for info in [*bad, impostor]:
-                    await forger.async_register_service(info, cooperating_responders=True)
-                await wait_until(
-                    lambda: (
-                        peer.discovery.stats["dropped_malformed"] >= len(bad)
-                        and peer.discovery.stats["dropped_self"] >= 2  # itself, the impostor
-                    ),
-                    DISCOVERY,
-                    "forged records dropped and counted",
-                )
-                await wait_until(lambda: peer.seen == {friend.me}, DISCOVERY, "friend still seen")
-                # Without a realm key the impostor is a candidate to others: only the handshake
-                # can tell it from the node whose id it claims.
-                assert friend.seen == {peer.me, (peer.node_id, f"tcp://{LOOPBACK}:7")}
-        finally:
-            await forger.async_close()
-
-    run(scenario)
+            await wait_until(lambda: peer.seen == {friend.me}, DISCOVERY, "friend still seen")
+            # Without a realm key the impostor is a candidate to others: only the handshake
+            # can tell it from the node whose id it claims.
+            assert friend.seen == {peer.me, (peer.node_id, f"tcp://{LOOPBACK}:7")}
+    finally:
+        await forger.async_close()
 
 
 @needs_mdns
-def test_candidate_callback_errors_are_counted_and_discovery_goes_on() -> None:
-    async def scenario() -> None:
-        config = MdnsConfig(service_type=fresh_type())
-        clumsy = make_peer(config, raising=True)
-        others = [make_peer(config) for _ in range(2)]
-        async with started(clumsy, *others):
-            await wait_until(
-                lambda: clumsy.seen == {o.me for o in others}, DISCOVERY, "clumsy sees both"
-            )
-            assert clumsy.discovery.stats["callback_errors"] >= len(clumsy.seen)
-            await wait_until(
-                lambda: all(clumsy.me in o.seen for o in others), DISCOVERY, "both see clumsy"
-            )
-
-    run(scenario)
+@deadline(TEST_TIMEOUT)
+async def test_candidate_callback_errors_are_counted_and_discovery_goes_on() -> None:
+    config = MdnsConfig(service_type=fresh_type())
+    clumsy = make_peer(config, raising=True)
+    others = [make_peer(config) for _ in range(2)]
+    async with started(clumsy, *others):
+        await wait_until(
+            lambda: clumsy.seen == {o.me for o in others}, DISCOVERY, "clumsy sees both"
+        )
+        assert clumsy.discovery.stats["callback_errors"] >= len(clumsy.seen)
+        await wait_until(
+            lambda: all(clumsy.me in o.seen for o in others), DISCOVERY, "both see clumsy"
+        )

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import msgpack
 import pytest
-from helpers import MESH, memory_members
+from helpers import MESH, deadline, memory_mesh
 
 import irismesh
 from irismesh.memory import MemoryStore, message_id
@@ -39,10 +39,6 @@ def faketime_lib() -> str | None:
     return next((lib for lib in FAKETIME_LIBS if os.path.exists(lib)), None)
 
 
-def run(main: object, limit: float = 60) -> object:
-    return asyncio.run(asyncio.wait_for(main, limit))  # type: ignore[arg-type]
-
-
 def mesh(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*MESH, *args], env=env, capture_output=True, text=True, timeout=60, check=False
@@ -53,7 +49,10 @@ def mesh(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     faketime_lib() is None or shutil.which("faketime") is None,
     reason="libfaketime is not installed (Debian: faketime; .ci/setup installs it)",
 )
-def test_a_write_after_reading_a_fast_clocks_write_is_reread_everywhere(tmp_path: Path) -> None:
+@deadline(60)
+async def test_a_write_after_reading_a_fast_clocks_write_is_reread_everywhere(
+    tmp_path: Path,
+) -> None:
     keys = irismesh.Keyring.generate()
     keyfile = tmp_path / "mesh.keys"
     keys.save(keyfile)
@@ -64,71 +63,59 @@ def test_a_write_after_reading_a_fast_clocks_write_is_reread_everywhere(tmp_path
         FAKETIME="+10s",
         FAKETIME_DONT_FAKE_MONOTONIC="1",  # timers and deadlines run as they do everywhere
     )
+    async with memory_mesh(keys, tmp_path / "m1", tmp_path / "m2") as ((first, second), correct):
+        seed = ["--seed", first.endpoint, "--wait", "10"]
+        loop = asyncio.get_running_loop()
+        done = await loop.run_in_executor(
+            None, lambda: mesh(fast, "publish", *seed, "cfg.mode", "v1", "--retain")
+        )
+        assert done.returncode == 0, done.stderr
 
-    async def main() -> None:
-        first, second = await memory_members(keys, tmp_path / "m1", tmp_path / "m2")
-        correct = irismesh.Node(keyring=keys, seeds=[first.endpoint])
-        await correct.start()
-        try:
-            await correct.wait_for_members("_memory", 2, timeout=10)
-            seed = ["--seed", first.endpoint, "--wait", "10"]
-            loop = asyncio.get_running_loop()
-            done = await loop.run_in_executor(
-                None, lambda: mesh(fast, "publish", *seed, "cfg.mode", "v1", "--retain")
-            )
-            assert done.returncode == 0, done.stderr
+        (v1,) = await correct.reread("cfg.mode")
+        assert v1.payload == b"v1"
+        # The skew is real: the fast process stamped its publish 10 s ahead of ours.
+        assert 9.0 < v1.published_at - time.time() < 11.0
+        assert 9.0 < id_time(v1.id) - time.time() < 11.0
 
-            (v1,) = await correct.reread("cfg.mode")
-            assert v1.payload == b"v1"
-            # The skew is real: the fast process stamped its publish 10 s ahead of ours.
-            assert 9.0 < v1.published_at - time.time() < 11.0
-            assert 9.0 < id_time(v1.id) - time.time() < 11.0
-
-            await correct.publish("cfg.mode", b"v2", retain=True)
-            for node in (correct, first, second):
-                assert [m.payload for m in await node.reread("cfg.mode")] == [b"v2"]
-            both = await correct.reread("cfg.mode", latest=2)
-            assert [m.payload for m in both] == [b"v2", b"v1"]
-            assert both[0].id > both[1].id
-            seen = await loop.run_in_executor(
-                None, lambda: mesh(fast, "reread", *seed, "cfg.mode", "--json")
-            )
-            assert seen.returncode == 0, seen.stderr
-            assert [json.loads(line)["payload"] for line in seen.stdout.splitlines()] == ["v2"]
-        finally:
-            await asyncio.gather(correct.close(), second.close(), first.close())
-
-    run(main())
+        await correct.publish("cfg.mode", b"v2", retain=True)
+        for node in (correct, first, second):
+            assert [m.payload for m in await node.reread("cfg.mode")] == [b"v2"]
+        both = await correct.reread("cfg.mode", latest=2)
+        assert [m.payload for m in both] == [b"v2", b"v1"]
+        assert both[0].id > both[1].id
+        seen = await loop.run_in_executor(
+            None, lambda: mesh(fast, "reread", *seed, "cfg.mode", "--json")
+        )
+        assert seen.returncode == 0, seen.stderr
+        assert [json.loads(line)["payload"] for line in seen.stdout.splitlines()] == ["v2"]
 
 
-def test_a_skewed_clock_in_process_orders_writes_by_what_each_node_saw(
+@deadline(60)
+async def test_a_skewed_clock_in_process_orders_writes_by_what_each_node_saw(
     keys: irismesh.Keyring, tmp_path: Path
 ) -> None:
-    async def main() -> None:
-        member = irismesh.Node(keyring=keys, memory=tmp_path / "m")
-        await member.start()
-        ahead = irismesh.Node(keyring=keys, seeds=[member.endpoint])
-        await ahead.start()
-        behind = irismesh.Node(keyring=keys, seeds=[member.endpoint])
-        await behind.start()
-        try:
-            ahead.memory.physical = lambda: time.time_ns() // 1000 + 10_000_000
-            await behind.wait_for_members("_memory", 1, timeout=10)
-            await ahead.wait_for_members("_memory", 1, timeout=10)
-            await ahead.publish("cfg.mode", b"v1", retain=True)
-            # `behind` has not seen v1: its write is concurrent, and the clocks order it.
-            await behind.publish("cfg.other", b"x", retain=True)
-            # The member's answer carried its clock, which had taken v1 in.
-            await behind.publish("cfg.mode", b"v2", retain=True)
-            assert [m.payload for m in await ahead.reread("cfg.mode")] == [b"v2"]
-            # A job queued after seeing v2 orders after it too.
-            job = await behind.enqueue("work", b"job", expiry=60)
-            (v2,) = await behind.reread("cfg.mode")
-            assert job > v2.id
-        finally:
-            await asyncio.gather(behind.close(), ahead.close(), member.close())
-
-    run(main())
+    member = irismesh.Node(keyring=keys, memory=tmp_path / "m")
+    await member.start()
+    ahead = irismesh.Node(keyring=keys, seeds=[member.endpoint])
+    await ahead.start()
+    behind = irismesh.Node(keyring=keys, seeds=[member.endpoint])
+    await behind.start()
+    try:
+        ahead.memory.physical = lambda: time.time_ns() // 1000 + 10_000_000
+        await behind.wait_for_members("_memory", 1, timeout=10)
+        await ahead.wait_for_members("_memory", 1, timeout=10)
+        await ahead.publish("cfg.mode", b"v1", retain=True)
+        # `behind` has not seen v1: its write is concurrent, and the clocks order it.
+        await behind.publish("cfg.other", b"x", retain=True)
+        # The member's answer carried its clock, which had taken v1 in.
+        await behind.publish("cfg.mode", b"v2", retain=True)
+        assert [m.payload for m in await ahead.reread("cfg.mode")] == [b"v2"]
+        # A job queued after seeing v2 orders after it too.
+        job = await behind.enqueue("work", b"job", expiry=60)
+        (v2,) = await behind.reread("cfg.mode")
+        assert job > v2.id
+    finally:
+        await asyncio.gather(behind.close(), ahead.close(), member.close())
 
 
 def test_ids_of_the_earlier_layout_load_and_interleave_by_time(
@@ -156,21 +143,18 @@ def test_ids_of_the_earlier_layout_load_and_interleave_by_time(
     assert clock_id(late, 1_799_999_990_000_000) > old
 
 
-def test_a_member_that_restarts_starts_its_clock_past_what_it_stored(
+@deadline(60)
+async def test_a_member_that_restarts_starts_its_clock_past_what_it_stored(
     keys: irismesh.Keyring, tmp_path: Path
 ) -> None:
     future = message_id(os.urandom(16), 1, time.time() + 30)
-
-    async def main() -> None:
-        member = MemoryMember(tmp_path, keys, sync="os")
-        assert member.store.put("news.a", b"ahead", time.time(), future)
-        member.close()
-        async with irismesh.Node(keyring=keys, memory=tmp_path) as node:
-            await node.caught_up()
-            await node.publish("news.a", b"later", retain=True)
-            assert [m.payload for m in await node.reread("news.a")] == [b"later"]
-
-    run(main())
+    member = MemoryMember(tmp_path, keys, sync="os")
+    assert member.store.put("news.a", b"ahead", time.time(), future)
+    member.close()
+    async with irismesh.Node(keyring=keys, memory=tmp_path) as node:
+        await node.caught_up()
+        await node.publish("news.a", b"later", retain=True)
+        assert [m.payload for m in await node.reread("news.a")] == [b"later"]
 
 
 class FakeMembers:
@@ -193,49 +177,45 @@ class FakeMembers:
         return {"m": answer}, {}, []
 
 
-def test_concurrent_retains_share_a_request_and_a_bad_row_fails_alone() -> None:
-    async def main() -> None:
-        members = FakeMembers()
-        memory = NodeMemory(b"n" * 16, members)
-        ids = await asyncio.gather(*(memory.retain(f"news.{i}", b"x", 1.0) for i in range(64)))
-        assert members.requests == [64]  # one turn of the loop, one request
-        assert len(set(ids)) == 64
-        assert memory.stats["retained"] == 64
+@deadline(60)
+async def test_concurrent_retains_share_a_request_and_a_bad_row_fails_alone() -> None:
+    members = FakeMembers()
+    memory = NodeMemory(b"n" * 16, members)
+    ids = await asyncio.gather(*(memory.retain(f"news.{i}", b"x", 1.0) for i in range(64)))
+    assert members.requests == [64]  # one turn of the loop, one request
+    assert len(set(ids)) == 64
+    assert memory.stats["retained"] == 64
 
-        members.requests.clear()
-        topics = ["news.a", "bad.b", "news.c"]
-        outcomes = await asyncio.gather(
-            *(memory.retain(topic, b"x", 1.0) for topic in topics), return_exceptions=True
-        )
-        assert members.requests == [3, 1, 1, 1]  # refused together, then one by one
-        assert isinstance(outcomes[1], irismesh.RemoteError)
-        assert all(type(o) is bytes for o in (outcomes[0], outcomes[2]))
-        assert memory.stats["retained"] == 66
-        assert memory.stats["retained_failed"] == 1
-        # The member's clock came back with each answer: the next id is past it.
-        assert clock_id(memory.clock, physical_us()) > clock_state(members.clock)
-
-    run(main())
+    members.requests.clear()
+    topics = ["news.a", "bad.b", "news.c"]
+    outcomes = await asyncio.gather(
+        *(memory.retain(topic, b"x", 1.0) for topic in topics), return_exceptions=True
+    )
+    assert members.requests == [3, 1, 1, 1]  # refused together, then one by one
+    assert isinstance(outcomes[1], irismesh.RemoteError)
+    assert all(type(o) is bytes for o in (outcomes[0], outcomes[2]))
+    assert memory.stats["retained"] == 66
+    assert memory.stats["retained_failed"] == 1
+    # The member's clock came back with each answer: the next id is past it.
+    assert clock_id(memory.clock, physical_us()) > clock_state(members.clock)
 
 
-def test_a_batch_cut_short_by_closing_fails_its_callers() -> None:
-    async def main() -> None:
-        async def never(
-            payload: bytes, timeout: float | None
-        ) -> tuple[dict[str, bytes], dict[str, irismesh.MeshError], list[str]]:
-            await asyncio.Event().wait()
-            raise AssertionError("unreachable")
+@deadline(60)
+async def test_a_batch_cut_short_by_closing_fails_its_callers() -> None:
+    async def never(
+        payload: bytes, timeout: float | None
+    ) -> tuple[dict[str, bytes], dict[str, irismesh.MeshError], list[str]]:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
 
-        memory = NodeMemory(b"n" * 16, never)
-        publishes = [asyncio.ensure_future(memory.retain(f"news.{i}", b"x", 1.0)) for i in range(3)]
-        await asyncio.sleep(0)  # the batch leaves on the next turn of the loop
-        await asyncio.sleep(0)
-        memory.close()
-        for publish in publishes:
-            with pytest.raises(irismesh.Closed):
-                await asyncio.wait_for(publish, 5)
-
-    run(main())
+    memory = NodeMemory(b"n" * 16, never)
+    publishes = [asyncio.ensure_future(memory.retain(f"news.{i}", b"x", 1.0)) for i in range(3)]
+    await asyncio.sleep(0)  # the batch leaves on the next turn of the loop
+    await asyncio.sleep(0)
+    memory.close()
+    for publish in publishes:
+        with pytest.raises(irismesh.Closed):
+            await asyncio.wait_for(publish, 5)
 
 
 def test_an_id_too_far_ahead_is_counted_and_not_adopted() -> None:
@@ -248,19 +228,17 @@ def test_an_id_too_far_ahead_is_counted_and_not_adopted() -> None:
 
 
 @pytest.mark.parametrize(("sync", "synchronous"), [("fsync", 2), ("os", 1)])
-def test_memory_sync_chooses_when_a_commit_waits_for_the_disk(
+@deadline(60)
+async def test_memory_sync_chooses_when_a_commit_waits_for_the_disk(
     keys: irismesh.Keyring, tmp_path: Path, sync: str, synchronous: int
 ) -> None:
-    async def main() -> None:
-        async with irismesh.Node(keyring=keys, memory=tmp_path, memory_sync=sync) as node:
-            member = node.memory.member
-            assert member is not None
-            # SQLite's synchronous: FULL (2) syncs every commit, NORMAL (1) only checkpoints.
-            assert member.store.db.execute("PRAGMA synchronous").fetchone() == (synchronous,)
-            await node.publish("news.a", b"kept", retain=True)
-            assert [m.payload for m in await node.reread("news.a")] == [b"kept"]
-
-    run(main())
+    async with irismesh.Node(keyring=keys, memory=tmp_path, memory_sync=sync) as node:
+        member = node.memory.member
+        assert member is not None
+        # SQLite's synchronous: FULL (2) syncs every commit, NORMAL (1) only checkpoints.
+        assert member.store.db.execute("PRAGMA synchronous").fetchone() == (synchronous,)
+        await node.publish("news.a", b"kept", retain=True)
+        assert [m.payload for m in await node.reread("news.a")] == [b"kept"]
 
 
 def test_an_unknown_memory_sync_is_refused(keys: irismesh.Keyring, tmp_path: Path) -> None:

@@ -7,15 +7,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from helpers import memory_members, wait_until
+from helpers import deadline, memory_members, memory_mesh, wait_until
 
 import irismesh
 from irismesh._core.frames import Kind
 from irismesh.memory.service import MAX_ATTEMPTS
-
-
-def run(main: object, limit: float = 40) -> object:
-    return asyncio.run(asyncio.wait_for(main, limit))  # type: ignore[arg-type]
 
 
 async def memories(keys: irismesh.Keyring, tmp_path: Path, count: int) -> list[irismesh.Node]:
@@ -33,225 +29,197 @@ def worker(keys: irismesh.Keyring, seed: str, handled: Counter[bytes]) -> irisme
     return node
 
 
-def test_every_job_is_handled_once_and_then_forgotten(
+@deadline(40)
+async def test_every_job_is_handled_once_and_then_forgotten(
     keys: irismesh.Keyring, tmp_path: Path
 ) -> None:
-    async def main() -> None:
-        held = await memories(keys, tmp_path, 2)
-        handled: Counter[bytes] = Counter()
-        producer = irismesh.Node(keyring=keys, seeds=[held[0].endpoint])
-        await producer.start()
-        member = worker(keys, held[0].endpoint, handled)
-        await member.start()
-        try:
-            await producer.wait_for_members("_memory", 2, timeout=10)
-            ids = [await producer.enqueue("work", b"job %d" % i) for i in range(50)]
-            assert len(set(ids)) == 50
-            await wait_until(lambda: len(handled) == 50, 15, "every job handled")
-            assert set(handled.values()) == {1}
-            await wait_until(
-                lambda: all(m.stats.get("memory_jobs_pending", 1) == 0 for m in held),
-                10,
-                "every memory member to forget the jobs",
-            )
-            with pytest.raises(irismesh.ConfigurationError):
-                await producer.enqueue("work", b"x", expiry=0)
-        finally:
-            await asyncio.gather(member.close(), producer.close(), *(m.close() for m in held))
-
-    run(main())
+    handled: Counter[bytes] = Counter()
+    async with (
+        memory_mesh(keys, tmp_path / "m0", tmp_path / "m1") as (held, producer),
+        worker(keys, held[0].endpoint, handled),
+    ):
+        ids = [await producer.enqueue("work", b"job %d" % i) for i in range(50)]
+        assert len(set(ids)) == 50
+        await wait_until(lambda: len(handled) == 50, 15, "every job handled")
+        assert set(handled.values()) == {1}
+        await wait_until(
+            lambda: all(m.stats.get("memory_jobs_pending", 1) == 0 for m in held),
+            10,
+            "every memory member to forget the jobs",
+        )
+        with pytest.raises(irismesh.ConfigurationError):
+            await producer.enqueue("work", b"x", expiry=0)
 
 
-def test_jobs_wait_for_a_member_and_expire_if_none_comes(
+@deadline(40)
+async def test_jobs_wait_for_a_member_and_expire_if_none_comes(
     keys: irismesh.Keyring, tmp_path: Path
 ) -> None:
-    async def main() -> None:
-        [memory] = await memories(keys, tmp_path, 1)
-        handled: Counter[bytes] = Counter()
-        producer = irismesh.Node(keyring=keys, seeds=[memory.endpoint])
-        await producer.start()
-        try:
-            await producer.wait_for_members("_memory", 1, timeout=10)
-            await producer.enqueue("work", b"short-lived", expiry=0.3)
-            for i in range(5):
-                await producer.enqueue("work", b"patient %d" % i)
-            await wait_until(
-                lambda: memory.stats.get("memory_jobs_expired", 0) == 1, 10, "the expiry"
-            )
-            assert memory.stats["memory_jobs_pending"] == 5
-            member = worker(keys, memory.endpoint, handled)
-            async with member:
-                await wait_until(lambda: len(handled) == 5, 15, "the waiting jobs handled")
-            assert b"short-lived" not in handled
-        finally:
-            await asyncio.gather(producer.close(), memory.close())
-
-    run(main())
+    handled: Counter[bytes] = Counter()
+    async with memory_mesh(keys, tmp_path / "m0") as ([memory], producer):
+        await producer.enqueue("work", b"short-lived", expiry=0.3)
+        for i in range(5):
+            await producer.enqueue("work", b"patient %d" % i)
+        await wait_until(lambda: memory.stats.get("memory_jobs_expired", 0) == 1, 10, "the expiry")
+        assert memory.stats["memory_jobs_pending"] == 5
+        member = worker(keys, memory.endpoint, handled)
+        async with member:
+            await wait_until(lambda: len(handled) == 5, 15, "the waiting jobs handled")
+        assert b"short-lived" not in handled
 
 
-def test_a_job_whose_handler_keeps_failing_is_set_aside(
+@deadline(40)
+async def test_a_job_whose_handler_keeps_failing_is_set_aside(
     keys: irismesh.Keyring, tmp_path: Path
 ) -> None:
-    async def main() -> None:
-        [memory] = await memories(keys, tmp_path, 1)
-        runs = 0
-        member = irismesh.Node("work", keyring=keys, seeds=[memory.endpoint])
+    [memory] = await memories(keys, tmp_path, 1)
+    runs = 0
+    member = irismesh.Node("work", keyring=keys, seeds=[memory.endpoint])
 
-        @member.on_request
-        def handle(payload: bytes) -> bytes:
-            nonlocal runs
-            runs += 1
-            raise ValueError("cannot do it")
+    @member.on_request
+    def handle(payload: bytes) -> bytes:
+        nonlocal runs
+        runs += 1
+        raise ValueError("cannot do it")
 
-        await member.start()
-        try:
-            await memory.wait_for_members("work", 1, timeout=10)
-            await memory.enqueue("work", b"doomed")
-            await wait_until(
-                lambda: memory.stats.get("memory_jobs_dead", 0) == 1, 15, "the dead letter"
-            )
-            assert runs == MAX_ATTEMPTS
-            assert memory.stats["jobs_failed"] == MAX_ATTEMPTS
-        finally:
-            await asyncio.gather(member.close(), memory.close())
-
-    run(main())
+    await member.start()
+    try:
+        await memory.wait_for_members("work", 1, timeout=10)
+        await memory.enqueue("work", b"doomed")
+        await wait_until(
+            lambda: memory.stats.get("memory_jobs_dead", 0) == 1, 15, "the dead letter"
+        )
+        assert runs == MAX_ATTEMPTS
+        assert memory.stats["jobs_failed"] == MAX_ATTEMPTS
+    finally:
+        await asyncio.gather(member.close(), memory.close())
 
 
-def test_another_memory_member_takes_over_when_the_dispatcher_leaves(
+@deadline(40)
+async def test_another_memory_member_takes_over_when_the_dispatcher_leaves(
     keys: irismesh.Keyring, tmp_path: Path
 ) -> None:
-    async def main() -> None:
-        held = await memories(keys, tmp_path, 2)
-        handled: Counter[bytes] = Counter()
-        gate = asyncio.Event()  # jobs after the first five wait until the dispatcher is gone
-        member = irismesh.Node("work", keyring=keys, seeds=[held[0].endpoint])
+    held = await memories(keys, tmp_path, 2)
+    handled: Counter[bytes] = Counter()
+    gate = asyncio.Event()  # jobs after the first five wait until the dispatcher is gone
+    member = irismesh.Node("work", keyring=keys, seeds=[held[0].endpoint])
 
-        @member.on_request
-        async def handle(payload: bytes) -> bytes:
-            if int(payload.split()[1]) >= 5:
-                await gate.wait()
-            handled[payload] += 1
-            return b"ok"
+    @member.on_request
+    async def handle(payload: bytes) -> bytes:
+        if int(payload.split()[1]) >= 5:
+            await gate.wait()
+        handled[payload] += 1
+        return b"ok"
 
-        await member.start()
-        producer = irismesh.Node(keyring=keys, seeds=[held[0].endpoint])
-        await producer.start()
-        try:
-            await producer.wait_for_members("_memory", 2, timeout=10)
-            await held[1].wait_for_members("_memory", 1, timeout=10)
-            dispatcher = min(held, key=lambda m: m.node_id)
-            other = max(held, key=lambda m: m.node_id)
-            for i in range(40):
-                await producer.enqueue("work", b"job %d" % i)
-            await wait_until(lambda: len(handled) == 5, 15, "the first jobs handled")
-            await dispatcher.close()
-            gate.set()
-            # The other hands out what was left: its store forgets each job (in its thread)
-            # just before its dispatcher counts it done (on the loop): wait for both.
-            await wait_until(
-                lambda: (
-                    other.stats.get("memory_jobs_pending", 1) == 0
-                    and other.stats.get("jobs_done", 0) > 0
-                ),
-                20,
-                "the other's turn",
-            )
-            assert len(handled) == 40
-            # At least once: a job in hand as its dispatcher left may run twice, not more.
-            assert max(handled.values()) <= 2
-        finally:
-            await asyncio.gather(member.close(), producer.close(), *(m.close() for m in held))
-
-    run(main())
+    await member.start()
+    producer = irismesh.Node(keyring=keys, seeds=[held[0].endpoint])
+    await producer.start()
+    try:
+        await producer.wait_for_members("_memory", 2, timeout=10)
+        await held[1].wait_for_members("_memory", 1, timeout=10)
+        dispatcher = min(held, key=lambda m: m.node_id)
+        other = max(held, key=lambda m: m.node_id)
+        for i in range(40):
+            await producer.enqueue("work", b"job %d" % i)
+        await wait_until(lambda: len(handled) == 5, 15, "the first jobs handled")
+        await dispatcher.close()
+        gate.set()
+        # The other hands out what was left: its store forgets each job (in its thread)
+        # just before its dispatcher counts it done (on the loop): wait for both.
+        await wait_until(
+            lambda: (
+                other.stats.get("memory_jobs_pending", 1) == 0
+                and other.stats.get("jobs_done", 0) > 0
+            ),
+            20,
+            "the other's turn",
+        )
+        assert len(handled) == 40
+        # At least once: a job in hand as its dispatcher left may run twice, not more.
+        assert max(handled.values()) <= 2
+    finally:
+        await asyncio.gather(member.close(), producer.close(), *(m.close() for m in held))
 
 
-def test_enqueue_without_a_memory_member_fails_at_once(keys: irismesh.Keyring) -> None:
-    async def main() -> None:
-        async with irismesh.Node(keyring=keys) as node:
-            with pytest.raises(irismesh.NoResponders):
-                await node.enqueue("work", b"x")
-            assert node.stats["jobs_enqueue_failed"] == 1
-
-    run(main())
+@deadline(40)
+async def test_enqueue_without_a_memory_member_fails_at_once(keys: irismesh.Keyring) -> None:
+    async with irismesh.Node(keyring=keys) as node:
+        with pytest.raises(irismesh.NoResponders):
+            await node.enqueue("work", b"x")
+        assert node.stats["jobs_enqueue_failed"] == 1
 
 
-def test_on_queued_runs_the_jobs_and_on_request_the_requests(
+@deadline(40)
+async def test_on_queued_runs_the_jobs_and_on_request_the_requests(
     keys: irismesh.Keyring, tmp_path: Path
 ) -> None:
-    async def main() -> None:
-        held = await memories(keys, tmp_path, 1)
-        producer = await irismesh.Node(keyring=keys, seeds=[held[0].endpoint]).start()
-        member = irismesh.Node("work", keyring=keys, seeds=[held[0].endpoint])
-        jobs: list[bytes] = []
+    held = await memories(keys, tmp_path, 1)
+    producer = await irismesh.Node(keyring=keys, seeds=[held[0].endpoint]).start()
+    member = irismesh.Node("work", keyring=keys, seeds=[held[0].endpoint])
+    jobs: list[bytes] = []
 
-        @member.on_request
-        def request(payload: bytes) -> bytes:
-            return b"request " + payload
+    @member.on_request
+    def request(payload: bytes) -> bytes:
+        return b"request " + payload
 
-        @member.on_queued
-        async def job(payload: bytes) -> bytes:
-            jobs.append(payload)
-            return b"done"
+    @member.on_queued
+    async def job(payload: bytes) -> bytes:
+        jobs.append(payload)
+        return b"done"
 
-        await member.start()
-        try:
-            await producer.wait_for_members("_memory", 1, timeout=10)
-            await producer.enqueue("work", b"job 1")
-            await wait_until(lambda: jobs == [b"job 1"], 10, "the job to run in on_queued")
-            await producer.wait_for_members("work", 1, timeout=10)
-            assert await producer.request("work", b"x") == b"request x"
-            assert jobs == [b"job 1"]
-            assert member.stats["jobs_run"] == 1
-        finally:
-            await asyncio.gather(member.close(), producer.close(), *(m.close() for m in held))
-
-    run(main())
+    await member.start()
+    try:
+        await producer.wait_for_members("_memory", 1, timeout=10)
+        await producer.enqueue("work", b"job 1")
+        await wait_until(lambda: jobs == [b"job 1"], 10, "the job to run in on_queued")
+        await producer.wait_for_members("work", 1, timeout=10)
+        assert await producer.request("work", b"x") == b"request x"
+        assert jobs == [b"job 1"]
+        assert member.stats["jobs_run"] == 1
+    finally:
+        await asyncio.gather(member.close(), producer.close(), *(m.close() for m in held))
 
 
-def test_a_job_handed_out_again_to_its_member_is_answered_without_running_again(
+@deadline(40)
+async def test_a_job_handed_out_again_to_its_member_is_answered_without_running_again(
     keys: irismesh.Keyring,
 ) -> None:
     """The memory hands a job out again when it never heard the answer: a member that already
     answered it (or still runs it) answers the repeat with the same outcome, unrun."""
+    member = await irismesh.Node("work", keyring=keys).start()
+    runs: Counter[bytes] = Counter()
+    release = asyncio.Event()
 
-    async def main() -> None:
-        member = await irismesh.Node("work", keyring=keys).start()
-        runs: Counter[bytes] = Counter()
-        release = asyncio.Event()
+    @member.on_request
+    async def handle(payload: bytes) -> bytes:
+        runs[payload] += 1
+        if payload == b"slow":
+            await release.wait()
+        return b"answer to " + payload
 
-        @member.on_request
-        async def handle(payload: bytes) -> bytes:
-            runs[payload] += 1
-            if payload == b"slow":
-                await release.wait()
-            return b"answer to " + payload
-
-        dispatcher = await irismesh.Node(keyring=keys, seeds=[member.endpoint]).start()
-        try:
-            await dispatcher.wait_for_members("work", 1, timeout=10)
-            first, again = bytes(range(16)), bytes(range(1, 17))
-            assert await dispatcher._dispatch_job("work", first, b"fast", 5) == b"answer to fast"
-            assert await dispatcher._dispatch_job("work", first, b"fast", 5) == b"answer to fast"
-            # A repeat while the first run is still going waits for that run's answer.
-            running = [
-                asyncio.ensure_future(dispatcher._dispatch_job("work", again, b"slow", 5))
-                for _ in range(2)
-            ]
-            await wait_until(lambda: runs[b"slow"] == 1, 5, "the slow job to start")
-            await wait_until(lambda: member.stats["jobs_absorbed"] == 2, 5, "the repeat to wait")
-            release.set()
-            assert await asyncio.gather(*running) == [b"answer to slow"] * 2
-            assert runs == Counter({b"fast": 1, b"slow": 1})
-            assert member.stats["jobs_run"] == 2
-            # A request is not a job: the same payload runs every time.
-            await dispatcher.request("work", b"fast")
-            assert runs[b"fast"] == 2
-            # A job frame too short to carry its id is an error for the sender, counted.
-            with pytest.raises(irismesh.RemoteError):
-                await dispatcher._queued_request("work", b"short", 5, None, int(Kind.JOB))
-            assert member.stats["jobs_malformed"] == 1
-        finally:
-            await asyncio.gather(dispatcher.close(), member.close())
-
-    run(main())
+    dispatcher = await irismesh.Node(keyring=keys, seeds=[member.endpoint]).start()
+    try:
+        await dispatcher.wait_for_members("work", 1, timeout=10)
+        first, again = bytes(range(16)), bytes(range(1, 17))
+        assert await dispatcher._dispatch_job("work", first, b"fast", 5) == b"answer to fast"
+        assert await dispatcher._dispatch_job("work", first, b"fast", 5) == b"answer to fast"
+        # A repeat while the first run is still going waits for that run's answer.
+        running = [
+            asyncio.ensure_future(dispatcher._dispatch_job("work", again, b"slow", 5))
+            for _ in range(2)
+        ]
+        await wait_until(lambda: runs[b"slow"] == 1, 5, "the slow job to start")
+        await wait_until(lambda: member.stats["jobs_absorbed"] == 2, 5, "the repeat to wait")
+        release.set()
+        assert await asyncio.gather(*running) == [b"answer to slow"] * 2
+        assert runs == Counter({b"fast": 1, b"slow": 1})
+        assert member.stats["jobs_run"] == 2
+        # A request is not a job: the same payload runs every time.
+        await dispatcher.request("work", b"fast")
+        assert runs[b"fast"] == 2
+        # A job frame too short to carry its id is an error for the sender, counted.
+        with pytest.raises(irismesh.RemoteError):
+            await dispatcher._queued_request("work", b"short", 5, None, int(Kind.JOB))
+        assert member.stats["jobs_malformed"] == 1
+    finally:
+        await asyncio.gather(dispatcher.close(), member.close())

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
-from helpers import echo_or_boom
+from helpers import calls_of_each_outcome, echo_or_boom
 from prometheus_client.parser import text_string_to_metric_families
 
 import irismesh
@@ -76,12 +76,7 @@ def test_metrics_agree_with_the_node_counters(keys: irismesh.Keyring) -> None:
                 keyring=keys, seeds=[member.endpoint], name="c1", metrics="127.0.0.1:0"
             ) as client:
                 assert client.metrics_address != member.metrics_address
-                await client.wait_for_members("db", timeout=5)
-                await asyncio.gather(*(client.request("db", b"%d" % i) for i in range(300)))
-                with pytest.raises(irismesh.RemoteError):
-                    await client.request("db", b"boom")
-                with pytest.raises(irismesh.NoResponders):
-                    await client.request("nobody", b"x")
+                await calls_of_each_outcome(client, 300)
                 async with client.subscribe("news.#") as sub:
                     await member.wait_for_subscribers("news.item-0", 1, timeout=5)
                     for i in range(5):

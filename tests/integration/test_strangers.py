@@ -20,12 +20,12 @@ import socket
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, run_with_deadline, wait_until
+from helpers import ROOT, deadline, end_child, wait_until
 
 import irismesh
 from irismesh._core.config import CoreConfig
@@ -39,10 +39,6 @@ from irismesh.security.linksecurity import KeyedLinkSecurity
 
 MEMBER = [sys.executable, str(ROOT / "tests" / "held_member.py")]
 HELD = 1100  # connections held against a member whose descriptor limit is 1,024
-
-
-def run(coro: Awaitable[None], timeout: float = 60) -> None:
-    run_with_deadline(coro, timeout)
 
 
 @pytest.fixture(autouse=True)
@@ -84,13 +80,7 @@ async def held_member(keyfile: Path, stderr: Path, *options: str) -> AsyncIterat
         assert ready == "READY", line
         yield endpoint, int(pid)
     finally:
-        assert proc.stdin is not None
-        proc.stdin.close()
-        try:
-            await asyncio.wait_for(proc.wait(), 10)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
+        await end_child(proc, 10)
 
 
 def rss(pid: int) -> int:
@@ -222,47 +212,43 @@ def test_a_hello_at_every_limit_is_well_within_what_a_stranger_may_send() -> Non
     assert 3 * len(hello) < HELLO_LIMIT
 
 
-def test_silent_and_half_sent_connections_are_closed_at_the_hello_deadline_and_counted(
+@deadline(60)
+async def test_silent_and_half_sent_connections_are_closed_at_the_hello_deadline_and_counted(
     keys: irismesh.Keyring,
 ) -> None:
-    async def main() -> None:
-        config = CoreConfig(hello_timeout=1.0)
-        async with (
-            irismesh.Node("db", keyring=keys, config=config, transport="tcp") as member,
-            irismesh.Node(keyring=keys, seeds=[member.endpoint], transport="tcp") as client,
-        ):
-            member.on_request(lambda payload: b"db:" + payload)
-            await client.wait_for_members("db", timeout=5)
-            caller = Caller(client)
-            silent = Holder(member.endpoint, again=60)
-            half_frame = Holder(member.endpoint, framed(b"h" * 1000)[:500], again=60)
-            half_length = Holder(member.endpoint, b"\x00\x00", again=60)
+    config = CoreConfig(hello_timeout=1.0)
+    async with (
+        irismesh.Node("db", keyring=keys, config=config, transport="tcp") as member,
+        irismesh.Node(keyring=keys, seeds=[member.endpoint], transport="tcp") as client,
+    ):
+        member.on_request(lambda payload: b"db:" + payload)
+        await client.wait_for_members("db", timeout=5)
+        caller = Caller(client)
+        silent = Holder(member.endpoint, again=60)
+        half_frame = Holder(member.endpoint, framed(b"h" * 1000)[:500], again=60)
+        half_length = Holder(member.endpoint, b"\x00\x00", again=60)
+        for holder in (silent, half_frame, half_length):
+            holder.start(20)
+        try:
+            await wait_until(
+                lambda: sum(h.counts["closed"] for h in (silent, half_frame, half_length)) == 60,
+                5,
+                "every connection to be closed",
+            )
             for holder in (silent, half_frame, half_length):
-                holder.start(20)
-            try:
-                await wait_until(
-                    lambda: (
-                        sum(h.counts["closed"] for h in (silent, half_frame, half_length)) == 60
-                    ),
-                    5,
-                    "every connection to be closed",
-                )
-                for holder in (silent, half_frame, half_length):
-                    assert holder.counts["opened"] == 20
-                    assert all(0.9 <= after < 2.0 for after in holder.closed_after)
-                assert member.stats["dropped_stranger_timeout"] == 60
-                assert member.stats["strangers_connected"] == 0
-                # The client's own connection proved the key long before: it stays.
-                assert member.stats.get("links_in_closed", 0) == 0
-                assert await client.request("db", b"after") == b"db:after"
-            finally:
-                for holder in (silent, half_frame, half_length):
-                    await holder.stop()
-                calls = await caller.stop()
-            assert calls["failed"] == 0
-            assert calls["ok"] > 10
-
-    run(main())
+                assert holder.counts["opened"] == 20
+                assert all(0.9 <= after < 2.0 for after in holder.closed_after)
+            assert member.stats["dropped_stranger_timeout"] == 60
+            assert member.stats["strangers_connected"] == 0
+            # The client's own connection proved the key long before: it stays.
+            assert member.stats.get("links_in_closed", 0) == 0
+            assert await client.request("db", b"after") == b"db:after"
+        finally:
+            for holder in (silent, half_frame, half_length):
+                await holder.stop()
+            calls = await caller.stop()
+        assert calls["failed"] == 0
+        assert calls["ok"] > 10
 
 
 def a_hello(keys: irismesh.Keyring) -> bytes:
@@ -291,39 +277,36 @@ def stall_then_send(sock: socket.socket, before: float, data: bytes, after: floa
     time.sleep(after)
 
 
-def test_a_hello_that_came_while_the_loop_stalled_past_the_deadline_is_read_first(
+@deadline(60)
+async def test_a_hello_that_came_while_the_loop_stalled_past_the_deadline_is_read_first(
     keys: irismesh.Keyring,
 ) -> None:
     """A member whose loop stalls past a connection's deadline reads the HELLO that came
     meanwhile before it judges the connection (uvloop runs due timers before it reads)."""
+    config = CoreConfig(hello_timeout=1.0)
+    async with irismesh.Node("db", keyring=keys, config=config, transport="tcp") as member:
+        host, _, port = member.endpoint.removeprefix("tcp://").rpartition(":")
+        with socket.create_connection((host, int(port)), timeout=5) as sock:
+            await wait_until(lambda: member.stats.get("strangers_connected") == 1, 5, "accept")
+            # The stall is an I/O callback's, the hardest case: with uvloop, the timers
+            # that fell due meanwhile run before the loop reads again.
+            loop = asyncio.get_running_loop()
+            wake, woken = socket.socketpair()
+            stalled = asyncio.Event()
 
-    async def main() -> None:
-        config = CoreConfig(hello_timeout=1.0)
-        async with irismesh.Node("db", keyring=keys, config=config, transport="tcp") as member:
-            host, _, port = member.endpoint.removeprefix("tcp://").rpartition(":")
-            with socket.create_connection((host, int(port)), timeout=5) as sock:
-                await wait_until(lambda: member.stats.get("strangers_connected") == 1, 5, "accept")
-                # The stall is an I/O callback's, the hardest case: with uvloop, the timers
-                # that fell due meanwhile run before the loop reads again.
-                loop = asyncio.get_running_loop()
-                wake, woken = socket.socketpair()
-                stalled = asyncio.Event()
+            def on_wake() -> None:
+                loop.remove_reader(woken.fileno())
+                stall_then_send(sock, 1.2, framed(a_hello(keys)), 0.3)
+                stalled.set()
 
-                def on_wake() -> None:
-                    loop.remove_reader(woken.fileno())
-                    stall_then_send(sock, 1.2, framed(a_hello(keys)), 0.3)
-                    stalled.set()
-
-                with wake, woken:
-                    loop.add_reader(woken.fileno(), on_wake)
-                    wake.send(b"!")
-                    await asyncio.wait_for(stalled.wait(), 5)
-                await wait_until(lambda: member.stats["strangers_connected"] == 0, 5, "proof")
-                assert member.stats.get("dropped_stranger_timeout", 0) == 0
-                size = int.from_bytes(sock.recv(4, socket.MSG_WAITALL), "big")
-                assert sock.recv(size, socket.MSG_WAITALL)[2] == Kind.WELCOME
-
-    run(main())
+            with wake, woken:
+                loop.add_reader(woken.fileno(), on_wake)
+                wake.send(b"!")
+                await asyncio.wait_for(stalled.wait(), 5)
+            await wait_until(lambda: member.stats["strangers_connected"] == 0, 5, "proof")
+            assert member.stats.get("dropped_stranger_timeout", 0) == 0
+            size = int.from_bytes(sock.recv(4, socket.MSG_WAITALL), "big")
+            assert sock.recv(size, socket.MSG_WAITALL)[2] == Kind.WELCOME
 
 
 @contextlib.asynccontextmanager
@@ -343,148 +326,138 @@ async def flooded(client: irismesh.Node, endpoint: str) -> AsyncIterator[None]:
     assert calls["ok"] > 0
 
 
-def test_idle_connections_beyond_the_descriptor_limit_lock_no_peer_out(
+@deadline(60)
+async def test_idle_connections_beyond_the_descriptor_limit_lock_no_peer_out(
     keyfile: Path, keys: irismesh.Keyring, tmp_path: Path
 ) -> None:
     """1,100 connections held (each opened again once the member closes it) against a member
     whose descriptor limit is 1,024, its deadline far off: the bound on strangers from one
     address closes the oldest, and a client with the key joins as ever."""
-
-    async def main() -> None:
-        async with (
-            held_member(keyfile, tmp_path / "member.err", "--hello-timeout", "60") as (
-                endpoint,
-                _pid,
-            ),
-            irismesh.Node(keyring=keys, seeds=[endpoint], transport="tcp") as client,
-        ):
-            await client.wait_for_members("db", timeout=10)
-            async with flooded(client, endpoint):
-                await join_within(keys, endpoint, 5)
-                stats = await member_stats(client)
-                per_address = CoreConfig().max_strangers_per_address
-                assert stats["strangers_connected"] <= per_address
-                assert stats["dropped_stranger_evicted"] >= HELD - per_address
-                assert stats.get("accept_out_of_descriptors", 0) == 0
-        assert "Traceback" not in (tmp_path / "member.err").read_text()
-
-    run(main())
+    async with (
+        held_member(keyfile, tmp_path / "member.err", "--hello-timeout", "60") as (
+            endpoint,
+            _pid,
+        ),
+        irismesh.Node(keyring=keys, seeds=[endpoint], transport="tcp") as client,
+    ):
+        await client.wait_for_members("db", timeout=10)
+        async with flooded(client, endpoint):
+            await join_within(keys, endpoint, 5)
+            stats = await member_stats(client)
+            per_address = CoreConfig().max_strangers_per_address
+            assert stats["strangers_connected"] <= per_address
+            assert stats["dropped_stranger_evicted"] >= HELD - per_address
+            assert stats.get("accept_out_of_descriptors", 0) == 0
+    assert "Traceback" not in (tmp_path / "member.err").read_text()
 
 
-def test_a_member_out_of_descriptors_closes_strangers_to_let_peers_in(
+@deadline(60)
+async def test_a_member_out_of_descriptors_closes_strangers_to_let_peers_in(
     keyfile: Path, keys: irismesh.Keyring, tmp_path: Path
 ) -> None:
     """As above, with the bounds on strangers above the descriptor limit: accepting runs out
     of descriptors, counts it, warns once, and closes the oldest stranger to make room."""
-
-    async def main() -> None:
-        options = ["--hello-timeout", "60", "--max-strangers", "4096"]
-        options += ["--max-strangers-per-address", "4096"]
-        async with (
-            held_member(keyfile, tmp_path / "member.err", *options) as (endpoint, _pid),
-            irismesh.Node(keyring=keys, seeds=[endpoint], transport="tcp") as client,
-        ):
-            await client.wait_for_members("db", timeout=10)
-            async with flooded(client, endpoint):
-                # Connected is not yet accepted: the member takes the kernel's backlog at its
-                # own pace (a busy machine slows it), and is full when accepting runs out.
+    options = ["--hello-timeout", "60", "--max-strangers", "4096"]
+    options += ["--max-strangers-per-address", "4096"]
+    async with (
+        held_member(keyfile, tmp_path / "member.err", *options) as (endpoint, _pid),
+        irismesh.Node(keyring=keys, seeds=[endpoint], transport="tcp") as client,
+    ):
+        await client.wait_for_members("db", timeout=10)
+        async with flooded(client, endpoint):
+            # Connected is not yet accepted: the member takes the kernel's backlog at its
+            # own pace (a busy machine slows it), and is full when accepting runs out.
+            stats = await member_stats(client)
+            deadline = time.monotonic() + 20
+            while not stats["accept_out_of_descriptors"] and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
                 stats = await member_stats(client)
-                deadline = time.monotonic() + 20
-                while not stats["accept_out_of_descriptors"] and time.monotonic() < deadline:
-                    await asyncio.sleep(0.1)
-                    stats = await member_stats(client)
-                assert stats["accept_out_of_descriptors"] >= 1, stats
-                assert stats["strangers_connected"] > 900  # it held what it could
-                await join_within(keys, endpoint, 5)
-                stats = await member_stats(client)
-                assert stats["accept_out_of_descriptors"] >= 1
-                assert stats["dropped_stranger_evicted"] >= 1
-        errors = (tmp_path / "member.err").read_text()
-        assert "Traceback" not in errors
-        assert 1 <= errors.count("out of file descriptors") <= 2, errors
-
-    run(main())
+            assert stats["accept_out_of_descriptors"] >= 1, stats
+            assert stats["strangers_connected"] > 900  # it held what it could
+            await join_within(keys, endpoint, 5)
+            stats = await member_stats(client)
+            assert stats["accept_out_of_descriptors"] >= 1
+            assert stats["dropped_stranger_evicted"] >= 1
+    errors = (tmp_path / "member.err").read_text()
+    assert "Traceback" not in errors
+    assert 1 <= errors.count("out of file descriptors") <= 2, errors
 
 
-def test_strangers_holding_frames_cut_short_fill_no_memory(
+@deadline(60)
+async def test_strangers_holding_frames_cut_short_fill_no_memory(
     keyfile: Path, keys: irismesh.Keyring, tmp_path: Path
 ) -> None:
     """200 connections each send the length of the largest frame a stranger may send and all
     but its last byte, and 100 more the length of the largest frame a member takes (256 MiB
     here) and a megabyte of it: the first are held (the deadline and bounds far off), the
     others refused at their length, and the member's memory grows by less than 20 MB."""
-
-    async def main() -> None:
-        options = ["--hello-timeout", "60", "--max-payload", str(256 << 20)]
-        options += ["--max-strangers-per-address", "4096"]
-        async with (
-            held_member(keyfile, tmp_path / "member.err", *options) as (endpoint, pid),
-            irismesh.Node(keyring=keys, seeds=[endpoint], transport="tcp") as client,
-        ):
-            await client.wait_for_members("db", timeout=10)
-            await member_stats(client)
-            before = rss(pid)
-            cut = HELLO_LIMIT.to_bytes(4, "big") + b"h" * (HELLO_LIMIT - 1)
-            holder = Holder(endpoint, cut, again=60)
-            large = (256 << 20).to_bytes(4, "big") + b"p" * (1 << 20)
-            refused = Holder(endpoint, large, again=60)
-            try:
-                holder.start(200)
-                refused.start(100)
-                await wait_until(lambda: holder.open == 200, 10, "200 held")
-                await wait_until(lambda: refused.counts["closed"] == 100, 10, "100 refused")
-                stats = await member_stats(client)
-                assert stats["strangers_connected"] == 200
-                assert stats["dropped_stranger_oversize"] == 100
-                grown = rss(pid) - before
-                assert grown < 20 << 20, f"grew {grown / 1e6:.1f} MB"
-            finally:
-                await holder.stop()
-                await refused.stop()
-
-    run(main())
+    options = ["--hello-timeout", "60", "--max-payload", str(256 << 20)]
+    options += ["--max-strangers-per-address", "4096"]
+    async with (
+        held_member(keyfile, tmp_path / "member.err", *options) as (endpoint, pid),
+        irismesh.Node(keyring=keys, seeds=[endpoint], transport="tcp") as client,
+    ):
+        await client.wait_for_members("db", timeout=10)
+        await member_stats(client)
+        before = rss(pid)
+        cut = HELLO_LIMIT.to_bytes(4, "big") + b"h" * (HELLO_LIMIT - 1)
+        holder = Holder(endpoint, cut, again=60)
+        large = (256 << 20).to_bytes(4, "big") + b"p" * (1 << 20)
+        refused = Holder(endpoint, large, again=60)
+        try:
+            holder.start(200)
+            refused.start(100)
+            await wait_until(lambda: holder.open == 200, 10, "200 held")
+            await wait_until(lambda: refused.counts["closed"] == 100, 10, "100 refused")
+            stats = await member_stats(client)
+            assert stats["strangers_connected"] == 200
+            assert stats["dropped_stranger_oversize"] == 100
+            grown = rss(pid) - before
+            assert grown < 20 << 20, f"grew {grown / 1e6:.1f} MB"
+        finally:
+            await holder.stop()
+            await refused.stop()
 
 
-def test_a_gateways_link_listener_closes_connections_that_never_finish_zmqs_greeting() -> None:
+@deadline(60)
+async def test_a_gateways_link_listener_closes_connections_that_never_finish_zmqs_greeting() -> (
+    None
+):
     """zmq keeps a gateway's link connections: it closes those that send nothing, or half of
     zmq's greeting, within 2 s, and the link between two gateways comes up meanwhile."""
-
-    async def main() -> None:
-        mesh_keys, link_keys = irismesh.Keyring.generate(), irismesh.Keyring.generate()
-        far_keys = irismesh.Keyring.generate()
-        fast = irismesh.federation.LinkConfig(heartbeat=0.1, dead_after=0.6, retry=0.2)
-        async with irismesh.Gateway(
-            "a",
-            keyring=mesh_keys,
-            link_keyring=link_keys,
-            listen="tcp://127.0.0.1:0",
-            link_config=fast,
-            bind="tcp://127.0.0.1:0",
-        ) as listener:
-            silent = Holder(listener.endpoint, again=60)
-            half_greeting = Holder(listener.endpoint, b"\xff" + bytes(8), again=60)
-            silent.start(20)
-            half_greeting.start(20)
-            try:
-                async with irismesh.Gateway(
-                    "b",
-                    keyring=far_keys,
-                    link_keyring=link_keys,
-                    peers=(listener.endpoint,),
-                    link_config=fast,
-                    bind="tcp://127.0.0.1:0",
-                ):
-                    await wait_until(lambda: listener.stats["links_up"] == 1, 5, "the link")
-                    await wait_until(
-                        lambda: silent.counts["closed"] + half_greeting.counts["closed"] == 40,
-                        5,
-                        "the strangers to be closed",
-                    )
-                    for holder in (silent, half_greeting):
-                        assert all(after < 3.0 for after in holder.closed_after)
-                    assert listener.stats["links_up"] == 1
-            finally:
-                await silent.stop()
-                await half_greeting.stop()
-
-    run(main())
+    mesh_keys, link_keys = irismesh.Keyring.generate(), irismesh.Keyring.generate()
+    far_keys = irismesh.Keyring.generate()
+    fast = irismesh.federation.LinkConfig(heartbeat=0.1, dead_after=0.6, retry=0.2)
+    async with irismesh.Gateway(
+        "a",
+        keyring=mesh_keys,
+        link_keyring=link_keys,
+        listen="tcp://127.0.0.1:0",
+        link_config=fast,
+        bind="tcp://127.0.0.1:0",
+    ) as listener:
+        silent = Holder(listener.endpoint, again=60)
+        half_greeting = Holder(listener.endpoint, b"\xff" + bytes(8), again=60)
+        silent.start(20)
+        half_greeting.start(20)
+        try:
+            async with irismesh.Gateway(
+                "b",
+                keyring=far_keys,
+                link_keyring=link_keys,
+                peers=(listener.endpoint,),
+                link_config=fast,
+                bind="tcp://127.0.0.1:0",
+            ):
+                await wait_until(lambda: listener.stats["links_up"] == 1, 5, "the link")
+                await wait_until(
+                    lambda: silent.counts["closed"] + half_greeting.counts["closed"] == 40,
+                    5,
+                    "the strangers to be closed",
+                )
+                for holder in (silent, half_greeting):
+                    assert all(after < 3.0 for after in holder.closed_after)
+                assert listener.stats["links_up"] == 1
+        finally:
+            await silent.stop()
+            await half_greeting.stop()

@@ -17,13 +17,20 @@ import select
 import socket
 import struct
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 import pytest
-from helpers import run_with_deadline, wait_until
+from helpers import (
+    Discovering,
+    all_started,
+    candidate_recorder,
+    deadline,
+    run_with_deadline,
+    wait_until,
+)
 from wiretap import group_listener, multicast_sender
 
 from irismesh.discovery.sealed import SLOT_LEN, SLOTS
@@ -69,32 +76,15 @@ def multicast_on_loopback() -> None:
         pytest.skip(f"multicast on 127.0.0.1 is not usable here: {exc}")
 
 
-def run(scenario: Callable[[], Awaitable[None]]) -> None:
-    run_with_deadline(scenario(), TEST_TIMEOUT)
-
-
 @dataclass
-class Node:
-    node_id: bytes
-    endpoint: str
+class Node(Discovering):
     survey: SurveyDiscovery
-    seen: set[tuple[bytes, str]] = field(default_factory=set)
-
-    @property
-    def me(self) -> tuple[bytes, str]:
-        return (self.node_id, self.endpoint)
 
 
 def make_node(config: SurveyConfig, *, raising: bool = False) -> Node:
     node_id = os.urandom(16)
     endpoint = f"tcp://{LOOPBACK}:{random.randint(20000, 60000)}"
-    seen: set[tuple[bytes, str]] = set()
-
-    def on_candidate(candidate_id: bytes, candidate_endpoint: str) -> None:
-        seen.add((candidate_id, candidate_endpoint))
-        if raising:
-            raise RuntimeError("a buggy candidate handler")
-
+    seen, on_candidate = candidate_recorder(raising=raising)
     survey = SurveyDiscovery(
         node_id=node_id,
         endpoint=endpoint,
@@ -105,189 +95,162 @@ def make_node(config: SurveyConfig, *, raising: bool = False) -> Node:
     return Node(node_id=node_id, endpoint=endpoint, survey=survey, seen=seen)
 
 
-@contextlib.asynccontextmanager
-async def started(*nodes: Node) -> AsyncIterator[None]:
-    try:
-        for node in nodes:
-            await node.survey.start()
-        yield
-    finally:
-        for node in nodes:
-            await node.survey.close()
+def started(*nodes: Node) -> contextlib.AbstractAsyncContextManager[None]:
+    return all_started(node.survey for node in nodes)
 
 
-def test_three_nodes_discover_each_other() -> None:
-    async def scenario() -> None:
-        config = fresh_config()
-        nodes = [make_node(config) for _ in range(3)]
-        async with started(*nodes):
-            expected = [{n.me for n in nodes if n is not node} for node in nodes]
-            await wait_until(
-                lambda: all(n.seen >= e for n, e in zip(nodes, expected, strict=True)),
-                3.0,
-                "each node sees the two others",
-            )
-            for node, others in zip(nodes, expected, strict=True):
-                assert node.seen == others, "a node reported itself or a stranger"
-                assert node.survey.stats["dropped_self"] >= 1
-
-    run(scenario)
-
-
-def test_a_lone_node_ignores_itself() -> None:
-    async def scenario() -> None:
-        node = make_node(fresh_config(fast_interval=0.02))
-        async with started(node):
-            await wait_until(
-                lambda: node.survey.stats["dropped_self"] >= 3, 3.0, "own questions heard"
-            )
-            stats = node.survey.stats
-            assert node.seen == set()
-            assert stats["candidates"] == 0
-            assert stats["answers_sent"] == 0
-
-    run(scenario)
-
-
-def test_a_node_in_another_realm_is_not_discovered() -> None:
-    async def scenario() -> None:
-        config = fresh_config(realm=b"blue")
-        blue_a, blue_b = make_node(config), make_node(config)
-        green = make_node(
-            SurveyConfig(group=config.group, port=config.port, interface=LOOPBACK, realm=b"green")
+@deadline(TEST_TIMEOUT)
+async def test_three_nodes_discover_each_other() -> None:
+    config = fresh_config()
+    nodes = [make_node(config) for _ in range(3)]
+    async with started(*nodes):
+        expected = [{n.me for n in nodes if n is not node} for node in nodes]
+        await wait_until(
+            lambda: all(n.seen >= e for n, e in zip(nodes, expected, strict=True)),
+            3.0,
+            "each node sees the two others",
         )
-        async with started(blue_a, blue_b, green):
-            await wait_until(
-                lambda: blue_a.seen == {blue_b.me} and blue_b.seen == {blue_a.me},
-                3.0,
-                "the two blue nodes see each other",
-            )
-            # Each side has heard the other realm's questions, so silence is not luck.
-            await wait_until(
-                lambda: (
-                    green.survey.stats["dropped_realm"] >= 2
-                    and blue_a.survey.stats["dropped_realm"] >= 1
-                    and blue_b.survey.stats["dropped_realm"] >= 1
-                ),
-                3.0,
-                "questions from the other realm dropped",
-            )
-            assert green.seen == set()
-            assert green.me not in blue_a.seen | blue_b.seen
-            assert green.survey.stats["answers_sent"] == 0
-
-    run(scenario)
+        for node, others in zip(nodes, expected, strict=True):
+            assert node.seen == others, "a node reported itself or a stranger"
+            assert node.survey.stats["dropped_self"] >= 1
 
 
-def test_malformed_datagrams_are_counted_and_discovery_goes_on() -> None:
-    async def scenario() -> None:
-        # Slow polling, so that every question after the first is one this test asked for.
-        config = fresh_config(fast_period=0.0, slow_interval=60.0)
-        a, b = make_node(config), make_node(config)
-        valid = encode_question(node_id=os.urandom(16), endpoint="tcp://127.0.0.1:1")
-        garbage = [b"", b"hello", b"IMSV\x09" + valid[5:], valid[:-2], valid + b"x" * 1100]
-        async with started(a, b):
-            await wait_until(lambda: a.seen == {b.me}, 3.0, "a sees b")
-            with multicast_sender() as sender:
-                for datagram in garbage:
-                    sender.sendto(datagram, (config.group, config.port))
-                sender.sendto(b"\x00" * 7, a.survey.local_addresses[1])
-            n = len(garbage)
-            await wait_until(
-                lambda: (
-                    a.survey.stats["dropped_malformed"] >= n + 1
-                    and b.survey.stats["dropped_malformed"] >= n
-                ),
-                3.0,
-                "every malformed datagram counted",
-            )
-            a.seen.clear()
-            b.seen.clear()
-            a.survey.poll_now()
-            await wait_until(
-                lambda: a.seen == {b.me} and b.seen == {a.me}, 3.0, "rediscovery after garbage"
-            )
-
-    run(scenario)
+@deadline(TEST_TIMEOUT)
+async def test_a_lone_node_ignores_itself() -> None:
+    node = make_node(fresh_config(fast_interval=0.02))
+    async with started(node):
+        await wait_until(lambda: node.survey.stats["dropped_self"] >= 3, 3.0, "own questions heard")
+        stats = node.survey.stats
+        assert node.seen == set()
+        assert stats["candidates"] == 0
+        assert stats["answers_sent"] == 0
 
 
-def test_questions_to_the_unicast_socket_are_not_answered() -> None:
-    async def scenario() -> None:
-        config = fresh_config(fast_period=0.0, slow_interval=60.0)
-        node = make_node(config)
-        stranger = (os.urandom(16), "tcp://127.0.0.1:2")
-        async with started(node):
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-                sock.bind((LOOPBACK, 0))
-                sock.setblocking(False)
-                sock.sendto(
-                    encode_question(node_id=stranger[0], endpoint=stranger[1]),
-                    node.survey.local_addresses[1],
-                )
-                sock.sendto(
-                    encode_answer(node_id=stranger[0], endpoint=stranger[1]),
-                    (config.group, config.port),
-                )
-                await wait_until(
-                    lambda: node.survey.stats["dropped_malformed"] >= 2, 3.0, "both dropped"
-                )
-                with pytest.raises(BlockingIOError):
-                    sock.recv(2048)
-            assert node.survey.stats["answers_sent"] == 0
-            assert node.seen == set()
-
-    run(scenario)
-
-
-def test_a_node_multicast_cannot_reach_is_found_by_a_unicast_question() -> None:
-    async def scenario() -> None:
-        config = fresh_config()
-        # Another group on the same port, from another loopback address: its multicast
-        # questions never reach the first node, and its own question socket (on 127.0.0.2) is
-        # not where its unicast questions to 127.0.0.1 land.
-        elsewhere = SurveyConfig(
-            group="239.255.73.99",
-            port=config.port,
-            interface="127.0.0.2",
-            unicast_targets=(LOOPBACK,),
+@deadline(TEST_TIMEOUT)
+async def test_a_node_in_another_realm_is_not_discovered() -> None:
+    config = fresh_config(realm=b"blue")
+    blue_a, blue_b = make_node(config), make_node(config)
+    green = make_node(
+        SurveyConfig(group=config.group, port=config.port, interface=LOOPBACK, realm=b"green")
+    )
+    async with started(blue_a, blue_b, green):
+        await wait_until(
+            lambda: blue_a.seen == {blue_b.me} and blue_b.seen == {blue_a.me},
+            3.0,
+            "the two blue nodes see each other",
         )
-        there, asker = make_node(config), make_node(elsewhere)
-        async with started(there, asker):
-            await wait_until(
-                lambda: there.me in asker.seen, 3.0, "the answer to a unicast question"
+        # Each side has heard the other realm's questions, so silence is not luck.
+        await wait_until(
+            lambda: (
+                green.survey.stats["dropped_realm"] >= 2
+                and blue_a.survey.stats["dropped_realm"] >= 1
+                and blue_b.survey.stats["dropped_realm"] >= 1
+            ),
+            3.0,
+            "questions from the other realm dropped",
+        )
+        assert green.seen == set()
+        assert green.me not in blue_a.seen | blue_b.seen
+        assert green.survey.stats["answers_sent"] == 0
+
+
+@deadline(TEST_TIMEOUT)
+async def test_malformed_datagrams_are_counted_and_discovery_goes_on() -> None:
+    # Slow polling, so that every question after the first is one this test asked for.
+    config = fresh_config(fast_period=0.0, slow_interval=60.0)
+    a, b = make_node(config), make_node(config)
+    valid = encode_question(node_id=os.urandom(16), endpoint="tcp://127.0.0.1:1")
+    garbage = [b"", b"hello", b"IMSV\x09" + valid[5:], valid[:-2], valid + b"x" * 1100]
+    async with started(a, b):
+        await wait_until(lambda: a.seen == {b.me}, 3.0, "a sees b")
+        with multicast_sender() as sender:
+            for datagram in garbage:
+                sender.sendto(datagram, (config.group, config.port))
+            sender.sendto(b"\x00" * 7, a.survey.local_addresses[1])
+        n = len(garbage)
+        await wait_until(
+            lambda: (
+                a.survey.stats["dropped_malformed"] >= n + 1
+                and b.survey.stats["dropped_malformed"] >= n
+            ),
+            3.0,
+            "every malformed datagram counted",
+        )
+        a.seen.clear()
+        b.seen.clear()
+        a.survey.poll_now()
+        await wait_until(
+            lambda: a.seen == {b.me} and b.seen == {a.me}, 3.0, "rediscovery after garbage"
+        )
+
+
+@deadline(TEST_TIMEOUT)
+async def test_questions_to_the_unicast_socket_are_not_answered() -> None:
+    config = fresh_config(fast_period=0.0, slow_interval=60.0)
+    node = make_node(config)
+    stranger = (os.urandom(16), "tcp://127.0.0.1:2")
+    async with started(node):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.bind((LOOPBACK, 0))
+            sock.setblocking(False)
+            sock.sendto(
+                encode_question(node_id=stranger[0], endpoint=stranger[1]),
+                node.survey.local_addresses[1],
             )
-            assert asker.survey.stats["unicast_questions_sent"] >= 1
-            assert there.survey.stats["answers_sent"] >= 1
-            assert asker.me in there.seen  # the question announced the asker too
-
-    run(scenario)
-
-
-def test_candidate_callback_errors_are_counted_and_discovery_goes_on() -> None:
-    async def scenario() -> None:
-        config = fresh_config(fast_interval=0.02)
-        clumsy, b = make_node(config, raising=True), make_node(config)
-        async with started(clumsy, b):
-            await wait_until(
-                lambda: clumsy.survey.stats["callback_errors"] >= 3, 3.0, "repeated errors"
+            sock.sendto(
+                encode_answer(node_id=stranger[0], endpoint=stranger[1]),
+                (config.group, config.port),
             )
-            await wait_until(lambda: b.seen == {clumsy.me}, 3.0, "b sees the clumsy node")
-            assert clumsy.seen == {b.me}
-
-    run(scenario)
-
-
-def test_poll_now_asks_at_once() -> None:
-    async def scenario() -> None:
-        node = make_node(fresh_config(fast_period=0.0, slow_interval=60.0))
-        async with started(node):
-            await wait_until(lambda: node.survey.stats["questions_sent"] == 1, 1.0, "first ask")
-            node.survey.poll_now()
             await wait_until(
-                lambda: node.survey.stats["questions_sent"] == 2, 1.0, "ask after poll_now"
+                lambda: node.survey.stats["dropped_malformed"] >= 2, 3.0, "both dropped"
             )
+            with pytest.raises(BlockingIOError):
+                sock.recv(2048)
+        assert node.survey.stats["answers_sent"] == 0
+        assert node.seen == set()
 
-    run(scenario)
+
+@deadline(TEST_TIMEOUT)
+async def test_a_node_multicast_cannot_reach_is_found_by_a_unicast_question() -> None:
+    config = fresh_config()
+    # Another group on the same port, from another loopback address: its multicast
+    # questions never reach the first node, and its own question socket (on 127.0.0.2) is
+    # not where its unicast questions to 127.0.0.1 land.
+    elsewhere = SurveyConfig(
+        group="239.255.73.99",
+        port=config.port,
+        interface="127.0.0.2",
+        unicast_targets=(LOOPBACK,),
+    )
+    there, asker = make_node(config), make_node(elsewhere)
+    async with started(there, asker):
+        await wait_until(lambda: there.me in asker.seen, 3.0, "the answer to a unicast question")
+        assert asker.survey.stats["unicast_questions_sent"] >= 1
+        assert there.survey.stats["answers_sent"] >= 1
+        assert asker.me in there.seen  # the question announced the asker too
+
+
+@deadline(TEST_TIMEOUT)
+async def test_candidate_callback_errors_are_counted_and_discovery_goes_on() -> None:
+    config = fresh_config(fast_interval=0.02)
+    clumsy, b = make_node(config, raising=True), make_node(config)
+    async with started(clumsy, b):
+        await wait_until(
+            lambda: clumsy.survey.stats["callback_errors"] >= 3, 3.0, "repeated errors"
+        )
+        await wait_until(lambda: b.seen == {clumsy.me}, 3.0, "b sees the clumsy node")
+        assert clumsy.seen == {b.me}
+
+
+@deadline(TEST_TIMEOUT)
+async def test_poll_now_asks_at_once() -> None:
+    node = make_node(fresh_config(fast_period=0.0, slow_interval=60.0))
+    async with started(node):
+        await wait_until(lambda: node.survey.stats["questions_sent"] == 1, 1.0, "first ask")
+        node.survey.poll_now()
+        await wait_until(
+            lambda: node.survey.stats["questions_sent"] == 2, 1.0, "ask after poll_now"
+        )
 
 
 def test_the_schedule_is_fast_while_new_then_doubles_up_to_slow() -> None:
@@ -337,86 +300,80 @@ def test_questions_come_fast_then_slow() -> None:
         assert min(gaps[:3]) < 0.3, gaps  # the first questions were not slow ones
 
 
-def test_a_newcomer_makes_a_stable_node_ask_fast_again() -> None:
-    async def scenario() -> None:
-        config = fresh_config(fast_interval=0.05, fast_period=0.3, slow_interval=1.0, jitter=0.1)
-        old, new = make_node(config), make_node(config)
-        arrivals: list[float] = []
-        loop = asyncio.get_running_loop()
-        with group_listener(config) as listener:
-            listener.setblocking(False)
+@deadline(TEST_TIMEOUT)
+async def test_a_newcomer_makes_a_stable_node_ask_fast_again() -> None:
+    config = fresh_config(fast_interval=0.05, fast_period=0.3, slow_interval=1.0, jitter=0.1)
+    old, new = make_node(config), make_node(config)
+    arrivals: list[float] = []
+    loop = asyncio.get_running_loop()
+    with group_listener(config) as listener:
+        listener.setblocking(False)
 
-            def on_readable() -> None:
-                if decode(listener.recv(2048)).node_id == old.node_id:
-                    arrivals.append(loop.time())
+        def on_readable() -> None:
+            if decode(listener.recv(2048)).node_id == old.node_id:
+                arrivals.append(loop.time())
 
-            loop.add_reader(listener, on_readable)
-            try:
-                async with started(old):
-                    # Stable: backed off to intervals of at least 0.4 s.
+        loop.add_reader(listener, on_readable)
+        try:
+            async with started(old):
+                # Stable: backed off to intervals of at least 0.4 s.
+                await wait_until(
+                    lambda: len(arrivals) > 2 and arrivals[-1] - arrivals[-2] >= 0.4,
+                    5.0,
+                    "the old node to back off",
+                )
+                async with started(new):
+                    await wait_until(lambda: old.me in new.seen, 3.0, "the newcomer heard")
+                    joined = loop.time()
                     await wait_until(
-                        lambda: len(arrivals) > 2 and arrivals[-1] - arrivals[-2] >= 0.4,
-                        5.0,
-                        "the old node to back off",
+                        lambda: sum(1 for t in arrivals if t > joined) >= 4,
+                        3.0,
+                        "fast questions again",
                     )
-                    async with started(new):
-                        await wait_until(lambda: old.me in new.seen, 3.0, "the newcomer heard")
-                        joined = loop.time()
-                        await wait_until(
-                            lambda: sum(1 for t in arrivals if t > joined) >= 4,
-                            3.0,
-                            "fast questions again",
-                        )
-            finally:
-                loop.remove_reader(listener)
-        after = [t for t in arrivals if t > joined][:4]
-        gaps = [later - earlier for earlier, later in itertools.pairwise(after)]
-        assert all(gap < 0.1 for gap in gaps), gaps
-
-    run(scenario)
+        finally:
+            loop.remove_reader(listener)
+    after = [t for t in arrivals if t > joined][:4]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(after)]
+    assert all(gap < 0.1 for gap in gaps), gaps
 
 
-def test_close_is_idempotent_and_releases_the_port() -> None:
+@deadline(TEST_TIMEOUT)
+async def test_close_is_idempotent_and_releases_the_port() -> None:
     def exclusive_bind(config: SurveyConfig) -> None:
         # No SO_REUSEADDR/SO_REUSEPORT: succeeds only if no socket holds (group, port).
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
             sock.bind((config.group, config.port))
 
-    async def scenario() -> None:
-        config = fresh_config()
-        first = make_node(config)
-        await first.survey.start()
-        with pytest.raises(OSError, match="in use") as info:
-            exclusive_bind(config)
-        assert info.value.errno == errno.EADDRINUSE
-        await first.survey.close()
-        await first.survey.close()
-        assert first.survey.local_addresses == ()
+    config = fresh_config()
+    first = make_node(config)
+    await first.survey.start()
+    with pytest.raises(OSError, match="in use") as info:
         exclusive_bind(config)
-        with pytest.raises(Closed):
-            await first.survey.start()
-        a, b = make_node(config), make_node(config)
-        async with started(a, b):
-            await wait_until(
-                lambda: a.seen == {b.me} and b.seen == {a.me}, 3.0, "new nodes on the same port"
-            )
+    assert info.value.errno == errno.EADDRINUSE
+    await first.survey.close()
+    await first.survey.close()
+    assert first.survey.local_addresses == ()
+    exclusive_bind(config)
+    with pytest.raises(Closed):
+        await first.survey.start()
+    a, b = make_node(config), make_node(config)
+    async with started(a, b):
+        await wait_until(
+            lambda: a.seen == {b.me} and b.seen == {a.me}, 3.0, "new nodes on the same port"
+        )
 
-    run(scenario)
 
-
-def test_start_fails_clearly_when_the_port_is_held_exclusively() -> None:
-    async def scenario() -> None:
-        config = fresh_config()
-        node = make_node(config)
-        before = socket_inodes()
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as holder:
-            holder.bind((config.group, config.port))
-            with pytest.raises(ConfigurationError, match=f"{config.group}:{config.port}"):
-                await node.survey.start()
-        await node.survey.close()
-        assert socket_inodes() == before, "a failed start leaked a socket"
-
-    run(scenario)
+@deadline(TEST_TIMEOUT)
+async def test_start_fails_clearly_when_the_port_is_held_exclusively() -> None:
+    config = fresh_config()
+    node = make_node(config)
+    before = socket_inodes()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as holder:
+        holder.bind((config.group, config.port))
+        with pytest.raises(ConfigurationError, match=f"{config.group}:{config.port}"):
+            await node.survey.start()
+    await node.survey.close()
+    assert socket_inodes() == before, "a failed start leaked a socket"
 
 
 def socket_inodes() -> set[str]:
@@ -487,7 +444,7 @@ def test_every_socket_is_on_loopback_or_the_group() -> None:
             assert sender.getsockopt(ip, socket.IP_MULTICAST_LOOP) == 1
         assert socket_inodes() == before
 
-    run(scenario)
+    run_with_deadline(scenario(), TEST_TIMEOUT)
 
 
 @pytest.mark.parametrize(
@@ -555,53 +512,45 @@ def heard(node: Node) -> dict[str, set[bytes]]:
     return {name: set(ids) for name, ids in node.survey.clusters_heard().items()}
 
 
-def test_a_star_keyring_lists_every_cluster_and_a_cluster_key_its_cluster_alone() -> None:
-    async def scenario() -> None:
-        config = fresh_config()
-        member_keys = Keyring([STAR, DB])  # db has a key of its own; echo uses '*'
-        db = make_keyed(config, member_keys, ["db"])
-        echo = make_keyed(config, member_keys, ["echo"])
-        star_lister = make_keyed(config, Keyring([STAR]))
-        db_lister = make_keyed(config, Keyring([DB]))  # another realm: no '*' key
-        stranger = make_keyed(config, Keyring([OTHER]))
-        async with started(db, echo, star_lister, db_lister, stranger):
-            want_all = {"db": {db.node_id}, "echo": {echo.node_id}}
-            await wait_until(lambda: heard(star_lister) == want_all, 5.0, "'*' lists both")
-            await wait_until(
-                lambda: heard(db_lister) == {"db": {db.node_id}}, 5.0, "db's key lists db"
-            )
-            await wait_until(lambda: heard(db) == {"echo": {echo.node_id}}, 5.0, "db sees echo")
-            # The holder of db's key only is not of this mesh: answered, never a candidate.
-            assert db_lister.seen == set()
-            assert db_lister.me not in db.seen | echo.seen
-            assert db.survey.stats["heard_outside_realm"] >= 1
-            assert heard(stranger) == {}
-            assert stranger.seen == set()
-            assert star_lister.seen == {db.me, echo.me}
-            # echo holds db's key too: it answers db_lister, whose key opens none of its names.
-            await wait_until(
-                lambda: echo.survey.stats["heard_outside_realm"] >= 3, 5.0, "echo answers"
-            )
-            await wait_until(lambda: db_lister.survey.stats["received"] >= 6, 5.0, "answers in")
-            assert heard(db_lister) == {"db": {db.node_id}}
-
-    run(scenario)
+@deadline(TEST_TIMEOUT)
+async def test_a_star_keyring_lists_every_cluster_and_a_cluster_key_its_cluster_alone() -> None:
+    config = fresh_config()
+    member_keys = Keyring([STAR, DB])  # db has a key of its own; echo uses '*'
+    db = make_keyed(config, member_keys, ["db"])
+    echo = make_keyed(config, member_keys, ["echo"])
+    star_lister = make_keyed(config, Keyring([STAR]))
+    db_lister = make_keyed(config, Keyring([DB]))  # another realm: no '*' key
+    stranger = make_keyed(config, Keyring([OTHER]))
+    async with started(db, echo, star_lister, db_lister, stranger):
+        want_all = {"db": {db.node_id}, "echo": {echo.node_id}}
+        await wait_until(lambda: heard(star_lister) == want_all, 5.0, "'*' lists both")
+        await wait_until(lambda: heard(db_lister) == {"db": {db.node_id}}, 5.0, "db's key lists db")
+        await wait_until(lambda: heard(db) == {"echo": {echo.node_id}}, 5.0, "db sees echo")
+        # The holder of db's key only is not of this mesh: answered, never a candidate.
+        assert db_lister.seen == set()
+        assert db_lister.me not in db.seen | echo.seen
+        assert db.survey.stats["heard_outside_realm"] >= 1
+        assert heard(stranger) == {}
+        assert stranger.seen == set()
+        assert star_lister.seen == {db.me, echo.me}
+        # echo holds db's key too: it answers db_lister, whose key opens none of its names.
+        await wait_until(lambda: echo.survey.stats["heard_outside_realm"] >= 3, 5.0, "echo answers")
+        await wait_until(lambda: db_lister.survey.stats["received"] >= 6, 5.0, "answers in")
+        assert heard(db_lister) == {"db": {db.node_id}}
 
 
-def test_a_node_with_more_slots_than_a_datagram_holds_sends_them_in_turn() -> None:
-    async def scenario() -> None:
-        config = fresh_config(fast_interval=0.02)
-        keys = [ScopeKey(scope=f"c{i}", secret=os.urandom(32)) for i in range(6)]
-        names = [key.scope for key in keys]
-        busy = make_keyed(config, Keyring([STAR, *keys]), names)  # 7 slots: '*' and one per key
-        star = make_keyed(config, Keyring([STAR]))
-        last = make_keyed(config, Keyring([keys[-1]]))
-        async with started(busy, star, last):
-            everyone = {name: {busy.node_id} for name in names}
-            await wait_until(lambda: heard(star) == everyone, 5.0, "'*' lists all six")
-            await wait_until(lambda: heard(last) == {"c5": {busy.node_id}}, 5.0, "c5 in turn")
-
-    run(scenario)
+@deadline(TEST_TIMEOUT)
+async def test_a_node_with_more_slots_than_a_datagram_holds_sends_them_in_turn() -> None:
+    config = fresh_config(fast_interval=0.02)
+    keys = [ScopeKey(scope=f"c{i}", secret=os.urandom(32)) for i in range(6)]
+    names = [key.scope for key in keys]
+    busy = make_keyed(config, Keyring([STAR, *keys]), names)  # 7 slots: '*' and one per key
+    star = make_keyed(config, Keyring([STAR]))
+    last = make_keyed(config, Keyring([keys[-1]]))
+    async with started(busy, star, last):
+        everyone = {name: {busy.node_id} for name in names}
+        await wait_until(lambda: heard(star) == everyone, 5.0, "'*' lists all six")
+        await wait_until(lambda: heard(last) == {"c5": {busy.node_id}}, 5.0, "c5 in turn")
 
 
 def recorded_question(listener: socket.socket, of: Node) -> bytes:
@@ -614,90 +563,84 @@ def recorded_question(listener: socket.socket, of: Node) -> bytes:
             return data
 
 
-def test_a_recorded_datagram_sent_again_is_dropped_and_counted() -> None:
-    async def scenario() -> None:
-        # Slow polling, so that every answer after the first ones is to a datagram sent here.
-        config = fresh_config(fast_period=0.0, slow_interval=60.0)
-        keys = Keyring([STAR])
-        a, b = make_keyed(config, keys, ["db"]), make_keyed(config, keys)
-        loop = asyncio.get_running_loop()
-        with group_listener(config) as listener:
-            async with started(b, a):
-                question = await loop.run_in_executor(None, recorded_question, listener, a)
-                await wait_until(lambda: b.seen == {a.me}, 3.0, "b hears a's question")
-                await wait_until(lambda: a.seen == {b.me}, 3.0, "a hears b's answer")
-                answered = b.survey.stats["answers_sent"]
-                with multicast_sender() as sender:
-                    for _ in range(3):
-                        sender.sendto(question, (config.group, config.port))
-                await wait_until(
-                    lambda: b.survey.stats["dropped_replay"] >= 3, 3.0, "three replays dropped"
-                )
-                assert b.survey.stats["answers_sent"] == answered, "a replay was answered"
-
-    run(scenario)
-
-
-def test_stale_and_old_datagrams_are_dropped_and_counted() -> None:
-    async def scenario() -> None:
-        config = fresh_config(fast_period=0.0, slow_interval=60.0, freshness=5.0)
-        node = make_keyed(config, Keyring([STAR]))
-        realm = survey_config(True, Keyring([STAR]))
-        assert realm is not None
-        stranger = os.urandom(16)
-        wall_ms = int(time.time() * 1000)
-        stale = encode_question(
-            node_id=stranger,
-            endpoint="tcp://127.0.0.1:1",
-            realm=realm.realm,
-            timestamp_ms=wall_ms - 6000,
-        )
-        future = encode_question(
-            node_id=stranger,
-            endpoint="tcp://127.0.0.1:1",
-            realm=realm.realm,
-            timestamp_ms=wall_ms + 6000,
-        )
-        packed: bytes = msgpack.packb([stranger, "tcp://127.0.0.1:1", b""], use_bin_type=True)
-        old = b"IMSV\x01" + bytes([SurveyKind.QUESTION]) + packed
-        async with started(node):
+@deadline(TEST_TIMEOUT)
+async def test_a_recorded_datagram_sent_again_is_dropped_and_counted() -> None:
+    # Slow polling, so that every answer after the first ones is to a datagram sent here.
+    config = fresh_config(fast_period=0.0, slow_interval=60.0)
+    keys = Keyring([STAR])
+    a, b = make_keyed(config, keys, ["db"]), make_keyed(config, keys)
+    loop = asyncio.get_running_loop()
+    with group_listener(config) as listener:
+        async with started(b, a):
+            question = await loop.run_in_executor(None, recorded_question, listener, a)
+            await wait_until(lambda: b.seen == {a.me}, 3.0, "b hears a's question")
+            await wait_until(lambda: a.seen == {b.me}, 3.0, "a hears b's answer")
+            answered = b.survey.stats["answers_sent"]
             with multicast_sender() as sender:
-                for data in (stale, future, old):
-                    sender.sendto(data, (config.group, config.port))
+                for _ in range(3):
+                    sender.sendto(question, (config.group, config.port))
             await wait_until(
-                lambda: (
-                    node.survey.stats["dropped_stale"] >= 2
-                    and node.survey.stats["dropped_old_version"] >= 1
-                ),
-                3.0,
-                "stale and old datagrams counted",
+                lambda: b.survey.stats["dropped_replay"] >= 3, 3.0, "three replays dropped"
             )
-            assert node.survey.stats["answers_sent"] == 0
-            assert node.seen == set()
-
-    run(scenario)
+            assert b.survey.stats["answers_sent"] == answered, "a replay was answered"
 
 
-def test_a_forged_slot_or_tag_is_neither_a_candidate_nor_a_name() -> None:
-    async def scenario() -> None:
-        config = fresh_config(fast_period=0.0, slow_interval=60.0)
-        node = make_keyed(config, Keyring([STAR]))
-        forged = encode_question(
-            node_id=os.urandom(16),
-            endpoint="tcp://127.0.0.1:1",
-            realm=os.urandom(16),
-            slots=[os.urandom(SLOT_LEN)] * SLOTS,
+@deadline(TEST_TIMEOUT)
+async def test_stale_and_old_datagrams_are_dropped_and_counted() -> None:
+    config = fresh_config(fast_period=0.0, slow_interval=60.0, freshness=5.0)
+    node = make_keyed(config, Keyring([STAR]))
+    realm = survey_config(True, Keyring([STAR]))
+    assert realm is not None
+    stranger = os.urandom(16)
+    wall_ms = int(time.time() * 1000)
+    stale = encode_question(
+        node_id=stranger,
+        endpoint="tcp://127.0.0.1:1",
+        realm=realm.realm,
+        timestamp_ms=wall_ms - 6000,
+    )
+    future = encode_question(
+        node_id=stranger,
+        endpoint="tcp://127.0.0.1:1",
+        realm=realm.realm,
+        timestamp_ms=wall_ms + 6000,
+    )
+    packed: bytes = msgpack.packb([stranger, "tcp://127.0.0.1:1", b""], use_bin_type=True)
+    old = b"IMSV\x01" + bytes([SurveyKind.QUESTION]) + packed
+    async with started(node):
+        with multicast_sender() as sender:
+            for data in (stale, future, old):
+                sender.sendto(data, (config.group, config.port))
+        await wait_until(
+            lambda: (
+                node.survey.stats["dropped_stale"] >= 2
+                and node.survey.stats["dropped_old_version"] >= 1
+            ),
+            3.0,
+            "stale and old datagrams counted",
         )
-        async with started(node):
-            with multicast_sender() as sender:
-                sender.sendto(forged, (config.group, config.port))
-                await wait_until(
-                    lambda: node.survey.stats["dropped_realm"] >= 1, 3.0, "forgery dropped"
-                )
-            assert node.survey.stats["answers_sent"] == 0
-            assert node.survey.clusters_heard() == {}
+        assert node.survey.stats["answers_sent"] == 0
+        assert node.seen == set()
 
-    run(scenario)
+
+@deadline(TEST_TIMEOUT)
+async def test_a_forged_slot_or_tag_is_neither_a_candidate_nor_a_name() -> None:
+    config = fresh_config(fast_period=0.0, slow_interval=60.0)
+    node = make_keyed(config, Keyring([STAR]))
+    forged = encode_question(
+        node_id=os.urandom(16),
+        endpoint="tcp://127.0.0.1:1",
+        realm=os.urandom(16),
+        slots=[os.urandom(SLOT_LEN)] * SLOTS,
+    )
+    async with started(node):
+        with multicast_sender() as sender:
+            sender.sendto(forged, (config.group, config.port))
+            await wait_until(
+                lambda: node.survey.stats["dropped_realm"] >= 1, 3.0, "forgery dropped"
+            )
+        assert node.survey.stats["answers_sent"] == 0
+        assert node.survey.clusters_heard() == {}
 
 
 # ------------------------------------------- once joined: with membership's answers
@@ -785,139 +728,126 @@ def quiet_config(**overrides: Any) -> SurveyConfig:
     return fresh_config(**{**timings, **overrides})
 
 
-def test_a_joined_node_asks_once_per_mesh_interval_times_the_mesh() -> None:
-    async def scenario() -> None:
-        config = quiet_config()
-        member, alone = make_member(config), make_member(config)
-        # A mesh of 8 as member's membership has it: it asks every 8 x 0.25 = 2 s.
-        member.mesh.update((os.urandom(16), f"tcp://{LOOPBACK}:{port}") for port in range(7))
-        assert config.joined_interval(7) == 2.0
-        loop = asyncio.get_running_loop()
-        with Questions(config) as questions:
-            async with started(member, alone):
-                began = loop.time()
-                await wait_until(lambda: len(questions.of(alone)) >= 12, 3.0, "a lone node asks")
-                # The lone node asked fast; meanwhile the joined one asked once, at its start.
-                assert len(questions.of(member)) == 1
-                assert loop.time() - began < 0.9 * 2.0
-                # Left alone again, it asks at once (within a slow interval) and fast.
-                member.mesh.clear()
-                await wait_until(lambda: len(questions.of(member)) >= 4, 2.0, "fast again")
-
-    run(scenario)
+@deadline(TEST_TIMEOUT)
+async def test_a_joined_node_asks_once_per_mesh_interval_times_the_mesh() -> None:
+    config = quiet_config()
+    member, alone = make_member(config), make_member(config)
+    # A mesh of 8 as member's membership has it: it asks every 8 x 0.25 = 2 s.
+    member.mesh.update((os.urandom(16), f"tcp://{LOOPBACK}:{port}") for port in range(7))
+    assert config.joined_interval(7) == 2.0
+    loop = asyncio.get_running_loop()
+    with Questions(config) as questions:
+        async with started(member, alone):
+            began = loop.time()
+            await wait_until(lambda: len(questions.of(alone)) >= 12, 3.0, "a lone node asks")
+            # The lone node asked fast; meanwhile the joined one asked once, at its start.
+            assert len(questions.of(member)) == 1
+            assert loop.time() - began < 0.9 * 2.0
+            # Left alone again, it asks at once (within a slow interval) and fast.
+            member.mesh.clear()
+            await wait_until(lambda: len(questions.of(member)) >= 4, 2.0, "fast again")
 
 
-def test_a_question_from_a_node_of_the_mesh_is_not_answered() -> None:
-    async def scenario() -> None:
-        config = quiet_config(fast_period=5.0)  # every node asks every 50 ms throughout
-        a, b = make_member(config), make_member(config)
-        stranger = make_node(config)  # no membership: answers all, passes all on
-        joined(a, b)
-        async with started(a, b, stranger):
+@deadline(TEST_TIMEOUT)
+async def test_a_question_from_a_node_of_the_mesh_is_not_answered() -> None:
+    config = quiet_config(fast_period=5.0)  # every node asks every 50 ms throughout
+    a, b = make_member(config), make_member(config)
+    stranger = make_node(config)  # no membership: answers all, passes all on
+    joined(a, b)
+    async with started(a, b, stranger):
+        await wait_until(
+            lambda: a.stat("answers_withheld") >= 3 and b.stat("answers_withheld") >= 3,
+            3.0,
+            "questions of the mesh heard and not answered",
+        )
+        # A node neither knows is answered, by both (it is not of their mesh).
+        await wait_until(lambda: {a.me, b.me} <= stranger.seen, 3.0, "the stranger answered")
+        answered = a.stat("answers_sent") + b.stat("answers_sent")
+        stranger_asked = stranger.survey.stats["questions_sent"]
+        assert 0 < answered <= 2 * stranger_asked
+        # Nor is a member of the mesh ever a candidate of the other.
+        assert a.me not in b.passed
+        assert b.me not in a.passed
+
+
+@deadline(TEST_TIMEOUT)
+async def test_a_newcomer_the_mesh_learns_is_dialled_by_none_of_its_members() -> None:
+    # A newcomer alone passes on at most one node per fast interval; a member reviews what
+    # it heard after merge_after: both long enough that this test sees the policy, not a
+    # race with its own bookkeeping.
+    config = quiet_config(fast_interval=0.5, fast_period=5.0, merge_after=0.6)
+    members = [make_member(config) for _ in range(3)]
+    joined(*members)
+    newcomer = make_member(config)
+    async with started(*members):
+        await wait_until(lambda: all(m.stat("questions_sent") for m in members), 2.0, "asked")
+        async with started(newcomer):
+            # Alone: it passes on the first member that answers, at once.
+            await wait_until(lambda: newcomer.passed, 1.0, "the newcomer to pass one on")
+            assert newcomer.passed[0] in {m.me for m in members}
+            # It joins through that member: membership brings it the rest, before any
+            # review would pass them on.
+            joined(*members, newcomer)
             await wait_until(
-                lambda: a.stat("answers_withheld") >= 3 and b.stat("answers_withheld") >= 3,
-                3.0,
-                "questions of the mesh heard and not answered",
+                lambda: all(m.stat("answers_withheld") for m in members), 3.0, "known now"
             )
-            # A node neither knows is answered, by both (it is not of their mesh).
-            await wait_until(lambda: {a.me, b.me} <= stranger.seen, 3.0, "the stranger answered")
-            answered = a.stat("answers_sent") + b.stat("answers_sent")
-            stranger_asked = stranger.survey.stats["questions_sent"]
-            assert 0 < answered <= 2 * stranger_asked
-            # Nor is a member of the mesh ever a candidate of the other.
-            assert a.me not in b.passed
-            assert b.me not in a.passed
-
-    run(scenario)
+            await asyncio.sleep(1.5 * config.merge_after)
+        assert len(newcomer.passed) == 1, newcomer.passed
+        for member in members:  # the members heard it ask, and left the dialling to it
+            assert member.passed == []
+            assert member.stat("candidates") >= 1
 
 
-def test_a_newcomer_the_mesh_learns_is_dialled_by_none_of_its_members() -> None:
-    async def scenario() -> None:
-        # A newcomer alone passes on at most one node per fast interval; a member reviews what
-        # it heard after merge_after: both long enough that this test sees the policy, not a
-        # race with its own bookkeeping.
-        config = quiet_config(fast_interval=0.5, fast_period=5.0, merge_after=0.6)
-        members = [make_member(config) for _ in range(3)]
-        joined(*members)
-        newcomer = make_member(config)
-        async with started(*members):
-            await wait_until(lambda: all(m.stat("questions_sent") for m in members), 2.0, "asked")
-            async with started(newcomer):
-                # Alone: it passes on the first member that answers, at once.
-                await wait_until(lambda: newcomer.passed, 1.0, "the newcomer to pass one on")
-                assert newcomer.passed[0] in {m.me for m in members}
-                # It joins through that member: membership brings it the rest, before any
-                # review would pass them on.
-                joined(*members, newcomer)
-                await wait_until(
-                    lambda: all(m.stat("answers_withheld") for m in members), 3.0, "known now"
-                )
-                await asyncio.sleep(1.5 * config.merge_after)
-            assert len(newcomer.passed) == 1, newcomer.passed
-            for member in members:  # the members heard it ask, and left the dialling to it
-                assert member.passed == []
-                assert member.stat("candidates") >= 1
-
-    run(scenario)
+@deadline(TEST_TIMEOUT)
+async def test_nodes_alone_together_pass_on_one_candidate_at_a_time() -> None:
+    config = quiet_config(fast_interval=0.5, fast_period=5.0, merge_after=5.0)
+    nodes = [make_member(config) for _ in range(6)]
+    async with started(*nodes):
+        await wait_until(
+            lambda: all(n.stat("candidates") >= 5 for n in nodes), 3.0, "everyone heard"
+        )
+        # Each heard five others, and passed on the first it heard alone: one a node, not
+        # all five (nodes that start together must not all dial all).
+        assert all(len(n.passed) <= 2 for n in nodes), [len(n.passed) for n in nodes]
+        assert all(n.passed for n in nodes)
 
 
-def test_nodes_alone_together_pass_on_one_candidate_at_a_time() -> None:
-    async def scenario() -> None:
-        config = quiet_config(fast_interval=0.5, fast_period=5.0, merge_after=5.0)
-        nodes = [make_member(config) for _ in range(6)]
-        async with started(*nodes):
-            await wait_until(
-                lambda: all(n.stat("candidates") >= 5 for n in nodes), 3.0, "everyone heard"
-            )
-            # Each heard five others, and passed on the first it heard alone: one a node, not
-            # all five (nodes that start together must not all dial all).
-            assert all(len(n.passed) <= 2 for n in nodes), [len(n.passed) for n in nodes]
-            assert all(n.passed for n in nodes)
-
-    run(scenario)
-
-
-def test_two_meshes_on_one_network_find_each_other_through_the_background_poll() -> None:
+@deadline(TEST_TIMEOUT)
+async def test_two_meshes_on_one_network_find_each_other_through_the_background_poll() -> None:
     """Two meshes formed apart (each node's membership holds its own mesh alone): every
     question of one is answered by the other, whose nodes are then passed on to be dialled,
     again at every background question, within the joined schedule's bound."""
+    config = quiet_config(slow_interval=1.0, mesh_interval=0.25)
+    blue = [make_member(config) for _ in range(2)]
+    green = [make_member(config) for _ in range(2)]
+    joined(*blue)
+    joined(*green)
+    greens = {g.me for g in green}
 
-    async def scenario() -> None:
-        config = quiet_config(slow_interval=1.0, mesh_interval=0.25)
-        blue = [make_member(config) for _ in range(2)]
-        green = [make_member(config) for _ in range(2)]
-        joined(*blue)
-        joined(*green)
-        greens = {g.me for g in green}
+    def blue_found_green() -> bool:
+        return any(greens & set(b.passed) for b in blue)
 
-        def blue_found_green() -> bool:
-            return any(greens & set(b.passed) for b in blue)
-
-        async with started(*blue, *green):
-            await wait_until(blue_found_green, 3.0, "blue to pass a green node on")
-            for b in blue:
-                b.passed.clear()
-            # The next background question (each asks every 1 s, jittered by 10%), then a
-            # review of the answers (0.2 s, jittered): a bound with room for a loaded machine.
-            bound = 1.1 * config.joined_interval(1) + 1.1 * config.merge_after + 1.0
-            await wait_until(blue_found_green, bound, "blue to find green again")
-            assert all(not (set(g.passed) & {b.me for b in green}) for g in green)
-
-    run(scenario)
+    async with started(*blue, *green):
+        await wait_until(blue_found_green, 3.0, "blue to pass a green node on")
+        for b in blue:
+            b.passed.clear()
+        # The next background question (each asks every 1 s, jittered by 10%), then a
+        # review of the answers (0.2 s, jittered): a bound with room for a loaded machine.
+        bound = 1.1 * config.joined_interval(1) + 1.1 * config.merge_after + 1.0
+        await wait_until(blue_found_green, bound, "blue to find green again")
+        assert all(not (set(g.passed) & {b.me for b in green}) for g in green)
 
 
-def test_what_a_member_announced_is_listed_while_membership_holds_it_alive() -> None:
-    async def scenario() -> None:
-        keys = Keyring([STAR])
-        db = make_keyed(quiet_config(), keys, ["db"])
-        lister = make_member(db.survey.config, keyring=keys)
-        async with started(db, lister):
-            await wait_until(lambda: "db" in lister.survey.clusters_heard(), 3.0, "db heard")
-        # Long after db was last heard, it is listed while membership holds it alive...
-        lister.mesh.add(db.me)
-        assert set(lister.survey.clusters_heard(max_age=0.0)["db"]) == {db.node_id}
-        # ...and not once membership does not.
-        lister.mesh.clear()
-        assert lister.survey.clusters_heard(max_age=0.0) == {}
-
-    run(scenario)
+@deadline(TEST_TIMEOUT)
+async def test_what_a_member_announced_is_listed_while_membership_holds_it_alive() -> None:
+    keys = Keyring([STAR])
+    db = make_keyed(quiet_config(), keys, ["db"])
+    lister = make_member(db.survey.config, keyring=keys)
+    async with started(db, lister):
+        await wait_until(lambda: "db" in lister.survey.clusters_heard(), 3.0, "db heard")
+    # Long after db was last heard, it is listed while membership holds it alive...
+    lister.mesh.add(db.me)
+    assert set(lister.survey.clusters_heard(max_age=0.0)["db"]) == {db.node_id}
+    # ...and not once membership does not.
+    lister.mesh.clear()
+    assert lister.survey.clusters_heard(max_age=0.0) == {}

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import echo_or_boom, wait_until
+from helpers import calls_of_each_outcome, echo_or_boom, wait_until
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -31,12 +31,7 @@ def test_spooled_records_agree_with_the_node_counters(
             async with irismesh.Node(
                 keyring=keys, seeds=[member.endpoint], telemetry=config, name="client-1"
             ) as client:
-                await client.wait_for_members("db", timeout=5)
-                await asyncio.gather(*(client.request("db", b"%d" % i) for i in range(200)))
-                with pytest.raises(irismesh.RemoteError):
-                    await client.request("db", b"boom")
-                with pytest.raises(irismesh.NoResponders):
-                    await client.request("nobody", b"x")
+                await calls_of_each_outcome(client, 200)
                 assert client.recorder is not None
                 assert member.recorder is not None
                 client_counts = {

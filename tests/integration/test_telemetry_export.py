@@ -18,7 +18,7 @@ from typing import Any, cast
 
 import msgpack
 import pytest
-from helpers import echo_or_boom, run_with_deadline, wait_until
+from helpers import deadline, echo_or_boom, run_with_deadline, wait_until
 
 import irismesh
 from irismesh import CoreConfig
@@ -78,7 +78,8 @@ def raising(error: BaseException) -> Callable[..., Awaitable[int]]:
 # ----------------------------------------------------------------- the whole path, real mesh
 
 
-def test_the_collector_spools_every_node_s_records_as_the_nodes_spool_them(
+@deadline(20)
+async def test_the_collector_spools_every_node_s_records_as_the_nodes_spool_them(
     keys: irismesh.Keyring, tmp_path: Path
 ) -> None:
     out = tmp_path / "collected"
@@ -86,152 +87,145 @@ def test_the_collector_spools_every_node_s_records_as_the_nodes_spool_them(
     def config(name: str) -> TelemetryConfig:
         return TelemetryConfig(spool_dir=tmp_path / name, sample_every=1, gauge_interval=0.2)
 
-    async def main() -> None:
-        db1 = await irismesh.Node("db", keyring=keys, telemetry=config("db1")).start()
-        seeds = [db1.endpoint]
-        db2 = await irismesh.Node("db", keyring=keys, seeds=seeds, telemetry=config("db2")).start()
-        client = await irismesh.Node(keyring=keys, seeds=seeds, telemetry=config("client")).start()
-        collecting = await irismesh.Node(keyring=keys, seeds=seeds, telemetry=False).start()
-        nodes = [db1, db2, client]
-        for member in (db1, db2):
-            member.on_request(echo_or_boom)
+    db1 = await irismesh.Node("db", keyring=keys, telemetry=config("db1")).start()
+    seeds = [db1.endpoint]
+    db2 = await irismesh.Node("db", keyring=keys, seeds=seeds, telemetry=config("db2")).start()
+    client = await irismesh.Node(keyring=keys, seeds=seeds, telemetry=config("client")).start()
+    collecting = await irismesh.Node(keyring=keys, seeds=seeds, telemetry=False).start()
+    nodes = [db1, db2, client]
+    for member in (db1, db2):
+        member.on_request(echo_or_boom)
 
-        exporters = [attach_exporter(node) for node in nodes]
-        assert [attach_exporter(node) for node in nodes] == exporters  # one per node
-        exporting = True
+    exporters = [attach_exporter(node) for node in nodes]
+    assert [attach_exporter(node) for node in nodes] == exporters  # one per node
+    exporting = True
 
-        async def export_loop(node: irismesh.Node, exporter: TopicExporter) -> None:
-            while exporting:  # as Node._telemetry_loop does, every gauge interval
-                await asyncio.sleep(0.1)
-                await exporter.export(node.publish)
+    async def export_loop(node: irismesh.Node, exporter: TopicExporter) -> None:
+        while exporting:  # as Node._telemetry_loop does, every gauge interval
+            await asyncio.sleep(0.1)
+            await exporter.export(node.publish)
 
-        loops = [
-            asyncio.create_task(export_loop(n, e)) for n, e in zip(nodes, exporters, strict=True)
-        ]
-        collector = Collector(collecting, out, max_age=0.3, flush_interval=0.1)
-        try:
-            async with collector:
-                for node in nodes:  # records are exported from when a node sees the interest
-                    await node.wait_for_subscribers(topic_for(node.node_id.hex()), timeout=5)
-                await client.wait_for_members("db", 2, timeout=5)
-                await asyncio.gather(*(client.request("db", b"%d" % i) for i in range(150)))
-                with pytest.raises(irismesh.RemoteError):
-                    await client.request("db", b"boom")
-                ids = {node.node_id.hex() for node in nodes}
-                await wait_until(
-                    lambda: ids <= {o for o, n in collector.records.items() if n}, 5, "all nodes"
-                )
-                exporting = False
-                await asyncio.gather(*loops)
-                for node, exporter in zip(nodes, exporters, strict=True):
-                    await exporter.export(node.publish)  # what is left since the last one
-                sent = {e.node: e.messages for e in exporters}
-                await wait_until(
-                    lambda: all(collector.messages_from.get(o, 0) >= n for o, n in sent.items()),
-                    5,
-                    "the collector to receive every message published",
-                )
-            stats = collector.stats()
-            for exporter in exporters:
-                assert (exporter.dropped, exporter.errors) == (0, 0), exporter
-                assert exporter.exported > 0
-            # The exact counters say what the records must add up to (sample_every=1).
-            assert client.recorder is not None
-            assert client.recorder.total("request", "db", "ok") == 150
-        finally:
-            exporting = False
-            for task in loops:
-                task.cancel()
-            await asyncio.gather(*loops, return_exceptions=True)
-            await asyncio.gather(*(n.close() for n in [*nodes, collecting]))
-
-        assert stats.nodes.keys() == ids
-        assert (stats.corrupt, stats.rejected, stats.missed, stats.dropped) == (0, 0, 0, 0)
-        files = complete_files(out)
-        assert stats.files == len(files) >= 3
-        assert not [p for p in out.iterdir() if p not in files], "temporary files left"
-        collected: dict[str, list[Record]] = {}
-        for path in files:  # named and headed by their origin node, as local files are
-            node_id, _, seq = path.name.removesuffix(".msgpack").rpartition("-")
-            assert node_id in ids
-            assert len(seq) == 8
-            assert decode_spool(path.read_bytes()).node == node_id
-            records, corrupt = read_spool_file(path)
-            assert corrupt == 0
-            assert {r.node for r in records} == {node_id}
-            collected.setdefault(node_id, []).extend(records)
-        assert sum(map(len, collected.values())) == stats.records == sum(stats.nodes.values())
-
-        calls = ("request", "serve")
-        for name, node in zip(("db1", "db2", "client"), nodes, strict=True):
-            node_id = node.node_id.hex()
-            local = list(SpoolReader(tmp_path / name))
-            mine = Counter(collected[node_id])
-            # Every request and serve record, identical to the local one (ts included) ...
-            assert +Counter({r: n for r, n in mine.items() if r.kind in calls}) == Counter(
-                r for r in local if r.kind in calls
+    loops = [asyncio.create_task(export_loop(n, e)) for n, e in zip(nodes, exporters, strict=True)]
+    collector = Collector(collecting, out, max_age=0.3, flush_interval=0.1)
+    try:
+        async with collector:
+            for node in nodes:  # records are exported from when a node sees the interest
+                await node.wait_for_subscribers(topic_for(node.node_id.hex()), timeout=5)
+            await client.wait_for_members("db", 2, timeout=5)
+            await asyncio.gather(*(client.request("db", b"%d" % i) for i in range(150)))
+            with pytest.raises(irismesh.RemoteError):
+                await client.request("db", b"boom")
+            ids = {node.node_id.hex() for node in nodes}
+            await wait_until(
+                lambda: ids <= {o for o, n in collector.records.items() if n}, 5, "all nodes"
             )
-            # ... and nothing that the node did not spool itself (gauges and membership
-            # records made before the interest was seen, or after the last export, are
-            # only local).
-            assert not mine - Counter(local)
-        everything = [r for records in collected.values() for r in records]
-        kinds = Counter((r.kind, r.outcome) for r in everything)
-        assert kinds[("request", "ok")] == 150
-        assert kinds[("serve", "ok")] == 150
-        assert kinds[("request", "remote_error")] == kinds[("serve", "remote_error")] == 1
-        assert kinds[("gauge", "")] > 0
+            exporting = False
+            await asyncio.gather(*loops)
+            for node, exporter in zip(nodes, exporters, strict=True):
+                await exporter.export(node.publish)  # what is left since the last one
+            sent = {e.node: e.messages for e in exporters}
+            await wait_until(
+                lambda: all(collector.messages_from.get(o, 0) >= n for o, n in sent.items()),
+                5,
+                "the collector to receive every message published",
+            )
+        stats = collector.stats()
+        for exporter in exporters:
+            assert (exporter.dropped, exporter.errors) == (0, 0), exporter
+            assert exporter.exported > 0
+        # The exact counters say what the records must add up to (sample_every=1).
+        assert client.recorder is not None
+        assert client.recorder.total("request", "db", "ok") == 150
+    finally:
+        exporting = False
+        for task in loops:
+            task.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
+        await asyncio.gather(*(n.close() for n in [*nodes, collecting]))
 
-        pytest.importorskip("pyarrow")
-        from irismesh.spark_telemetry.decode import decode_to_table
+    assert stats.nodes.keys() == ids
+    assert (stats.corrupt, stats.rejected, stats.missed, stats.dropped) == (0, 0, 0, 0)
+    files = complete_files(out)
+    assert stats.files == len(files) >= 3
+    assert not [p for p in out.iterdir() if p not in files], "temporary files left"
+    collected: dict[str, list[Record]] = {}
+    for path in files:  # named and headed by their origin node, as local files are
+        node_id, _, seq = path.name.removesuffix(".msgpack").rpartition("-")
+        assert node_id in ids
+        assert len(seq) == 8
+        assert decode_spool(path.read_bytes()).node == node_id
+        records, corrupt = read_spool_file(path)
+        assert corrupt == 0
+        assert {r.node for r in records} == {node_id}
+        collected.setdefault(node_id, []).extend(records)
+    assert sum(map(len, collected.values())) == stats.records == sum(stats.nodes.values())
 
-        decoded = [decode_to_table(path.read_bytes()) for path in files]
-        assert sum(d.corrupt for d in decoded) == 0
-        assert sum(d.table.num_rows for d in decoded) == len(everything)
+    calls = ("request", "serve")
+    for name, node in zip(("db1", "db2", "client"), nodes, strict=True):
+        node_id = node.node_id.hex()
+        local = list(SpoolReader(tmp_path / name))
+        mine = Counter(collected[node_id])
+        # Every request and serve record, identical to the local one (ts included) ...
+        assert +Counter({r: n for r, n in mine.items() if r.kind in calls}) == Counter(
+            r for r in local if r.kind in calls
+        )
+        # ... and nothing that the node did not spool itself (gauges and membership
+        # records made before the interest was seen, or after the last export, are
+        # only local).
+        assert not mine - Counter(local)
+    everything = [r for records in collected.values() for r in records]
+    kinds = Counter((r.kind, r.outcome) for r in everything)
+    assert kinds[("request", "ok")] == 150
+    assert kinds[("serve", "ok")] == 150
+    assert kinds[("request", "remote_error")] == kinds[("serve", "remote_error")] == 1
+    assert kinds[("gauge", "")] > 0
 
-    run(main())
+    pytest.importorskip("pyarrow")
+    from irismesh.spark_telemetry.decode import decode_to_table
+
+    decoded = [decode_to_table(path.read_bytes()) for path in files]
+    assert sum(d.corrupt for d in decoded) == 0
+    assert sum(d.table.num_rows for d in decoded) == len(everything)
 
 
-def test_a_slow_collector_makes_exporters_drop_and_count_never_wait(
+@deadline(20)
+async def test_a_slow_collector_makes_exporters_drop_and_count_never_wait(
     keys: irismesh.Keyring,
 ) -> None:
-    async def main() -> None:
-        # The subscriber grants 4 messages of credit and never reads: after 4, the publisher
-        # would have to wait. The exporter must drop and count instead, at once.
-        slow = await irismesh.Node(keyring=keys, config=CoreConfig(pubsub_window=4)).start()
-        node = await irismesh.Node(keyring=keys, seeds=[slow.endpoint]).start()
-        other = await irismesh.Node(keyring=keys, seeds=[slow.endpoint], telemetry=False).start()
-        try:
-            exporter = attach_exporter(node, chunk_bytes=4096, timeout=2.0)
-            stuck = slow.subscribe("_mesh.telemetry.*", policy="block", maxsize=1)
-            app = other.subscribe("app.#")
-            await node.wait_for_subscribers(exporter.topic, timeout=5)
-            await node.wait_for_subscribers("app.x", timeout=5)
-            for i in range(3000):
-                exporter.append(record(i, node.node_id.hex()))
-            total = exporter.buffered  # and the node's own membership records
-            started = time.monotonic()
-            exported = await exporter.export(node.publish)
-            took = time.monotonic() - started
-            # Waiting for credit would take the whole 2 s timeout: well under it means no wait.
-            assert took < 1.5, f"export waited {took:.2f} s for a slow subscriber"
-            assert exporter.messages == 4  # the credit it had
-            assert exported + exporter.dropped == total
-            assert exporter.dropped > 0
-            assert exporter.errors == 0
-            assert node.recorder is not None  # the loss is in the node's own telemetry
-            assert node.recorder.total("drop", "", EXPORT_DROP) == exporter.dropped
-            assert exporter.buffered == 1  # the drop record itself, for the next export
-            # The application's publishes were never held behind the exporter (held, this
-            # would raise SlowConsumer after its timeout).
-            assert await node.publish("app.x", b"still flowing", timeout=1) == 1
-            assert (await app.get(timeout=2)).payload == b"still flowing"
-            # What the exporter did send arrives, and stays unread, holding the credit.
-            await wait_until(lambda: stuck.qsize() >= 1, 5, "the exported messages to arrive")
-        finally:
-            await asyncio.gather(node.close(), slow.close(), other.close())
-
-    run(main())
+    # The subscriber grants 4 messages of credit and never reads: after 4, the publisher
+    # would have to wait. The exporter must drop and count instead, at once.
+    slow = await irismesh.Node(keyring=keys, config=CoreConfig(pubsub_window=4)).start()
+    node = await irismesh.Node(keyring=keys, seeds=[slow.endpoint]).start()
+    other = await irismesh.Node(keyring=keys, seeds=[slow.endpoint], telemetry=False).start()
+    try:
+        exporter = attach_exporter(node, chunk_bytes=4096, timeout=2.0)
+        stuck = slow.subscribe("_mesh.telemetry.*", policy="block", maxsize=1)
+        app = other.subscribe("app.#")
+        await node.wait_for_subscribers(exporter.topic, timeout=5)
+        await node.wait_for_subscribers("app.x", timeout=5)
+        for i in range(3000):
+            exporter.append(record(i, node.node_id.hex()))
+        total = exporter.buffered  # and the node's own membership records
+        started = time.monotonic()
+        exported = await exporter.export(node.publish)
+        took = time.monotonic() - started
+        # Waiting for credit would take the whole 2 s timeout: well under it means no wait.
+        assert took < 1.5, f"export waited {took:.2f} s for a slow subscriber"
+        assert exporter.messages == 4  # the credit it had
+        assert exported + exporter.dropped == total
+        assert exporter.dropped > 0
+        assert exporter.errors == 0
+        assert node.recorder is not None  # the loss is in the node's own telemetry
+        assert node.recorder.total("drop", "", EXPORT_DROP) == exporter.dropped
+        assert exporter.buffered == 1  # the drop record itself, for the next export
+        # The application's publishes were never held behind the exporter (held, this
+        # would raise SlowConsumer after its timeout).
+        assert await node.publish("app.x", b"still flowing", timeout=1) == 1
+        assert (await app.get(timeout=2)).payload == b"still flowing"
+        # What the exporter did send arrives, and stays unread, holding the credit.
+        await wait_until(lambda: stuck.qsize() >= 1, 5, "the exported messages to arrive")
+    finally:
+        await asyncio.gather(node.close(), slow.close(), other.close())
 
 
 def test_a_node_with_telemetry_exports_by_itself_and_sends_the_rest_as_it_leaves(

@@ -9,21 +9,15 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections.abc import Awaitable
 
 import pytest
-from helpers import run_with_deadline, wait_until
+from helpers import deadline, wait_until
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import irismesh
 from irismesh import _env
 from irismesh._stream import Framer, framed, listen, split_endpoint
-
-
-def run(coro: Awaitable[None], timeout: float = 30) -> None:
-    run_with_deadline(coro, timeout)
-
 
 # ---------------------------------------------------------------------- framing
 
@@ -105,24 +99,22 @@ def test_the_transport_is_tcp_unless_told_and_a_wrong_name_is_a_clear_error(
 
 
 @pytest.mark.parametrize("transport", ["tcp", "zmq"])
-def test_each_transport_carries_requests_of_every_size(
+@deadline(30)
+async def test_each_transport_carries_requests_of_every_size(
     keys: irismesh.Keyring, transport: str
 ) -> None:
-    async def main() -> None:
-        async with irismesh.Node("db", keyring=keys, transport=transport) as member:
-            member.on_request(lambda payload: payload[::-1])
-            async with irismesh.Node(
-                keyring=keys, seeds=[member.endpoint], transport=transport
-            ) as client:
-                await client.wait_for_members("db", timeout=5)
-                # Small ones, some in one read; and up to the largest payload, many reads long.
-                sizes = [0, 1, 100, 65_531, 65_536, 300_000, 1 << 20]
-                payloads = [os.urandom(size) for size in sizes]
-                replies = await asyncio.gather(*(client.request("db", p) for p in payloads))
-                assert replies == [p[::-1] for p in payloads]
-                assert client.stats.get("requests_timed_out", 0) == 0
-
-    run(main())
+    async with irismesh.Node("db", keyring=keys, transport=transport) as member:
+        member.on_request(lambda payload: payload[::-1])
+        async with irismesh.Node(
+            keyring=keys, seeds=[member.endpoint], transport=transport
+        ) as client:
+            await client.wait_for_members("db", timeout=5)
+            # Small ones, some in one read; and up to the largest payload, many reads long.
+            sizes = [0, 1, 100, 65_531, 65_536, 300_000, 1 << 20]
+            payloads = [os.urandom(size) for size in sizes]
+            replies = await asyncio.gather(*(client.request("db", p) for p in payloads))
+            assert replies == [p[::-1] for p in payloads]
+            assert client.stats.get("requests_timed_out", 0) == 0
 
 
 # ---------------------------------------------------------------------- failures
@@ -136,127 +128,109 @@ def _closed_port() -> int:
 
 
 @pytest.mark.parametrize("transport", ["tcp", "zmq"])
-def test_a_refused_dial_fails_at_once_not_at_the_handshake_timeout(
+@deadline(30)
+async def test_a_refused_dial_fails_at_once_not_at_the_handshake_timeout(
     keys: irismesh.Keyring, transport: str
 ) -> None:
     """Over zmq too: a DEALER retries a refused connect quietly, and its monitor's
     EVENT_CONNECT_RETRIED fails the link."""
-
-    async def main() -> None:
-        nowhere = f"tcp://127.0.0.1:{_closed_port()}"
-        async with irismesh.Node(keyring=keys, seeds=[nowhere], transport=transport) as node:
-            await wait_until(
-                lambda: node.stats.get("dials_failed_refused", 0) >= 1, 5, "the dial to fail"
-            )
-            assert node.stats.get("dials_failed_handshake_timeout", 0) == 0
-            assert node.stats["dials_unconnected"] >= 1
-
-    run(main())
+    nowhere = f"tcp://127.0.0.1:{_closed_port()}"
+    async with irismesh.Node(keyring=keys, seeds=[nowhere], transport=transport) as node:
+        await wait_until(
+            lambda: node.stats.get("dials_failed_refused", 0) >= 1, 5, "the dial to fail"
+        )
+        assert node.stats.get("dials_failed_handshake_timeout", 0) == 0
+        assert node.stats["dials_unconnected"] >= 1
 
 
-def test_a_node_of_the_other_transport_is_no_peer_and_breaks_nothing(
+@deadline(30)
+async def test_a_node_of_the_other_transport_is_no_peer_and_breaks_nothing(
     keys: irismesh.Keyring,
 ) -> None:
     """A mesh runs one transport. A node dialling one of the other fails its dial (counted, on
     both sides where the transport can tell) and both go on serving their own."""
+    async with (
+        irismesh.Node("db", keyring=keys, transport="zmq") as zmq_member,
+        irismesh.Node("db", keyring=keys, transport="tcp") as tcp_member,
+    ):
+        zmq_member.on_request(lambda payload: b"zmq:" + payload)
+        tcp_member.on_request(lambda payload: b"tcp:" + payload)
 
-    async def main() -> None:
-        async with (
-            irismesh.Node("db", keyring=keys, transport="zmq") as zmq_member,
-            irismesh.Node("db", keyring=keys, transport="tcp") as tcp_member,
-        ):
-            zmq_member.on_request(lambda payload: b"zmq:" + payload)
-            tcp_member.on_request(lambda payload: b"tcp:" + payload)
-            # A tcp node dials the zmq member: ZMTP's greeting is no length it accepts.
+        async def refused(member: irismesh.Node, transport: str, counter: str, by: str) -> None:
+            """A `transport` node dials `member` and sees no member: the dial is refused and
+            counted as `counter` by the side that can tell (`by`: "member" or "stranger")."""
             async with irismesh.Node(
-                keyring=keys, seeds=[zmq_member.endpoint], transport="tcp"
+                keyring=keys, seeds=[member.endpoint], transport=transport
             ) as stranger:
+                teller = member if by == "member" else stranger
                 await wait_until(
-                    lambda: stranger.stats.get("dropped_stream_oversize", 0) >= 1,
-                    5,
-                    "the ZMTP greeting to be refused",
+                    lambda: teller.stats.get(counter, 0) >= 1, 5, "the ZMTP greeting to be refused"
                 )
                 assert stranger.members("db") == []
-            # A zmq node dials the tcp member: a frame is no ZMTP greeting, and the member
-            # drops the connection (its first bytes are a length far beyond any HELLO).
+
+        # A tcp node dials the zmq member: ZMTP's greeting is no length it accepts.
+        await refused(zmq_member, "tcp", "dropped_stream_oversize", by="stranger")
+        # A zmq node dials the tcp member: a frame is no ZMTP greeting, and the member
+        # drops the connection (its first bytes are a length far beyond any HELLO).
+        await refused(tcp_member, "zmq", "dropped_stranger_oversize", by="member")
+        for member, transport in [(zmq_member, "zmq"), (tcp_member, "tcp")]:
             async with irismesh.Node(
-                keyring=keys, seeds=[tcp_member.endpoint], transport="zmq"
-            ) as stranger2:
-                await wait_until(
-                    lambda: tcp_member.stats.get("dropped_stranger_oversize", 0) >= 1,
-                    5,
-                    "the ZMTP greeting to be refused",
-                )
-                assert stranger2.members("db") == []
-            for member, transport in [(zmq_member, "zmq"), (tcp_member, "tcp")]:
-                async with irismesh.Node(
-                    keyring=keys, seeds=[member.endpoint], transport=transport
-                ) as client:
-                    await client.wait_for_members("db", timeout=5)
-                    assert await client.request("db", b"x") == transport.encode() + b":x"
-
-    run(main())
+                keyring=keys, seeds=[member.endpoint], transport=transport
+            ) as client:
+                await client.wait_for_members("db", timeout=5)
+                assert await client.request("db", b"x") == transport.encode() + b":x"
 
 
-def test_a_member_that_goes_fails_its_link_at_once_and_close_waits_for_its_goodbyes(
+@deadline(30)
+async def test_a_member_that_goes_fails_its_link_at_once_and_close_waits_for_its_goodbyes(
     keys: irismesh.Keyring,
 ) -> None:
-    async def main() -> None:
-        async with irismesh.Node("db", keyring=keys, transport="tcp") as steady:
-            steady.on_request(lambda payload: b"steady")
-            leaving = await irismesh.Node(
-                "db", keyring=keys, seeds=[steady.endpoint], transport="tcp"
-            ).start()
-            leaving.on_request(lambda payload: b"leaving")
-            async with irismesh.Node(
-                keyring=keys, seeds=[steady.endpoint], transport="tcp"
-            ) as client:
-                await client.wait_for_members("db", 2, timeout=5)
-                assert {await client.request("db", b"x") for _ in range(20)} == {
-                    b"steady",
-                    b"leaving",
-                }
-                await leaving.close()
-                # Its goodbye went out and was read before close() returned.
-                assert len(client.members("db")) == 1
-                assert {await client.request("db", b"x") for _ in range(10)} == {b"steady"}
-                assert client.stats.get("requests_timed_out", 0) == 0
-
-    run(main())
+    async with irismesh.Node("db", keyring=keys, transport="tcp") as steady:
+        steady.on_request(lambda payload: b"steady")
+        leaving = await irismesh.Node(
+            "db", keyring=keys, seeds=[steady.endpoint], transport="tcp"
+        ).start()
+        leaving.on_request(lambda payload: b"leaving")
+        async with irismesh.Node(keyring=keys, seeds=[steady.endpoint], transport="tcp") as client:
+            await client.wait_for_members("db", 2, timeout=5)
+            assert {await client.request("db", b"x") for _ in range(20)} == {
+                b"steady",
+                b"leaving",
+            }
+            await leaving.close()
+            # Its goodbye went out and was read before close() returned.
+            assert len(client.members("db")) == 1
+            assert {await client.request("db", b"x") for _ in range(10)} == {b"steady"}
+            assert client.stats.get("requests_timed_out", 0) == 0
 
 
-def test_a_link_whose_connection_breaks_is_forgotten_by_the_member_at_once(
+@deadline(30)
+async def test_a_link_whose_connection_breaks_is_forgotten_by_the_member_at_once(
     keys: irismesh.Keyring,
 ) -> None:
     """A connection reset under a live link: the caller's link fails and is dialled again, and
     the member forgets the old inbound link when its connection closes (it does not wait for
     membership to declare a live peer dead), so links do not pile up on a flapping network."""
-
-    async def main() -> None:
-        async with irismesh.Node("db", keyring=keys, transport="tcp") as member:
-            member.on_request(lambda payload: b"ok:" + payload)
-            async with irismesh.Node(
-                keyring=keys, seeds=[member.endpoint], transport="tcp"
-            ) as client:
-                await client.wait_for_members("db", timeout=5)
-                assert await client.request("db", b"1") == b"ok:1"
-                core = member._core
-                assert core is not None
+    async with irismesh.Node("db", keyring=keys, transport="tcp") as member:
+        member.on_request(lambda payload: b"ok:" + payload)
+        async with irismesh.Node(keyring=keys, seeds=[member.endpoint], transport="tcp") as client:
+            await client.wait_for_members("db", timeout=5)
+            assert await client.request("db", b"1") == b"ok:1"
+            core = member._core
+            assert core is not None
+            assert len(core._in) == 1
+            for round_ in range(1, 4):
+                driver = client._driver
+                assert driver is not None
+                [conn] = [c for c in driver._out.values() if c.transport is not None]
+                conn.transport.abort()  # as a reset on the wire
+                await wait_until(
+                    lambda r=round_: member.stats.get("links_in_closed", 0) == r,
+                    5,
+                    "the member to forget the link",
+                )
+                assert await client.request("db", b"again") == b"ok:again"  # dialled anew
                 assert len(core._in) == 1
-                for round_ in range(1, 4):
-                    driver = client._driver
-                    assert driver is not None
-                    [conn] = [c for c in driver._out.values() if c.transport is not None]
-                    conn.transport.abort()  # as a reset on the wire
-                    await wait_until(
-                        lambda r=round_: member.stats.get("links_in_closed", 0) == r,
-                        5,
-                        "the member to forget the link",
-                    )
-                    assert await client.request("db", b"again") == b"ok:again"  # dialled anew
-                    assert len(core._in) == 1
-                assert client.stats["links_down_disconnected"] == 3
-                # Each redial was let in: a live member whose connection reset stays routable.
-                assert client.stats.get("peers_taken_out", 0) == 0
-
-    run(main())
+            assert client.stats["links_down_disconnected"] == 3
+            # Each redial was let in: a live member whose connection reset stays routable.
+            assert client.stats.get("peers_taken_out", 0) == 0
