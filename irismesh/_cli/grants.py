@@ -1,0 +1,177 @@
+"""`mesh authority new`: write an authority key; `mesh grant`: sign a node's grant;
+`mesh revoke`: sign a revocation of a node's key and announce it to the mesh."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import binascii
+import sys
+from pathlib import Path
+
+from irismesh import _env
+from irismesh._cli.base import (
+    USAGE_ERROR,
+    CommandError,
+    MeshArgumentParser,
+    add_command,
+    add_json_option,
+    print_json,
+)
+from irismesh._core.rights import Rights
+from irismesh.security.grants import Authority, parse_duration
+
+
+def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
+    authority = add_command(
+        commands,
+        "authority",
+        summary="an authority: the key pair that signs grants and revocations",
+        description=(
+            "An authority signs grants (what a node may do) and revocations. Nodes trust the\n"
+            "authorities their keyring names ('@authority <public key>' lines) and require\n"
+            "grants when it says '@require-grants'. Keep the key file private: whoever holds\n"
+            "it decides what every node may do."
+        ),
+        examples="  mesh authority new\n  mesh authority new ops.authority --json",
+        run=None,
+    )
+    actions = authority.add_subparsers(dest="action", required=True, metavar="ACTION")
+    new = add_command(
+        actions,
+        "new",
+        summary="write a new authority key file (mode 0600) and print its public key",
+        description=(
+            "Makes a fresh Ed25519 key pair and writes it to PATH, private to its owner, then\n"
+            "prints the keyring line that trusts it."
+        ),
+        examples=(
+            "  mesh authority new                 # ~/.config/irismesh/authority.key\n"
+            "  mesh authority new ops.authority"
+        ),
+        run=run_authority_new,
+    )
+    new.add_argument(
+        "path",
+        type=Path,
+        nargs="?",
+        metavar="PATH",
+        help="file to write (default: $XDG_CONFIG_HOME/irismesh/authority.key)",
+    )
+    new.add_argument("--force", action="store_true", help="replace an existing file")
+    add_json_option(new)
+
+    grant = add_command(
+        commands,
+        "grant",
+        summary="sign a grant of rights to a node's public key",
+        description=(
+            "Prints (or writes with --out) a grant the authority signs: the node whose public\n"
+            "key is PUBKEY (`mesh identity new --json` prints it) may serve and call the\n"
+            "clusters named, publish and subscribe under the topic patterns named (deny wins),\n"
+            "hold the memory, and as a gateway export and import what is named. The node\n"
+            "presents it at every handshake (`mesh node --grant FILE`, IRISMESH_GRANT)."
+        ),
+        examples=(
+            "  mesh grant --serve db --call cache --subscribe 'feeds.#' --expires 30d PUBKEY\n"
+            "  mesh grant --call '*' --publish 'feeds.#' --deny-publish 'feeds.admin.#' \\\n"
+            "      --out client.grant PUBKEY"
+        ),
+        run=run_grant,
+    )
+    grant.add_argument("public", metavar="PUBKEY", help="the node's public key (hex or base64)")
+    for flag, help_text in (
+        ("--serve", "a cluster the node may serve ('*': every one)"),
+        ("--call", "a cluster the node may call ('*': every one)"),
+        ("--publish", "a topic pattern the node may publish under"),
+        ("--deny-publish", "a topic pattern the node may not publish under (wins)"),
+        ("--subscribe", "a topic pattern the node may subscribe to"),
+        ("--deny-subscribe", "a topic pattern the node may not subscribe to (wins)"),
+        ("--export", "what the node may export as a gateway (a cluster or topic pattern)"),
+        ("--import", "what the node may import as a gateway (a cluster or topic pattern)"),
+    ):
+        grant.add_argument(flag, action="append", default=[], metavar="NAME", help=help_text)
+    grant.add_argument("--memory", action="store_true", help="the node may hold the memory")
+    grant.add_argument(
+        "--expires", default="30d", metavar="DURATION", help="valid for (90s, 12h, 30d; 30d)"
+    )
+    grant.add_argument(
+        "--authority",
+        type=Path,
+        metavar="FILE",
+        help="the authority key (default: $XDG_CONFIG_HOME/irismesh/authority.key)",
+    )
+    grant.add_argument("--out", type=Path, metavar="FILE", help="write a grant file here")
+    add_json_option(grant)
+
+
+def public_key(text: str) -> bytes:
+    """A 32-byte public key from hex or base64; CommandError otherwise."""
+    text = text.strip()
+    try:
+        key = bytes.fromhex(text) if len(text) == 64 else base64.b64decode(text, validate=True)
+    except (ValueError, binascii.Error):
+        key = b""
+    if len(key) != 32:
+        raise CommandError(
+            f"{text[:70]!r} is not a public key: 64 hex digits or 44 base64 characters",
+            USAGE_ERROR,
+        )
+    return key
+
+
+def load_authority(path: Path | None) -> Authority:
+    return Authority.load(_env.default_authority_file() if path is None else path)
+
+
+def run_authority_new(args: argparse.Namespace) -> int:
+    path: Path | None = args.path
+    if path is None:
+        path = _env.default_authority_file()
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.exists() and not args.force:
+        raise CommandError(f"{path} already exists: pass --force to replace it", USAGE_ERROR)
+    authority = Authority.generate()
+    authority.save(path, overwrite=args.force)
+    public = base64.b64encode(authority.public).decode()
+    if args.json:
+        print_json({"path": str(path), "public": public})
+    else:
+        print(f"wrote {path}: trust it with this keyring line\n@authority {public}")
+    return 0
+
+
+def run_grant(args: argparse.Namespace) -> int:
+    node = public_key(args.public)
+    authority = load_authority(args.authority)
+    rights = Rights(
+        serve=tuple(args.serve),
+        call=tuple(args.call),
+        publish=tuple(args.publish),
+        publish_deny=tuple(args.deny_publish),
+        subscribe=tuple(args.subscribe),
+        subscribe_deny=tuple(args.deny_subscribe),
+        memory=args.memory,
+        gateway_export=tuple(args.export),
+        gateway_import=tuple(getattr(args, "import")),
+    )
+    grant = authority.grant(node, rights, expires_in=parse_duration(args.expires))
+    token = base64.b64encode(grant.token).decode()
+    if args.out is not None:
+        grant.save(args.out)
+    if args.json:
+        shown: dict[str, object] = {
+            "token": token,
+            "node": node.hex(),
+            "issued": grant.issued,
+            "expires": grant.expires,
+            "rights": rights.summary(),
+        }
+        if args.out is not None:
+            shown["path"] = str(args.out)
+        print_json(shown)
+    elif args.out is not None:
+        print(f"wrote {args.out}: {len(grant.token)}-byte grant for {node.hex()}", file=sys.stderr)
+    else:
+        print(token)
+    return 0
