@@ -80,12 +80,14 @@ from irismesh._core.outliers import OutlierEjection
 from irismesh._core.pending import PendingRequest, PendingRequests
 from irismesh._core.priority import label
 from irismesh._core.replycache import ReplyCache
+from irismesh._core.rights import ALL_RIGHTS, Rights
 from irismesh._core.sealing import LinkSecurity
 from irismesh._core.split import Route
 from irismesh._core.throttle import Throttle
 from irismesh._core.throttle import key as throttle_key
 from irismesh.errors import (
     Closed,
+    Forbidden,
     MemberLost,
     MeshError,
     NoKey,
@@ -144,6 +146,9 @@ class Calls(LinkObserver):
         # Cluster -> UP links serving it: a cache the engine clears whenever a link comes up or
         # goes down.
         self.linked: dict[str, list[OutLink]] = {}
+        # This node's own rights (`rights`): a cluster it may not call never gets a list in
+        # `linked`, so the check costs nothing per request. The engine sets them.
+        self.rights: Rights = ALL_RIGHTS
         self._max_payload = config.max_payload
         self._max_pending = config.max_pending
         self._next_req = 1
@@ -175,6 +180,9 @@ class Calls(LinkObserver):
         is not linked to yet); raises NoKey without a key for it."""
         members = self.linked.get(cluster)
         if members is None:
+            if not self.rights.may_call(cluster):  # once per cluster: the list is kept
+                self._stats["calls_forbidden"] += 1
+                raise Forbidden(cluster, "call", "this node's grant does not allow it")
             if self._security.has_key(cluster):
                 self._want(cluster, self._clock())
             slot = self._cluster_slot
@@ -615,6 +623,9 @@ class Calls(LinkObserver):
         if slot == 0 or slot >= len(link.scopes) or link.scopes[slot] is None:
             raise ProtocolError("bad_scope", str(slot))
         req_id, timeout_ms, acks, payload, priority = decode_request(body, start, end)
+        if link.refused and slot in link.refused:  # the caller's grant lacks `call` for it
+            self._refuse(link, slot, req_id, now + timeout_ms / 1000)
+            return
         if acks:
             self.forget_replies(link, acks)
         if len(payload) > self._max_payload:
@@ -649,6 +660,20 @@ class Calls(LinkObserver):
         if trace:
             arrived.trace = trace
         self._outbox.events.append(arrived)
+
+    def _refuse(self, link: InLink, slot: int, req_id: int, deadline: float) -> None:
+        """Answer a request from a caller without the right to call its cluster: Forbidden,
+        at once (the caller raises it), and counted."""
+        cluster = link.scopes[slot] or ""
+        self._stats["refused_forbidden"] += 1
+        key = (link.peer_id, req_id)
+        if self.replies.get(key) is None:
+            self.replies.start(key, deadline + 1.0, link.routing_id, slot)
+        self._answer(
+            (link.peer_id, req_id, link.routing_id, slot),
+            STATUS_ERROR,
+            pack_error("Forbidden", f"call {cluster}"),
+        )
 
     def turn_away(self, token: Token, reason: str) -> None:
         """Answer request `token` with STATUS_OVERLOADED: not run, and it will not be (the
