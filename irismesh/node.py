@@ -65,6 +65,7 @@ from irismesh.discovery.survey import SurveyConfig, SurveyDiscovery, survey_conf
 from irismesh.errors import (
     Closed,
     ConfigurationError,
+    Forbidden,
     MembershipTimeout,
     MeshError,
     NoResponders,
@@ -152,6 +153,8 @@ class PeerInfo:
     # The clusters whose rotation this node keeps it out of for now (outlier ejection: its
     # requests go to the other members), sorted; () while it is in every rotation.
     ejected: tuple[str, ...] = ()
+    # Its identity: the Ed25519 public key its node id derives from, in hex ("" if unknown).
+    public: str = ""
 
 
 _STATES = {
@@ -1183,8 +1186,12 @@ class Node(MemoryApi, DataApi, KeyringApi, GrantsApi, SplitApi):
         return await self._pubsub.wait_for_subscribers(topic, count, timeout)
 
     async def wait_for_members(self, cluster: str, count: int = 1, *, timeout: float = 10.0) -> int:
-        """Wait until `cluster` has at least `count` live members; returns how many it has."""
+        """Wait until `cluster` has at least `count` live members; returns how many it has.
+        Forbidden at once if this node's grant lets it neither call nor serve the cluster."""
         core, driver = self._caller.running()
+        rights = core.calls.rights
+        if not (rights.may_call(cluster) or rights.may_serve(cluster)):
+            raise Forbidden(cluster, "call", "this node's grant does not allow it")
         changed = self._membership_changed
         assert changed is not None
         deadline = driver.loop.time() + timeout
@@ -1265,6 +1272,7 @@ class Node(MemoryApi, DataApi, KeyringApi, GrantsApi, SplitApi):
                     state=state,
                     name=member.record.name,
                     ejected=ejected,
+                    public=member.record.public.hex(),
                 )
             else:
                 info = PeerInfo(
@@ -1278,6 +1286,7 @@ class Node(MemoryApi, DataApi, KeyringApi, GrantsApi, SplitApi):
                     linked=True,
                     name=member.record.name,
                     ejected=ejected,
+                    public=member.record.public.hex(),
                 )
             live.append(info)
         return gone + live

@@ -21,19 +21,23 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from irismesh import _env
-from irismesh._core.rights import UNCHECKED, UNGRANTED
-from irismesh.errors import ConfigurationError
+from irismesh._core.rights import MEMORY_CLUSTER, REVOCATIONS, UNCHECKED, UNGRANTED
+from irismesh.errors import ConfigurationError, MeshError
 from irismesh.security.grants import Grant, GrantFile, NodeGrants, Revocation
 from irismesh.security.identity import Identity
 from irismesh.security.keyring import Keyring
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from irismesh._core.engine import MeshCore
     from irismesh._driver import Driver
+    from irismesh.memory.store import Stored
 
 _log = logging.getLogger("irismesh.grants")
 
 GRANT_POLL = 0.25  # seconds: expiries apply within this, a changed grant file within twice it
+REVOCATION_WAIT = 5.0  # seconds a starting node looks for the memory's revocations
 
 GrantSource = Grant | str | os.PathLike[str] | None
 
@@ -66,6 +70,11 @@ class GrantsApi:
     _grant_file: GrantFile | None
     _grant_task: asyncio.Task[None] | None
 
+    if TYPE_CHECKING:  # the node's own
+        known_members: Callable[[str], int]
+        reread: Callable[..., Awaitable[list[Stored]]]
+        publish: Callable[..., Awaitable[int]]
+
     def _init_grants(self, grant: GrantSource) -> None:
         """Called by the node's constructor: load its grant (ConfigurationError if unusable)."""
         path = _grant_path(grant, self.identity)
@@ -97,7 +106,11 @@ class GrantsApi:
                 await task
 
     async def _watch_grants(self) -> None:
-        while True:
+        me = self._grant_task
+        # A node that starts late takes the revocations the memory keeps (gossip spread
+        # them before it was there), once it knows a memory member (if one shows up soon).
+        reread_until = asyncio.get_running_loop().time() + REVOCATION_WAIT
+        while self._grant_task is me:  # also ends the watch should a cancellation get lost
             await asyncio.sleep(GRANT_POLL)
             try:
                 watched = self._grant_file
@@ -106,8 +119,30 @@ class GrantsApi:
                     if grant is not None:
                         self._take_grant(grant, watched.path)
                 self._recheck_grants()
+                if reread_until and self.grants.required:
+                    if self.known_members(MEMORY_CLUSTER):
+                        reread_until = 0.0
+                        await self._reread_revocations()
+                    elif asyncio.get_running_loop().time() > reread_until:
+                        reread_until = 0.0
             except Exception:  # a bug must not end the watch: expiries must still apply
                 _log.exception("grants not rechecked")
+
+    async def _reread_revocations(self) -> None:
+        try:
+            kept = await self.reread(REVOCATIONS + ".#", latest=1, timeout=REVOCATION_WAIT)
+        except MeshError as exc:  # no key for its topics, the memory went: gossip alone
+            _log.debug("no revocations reread from the memory: %s", exc)
+            return
+        for message in kept:
+            self.revoke(message.payload)
+
+    async def keep_revocation(self, revocation: Revocation | bytes, timeout: float = 5.0) -> None:
+        """Have the mesh's memory keep a revocation for nodes that start later (retained
+        under the revoked key); NoResponders without a memory member."""
+        token = revocation.token if isinstance(revocation, Revocation) else revocation
+        node = Revocation.decode(token).node
+        await self.publish(f"{REVOCATIONS}.{node.hex()}", token, retain=True, timeout=timeout)
 
     def _take_grant(self, grant: Grant, source: str) -> None:
         if grant.node != self.identity.public:
@@ -149,6 +184,21 @@ class GrantsApi:
     def grant_figures(self) -> dict[str, int]:
         """The policy's counters (grants refused, revocations applied, ...)."""
         return dict(self.grants.stats)
+
+    async def gather_grants(self, timeout: float) -> list[dict[str, Any]]:
+        """Link to every live node (as far as `timeout` allows) and return `peer_grants()`:
+        what each presented at its handshake, as this node verified it."""
+        core, driver = self._core, self._driver
+        if core is None or driver is None:
+            return []
+        loop = driver.loop
+        deadline = loop.time() + timeout
+        while True:
+            live = core.link_members(loop.time())
+            driver.process()
+            if len(core.linked_peers()) >= live or loop.time() >= deadline:
+                return self.peer_grants()
+            await asyncio.sleep(0.05)
 
     def peer_grants(self) -> list[dict[str, Any]]:
         """What this node knows of its linked peers' grants: for each peer linked either way,

@@ -59,7 +59,8 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
         description=(
             "Joins the mesh as a client, gathers peers until the mesh seen from here stops\n"
             "changing (at most --wait seconds) and prints them: node id, name (`mesh node\n"
-            "--name`; '-' for a node without one), endpoint, state\n"
+            "--name`; '-' for a node without one), identity (the start of the public key\n"
+            "its id derives from: `mesh grant` names it), endpoint, state\n"
             "(alive; suspect when it fell silent and other peers are asked about it; dead or\n"
             "left for peers seen to go while gathering; 'ejected from C' while this node keeps\n"
             "it out of cluster C's rotation after failures or lagging far behind),\n"
@@ -165,6 +166,7 @@ def peer_json(p: irismesh.PeerInfo, clusters: Sequence[str]) -> dict[str, object
     return {
         "node_id": p.node_id,
         "name": p.name,
+        "public": p.public,
         "endpoint": p.endpoint,
         "state": p.state,
         "rtt_ms": round(p.rtt_ms, 3),
@@ -199,6 +201,7 @@ def peers_table(peers: Sequence[irismesh.PeerInfo], served: dict[str, list[str]]
     table = Table(title=f"peers ({len(peers)})", title_justify="left")
     table.add_column("node")
     table.add_column("name", no_wrap=True)
+    table.add_column("identity", no_wrap=True)
     table.add_column("endpoint", no_wrap=True)
     table.add_column("state")
     table.add_column("rtt ms", justify="right")
@@ -209,6 +212,7 @@ def peers_table(peers: Sequence[irismesh.PeerInfo], served: dict[str, list[str]]
         table.add_row(
             short_id(p.node_id),
             escape(p.name) or "-",
+            short_id(p.public) if p.public else "-",
             p.endpoint,
             _STATE_STYLE.get(p.state, p.state)
             + (f" [magenta]ejected from {escape(', '.join(p.ejected))}[/]" if p.ejected else ""),

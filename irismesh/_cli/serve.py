@@ -16,7 +16,6 @@ import shutil
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import irismesh
@@ -126,13 +125,6 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
         type=version_name,
         metavar="V",
         help="the version this member serves as, which `mesh split` weighs (default: none)",
-    )
-    parser.add_argument(
-        "--identity",
-        type=Path,
-        metavar="FILE",
-        help="the node's identity (`mesh identity new`): its id derives from it "
-        "(default: $IRISMESH_IDENTITY, else a fresh one)",
     )
     add_joining_options(parser, wait=None, wait_help="")
     add_metrics_option(parser)

@@ -180,20 +180,21 @@ class Calls(LinkObserver):
         is not linked to yet); raises NoKey without a key for it."""
         members = self.linked.get(cluster)
         if members is None:
-            if not self.rights.may_call(cluster):  # once per cluster: the list is kept
-                self._stats["calls_forbidden"] += 1
-                raise Forbidden(cluster, "call", "this node's grant does not allow it")
             if self._security.has_key(cluster):
                 self._want(cluster, self._clock())
             slot = self._cluster_slot
             members = [link for link in self._peers.values() if slot(link, cluster)]
-            self.linked[cluster] = members
+            # A cluster this node may not call keeps no list: its calls take the slow path
+            # (`members_for`), which refuses them; the others cost no check per request.
+            if self.rights.may_call(cluster):
+                self.linked[cluster] = members
         return members
 
     def members_for(self, cluster: str, size: int, adding: int, now: float) -> list[OutLink]:
         """The linked members a call into `cluster` may go to, or the reason it may not:
         Closed, PayloadTooLarge (`size` bytes), Overloaded (`adding` more requests in flight
-        would pass max_pending), NoKey, NoResponders; checked in that order. Empty when
+        would pass max_pending), Forbidden (this node's grant does not let it call the
+        cluster), NoKey, NoResponders; checked in that order. Empty when
         membership knows members but no link to one is up yet (they are being dialled)."""
         if self.closed:
             raise Closed("node is closed")
@@ -202,6 +203,9 @@ class Calls(LinkObserver):
         pending = len(self.pending.by_id)
         if pending + adding > self._max_pending:
             raise Overloaded(pending, self._max_pending)
+        if not self.rights.may_call(cluster):
+            self._stats["calls_forbidden"] += 1
+            raise Forbidden(cluster, "call", "this node's grant does not allow it")
         members = self.linked.get(cluster)
         if members is None:
             members = self.members(cluster)

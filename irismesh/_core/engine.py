@@ -803,6 +803,21 @@ class MeshCore(CoreApi):
         self.recheck_grants(now)
         return True
 
+    def link_members(self, now: float) -> int:
+        """Dial every live member not linked yet (to learn each one's grant: `mesh grants`);
+        how many live members there are."""
+        live = 0
+        for member in self.membership.members():
+            if member.state <= MemberState.SUSPECT:
+                live += 1
+                if member.record.node_id not in self._peers:
+                    self._demand.dial_member(member.record, now)
+        return live
+
+    def linked_peers(self) -> list[bytes]:
+        """The ids of the peers this node dialled and linked to."""
+        return list(self._peers)
+
     def linked_grants(self) -> list[tuple[bytes, bytes, PeerGrant]]:
         """(peer id, public key, verified grant) of each peer linked, either way."""
         found = {

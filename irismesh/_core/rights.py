@@ -29,6 +29,13 @@ from typing import Final, Protocol
 # calling it (retaining, rereading, enqueueing) takes any right at all, and what is retained
 # or reread is a topic the publish and subscribe rights decide.
 MEMORY_CLUSTER: Final = "_memory"
+# Where the memory keeps revocations for nodes that start later: any node may publish and
+# reread there (each revocation is an authority's signed token, checked by every reader).
+REVOCATIONS: Final = "_grants.revoked"
+_REVOCATION_TOPICS: Final = REVOCATIONS + ".#"
+# The replicated data's topics (`irismesh.data`): a node holding the memory keeps the data too,
+# so the `memory` right covers them; other nodes need topic rights for the keys they use.
+_DATA_TOPICS: Final = "_data.#"
 
 
 def _segments(pattern: str) -> list[str]:
@@ -129,9 +136,19 @@ class Rights:
         return cluster in self.call or "*" in self.call
 
     def may_publish(self, topic: str) -> bool:
+        if topic.startswith("_"):
+            if pattern_covers(_REVOCATION_TOPICS, topic):
+                return True
+            if self.memory and pattern_covers(_DATA_TOPICS, topic):
+                return True
         return topic_allowed(topic, self.publish, self.publish_deny)
 
     def may_subscribe(self, pattern: str) -> bool:
+        if pattern.startswith("_"):
+            if pattern_covers(_REVOCATION_TOPICS, pattern):
+                return True
+            if self.memory and pattern_covers(_DATA_TOPICS, pattern):
+                return True
         return subscription_allowed(pattern, self.subscribe, self.subscribe_deny)
 
     def summary(self) -> dict[str, object]:
@@ -210,6 +227,7 @@ __all__ = [
     "ALL_RIGHTS",
     "MEMORY_CLUSTER",
     "NO_RIGHTS",
+    "REVOCATIONS",
     "UNCHECKED",
     "UNGRANTED",
     "GrantPolicy",

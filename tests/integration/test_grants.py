@@ -247,3 +247,22 @@ def test_a_revoked_caller_is_refused_and_others_go_on() -> None:
                 assert await other.request("db", b"y", timeout=5) == b"y"
 
     asyncio.run(main())
+
+
+def test_the_memory_keeps_revocations_for_nodes_that_start_later(tmp_path: Path) -> None:
+    async def main() -> None:
+        keys = keyring()
+        victim = Identity.generate()
+        revocation = AUTHORITY.revoke(victim.public)
+        async with node(keys, Rights(memory=True), memory=tmp_path / "memory") as store:
+            async with node(keys, Rights(call=("db",)), seeds=[store.endpoint]) as announcer:
+                await announcer.wait_for_members("_memory", timeout=5)
+                assert announcer.revoke(revocation)
+                await announcer.keep_revocation(revocation)
+            async with node(keys, Rights(call=("db",)), seeds=[store.endpoint]) as late:
+                await wait_until(
+                    lambda: victim.public in late.grants.revocations, 5, "the late node to learn it"
+                )
+                assert late.stats["revocations_applied"] == 1
+
+    asyncio.run(main())
