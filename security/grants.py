@@ -45,7 +45,8 @@ right a verifier cannot read must not be skipped)::
     "gwx", "gwi"           [str]  what a gateway may export and import (clusters, patterns)
 
 A revocation's body is a msgpack array ``[node public key (32), before (int seconds)]``. A
-token is at most `MAX_TOKEN` bytes. A grant travels in files as text::
+token is at most `MAX_TOKEN` bytes (1 KiB: a grant names a few dozen clusters and patterns).
+A grant travels in files as text::
 
     # irismesh grant v1
     <base64 of the token>
@@ -90,7 +91,8 @@ __all__ = [
     "parse_duration",
 ]
 
-MAX_TOKEN = 4096
+# A handshake's fields and a membership notice carry at most 1 KiB of bytes each.
+MAX_TOKEN = 1024
 _VERSION = 1
 _GRANT_MAGIC = b"IG"
 _REVOCATION_MAGIC = b"IR"
@@ -132,7 +134,7 @@ def _signed(domain: bytes, magic: bytes, authority: bytes, body: bytes) -> bytes
 def _split(token: bytes, magic: bytes) -> tuple[bytes, bytes, bytes]:
     """(authority, signature, body) of a token of kind `magic`; GrantError if malformed."""
     if type(token) is not bytes or not _PREFIX < len(token) <= MAX_TOKEN:
-        raise GrantError("a token is 100 to 4096 bytes")
+        raise GrantError(f"a token is {_PREFIX + 1} to {MAX_TOKEN} bytes")
     if token[:2] != magic:
         raise GrantError("not a grant" if magic == _GRANT_MAGIC else "not a revocation")
     if token[2] != _VERSION:

@@ -266,3 +266,28 @@ def test_the_memory_keeps_revocations_for_nodes_that_start_later(tmp_path: Path)
                 assert late.stats["revocations_applied"] == 1
 
     asyncio.run(main())
+
+
+def test_a_grant_of_the_largest_size_travels_in_a_handshake() -> None:
+    names = (*(f"cluster-{i:03d}" for i in range(70)), "db")
+    identity = Identity.generate()
+    grant = AUTHORITY.grant(identity.public, Rights(call=names))
+    assert 1000 < len(grant.token) <= 1024
+    with pytest.raises(irismesh.ConfigurationError):
+        AUTHORITY.grant(identity.public, Rights(call=(*names, *names)))
+
+    async def main() -> None:
+        keys = keyring()
+        async with node(keys, Rights(serve=("db",)), "db") as member:
+            member.on_request(lambda payload: payload)
+            async with irismesh.Node(
+                keyring=keys,
+                identity=identity,
+                grant=grant,
+                seeds=[member.endpoint],
+                discovery=False,
+            ) as caller:
+                await caller.wait_for_members("db", timeout=5)
+                assert await caller.request("db", b"x", timeout=5) == b"x"
+
+    asyncio.run(main())
