@@ -1053,6 +1053,9 @@ class Node(MemoryApi, DataApi, KeyringApi, GrantsApi, SplitApi):
                 payload = as_bytes(payload)
             msg_id = b""
             if retain:
+                core = self._core
+                if core is not None and not core.pubsub.rights.may_publish(topic):
+                    raise Forbidden(topic, "publish", "this node's grant does not allow it")
                 msg_id = await self.memory.retain(topic, payload, timeout)
             pubsub = self._pubsub
             if self.tracing is not None:

@@ -301,7 +301,7 @@ async def run_grants(args: argparse.Namespace) -> int:
     if args.json:
         print_json(found)
         return 0
-    table = irismesh_table(len(found))
+    table = grants_table(len(found))
     for entry in sorted(found, key=lambda e: (e["name"], e["node_id"])):
         expires = entry["expires"]
         table.add_row(
@@ -315,7 +315,7 @@ async def run_grants(args: argparse.Namespace) -> int:
     return 0
 
 
-def irismesh_table(count: int) -> Table:
+def grants_table(count: int) -> Table:
     table = Table(title=f"grants ({count} nodes)", title_justify="left")
     for column in ("node", "name", "identity", "rights", "expires (UTC)"):
         table.add_column(column, no_wrap=column != "rights")

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from irismesh._core.frames import Kind
-from irismesh.errors import MembershipTimeout, MeshError
+from irismesh.errors import Forbidden, MembershipTimeout, MeshError
 from irismesh.memory.service import MEMORY_CLUSTER, NodeMemory
 from irismesh.memory.store import Stored as Remembered
 from irismesh.patterns.pubsub import Message, PubSub, Subscription
@@ -61,6 +61,9 @@ class MemoryApi:
         this node's clock takes in the ids reread here. NoResponders when no memory member is
         running."""
         try:
+            core = self._core
+            if core is not None and not core.pubsub.rights.may_subscribe(pattern):
+                raise Forbidden(pattern, "subscribe", "this node's grant does not allow it")
             return await self.memory.reread(pattern, latest, timeout)
         except MeshError:
             await self._caller.turns.maybe_pause()  # refused at once: still fair
@@ -98,6 +101,11 @@ class MemoryApi:
             if type(payload) is not bytes:
                 payload = as_bytes(payload)
             self.keyring.require(cluster)  # the job is sealed under the cluster's key
+            core = self._core
+            if core is not None and not core.calls.rights.may_call(cluster):
+                # A job is a call into its cluster: the grant must allow it (the memory
+                # member that hands it out must be allowed to call the cluster too).
+                raise Forbidden(cluster, "call", "this node's grant does not allow it")
             # The job's run continues the trace it was queued in.
             trace = self.tracing.current() if self.tracing is not None else incoming_trace()
             return await self.memory.enqueue(cluster, payload, expiry, timeout, trace)

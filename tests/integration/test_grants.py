@@ -125,6 +125,13 @@ def test_subscribing_and_publishing_need_their_rights() -> None:
                 assert caught.value.right == "subscribe"
                 with pytest.raises(Forbidden):
                     await outsider.publish("feeds.x", b"no")
+                # The memory's paths follow the same rights, checked before anything is sent.
+                with pytest.raises(Forbidden):
+                    await outsider.publish("feeds.x", b"no", retain=True)
+                with pytest.raises(Forbidden):
+                    await outsider.reread("feeds.#")
+                with pytest.raises(Forbidden):
+                    await outsider.enqueue("payroll", b"job")
             async with (
                 subscriber.subscribe("feeds.#") as sub,
                 node(keys, reader, seeds=[subscriber.endpoint]) as publisher,
