@@ -8,6 +8,7 @@ API for code that does not run asyncio. docs/getting-started.md is a tour.
 from irismesh._core.config import CoreConfig
 from irismesh._core.outliers import OutlierConfig
 from irismesh._core.priority import MAX_PRIORITY, MIN_PRIORITY, Priority
+from irismesh._core.rights import Rights
 from irismesh._loop import loop_factory, new_event_loop, run
 from irismesh.discovery.mdns import MdnsConfig
 from irismesh.discovery.survey import SurveyConfig
@@ -42,6 +43,7 @@ from irismesh.patterns.pubsub import Message, Subscription
 from irismesh.patterns.reqrep import deadline, time_left
 from irismesh.patterns.split import SplitView
 from irismesh.patterns.tunnel import Tunnel
+from irismesh.security.grants import Authority, Grant, Revocation
 from irismesh.security.identity import Identity
 from irismesh.security.keyring import Keyring, ScopeKey
 
@@ -50,6 +52,7 @@ __version__ = "0.1.0"
 __all__ = [
     "MAX_PRIORITY",
     "MIN_PRIORITY",
+    "Authority",
     "Closed",
     "ConfigurationError",
     "CoreConfig",
@@ -57,6 +60,7 @@ __all__ = [
     "EndOfStream",
     "Forbidden",
     "Gateway",
+    "Grant",
     "Identity",
     "InterestTimeout",
     "Keyring",
@@ -80,6 +84,8 @@ __all__ = [
     "RequestError",
     "RequestTimeout",
     "Retention",
+    "Revocation",
+    "Rights",
     "ScopeKey",
     "SlowConsumer",
     "SplitView",

@@ -197,11 +197,16 @@ _STATE_STYLE = {
 }
 
 
-def peers_table(peers: Sequence[irismesh.PeerInfo], served: dict[str, list[str]]) -> Table:
+def peers_table(
+    peers: Sequence[irismesh.PeerInfo], served: dict[str, list[str]], *, identity: bool = False
+) -> Table:
+    """The peers, one a row; with `identity`, a column for the start of each one's public key
+    (`mesh peers`; `mesh top` keeps its width for the figures)."""
     table = Table(title=f"peers ({len(peers)})", title_justify="left")
     table.add_column("node")
     table.add_column("name", no_wrap=True)
-    table.add_column("identity", no_wrap=True)
+    if identity:
+        table.add_column("identity", no_wrap=True)
     table.add_column("endpoint", no_wrap=True)
     table.add_column("state")
     table.add_column("rtt ms", justify="right")
@@ -209,10 +214,11 @@ def peers_table(peers: Sequence[irismesh.PeerInfo], served: dict[str, list[str]]
     table.add_column("outstanding", justify="right")
     table.add_column("clusters")
     for p in sorted(peers, key=lambda p: p.endpoint):
+        shown = [short_id(p.public) if p.public else "-"] if identity else []
         table.add_row(
             short_id(p.node_id),
             escape(p.name) or "-",
-            short_id(p.public) if p.public else "-",
+            *shown,
             p.endpoint,
             _STATE_STYLE.get(p.state, p.state)
             + (f" [magenta]ejected from {escape(', '.join(p.ejected))}[/]" if p.ejected else ""),
@@ -269,7 +275,7 @@ async def run_peers(args: argparse.Namespace) -> int:
     if args.json:
         print_json([peer_json(p, served.get(p.node_id, [])) for p in peers])
     else:
-        stdout_console().print(peers_table(peers, served))
+        stdout_console().print(peers_table(peers, served, identity=True))
     return 0
 
 
