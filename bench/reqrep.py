@@ -28,7 +28,16 @@ from typing import Any
 import _harness as harness
 import zmq
 
-SYSTEMS = ("raw", "raw-asyncio", "nats", "mesh", "mesh-null", "mesh-notel", "mesh-zmq")
+SYSTEMS = (
+    "raw",
+    "raw-asyncio",
+    "nats",
+    "mesh",
+    "mesh-null",
+    "mesh-notel",
+    "mesh-zmq",
+    "mesh-grants",
+)
 DEFAULT_SYSTEMS = ("raw", "raw-asyncio", "nats", "mesh")
 LABELS = {
     "raw": "raw pyzmq",
@@ -38,6 +47,7 @@ LABELS = {
     "mesh-null": "irismesh, null sealer",
     "mesh-notel": "irismesh, telemetry off",
     "mesh-zmq": "irismesh, zmq links",
+    "mesh-grants": "irismesh, grants required",
 }
 # irismesh variants run as "mesh" children with these Node options added: what sealing and
 # telemetry cost, and what the default transport gains over zmq's, is the default system
@@ -47,6 +57,7 @@ MESH_VARIANTS = {
     "mesh-null": ["sealing=false"],
     "mesh-notel": ["telemetry=false"],
     "mesh-zmq": ["transport=zmq"],
+    "mesh-grants": ["grants=true"],
 }
 ALIASES = {"irismesh": "mesh", "pyzmq": "raw", "asyncio": "raw-asyncio"}
 SIZES = (100, 1024)
@@ -193,10 +204,32 @@ async def serve_nats(url: str) -> None:
     await nc.close()
 
 
+def granted(keys: Any, opts: dict[str, Any], **rights: Any) -> Any:
+    """With the option grants=true: the keyring requiring grants, and this node's identity
+    and grant (of `rights`) in `opts`. The authority derives from the keyring's '*' key, so
+    that the server and the client, two processes, trust the same one (benchmarks only)."""
+    if not opts.pop("grants", False):
+        return keys
+    import hashlib
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from irismesh._core.rights import Rights
+    from irismesh.security.grants import Authority
+    from irismesh.security.identity import Identity
+
+    seed = hashlib.sha256(b"bench authority" + keys.primary("*").secret).digest()
+    authority = Authority(Ed25519PrivateKey.from_private_bytes(seed))
+    identity = Identity.generate()
+    opts["identity"] = identity
+    opts["grant"] = authority.grant(identity.public, Rights(**rights), expires_in=3600)
+    return keys.with_trust([authority.public], require_grants=True)
+
+
 async def serve_mesh(keyring_path: str, opts: dict[str, Any]) -> None:
     import irismesh
 
-    keys = irismesh.Keyring.load(keyring_path)
+    keys = granted(irismesh.Keyring.load(keyring_path), opts, serve=(SUBJECT,))
     async with irismesh.Node(
         cluster=SUBJECT, keyring=keys, bind="tcp://127.0.0.1:0", survey=False, **opts
     ) as node:
@@ -372,7 +405,7 @@ async def mesh_requester(
 ) -> AsyncIterator[Request]:
     import irismesh
 
-    keys = irismesh.Keyring.load(keyring_path)
+    keys = granted(irismesh.Keyring.load(keyring_path), opts, call=(SUBJECT,))
     async with irismesh.Node(keyring=keys, seeds=[endpoint], survey=False, **opts) as client:
         await client.wait_for_members(SUBJECT, count=1, timeout=10)
         if split:  # every request then draws a version first (one group: its cheapest path)
@@ -728,7 +761,9 @@ def print_tables(run: ReqrepRun) -> None:
             table.add_row(*(Text(cell) for cell in row))  # Text: "[p99]" is not markup
         table.add_section()
     out.print(table)
-    variants = [v for v in ("mesh-null", "mesh-notel", "mesh-zmq") if v in run.systems]
+    variants = [
+        v for v in ("mesh-null", "mesh-notel", "mesh-zmq", "mesh-grants") if v in run.systems
+    ]
     harness.print_costs(
         out,
         "what sealing and telemetry cost, and the transport gains: irismesh / its variant, "
@@ -799,8 +834,8 @@ def build_parser() -> argparse.ArgumentParser:
     harness.add_only(
         parser,
         DEFAULT_SYSTEMS,
-        "also mesh-null: sealing off, mesh-notel: telemetry off, mesh-zmq: links on zmq; "
-        "irismesh = mesh",
+        "also mesh-null: sealing off, mesh-notel: telemetry off, mesh-zmq: links on zmq, "
+        "mesh-grants: the keyring requires grants and each node holds one; irismesh = mesh",
     )
     parser.add_argument(
         "--mesh-opt",

@@ -16,6 +16,7 @@ from irismesh import _lazy
 from irismesh._core.config import CoreConfig
 from irismesh._core.outliers import OutlierConfig
 from irismesh._core.priority import MAX_PRIORITY, MIN_PRIORITY, Priority
+from irismesh._core.rights import Rights
 from irismesh._loop import loop_factory, new_event_loop, run
 from irismesh.discovery.mdns import MdnsConfig
 from irismesh.discovery.survey import SurveyConfig
@@ -24,6 +25,7 @@ from irismesh.errors import (
     ConfigurationError,
     DataTimeout,
     EndOfStream,
+    Forbidden,
     InterestTimeout,
     MemberLost,
     MembershipTimeout,
@@ -46,6 +48,7 @@ from irismesh.patterns.pubsub import Message, Subscription
 from irismesh.patterns.reqrep import deadline, time_left
 from irismesh.patterns.split import SplitView
 from irismesh.patterns.tunnel import Tunnel
+from irismesh.security.grants import Authority, Grant, Revocation
 from irismesh.security.identity import Identity
 from irismesh.security.keyring import Keyring, ScopeKey
 
@@ -76,12 +79,15 @@ def __dir__() -> list[str]:  # the names that load on first access too
 __all__ = [
     "MAX_PRIORITY",
     "MIN_PRIORITY",
+    "Authority",
     "Closed",
     "ConfigurationError",
     "CoreConfig",
     "DataTimeout",
     "EndOfStream",
+    "Forbidden",
     "Gateway",
+    "Grant",
     "Identity",
     "InterestTimeout",
     "Keyring",
@@ -105,6 +111,8 @@ __all__ = [
     "RequestError",
     "RequestTimeout",
     "Retention",
+    "Revocation",
+    "Rights",
     "ScopeKey",
     "SlowConsumer",
     "SplitView",

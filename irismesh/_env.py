@@ -10,13 +10,18 @@
                         (`Node(metrics=...)` comes first; HOST defaults to 127.0.0.1)
     IRISMESH_IDENTITY   the identity file (`mesh identity new`) of every node of the process
                         that `Node(identity=...)` does not give one (default: a fresh one)
+    IRISMESH_GRANT      the grant file (`mesh grant`) of every node of the process that
+                        `Node(grant=...)` does not give one
     IRISMESH_CONFIG     the `mesh` config file (default: config.toml in the config directory)
     XDG_CONFIG_HOME     the config directory is $XDG_CONFIG_HOME/irismesh (~/.config/irismesh)
 
 The default keyring is mesh.keys in the config directory; `IRISMESH_KEYFILE` and
 `IRISMESH_KEYS` (read by `Keyring.from_env`) come before it. The default identity file,
 node.identity there, is where `mesh identity new` writes; a node takes it only when told
-(`mesh node --identity`), since two nodes sharing one would share one id.
+(`mesh node --identity`), since two nodes sharing one would share one id. The default grant,
+node.grant there, goes with the default identity: a node given that identity file takes it
+when no other grant is given. The default authority key, authority.key there, is where
+`mesh authority new` writes and `mesh grant` and `mesh revoke` read.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ CONFIG = "IRISMESH_CONFIG"
 TRANSPORT = "IRISMESH_TRANSPORT"
 METRICS = "IRISMESH_METRICS"
 IDENTITY = "IRISMESH_IDENTITY"
+GRANT = "IRISMESH_GRANT"
 TRANSPORTS = ("tcp", "zmq")
 
 _TRUE = ("1", "true", "yes", "on")
@@ -150,4 +156,20 @@ def default_identity_file(environ: Mapping[str, str] | None = None) -> Path:
 def identity_file(environ: Mapping[str, str] | None = None) -> str | None:
     """$IRISMESH_IDENTITY (a path), if set."""
     path = _environ(environ).get(IDENTITY, "")
+    return os.path.expanduser(path) if path else None
+
+
+def default_grant_file(environ: Mapping[str, str] | None = None) -> Path:
+    """The grant of the default identity: node.grant beside the keyring."""
+    return config_dir(environ) / "node.grant"
+
+
+def default_authority_file(environ: Mapping[str, str] | None = None) -> Path:
+    """Where `mesh authority new` writes, and `mesh grant` reads, the authority's key."""
+    return config_dir(environ) / "authority.key"
+
+
+def grant_file(environ: Mapping[str, str] | None = None) -> str | None:
+    """$IRISMESH_GRANT (a path), if set."""
+    path = _environ(environ).get(GRANT, "")
     return os.path.expanduser(path) if path else None

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from irismesh.patterns.pubsub import PubSub
     from irismesh.patterns.reqrep import Caller, HandlerRunner
     from irismesh.patterns.tunnel import Tunnels
+    from irismesh.security.grants import NodeGrants
     from irismesh.security.keyring import Keyring
     from irismesh.telemetry.recorder import Recorder
     from irismesh.telemetry.tracing import Tracing
@@ -42,6 +43,7 @@ class NodeState:
     node_id: bytes
     name: str
     keyring: Keyring
+    grants: NodeGrants  # what this node's grant lets it do (`security.node_grants`)
     clusters: ServedClusters
     served_clusters: tuple[str, ...]
     endpoint: str

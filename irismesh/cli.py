@@ -23,6 +23,7 @@ from irismesh._cli import (
     data,
     fanout,
     gateway,
+    grants,
     keys,
     listing,
     memory,
@@ -48,6 +49,7 @@ from irismesh.errors import ConfigurationError, MeshError
 # In `mesh --help` order; `telemetry collect` will join with publish/subscribe.
 FAMILIES = (
     keys,
+    grants,
     serve,
     gateway,
     request,

@@ -10,6 +10,7 @@
                                 read or write in time
     ├── PayloadTooLarge         a payload above the configured limit, refused before sending
     ├── Overloaded              too many requests in flight on this node (CoreConfig.max_pending)
+    ├── Forbidden               this node's grant (or the caller's, at a member) lacks the right
     ├── RequestError            a request did not produce a reply
     │   ├── NoResponders        the cluster has no live member (known at once, no waiting)
     │   ├── RequestTimeout      no reply within the caller's deadline
@@ -27,6 +28,7 @@ __all__ = [
     "Closed",
     "ConfigurationError",
     "DataTimeout",
+    "Forbidden",
     "MemberLost",
     "MembershipTimeout",
     "MeshError",
@@ -162,6 +164,18 @@ class Overloaded(MeshError):
         self.detail = detail
 
 
+class Forbidden(MeshError, PermissionError):
+    """No right to it: the grant in force lacks `right` ("call", "serve", "publish",
+    "subscribe", "memory") for `name` (a cluster, topic or subscription pattern)."""
+
+    def __init__(self, name: str, right: str, detail: str = "") -> None:
+        where = f": {detail}" if detail else ""
+        super().__init__(f"no right to {right} {name!r}{where}")
+        self.name = name
+        self.right = right
+        self.detail = detail
+
+
 class RequestError(MeshError):
     """A request did not produce a reply."""
 
@@ -206,6 +220,15 @@ class RemoteError(RequestError):
         )
         self.remote_type = remote_type
         self.remote_message = remote_message
+
+
+def remote_error(cluster: str, remote_type: str, remote_message: str) -> MeshError:
+    """The error a member's error reply stands for: Forbidden when the member refused the
+    caller's right to call the cluster, else RemoteError."""
+    if remote_type == "Forbidden":
+        right = remote_message.partition(" ")[0] or "call"
+        return Forbidden(cluster, right, "refused by the member")
+    return RemoteError(cluster, remote_type, remote_message)
 
 
 class SlowConsumer(MeshError, TimeoutError):

@@ -19,7 +19,7 @@ from irismesh._core.outliers import ID_PREFIX
 from irismesh._core.records import MemberState
 from irismesh._nodestate import NodeState
 from irismesh.discovery.survey import SurveyDiscovery
-from irismesh.errors import ConfigurationError, MembershipTimeout, MeshError
+from irismesh.errors import ConfigurationError, Forbidden, MembershipTimeout, MeshError
 from irismesh.security.keyring import MESH_SCOPE
 
 _STATES = {
@@ -58,6 +58,8 @@ class PeerInfo:
     # The clusters whose rotation this node keeps it out of for now (outlier ejection: its
     # requests go to the other members), sorted; () while it is in every rotation.
     ejected: tuple[str, ...] = ()
+    # Its identity: the Ed25519 public key its node id derives from, in hex ("" if unknown).
+    public: str = ""
 
 
 class ServedClusters(tuple[str, ...]):
@@ -75,8 +77,12 @@ class IntrospectionApi(NodeState):
     """Node's methods that report what it knows of the mesh."""
 
     async def wait_for_members(self, cluster: str, count: int = 1, *, timeout: float = 10.0) -> int:
-        """Wait until `cluster` has at least `count` live members; returns how many it has."""
+        """Wait until `cluster` has at least `count` live members; returns how many it has.
+        Forbidden at once if this node's grant lets it neither call nor serve the cluster."""
         core, driver = self._caller.running()
+        rights = core.calls.rights
+        if not (rights.may_call(cluster) or rights.may_serve(cluster)):
+            raise Forbidden(cluster, "call", "this node's grant does not allow it")
         changed = self._membership_changed
         assert changed is not None
         deadline = driver.loop.time() + timeout
@@ -157,6 +163,7 @@ class IntrospectionApi(NodeState):
                     state=state,
                     name=member.record.name,
                     ejected=ejected,
+                    public=member.record.public.hex(),
                 )
             else:
                 info = PeerInfo(
@@ -170,6 +177,7 @@ class IntrospectionApi(NodeState):
                     linked=True,
                     name=member.record.name,
                     ejected=ejected,
+                    public=member.record.public.hex(),
                 )
             live.append(info)
         return gone + live
@@ -285,6 +293,7 @@ class IntrospectionApi(NodeState):
             if memory.member is not None:
                 for name, value in memory.member.figures().items():
                     stats["memory_" + name] = value
+        stats.update(self.grants.stats)
         stats.update(self._data_figures())
         for discovery in self._discovery:  # the survey's drops, replays and stale ones too
             if isinstance(discovery, SurveyDiscovery):

@@ -76,6 +76,7 @@ from irismesh.patterns.tunnel_api import TunnelApi
 from irismesh.security.identity import Identity
 from irismesh.security.keyring import Keyring
 from irismesh.security.linksecurity import KeyedLinkSecurity
+from irismesh.security.node_grants import GrantsApi, GrantSource
 from irismesh.security.node_keys import KeyHolders, KeyringApi
 from irismesh.telemetry.node_telemetry import NodeTelemetry, TelemetryConfig
 from irismesh.telemetry.recorder import Recorder
@@ -109,6 +110,7 @@ class Node(
     IntrospectionApi,
     DiscoveryApi,
     KeyringApi,
+    GrantsApi,
 ):
     """A node of the mesh: member of `cluster` (or a pure client when None).
 
@@ -124,6 +126,11 @@ class Node(
     file `mesh identity new` wrote; else IRISMESH_IDENTITY; else a fresh one): the node id is
     derived from its public key, and the node signs its handshakes and membership records with
     it, so no other node can link or gossip under its id. Give each node its own.
+    `grant` is what an authority lets the node do (a `Grant`, or the path of a file `mesh grant
+    --out` wrote; else IRISMESH_GRANT; else node.grant beside the default keyring when the
+    identity is the default one). It counts only where the keyring says `@require-grants`:
+    then the node presents it at every handshake, and peers refuse what it does not allow with
+    `Forbidden` (see `irismesh.security.grants`). A changed grant file is reread as it runs.
 
     `metrics="127.0.0.1:9464"` (or IRISMESH_METRICS) serves the node's counters live in the
     Prometheus text format at http://127.0.0.1:9464/metrics (`telemetry.metrics_endpoint`).
@@ -169,6 +176,7 @@ class Node(
         version: str | None = None,
         tracing: bool | TracerProvider | None = None,
         identity: Identity | Ed25519PrivateKey | str | os.PathLike[str] | None = None,
+        grant: GrantSource = None,
     ) -> None:
         if identity is None:
             identity = _env.identity_file()
@@ -211,6 +219,7 @@ class Node(
         self._security: KeyedLinkSecurity | None = None
         # Reread when its file changes (security.rotation).
         self._watch_keyring(keyring, self.clusters)
+        self._init_grants(grant)  # what this node may do, where the keyring requires grants
         self.node_id = self.identity.node_id
         self._bind = bind
         self._seeds = [_check_endpoint(s) for s in dict.fromkeys([*seeds, *_env.seeds()])]
@@ -390,6 +399,7 @@ class Node(
             name=self.name,
             version=self.version,
             identity=self.identity,
+            grants=self.grants,
         )
         self._membership_changed = asyncio.Event()
         self._tunnels.attach(core)
@@ -420,6 +430,7 @@ class Node(
         driver.process()
         driver.start()
         self._start_keyring_watch(loop)
+        self._start_grants(loop)
         if self._memory is not None and self._memory.member is not None:
             # A memory member: copy what the other memory members hold.
             self._keep_data(self._memory.member.store.path)
@@ -458,6 +469,7 @@ class Node(
         if self._metrics is not None:
             await self._metrics.withdraw(self)
         await self._stop_keyring_watch()
+        await self._stop_grants()
         if self._rediscovering is not None:
             with contextlib.suppress(Exception):
                 await self._rediscovering

@@ -43,7 +43,13 @@ from irismesh._core.priority import check_priority, label
 from irismesh._driver import Driver
 from irismesh._spin import Spin
 from irismesh._turns import Turns
-from irismesh.errors import Closed, ConfigurationError, MeshError, RemoteError, RequestTimeout
+from irismesh.errors import (
+    Closed,
+    ConfigurationError,
+    MeshError,
+    RequestTimeout,
+    remote_error,
+)
 from irismesh.telemetry.node_telemetry import BROADCAST_KIND, REQUEST_KIND, SURVEY_KIND, outcome
 from irismesh.telemetry.schema import Outcome
 
@@ -1039,7 +1045,7 @@ class Caller:
         else:
             kind, message = unpack_error(payload)
             if not fut.done():
-                fut.set_exception(RemoteError(cluster, kind, message))
+                fut.set_exception(remote_error(cluster, kind, message))
             if series is not None:
                 us = int((_perf_counter() - started) * 1e6)
                 series.observe(peer, us, len(payload), _REMOTE_ERROR)

@@ -21,6 +21,11 @@ File format (UTF-8 text, written by ``mesh keygen`` or :meth:`Keyring.save`)::
   scope name; there are no wildcards other than the lone ``*``).
 - A scope lists at most two keys, and never the same key twice.
 - The file is private to its owner (``chmod 600``): :meth:`Keyring.load` refuses it otherwise.
+- Trust in grants (`irismesh.security.grants`): ``@authority <base64 of a 32-byte Ed25519
+  public key>`` names an authority whose grants and revocations this node trusts (any number
+  of lines), and ``@require-grants`` makes the node require grants of its peers and itself.
+  Without ``@require-grants`` grants are neither presented nor checked: the shared keys alone
+  decide, as before grants.
 
 Rotating the key of one scope, reloading every node between steps:
 
@@ -50,12 +55,14 @@ from dataclasses import dataclass, field
 
 from irismesh.errors import ConfigurationError, NoKey
 
-__all__ = ["MESH_SCOPE", "Keyring", "ScopeKey"]
+__all__ = ["AUTHORITY_LINE", "MESH_SCOPE", "REQUIRE_GRANTS_LINE", "Keyring", "ScopeKey"]
 
 # The scope of the mesh key, which admits a node to membership (never a cluster or topic name).
 MESH_SCOPE = "@mesh"
 
 _HEADER = "# irismesh keyring v1"
+AUTHORITY_LINE = "@authority"
+REQUIRE_GRANTS_LINE = "@require-grants"
 _FORMAT_HINT = "# <scope> <base64 of 32 bytes>; the first key listed for a scope is its primary"
 _SECRET_BYTES = 32
 # Old and new during a rotation; a third key means an old one was never retired.
@@ -229,10 +236,23 @@ def _fsync_dir(directory: str) -> None:
 class Keyring:
     """Scope names mapped to one or two secrets each, ``*`` being the default; immutable."""
 
-    __slots__ = ("_by_scope", "_path")
+    __slots__ = ("_by_scope", "_path", "authorities", "require_grants")
 
-    def __init__(self, keys: Iterable[ScopeKey] = ()) -> None:
+    def __init__(
+        self,
+        keys: Iterable[ScopeKey] = (),
+        *,
+        authorities: Iterable[bytes] = (),
+        require_grants: bool = False,
+    ) -> None:
         self._path: str | None = None
+        # The authorities whose grants this node trusts (Ed25519 public keys), and whether it
+        # requires grants (`irismesh.security.grants`).
+        self.authorities: tuple[bytes, ...] = tuple(dict.fromkeys(authorities))
+        for authority in self.authorities:
+            if type(authority) is not bytes or len(authority) != 32:
+                raise ConfigurationError("an authority is a 32-byte Ed25519 public key")
+        self.require_grants = bool(require_grants)
         placed: list[ScopeKey] = []
         for key in keys:
             problem = _clash(placed, key, lambda i: f"key {placed[i].key_id}")
@@ -276,6 +296,8 @@ class Keyring:
         """Parse the keyring format; ``source`` names the text in error messages."""
         placed: list[ScopeKey] = []
         line_of: list[int] = []
+        authorities: list[bytes] = []
+        require_grants = False
         header_seen = False
         # Split on "\n" only, so line numbers match what an editor shows.
         lines = text.removeprefix("\ufeff").split("\n")
@@ -290,6 +312,21 @@ class Keyring:
             if not line or line.startswith("#"):
                 continue
             fields = line.split()
+            if fields == [REQUIRE_GRANTS_LINE]:
+                require_grants = True
+                continue
+            if fields[0] == AUTHORITY_LINE:
+                try:
+                    authority = base64.b64decode(
+                        fields[1] if len(fields) == 2 else "", validate=True
+                    )
+                except ValueError:
+                    authority = b""
+                if len(authority) != 32:
+                    msg = f"expected '{AUTHORITY_LINE} <base64 of a 32-byte public key>'"
+                    raise ConfigurationError(f"{source}:{number}: {msg}")
+                authorities.append(authority)
+                continue
             if len(fields) != 2:
                 msg = f"expected '<scope> <base64 key>', found {len(fields)} fields"
                 raise ConfigurationError(f"{source}:{number}: {msg} (comments go on '#' lines)")
@@ -308,7 +345,7 @@ class Keyring:
             raise ConfigurationError(
                 f"{source}:{len(lines)}: {what}: `mesh keygen` makes a keyring"
             )
-        return cls(placed)
+        return cls(placed, authorities=authorities, require_grants=require_grants)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Keyring | None:
@@ -332,6 +369,9 @@ class Keyring:
         width = max(map(len, self._by_scope), default=1)
         lines = [_HEADER, _FORMAT_HINT]
         lines += [f"{key.scope:<{width}} {base64.b64encode(key.secret).decode()}" for key in self]
+        lines += [f"{AUTHORITY_LINE} {base64.b64encode(a).decode()}" for a in self.authorities]
+        if self.require_grants:
+            lines.append(REQUIRE_GRANTS_LINE)
         return "\n".join(lines) + "\n"
 
     def save(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> None:
@@ -377,7 +417,7 @@ class Keyring:
             raise ConfigurationError(problem)
         by_scope = dict(self._by_scope)
         by_scope[scope] = (key, *own) if primary else (*own, key)
-        return Keyring(key for keys in by_scope.values() for key in keys)
+        return self._keeping_trust(key for keys in by_scope.values() for key in keys)
 
     def without_key(self, key_id: str, *, scope: str | None = None) -> Keyring:
         """A copy without the key ``key_id``; ``scope`` says which when scopes share a secret."""
@@ -389,7 +429,20 @@ class Keyring:
         if len({k.scope for k in gone}) > 1:
             scopes = ", ".join(_show(k.scope) for k in gone)
             raise ConfigurationError(f"key {key_id} is in scopes {scopes}: pass scope= to choose")
-        return Keyring(k for k in self if k not in gone)
+        return self._keeping_trust(k for k in self if k not in gone)
+
+    def _keeping_trust(self, keys: Iterable[ScopeKey]) -> Keyring:
+        return Keyring(keys, authorities=self.authorities, require_grants=self.require_grants)
+
+    def with_trust(
+        self, authorities: Iterable[bytes] | None = None, *, require_grants: bool | None = None
+    ) -> Keyring:
+        """A copy trusting `authorities` (added to those trusted), requiring grants or not."""
+        return Keyring(
+            self,
+            authorities=(*self.authorities, *(authorities or ())),
+            require_grants=self.require_grants if require_grants is None else require_grants,
+        )
 
     @property
     def scopes(self) -> tuple[str, ...]:
@@ -407,7 +460,11 @@ class Keyring:
         if not isinstance(other, Keyring):
             return NotImplemented
         # Order matters within a scope (the primary), not between scopes.
-        return self._by_scope == other._by_scope
+        return (
+            self._by_scope == other._by_scope
+            and set(self.authorities) == set(other.authorities)
+            and self.require_grants == other.require_grants
+        )
 
     def __hash__(self) -> int:
         return hash(frozenset((s, tuple(k.key_id for k in ks)) for s, ks in self._by_scope.items()))

@@ -58,6 +58,7 @@ class KeyringApi:
 
     if TYPE_CHECKING:  # the node's own
         _rediscover: Callable[[Keyring], None]  # discovery's tags follow the '*' key
+        _trust_changed: Callable[[Keyring], None]  # grants' trust follows the keyring
 
     def _watch_keyring(self, keyring: Keyring, served: tuple[str, ...]) -> None:
         """Called by the node's constructor: watch the file the keyring came from, if any;
@@ -126,6 +127,7 @@ class KeyringApi:
         security.replace(keyring)
         core.keys_changed(driver.loop.time())
         driver.process()
+        self._trust_changed(keyring)
 
     def key_holders(self) -> list[KeyHolders]:
         """For each key of this node's keyring: how many live nodes hold it, and use it

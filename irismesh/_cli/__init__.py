@@ -3,6 +3,7 @@
     base      one-line errors, argument types, the options and the node every joining command
               shares, and where each setting comes from (flags, context, environment, defaults)
     keys      mesh keygen, mesh keys status, mesh identity new
+    grants    mesh authority new, mesh grant, mesh revoke
     serve     mesh node (echo, or a command run per request or per tunnel)
     gateway   mesh gateway (links to other meshes' gateways)
     request   mesh request

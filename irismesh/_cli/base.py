@@ -324,6 +324,21 @@ def add_joining_options(parser: MeshArgumentParser, *, wait: float | None, wait_
         metavar="ENDPOINT",
         help="where this node listens (default: tcp://127.0.0.1:0, or the --interface address)",
     )
+    group.add_argument(
+        "--identity",
+        type=Path,
+        metavar="FILE",
+        help="the node's identity (`mesh identity new`): its id derives from it "
+        "(default: $IRISMESH_IDENTITY, else a fresh one)",
+    )
+    group.add_argument(
+        "--grant",
+        type=Path,
+        metavar="FILE",
+        help="the node's grant (`mesh grant --out`), where the keyring requires grants "
+        "(default: $IRISMESH_GRANT, else node.grant beside the keyring with the default "
+        "identity)",
+    )
     add_context_option(group)
     if wait is not None:
         group.add_argument(
@@ -520,6 +535,7 @@ def make_node(
         metrics=getattr(args, "metrics", None),
         version=version,
         identity=getattr(args, "identity", None),
+        grant=getattr(args, "grant", None),
     )
 
 

@@ -60,7 +60,8 @@ def register(commands: Commands) -> None:
         description=(
             "Joins the mesh as a client, gathers peers until the mesh seen from here stops\n"
             "changing (at most --wait seconds) and prints them: node id, name (`mesh node\n"
-            "--name`; '-' for a node without one), endpoint, state\n"
+            "--name`; '-' for a node without one), identity (the start of the public key\n"
+            "its id derives from: `mesh grant` names it), endpoint, state\n"
             "(alive; suspect when it fell silent and other peers are asked about it; dead or\n"
             "left for peers seen to go while gathering; 'ejected from C' while this node keeps\n"
             "it out of cluster C's rotation after failures or lagging far behind; 'ejected by\n"
@@ -173,6 +174,7 @@ def peer_json(
     return {
         "node_id": p.node_id,
         "name": p.name,
+        "public": p.public,
         "endpoint": p.endpoint,
         "state": p.state,
         "rtt_ms": round(p.rtt_ms, 3),
@@ -217,10 +219,16 @@ def peers_table(
     peers: Sequence[irismesh.PeerInfo],
     served: dict[str, list[str]],
     ejected_by: EjectedBy | None = None,
+    *,
+    identity: bool = False,
 ) -> Table:
+    """The peers, one a row; with `identity`, a column for the start of each one's public key
+    (`mesh peers`; `mesh top` keeps its width for the figures)."""
     table = Table(title=f"peers ({len(peers)})", title_justify="left")
     table.add_column("node")
     table.add_column("name", no_wrap=True)
+    if identity:
+        table.add_column("identity", no_wrap=True)
     table.add_column("endpoint", no_wrap=True)
     table.add_column("state")
     table.add_column("rtt ms", justify="right")
@@ -229,9 +237,11 @@ def peers_table(
     table.add_column("clusters")
     for p in sorted(peers, key=lambda p: p.endpoint):
         by = ejected_by_text((ejected_by or {}).get(p.node_id, {}))
+        shown = [short_id(p.public) if p.public else "-"] if identity else []
         table.add_row(
             short_id(p.node_id),
             escape(p.name) or "-",
+            *shown,
             p.endpoint,
             _STATE_STYLE.get(p.state, p.state)
             + (f" [magenta]ejected from {escape(', '.join(p.ejected))}[/]" if p.ejected else "")
@@ -290,7 +300,7 @@ async def run_peers(args: argparse.Namespace) -> int:
     if args.json:
         print_json([peer_json(p, served.get(p.node_id, []), ejected_by) for p in peers])
     else:
-        stdout_console().print(peers_table(peers, served, ejected_by))
+        stdout_console().print(peers_table(peers, served, ejected_by, identity=True))
     return 0
 
 

@@ -16,7 +16,6 @@ import shutil
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import irismesh
@@ -124,13 +123,6 @@ def register(commands: Commands) -> None:
         type=version_name,
         metavar="V",
         help="the version this member serves as, which `mesh split` weighs (default: none)",
-    )
-    parser.add_argument(
-        "--identity",
-        type=Path,
-        metavar="FILE",
-        help="the node's identity (`mesh identity new`): its id derives from it "
-        "(default: $IRISMESH_IDENTITY, else a fresh one)",
     )
     add_shared_options(
         parser, joining=(None, ""), metrics=True, json="print the listening line as JSON"

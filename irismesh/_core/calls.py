@@ -80,12 +80,14 @@ from irismesh._core.outliers import OutlierEjection
 from irismesh._core.pending import PendingRequest, PendingRequests
 from irismesh._core.priority import label
 from irismesh._core.replycache import ReplyCache
+from irismesh._core.rights import ALL_RIGHTS, Rights
 from irismesh._core.sealing import LinkSecurity
 from irismesh._core.split import Route
 from irismesh._core.throttle import Throttle
 from irismesh._core.throttle import key as throttle_key
 from irismesh.errors import (
     Closed,
+    Forbidden,
     MemberLost,
     MeshError,
     NoKey,
@@ -144,6 +146,9 @@ class Calls(LinkObserver):
         # Cluster -> UP links serving it: a cache the engine clears whenever a link comes up or
         # goes down.
         self.linked: dict[str, list[OutLink]] = {}
+        # This node's own rights (`rights`): a cluster it may not call never gets a list in
+        # `linked`, so the check costs nothing per request. The engine sets them.
+        self.rights: Rights = ALL_RIGHTS
         self._max_payload = config.max_payload
         self._max_pending = config.max_pending
         self._next_req = 1
@@ -179,13 +184,17 @@ class Calls(LinkObserver):
                 self._want(cluster, self._clock())
             slot = self._cluster_slot
             members = [link for link in self._peers.values() if slot(link, cluster)]
-            self.linked[cluster] = members
+            # A cluster this node may not call keeps no list: its calls take the slow path
+            # (`members_for`), which refuses them; the others cost no check per request.
+            if self.rights.may_call(cluster):
+                self.linked[cluster] = members
         return members
 
     def members_for(self, cluster: str, size: int, adding: int, now: float) -> list[OutLink]:
         """The linked members a call into `cluster` may go to, or the reason it may not:
         Closed, PayloadTooLarge (`size` bytes), Overloaded (`adding` more requests in flight
-        would pass max_pending), NoKey, NoResponders; checked in that order. Empty when
+        would pass max_pending), Forbidden (this node's grant does not let it call the
+        cluster), NoKey, NoResponders; checked in that order. Empty when
         membership knows members but no link to one is up yet (they are being dialled)."""
         if self.closed:
             raise Closed("node is closed")
@@ -194,6 +203,9 @@ class Calls(LinkObserver):
         pending = len(self.pending.by_id)
         if pending + adding > self._max_pending:
             raise Overloaded(pending, self._max_pending)
+        if not self.rights.may_call(cluster):
+            self._stats["calls_forbidden"] += 1
+            raise Forbidden(cluster, "call", "this node's grant does not allow it")
         members = self.linked.get(cluster)
         if members is None:
             members = self.members(cluster)
@@ -616,6 +628,9 @@ class Calls(LinkObserver):
         if slot == 0 or slot >= len(link.scopes) or link.scopes[slot] is None:
             raise ProtocolError("bad_scope", str(slot))
         req_id, timeout_ms, acks, payload, priority = decode_request(body, start, end)
+        if link.refused and slot in link.refused:  # the caller's grant lacks `call` for it
+            self._refuse(link, slot, req_id, now + timeout_ms / 1000)
+            return
         if acks:
             self.forget_replies(link, acks)
         if len(payload) > self._max_payload:
@@ -650,6 +665,20 @@ class Calls(LinkObserver):
         if trace:
             arrived.trace = trace
         self._outbox.events.append(arrived)
+
+    def _refuse(self, link: InLink, slot: int, req_id: int, deadline: float) -> None:
+        """Answer a request from a caller without the right to call its cluster: Forbidden,
+        at once (the caller raises it), and counted."""
+        cluster = link.scopes[slot] or ""
+        self._stats["refused_forbidden"] += 1
+        key = (link.peer_id, req_id)
+        if self.replies.get(key) is None:
+            self.replies.start(key, deadline + 1.0, link.routing_id, slot)
+        self._answer(
+            (link.peer_id, req_id, link.routing_id, slot),
+            STATUS_ERROR,
+            pack_error("Forbidden", f"call {cluster}"),
+        )
 
     def turn_away(self, token: Token, reason: str) -> None:
         """Answer request `token` with STATUS_OVERLOADED: not run, and it will not be (the

@@ -163,9 +163,9 @@ class LinkDemand:
         cfg = self._config
         if reason in ("self", "duplicate"):
             record.next_at = float("inf")  # never useful to dial again
-        elif reason == "rekey" or (was_up and reason in DROPPED):
-            # At once: to handshake again with new keys, or to see whether anyone still
-            # listens where a connection dropped.
+        elif reason in ("rekey", "grant") or (was_up and reason in DROPPED):
+            # At once: to handshake again with new keys or grants, or to see whether anyone
+            # still listens where a connection dropped.
             record.next_at = now
         elif was_up and reason in ("bye", "idle", "dead", "left"):
             if record.seed:  # dialled again only if this node finds itself alone

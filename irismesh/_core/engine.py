@@ -107,6 +107,7 @@ from irismesh._core.records import (
     node_id_of,
     validate_name,
 )
+from irismesh._core.rights import UNCHECKED, GrantPolicy, PeerGrant
 from irismesh._core.sealing import NodeSecurity
 from irismesh._core.split import Split, Splits, check_weights, validate_version
 from irismesh._core.tunnels import TunnelTable
@@ -130,6 +131,7 @@ _TRACED = int(Kind.TRACED)
 _CALL_KINDS = frozenset((_REQUEST, _BROADCAST, _SURVEY, _JOB, _TUNNEL, _TRACED))
 _REPLY_KINDS = frozenset((_REPLY, _TUNNEL))
 _REKEY = "rekey"  # the BYE reason of a link closed because a key it used was removed
+_GRANT = "grant"  # the BYE reason of a link closed because the peer's grant stopped holding
 _MAX_INBOUND = 4096  # links peers dialled to this node at once
 _HOUSEKEEPING = 1.0  # idle links, wanted clusters and redials are looked at this often
 
@@ -157,6 +159,7 @@ class MeshCore(CoreApi):
         name: str = "",
         version: str = "",
         identity: NodeIdentity | None = None,
+        grants: GrantPolicy | None = None,
     ) -> None:
         if identity is not None and node_id_of(identity.public) != node_id:
             raise ConfigurationError("the node id is not the one its identity's key derives")
@@ -173,6 +176,10 @@ class MeshCore(CoreApi):
         self.config = config = config or CoreConfig()
         self.stats: Counter[str] = Counter()
         self._security = security
+        # Grants (`rights`): None, or a policy that does not require them, allows anything.
+        self._grants = grants
+        self._own = own = UNCHECKED if grants is None else grants.own()
+        self.serving = self._allowed_to_serve()
         self._rng = rng  # balancing, jitter and gossip: need not be unpredictable
         self._codec = codec = BodyCodec(config.max_payload)
         self._max_frame = config.max_frame
@@ -192,7 +199,7 @@ class MeshCore(CoreApi):
         stats = self.stats
         self.directory = directory = Directory(security)
         directory.version = self.version
-        tags = directory.own_tags(node_id, self.clusters, ())
+        tags = directory.own_tags(node_id, self.serving, ())
         record = MemberRecord(node_id, endpoint, self.address, tags, self.name)
         self.membership = membership = Membership(
             record,
@@ -209,7 +216,7 @@ class MeshCore(CoreApi):
         self._handshake = Handshake(
             node_id=node_id,
             endpoint=endpoint,
-            clusters=self.clusters,
+            clusters=self.serving,
             security=security,
             randbytes=randbytes,
             codec=codec,
@@ -224,6 +231,7 @@ class MeshCore(CoreApi):
             ),
             open_name=membership.open_name,
             identity=identity,
+            grants=grants,
         )
         self.calls = calls = Calls(
             config=config,
@@ -288,6 +296,8 @@ class MeshCore(CoreApi):
             clock=lambda: self._now,
         )
         self._observers: tuple[LinkObserver, ...] = (watch, pubsub, tunnels, calls)
+        calls.rights = own.rights
+        pubsub.rights_changed(own.rights)
         # Frame dispatch, bound once: these run once per message.
         self._on_reply = calls.on_reply
         self._on_request = calls.on_request
@@ -316,6 +326,8 @@ class MeshCore(CoreApi):
         self.membership.receive(source, datagram, now)
         if self.membership.events:
             self._after_membership(now)
+        if self.membership.notices:
+            self._on_notices(now)
 
     def _interest_changed(self) -> None:
         """This node's subscriptions now reach other topic scopes: a new record says so."""
@@ -324,7 +336,7 @@ class MeshCore(CoreApi):
     def _retag(self) -> None:
         """What this node's record carries changed (subscriptions, a split's note): a new
         record says so."""
-        tags = self.directory.own_tags(self.node_id, self.clusters, self.pubsub.subscribed)
+        tags = self.directory.own_tags(self.node_id, self.serving, self.pubsub.subscribed)
         if tags != self.membership.me.tags:
             self.membership.update(self._now, tags=tags)
 
@@ -448,8 +460,10 @@ class MeshCore(CoreApi):
             elif kind == _UNSUBSCRIBE:
                 self.pubsub.on_interest(link, env[0], add=False)
             elif kind == _BYE:
-                # A member whose keys changed asks to be dialled again at once ("rekey").
-                self._close_out(link, now, "rekey" if env[0] == _REKEY else "bye")
+                # A member whose keys changed asks to be dialled again at once ("rekey"), as
+                # does one that found this node's grant no longer holds ("grant").
+                reason = env[0] if env[0] in (_REKEY, _GRANT) else "bye"
+                self._close_out(link, now, reason)
             else:
                 raise ProtocolError("unexpected", Kind(kind).name)
         except ProtocolError as exc:
@@ -599,7 +613,7 @@ class MeshCore(CoreApi):
             redial = self._demand.needed(link, now)  # asked before the resends empty it
         for observer in self._observers:
             observer.link_down(link, reason, now)
-        if reason not in ("bye", "idle", "dead", "left", _REKEY):
+        if reason not in ("bye", "idle", "dead", "left", _REKEY, _GRANT):
             # The transport broke (a peer killed closes its sockets at once): ask membership.
             self.membership.probe_soon(link.peer_id, now)
         if (
@@ -689,7 +703,7 @@ class MeshCore(CoreApi):
         """
         self._now = now
         self.membership.rekeyed()
-        tags = self.directory.own_tags(self.node_id, self.clusters, self.pubsub.subscribed)
+        tags = self.directory.own_tags(self.node_id, self.serving, self.pubsub.subscribed)
         if tags != self.membership.me.tags:
             self.membership.update(now, tags=tags)
         holds = self._security.holds
@@ -716,6 +730,110 @@ class MeshCore(CoreApi):
             self._retag()
         self._ejections.reseal()
         self.calls.outliers.unshared = True
+
+    # ----------------------------------------------------------------- grants
+
+    def _allowed_to_serve(self) -> tuple[str, ...]:
+        """The clusters this node serves that its own grant allows; the others are refused
+        (counted in `serve_refused`): it neither offers them nor says it serves them."""
+        rights = self._own.rights
+        allowed = tuple(cluster for cluster in self.clusters if rights.may_serve(cluster))
+        if len(allowed) < len(self.clusters):
+            self.stats["serve_refused"] += len(self.clusters) - len(allowed)
+        return allowed
+
+    def recheck_grants(self, now: float) -> None:
+        """Grants may have changed (time passed, this node's grant file was reread, a
+        revocation arrived): act on what no longer holds. Cheap when nothing changed.
+
+        This node's own rights are taken again: what it serves (a change re-announces its
+        record and asks its callers to handshake again, "rekey"), calls and publishes.
+        A link whose peer's grant no longer holds (expired, revoked) is closed: a caller's
+        requests move to other members, and the peer must handshake again, with a grant
+        that holds, to get rights back.
+        """
+        grants = self._grants
+        if grants is None or not grants.required:
+            return
+        self._now = now
+        own = grants.own()
+        if own != self._own:
+            # Peers hold this node's old grant on its links: handshake again on every one,
+            # at once ("rekey"); requests in flight are resent meanwhile.
+            self._own = own
+            self.serving = self._handshake.clusters = self._allowed_to_serve()
+            self.calls.rights = own.rights
+            self.calls.linked.clear()
+            self.pubsub.rights_changed(own.rights)
+            self.stats["grants_changed"] += 1
+            self._retag()
+            self.outbox.seal_staged()
+            for link in list(self._out.values()):
+                if link.state is LinkState.UP:
+                    self._goodbye(link, now, _REKEY)
+            for inlink in list(self._in.values()):
+                self.outbox.send_in(inlink, _BYE, [_REKEY])
+                self._forget_in(inlink)
+        holds = grants.holds
+        for link in list(self._out.values()):
+            if link.state is LinkState.UP and not holds(link.public, link.grant):
+                self.stats["links_closed_grant"] += 1
+                self._goodbye(link, now, _GRANT)
+        for inlink in list(self._in.values()):
+            if not holds(inlink.public, inlink.grant):
+                self.stats["links_closed_grant"] += 1
+                self.outbox.send_in(inlink, _BYE, [_GRANT])
+                self._forget_in(inlink)
+
+    def _on_notices(self, now: float) -> None:
+        """Revocations heard through gossip: each new and trusted one spreads on and applies
+        at once; the others die out here."""
+        notices, self.membership.notices = self.membership.notices, []
+        grants = self._grants
+        if grants is None:
+            return
+        learnt = False
+        for notice in notices:
+            if grants.learn(notice):
+                learnt = True
+                self.membership.spread_notice(notice)
+                self.stats["revocations_heard"] += 1
+        if learnt:
+            self.recheck_grants(now)
+
+    def announce_revocation(self, notice: bytes, now: float) -> bool:
+        """Apply an authority's revocation here and gossip it to the mesh: True if it is new
+        and trusted (else nothing happens)."""
+        grants = self._grants
+        if grants is None or not grants.learn(notice):
+            return False
+        self.membership.spread_notice(notice)
+        self.recheck_grants(now)
+        return True
+
+    def link_members(self, now: float) -> int:
+        """Dial every live member not linked yet (to learn each one's grant: `mesh grants`);
+        how many live members there are."""
+        live = 0
+        for member in self.membership.members():
+            if member.state <= MemberState.SUSPECT:
+                live += 1
+                if member.record.node_id not in self._peers:
+                    self._demand.dial_member(member.record, now)
+        return live
+
+    def linked_peers(self) -> list[bytes]:
+        """The ids of the peers this node dialled and linked to."""
+        return list(self._peers)
+
+    def linked_grants(self) -> list[tuple[bytes, bytes, PeerGrant]]:
+        """(peer id, public key, verified grant) of each peer linked, either way."""
+        found = {
+            link.peer_id: (link.peer_id, link.public, link.grant) for link in self._in.values()
+        }
+        for link in self._peers.values():
+            found[link.peer_id] = (link.peer_id, link.public, link.grant)
+        return list(found.values())
 
     # ----------------------------------------------------------------- traffic splits
 

@@ -77,6 +77,7 @@ class Message(enum.IntEnum):
     SUSPECT = 6
     DEAD = 7
     STATE = 8
+    NOTICE = 9  # an authority's signed notice (a revocation), carried as opaque bytes
 
 
 # Member states as they travel in STATE entries.
@@ -86,7 +87,8 @@ STATE_DEAD: Final = 2
 STATE_LEFT: Final = 3
 
 _PING, _PING_REQ, _ACK, _NACK = 1, 2, 3, 4
-_ALIVE, _SUSPECT, _DEAD, _STATE = 5, 6, 7, 8
+_ALIVE, _SUSPECT, _DEAD, _STATE, _NOTICE = 5, 6, 7, 8, 9
+MAX_NOTICE: Final = 1024  # bytes of one notice
 _MAX_STATE_ENTRIES = 4096
 _MAX_STR = max(MAX_ENDPOINT, MAX_ADDRESS, 4 * MAX_NAME)  # bytes of the longest string field
 _MAX_INT = 1 << 63
@@ -271,6 +273,8 @@ def check_message(message: object) -> None:
             raise ProtocolError("bad_name", "ALIVE")
     elif kind in (_SUSPECT, _DEAD):
         ok = n == 4 and _is_id(message[1]) and _is_uint(message[2]) and _is_id(message[3])
+    elif kind == _NOTICE:
+        ok = n == 2 and type(message[1]) is bytes and 0 < len(message[1]) <= MAX_NOTICE
     elif kind == _STATE:
         ok = n == 3 and type(message[1]) is bool and type(message[2]) is list
         if ok:

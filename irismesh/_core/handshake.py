@@ -27,6 +27,16 @@ A node without an identity sends none and checks none (simulations). A node of t
 version (records of four fields) and a node of this one refuse each other's HELLO as
 `bad_handshake`: they never link.
 
+Given a grant policy (`rights.GrantPolicy`: a mesh that requires grants), each side also
+presents its grant ("grant": the authority's token, `irismesh.security.grants`), inside what
+its identity signs, and each checks the other's once, here: signature, trust, expiry, that it
+names the very key that proved the peer's id, and revocations. The verdict stays on the link
+(`grant`). A listener offers only the clusters its own grant lets it serve, and marks the
+slots whose cluster the dialler may not call (`InLink.refused`: those requests are answered
+Forbidden); a dialler opens a slot only to a peer whose grant lets it serve the cluster. A
+peer without a grant that holds links with no rights; a revoked one is refused
+(`dropped_revoked`).
+
 An offer tag is a MAC under the cluster's key over both nonces (`LinkSecurity.offers`). The
 dialler learns that a peer serves cluster X only by computing X's tag itself
 (`LinkSecurity.match`), which needs X's name and key: a node without the key learns nothing,
@@ -58,6 +68,7 @@ from irismesh._core.gossip import (
 from irismesh._core.links import InLink, LinkState, OutLink
 from irismesh._core.outbox import Outbox
 from irismesh._core.records import MemberRecord, NodeIdentity, node_id_of
+from irismesh._core.rights import UNCHECKED, GrantPolicy, PeerGrant
 from irismesh._core.sealing import NodeSecurity
 from irismesh.errors import NoKey, ProtocolError
 
@@ -87,10 +98,14 @@ class Handshake:
         record: SelfRecord,
         open_name: OpenName,
         identity: NodeIdentity | None = None,
+        grants: GrantPolicy | None = None,
     ) -> None:
         self._node_id = node_id
         self._endpoint = endpoint
-        self._clusters = clusters
+        # The clusters this node offers: those it serves that its own grant allows (the
+        # engine sets them again when its grant changes).
+        self.clusters = clusters
+        self._grants = grants
         self._security = security
         self._randbytes = randbytes  # handshake nonces: must be unpredictable
         self._codec = codec
@@ -131,6 +146,8 @@ class Handshake:
         if not self._proven(b"welcome", said, caps):
             raise ProtocolError("bad_proof", "WELCOME")
         public = self._identified(b"welcome", peer_id, said, caps)
+        link.grant = self._admitted(public, caps)
+        link.public = public
         learned = self._learned(peer_id, peer_endpoint, record, public)
         keys.establish(peer_public, peer_nonce, link.nonce)
         link.peer_id = peer_id
@@ -151,6 +168,9 @@ class Handshake:
             if not self._security.has_key(cluster):
                 raise NoKey(cluster)
             found = self._security.match(cluster, link.peer_nonce, link.nonce, link.offers)
+            if found is not None and not link.grant.rights.may_serve(cluster):
+                self._stats["routes_refused_forbidden"] += 1  # it offers what it may not serve
+                found = None
             slot = self._open_slot(link, found, replies=True)
             link.clusters[cluster] = slot
         return slot
@@ -190,6 +210,7 @@ class Handshake:
         if not self._proven(b"hello", said, caps):
             raise ProtocolError("bad_proof", "HELLO")
         public = self._identified(b"hello", peer_id, said, caps)
+        grant = self._admitted(public, caps)
         learned = self._learned(peer_id, peer_endpoint, peer_record, public)
         security = self._security
         nonce = self._randbytes(NONCE_SIZE)
@@ -198,8 +219,12 @@ class Handshake:
         scopes: list[str | None] = [None]
         handles: list[object | None] = [None]
         tags: list[bytes] = []
-        for cluster in self._clusters:
+        refused: list[int] = []
+        for cluster in self.clusters:
+            may_call = grant.rights.may_call(cluster)
             for tag, handle in security.offers(cluster, nonce, peer_nonce):
+                if not may_call:
+                    refused.append(len(scopes))
                 scopes.append(cluster)
                 handles.append(handle)
                 tags.append(tag)
@@ -214,6 +239,10 @@ class Handshake:
             tags.append(tag)
         link = InLink(routing_id, peer_id, peer_endpoint, nonce, peer_nonce, now, scopes)
         link.topic_slots = topic_slots
+        link.public = public
+        link.grant = grant
+        if refused:
+            link.refused = frozenset(refused)
         link.handles = [handle for handle in handles if handle is not None]
         for slot, handle in enumerate(handles):
             link.send_sealers[slot] = keys.sealer(handle, False)
@@ -238,12 +267,30 @@ class Handshake:
         return learned, record[0]
 
     def _sign(self, label: bytes, said: list[Any], caps: dict[str, Any]) -> None:
-        """Add this node's public key and its signature of the transcript (with the key)."""
+        """Add this node's public key and its signature of the transcript (with the key, and
+        its grant if it presents one)."""
         identity = self._identity
         if identity is not None:
             public = identity.public
+            signed = [*said, public]
+            grants = self._grants
+            if grants is not None and grants.required:
+                token = grants.token()
+                if token:
+                    caps["grant"] = token
+                    signed.append(token)
             caps["id"] = public
-            caps["sig"] = identity.sign(label + self._codec.pack([*said, public]))
+            caps["sig"] = identity.sign(label + self._codec.pack(signed))
+
+    def _admitted(self, public: bytes, caps: dict[Any, Any]) -> PeerGrant:
+        """The peer's verified grant (its signature already checked with the transcript)."""
+        grants = self._grants
+        if grants is None or not grants.required:
+            return UNCHECKED
+        token = caps.get("grant", b"")
+        if type(token) is not bytes:
+            raise ProtocolError("bad_handshake", "grant")
+        return grants.admit(public, token)
 
     def _identified(
         self, label: bytes, peer_id: object, said: list[Any], caps: dict[Any, Any]
@@ -263,7 +310,11 @@ class Handshake:
             raise ProtocolError("bad_identity", "no identity proof")
         if node_id_of(public) != peer_id:
             raise ProtocolError("bad_identity", "node id not derived from its key")
-        if not identity.verify(public, label + self._codec.pack([*said, public]), signature):
+        signed = [*said, public]
+        token = caps.get("grant")
+        if type(token) is bytes and token:
+            signed.append(token)
+        if not identity.verify(public, label + self._codec.pack(signed), signature):
             raise ProtocolError("bad_identity", "bad signature")
         return public
 

@@ -28,6 +28,7 @@ import enum
 from dataclasses import dataclass, field
 
 from irismesh._core.frames import HEADER_SIZE
+from irismesh._core.rights import UNCHECKED, PeerGrant
 from irismesh._core.sealing import LinkKeys, Sealer
 from irismesh.errors import ProtocolError
 
@@ -75,6 +76,9 @@ class OutLink:
     ranked: list[tuple[int, int, int, bytes]] = field(default_factory=list)
     priorities: bool = False  # the peer's WELCOME says it reads requests' priorities
     traces: bool = False  # and that it reads trace context (TRACED, PUBLISH_TRACED)
+    # The peer's public key and verified grant, from its WELCOME (`rights`).
+    public: bytes = b""
+    grant: PeerGrant = UNCHECKED
     send_sealers: dict[int, Sealer] = field(default_factory=dict)
     recv_sealers: dict[int, Sealer] = field(default_factory=dict)
     # Publish/subscribe, this node publishing to the peer:
@@ -115,6 +119,11 @@ class InLink:
     to_grant: int = 0  # released by the application, not yet granted back
     topic_slots: dict[int, str] = field(default_factory=dict)  # slot -> topic scope ("*": default)
     handles: list[object] = field(default_factory=list)  # the key handle of each slot but 0
+    # The peer's public key and verified grant, from its HELLO (`rights`), and the slots whose
+    # cluster that grant does not let it call: their requests are answered Forbidden.
+    public: bytes = b""
+    grant: PeerGrant = UNCHECKED
+    refused: frozenset[int] = frozenset()
 
 
 @dataclass(slots=True, eq=False)

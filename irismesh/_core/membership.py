@@ -19,7 +19,10 @@ spends a fixed budget per protocol period, whatever the mesh's size:
 - **Dissemination.** Joins (ALIVE), suspicions, deaths and leaves are piggybacked on the
   datagrams the protocol sends anyway, and pushed to `gossip_nodes` random members every
   gossip interval, each update about λ·log N times (`broadcasts`): an epidemic that reaches all
-  nodes in O(log N) periods.
+  nodes in O(log N) periods. Notices (an authority's revocations: signed bytes this module
+  does not read) travel the same way: each node hands those it hears to its engine, which
+  spreads on only the ones it finds new and trusted, so a notice dies out once every node
+  holds it.
 - **Anti-entropy.** Now and then a node exchanges its whole table with one random member
   (STATE, push-pull), and tries one member it holds dead: a partition heals when both sides
   hear each other again and the nodes each side declared dead refute it. A joining node does
@@ -84,7 +87,8 @@ from irismesh.errors import ProtocolError
 _ALIVE_STATE, _SUSPECT_STATE = MemberState.ALIVE, MemberState.SUSPECT
 _DEAD_STATE, _LEFT_STATE = MemberState.DEAD, MemberState.LEFT
 
-_PING, _PING_REQ, _ACK, _NACK, _ALIVE, _SUSPECT, _DEAD, _STATE = range(1, 9)
+_PING, _PING_REQ, _ACK, _NACK, _ALIVE, _SUSPECT, _DEAD, _STATE, _NOTICE = range(1, 10)
+_MAX_NOTICES = 64  # notices heard and not yet taken by the engine
 _SMALL_TABLE = 8  # live members up to which a peer learnt on a link is asked for its table
 _MAX_VERDICTS = 8192  # records whose signature check is remembered
 
@@ -144,6 +148,9 @@ class Membership:
         self._started = False
         self._sealed_name: bytes | None = None
         self.left = False
+        # Notices heard (authorities' revocations, as opaque signed bytes): the engine takes
+        # them, and spreads on those it finds new and trusted (`spread_notice`).
+        self.notices: list[bytes] = []
 
     # ----------------------------------------------------------------- queries
 
@@ -370,6 +377,11 @@ class Membership:
             node_id, endpoint, address, tags, name = message[1], *message[3:7]
             record = MemberRecord(node_id, endpoint, address, tags, name, message[7], message[8])
             self._on_alive(record, message[2], now)
+        elif kind == _NOTICE:
+            if len(self.notices) < _MAX_NOTICES:
+                self.notices.append(message[1])
+            else:
+                self.stats["dropped_notices_overflow"] += 1
         elif kind in (_SUSPECT, _DEAD):
             node_id, incarnation = message[1], message[2]
             if kind == _SUSPECT:
@@ -569,6 +581,11 @@ class Membership:
             self._send_packed(member.record.address, [message], piggyback=False)
 
     # ----------------------------------------------------------------- spreading
+
+    def spread_notice(self, notice: bytes) -> None:
+        """Gossip a notice as the other updates are (piggybacked, each sent about
+        λ·log N times). Whether one is worth spreading is the engine's to say."""
+        self._queue.queue(b"notice:" + notice[-16:], encode_message([_NOTICE, notice]))
 
     def _announce_self(self) -> None:
         self._broadcast_alive(self.signed_me(), self.incarnation)

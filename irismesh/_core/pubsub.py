@@ -62,9 +62,17 @@ from irismesh._core.handshake import Handshake
 from irismesh._core.links import InLink, LinkObserver, OutLink
 from irismesh._core.outbox import Outbox
 from irismesh._core.records import MemberRecord
+from irismesh._core.rights import ALL_RIGHTS, Rights
 from irismesh._core.sealing import LinkSecurity
 from irismesh._core.topics import TopicTrie, parse_pattern_from_peer, parse_topic_from_peer
-from irismesh.errors import Closed, ConfigurationError, NoKey, PayloadTooLarge, ProtocolError
+from irismesh.errors import (
+    Closed,
+    ConfigurationError,
+    Forbidden,
+    NoKey,
+    PayloadTooLarge,
+    ProtocolError,
+)
 
 _SUBSCRIBE, _UNSUBSCRIBE = int(Kind.SUBSCRIBE), int(Kind.UNSUBSCRIBE)
 _CREDIT, _PUBLISH = int(Kind.CREDIT), int(Kind.PUBLISH)
@@ -134,6 +142,14 @@ class PubSubCore(LinkObserver):
         # scope in, and how many others want it but cannot read it (`_route`); forgotten
         # whenever interest or links change.
         self._routes: dict[str, tuple[list[tuple[OutLink, int]], int]] = {}
+        # This node's own rights (`rights`): checked once per topic published (the verdict
+        # kept in `_topics_out`) and per subscription made. The engine sets them.
+        self.rights: Rights = ALL_RIGHTS
+
+    def rights_changed(self, rights: Rights) -> None:
+        """This node's grant changed: topics are checked again as they are next published."""
+        self.rights = rights
+        self._topics_out.clear()
 
     # ----------------------------------------------------------------- own subscriptions
 
@@ -143,7 +159,11 @@ class PubSubCore(LinkObserver):
         return list(self._subscribed)
 
     def subscribe(self, pattern: str) -> None:
-        """One more local subscription to a (validated) pattern; peers hear of a new one."""
+        """One more local subscription to a (validated) pattern; peers hear of a new one.
+        Forbidden if this node's grant does not let it subscribe to the pattern."""
+        if pattern not in self._subscribed and not self.rights.may_subscribe(pattern):
+            self._stats["subscriptions_forbidden"] += 1
+            raise Forbidden(pattern, "subscribe", "this node's grant does not allow it")
         self._subscribed[pattern] += 1
         if self._subscribed[pattern] == 1:
             for inlink in self._inbound.values():
@@ -217,6 +237,10 @@ class PubSubCore(LinkObserver):
                 continue
             if add:
                 if pattern in link.interest:
+                    continue
+                if not link.grant.rights.may_subscribe(pattern):
+                    # The subscriber's grant does not allow it: nothing is ever sent to it.
+                    self._stats["refused_forbidden"] += 1
                     continue
                 if len(link.interest) >= self.config.max_interest:
                     self._stats["dropped_interest_overflow"] += 1
@@ -411,6 +435,9 @@ class PubSubCore(LinkObserver):
         return True
 
     def _topic_out(self, topic: str) -> tuple[bytes, str]:
+        if not self.rights.may_publish(topic):  # once per topic: the verdict is kept
+            self._stats["publishes_forbidden"] += 1
+            raise Forbidden(topic, "publish", "this node's grant does not allow it")
         scope = topic.partition(".")[0]
         if not self._security.has_key(scope):
             raise NoKey(scope)

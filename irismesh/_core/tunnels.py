@@ -215,6 +215,10 @@ class TunnelTable(LinkObserver):
         end.send_credit = min(arg, _MAX_WINDOW)
         self.ends[handle] = end
         self._served[key] = end
+        if link.refused and slot in link.refused:  # the caller's grant lacks `call` for it
+            self._stats["refused_forbidden"] += 1
+            self.send(handle, _RESET, 0, b"Forbidden: no right to call " + cluster.encode())
+            return
         if self.closed or len(self.ends) > self.config.max_tunnels:
             self._stats["tunnels_refused"] += 1
             self.send(handle, _RESET, 0, b"too many tunnels at the member")

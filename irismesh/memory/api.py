@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, TypeVar, overload
 
 from irismesh._core.frames import Kind
 from irismesh._nodestate import NodeState
-from irismesh.errors import ConfigurationError, MembershipTimeout, MeshError
+from irismesh.errors import ConfigurationError, Forbidden, MembershipTimeout, MeshError
 from irismesh.memory import MEMORY_CLUSTER
 from irismesh.patterns.pubsub import Message, Subscription
 from irismesh.patterns.reqrep import RequestHandler, as_bytes, incoming_trace
@@ -74,6 +74,9 @@ class MemoryApi(NodeState):
         this node's clock takes in the ids reread here. NoResponders when no memory member is
         running."""
         try:
+            core = self._core
+            if core is not None and not core.pubsub.rights.may_subscribe(pattern):
+                raise Forbidden(pattern, "subscribe", "this node's grant does not allow it")
             return await self.memory.reread(pattern, latest, timeout)
         except MeshError:
             await self._caller.turns.maybe_pause()  # refused at once: still fair
@@ -111,6 +114,11 @@ class MemoryApi(NodeState):
             if type(payload) is not bytes:
                 payload = as_bytes(payload)
             self.keyring.require(cluster)  # the job is sealed under the cluster's key
+            core = self._core
+            if core is not None and not core.calls.rights.may_call(cluster):
+                # A job is a call into its cluster: the grant must allow it (the memory
+                # member that hands it out must be allowed to call the cluster too).
+                raise Forbidden(cluster, "call", "this node's grant does not allow it")
             # The job's run continues the trace it was queued in.
             trace = self.tracing.current() if self.tracing is not None else incoming_trace()
             return await self.memory.enqueue(cluster, payload, expiry, timeout, trace)
@@ -212,6 +220,9 @@ class MemoryApi(NodeState):
 
     async def _retain(self, topic: str, payload: bytes, timeout: float | None) -> bytes:
         """Store a retained publish with the memory members: its id (`publish(retain=True)`)."""
+        core = self._core
+        if core is not None and not core.pubsub.rights.may_publish(topic):
+            raise Forbidden(topic, "publish", "this node's grant does not allow it")
         return await self.memory.retain(topic, payload, timeout)
 
 

@@ -19,6 +19,7 @@ Commands (`cmd`):
 - `probe`: `count` requests at once, each with `timeout`; answers each one's outcome and time.
 - `stats`: the node's counters, its members and every member drop it saw.
 - `data`: hold a replicated counter and set, change them, answer their values (`Controller.data`).
+- `revoke`: apply an authority's revocation (`token`, base64) and gossip it; answers `applied`.
 - `quit`: close the node and exit.
 
 The node exits on stdin EOF (the test is gone), on SIGTERM, and after `--max-seconds` whatever
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import hashlib
 import hmac
@@ -253,6 +255,9 @@ class Controller:
             return {"ok": True}
         if cmd == "data":
             return await self.data(message)
+        if cmd == "revoke":
+            applied = self.node.revoke(base64.b64decode(message["token"]))
+            return {"ok": True, "applied": applied, "at": time.monotonic()}
         return {"ok": False, "error": f"unknown command {cmd!r}"}
 
     async def data(self, message: dict[str, Any]) -> dict[str, Any]:
@@ -327,6 +332,8 @@ async def serve(args: argparse.Namespace) -> None:
         seeds=args.seed,
         survey=survey,
         mdns=mdns,
+        identity=args.identity,
+        grant=args.grant,
     )
     started = time.monotonic()
     async with node:
@@ -404,6 +411,8 @@ def main() -> None:
     parser.add_argument("--seed", action="append", default=[])
     parser.add_argument("--delay", type=float, default=0.002, help="seconds a request takes")
     parser.add_argument("--max-seconds", type=float, default=120.0)
+    parser.add_argument("--identity", default=None, help="the node's identity file")
+    parser.add_argument("--grant", default=None, help="the node's grant file")
     args = parser.parse_args()
 
     def expire() -> None:

@@ -318,10 +318,12 @@ class Lab:
         delay: float = 0.002,
         clients: Iterable[str] = (),
         timeout: float = 15.0,
+        extra: Mapping[str, Sequence[str]] | None = None,
     ) -> dict[str, MeshProcess]:
         """Start nodes on the named hosts (all at once), wait until every one is ready.
 
-        Hosts in `clients` join no cluster: they only send requests.
+        Hosts in `clients` join no cluster: they only send requests. `extra` adds arguments
+        to some hosts' nodes (`meshnode.py --identity FILE --grant FILE`).
         """
         clients = set(clients)
         started: dict[str, MeshProcess] = {}
@@ -332,6 +334,7 @@ class Lab:
             argv += ["--cluster", "" if name in clients else cluster, "--target", cluster]
             for seed in seeds:
                 argv += ["--seed", seed]
+            argv += list((extra or {}).get(name, ()))  # e.g. an identity and a grant
             node = MeshProcess(host, argv, self.env, self.workdir)
             self.nodes[name] = started[name] = node
         deadline = time.monotonic() + timeout
