@@ -58,10 +58,7 @@ file under the header ``# irismesh authority v1`` (private to its owner, mode 06
 from __future__ import annotations
 
 import base64
-import contextlib
 import os
-import stat
-import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -79,7 +76,7 @@ from irismesh._core.rights import NO_RIGHTS, UNCHECKED, UNGRANTED, PeerGrant, Ri
 from irismesh._core.topics import validate_pattern
 from irismesh.errors import ConfigurationError, ProtocolError
 from irismesh.security.identity import verify
-from irismesh.security.keyring import _check_private, _fsync_dir, _publish_new
+from irismesh.security.keyring import _read_private, _write_private
 
 __all__ = [
     "MAX_TOKEN",
@@ -244,23 +241,8 @@ class Grant:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the grant file atomically (a grant is no secret: mode 0644)."""
-        name = os.fspath(path)
-        directory = os.path.dirname(os.path.abspath(name))
-        try:
-            fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(name)}.")
-            try:
-                with os.fdopen(fd, "wb") as file:
-                    file.write(self.to_text().encode())
-                    file.flush()
-                    os.fsync(file.fileno())
-                os.chmod(tmp, 0o644)
-                os.replace(tmp, name)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
-        except OSError as exc:
-            raise ConfigurationError(f"cannot write grant {name}: {exc.strerror or exc}") from None
+        data = self.to_text().encode()
+        _write_private(os.fspath(path), data, what="grant", overwrite=True, mode=0o644)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -395,57 +377,15 @@ class Authority:
     def load(cls, path: str | os.PathLike[str]) -> Authority:
         """Read an authority file, refusing one that group or others may access."""
         name = os.fspath(path)
-        try:
-            with open(name, "rb") as file:
-                info = os.fstat(file.fileno())
-                if not stat.S_ISREG(info.st_mode):
-                    raise ConfigurationError(f"authority {name} is not a regular file")
-                _check_private(name, info.st_mode)
-                data = file.read()
-        except FileNotFoundError:
-            raise ConfigurationError(
-                f"authority {name} not found: `mesh authority new` makes one"
-            ) from None
-        except OSError as exc:
-            raise ConfigurationError(
-                f"cannot read authority {name}: {exc.strerror or exc}"
-            ) from None
-        try:
-            authority = cls.from_text(data.decode("utf-8"), source=name)
-        except UnicodeDecodeError:
-            raise ConfigurationError(f"authority {name} is not UTF-8 text") from None
+        text = _read_private(name, what="authority", maker="`mesh authority new`")
+        authority = cls.from_text(text, source=name)
         authority.path = name
         return authority
 
     def save(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> None:
         """Write the key as a new 0600 file, atomically; replace one only if asked."""
-        name = os.fspath(path)
-        exists = f"authority {name} already exists: pass overwrite=True to replace it"
-        if not overwrite and os.path.lexists(name):
-            raise ConfigurationError(exists)
-        directory = os.path.dirname(os.path.abspath(name))
-        try:
-            fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(name)}.")
-            try:
-                with os.fdopen(fd, "wb") as file:
-                    file.write(self.to_text().encode())
-                    file.flush()
-                    os.fsync(file.fileno())
-                if overwrite:
-                    os.replace(tmp, name)
-                else:
-                    _publish_new(tmp, name)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
-        except FileExistsError:
-            raise ConfigurationError(exists) from None
-        except OSError as exc:
-            raise ConfigurationError(
-                f"cannot write authority {name}: {exc.strerror or exc}"
-            ) from None
-        _fsync_dir(directory)
+        data = self.to_text().encode()
+        _write_private(os.fspath(path), data, what="authority", overwrite=overwrite)
 
     def __repr__(self) -> str:
         return f"Authority(public={base64.b64encode(self.public).decode()})"

@@ -174,9 +174,13 @@ def _read_private(name: str, *, what: str, maker: str, hint: str = "") -> str:
         raise ConfigurationError(f"{what} {name} is not UTF-8 text{hint}") from None
 
 
-def _write_private(name: str, data: bytes, *, what: str, overwrite: bool) -> None:
-    """Write `data` as a new 0600 file `name` (a `what`: keyring, identity), atomically;
-    replace an existing one only if `overwrite`. ConfigurationError if it cannot."""
+def _write_private(
+    name: str, data: bytes, *, what: str, overwrite: bool, mode: int = 0o600
+) -> None:
+    """Write `data` as a new file `name` (a `what`: keyring, identity), atomically; replace an
+    existing one only if `overwrite`. The file is 0600 from its creation; `mode` is what it
+    gets before it takes its name (0644 for a file that holds no secret). ConfigurationError
+    if it cannot."""
     exists = f"{what} {name} already exists: pass overwrite=True to replace it"
     if not overwrite and os.path.lexists(name):
         raise ConfigurationError(exists)
@@ -191,6 +195,8 @@ def _write_private(name: str, data: bytes, *, what: str, overwrite: bool) -> Non
                 file.write(data)
                 file.flush()
                 os.fsync(file.fileno())
+            if mode != 0o600:
+                os.chmod(tmp, mode)
             if overwrite:
                 os.replace(tmp, name)
             else:
