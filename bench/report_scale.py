@@ -219,8 +219,19 @@ class PeakRss:
         return self.peak
 
 
-def spark_report(parquet: Path, out: Path, master: str) -> tuple[float, int]:
+def timed_process(command: list[str], failed: str, hint: str = "") -> tuple[float, int]:
+    """Wall time and peak RSS of `command` run to its end; a failure ends the bench."""
     started = time.perf_counter()
+    process = subprocess.Popen(command)
+    peak = PeakRss(process.pid)
+    status = process.wait()
+    rss = peak.stop()
+    if status != 0:
+        raise SystemExit(f"{failed} (exit {status}){hint}")
+    return time.perf_counter() - started, rss
+
+
+def spark_report(parquet: Path, out: Path, master: str) -> tuple[float, int]:
     command = [
         sys.executable,
         "-m",
@@ -234,13 +245,7 @@ def spark_report(parquet: Path, out: Path, master: str) -> tuple[float, int]:
         master,
         "--quiet",
     ]
-    process = subprocess.Popen(command)
-    peak = PeakRss(process.pid)
-    status = process.wait()
-    rss = peak.stop()
-    if status != 0:
-        raise SystemExit(f"the report failed (exit {status})")
-    return time.perf_counter() - started, rss
+    return timed_process(command, "the report failed")
 
 
 DUCKDB_QUERIES = {
@@ -274,15 +279,8 @@ DUCKDB_QUERIES = {
 
 def duckdb_reference(parquet: Path, bucket: int) -> tuple[float, int]:
     """Wall time and peak RSS of DuckDB running every query, in a process of its own."""
-    started = time.perf_counter()
     command = [sys.executable, __file__, "--duckdb-only", str(parquet), str(bucket)]
-    process = subprocess.Popen(command)
-    peak = PeakRss(process.pid)
-    status = process.wait()
-    rss = peak.stop()
-    if status != 0:
-        raise SystemExit(f"DuckDB failed (exit {status}): pip install duckdb")
-    return time.perf_counter() - started, rss
+    return timed_process(command, "DuckDB failed", hint=": pip install duckdb")
 
 
 def run_duckdb(parquet: Path, bucket: int) -> None:
