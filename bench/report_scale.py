@@ -37,9 +37,8 @@ import _harness as harness
 import numpy as np
 import psutil
 import pyarrow as pa
-import pyarrow.dataset as ds
 
-from irismesh.spark_telemetry.compact import _PARTITIONING, add_partitions
+from irismesh.spark_telemetry.compact import add_partitions, write_partitioned
 from irismesh.spark_telemetry.synthetic import MeshShape
 from irismesh.telemetry.schema import arrow_schema
 
@@ -181,16 +180,7 @@ def write_parquet(millions: float, out: Path) -> int:
         [side_records(shape)], call_tables(int(millions * MILLION), shape, rng)
     )
     for number, table in enumerate(tables):  # one chunk in memory at a time
-        ds.write_dataset(
-            add_partitions(table),
-            out,
-            format="parquet",
-            partitioning=_PARTITIONING,
-            basename_template=f"part-{number:05d}-{{i}}.parquet",
-            existing_data_behavior="overwrite_or_ignore",
-            file_options=ds.ParquetFileFormat().make_write_options(compression="zstd"),
-            max_rows_per_group=1 << 20,
-        )
+        write_partitioned(add_partitions(table), out, f"part-{number:05d}")
         written += table.num_rows
     return written
 
