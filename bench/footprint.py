@@ -29,12 +29,12 @@ import contextlib
 import importlib.util
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
+
+import _harness as harness
 
 NATS_SUBJECT = "bench.footprint"
 CLUSTER = "footprint"
@@ -110,25 +110,6 @@ else:
 
 
 # ------------------------------------------------------------------------------ the parent
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def wait_for_tcp(port: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"nothing listens on 127.0.0.1:{port}") from None
-            time.sleep(0.05)
 
 
 def _result(line: str) -> tuple[float, int]:
@@ -232,7 +213,7 @@ def main() -> None:
         for module in imports:
             imports[module].append(measure_import(module))
 
-    port = free_port()
+    port = harness.free_tcp_port()
     broker = subprocess.Popen(
         [nats_server, "-a", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
@@ -240,7 +221,7 @@ def main() -> None:
     )
     running: dict[str, list[int]] = {"node": [], "node-asyncio": [], "nats": []}
     try:
-        wait_for_tcp(port, 10)
+        harness.wait_for_tcp(port, 10)
         url = f"nats://127.0.0.1:{port}"
         for _ in range(args.runs):
             for kind in running:

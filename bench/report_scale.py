@@ -37,9 +37,8 @@ import _harness as harness
 import numpy as np
 import psutil
 import pyarrow as pa
-import pyarrow.dataset as ds
 
-from irismesh.spark_telemetry.compact import _PARTITIONING, add_partitions
+from irismesh.spark_telemetry.compact import add_partitions, write_partitioned
 from irismesh.spark_telemetry.synthetic import MeshShape
 from irismesh.telemetry.schema import arrow_schema
 
@@ -181,16 +180,7 @@ def write_parquet(millions: float, out: Path) -> int:
         [side_records(shape)], call_tables(int(millions * MILLION), shape, rng)
     )
     for number, table in enumerate(tables):  # one chunk in memory at a time
-        ds.write_dataset(
-            add_partitions(table),
-            out,
-            format="parquet",
-            partitioning=_PARTITIONING,
-            basename_template=f"part-{number:05d}-{{i}}.parquet",
-            existing_data_behavior="overwrite_or_ignore",
-            file_options=ds.ParquetFileFormat().make_write_options(compression="zstd"),
-            max_rows_per_group=1 << 20,
-        )
+        write_partitioned(add_partitions(table), out, f"part-{number:05d}")
         written += table.num_rows
     return written
 
@@ -219,8 +209,19 @@ class PeakRss:
         return self.peak
 
 
-def spark_report(parquet: Path, out: Path, master: str) -> tuple[float, int]:
+def timed_process(command: list[str], failed: str, hint: str = "") -> tuple[float, int]:
+    """Wall time and peak RSS of `command` run to its end; a failure ends the bench."""
     started = time.perf_counter()
+    process = subprocess.Popen(command)
+    peak = PeakRss(process.pid)
+    status = process.wait()
+    rss = peak.stop()
+    if status != 0:
+        raise SystemExit(f"{failed} (exit {status}){hint}")
+    return time.perf_counter() - started, rss
+
+
+def spark_report(parquet: Path, out: Path, master: str) -> tuple[float, int]:
     command = [
         sys.executable,
         "-m",
@@ -234,13 +235,7 @@ def spark_report(parquet: Path, out: Path, master: str) -> tuple[float, int]:
         master,
         "--quiet",
     ]
-    process = subprocess.Popen(command)
-    peak = PeakRss(process.pid)
-    status = process.wait()
-    rss = peak.stop()
-    if status != 0:
-        raise SystemExit(f"the report failed (exit {status})")
-    return time.perf_counter() - started, rss
+    return timed_process(command, "the report failed")
 
 
 DUCKDB_QUERIES = {
@@ -274,15 +269,8 @@ DUCKDB_QUERIES = {
 
 def duckdb_reference(parquet: Path, bucket: int) -> tuple[float, int]:
     """Wall time and peak RSS of DuckDB running every query, in a process of its own."""
-    started = time.perf_counter()
     command = [sys.executable, __file__, "--duckdb-only", str(parquet), str(bucket)]
-    process = subprocess.Popen(command)
-    peak = PeakRss(process.pid)
-    status = process.wait()
-    rss = peak.stop()
-    if status != 0:
-        raise SystemExit(f"DuckDB failed (exit {status}): pip install duckdb")
-    return time.perf_counter() - started, rss
+    return timed_process(command, "DuckDB failed", hint=": pip install duckdb")
 
 
 def run_duckdb(parquet: Path, bucket: int) -> None:

@@ -54,6 +54,11 @@ def desks_for(size: int) -> int:
     return max(1, size // STORIES_PER_DESK)
 
 
+def draw(desks: int, rng: random.Random) -> tuple[str, int, float]:
+    """A desk, one of its stories, and a number in [0, 1) that picks the kind (in this order)."""
+    return f"desk{rng.randrange(desks)}", rng.randrange(STORIES_PER_DESK), rng.random()
+
+
 def subscriptions(size: int, rng: random.Random) -> list[tuple[str, int]]:
     """`size` (pattern, subscriber id) pairs in the newsroom mix of the module docstring."""
     if size == 1:
@@ -61,9 +66,7 @@ def subscriptions(size: int, rng: random.Random) -> list[tuple[str, int]]:
     desks = desks_for(size)
     pairs = []
     for subscriber in range(size):
-        desk = f"desk{rng.randrange(desks)}"
-        story = rng.randrange(STORIES_PER_DESK)
-        kind = rng.random()
+        desk, story, kind = draw(desks, rng)
         if kind < 0.70:
             pattern = f"feeds.{desk}.{story}"
         elif kind < 0.85:
@@ -82,9 +85,7 @@ def published(size: int, rng: random.Random) -> list[str]:
     desks = desks_for(size)
     topics = []
     for _ in range(TOPICS):
-        desk = f"desk{rng.randrange(desks)}"
-        story = rng.randrange(STORIES_PER_DESK)
-        kind = rng.random()
+        desk, story, kind = draw(desks, rng)
         if kind < 0.90:
             topics.append(f"feeds.{desk}.{story}")
         elif kind < 0.95:

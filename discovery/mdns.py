@@ -62,7 +62,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from irismesh.errors import Closed, ConfigurationError, ProtocolError
+from irismesh.discovery._common import check_startable, ipv4_host, offer
+from irismesh.errors import ConfigurationError, ProtocolError
 
 if TYPE_CHECKING:
     from zeroconf import ServiceStateChange, Zeroconf
@@ -216,20 +217,15 @@ class MdnsConfig:
                 "mdns interfaces must be a non-empty tuple of IPv4 addresses, e.g. ('127.0.0.1',)"
             )
         for text in self.interfaces:
-            try:
-                address = ipaddress.IPv4Address(text)
-            except ValueError:
-                raise ConfigurationError(
-                    f"mdns interface {text!r} is not an IPv4 address: name each interface by "
-                    "its address, e.g. '127.0.0.1'"
-                ) from None
             # 0.0.0.0 and the broadcast address stand for no one interface: mDNS would leave by
             # whichever interface the routing table picks.
-            if address.is_unspecified or address.is_multicast or address.is_reserved:
-                raise ConfigurationError(
-                    f"mdns interface {text} must be the address of one interface, e.g. "
-                    "127.0.0.1 (the default) or this host's LAN address"
-                )
+            address = ipv4_host(
+                text,
+                not_ipv4=f"mdns interface {text!r} is not an IPv4 address: name each interface "
+                "by its address, e.g. '127.0.0.1'",
+                not_host=f"mdns interface {text} must be the address of one interface, e.g. "
+                "127.0.0.1 (the default) or this host's LAN address",
+            )
             if str(address) != text:
                 raise ConfigurationError(f"write mdns interface {text!r} as {str(address)!r}")
         if not _SERVICE_TYPE.fullmatch(self.service_type) or "--" in self.service_type:
@@ -348,10 +344,7 @@ class MdnsDiscovery:
 
     async def start(self) -> None:
         """Open zeroconf, browse and register; raise `ConfigurationError` if that fails."""
-        if self._closed:
-            raise Closed("this MdnsDiscovery is closed; create a new one")
-        if self._started:
-            raise ConfigurationError("MdnsDiscovery.start() was already called")
+        check_startable("MdnsDiscovery", closed=self._closed, started=self._started)
         self._started = True
         try:
             await self._open()
@@ -420,12 +413,7 @@ class MdnsDiscovery:
                     self._count("reoffered")
 
     def _offer(self, node_id: bytes, endpoint: str) -> None:
-        try:
-            self._on_candidate(node_id, endpoint)
-        except Exception:
-            self._count("callback_errors")
-            level = logging.WARNING if self._stats["callback_errors"] == 1 else logging.DEBUG
-            _log.log(level, "mdns candidate callback raised; discovery goes on", exc_info=True)
+        offer(self._on_candidate, node_id, endpoint, stats=self._stats, what="mdns", log=_log)
 
     async def _shut(self) -> None:
         tasks = list(self._resolving.values())

@@ -92,8 +92,9 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
+from irismesh.discovery._common import check_startable, ipv4_host, offer
 from irismesh.discovery.sealed import SLOT_LEN, SLOTS, ClusterSeal
-from irismesh.errors import Closed, ConfigurationError, ProtocolError
+from irismesh.errors import ConfigurationError, ProtocolError
 
 if TYPE_CHECKING:
     from irismesh.security.keyring import Keyring
@@ -358,14 +359,11 @@ class SurveyConfig:
         if not 0 <= self.jitter < 1:
             raise ConfigurationError(f"survey jitter {self.jitter} is not in [0, 1)")
         for target in self.unicast_targets:
-            try:
-                address = ipaddress.IPv4Address(target)
-            except ValueError:
-                raise ConfigurationError(
-                    f"survey unicast target {target!r} is not an IPv4 address"
-                ) from None
-            if address.is_unspecified or address.is_multicast or address.is_reserved:
-                raise ConfigurationError(f"survey unicast target {target} is not a host address")
+            ipv4_host(
+                target,
+                not_ipv4=f"survey unicast target {target!r} is not an IPv4 address",
+                not_host=f"survey unicast target {target} is not a host address",
+            )
         if len(self.unicast_targets) > 64:
             raise ConfigurationError("at most 64 survey unicast targets")
         if any(len(realm) > MAX_REALM_LEN for realm in (self.realm, *self.accepted_realms)):
@@ -585,10 +583,7 @@ class SurveyDiscovery:
 
     async def start(self) -> None:
         """Open both sockets and start asking; raise `ConfigurationError` if they cannot open."""
-        if self._closed:
-            raise Closed("this SurveyDiscovery is closed; create a new one")
-        if self._started:
-            raise ConfigurationError("SurveyDiscovery.start() was already called")
+        check_startable("SurveyDiscovery", closed=self._closed, started=self._started)
         self._started = True
         loop = asyncio.get_running_loop()
         try:
@@ -830,12 +825,7 @@ class SurveyDiscovery:
 
     def _pass_on(self, node_id: bytes, endpoint: str) -> None:
         self._count("candidates_passed")
-        try:
-            self._on_candidate(node_id, endpoint)
-        except Exception:
-            self._count("callback_errors")
-            level = logging.WARNING if self._stats["callback_errors"] == 1 else logging.DEBUG
-            _log.log(level, "survey candidate callback raised; discovery goes on", exc_info=True)
+        offer(self._on_candidate, node_id, endpoint, stats=self._stats, what="survey", log=_log)
 
     def _remember(self, node_id: bytes, endpoint: str, names: Sequence[str]) -> None:
         announced = self._announced.get(node_id)

@@ -83,36 +83,36 @@ class IntrospectionApi(NodeState):
         rights = core.calls.rights
         if not (rights.may_call(cluster) or rights.may_serve(cluster)):
             raise Forbidden(cluster, "call", "this node's grant does not allow it")
-        changed = self._membership_changed
-        assert changed is not None
-        deadline = driver.loop.time() + timeout
-        while True:
+
+        def found() -> int:
             core.want(cluster, driver.loop.time())  # link to its members, if not yet
             driver.flush_soon()
-            found = len(core.members(cluster))
-            if found >= count:
-                return found
-            remaining = deadline - driver.loop.time()
-            if remaining <= 0:
-                raise MembershipTimeout(cluster, count, found, timeout)
-            changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), remaining)
+            return len(core.members(cluster))
+
+        return await self._wait_for_count(found, cluster, count, timeout)
 
     async def wait_for_peers(self, count: int = 1, *, timeout: float = 10.0) -> int:
         """Wait until membership knows at least `count` other live nodes (alive or suspect),
         whatever clusters they serve; returns how many it knows. Opens no link."""
-        core, driver = self._caller.running()
+        core, _driver = self._caller.running()
+        return await self._wait_for_count(lambda: len(core.membership), None, count, timeout)
+
+    async def _wait_for_count(
+        self, found: Callable[[], int], cluster: str | None, count: int, timeout: float
+    ) -> int:
+        """Look again at each membership change until `found()` is `count` or more (returned),
+        or raise `MembershipTimeout` after `timeout` seconds."""
+        _core, driver = self._caller.running()
         changed = self._membership_changed
         assert changed is not None
         deadline = driver.loop.time() + timeout
         while True:
-            found = len(core.membership)
-            if found >= count:
-                return found
+            now_found = found()
+            if now_found >= count:
+                return now_found
             remaining = deadline - driver.loop.time()
             if remaining <= 0:
-                raise MembershipTimeout(None, count, found, timeout)
+                raise MembershipTimeout(cluster, count, now_found, timeout)
             changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), remaining)

@@ -58,6 +58,25 @@ _PARTITIONING = ds.partitioning(
 )
 
 
+def write_partitioned(
+    table: pa.Table, out: Path, stem: str, visitor: Callable[[Any], None] | None = None
+) -> None:
+    """Write `table` (its partition columns added, `add_partitions`) below `out` as zstd Parquet
+    in the hive layout the report reads, files named `<stem>-<i>.parquet` (a file of that name
+    is replaced); `visitor` is given each file written."""
+    ds.write_dataset(
+        table,
+        out,
+        format="parquet",
+        partitioning=_PARTITIONING,
+        basename_template=f"{stem}-{{i}}.parquet",
+        existing_data_behavior="overwrite_or_ignore",
+        file_options=ds.ParquetFileFormat().make_write_options(compression="zstd"),
+        file_visitor=visitor,
+        max_rows_per_group=1 << 20,
+    )
+
+
 @dataclass(slots=True, kw_only=True)
 class CompactionResult:
     """What one compaction did."""
@@ -109,17 +128,7 @@ def compact(
         if table.num_rows:
             table = add_partitions(table)
             written: list[Any] = []
-            ds.write_dataset(
-                table,
-                out,
-                format="parquet",
-                partitioning=_PARTITIONING,
-                basename_template=f"part-{run}-{number:05d}-{{i}}.parquet",
-                existing_data_behavior="overwrite_or_ignore",
-                file_options=ds.ParquetFileFormat().make_write_options(compression="zstd"),
-                file_visitor=written.append,
-                max_rows_per_group=1 << 20,
-            )
+            write_partitioned(table, out, f"part-{run}-{number:05d}", visitor=written.append)
             for item in written:
                 result.bytes_out += item.size or 0
                 result.partitions.add(str(Path(item.path).parent.relative_to(out)))

@@ -4,8 +4,12 @@ on 127.0.0.1, on ports the system picks."""
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 from contextlib import AsyncExitStack
 from typing import Any
+
+import pytest
 
 import irismesh
 from irismesh.federation import LinkConfig
@@ -93,3 +97,22 @@ async def gateway(
     if not mesh.seeds:
         mesh.seeds.append(gw.node.endpoint)
     return gw
+
+
+async def echoed_through(client: irismesh.Node, cluster: str, messages: list[bytes]) -> None:
+    """Send `messages` down a tunnel to `cluster` (an echoing member) while reading; fail unless
+    each comes back whole and in order, and then the end of the stream."""
+    async with client.tunnel(cluster, timeout=5) as tunnel:
+
+        async def write() -> None:
+            for message in messages:
+                await tunnel.send(message)
+            await tunnel.send_eof()
+
+        writer = asyncio.create_task(write())
+        got = [await tunnel.recv() for _ in messages]
+        with pytest.raises(irismesh.EndOfStream):
+            await tunnel.recv()
+        await writer
+    digest = hashlib.sha256
+    assert [digest(m).digest() for m in got] == [digest(m).digest() for m in messages]

@@ -33,22 +33,30 @@ _FAR_SHARE = 0.8  # of a broadcast's or survey's time the far mesh gets: its ans
 class ExportedClusters(GatewayState):
     """Gateway's methods that answer the calls far gateways pass on to its exports."""
 
-    def _on_request(self, end: LinkEnd, item: Item) -> None:
-        if not is_call(item):
-            self.stats_counter["dropped_malformed"] += 1
-            return
-        _, call_id, cluster, budget_ms, payload = item[:5]
-        trace = item[5] if len(item) > 5 else b""
+    def _exported(self, end: LinkEnd, call_id: int, cluster: str, what: str) -> bool:
+        """Whether a far call of kind `what` to `cluster` is served here (counted as
+        `<what>_served`); if the cluster is not exported the call is answered NoResponders
+        (counted as `<what>_refused_not_exported`)."""
         if cluster not in self.export.clusters:
-            self.stats_counter["requests_refused_not_exported"] += 1
+            self.stats_counter[f"{what}_refused_not_exported"] += 1
             self._answer(
                 end,
                 call_id,
                 ERROR,
                 pack_error("NoResponders", f"no cluster {cluster!r} is exported here"),
             )
+            return False
+        self.stats_counter[f"{what}_served"] += 1
+        return True
+
+    def _on_request(self, end: LinkEnd, item: Item) -> None:
+        if not is_call(item):
+            self.stats_counter["dropped_malformed"] += 1
             return
-        self.stats_counter["requests_served"] += 1
+        _, call_id, cluster, budget_ms, payload = item[:5]
+        trace = item[5] if len(item) > 5 else b""
+        if not self._exported(end, call_id, cluster, "requests"):
+            return
         try:  # answered as the reply arrives: no Future, no loop turn
             self.node.request_callback(
                 cluster,
@@ -90,16 +98,8 @@ class ExportedClusters(GatewayState):
         kind, call_id, cluster, budget_ms, payload = item[:5]
         trace = item[5] if len(item) > 5 else b""
         what = "broadcasts" if kind == BROADCAST else "surveys"
-        if cluster not in self.export.clusters:
-            self.stats_counter[f"{what}_refused_not_exported"] += 1
-            self._answer(
-                end,
-                call_id,
-                ERROR,
-                pack_error("NoResponders", f"no cluster {cluster!r} is exported here"),
-            )
+        if not self._exported(end, call_id, cluster, what):
             return
-        self.stats_counter[f"{what}_served"] += 1
         timeout = budget_ms / 1000 * _FAR_SHARE
         if kind == BROADCAST:
             task = asyncio.get_running_loop().create_task(

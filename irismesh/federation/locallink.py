@@ -61,12 +61,6 @@ class LocalEnd(LinkEnd):
         self._waiting.append(item)
         return True
 
-    def send_plain(self, item: Item) -> bool:
-        if not self.up:
-            return False
-        self._plain.append(item)
-        return True
-
     def outgoing(self, now: float) -> list[bytes]:
         """Hand what waits over to the peer now (nothing goes on a wire)."""
         other = self.other

@@ -4,10 +4,9 @@ and the low still completes; publishes waiting for room take turns by priority."
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
 
 import pytest
-from helpers import burn, run_with_deadline, wait_until
+from helpers import burn, deadline, wait_until
 
 import irismesh
 from irismesh import Priority, sync
@@ -16,74 +15,66 @@ from irismesh.patterns.pubsub import Turns
 COST = 0.004  # seconds of CPU each handler run burns
 
 
-def run(coro: Awaitable[None], timeout: float = 30) -> None:
-    run_with_deadline(coro, timeout)
-
-
-def test_an_overloaded_member_serves_high_before_low_and_low_still_completes(
+@deadline(30)
+async def test_an_overloaded_member_serves_high_before_low_and_low_still_completes(
     keys: irismesh.Keyring,
 ) -> None:
-    async def main() -> None:
-        handled: list[bytes] = []
-        overtaken = 0  # low runs started while a high one had arrived and waited
+    handled: list[bytes] = []
+    overtaken = 0  # low runs started while a high one had arrived and waited
 
-        async with irismesh.Node("work", keyring=keys) as member:
+    async with irismesh.Node("work", keyring=keys) as member:
 
-            @member.on_request
-            def handle(payload: bytes) -> bytes:
-                nonlocal overtaken
-                arrived = member.stats.get("requests_arrived_high", 0)
-                if payload.startswith(b"low") and arrived > handled.count(b"high"):
-                    overtaken += 1
-                handled.append(payload[:4] if payload.startswith(b"high") else payload)
-                burn(COST)
-                return payload
+        @member.on_request
+        def handle(payload: bytes) -> bytes:
+            nonlocal overtaken
+            arrived = member.stats.get("requests_arrived_high", 0)
+            if payload.startswith(b"low") and arrived > handled.count(b"high"):
+                overtaken += 1
+            handled.append(payload[:4] if payload.startswith(b"high") else payload)
+            burn(COST)
+            return payload
 
-            async with irismesh.Node(keyring=keys, seeds=[member.endpoint]) as client:
-                await client.wait_for_members("work", timeout=5)
-                await client.request("work", b"warm", timeout=5)
-                lows = [
-                    asyncio.ensure_future(
-                        client.request("work", b"low%d" % i, timeout=20, priority=Priority.LOW)
-                    )
-                    for i in range(150)
-                ]
-                await wait_until(
-                    lambda: member.stats.get("requests_waiting", 0) >= 100,
-                    10,
-                    "a queue of low-priority requests at the member",
+        async with irismesh.Node(keyring=keys, seeds=[member.endpoint]) as client:
+            await client.wait_for_members("work", timeout=5)
+            await client.request("work", b"warm", timeout=5)
+            lows = [
+                asyncio.ensure_future(
+                    client.request("work", b"low%d" % i, timeout=20, priority=Priority.LOW)
                 )
-                highs = [
-                    asyncio.ensure_future(
-                        client.request("work", b"high%d" % i, timeout=20, priority=Priority.HIGH)
-                    )
-                    for i in range(5)
-                ]
-                assert [await h for h in highs] == [b"high%d" % i for i in range(5)]
-                # Once a high one had arrived, no low one started before it (the lower class's
-                # share, one start in SHARE_EVERY, is not due within five).
-                assert overtaken == 0, handled
-                assert [await low for low in lows] == [b"low%d" % i for i in range(150)]
-                stats = member.stats
-                assert stats["requests_admitted_high"] == 5
-                assert stats["requests_admitted_low"] == 150
-                assert stats["requests_arrived_low"] == 150
+                for i in range(150)
+            ]
+            await wait_until(
+                lambda: member.stats.get("requests_waiting", 0) >= 100,
+                10,
+                "a queue of low-priority requests at the member",
+            )
+            highs = [
+                asyncio.ensure_future(
+                    client.request("work", b"high%d" % i, timeout=20, priority=Priority.HIGH)
+                )
+                for i in range(5)
+            ]
+            assert [await h for h in highs] == [b"high%d" % i for i in range(5)]
+            # Once a high one had arrived, no low one started before it (the lower class's
+            # share, one start in SHARE_EVERY, is not due within five).
+            assert overtaken == 0, handled
+            assert [await low for low in lows] == [b"low%d" % i for i in range(150)]
+            stats = member.stats
+            assert stats["requests_admitted_high"] == 5
+            assert stats["requests_admitted_low"] == 150
+            assert stats["requests_arrived_low"] == 150
 
-    run(main())
 
-
-def test_a_priority_out_of_range_is_a_configuration_error(keys: irismesh.Keyring) -> None:
-    async def main() -> None:
-        async with irismesh.Node("work", keyring=keys) as member:
-            member.on_request(lambda payload: payload)
-            async with irismesh.Node(keyring=keys, seeds=[member.endpoint]) as client:
-                await client.wait_for_members("work", timeout=5)
-                with pytest.raises(irismesh.ConfigurationError, match="priority"):
-                    await client.request("work", b"x", priority=8)
-                with pytest.raises(irismesh.ConfigurationError, match="priority"):
-                    await client.publish("t", b"x", priority="high")  # type: ignore[arg-type]
-
-    run(main())
+@deadline(30)
+async def test_a_priority_out_of_range_is_a_configuration_error(keys: irismesh.Keyring) -> None:
+    async with irismesh.Node("work", keyring=keys) as member:
+        member.on_request(lambda payload: payload)
+        async with irismesh.Node(keyring=keys, seeds=[member.endpoint]) as client:
+            await client.wait_for_members("work", timeout=5)
+            with pytest.raises(irismesh.ConfigurationError, match="priority"):
+                await client.request("work", b"x", priority=8)
+            with pytest.raises(irismesh.ConfigurationError, match="priority"):
+                await client.publish("t", b"x", priority="high")  # type: ignore[arg-type]
 
 
 def test_the_sync_api_takes_a_priority(keys: irismesh.Keyring) -> None:
@@ -95,62 +86,59 @@ def test_the_sync_api_takes_a_priority(keys: irismesh.Keyring) -> None:
             assert client.publish("nobody.listens", b"x", priority=Priority.LOW) == 0
 
 
-def test_publishes_blocked_by_a_slow_subscriber_go_out_by_priority(keys: irismesh.Keyring) -> None:
+@deadline(30)
+async def test_publishes_blocked_by_a_slow_subscriber_go_out_by_priority(
+    keys: irismesh.Keyring,
+) -> None:
     window = 32
-
-    async def main() -> None:
-        config = irismesh.CoreConfig(pubsub_window=window)
-        sub_node = await irismesh.Node(keyring=keys, config=config).start()
-        pub = irismesh.Node(keyring=keys, seeds=[sub_node.endpoint])
-        async with sub_node, pub:
-            sub = sub_node.subscribe("jobs", maxsize=window)
-            await pub.wait_for_subscribers("jobs", 1, timeout=5)
-            for i in range(window):  # the subscriber's whole window: the next ones wait
-                await pub.publish("jobs", b"%d" % i, timeout=5)
-            waiting = []
-            for name, priority in [
-                (b"first", Priority.NORMAL),  # it waits for room first, holding the turn
-                (b"low", Priority.LOW),
-                (b"normal", Priority.NORMAL),
-                (b"high", Priority.HIGH),
-            ]:
-                task = pub.publish("jobs", name, timeout=10, priority=priority)
-                waiting.append(asyncio.ensure_future(task))
-                await asyncio.sleep(0.01)
-            assert not any(task.done() for task in waiting)
-            got = [(await sub.get(timeout=5)).payload for _ in range(window + 4)]
-            await asyncio.gather(*waiting)
-            assert got[:window] == [b"%d" % i for i in range(window)]
-            assert got[window:] == [b"first", b"high", b"normal", b"low"]
-
-    run(main())
+    config = irismesh.CoreConfig(pubsub_window=window)
+    sub_node = await irismesh.Node(keyring=keys, config=config).start()
+    pub = irismesh.Node(keyring=keys, seeds=[sub_node.endpoint])
+    async with sub_node, pub:
+        sub = sub_node.subscribe("jobs", maxsize=window)
+        await pub.wait_for_subscribers("jobs", 1, timeout=5)
+        for i in range(window):  # the subscriber's whole window: the next ones wait
+            await pub.publish("jobs", b"%d" % i, timeout=5)
+        waiting = []
+        for name, priority in [
+            (b"first", Priority.NORMAL),  # it waits for room first, holding the turn
+            (b"low", Priority.LOW),
+            (b"normal", Priority.NORMAL),
+            (b"high", Priority.HIGH),
+        ]:
+            task = pub.publish("jobs", name, timeout=10, priority=priority)
+            waiting.append(asyncio.ensure_future(task))
+            await asyncio.sleep(0.01)
+        assert not any(task.done() for task in waiting)
+        got = [(await sub.get(timeout=5)).payload for _ in range(window + 4)]
+        await asyncio.gather(*waiting)
+        assert got[:window] == [b"%d" % i for i in range(window)]
+        assert got[window:] == [b"first", b"high", b"normal", b"low"]
 
 
-def test_publishes_waiting_for_room_take_turns_by_priority() -> None:
-    async def main() -> None:
-        turns = Turns()
-        await turns.acquire(Priority.LOW)  # a low publish waits for room, holding the turn
-        order: list[str] = []
+@deadline(30)
+async def test_publishes_waiting_for_room_take_turns_by_priority() -> None:
+    turns = Turns()
+    await turns.acquire(Priority.LOW)  # a low publish waits for room, holding the turn
+    order: list[str] = []
 
-        async def publish(name: str, priority: int) -> None:
-            await turns.acquire(priority)
-            order.append(name)
-            turns.release()
-
-        assert turns.must_wait(Priority.LOW)
-        assert not turns.must_wait(Priority.NORMAL)  # a higher one may try at once
-        tasks = [
-            asyncio.ensure_future(publish(name, priority))
-            for name, priority in [("n1", 0), ("h1", 1), ("l1", -1), ("n2", 0), ("h2", 1)]
-        ]
-        gone = asyncio.ensure_future(publish("cancelled", 2))
-        await asyncio.sleep(0)
-        gone.cancel()
-        await asyncio.sleep(0)
-        assert turns.must_wait(Priority.HIGH)
+    async def publish(name: str, priority: int) -> None:
+        await turns.acquire(priority)
+        order.append(name)
         turns.release()
-        await asyncio.gather(*tasks)
-        assert order == ["h1", "h2", "n1", "n2", "l1"]
-        assert turns.holder is None
 
-    run(main())
+    assert turns.must_wait(Priority.LOW)
+    assert not turns.must_wait(Priority.NORMAL)  # a higher one may try at once
+    tasks = [
+        asyncio.ensure_future(publish(name, priority))
+        for name, priority in [("n1", 0), ("h1", 1), ("l1", -1), ("n2", 0), ("h2", 1)]
+    ]
+    gone = asyncio.ensure_future(publish("cancelled", 2))
+    await asyncio.sleep(0)
+    gone.cancel()
+    await asyncio.sleep(0)
+    assert turns.must_wait(Priority.HIGH)
+    turns.release()
+    await asyncio.gather(*tasks)
+    assert order == ["h1", "h2", "n1", "n2", "l1"]
+    assert turns.holder is None
