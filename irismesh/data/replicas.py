@@ -18,10 +18,11 @@ A node holds a key until it closes (a watch's pattern too: it keeps the keys it 
 - **Anti-entropy.** Deltas ride publish/subscribe, which loses what is in flight when a link
   breaks. So a node that starts holding a key ASKs for the others' states (again after 1 and
   3 s, until one answers: its interest takes a moment to reach them); every DIGEST_EVERY
-  seconds about DIGEST_SENDERS holders of each key, and a second after a peer comes up (a
-  node joined, or a partition healed) every holder, publish a DIGEST of the key's state; a
-  holder whose state differs pushes its whole STATE, and one that receives a STATE holding
-  less than its own pushes its own back, so two holders that differ agree after one exchange.
+  seconds about DIGEST_SENDERS holders of each key, and as soon as membership sees a peer
+  come up (a node joined, or came back: a healed partition) every holder, publish a DIGEST of
+  the key's state; a holder whose state differs pushes its whole STATE, and one that receives
+  a STATE holding less than its own pushes its own back, so two holders that differ agree
+  after one exchange.
 
 Memory members (`keep`) hold every key: they subscribe to all of them, count among the
 holders of each, and keep each key's state on disk (`data.disk`), saved before they
@@ -99,6 +100,8 @@ DIGEST_EVERY = 10.0  # seconds between anti-entropy rounds (jittered by a quarte
 DIGEST_SENDERS = 3  # holders of a key that send its digest in a periodic round, on average
 ASK_AGAIN = (1.0, 3.0)  # seconds after holding a key to ask again while nobody answered
 PUSH_EVERY = 1.0  # seconds a key's whole state is pushed at most once in
+PEER_UP_ROUND = 0.05  # seconds from a peer coming up to the digest round (a burst: one round)
+PEER_UP_GAP = 1.0  # seconds between two digest rounds set off by peers coming up, at least
 SAVE_EVERY = 0.2  # seconds a memory member's change waits at most to reach its disk
 FLUSH_ON_CLOSE = 1.0  # seconds a closing node gives its unsent local writes
 WATCH_QUEUE = 1024  # changes a watch buffers before dropping the oldest
@@ -117,7 +120,17 @@ class DataChange:
 class _Held:
     """One key's replica on this node."""
 
-    __slots__ = ("answered", "key", "pending", "pushed", "state", "topic", "value", "watched")
+    __slots__ = (
+        "answered",
+        "key",
+        "pending",
+        "push_due",
+        "pushed",
+        "state",
+        "topic",
+        "value",
+        "watched",
+    )
 
     def __init__(self, key: str, state: Crdt) -> None:
         self.key = key
@@ -126,6 +139,7 @@ class _Held:
         self.pending: Crdt | None = None  # local deltas not yet published, folded
         self.answered = False  # another holder has sent its state
         self.pushed = 0.0  # when the whole state was last pushed
+        self.push_due: asyncio.TimerHandle | None = None  # a push held back, due later
         self.watched = False
         # The value as last read, until the state changes (a 10,000-element set is not copied
         # again for every read); not for a map, whose value is a dict the caller may change.
@@ -183,6 +197,7 @@ class NodeData:
         self._loop = loop
         self._digests = loop.create_task(self._digest_rounds())
         self._digest_soon: asyncio.TimerHandle | None = None
+        self._digest_last = -PEER_UP_GAP  # when a peer's coming up last set off a round
         self._disk: DataDisk | None = None  # a memory member's: every key, at rest
         self._unsaved: dict[str, _Held] = {}
         self._saving: asyncio.Task[None] | None = None
@@ -511,12 +526,25 @@ class NodeData:
                 watch._put(change)
 
     def _push(self, held: _Held) -> None:
+        """Publish the key's whole state (a holder lacks some of it), at most once every
+        PUSH_EVERY seconds: a push asked for sooner is held back and made when the pause ends
+        (once, with the state as it is then), so the last difference is never left for the
+        next periodic round."""
         now = self._loop.time()
         if now - held.pushed < PUSH_EVERY:
             self.stats["data_pushes_held_back"] += 1
+            if held.push_due is None and not self._closed:
+                held.push_due = self._loop.call_later(
+                    held.pushed + PUSH_EVERY - now, self._push_due, held
+                )
             return
         held.pushed = now
         self._send_soon(held, Op.STATE, 0, b"", encode(held.state))
+
+    def _push_due(self, held: _Held) -> None:
+        held.push_due = None
+        if not self._closed:
+            self._push(held)
 
     # ----------------------------------------------------------------- anti-entropy
 
@@ -529,14 +557,24 @@ class NodeData:
             await self._send(held, Op.ASK, 0, b"", b"")
 
     def _peer_up(self, event: PeerUp) -> None:
+        """A node joined or came back (membership revived it: a healed partition, a false
+        death refuted): every key's digest goes out at once, so the two sides of a partition
+        exchange what they missed as soon as they see each other, not at the next periodic
+        round. The peers of one burst (a partition's other side) share one round, and rounds
+        set off this way are PEER_UP_GAP apart at least (one more follows a burst that
+        outlasts the gap). Publishing waits for the link to every holder membership knows,
+        the revived ones included, so the digest reaches them."""
         if self._closed or self._digest_soon is not None:
             return
+        now = self._loop.time()
+        delay = max(PEER_UP_ROUND, self._digest_last + PEER_UP_GAP - now)
 
         def round_now() -> None:
             self._digest_soon = None
+            self._digest_last = self._loop.time()
             self._spawn(self._digest_round)
 
-        self._digest_soon = self._loop.call_later(1.0, round_now)
+        self._digest_soon = self._loop.call_later(delay, round_now)
 
     async def _digest_rounds(self) -> None:
         while not self._closed:
@@ -580,6 +618,9 @@ class NodeData:
             self._disk.close()
         if self._digest_soon is not None:
             self._digest_soon.cancel()
+        for held in self._held.values():
+            if held.push_due is not None:
+                held.push_due.cancel()
         for task in (*self._tasks, self._flushing):
             if task is not None:
                 task.cancel()
