@@ -187,6 +187,7 @@ class NodeData:
         self._subs: dict[str, Subscription] = {}  # pattern (without prefix) -> subscription
         self._watches: list[DataWatch] = []
         self._waits: dict[int, _Wait] = {}
+        self._asking: set[str] = set()  # keys not held that were asked for (`_ask_unheld`)
         self._ref = random.getrandbits(31)
         self._dirty: dict[str, _Held] = {}
         self._flushing: asyncio.Task[None] | None = None
@@ -275,6 +276,10 @@ class NodeData:
     def keys(self) -> dict[str, str]:
         """The keys this node holds, with their types' names."""
         return {k: type(h.state).__name__ for k, h in self._held.items()}
+
+    def values(self) -> dict[str, Any]:
+        """The value of each key this node holds, as merged here (a local read of each)."""
+        return {k: h.read() for k, h in self._held.items()}
 
     # ----------------------------------------------------------------- operations
 
@@ -398,14 +403,20 @@ class NodeData:
         *,
         timeout: float | None = None,
     ) -> None:
-        sealed = self._sealer.seal(held.topic, WireMessage(op, held.key, ref, to, body).pack())
+        await self._publish(held.key, op, ref, to, body, timeout=timeout)
+
+    async def _publish(
+        self, key: str, op: int, ref: int, to: bytes, body: bytes, *, timeout: float | None = None
+    ) -> None:
+        topic = DATA_PREFIX + key
+        sealed = self._sealer.seal(topic, WireMessage(op, key, ref, to, body).pack())
         self.stats["data_bytes_sent"] += len(sealed)
         self.stats[_SENT[op]] += 1
         # Straight to pub/sub (not `node.publish`): a closing node still sends its last deltas.
         pubsub = self._node._pubsub
-        if pubsub.publish_now(held.topic, sealed, b"", 0) is None:
+        if pubsub.publish_now(topic, sealed, b"", 0) is None:
             budget = self._node._default_timeout if timeout is None else timeout
-            await pubsub.publish_later(held.topic, sealed, budget, b"", 0)
+            await pubsub.publish_later(topic, sealed, budget, b"", 0)
 
     def _send_soon(self, held: _Held, op: int, ref: int, to: bytes, body: bytes) -> None:
         self._spawn(self._send, held, op, ref, to, body)
@@ -476,16 +487,29 @@ class NodeData:
                     self._send_soon(held, Op.STATE, m.ref, sender, encode(held.state))
             elif m.op == Op.DIGEST:
                 held = self._held.get(m.key)
-                if held is not None and fingerprint(held.state) != m.body:
+                if held is None:
+                    self._ask_unheld(m.key)
+                elif fingerprint(held.state) != m.body:
                     self._push(held)
         except ProtocolError as exc:
             stats["data_dropped_" + exc.reason] += 1
         except ValueError:
             stats["data_dropped_bad_data"] += 1
 
+    def _ask_unheld(self, key: str) -> None:
+        """A digest of a key not held here, which only a pattern (a watch's, a memory
+        member's) brings: ask its holders for its state, which makes it held (its type comes
+        with the state). So a pattern finds the keys that exist, not only those written
+        after it."""
+        if key in self._asking or self._closed:
+            return
+        self._asking.add(key)
+        self._spawn(self._publish, key, Op.ASK, 0, b"", b"")
+
     def _merge(self, key: str, incoming: Crdt, *, answered: bool = False) -> _Held | None:
         held = self._held.get(key)
         if held is None:  # a key a watch's pattern matches: held from now on
+            self._asking.discard(key)
             held = self._adopt(key, type(incoming)())
         if type(held.state) is not type(incoming):
             self.stats["data_dropped_other_type"] += 1

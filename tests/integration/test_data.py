@@ -429,3 +429,43 @@ def test_a_register_write_after_a_read_wins_whatever_the_clocks(keys: irismesh.K
             await close_all([fast, right])
 
     run(main())
+
+
+def test_a_pattern_finds_the_keys_that_exist_and_top_shows_them(keys: irismesh.Keyring) -> None:
+    """A watch (or `mesh top --data`) holds the keys its pattern matches that were written
+    before it started: a holder's digest (sent as soon as the watcher comes up) makes it ask
+    for their states."""
+    from irismesh._cli.top import Sampler, data_json, data_views, frame_json
+
+    async def main() -> None:
+        (a,) = await start_nodes(keys, 1)
+        try:
+            await a.data.counter("quota.top").add(7)
+            await a.data.set("quota.zones").add(b"eu")
+            await a.data.register("other.mode").set("x")  # not matched
+            (b,) = await start_nodes(keys, 1, seed=a.endpoint)
+            try:
+                b.data.watch("quota.#")
+                sampler = Sampler(b, [])
+                sampler.data = True
+
+                def shown() -> bool:
+                    return [(d.key, d.type, data_json(d.value)) for d in data_views(b)] == [
+                        ("quota.top", "counter", 7),
+                        ("quota.zones", "set", ["eu"]),
+                    ]
+
+                await wait_until(shown, 10, "the watcher to hold both keys")
+                frame = frame_json(sampler.sample())
+                assert frame["data"] == [
+                    {"key": "quota.top", "type": "counter", "value": 7},
+                    {"key": "quota.zones", "type": "set", "value": ["eu"]},
+                ]
+                assert frame["stats"]["data_merges"]["value"] >= 2  # type: ignore[index]
+                assert b.stats["data_asks_sent"] >= 2
+            finally:
+                await b.close()
+        finally:
+            await a.close()
+
+    run(main())
