@@ -371,6 +371,7 @@ class Node(MemoryApi, DataApi, KeyringApi, SplitApi):
             member=member,
             max_payload=self._config.max_payload,
         )
+        self._pubsub.observe_id = self.memory.observe  # live retained messages advance its clock
         self._memory_runner: HandlerRunner | None = None
         self._catching_up: asyncio.Task[None] | None = None
         self._dispatcher: asyncio.Task[None] | None = None
