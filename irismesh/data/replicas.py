@@ -29,11 +29,16 @@ holders of each, and keep each key's state on disk (`data.disk`), saved before t
 acknowledge a write, so a member restarted after a crash still has every write it acknowledged.
 
 Bounded state: deltas fold into one pending delta per key; a set's or flag's causal context
-folds the dots it sees in order into one integer per writer; removes leave no tombstone.
-What grows without bound is one entry per node that ever wrote a key (a counter's per-node
-sums, a context's version vector): it is not pruned when membership removes a node, since a
-replica that has not yet merged that node's writes would bring them back (or, for a counter,
-lose them); pruning needs the holders to agree first, which this does not do.
+folds the dots it sees in order into one integer per writer; removes leave no tombstone. A
+counter's entries of a node that left (PeerDown "left", PRUNE_AFTER ago) are folded into its
+lowest holder's (`types.PNCounter.start_pruning` / `see_pruning` / `prune`): at each periodic
+round that holder proposes, every holder that merges the proposal says it saw it (with its
+own copy of the entries), and the proposer folds once every holder it knows did; only while
+membership holds no member suspect or dead, so every holder can take part and two sides of a
+partition never both fold. A node that is only dead (maybe partitioned away) is never
+pruned. The fold's marker is forgotten after PRUNED_KEEP_MS. Not pruned yet: the version
+vector entry each writer leaves in a set's, flag's or map's causal context, and counters
+inside maps.
 """
 
 from __future__ import annotations
@@ -51,7 +56,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import msgpack
 
-from irismesh._core.events import PeerUp
+from irismesh._core.events import PeerDown, PeerUp
+from irismesh._core.records import MemberState
 from irismesh._core.topics import topic_matches, validate_pattern
 from irismesh.data.clock import HybridClock
 from irismesh.data.types import (
@@ -102,6 +108,8 @@ ASK_AGAIN = (1.0, 3.0)  # seconds after holding a key to ask again while nobody 
 PUSH_EVERY = 1.0  # seconds a key's whole state is pushed at most once in
 PEER_UP_ROUND = 0.05  # seconds from a peer coming up to the digest round (a burst: one round)
 PEER_UP_GAP = 1.0  # seconds between two digest rounds set off by peers coming up, at least
+PRUNE_AFTER = 60.0  # seconds after a node left before its counters' entries are folded
+PRUNED_KEEP_MS = 6 * 3600 * 1000  # how long a fold's marker is kept (ms)
 SAVE_EVERY = 0.2  # seconds a memory member's change waits at most to reach its disk
 FLUSH_ON_CLOSE = 1.0  # seconds a closing node gives its unsent local writes
 WATCH_QUEUE = 1024  # changes a watch buffers before dropping the oldest
@@ -202,7 +210,9 @@ class NodeData:
         self._disk: DataDisk | None = None  # a memory member's: every key, at rest
         self._unsaved: dict[str, _Held] = {}
         self._saving: asyncio.Task[None] | None = None
+        self._left: dict[bytes, float] = {}  # nodes that left (said goodbye) -> when
         node._listen(PeerUp, self._peer_up)
+        node._listen(PeerDown, self._peer_down)
 
     def keep(self, directory: str | Path) -> None:
         """Hold every key of the mesh this node's keyring opens, and keep them on disk in
@@ -523,6 +533,8 @@ class NodeData:
         if self._disk is not None:
             self._unsaved[key] = held
         self.stats["data_merges"] += 1
+        if isinstance(incoming, PNCounter) and (incoming.pruning or incoming.pruned):
+            self._on_pruning(held)
         self._changed(held, before, local=False)
         return held
 
@@ -580,6 +592,10 @@ class NodeData:
                 return
             await self._send(held, Op.ASK, 0, b"", b"")
 
+    def _peer_down(self, event: PeerDown) -> None:
+        if event.reason == "left":
+            self._left[event.node_id] = self._loop.time()
+
     def _peer_up(self, event: PeerUp) -> None:
         """A node joined or came back (membership revived it: a healed partition, a false
         death refuted): every key's digest goes out at once, so the two sides of a partition
@@ -588,6 +604,7 @@ class NodeData:
         set off this way are PEER_UP_GAP apart at least (one more follows a burst that
         outlasts the gap). Publishing waits for the link to every holder membership knows,
         the revived ones included, so the digest reaches them."""
+        self._left.pop(event.node_id, None)  # back (the same identity): not pruned
         if self._closed or self._digest_soon is not None:
             return
         now = self._loop.time()
@@ -603,7 +620,86 @@ class NodeData:
     async def _digest_rounds(self) -> None:
         while not self._closed:
             await asyncio.sleep(DIGEST_EVERY * random.uniform(0.75, 1.25))
+            self._prune_round()
             await self._digest_round(every_key=False)
+
+    # ----------------------------------------------------------------- pruning
+
+    def _prune_round(self) -> None:
+        """Fold the counter entries of nodes that left PRUNE_AFTER ago or more (this node
+        proposing when it is the key's lowest holder), and forget fold markers past their
+        time. Only while membership holds no node suspect or dead: then every holder is
+        reachable, and two sides of a partition never fold one node twice."""
+        core = self._node._core
+        if core is None or self._closed:
+            return
+        now, now_ms = self._loop.time(), self.physical()
+        for node_id in [n for n, at in self._left.items() if now - at > PRUNED_KEEP_MS / 1000]:
+            del self._left[node_id]  # long gone: whatever could be folded was
+        gone = [n for n, at in self._left.items() if now - at >= PRUNE_AFTER]
+        whole = self._whole()
+        for held in list(self._held.values()):
+            state = held.state
+            if not isinstance(state, PNCounter):
+                continue
+            if state.forget_pruned(now_ms):
+                self.stats["data_prune_markers_forgotten"] += 1
+            if not whole or not gone:
+                continue
+            holders = core.subscribers(held.topic)
+            if min([self._me, *holders]) != self._me:
+                continue
+            for removed in gone:
+                self._spread(held, state.start_pruning(removed, self._me))
+            self._prune_if_seen(held, state, holders)
+
+    def _whole(self) -> bool:
+        core = self._node._core
+        if core is None:
+            return False
+        return all(
+            m.state is not MemberState.SUSPECT and m.state is not MemberState.DEAD
+            for m in core.membership.members()
+        )
+
+    def _on_pruning(self, held: _Held) -> None:
+        """A merge brought pruning markers: say this holder saw them (its delta carries its
+        entries of the node, so the owner folds the most any holder has); the owner folds
+        once every holder did."""
+        state = held.state
+        if not isinstance(state, PNCounter) or not state.pruning:
+            return
+        for removed in list(state.pruning):
+            self._spread(held, state.see_pruning(removed, self._me))
+        core = self._node._core
+        if core is not None and self._whole():
+            self._prune_if_seen(held, state, core.subscribers(held.topic))
+
+    def _prune_if_seen(self, held: _Held, state: PNCounter, holders: list[bytes]) -> None:
+        for removed, (owner, seen) in list(state.pruning.items()):
+            if owner != self._me or removed not in self._left:
+                continue
+            if seen.issuperset(holders):
+                folded = state.prune(removed, self.physical() + PRUNED_KEEP_MS)
+                if folded is not None:
+                    self.stats["data_nodes_pruned"] += 1
+                    self._spread(held, folded)
+
+    def _spread(self, held: _Held, delta: PNCounter | None) -> None:
+        """A change made here that is not a write: folded into the key's pending delta and
+        published on the next flush, like a local write."""
+        if delta is None:
+            return
+        held.value = _UNREAD
+        if self._disk is not None:
+            self._unsaved[held.key] = held
+        if held.pending is None:
+            held.pending = delta
+        else:
+            held.pending.merge(delta)  # type: ignore[arg-type]
+        self._dirty[held.key] = held
+        if self._flushing is None:
+            self._flushing = self._loop.create_task(self._flush())
 
     async def _digest_round(self, *, every_key: bool = True) -> None:
         """A DIGEST of each key held; in the periodic rounds, of each key with a chance that
