@@ -70,6 +70,7 @@ class NodeState:
     _tunnels: Tunnels
     # The memory (`memory.api`).
     _memory: NodeMemory | None  # made on first use, or by a memory member's constructor
+    _newest_live_id: bytes  # the newest retained id heard live before the memory was made
     _replicas: int
     _priming: set[asyncio.Task[None]]  # subscriptions rereading the memory
     _catching_up: asyncio.Task[None] | None

@@ -312,6 +312,8 @@ class Node(
             raise ConfigurationError(f"replicas must be a positive integer, not {replicas!r}")
         self._replicas = replicas
         self._memory: NodeMemory | None = None
+        self._newest_live_id = b""
+        self._pubsub.observe_id = self._observe_live_id  # retained ids heard advance its clock
         member = None
         if memory is not None:
             from irismesh.memory.service import MemoryMember

@@ -394,6 +394,9 @@ class PubSub:
         # Tracing on (`telemetry.tracing`): a CONSUMER span for each message delivered with
         # trace context (the node publishes in PRODUCER spans, `Node.publish`).
         self.tracing: Tracing | None = None
+        # Takes in the newest id of the retained messages of each arriving frame (the node's
+        # memory clock: a retained write after reading one orders after it); None: nothing.
+        self.observe_id: Callable[[bytes], None] | None = None
 
     def listen(self, on: Listen) -> None:
         """Sign up for the core's events this handles: messages, credit, interest."""
@@ -486,6 +489,8 @@ class PubSub:
         if stamps is not None:
             self._time_deliveries(event, stamps)
         ids = event.ids
+        if ids and self.observe_id is not None:
+            self.observe_id(max(ids.values()))
         traces = event.traces
         # No gap and no trace context: the one subscription takes the inlined path.
         plain = gaps is None and traces is None

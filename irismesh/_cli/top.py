@@ -66,6 +66,7 @@ GAUGES = frozenset(
         "handler_limit",
         "strangers_connected",
         "members_ejected_now",
+        "data_keys_held",
     }
 )
 
@@ -87,7 +88,8 @@ def register(commands: Commands) -> None:
             "  mesh top\n"
             "  mesh top --cluster echo --interval 0.5\n"
             "  mesh top --once --json | jq '.peers | length'\n"
-            "  mesh top --subscribe 'orders.#'"
+            "  mesh top --subscribe 'orders.#'\n"
+            "  mesh top --data 'quota.#'"
         ),
         run=run_top,
     )
@@ -106,6 +108,17 @@ def register(commands: Commands) -> None:
         help=(
             "also subscribe to PATTERN (repeatable; messages are counted, then dropped), so the"
             " latency table shows publish-to-deliver times per topic scope"
+        ),
+    )
+    parser.add_argument(
+        "--data",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help=(
+            "also hold the replicated data keys matching PATTERN (repeatable; topic wildcards,"
+            " e.g. 'quota.#'), found as their holders' digests arrive (within about 10 s), and"
+            " show them with their values; the data_* counters show merges, deltas and bytes"
         ),
     )
     add_cluster_option(parser)
@@ -130,6 +143,16 @@ class Frame:
     counters: list[Rate]
     latency: list[Latency]
     gateways: list[GatewayView] = field(default_factory=list)
+    data: list[DataView] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DataView:
+    """One replicated data key this node holds (`--data`), and its value here."""
+
+    key: str
+    type: str
+    value: object
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -166,6 +189,7 @@ class Sampler:
     def __init__(self, node: irismesh.Node, names: Sequence[str]) -> None:
         self.node = node
         self.names = names
+        self.data = False  # whether this node holds data keys for `--data`
         self.started = time.monotonic()
         self._last = counters(node)
         self._last_at = self.started
@@ -184,6 +208,7 @@ class Sampler:
             counters=rates(self._last, stats, now - self._last_at),
             latency=latencies(node),
             gateways=gateways or [],
+            data=data_views(node) if self.data else [],
         )
         self._last, self._last_at = stats, now
         return frame
@@ -231,6 +256,40 @@ async def gateway_views(
         except (ValueError, KeyError, TypeError, AttributeError, msgpack.ExtraData):
             continue  # not a gateway's report: shown nowhere
     return sorted(views, key=lambda v: v.name)
+
+
+def data_views(node: irismesh.Node) -> list[DataView]:
+    """The data keys this node holds, with their values as this node has merged them."""
+    kinds, values = node.data.keys(), node.data.values()
+    return [
+        DataView(key=key, type=_TYPE_NAMES.get(kind, kind), value=values[key])
+        for key, kind in sorted(kinds.items())
+    ]
+
+
+_TYPE_NAMES = {
+    "PNCounter": "counter",
+    "ORSet": "set",
+    "LWWRegister": "register",
+    "Flag": "flag",
+    "ORMap": "map",
+}
+
+
+def data_json(value: object) -> object:
+    """A data value as JSON holds it: sets as sorted lists, bytes as text or hex."""
+    if isinstance(value, bytes):
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            return value.hex()
+    if isinstance(value, frozenset | set):
+        return sorted((data_json(v) for v in value), key=str)
+    if isinstance(value, dict):
+        return {str(data_json(k)): data_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [data_json(v) for v in value]
+    return value
 
 
 def counters(node: irismesh.Node) -> dict[str, int]:
@@ -300,6 +359,7 @@ def frame_json(frame: Frame) -> dict[str, object]:
             {"name": g.name, "mesh": g.mesh, "stats": g.stats, "errors": list(g.errors)}
             for g in frame.gateways
         ],
+        "data": [{"key": d.key, "type": d.type, "value": data_json(d.value)} for d in frame.data],
     }
 
 
@@ -323,6 +383,8 @@ def render(frame: Frame, args: argparse.Namespace, live: bool) -> RenderableType
         for g in frame.gateways:
             for error in g.errors:
                 parts.append(Text(f"gateway {g.name}: {error}", style="bold red"))
+    if frame.data:
+        parts.append(data_table(frame.data))
     if frame.latency:
         parts.append(latency_table(frame.latency))
     parts.append(counters_table(frame.counters))
@@ -346,6 +408,20 @@ def gateways_table(rows: Sequence[GatewayView]) -> Table:
             f"{g.forwarded:,}",
         )
     return table
+
+
+def data_table(rows: Sequence[DataView]) -> Table:
+    table = Table(title="data held (--data)", title_justify="left")
+    table.add_column("key")
+    table.add_column("type")
+    table.add_column("value")
+    for d in rows:
+        table.add_row(d.key, d.type, Text(_shorten(repr(data_json(d.value)), 80)))
+    return table
+
+
+def _shorten(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def latency_table(rows: Sequence[Latency]) -> Table:
@@ -406,6 +482,12 @@ async def run_top(args: argparse.Namespace) -> int:
         for pattern in args.subscribe:
             node.subscribe(pattern, policy="drop_oldest", maxsize=1, callback=lambda _m: None)
         sampler = Sampler(node, names)
+        for pattern in args.data:
+            try:
+                node.data.watch(pattern, maxsize=1)  # holds the keys it matches
+            except irismesh.MeshError as exc:
+                raise SystemExit(f"mesh top: --data {pattern}: {exc}") from None
+            sampler.data = True
         console = stdout_console()
         probe = min(0.5, args.interval / 2)  # how long each frame waits for the gateways
         if args.once:

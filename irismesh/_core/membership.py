@@ -25,8 +25,12 @@ spends a fixed budget per protocol period, whatever the mesh's size:
   holds it.
 - **Anti-entropy.** Now and then a node exchanges its whole table with one random member
   (STATE, push-pull), and tries one member it holds dead: a partition heals when both sides
-  hear each other again and the nodes each side declared dead refute it. A joining node does
-  the same with the node that let it in.
+  hear each other again and the nodes each side declared dead refute it. A node held dead
+  that is heard from (any datagram: a probe, gossip) is told of its death at once, and when
+  one member held dead comes back every other one held dead is told too (it may be on the
+  healed side): those alive refute at once, so both sides are whole again a few round trips
+  after the first datagram crosses. A joining node exchanges tables with the node that let
+  it in.
 - **Local health** (`Awareness`): a node whose probes fail, whose nacks do not come back, or
   that must refute suspicions about itself is likely the slow one; it stretches its own
   timeouts instead of accusing healthy peers.
@@ -144,6 +148,7 @@ class Membership:
         self._next_gossip = 0.0
         self._next_push_pull = 0.0
         self._next_reconnect = 0.0
+        self._told_dead: dict[bytes, float] = {}  # node held dead -> when it was told so
         self._next_reap = 0.0
         self._started = False
         self._sealed_name: bytes | None = None
@@ -294,6 +299,9 @@ class Membership:
         self.stats["datagrams_received"] += 1
         for message in messages:
             self._dispatch(source, sender, message, now)
+        member = self._members.get(sender)
+        if member is not None and member.state is _DEAD_STATE:
+            self._tell_dead(member, now)
 
     def tick(self, now: float) -> None:
         """Probes, timeouts, gossip, anti-entropy and reaping due by `now`."""
@@ -446,6 +454,12 @@ class Membership:
             self._prober.add(node_id)
             self.stats["members_revived"] += 1
             self.events.append(MemberUp(record=record))
+            # One node held dead lives: a partition may have healed, with the others held
+            # dead on its side reachable again. Tell each of them now rather than one per
+            # reconnect interval: those alive refute at once (whole in a few round trips).
+            for other in list(self._members.values()):
+                if other.state is _DEAD_STATE:
+                    self._tell_dead(other, now)
         if was <= _SUSPECT_STATE and record != member.record:
             self.events.append(MemberChanged(record=record))
         if spread:
@@ -633,6 +647,22 @@ class Membership:
             self._send_packed(record.address, [encode_message(notice)], piggyback=False)
             self.stats["reconnects"] += 1
 
+    def _tell_dead(self, member: Member, now: float) -> None:
+        """A node held dead spoke (a partition healed, a stall ended) without having heard of
+        its death: tell it now, as `_reconnect` does, so that it refutes at once and its
+        refutation revives it here and spreads. Across a healed partition every datagram that
+        crosses it (a reconnect, then the probes and gossip of the nodes it revived) revives
+        its sender this way, instead of each node waiting for a reconnect to pick it. At most
+        once a probe interval per node; costs nothing while no dead node speaks."""
+        node_id = member.record.node_id
+        told = self._told_dead.get(node_id)
+        if told is not None and now - told < self.config.probe_interval:
+            return
+        self._told_dead[node_id] = now
+        notice = [_DEAD, node_id, member.incarnation, self.me.node_id]
+        self._send_packed(member.record.address, [encode_message(notice)], piggyback=False)
+        self.stats["deaths_told"] += 1
+
     def _reap(self, now: float) -> None:
         cfg = self.config
         gone = [
@@ -641,6 +671,12 @@ class Membership:
             if (m.state is _DEAD_STATE and now - m.since > cfg.dead_keep)
             or (m.state is _LEFT_STATE and now - m.since > cfg.left_keep)
         ]
+        if self._told_dead:
+            self._told_dead = {
+                node_id: told
+                for node_id, told in self._told_dead.items()
+                if now - told < cfg.probe_interval
+            }
         for node_id in gone:
             del self._members[node_id]
             self._windows.forget(node_id)

@@ -18,21 +18,27 @@ A node holds a key until it closes (a watch's pattern too: it keeps the keys it 
 - **Anti-entropy.** Deltas ride publish/subscribe, which loses what is in flight when a link
   breaks. So a node that starts holding a key ASKs for the others' states (again after 1 and
   3 s, until one answers: its interest takes a moment to reach them); every DIGEST_EVERY
-  seconds about DIGEST_SENDERS holders of each key, and a second after a peer comes up (a
-  node joined, or a partition healed) every holder, publish a DIGEST of the key's state; a
-  holder whose state differs pushes its whole STATE, and one that receives a STATE holding
-  less than its own pushes its own back, so two holders that differ agree after one exchange.
+  seconds about DIGEST_SENDERS holders of each key, and as soon as membership sees a peer
+  come up (a node joined, or came back: a healed partition) every holder, publish a DIGEST of
+  the key's state; a holder whose state differs pushes its whole STATE, and one that receives
+  a STATE holding less than its own pushes its own back, so two holders that differ agree
+  after one exchange.
 
 Memory members (`keep`) hold every key: they subscribe to all of them, count among the
 holders of each, and keep each key's state on disk (`data.disk`), saved before they
 acknowledge a write, so a member restarted after a crash still has every write it acknowledged.
 
 Bounded state: deltas fold into one pending delta per key; a set's or flag's causal context
-folds the dots it sees in order into one integer per writer; removes leave no tombstone.
-What grows without bound is one entry per node that ever wrote a key (a counter's per-node
-sums, a context's version vector): it is not pruned when membership removes a node, since a
-replica that has not yet merged that node's writes would bring them back (or, for a counter,
-lose them); pruning needs the holders to agree first, which this does not do.
+folds the dots it sees in order into one integer per writer; removes leave no tombstone. A
+counter's entries of a node that left (PeerDown "left", PRUNE_AFTER ago) are folded into its
+lowest holder's (`types.PNCounter.start_pruning` / `see_pruning` / `prune`): at each periodic
+round that holder proposes, every holder that merges the proposal says it saw it (with its
+own copy of the entries), and the proposer folds once every holder it knows did; only while
+membership holds no member suspect or dead, so every holder can take part and two sides of a
+partition never both fold. A node that is only dead (maybe partitioned away) is never
+pruned. The fold's marker is forgotten after PRUNED_KEEP_MS. Not pruned yet: the version
+vector entry each writer leaves in a set's, flag's or map's causal context, and counters
+inside maps.
 """
 
 from __future__ import annotations
@@ -50,7 +56,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import msgpack
 
-from irismesh._core.events import PeerUp
+from irismesh._core.events import PeerDown, PeerUp
+from irismesh._core.records import MemberState
 from irismesh._core.topics import topic_matches, validate_pattern
 from irismesh.data.clock import HybridClock
 from irismesh.data.types import (
@@ -99,6 +106,10 @@ DIGEST_EVERY = 10.0  # seconds between anti-entropy rounds (jittered by a quarte
 DIGEST_SENDERS = 3  # holders of a key that send its digest in a periodic round, on average
 ASK_AGAIN = (1.0, 3.0)  # seconds after holding a key to ask again while nobody answered
 PUSH_EVERY = 1.0  # seconds a key's whole state is pushed at most once in
+PEER_UP_ROUND = 0.05  # seconds from a peer coming up to the digest round (a burst: one round)
+PEER_UP_GAP = 1.0  # seconds between two digest rounds set off by peers coming up, at least
+PRUNE_AFTER = 60.0  # seconds after a node left before its counters' entries are folded
+PRUNED_KEEP_MS = 6 * 3600 * 1000  # how long a fold's marker is kept (ms)
 SAVE_EVERY = 0.2  # seconds a memory member's change waits at most to reach its disk
 FLUSH_ON_CLOSE = 1.0  # seconds a closing node gives its unsent local writes
 WATCH_QUEUE = 1024  # changes a watch buffers before dropping the oldest
@@ -117,7 +128,17 @@ class DataChange:
 class _Held:
     """One key's replica on this node."""
 
-    __slots__ = ("answered", "key", "pending", "pushed", "state", "topic", "value", "watched")
+    __slots__ = (
+        "answered",
+        "key",
+        "pending",
+        "push_due",
+        "pushed",
+        "state",
+        "topic",
+        "value",
+        "watched",
+    )
 
     def __init__(self, key: str, state: Crdt) -> None:
         self.key = key
@@ -126,6 +147,7 @@ class _Held:
         self.pending: Crdt | None = None  # local deltas not yet published, folded
         self.answered = False  # another holder has sent its state
         self.pushed = 0.0  # when the whole state was last pushed
+        self.push_due: asyncio.TimerHandle | None = None  # a push held back, due later
         self.watched = False
         # The value as last read, until the state changes (a 10,000-element set is not copied
         # again for every read); not for a map, whose value is a dict the caller may change.
@@ -173,6 +195,7 @@ class NodeData:
         self._subs: dict[str, Subscription] = {}  # pattern (without prefix) -> subscription
         self._watches: list[DataWatch] = []
         self._waits: dict[int, _Wait] = {}
+        self._asking: set[str] = set()  # keys not held that were asked for (`_ask_unheld`)
         self._ref = random.getrandbits(31)
         self._dirty: dict[str, _Held] = {}
         self._flushing: asyncio.Task[None] | None = None
@@ -183,10 +206,13 @@ class NodeData:
         self._loop = loop
         self._digests = loop.create_task(self._digest_rounds())
         self._digest_soon: asyncio.TimerHandle | None = None
+        self._digest_last = -PEER_UP_GAP  # when a peer's coming up last set off a round
         self._disk: DataDisk | None = None  # a memory member's: every key, at rest
         self._unsaved: dict[str, _Held] = {}
         self._saving: asyncio.Task[None] | None = None
+        self._left: dict[bytes, float] = {}  # nodes that left (said goodbye) -> when
         node._listen(PeerUp, self._peer_up)
+        node._listen(PeerDown, self._peer_down)
 
     def keep(self, directory: str | Path) -> None:
         """Hold every key of the mesh this node's keyring opens, and keep them on disk in
@@ -260,6 +286,10 @@ class NodeData:
     def keys(self) -> dict[str, str]:
         """The keys this node holds, with their types' names."""
         return {k: type(h.state).__name__ for k, h in self._held.items()}
+
+    def values(self) -> dict[str, Any]:
+        """The value of each key this node holds, as merged here (a local read of each)."""
+        return {k: h.read() for k, h in self._held.items()}
 
     # ----------------------------------------------------------------- operations
 
@@ -383,14 +413,20 @@ class NodeData:
         *,
         timeout: float | None = None,
     ) -> None:
-        sealed = self._sealer.seal(held.topic, WireMessage(op, held.key, ref, to, body).pack())
+        await self._publish(held.key, op, ref, to, body, timeout=timeout)
+
+    async def _publish(
+        self, key: str, op: int, ref: int, to: bytes, body: bytes, *, timeout: float | None = None
+    ) -> None:
+        topic = DATA_PREFIX + key
+        sealed = self._sealer.seal(topic, WireMessage(op, key, ref, to, body).pack())
         self.stats["data_bytes_sent"] += len(sealed)
         self.stats[_SENT[op]] += 1
         # Straight to pub/sub (not `node.publish`): a closing node still sends its last deltas.
         pubsub = self._node._pubsub
-        if pubsub.publish_now(held.topic, sealed, b"", 0) is None:
+        if pubsub.publish_now(topic, sealed, b"", 0) is None:
             budget = self._node._default_timeout if timeout is None else timeout
-            await pubsub.publish_later(held.topic, sealed, budget, b"", 0)
+            await pubsub.publish_later(topic, sealed, budget, b"", 0)
 
     def _send_soon(self, held: _Held, op: int, ref: int, to: bytes, body: bytes) -> None:
         self._spawn(self._send, held, op, ref, to, body)
@@ -461,16 +497,29 @@ class NodeData:
                     self._send_soon(held, Op.STATE, m.ref, sender, encode(held.state))
             elif m.op == Op.DIGEST:
                 held = self._held.get(m.key)
-                if held is not None and fingerprint(held.state) != m.body:
+                if held is None:
+                    self._ask_unheld(m.key)
+                elif fingerprint(held.state) != m.body:
                     self._push(held)
         except ProtocolError as exc:
             stats["data_dropped_" + exc.reason] += 1
         except ValueError:
             stats["data_dropped_bad_data"] += 1
 
+    def _ask_unheld(self, key: str) -> None:
+        """A digest of a key not held here, which only a pattern (a watch's, a memory
+        member's) brings: ask its holders for its state, which makes it held (its type comes
+        with the state). So a pattern finds the keys that exist, not only those written
+        after it."""
+        if key in self._asking or self._closed:
+            return
+        self._asking.add(key)
+        self._spawn(self._publish, key, Op.ASK, 0, b"", b"")
+
     def _merge(self, key: str, incoming: Crdt, *, answered: bool = False) -> _Held | None:
         held = self._held.get(key)
         if held is None:  # a key a watch's pattern matches: held from now on
+            self._asking.discard(key)
             held = self._adopt(key, type(incoming)())
         if type(held.state) is not type(incoming):
             self.stats["data_dropped_other_type"] += 1
@@ -484,6 +533,8 @@ class NodeData:
         if self._disk is not None:
             self._unsaved[key] = held
         self.stats["data_merges"] += 1
+        if isinstance(incoming, PNCounter) and (incoming.pruning or incoming.pruned):
+            self._on_pruning(held)
         self._changed(held, before, local=False)
         return held
 
@@ -511,12 +562,25 @@ class NodeData:
                 watch._put(change)
 
     def _push(self, held: _Held) -> None:
+        """Publish the key's whole state (a holder lacks some of it), at most once every
+        PUSH_EVERY seconds: a push asked for sooner is held back and made when the pause ends
+        (once, with the state as it is then), so the last difference is never left for the
+        next periodic round."""
         now = self._loop.time()
         if now - held.pushed < PUSH_EVERY:
             self.stats["data_pushes_held_back"] += 1
+            if held.push_due is None and not self._closed:
+                held.push_due = self._loop.call_later(
+                    held.pushed + PUSH_EVERY - now, self._push_due, held
+                )
             return
         held.pushed = now
         self._send_soon(held, Op.STATE, 0, b"", encode(held.state))
+
+    def _push_due(self, held: _Held) -> None:
+        held.push_due = None
+        if not self._closed:
+            self._push(held)
 
     # ----------------------------------------------------------------- anti-entropy
 
@@ -528,20 +592,114 @@ class NodeData:
                 return
             await self._send(held, Op.ASK, 0, b"", b"")
 
+    def _peer_down(self, event: PeerDown) -> None:
+        if event.reason == "left":
+            self._left[event.node_id] = self._loop.time()
+
     def _peer_up(self, event: PeerUp) -> None:
+        """A node joined or came back (membership revived it: a healed partition, a false
+        death refuted): every key's digest goes out at once, so the two sides of a partition
+        exchange what they missed as soon as they see each other, not at the next periodic
+        round. The peers of one burst (a partition's other side) share one round, and rounds
+        set off this way are PEER_UP_GAP apart at least (one more follows a burst that
+        outlasts the gap). Publishing waits for the link to every holder membership knows,
+        the revived ones included, so the digest reaches them."""
+        self._left.pop(event.node_id, None)  # back (the same identity): not pruned
         if self._closed or self._digest_soon is not None:
             return
+        now = self._loop.time()
+        delay = max(PEER_UP_ROUND, self._digest_last + PEER_UP_GAP - now)
 
         def round_now() -> None:
             self._digest_soon = None
+            self._digest_last = self._loop.time()
             self._spawn(self._digest_round)
 
-        self._digest_soon = self._loop.call_later(1.0, round_now)
+        self._digest_soon = self._loop.call_later(delay, round_now)
 
     async def _digest_rounds(self) -> None:
         while not self._closed:
             await asyncio.sleep(DIGEST_EVERY * random.uniform(0.75, 1.25))
+            self._prune_round()
             await self._digest_round(every_key=False)
+
+    # ----------------------------------------------------------------- pruning
+
+    def _prune_round(self) -> None:
+        """Fold the counter entries of nodes that left PRUNE_AFTER ago or more (this node
+        proposing when it is the key's lowest holder), and forget fold markers past their
+        time. Only while membership holds no node suspect or dead: then every holder is
+        reachable, and two sides of a partition never fold one node twice."""
+        core = self._node._core
+        if core is None or self._closed:
+            return
+        now, now_ms = self._loop.time(), self.physical()
+        for node_id in [n for n, at in self._left.items() if now - at > PRUNED_KEEP_MS / 1000]:
+            del self._left[node_id]  # long gone: whatever could be folded was
+        gone = [n for n, at in self._left.items() if now - at >= PRUNE_AFTER]
+        whole = self._whole()
+        for held in list(self._held.values()):
+            state = held.state
+            if not isinstance(state, PNCounter):
+                continue
+            if state.forget_pruned(now_ms):
+                self.stats["data_prune_markers_forgotten"] += 1
+            if not whole or not gone:
+                continue
+            holders = core.subscribers(held.topic)
+            if min([self._me, *holders]) != self._me:
+                continue
+            for removed in gone:
+                self._spread(held, state.start_pruning(removed, self._me))
+            self._prune_if_seen(held, state, holders)
+
+    def _whole(self) -> bool:
+        core = self._node._core
+        if core is None:
+            return False
+        return all(
+            m.state is not MemberState.SUSPECT and m.state is not MemberState.DEAD
+            for m in core.membership.members()
+        )
+
+    def _on_pruning(self, held: _Held) -> None:
+        """A merge brought pruning markers: say this holder saw them (its delta carries its
+        entries of the node, so the owner folds the most any holder has); the owner folds
+        once every holder did."""
+        state = held.state
+        if not isinstance(state, PNCounter) or not state.pruning:
+            return
+        for removed in list(state.pruning):
+            self._spread(held, state.see_pruning(removed, self._me))
+        core = self._node._core
+        if core is not None and self._whole():
+            self._prune_if_seen(held, state, core.subscribers(held.topic))
+
+    def _prune_if_seen(self, held: _Held, state: PNCounter, holders: list[bytes]) -> None:
+        for removed, (owner, seen) in list(state.pruning.items()):
+            if owner != self._me or removed not in self._left:
+                continue
+            if seen.issuperset(holders):
+                folded = state.prune(removed, self.physical() + PRUNED_KEEP_MS)
+                if folded is not None:
+                    self.stats["data_nodes_pruned"] += 1
+                    self._spread(held, folded)
+
+    def _spread(self, held: _Held, delta: PNCounter | None) -> None:
+        """A change made here that is not a write: folded into the key's pending delta and
+        published on the next flush, like a local write."""
+        if delta is None:
+            return
+        held.value = _UNREAD
+        if self._disk is not None:
+            self._unsaved[held.key] = held
+        if held.pending is None:
+            held.pending = delta
+        else:
+            held.pending.merge(delta)  # type: ignore[arg-type]
+        self._dirty[held.key] = held
+        if self._flushing is None:
+            self._flushing = self._loop.create_task(self._flush())
 
     async def _digest_round(self, *, every_key: bool = True) -> None:
         """A DIGEST of each key held; in the periodic rounds, of each key with a chance that
@@ -580,6 +738,9 @@ class NodeData:
             self._disk.close()
         if self._digest_soon is not None:
             self._digest_soon.cancel()
+        for held in self._held.values():
+            if held.push_due is not None:
+                held.push_due.cancel()
         for task in (*self._tasks, self._flushing):
             if task is not None:
                 task.cancel()

@@ -12,6 +12,7 @@ both) and a replica that missed some recovers by merging a full state.
 
 - `PNCounter`: per node, the sum of its increments and the sum of its decrements; the value is
   their difference. A node only ever raises its own two entries; merge takes the maxima.
+  The entries of a node that left are folded away (below).
 - `ORSet` (the "optimized", add-wins observed-remove set): each present element carries the
   dots (node, n) of the adds that put it there, and a causal context records every dot the
   replica has seen. Merge keeps a dot that both sides hold, or that one side holds and the
@@ -27,6 +28,33 @@ both) and a replica that missed some recovers by merging a full state.
   own. Updating a key adds it again; removing a key hides it (its value's state stays, so
   a key removed and updated concurrently comes back with both sides' updates, and a counter
   re-added after a remove resumes from the value it had).
+
+Pruning a counter's removed nodes. A counter keeps two integers per node that ever wrote it;
+a node that left never writes again (under that run), but its entries cannot simply be
+dropped: a replica that has not merged them yet would bring them back, and dropping them
+changes the value. So they are folded, in three steps that are all deltas (after Akka's
+distributed data, `PruningState` and `RemovedNodePruning`, where a removed node's
+`GCounter` entry is collapsed into the pruning owner's):
+1. `start_pruning(R, owner)`: a marker R -> (owner, {owner}); markers of two owners merge to
+   the lower owner, so holders agree on one.
+2. `see_pruning(R, holder)`: each holder adds itself to the marker's `seen`, in a delta that
+   also carries its own entries of R, so the owner ends with the largest entry of R any
+   holder had.
+3. `prune(R, until)` by the owner once every holder saw: R's sums are added to the owner's own
+   entries (the value does not move) and a fold marker R -> (until, up, down) replaces the
+   pending one. Every merge then drops R's entries that are not above the folded sums, so a
+   replica that still held R's old entries converges to the same value, and a node that comes
+   back under R's id (a kept identity) writes on top of the folded sums (its deltas carry the
+   marker) and counts only what it adds. `forget_pruned(now)` drops a marker past its time,
+   unless R wrote again: after that, the state holds nothing of R.
+Why a fold into the owner rather than a shared "departed" entry: a shared entry written by
+several pruners cannot be merged by maximum without knowing which nodes each folded (a sum
+of sums), which is per-node state again; the owner's own entry is written by one node only,
+so the maximum stays right. The price is agreement before the fold: the owner folds only
+after every holder it knows saw the marker (the replica side adds: only nodes that left a
+while ago, and only while no member is suspect or dead, so two sides of a partition never
+fold one node twice). The one limit, as in Akka: a replica away for longer than a marker's
+lifetime that still holds R's old entries would count them again after the marker is gone.
 
 Encoding is msgpack: `encode` writes [type tag, node table, body], each node id written once and
 dots as (index, n) pairs; `decode` checks the shape and raises ProtocolError on anything else.
@@ -126,28 +154,109 @@ def _join_dots(
 
 
 class PNCounter:
-    """A counter that goes up and down."""
+    """A counter that goes up and down, whose removed nodes' entries can be folded away."""
 
     TAG: ClassVar[int] = 1
-    __slots__ = ("down", "up")
+    __slots__ = ("down", "pruned", "pruning", "up")
 
     def __init__(self) -> None:
         self.up: dict[bytes, int] = {}
         self.down: dict[bytes, int] = {}
+        # A removed node -> (the holder that will fold its entries, the holders that saw so).
+        self.pruning: dict[bytes, tuple[bytes, frozenset[bytes]]] = {}
+        # A removed node whose entries were folded into its owner's -> (until when, in ms,
+        # the marker is kept; the sums folded, up and down): merges drop its entries up to them.
+        self.pruned: dict[bytes, tuple[int, int, int]] = {}
 
     @property
     def value(self) -> int:
-        return sum(self.up.values()) - sum(self.down.values())
+        value = sum(self.up.values()) - sum(self.down.values())
+        for removed, (_until, up, down) in self.pruned.items():
+            # A node that came back writes on top of what was folded: count only the rest.
+            if removed in self.up:
+                value -= up
+            if removed in self.down:
+                value += down
+        return value
 
     def add(self, node: bytes, amount: int) -> PNCounter:
         """Add `amount` (negative: subtract) as `node`; returns the delta."""
         delta = PNCounter()
+        folded = self.pruned.get(node)
         if amount >= 0:
-            total = self.up[node] = self.up.get(node, 0) + amount
+            base = self.up.get(node, 0)
+            if folded is not None:
+                base = max(base, folded[1])
+            total = self.up[node] = base + amount
             delta.up[node] = total
         else:
-            total = self.down[node] = self.down.get(node, 0) - amount
+            base = (
+                self.down.get(node, 0) if folded is None else max(self.down.get(node, 0), folded[2])
+            )
+            total = self.down[node] = base - amount
             delta.down[node] = total
+        if folded is not None:  # its entries were folded: receivers must know what of them
+            delta.pruned[node] = folded
+        return delta
+
+    # Pruning (see the module's docstring): start, see, fold; every step returns a delta.
+
+    def start_pruning(self, removed: bytes, owner: bytes) -> PNCounter | None:
+        """Propose that `owner` folds the entries of `removed` (a node that left); None if
+        there is nothing to fold or a lower owner is at it already."""
+        if removed in self.pruned or (removed not in self.up and removed not in self.down):
+            return None
+        current = self.pruning.get(removed)
+        if current is not None and current[0] <= owner:
+            return None
+        self.pruning[removed] = (owner, frozenset({owner}))
+        return self._marker(removed)
+
+    def see_pruning(self, removed: bytes, node: bytes) -> PNCounter | None:
+        """Record that `node` (a holder) saw the pruning of `removed`: the delta carries its
+        entries of `removed`, so the owner folds the largest any holder has."""
+        current = self.pruning.get(removed)
+        if current is None or node in current[1]:
+            return None
+        self.pruning[removed] = (current[0], current[1] | {node})
+        return self._marker(removed)
+
+    def prune(self, removed: bytes, until: int) -> PNCounter | None:
+        """As the owner: fold `removed`'s entries into the owner's own (the value does not
+        change) and keep a marker until `until` (ms) by which merges drop them."""
+        current = self.pruning.pop(removed, None)
+        if current is None or removed in self.pruned:
+            return None
+        owner = current[0]
+        delta = PNCounter()
+        sums = []
+        for mine, theirs in ((self.up, delta.up), (self.down, delta.down)):
+            folded = mine.pop(removed, 0)
+            sums.append(folded)
+            if folded or owner in mine:
+                mine[owner] = theirs[owner] = mine.get(owner, 0) + folded
+        self.pruned[removed] = delta.pruned[removed] = (until, sums[0], sums[1])
+        return delta
+
+    def forget_pruned(self, now: int) -> int:
+        """Drop the fold markers past their time (a local step: not a delta), except those
+        of a node that came back and wrote again (its entries need them); how many went."""
+        gone = [
+            r
+            for r, (until, _up, _down) in self.pruned.items()
+            if until <= now and r not in self.up and r not in self.down
+        ]
+        for removed in gone:
+            del self.pruned[removed]
+        return len(gone)
+
+    def _marker(self, removed: bytes) -> PNCounter:
+        delta = PNCounter()
+        delta.pruning[removed] = self.pruning[removed]
+        if removed in self.up:
+            delta.up[removed] = self.up[removed]
+        if removed in self.down:
+            delta.down[removed] = self.down[removed]
         return delta
 
     def merge(self, other: PNCounter) -> None:
@@ -155,36 +264,99 @@ class PNCounter:
             for node, n in theirs.items():
                 if n > mine.get(node, 0):
                     mine[node] = n
+        if other.pruned:
+            pruned = self.pruned
+            for removed, marker in other.pruned.items():
+                held = pruned.get(removed)
+                if held is None:
+                    pruned[removed] = marker
+                elif marker != held:
+                    pruned[removed] = (
+                        max(held[0], marker[0]),
+                        max(held[1], marker[1]),
+                        max(held[2], marker[2]),
+                    )
+        if other.pruning:
+            pruning = self.pruning
+            for removed, (owner, seen) in other.pruning.items():
+                current = pruning.get(removed)
+                if current is None or owner < current[0]:
+                    pruning[removed] = (owner, seen)
+                elif owner == current[0] and not seen <= current[1]:
+                    pruning[removed] = (owner, current[1] | seen)
+        if self.pruned:
+            up, down = self.up, self.down
+            for removed, (_until, folded_up, folded_down) in self.pruned.items():
+                if up.get(removed, 0) <= folded_up:
+                    up.pop(removed, None)
+                if down.get(removed, 0) <= folded_down:
+                    down.pop(removed, None)
+                self.pruning.pop(removed, None)
 
     def copy(self) -> PNCounter:
         c = PNCounter()
         c.up, c.down = dict(self.up), dict(self.down)
+        c.pruning, c.pruned = dict(self.pruning), dict(self.pruned)
         return c
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, PNCounter):
             return NotImplemented
-        return _nonzero(self.up) == _nonzero(other.up) and _nonzero(self.down) == _nonzero(
-            other.down
+        return (
+            _nonzero(self.up) == _nonzero(other.up)
+            and _nonzero(self.down) == _nonzero(other.down)
+            and self.pruning == other.pruning
+            and self.pruned == other.pruned
         )
 
     __hash__ = None  # type: ignore[assignment]
 
     def _canon(self) -> list[Any]:
-        return [sorted(_nonzero(self.up).items()), sorted(_nonzero(self.down).items())]
+        canon: list[Any] = [sorted(_nonzero(self.up).items()), sorted(_nonzero(self.down).items())]
+        if self.pruning or self.pruned:
+            pruning = sorted([r, o, sorted(seen)] for r, (o, seen) in self.pruning.items())
+            canon += [pruning, sorted([r, list(m)] for r, m in self.pruned.items())]
+        return canon
 
     def _body(self, nodes: _Nodes) -> list[Any]:
-        return [
+        body: list[Any] = [
             {nodes.index(k): v for k, v in self.up.items()},
             {nodes.index(k): v for k, v in self.down.items()},
         ]
+        if self.pruning or self.pruned:  # absent unless used: the earlier form otherwise
+            body.append(
+                {
+                    nodes.index(r): [nodes.index(o), [nodes.index(n) for n in seen]]
+                    for r, (o, seen) in self.pruning.items()
+                }
+            )
+            body.append({nodes.index(r): list(marker) for r, marker in self.pruned.items()})
+        return body
 
     @classmethod
     def _from_body(cls, body: Any, nodes: list[bytes]) -> PNCounter:
-        up, down = _pair(body)
+        if not isinstance(body, list) or len(body) not in (2, 4):
+            raise ProtocolError("bad_data", "counter")
         c = cls()
-        c.up = {_node(nodes, k): _count(v) for k, v in _items(up)}
-        c.down = {_node(nodes, k): _count(v) for k, v in _items(down)}
+        c.up = {_node(nodes, k): _count(v) for k, v in _items(body[0])}
+        c.down = {_node(nodes, k): _count(v) for k, v in _items(body[1])}
+        if len(body) == 4:
+            for r, marker in _items(body[2]):
+                owner, seen = _pair(marker)
+                if not isinstance(seen, list):
+                    raise ProtocolError("bad_data", "pruning")
+                c.pruning[_node(nodes, r)] = (
+                    _node(nodes, owner),
+                    frozenset(_node(nodes, n) for n in seen),
+                )
+            for r, marker in _items(body[3]):
+                if not isinstance(marker, list) or len(marker) != 3:
+                    raise ProtocolError("bad_data", "pruned")
+                c.pruned[_node(nodes, r)] = (
+                    _count(marker[0]),
+                    _count(marker[1]),
+                    _count(marker[2]),
+                )
         return c
 
 

@@ -55,13 +55,25 @@ class MemoryApi(NodeState):
     def _node_memory(self, member: MemoryMember | None = None) -> NodeMemory:
         from irismesh.memory.service import NodeMemory
 
-        return NodeMemory(
+        memory = NodeMemory(
             self.node_id,
             self._memory_survey,
             replicas=self._replicas,
             member=member,
             max_payload=self._config.max_payload,
         )
+        if self._newest_live_id:
+            memory.observe(self._newest_live_id)
+        return memory
+
+    def _observe_live_id(self, msg_id: bytes) -> None:
+        """A live retained message's id: this node's next retained write or job orders after
+        it. Before the memory side is made, the newest is kept for its clock to take in."""
+        memory = self._memory
+        if memory is not None:
+            memory.observe(msg_id)
+        elif msg_id > self._newest_live_id:
+            self._newest_live_id = msg_id
 
     async def reread(
         self, pattern: str, *, latest: int = 1, timeout: float | None = None

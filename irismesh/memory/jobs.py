@@ -110,6 +110,7 @@ class JobStore:
             try:
                 yield
                 db.execute("COMMIT")
+                self._store.wrote()
             except BaseException:
                 if db.in_transaction:
                     db.execute("ROLLBACK")

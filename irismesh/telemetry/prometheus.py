@@ -63,11 +63,13 @@ GAUGES = frozenset(
         "memory_jobs_pending",
         "memory_jobs_dead",
         "members_ejected_now",
+        "data_keys_held",
     }
 )
 # Node.stats entries named `<prefix><reason>`: one family with a `reason` label each.
 REASON_FAMILIES = (
     ("dropped_", "dropped", "frames and datagrams the node dropped, by reason"),
+    ("data_dropped_", "data_dropped", "replicated data messages dropped, by reason"),
     ("peers_down_", "peers_down", "peers membership lost, by reason (dead, left)"),
     ("links_down_", "links_down", "links that closed, by reason"),
     ("dials_failed_", "dial_failures", "dials that failed, by reason"),

@@ -267,3 +267,169 @@ def test_deltas_stay_small() -> None:
     for node in NODES:
         c.add(node, 1)
     assert len(encode(c.add(NODES[0], 1))) < 40
+
+
+# ----------------------------------------------------------------- pruning removed nodes
+
+
+def _deliver(
+    replicas: dict[int, PNCounter], queue: list[tuple[int, PNCounter]], rng: random.Random
+) -> None:
+    """Deliver every queued delta to every replica but its maker, shuffled, some twice."""
+    sends = [(to, d) for frm, d in queue for to in replicas if to != frm]
+    sends += rng.sample(sends, len(sends) // 3)
+    rng.shuffle(sends)
+    for to, delta in sends:
+        replicas[to].merge(delta)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    writes=st.lists(st.tuples(st.integers(0, 4), st.integers(-5, 9)), max_size=40),
+    later=st.lists(st.tuples(st.integers(0, 2), st.integers(-5, 9)), max_size=20),
+    rng=st.randoms(use_true_random=False),
+)
+def test_pruning_a_removed_node_keeps_the_value_exact(
+    writes: list[tuple[int, int]], later: list[tuple[int, int]], rng: random.Random
+) -> None:
+    """Nodes 3 and 4 write, then leave; node 0 folds their entries while 0-2 keep writing,
+    deltas arriving in any order, some twice: every replica ends with the exact total and no
+    entry of the nodes that left."""
+    replicas = {i: PNCounter() for i in range(5)}
+    queue: list[tuple[int, PNCounter]] = []
+    total = 0
+    for i, amount in writes:
+        queue.append((i, replicas[i].add(NODES[i], amount)))
+        total += amount
+    _deliver(replicas, queue, rng)  # the leavers' writes reached the others before they left
+    for leaver in (3, 4):
+        del replicas[leaver]
+    queue = []
+    owner = NODES[0]
+    steps: list[tuple[str, int, int]] = [("write", i, amount) for i, amount in later]
+    steps += [("start", 0, r) for r in (3, 4)] + [("see", i, r) for i in (1, 2) for r in (3, 4)]
+    rng.shuffle(steps)
+    for kind, i, arg in steps:
+        replica = replicas[i]
+        delta: PNCounter | None
+        if kind == "write":
+            delta = replica.add(NODES[i], arg)
+            total += arg
+        elif kind == "start":
+            delta = replica.start_pruning(NODES[arg], owner)
+        else:
+            delta = replica.see_pruning(NODES[arg], NODES[i])
+        if delta is not None:
+            queue.append((i, delta))
+        if rng.random() < 0.3:  # some deltas arrive now, the rest later
+            _deliver(replicas, queue, rng)
+            queue = []
+    _deliver(replicas, queue, rng)
+    queue = []
+    for r in (3, 4):  # each holder saw the marker: its entries of r are with the owner
+        for i in (1, 2):
+            delta = replicas[i].see_pruning(NODES[r], NODES[i])
+            if delta is not None:
+                queue.append((i, delta))
+    _deliver(replicas, queue, rng)
+    queue = []
+    for r in (3, 4):
+        marker = replicas[0].pruning.get(NODES[r])
+        if marker is not None:
+            assert marker[1] == {NODES[0], NODES[1], NODES[2]}
+            delta = replicas[0].prune(NODES[r], until=10_000)
+            assert delta is not None
+            queue.append((0, delta))
+    _deliver(replicas, queue, rng)
+    values = [replicas[i].value for i in (0, 1, 2)]
+    assert values == [total] * 3
+    assert replicas[0] == replicas[1] == replicas[2]
+    for replica in replicas.values():
+        assert not {NODES[3], NODES[4]} & (replica.up.keys() | replica.down.keys())
+        assert replica.forget_pruned(10_000) in (0, 1, 2)
+        assert replica.value == total
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_merge_is_a_semilattice_with_pruning_markers(data: st.DataObject) -> None:
+    def state() -> PNCounter:
+        c = PNCounter()
+        for node in data.draw(st.lists(st.sampled_from(NODES), max_size=4)):
+            c.add(node, data.draw(st.integers(-3, 5)))
+        for removed in data.draw(st.lists(st.sampled_from(NODES[3:]), max_size=2)):
+            owner = data.draw(st.sampled_from(NODES[:3]))
+            if data.draw(st.booleans()):
+                c.start_pruning(removed, owner)
+                c.see_pruning(removed, data.draw(st.sampled_from(NODES[:3])))
+            else:
+                folded = (data.draw(st.integers(1, 3)), data.draw(st.integers(0, 5)), 0)
+                c.pruned[removed] = folded
+                c.merge(PNCounter())  # the cleanup a merge makes
+        return c
+
+    a, b, c = state(), state(), state()
+
+    def merged(*parts: PNCounter) -> PNCounter:
+        out = PNCounter()
+        for part in parts:
+            out.merge(part)
+        return out
+
+    assert merged(a, b) == merged(b, a)
+    assert merged(merged(a, b), c) == merged(a, merged(b, c))
+    assert merged(a, a) == merged(a)
+    for s in (a, b, c, merged(a, b, c)):
+        assert decode(encode(s)) == s
+        assert fingerprint(decode(encode(s))) == fingerprint(s)
+
+
+def test_state_stays_bounded_as_writers_come_and_go() -> None:
+    """A hundred writers that each write and leave: once pruned and the markers' time is
+    past, the state holds the two writers still there, whatever the total."""
+    a, b = PNCounter(), PNCounter()
+    total = 0
+    for n in range(100):
+        writer = bytes([0xF0]) + n.to_bytes(15, "big")
+        b.merge(a.add(writer, n + 1))
+        b.merge(a.add(NODES[0], 1))
+        a.merge(b.add(NODES[1], -1))
+        total += n + 1
+        marker = a.start_pruning(writer, NODES[0])
+        assert marker is not None
+        b.merge(marker)
+        seen = b.see_pruning(writer, NODES[1])
+        assert seen is not None
+        a.merge(seen)
+        folded = a.prune(writer, until=n)
+        assert folded is not None
+        b.merge(folded)
+        a.forget_pruned(n)
+        b.forget_pruned(n)
+        assert a.value == b.value == total
+    assert a == b
+    assert len(a.up) + len(a.down) + len(a.pruning) + len(a.pruned) <= 3
+    assert len(encode(a)) < 64
+
+
+def test_a_pruned_node_that_comes_back_counts_on_top_of_what_was_folded() -> None:
+    """A node that left comes back under the same id (a kept identity) after its entries were
+    folded, even on a replica that already forgot the fold: its new adds count once."""
+    a, b, r = PNCounter(), PNCounter(), PNCounter()
+    for delta in (r.add(NODES[3], 10), r.add(NODES[3], -4), a.add(NODES[0], 1)):
+        a.merge(delta)
+        b.merge(delta)
+    b.merge(a.start_pruning(NODES[3], NODES[0]) or PNCounter())
+    a.merge(b.see_pruning(NODES[3], NODES[1]) or PNCounter())
+    folded = a.prune(NODES[3], until=5)
+    assert folded is not None
+    b.merge(folded)
+    assert a.value == b.value == 7
+    assert b.forget_pruned(5) == 1  # b forgets the fold; a keeps it a while longer
+    back = a.copy()  # the node's new run asks a holder for the state, then writes
+    for delta in (back.add(NODES[3], 3), back.add(NODES[3], -1)):
+        a.merge(delta)
+        b.merge(delta)  # the delta carries the fold: b does not count the folded part twice
+    assert back.value == a.value == b.value == 9
+    assert a.forget_pruned(10) == 0  # kept: the node that came back has entries again
+    assert decode(encode(b)) == b

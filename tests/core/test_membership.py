@@ -272,6 +272,30 @@ def test_a_node_whose_own_loop_stalled_does_not_accuse_the_peer_it_was_probing()
     assert deaths(nodes) == []
 
 
+def test_a_healed_partition_of_twenty_is_whole_within_a_second() -> None:
+    """A node held dead that is heard from is told so at once, and a revival tells every other
+    member held dead: the first datagram across the healed partition brings both sides back in
+    a few round trips, not one reconnect interval per node."""
+    for seed in range(4):
+        net = SwimNet(seed=seed)
+        nodes = cluster(net, 20)
+        left, right = nodes[:10], nodes[10:]
+        net.partition(left, right)
+
+        def split(left: list[SwimNode] = left, right: list[SwimNode] = right) -> bool:
+            return all(n.state_of(m) is DEAD for n in left for m in right) and all(
+                n.state_of(m) is DEAD for n in right for m in left
+            )
+
+        net.run_until(split, limit=30)
+        net.advance(2 * net.config.gossip_to_dead)
+        net.heal()
+        healed = net.now
+        net.run_until(lambda nodes=nodes: converged(nodes), limit=30)
+        assert net.now - healed < 1.0, (seed, net.now - healed)
+        assert sum(n.membership.stats["deaths_told"] for n in nodes) > 0
+
+
 def test_members_held_dead_cost_little_to_keep_trying() -> None:
     net = SwimNet(seed=14)
     nodes = cluster(net, 30)

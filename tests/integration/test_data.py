@@ -429,3 +429,91 @@ def test_a_register_write_after_a_read_wins_whatever_the_clocks(keys: irismesh.K
             await close_all([fast, right])
 
     run(main())
+
+
+def test_a_pattern_finds_the_keys_that_exist_and_top_shows_them(keys: irismesh.Keyring) -> None:
+    """A watch (or `mesh top --data`) holds the keys its pattern matches that were written
+    before it started: a holder's digest (sent as soon as the watcher comes up) makes it ask
+    for their states."""
+    from irismesh._cli.top import Sampler, data_json, data_views, frame_json
+
+    async def main() -> None:
+        (a,) = await start_nodes(keys, 1)
+        try:
+            await a.data.counter("quota.top").add(7)
+            await a.data.set("quota.zones").add(b"eu")
+            await a.data.register("other.mode").set("x")  # not matched
+            (b,) = await start_nodes(keys, 1, seed=a.endpoint)
+            try:
+                b.data.watch("quota.#")
+                sampler = Sampler(b, [])
+                sampler.data = True
+
+                def shown() -> bool:
+                    return [(d.key, d.type, data_json(d.value)) for d in data_views(b)] == [
+                        ("quota.top", "counter", 7),
+                        ("quota.zones", "set", ["eu"]),
+                    ]
+
+                await wait_until(shown, 10, "the watcher to hold both keys")
+                frame = frame_json(sampler.sample())
+                assert frame["data"] == [
+                    {"key": "quota.top", "type": "counter", "value": 7},
+                    {"key": "quota.zones", "type": "set", "value": ["eu"]},
+                ]
+                assert frame["stats"]["data_merges"]["value"] >= 2  # type: ignore[index]
+                assert b.stats["data_asks_sent"] >= 2
+            finally:
+                await b.close()
+        finally:
+            await a.close()
+
+    run(main())
+
+
+def test_a_node_that_left_has_its_counter_entries_folded_and_the_total_stays(
+    keys: irismesh.Keyring, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer leaves; the key's lowest holder proposes folding its entries, every holder
+    says it saw that (with its own copy of them), and the owner folds: no holder keeps an
+    entry of the node that left, and every one reads the same exact total."""
+    from irismesh.data import replicas
+
+    monkeypatch.setattr(replicas, "PRUNE_AFTER", 0.0)  # the round below runs at once
+
+    async def main() -> None:
+        nodes = await start_nodes(keys, 3)
+        a, b, c = nodes
+        try:
+            counters = [n.data.counter("quota.pruned") for n in nodes]
+            for node in nodes:
+                await holders(node, "quota.pruned", 2)
+            await counters[0].add(2)
+            await counters[1].add(3)
+            await counters[2].add(10)
+            await counters[2].add(-4)
+            await wait_until(
+                lambda: all(n.data.values()["quota.pruned"] == 11 for n in nodes), 10, "11"
+            )
+            gone = c.node_id
+            await c.close()
+            await wait_until(lambda: gone in a.data._left and gone in b.data._left, 10, "the leave")
+            owner, other = (a, b) if a.node_id < b.node_id else (b, a)
+            other.data._prune_round()  # not the lowest holder: proposes nothing
+            owner.data._prune_round()
+
+            def folded(n: irismesh.Node) -> bool:
+                state = n.data._held["quota.pruned"].state
+                assert isinstance(state, irismesh.data.types.PNCounter)
+                return gone in state.pruned and gone not in state.up and gone not in state.down
+
+            await wait_until(lambda: folded(a) and folded(b), 10, "the fold everywhere")
+            assert a.data.values()["quota.pruned"] == b.data.values()["quota.pruned"] == 11
+            assert owner.stats["data_nodes_pruned"] == 1
+            assert other.stats.get("data_nodes_pruned", 0) == 0
+            await counters[0].add(1)
+            await wait_until(lambda: b.data.values()["quota.pruned"] == 12, 10, "12")
+        finally:
+            await close_all(nodes)  # closing twice is fine
+
+    run(main())

@@ -265,3 +265,32 @@ def test_since_pages_every_newer_message_oldest_first(tmp_path: Path, keys: Keyr
     assert pages >= 8
     assert store.since(every[-1], 400) == ([], None)
     assert MemoryStore(tmp_path / "empty", keys).newest_id() is None
+
+
+def test_with_os_sync_checkpoints_run_off_the_writer_and_the_log_starts_over(
+    tmp_path: Path, keys: Keyring
+) -> None:
+    store = MemoryStore(tmp_path, keys, sync="os")
+    backstop = store.db.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
+    assert backstop > 1000  # the writer's own checkpoints are only a backstop
+    all_ids = iter(ids(3001))
+    for round_ in range(30):  # random paths: a few dozen pages of log per commit
+        batch = []
+        for i in range(100):
+            msg_id = next(all_ids)
+            batch.append((f"news.{(round_ * 37 + i * 101) % 500:04d}", b"x" * 100, 0.0, msg_id))
+        store.put_many(batch)
+    deadline = time.monotonic() + 10
+    while store.stats["checkpoints"] <= store.stats["checkpoints_unfinished"]:
+        assert time.monotonic() < deadline, dict(store.stats)
+        time.sleep(0.01)
+    store.put(f"news.{0:04d}", b"after", 0.0, next(all_ids))
+    other = sqlite3.connect(store.path)
+    _busy, log, _copied = other.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    other.close()
+    assert log < 100  # the log started over from its beginning after the checkpoint
+    store.close()
+    reopened = MemoryStore(tmp_path, keys, sync="fsync")
+    assert len(reopened.latest("news.#", 16)) == 3001  # all of it, whatever was checkpointed
+    assert reopened.db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 1000
+    reopened.close()

@@ -253,3 +253,15 @@ def test_the_dashboard_asks_for_metrics_a_node_serves(keys: irismesh.Keyring) ->
     # Counters of node.stats are served from their first count on: none refuted or lost here.
     first_counted = {"irismesh_refutations_total", "irismesh_peers_down_total"}
     assert asked - served <= first_counted, asked - served - first_counted
+
+
+def test_data_counters_are_exported_held_keys_as_a_gauge_drops_by_reason() -> None:
+    from irismesh.telemetry.prometheus import _stats
+
+    stats = {"data_keys_held": 3, "data_merges": 5, "data_dropped_bad_data": 2}
+    families = {f.name: f for f in _stats("n1", "", stats)}
+    assert families["irismesh_data_keys_held"].type == "gauge"
+    assert families["irismesh_data_merges"].type == "counter"
+    [sample] = families["irismesh_data_dropped"].samples
+    assert sample.labels == {"node": "n1", "reason": "bad_data"}
+    assert sample.value == 2

@@ -275,6 +275,14 @@ class Controller:
             await members.add(element)
         for element in message.get("remove", []):
             await members.remove(element)
+        if "until_counter" in message:  # wait here for these values: answer when they held
+            deadline = time.monotonic() + float(message.get("timeout", 20))
+            want = (int(message["until_counter"]), sorted(message["until_set"]))
+            while (await counter.get(), sorted(await members.get())) != want:
+                if time.monotonic() > deadline:
+                    return {"ok": False, "counter": await counter.get()}
+                await asyncio.sleep(0.01)
+            return {"ok": True, "at": time.monotonic()}
         return {"ok": True, "counter": await counter.get(), "set": sorted(await members.get())}
 
     async def wait(self, present: list[str], absent: list[str], timeout: float) -> dict[str, Any]:
