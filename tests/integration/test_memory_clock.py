@@ -246,36 +246,33 @@ def test_an_unknown_memory_sync_is_refused(keys: irismesh.Keyring, tmp_path: Pat
         irismesh.Node(keyring=keys, memory=tmp_path, memory_sync="never")
 
 
-def test_a_live_retained_message_advances_the_receivers_clock(
+@deadline(60)
+async def test_a_live_retained_message_advances_the_receivers_clock(
     keys: irismesh.Keyring, tmp_path: Path
 ) -> None:
     """A subscriber that received a retained message live (not reread) orders its next id
     after it, even when the publisher's clock runs ahead of its own."""
-
-    async def main() -> None:
-        member = irismesh.Node(keyring=keys, memory=tmp_path / "m")
-        await member.start()
-        ahead = irismesh.Node(keyring=keys, seeds=[member.endpoint])
-        await ahead.start()
-        reader = irismesh.Node(keyring=keys, seeds=[member.endpoint])
-        await reader.start()
-        try:
-            ahead.memory.physical = lambda: time.time_ns() // 1000 + 10_000_000
-            got: list[irismesh.Message] = []
-            reader.subscribe("cfg.#", callback=got.append)
-            await ahead.wait_for_members("_memory", 1, timeout=10)
-            await ahead.wait_for_subscribers("cfg.mode", 1, timeout=10)
-            await ahead.publish("cfg.mode", b"v1", retain=True)
-            deadline = time.monotonic() + 10
-            while not got:
-                assert time.monotonic() < deadline, "the retained message did not arrive"
-                await asyncio.sleep(0.01)
-            v1 = got[0].id
-            assert v1 is not None
-            assert id_time(v1) > time.time() + 5  # from the fast clock
-            # No reread, no answer of a member: only the live message told the reader.
-            assert clock_id(reader.memory.clock, reader.memory.physical()) > v1
-        finally:
-            await asyncio.gather(reader.close(), ahead.close(), member.close())
-
-    run(main())
+    member = irismesh.Node(keyring=keys, memory=tmp_path / "m")
+    await member.start()
+    ahead = irismesh.Node(keyring=keys, seeds=[member.endpoint])
+    await ahead.start()
+    reader = irismesh.Node(keyring=keys, seeds=[member.endpoint])
+    await reader.start()
+    try:
+        ahead.memory.physical = lambda: time.time_ns() // 1000 + 10_000_000
+        got: list[irismesh.Message] = []
+        reader.subscribe("cfg.#", callback=got.append)
+        await ahead.wait_for_members("_memory", 1, timeout=10)
+        await ahead.wait_for_subscribers("cfg.mode", 1, timeout=10)
+        await ahead.publish("cfg.mode", b"v1", retain=True)
+        until = time.monotonic() + 10
+        while not got:
+            assert time.monotonic() < until, "the retained message did not arrive"
+            await asyncio.sleep(0.01)
+        v1 = got[0].id
+        assert v1 is not None
+        assert id_time(v1) > time.time() + 5  # from the fast clock
+        # No reread, no answer of a member: only the live message told the reader.
+        assert clock_id(reader.memory.clock, reader.memory.physical()) > v1
+    finally:
+        await asyncio.gather(reader.close(), ahead.close(), member.close())
