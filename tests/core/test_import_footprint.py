@@ -44,7 +44,9 @@ LAZY = (
 def _loaded(code: str) -> set[str]:
     """The modules loaded after running `code` in a fresh interpreter."""
     probe = f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
-    env = {k: v for k, v in os.environ.items() if k != "IRISMESH_TRACING"}
+    # The defaults: a suite run with IRISMESH_TRANSPORT=zmq rightly loads zmq in a node.
+    unset = ("IRISMESH_TRACING", "IRISMESH_TRANSPORT")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
     out = subprocess.run(
         [sys.executable, "-c", probe],
         env=env,
