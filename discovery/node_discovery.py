@@ -9,6 +9,7 @@ survey by default and goes on without it when it cannot start (`_start_discovery
 from __future__ import annotations
 
 import logging
+import time
 
 from irismesh._core.records import MemberState
 from irismesh._nodestate import NodeState
@@ -112,5 +113,5 @@ class DiscoveryApi(NodeState):
     def _on_candidate(self, node_id: bytes, endpoint: str) -> None:
         if self._core is None or self._driver is None or self._closing:
             return
-        self._core.add_candidate(endpoint, self._driver.loop.time())
+        self._core.add_candidate(endpoint, time.monotonic())
         self._driver.process()

@@ -652,8 +652,7 @@ class SurveyDiscovery:
         return self._alive is not None and self._alive(node_id, endpoint)
 
     async def _poll(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._news_at = loop.time()
+        self._news_at = time.monotonic()
         cfg = self._config
         interval = cfg.fast_interval
         while True:
@@ -663,7 +662,7 @@ class SurveyDiscovery:
             for target in cfg.unicast_targets:
                 question = self._datagram(SurveyKind.QUESTION)
                 self._send(question, (target, cfg.port), "unicast_questions_sent")
-            asked = loop.time()
+            asked = time.monotonic()
             joined = self._joined()
             if joined:
                 assert self._live_peers is not None
@@ -671,17 +670,17 @@ class SurveyDiscovery:
             else:
                 interval = cfg.next_interval(asked - self._news_at, interval)
             due = asked + interval * (1.0 + self._rng.uniform(-cfg.jitter, cfg.jitter))
-            while (now := loop.time()) < due:
+            while (now := time.monotonic()) < due:
                 # A joined node's long wait is looked at every slow interval: left alone, it
                 # asks at once, and fast again.
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(min(due - now, cfg.slow_interval)):
                         await self._wake.wait()
                     # Woken by poll_now: a caller calling it in a loop must not flood the group.
-                    await asyncio.sleep(max(0.0, asked + cfg.fast_interval - loop.time()))
+                    await asyncio.sleep(max(0.0, asked + cfg.fast_interval - time.monotonic()))
                     break
                 if joined and not self._joined():
-                    self._news_at = loop.time()
+                    self._news_at = time.monotonic()
                     break
 
     def _send(self, data: bytes, addr: tuple[str, int], counter: str) -> None:
@@ -748,15 +747,14 @@ class SurveyDiscovery:
         self._count("candidates")
         if known:
             return
-        loop = asyncio.get_running_loop()
         if message.node_id not in self._heard and not self._joined():
             if len(self._heard) >= 4096:
                 self._heard.clear()
             self._heard.add(message.node_id)
             # Someone new: the mesh is changing, ask fast again (it may bring others).
-            self._news_at = loop.time()
+            self._news_at = time.monotonic()
             self._wake.set()
-        self._offer(message.node_id, message.endpoint, answered=not via_group, now=loop.time())
+        self._offer(message.node_id, message.endpoint, answered=not via_group, now=time.monotonic())
 
     def _answer(self, addr: tuple[str, int]) -> None:
         """Answer a question from `addr`: at once when alone (a newcomer wants a peer fast),

@@ -100,7 +100,10 @@ class Driver:
         self._datagrams = datagrams
         receive = core.receive_datagram
         datagrams.start(
-            loop, lambda source, data: receive(source, data, loop.time()), self.process, core.stats
+            loop,
+            lambda source, data: receive(source, data, time.monotonic()),
+            self.process,
+            core.stats,
         )
 
     # ----------------------------------------------------------------- what a transport does
@@ -238,13 +241,13 @@ class Driver:
         if self._closed:
             return
         self.drain_all()
-        now = self.loop.time()
+        now = time.monotonic()
         self.core.tick(now)
         self.process()
         self.arm(max(self.core.next_deadline(now), now + 0.001))
 
     def start(self) -> None:
-        self.arm(self.loop.time())
+        self.arm(time.monotonic())
 
     def _request_came(self) -> None:
         """Busy polling: a request came after a wait that began when the last was served."""

@@ -386,7 +386,7 @@ class StreamDriver(Driver):
         stats = self.core.stats
         stats["accept_out_of_descriptors"] += 1
         self._starved_since_log += 1
-        now = self.loop.time()
+        now = time.monotonic()
         if now - self._starved_logged_at >= _LOG_EVERY:
             _log.warning(
                 "out of file descriptors accepting links (%d times since the last warning): "
@@ -427,7 +427,7 @@ class StreamDriver(Driver):
         if len(strangers) >= self._max_strangers:
             stats["dropped_stranger_evicted"] += 1
             self._drop_stranger(next(iter(strangers)))
-        now = self.loop.time()
+        now = time.monotonic()
         strangers[conn] = now
         counts[source] = counts.get(source, 0) + 1
         stats["strangers_connected"] = len(strangers)
@@ -463,7 +463,7 @@ class StreamDriver(Driver):
         self._stranger_timer = None
         if self._closed:
             return
-        now = self.loop.time()
+        now = time.monotonic()
         if now - self._stranger_timer_at > _STALLED:
             self._strangers_due_at(now + 0.05)  # after the loop has read what waits
             return
@@ -511,7 +511,7 @@ class StreamDriver(Driver):
             return
         if self._out.get(conn.link_id) is conn and not self._closed:
             del self._out[conn.link_id]
-            self.core.link_failed(conn.link_id, self.loop.time(), "disconnected")
+            self.core.link_failed(conn.link_id, time.monotonic(), "disconnected")
             self.process()
 
     # ----------------------------------------------------------------- input
@@ -532,7 +532,7 @@ class StreamDriver(Driver):
         frames = conn.frames
         receive = self.core.receive_in
         routing_id = conn.routing_id
-        now = self.loop.time()
+        now = time.monotonic()
         got = 0
         while frames:
             if got == BATCH:  # come back after others had a turn
@@ -558,7 +558,7 @@ class StreamDriver(Driver):
         receive = self.core.receive_out
         link_id = conn.link_id
         pending = self.core.calls.pending
-        now = self.loop.time()
+        now = time.monotonic()
         got = 0
         while frames and not conn.closed:
             if got == BATCH:
@@ -634,7 +634,7 @@ class StreamDriver(Driver):
         try:
             host, port = split_endpoint(event.endpoint)
         except ValueError:
-            self.core.link_failed(event.link_id, self.loop.time(), "bad_endpoint")
+            self.core.link_failed(event.link_id, time.monotonic(), "bad_endpoint")
             return
         conn = Connection(self, event.link_id, b"")
         self._out[event.link_id] = conn
@@ -649,7 +649,7 @@ class StreamDriver(Driver):
                 conn.closed = True
                 self.core.stats["dials_unconnected"] += 1
                 reason = "refused" if isinstance(exc, ConnectionRefusedError) else "unreachable"
-                self.core.link_failed(conn.link_id, self.loop.time(), reason)
+                self.core.link_failed(conn.link_id, time.monotonic(), reason)
                 self.process()
         finally:
             conn.connecting = None
@@ -706,7 +706,7 @@ class StreamDriver(Driver):
         while not done() and self._read_raw(conn, until):
             frames = conn.frames
             while frames and not conn.closed:
-                receive(link_id, frames.popleft(), self.loop.time())
+                receive(link_id, frames.popleft(), time.monotonic())
             self.process()
         self.flush_soon()
 
@@ -720,7 +720,7 @@ class StreamDriver(Driver):
     def _take_in(self, conn: Connection) -> None:
         frames, receive = conn.frames, self.core.receive_in
         while frames:
-            receive(conn.routing_id, frames.popleft(), self.loop.time())
+            receive(conn.routing_id, frames.popleft(), time.monotonic())
 
     # ----------------------------------------------------------------- closing
 

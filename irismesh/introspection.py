@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -85,7 +86,7 @@ class IntrospectionApi(NodeState):
             raise Forbidden(cluster, "call", "this node's grant does not allow it")
 
         def found() -> int:
-            core.want(cluster, driver.loop.time())  # link to its members, if not yet
+            core.want(cluster, time.monotonic())  # link to its members, if not yet
             driver.flush_soon()
             return len(core.members(cluster))
 
@@ -102,15 +103,15 @@ class IntrospectionApi(NodeState):
     ) -> int:
         """Look again at each membership change until `found()` is `count` or more (returned),
         or raise `MembershipTimeout` after `timeout` seconds."""
-        _core, driver = self._caller.running()
+        self._caller.running()  # raises Closed, saying why
         changed = self._membership_changed
         assert changed is not None
-        deadline = driver.loop.time() + timeout
+        deadline = time.monotonic() + timeout
         while True:
             now_found = found()
             if now_found >= count:
                 return now_found
-            remaining = deadline - driver.loop.time()
+            remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise MembershipTimeout(cluster, count, now_found, timeout)
             changed.clear()
@@ -128,7 +129,7 @@ class IntrospectionApi(NodeState):
         """Hex node ids of the live members of `cluster` this node is linked to (asking opens
         links to the others, which `wait_for_members` waits for)."""
         core, driver = self._caller.running()
-        core.want(cluster, driver.loop.time())
+        core.want(cluster, time.monotonic())
         driver.flush_soon()
         return [link.peer_id.hex() for link in core.members(cluster)]
 
@@ -363,20 +364,19 @@ class IntrospectionApi(NodeState):
         except MeshError:
             await self._caller.turns.maybe_pause()  # refused at once: still fair
             raise
-        loop = driver.loop
-        start = loop.time()
+        start = time.monotonic()
         changed = self._membership_changed
         assert changed is not None
         while True:
-            known = core.want(cluster, loop.time())
+            known = core.want(cluster, time.monotonic())
             linked = len(core.members(cluster))
             if linked >= (known if every else min(known, 1)):
                 break
             driver.flush_soon()
-            remaining = start + timeout / 2 - loop.time()
+            remaining = start + timeout / 2 - time.monotonic()
             if remaining <= 0:
                 break
             changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), remaining)
-        return timeout - (loop.time() - start)
+        return timeout - (time.monotonic() - start)

@@ -29,6 +29,7 @@ import logging
 import os
 import random
 import socket
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
@@ -397,7 +398,7 @@ class Node(
             randbytes=os.urandom,
             config=self._config,
             address=datagrams.address,
-            now=loop.time(),
+            now=time.monotonic(),
             name=self.name,
             version=self.version,
             identity=self.identity,
@@ -426,7 +427,7 @@ class Node(
             driver.busy_poll = self._busy_poll
             driver.request_spin = Spin(self._busy_poll, core.stats, "busy_poll_requests")
             driver.idle = lambda: self._runner.running == 0
-        now = loop.time()
+        now = time.monotonic()
         for seed in self._seeds:
             core.add_candidate(seed, now, seed=True)
         driver.process()
@@ -540,7 +541,7 @@ class Node(
     def _on_events(self, events: list[Event]) -> None:
         """The core's events, each to the handler of its type (none: the driver's own)."""
         driver = self._driver
-        self._caller.events_at = driver.loop.time() if driver is not None else 0.0
+        self._caller.events_at = time.monotonic() if driver is not None else 0.0
         handlers = self._handlers
         for event in events:
             handler = handlers.get(type(event))

@@ -741,8 +741,7 @@ class PubSub:
     ) -> int:
         """Wait for room, behind the publishes already waiting of its priority or higher,
         then publish; SlowConsumer after `timeout` (after `publish_now` found no room)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        deadline = time.monotonic() + timeout
         turns = self._turns
         try:
             async with asyncio.timeout(timeout):
@@ -757,7 +756,7 @@ class PubSub:
                 if sent is not None:
                     return sent
                 self._flush()  # what is staged goes out: the subscribers need it to make room
-                remaining = deadline - loop.time()
+                remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise SlowConsumer(topic, timeout, self._slow(core, topic))
                 with contextlib.suppress(TimeoutError):
@@ -848,13 +847,12 @@ class PubSub:
     async def wait_for_subscribers(self, topic: str, count: int, timeout: float) -> int:
         core = self._running()
         topic = validate_topic(topic)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        deadline = time.monotonic() + timeout
         while True:
             found = len(core.subscribers(topic))
             if found >= count:
                 return found
-            remaining = deadline - loop.time()
+            remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise InterestTimeout(topic, count, found, timeout)
             self._interest.clear()

@@ -110,8 +110,9 @@ class ForwardedError(Exception):
 
 
 def deadline() -> float | None:
-    """The deadline of the request being handled, as event loop time (`loop.time()`): when
-    its caller gives up. None outside a request handler, or for a request without one.
+    """The deadline of the request being handled, on the monotonic clock (`time.monotonic()`,
+    the event loop's own, at full resolution): when its caller gives up. None outside a request
+    handler, or for a request without one.
 
     Requests a handler makes in turn inherit it: their timeout is at most what is left."""
     at = _deadline.get()
@@ -216,7 +217,7 @@ class HandlerRunner:
             forward(event)
             return
         loop = asyncio.get_running_loop()
-        now = loop.time()
+        now = time.monotonic()
         shed = self._shed  # reused: a request rarely sheds another
         priority = event.priority
         verdict = admission.offer(
@@ -258,7 +259,7 @@ class HandlerRunner:
         loop = asyncio.get_running_loop()
         shed: list[tuple[RequestArrived, str]] = []
         while self._spent < SLICE:
-            now = loop.time()
+            now = time.monotonic()
             event = admission.take(now, shed)
             if event is None:
                 break
@@ -277,7 +278,7 @@ class HandlerRunner:
             return
         loop = asyncio.get_running_loop()
         shed: list[tuple[RequestArrived, str]] = []
-        admission.expire(loop.time(), shed)
+        admission.expire(time.monotonic(), shed)
         for item, reason in shed:
             self._reject(item, reason)
         if admission.waiting:
@@ -597,8 +598,7 @@ class HandlerRunner:
 
 def _cancelled(event: RequestArrived) -> BaseException:
     """What a cancelled handler answers (its caller has given up or the node is closing)."""
-    loop = asyncio.get_running_loop()
-    if loop.time() >= event.deadline:
+    if time.monotonic() >= event.deadline:
         return TimeoutError("the request's deadline passed while its handler ran")
     return ConnectionAbortedError("the caller gave up, or the member is shutting down")
 
@@ -833,7 +833,7 @@ class Caller:
         if type(payload) is not bytes:
             payload = as_bytes(payload)
         loop = driver.loop
-        now = loop.time()
+        now = time.monotonic()
         inherited = _deadline.get()
         if inherited < now + timeout:  # called from a handler: within its caller's deadline
             timeout = inherited - now
@@ -954,7 +954,7 @@ class Caller:
             if type(payload) is not bytes:
                 payload = as_bytes(payload)
             loop = driver.loop
-            now = loop.time()
+            now = time.monotonic()
             inherited = _deadline.get()
             if inherited < now + timeout:  # called from a handler: within its caller's deadline
                 timeout = inherited - now

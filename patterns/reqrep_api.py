@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, TypeVar, overload
@@ -272,18 +273,17 @@ class RequestApi(NodeState):
         priority: int = 0,
         trace: bytes = b"",
     ) -> bytes:
-        _core, driver = self._caller.running()
-        loop = driver.loop
+        self._caller.running()  # raises Closed, saying why
         budget = self._default_timeout if timeout is None else timeout
         if not budget > 0:
             raise ConfigurationError(f"timeout must be positive, got {timeout!r}")
-        until = loop.time() + budget
+        until = time.monotonic() + budget
         inherited = deadline()  # within a handler: its caller's deadline bounds it
         if inherited is not None:
             until = min(until, inherited)
         waited = 0
         while True:
-            left = until - loop.time()
+            left = until - time.monotonic()
             if left <= 0:
                 raise RequestTimeout(cluster, budget, waited)
             try:

@@ -84,7 +84,7 @@ class SplitApi:
     async def _put_split(self, cluster: str, weights: dict[str, int] | None, timeout: float) -> int:
         self._check_cluster(cluster)
         core, driver = self._caller.running()
-        core.want(cluster, driver.loop.time())  # follow it, as a caller does
+        core.want(cluster, time.monotonic())  # follow it, as a caller does
         split = core.set_split(cluster, weights, _stamp(core.split(cluster)))
         driver.process()
         deadline = time.monotonic() + timeout

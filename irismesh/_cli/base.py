@@ -626,8 +626,12 @@ async def settle(node: irismesh.Node, wait: float) -> list[irismesh.PeerInfo]:
     """The peers once the mesh seen from here stops changing, or when `wait` seconds are up.
 
     Settled means: some peers, each heard back from (a measured round trip: membership
-    probes every member in turn), and none new for SETTLED_FOR seconds. Membership spreads
-    every node's record to every other, so one seed soon gives the whole mesh.
+    probes every member in turn) and none suspected, and none new for SETTLED_FOR seconds.
+    Membership spreads every node's record to every other, so one seed soon gives the whole
+    mesh. A suspicion is settled too once it resolves (the member refutes it or is dropped):
+    a command that just started, on a busy machine, may suspect a member its first probes
+    reached late; a member really unreachable stays suspect until `wait` is up, and is shown
+    so.
     """
     deadline = time.monotonic() + wait
     known: set[str] = set()
@@ -640,7 +644,7 @@ async def settle(node: irismesh.Node, wait: float) -> list[irismesh.PeerInfo]:
             if ids != known:
                 known, changed = ids, now
                 status.update(f"finding peers: {len(peers)} so far")
-            heard = all(p.rtt_ms > 0 for p in peers)
+            heard = all(p.rtt_ms > 0 and p.state != "suspect" for p in peers)
             if (peers and heard and now - changed >= SETTLED_FOR) or now >= deadline:
                 return peers
             await asyncio.sleep(0.02)

@@ -527,13 +527,12 @@ async def _wait_for_subscribers(
     probe on the same link arrives after it.
     """
     wanted = len(tallies)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + args.wait
+    deadline = time.monotonic() + args.wait
     try:
         with stderr_console().status(f"waiting for {wanted} subscriber(s) of {topic!r}"):
             await publisher.wait_for_subscribers(topic, wanted, timeout=max(args.wait, 0.001))
             while not all(t.ready for t in tallies):
-                if loop.time() >= deadline:
+                if time.monotonic() >= deadline:
                     raise InterestTimeout(topic, wanted, sum(t.ready for t in tallies), args.wait)
                 await publisher.publish(topic, PROBE, timeout=args.timeout)
                 await asyncio.sleep(0.01)

@@ -21,6 +21,13 @@ once, while one still slow is starved again until its next probe, one request pe
 The other member of the pair is the target, rather than a median of the cluster, because
 only the ratio of the two costs decides, and it keeps the pick O(1) and free of allocation.
 
+One sample is weak evidence. A member's first reply may be slow for reasons that are not its
+own (a pause of the caller's process, a cold cache, a busy machine as nodes start together), so
+an estimate made of that one sample starts FIRST_SAMPLE_AGE old: it decays within DECAY -
+FIRST_SAMPLE_AGE (2 s), and the second sample, weighed by that age, mostly replaces it. A member
+really slow pays one more probe; one slow only at its first reply is back in rotation within
+2 s instead of 10.
+
 Under steady load nothing changes: a member with requests in flight does not decay (it is
 busy, not forgotten, and a probe in flight keeps the next requests off a member still slow),
 and replies refresh estimates every few milliseconds, against a DECAY of seconds. DECAY is
@@ -39,6 +46,7 @@ from typing import Protocol, TypeVar
 EWMA_WEIGHT = 0.2  # weight of a new sample
 TIE = 1.5  # costs closer than this factor are equal
 DECAY = 10.0  # seconds: an estimate no reply has refreshed for this long counts for nothing
+FIRST_SAMPLE_AGE = 0.8 * DECAY  # how stale an estimate made of one sample starts
 
 
 class Candidate(Protocol):
@@ -107,8 +115,9 @@ def observe(member: Candidate, sample: float, age: float = 0.0) -> None:
     counts for less: the sample's weight grows with the estimate's age, to all of it at DECAY.
     """
     latency = member.latency
-    if latency == 0.0:  # the first sample is the estimate
+    if latency == 0.0:  # the first sample is the estimate, and weak evidence: see above
         member.latency = sample
+        member.latency_at -= FIRST_SAMPLE_AGE
         return
     if sample > 2 * latency:
         sample = 2 * latency

@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -256,10 +257,10 @@ class TopicExporter(RecordBuffer):
         else:
             chunks, lost = self.pack(batch)
         self._count_dropped(lost)
-        deadline = loop.time() + self.timeout
+        deadline = time.monotonic() + self.timeout
         exported = 0
         for index, (payload, records) in enumerate(chunks):
-            remaining = deadline - loop.time()
+            remaining = deadline - time.monotonic()
             if remaining <= 0 or (self._can_send is not None and not self._can_send()):
                 self._count_dropped(sum(n for _, n in chunks[index:]))
                 break

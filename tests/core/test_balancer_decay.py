@@ -1,7 +1,8 @@
 """The balancer's decay over cores wired in memory, at light load (one request at a time, so
 every member is idle when the next is placed, the case where a high estimate starves): a
-member starved after a slow start is probed again within DECAY of its last reply and, healthy
-by then, gets its share back; one still slow gets one request per DECAY and no more."""
+member starved after one slow first reply is probed again within DECAY - FIRST_SAMPLE_AGE
+and, healthy by then, gets its share back; one starved after several slow replies waits
+DECAY; one still slow gets one request per DECAY and no more."""
 
 from __future__ import annotations
 
@@ -66,10 +67,25 @@ def start(times: dict[str, float], seed: int) -> tuple[MemNet, Service]:
     return net, service
 
 
+def test_a_member_slow_at_its_first_reply_only_is_back_within_two_seconds() -> None:
+    net, service = start({"a": 0.001, "b": 0.001, "c": 0.050}, seed=1)  # c's first reply: slow
+    slow = light_load(net, service, 1.0)
+    assert sum(name == "c" for _at, name in slow) == 1  # 50 times slower: starved at once
+    [first_c] = [at for at, name in slow if name == "c"]
+    service.times["c"] = 0.001  # as fast as the others from now on
+    served = light_load(net, service, balancer.DECAY)
+    probe = min(at for at, name in served if name == "c")
+    # One sample is weak evidence: it decays within DECAY - FIRST_SAMPLE_AGE, not DECAY.
+    window = balancer.DECAY - balancer.FIRST_SAMPLE_AGE
+    assert first_c + 0.9 * window < probe <= first_c + window + 0.1
+    after = [name for at, name in served if at > probe]
+    assert after.count("c") / len(after) > 0.25  # its share back: a third
+
+
 def test_a_member_starved_after_a_slow_start_is_probed_within_decay_and_gets_its_share() -> None:
     net, service = start({"a": 0.001, "b": 0.001, "c": 0.050}, seed=1)  # c starts cold
-    slow = light_load(net, service, 1.0)
-    assert 1 <= sum(name == "c" for _at, name in slow) <= 3  # 50 times slower: starved
+    slow = light_load(net, service, 4.0)  # past its first probe: two slow replies
+    assert 2 <= sum(name == "c" for _at, name in slow) <= 3  # 50 times slower: starved
     last_c = max(at for at, name in slow if name == "c")
     service.times["c"] = 0.001  # warmed up: as fast as the others from now on
     recovered = net.now

@@ -321,7 +321,7 @@ def test_peers_lists_every_member_alive(mesh: Mesh) -> None:
     assert set(by_id) == {str(m["node_id"]) for m in mesh.members.values()}
     assert {p["name"] for p in peers} >= {"alpha", "brävo-2"}
     assert by_id[mesh.members["X"]["node_id"]]["name"] == mesh.members["X"]["name"]
-    assert all(p["state"] == "alive" and p["rtt_ms"] > 0 for p in peers)
+    assert all(p["state"] == "alive" and p["rtt_ms"] > 0 for p in peers), peers
     assert by_id[mesh.members["B"]["node_id"]]["clusters"] == ["db"]  # the keyring's own scopes
 
 

@@ -237,7 +237,12 @@ async def test_silent_and_half_sent_connections_are_closed_at_the_hello_deadline
             )
             for holder in (silent, half_frame, half_length):
                 assert holder.counts["opened"] == 20
-                assert all(0.9 <= after < 2.0 for after in holder.closed_after)
+                # Never early; typically at the deadline. Each connection is timed from the
+                # stranger's side, so a loaded machine's accept and loop delays add to a few.
+                closed = sorted(holder.closed_after)
+                assert closed[0] >= 0.9, closed
+                assert closed[len(closed) // 2] < 1.5, closed
+                assert closed[-1] < 3.0, closed
             assert member.stats["dropped_stranger_timeout"] == 60
             assert member.stats["strangers_connected"] == 0
             # The client's own connection proved the key long before: it stays.
