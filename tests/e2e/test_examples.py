@@ -110,7 +110,10 @@ def test_news_feed_reader_gets_every_story_current_without_gap_or_repeat() -> No
 
 
 def test_job_queue_loses_no_job_across_kills_of_its_dispatcher_and_of_every_worker() -> None:
-    report = json.loads(run_example("job_queue.py", "--json", "--jobs", "1000").stdout)
+    # The example gives up on its own before the test would end it: a failure then shows its
+    # report (the jobs it lost) and its progress lines, not only a timeout.
+    out = run_example("job_queue.py", "--json", "--jobs", "1000", "--seconds", "40", timeout=110)
+    report = json.loads(out.stdout)
     assert report["ok"], report
     assert report["handled"] == 1000
     assert report["lost"] == []
