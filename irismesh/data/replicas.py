@@ -29,16 +29,16 @@ holders of each, and keep each key's state on disk (`data.disk`), saved before t
 acknowledge a write, so a member restarted after a crash still has every write it acknowledged.
 
 Bounded state: deltas fold into one pending delta per key; a set's or flag's causal context
-folds the dots it sees in order into one integer per writer; removes leave no tombstone. A
-counter's entries of a node that left (PeerDown "left", PRUNE_AFTER ago) are folded into its
-lowest holder's (`types.PNCounter.start_pruning` / `see_pruning` / `prune`): at each periodic
-round that holder proposes, every holder that merges the proposal says it saw it (with its
-own copy of the entries), and the proposer folds once every holder it knows did; only while
-membership holds no member suspect or dead, so every holder can take part and two sides of a
-partition never both fold. A node that is only dead (maybe partitioned away) is never
-pruned. The fold's marker is forgotten after PRUNED_KEEP_MS. Not pruned yet: the version
-vector entry each writer leaves in a set's, flag's or map's causal context, and counters
-inside maps.
+folds the dots it sees in order into one integer per writer; removes leave no tombstone. What
+a node that left (PeerDown "left", PRUNE_AFTER ago) wrote is folded into the key's lowest
+holder's (`types._Prunable.start_pruning` / `see_pruning` / `prune`): a counter's entries are
+added to the owner's, a set's, flag's or map's dots are renamed as the owner's and the node
+leaves the causal contexts. At each periodic round that holder proposes, every holder that
+merges the proposal says it saw it (with its own copy of what the node wrote), and the
+proposer folds once every holder it knows did; only while membership holds no member suspect
+or dead, so every holder can take part and two sides of a partition never both fold. A node
+that is only dead (maybe partitioned away) is never pruned. The fold's marker is forgotten
+after PRUNED_KEEP_MS. Registers keep one stamp, whoever wrote it: nothing to prune.
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ from irismesh.data.types import (
     ORMap,
     ORSet,
     PNCounter,
+    Prunable,
     decode,
     encode,
     fingerprint,
@@ -533,7 +534,7 @@ class NodeData:
         if self._disk is not None:
             self._unsaved[key] = held
         self.stats["data_merges"] += 1
-        if isinstance(incoming, PNCounter) and (incoming.pruning or incoming.pruned):
+        if not isinstance(incoming, LWWRegister) and incoming.pruning:
             self._on_pruning(held)
         self._changed(held, before, local=False)
         return held
@@ -626,7 +627,7 @@ class NodeData:
     # ----------------------------------------------------------------- pruning
 
     def _prune_round(self) -> None:
-        """Fold the counter entries of nodes that left PRUNE_AFTER ago or more (this node
+        """Fold what nodes that left PRUNE_AFTER ago or more wrote (this node
         proposing when it is the key's lowest holder), and forget fold markers past their
         time. Only while membership holds no node suspect or dead: then every holder is
         reachable, and two sides of a partition never fold one node twice."""
@@ -640,8 +641,8 @@ class NodeData:
         whole = self._whole()
         for held in list(self._held.values()):
             state = held.state
-            if not isinstance(state, PNCounter):
-                continue
+            if isinstance(state, LWWRegister):
+                continue  # one writer's stamp: nothing per node to fold
             if state.forget_pruned(now_ms):
                 self.stats["data_prune_markers_forgotten"] += 1
             if not whole or not gone:
@@ -667,7 +668,7 @@ class NodeData:
         entries of the node, so the owner folds the most any holder has); the owner folds
         once every holder did."""
         state = held.state
-        if not isinstance(state, PNCounter) or not state.pruning:
+        if isinstance(state, LWWRegister) or not state.pruning:
             return
         for removed in list(state.pruning):
             self._spread(held, state.see_pruning(removed, self._me))
@@ -675,7 +676,7 @@ class NodeData:
         if core is not None and self._whole():
             self._prune_if_seen(held, state, core.subscribers(held.topic))
 
-    def _prune_if_seen(self, held: _Held, state: PNCounter, holders: list[bytes]) -> None:
+    def _prune_if_seen(self, held: _Held, state: Prunable, holders: list[bytes]) -> None:
         for removed, (owner, seen) in list(state.pruning.items()):
             if owner != self._me or removed not in self._left:
                 continue
@@ -685,7 +686,7 @@ class NodeData:
                     self.stats["data_nodes_pruned"] += 1
                     self._spread(held, folded)
 
-    def _spread(self, held: _Held, delta: PNCounter | None) -> None:
+    def _spread(self, held: _Held, delta: Prunable | None) -> None:
         """A change made here that is not a write: folded into the key's pending delta and
         published on the next flush, like a local write."""
         if delta is None:

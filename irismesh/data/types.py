@@ -56,6 +56,20 @@ while ago, and only while no member is suspect or dead, so two sides of a partit
 fold one node twice). The one limit, as in Akka: a replica away for longer than a marker's
 lifetime that still holds R's old entries would count them again after the marker is gone.
 
+Sets, flags and maps prune the same way (`_Prunable` holds the agreement, steps 1 and 2, for
+every type). Their per-node state is the dots R made and R's entry in the causal context;
+the fold (`_fold_dots`) gives each of R's live dots a new dot of the owner's (Akka's ORSet
+re-adds the element under the pruning owner), drops R from the context, and leaves a marker
+R -> (until, top, renamed): which of R's dots became which owner dot, up to which of R's dots
+it covered. A state or delta that lacks the marker was made before the fold, and is renamed
+before it is merged: R's dots up to top become their owner dots or, if not renamed (removed
+before the fold), go; its context's R entries become the renamed dots they had seen. So an
+old add of R does not bring back an element removed since, and a remove of one of R's adds
+made while the fold was under way removes the owner's dot that replaced it (Akka drops such
+a remove). A map's agreement is its own; its keys fold as a set and each counter or set value
+as itself. A node back under R's id numbers its dots from top on, and its deltas carry the
+marker so no replica renames them.
+
 Encoding is msgpack: `encode` writes [type tag, node table, body], each node id written once and
 dots as (index, n) pairs; `decode` checks the shape and raises ProtocolError on anything else.
 """
@@ -80,6 +94,7 @@ __all__ = [
     "ORMap",
     "ORSet",
     "PNCounter",
+    "Prunable",
     "decode",
     "encode",
 ]
@@ -153,7 +168,76 @@ def _join_dots(
     return kept
 
 
-class PNCounter:
+Pruning: TypeAlias = dict[bytes, tuple[bytes, frozenset[bytes]]]
+
+
+class _Prunable:
+    """The agreement half of pruning a removed node, the same for every type that keeps
+    per-node state: `pruning` maps a removed node to (the holder that will fold it, the
+    holders that saw so). A type supplies what is its own: whether it holds anything of a
+    node (`_holds`), whether it folded one already (`_is_pruned`), a delta of what it holds of
+    one (`_of`) and the fold itself (`_fold`)."""
+
+    __slots__ = ()
+    pruning: Pruning
+
+    def _holds(self, removed: bytes) -> bool:
+        raise NotImplementedError
+
+    def _is_pruned(self, removed: bytes) -> bool:
+        raise NotImplementedError
+
+    def _of(self, removed: bytes) -> Any:
+        raise NotImplementedError
+
+    def _fold(self, removed: bytes, owner: bytes, until: int) -> Any:
+        raise NotImplementedError
+
+    def start_pruning(self, removed: bytes, owner: bytes) -> Any:
+        """Propose that `owner` folds what `removed` (a node that left) wrote; None if there
+        is nothing to fold or a lower owner is at it already. Returns a delta."""
+        if self._is_pruned(removed) or not self._holds(removed):
+            return None
+        current = self.pruning.get(removed)
+        if current is not None and current[0] <= owner:
+            return None
+        self.pruning[removed] = (owner, frozenset({owner}))
+        return self._marker(removed)
+
+    def see_pruning(self, removed: bytes, node: bytes) -> Any:
+        """Record that `node` (a holder) saw the pruning of `removed`: the delta carries what
+        `node` holds of `removed`, so the owner folds everything any holder had."""
+        current = self.pruning.get(removed)
+        if current is None or node in current[1]:
+            return None
+        self.pruning[removed] = (current[0], current[1] | {node})
+        return self._marker(removed)
+
+    def prune(self, removed: bytes, until: int) -> Any:
+        """As the owner: fold what `removed` wrote into the owner's own (the value does not
+        change) and keep a marker until `until` (ms) by which merges clean what arrives."""
+        current = self.pruning.pop(removed, None)
+        if current is None or self._is_pruned(removed):
+            return None
+        return self._fold(removed, current[0], until)
+
+    def _marker(self, removed: bytes) -> Any:
+        delta = self._of(removed)
+        delta.pruning[removed] = self.pruning[removed]
+        return delta
+
+
+def _merge_pruning(mine: Pruning, theirs: Pruning) -> None:
+    """Two holders' proposals: the lower owner wins; one owner's `seen` sets unite."""
+    for removed, (owner, seen) in theirs.items():
+        current = mine.get(removed)
+        if current is None or owner < current[0]:
+            mine[removed] = (owner, seen)
+        elif owner == current[0] and not seen <= current[1]:
+            mine[removed] = (owner, current[1] | seen)
+
+
+class PNCounter(_Prunable):
     """A counter that goes up and down, whose removed nodes' entries can be folded away."""
 
     TAG: ClassVar[int] = 1
@@ -201,33 +285,22 @@ class PNCounter:
 
     # Pruning (see the module's docstring): start, see, fold; every step returns a delta.
 
-    def start_pruning(self, removed: bytes, owner: bytes) -> PNCounter | None:
-        """Propose that `owner` folds the entries of `removed` (a node that left); None if
-        there is nothing to fold or a lower owner is at it already."""
-        if removed in self.pruned or (removed not in self.up and removed not in self.down):
-            return None
-        current = self.pruning.get(removed)
-        if current is not None and current[0] <= owner:
-            return None
-        self.pruning[removed] = (owner, frozenset({owner}))
-        return self._marker(removed)
+    def _holds(self, removed: bytes) -> bool:
+        return removed in self.up or removed in self.down
 
-    def see_pruning(self, removed: bytes, node: bytes) -> PNCounter | None:
-        """Record that `node` (a holder) saw the pruning of `removed`: the delta carries its
-        entries of `removed`, so the owner folds the largest any holder has."""
-        current = self.pruning.get(removed)
-        if current is None or node in current[1]:
-            return None
-        self.pruning[removed] = (current[0], current[1] | {node})
-        return self._marker(removed)
+    def _is_pruned(self, removed: bytes) -> bool:
+        return removed in self.pruned
 
-    def prune(self, removed: bytes, until: int) -> PNCounter | None:
-        """As the owner: fold `removed`'s entries into the owner's own (the value does not
-        change) and keep a marker until `until` (ms) by which merges drop them."""
-        current = self.pruning.pop(removed, None)
-        if current is None or removed in self.pruned:
-            return None
-        owner = current[0]
+    def _of(self, removed: bytes) -> PNCounter:
+        delta = PNCounter()
+        if removed in self.up:
+            delta.up[removed] = self.up[removed]
+        if removed in self.down:
+            delta.down[removed] = self.down[removed]
+        return delta
+
+    def _fold(self, removed: bytes, owner: bytes, until: int) -> PNCounter:
+        self.pruning.pop(removed, None)
         delta = PNCounter()
         sums = []
         for mine, theirs in ((self.up, delta.up), (self.down, delta.down)):
@@ -250,15 +323,6 @@ class PNCounter:
             del self.pruned[removed]
         return len(gone)
 
-    def _marker(self, removed: bytes) -> PNCounter:
-        delta = PNCounter()
-        delta.pruning[removed] = self.pruning[removed]
-        if removed in self.up:
-            delta.up[removed] = self.up[removed]
-        if removed in self.down:
-            delta.down[removed] = self.down[removed]
-        return delta
-
     def merge(self, other: PNCounter) -> None:
         for mine, theirs in ((self.up, other.up), (self.down, other.down)):
             for node, n in theirs.items():
@@ -277,13 +341,7 @@ class PNCounter:
                         max(held[2], marker[2]),
                     )
         if other.pruning:
-            pruning = self.pruning
-            for removed, (owner, seen) in other.pruning.items():
-                current = pruning.get(removed)
-                if current is None or owner < current[0]:
-                    pruning[removed] = (owner, seen)
-                elif owner == current[0] and not seen <= current[1]:
-                    pruning[removed] = (owner, current[1] | seen)
+            _merge_pruning(self.pruning, other.pruning)
         if self.pruned:
             up, down = self.up, self.down
             for removed, (_until, folded_up, folded_down) in self.pruned.items():
@@ -360,6 +418,179 @@ class PNCounter:
         return c
 
 
+# Pruning a removed node from a dot store (a set's entries, a flag's dots) and its context.
+# The fold gives each live dot of the removed node R a new dot of the owner O and drops R from
+# the context; the marker R -> (until, top, renamed) says which of R's dots became which
+# (renamed: R's counter -> O's dot) and up to which of R's dots (top) the fold covered. A
+# state or delta that does not carry the marker was made before the fold: before it is merged
+# its dots of R up to top are renamed (or dropped: R's dots not renamed were removed before
+# the fold), and its context's dots of R become the renamed dots they stand for. So a remove
+# of one of R's adds made before the fold removes the owner's new dot, and an old add of R
+# that was removed since does not come back. A state that carries the marker was cleaned
+# already: its dots of R above top are new ones (R came back under its id) and are kept.
+DotMarker: TypeAlias = tuple[int, int, dict[int, Dot]]  # until (ms), top, renamed
+
+
+def _rename(dots: set[Dot], markers: dict[bytes, DotMarker]) -> set[Dot]:
+    out: set[Dot] = set()
+    for dot in dots:
+        marker = markers.get(dot[0])
+        if marker is None or dot[1] > marker[1]:
+            out.add(dot)
+        else:
+            new = marker[2].get(dot[1])
+            if new is not None:
+                out.add(new)
+    return out
+
+
+def _rename_cc(cc: CausalContext, markers: dict[bytes, DotMarker]) -> None:
+    for removed, (_until, top, renamed) in markers.items():
+        v = cc.vv.get(removed, 0)
+        if v and v <= top:  # above top it was made after the fold (R came back): clean
+            del cc.vv[removed]
+            cc.cloud.update(d for k, d in renamed.items() if k <= v)
+        loose = [k for node, k in cc.cloud if node == removed and k <= top]
+        for k in loose:
+            cc.cloud.discard((removed, k))
+            new = renamed.get(k)
+            if new is not None:
+                cc.cloud.add(new)
+    cc.compact()
+
+
+def _touches(
+    markers: dict[bytes, DotMarker], cc: CausalContext, stores: Iterable[set[Dot]]
+) -> bool:
+    """Whether a state or delta holds dots of a removed node up to its marker's top."""
+    for removed, (_until, top, _renamed) in markers.items():
+        if 0 < cc.vv.get(removed, 0) <= top:
+            return True
+    for dots in (cc.cloud, *stores):
+        for node, k in dots:
+            marker = markers.get(node)
+            if marker is not None and k <= marker[1]:
+                return True
+    return False
+
+
+def _merge_dot_markers(mine: dict[bytes, DotMarker], theirs: dict[bytes, DotMarker]) -> None:
+    for removed, marker in theirs.items():
+        held = mine.get(removed)
+        if held is None:
+            mine[removed] = marker
+        elif held != marker:  # two folds of one node (holders that disagreed on the owner)
+            renamed = dict(marker[2])
+            for k, dot in held[2].items():
+                other = renamed.get(k)
+                if other is None or dot < other:
+                    renamed[k] = dot
+            mine[removed] = (max(held[0], marker[0]), max(held[1], marker[1]), renamed)
+
+
+def _settle(cc: CausalContext, pruned: dict[bytes, DotMarker]) -> None:
+    """A node back under a pruned id numbers its dots from the marker's top on: start its
+    version vector there, so every replica's context compacts them alike."""
+    changed = False
+    for removed, (_until, top, _renamed) in pruned.items():
+        if cc.vv.get(removed, 0) < top and any(node == removed for node, _k in cc.cloud):
+            cc.vv[removed] = top
+            changed = True
+    if changed:
+        cc.compact()
+
+
+def _holds_dots(cc: CausalContext, removed: bytes) -> bool:
+    return removed in cc.vv or any(node == removed for node, _k in cc.cloud)
+
+
+def _dots_of(
+    stores: dict[Any, set[Dot]], cc: CausalContext, removed: bytes
+) -> tuple[dict[Any, set[Dot]], CausalContext]:
+    """What a dot store and its context hold of `removed`: a delta's parts."""
+    picked = {key: {d for d in dots if d[0] == removed} for key, dots in stores.items()}
+    context = CausalContext({removed: cc.vv[removed]} if removed in cc.vv else {})
+    context.cloud = {d for d in cc.cloud if d[0] == removed}
+    return {key: dots for key, dots in picked.items() if dots}, context
+
+
+def _fold_dots(
+    stores: dict[Any, set[Dot]], cc: CausalContext, removed: bytes, owner: bytes, until: int
+) -> tuple[dict[Any, set[Dot]], DotMarker]:
+    """As the owner: give each live dot of `removed` a new dot of the owner's, drop `removed`
+    from the context; the new dots per key (a delta's entries) and the marker."""
+    top = max([cc.vv.get(removed, 0), *(k for node, k in cc.cloud if node == removed)])
+    renamed: dict[int, Dot] = {}
+    new_dots: dict[Any, set[Dot]] = {}
+    for key, dots in stores.items():
+        theirs = sorted(d for d in dots if d[0] == removed)
+        if not theirs:
+            continue
+        new: set[Dot] = set()
+        for dot in theirs:
+            renamed[dot[1]] = mine = cc.next_dot(owner)
+            new.add(mine)
+        dots.difference_update(theirs)
+        dots |= new
+        new_dots[key] = new
+    cc.vv.pop(removed, None)
+    cc.cloud = {d for d in cc.cloud if d[0] != removed}
+    return new_dots, (until, top, renamed)
+
+
+def _pruning_out(pruning: Pruning, nodes: _Nodes) -> dict[int, list[Any]]:
+    return {
+        nodes.index(r): [nodes.index(o), [nodes.index(n) for n in seen]]
+        for r, (o, seen) in pruning.items()
+    }
+
+
+def _pruning_in(body: Any, nodes: list[bytes]) -> Pruning:
+    pruning: Pruning = {}
+    for r, marker in _items(body):
+        owner, seen = _pair(marker)
+        if not isinstance(seen, list):
+            raise ProtocolError("bad_data", "pruning")
+        pruning[_node(nodes, r)] = (_node(nodes, owner), frozenset(_node(nodes, n) for n in seen))
+    return pruning
+
+
+def _dot_markers_out(markers: dict[bytes, DotMarker], nodes: _Nodes) -> dict[int, list[Any]]:
+    out: dict[int, list[Any]] = {}
+    for r, (until, top, renamed) in markers.items():
+        flat: list[int] = []
+        for k, (node, n) in renamed.items():
+            flat += (k, nodes.index(node), n)
+        out[nodes.index(r)] = [until, top, flat]
+    return out
+
+
+def _dot_markers_in(body: Any, nodes: list[bytes]) -> dict[bytes, DotMarker]:
+    markers: dict[bytes, DotMarker] = {}
+    for r, marker in _items(body):
+        if not isinstance(marker, list) or len(marker) != 3 or not isinstance(marker[2], list):
+            raise ProtocolError("bad_data", "pruned")
+        until, top, flat = marker
+        if len(flat) % 3:
+            raise ProtocolError("bad_data", "renamed")
+        renamed = {
+            _count(flat[i]): (_node(nodes, flat[i + 1]), _count(flat[i + 2]))
+            for i in range(0, len(flat), 3)
+        }
+        markers[_node(nodes, r)] = (_count(until), _count(top), renamed)
+    return markers
+
+
+def _canon_pruning(pruning: Pruning) -> list[Any]:
+    return sorted([r, o, sorted(seen)] for r, (o, seen) in pruning.items())
+
+
+def _canon_dot_markers(markers: dict[bytes, DotMarker]) -> list[Any]:
+    return sorted(
+        [r, u, t, sorted([k, *d] for k, d in m.items())] for r, (u, t, m) in markers.items()
+    )
+
+
 def _present(entries: dict[Element, set[Dot]]) -> dict[Element, set[Dot]]:
     """Entries without the empty ones a remove's delta lists to name what it removed."""
     return {e: d for e, d in entries.items() if d}
@@ -369,15 +600,17 @@ def _nonzero(d: dict[bytes, int]) -> dict[bytes, int]:
     return {k: v for k, v in d.items() if v}
 
 
-class ORSet:
-    """An add-wins observed-remove set."""
+class ORSet(_Prunable):
+    """An add-wins observed-remove set, whose removed nodes' dots can be folded away."""
 
     TAG: ClassVar[int] = 2
-    __slots__ = ("cc", "entries")
+    __slots__ = ("cc", "entries", "pruned", "pruning")
 
     def __init__(self) -> None:
         self.entries: dict[Element, set[Dot]] = {}
         self.cc = CausalContext()
+        self.pruning: Pruning = {}
+        self.pruned: dict[bytes, DotMarker] = {}  # see the fold of a dot store, above
 
     @property
     def value(self) -> frozenset[Element]:
@@ -388,12 +621,17 @@ class ORSet:
 
     def add(self, node: bytes, element: Element) -> ORSet:
         """Add `element` as `node`; returns the delta (the new dot, replacing the ones seen)."""
+        marker = self.pruned.get(node)
+        if marker is not None and self.cc.vv.get(node, 0) < marker[1]:
+            self.cc.vv[node] = marker[1]  # back under a pruned id: number on from the fold
         dot = self.cc.next_dot(node)
         delta = ORSet()
         old = self.entries.get(element)
         delta.cc.cloud = {dot, *old} if old else {dot}
         delta.entries[element] = {dot}
         self.entries[element] = {dot}
+        if marker is not None:  # receivers must not take its new dots for old ones
+            delta.pruned[node] = marker
         return delta
 
     def remove(self, element: Element) -> ORSet:
@@ -414,6 +652,10 @@ class ORSet:
         return delta
 
     def merge(self, other: ORSet) -> None:
+        if other.pruning:
+            _merge_pruning(self.pruning, other.pruning)
+        if other.pruned or self.pruned:
+            other = self._clean(other)
         entries, theirs, cc, their_cc = self.entries, other.entries, self.cc, other.cc
         if their_cc.vv or self._unresolved(other):
             # Their context may have seen dots of elements they do not list: walk them all.
@@ -431,6 +673,32 @@ class ORSet:
             elif mine is not None:
                 del entries[element]
         cc.join(their_cc)
+        if self.pruned:
+            _settle(cc, self.pruned)
+            for removed in self.pruned:
+                self.pruning.pop(removed, None)
+
+    def _clean(self, other: ORSet) -> ORSet:
+        """Take in `other`'s fold markers (renaming this replica's dots by the new ones) and
+        return `other` with its dots renamed by the markers it lacks."""
+        new = {r: m for r, m in other.pruned.items() if r not in self.pruned}
+        _merge_dot_markers(self.pruned, other.pruned)
+        if new:
+            for element in list(self.entries):
+                dots = _rename(self.entries[element], new)
+                if dots:
+                    self.entries[element] = dots
+                else:
+                    del self.entries[element]
+            _rename_cc(self.cc, new)
+        old = {r: m for r, m in self.pruned.items() if r not in other.pruned}
+        if old and _touches(old, other.cc, other.entries.values()):
+            renamed = ORSet()
+            renamed.entries = {e: _rename(d, old) for e, d in other.entries.items()}
+            renamed.cc = other.cc.copy()
+            _rename_cc(renamed.cc, old)
+            return renamed
+        return other
 
     def _unresolved(self, delta: ORSet) -> bool:
         """Whether `delta` (a context of loose dots) names a dot of an element it does not
@@ -445,33 +713,76 @@ class ORSet:
                 return False
         return bool(left)
 
+    # Pruning (the fold of a dot store, above); `_Prunable` has the agreement.
+
+    def _holds(self, removed: bytes) -> bool:
+        return _holds_dots(self.cc, removed)
+
+    def _is_pruned(self, removed: bytes) -> bool:
+        return removed in self.pruned
+
+    def _of(self, removed: bytes) -> ORSet:
+        delta = ORSet()
+        delta.entries, delta.cc = _dots_of(self.entries, self.cc, removed)
+        return delta
+
+    def _fold(self, removed: bytes, owner: bytes, until: int) -> ORSet:
+        self.pruning.pop(removed, None)
+        delta = ORSet()
+        delta.entries, marker = _fold_dots(self.entries, self.cc, removed, owner, until)
+        for dots in delta.entries.values():
+            delta.cc.cloud |= dots
+        self.pruned[removed] = delta.pruned[removed] = marker
+        return delta
+
+    def forget_pruned(self, now: int) -> int:
+        """Drop the fold markers past their time (a local step); how many went."""
+        gone = [r for r, marker in self.pruned.items() if marker[0] <= now]
+        for removed in gone:
+            del self.pruned[removed]
+        return len(gone)
+
     def copy(self) -> ORSet:
         s = ORSet()
         s.entries = {e: set(d) for e, d in self.entries.items()}
         s.cc = self.cc.copy()
+        s.pruning, s.pruned = dict(self.pruning), dict(self.pruned)
         return s
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ORSet):
             return NotImplemented
-        return _present(self.entries) == _present(other.entries) and self.cc == other.cc
+        return (
+            _present(self.entries) == _present(other.entries)
+            and self.cc == other.cc
+            and self.pruning == other.pruning
+            and self.pruned == other.pruned
+        )
 
     __hash__ = None  # type: ignore[assignment]
 
     def _canon(self) -> list[Any]:
         present = _present(self.entries)
         entries = sorted([_order(e), e, sorted(d)] for e, d in present.items())
-        return [entries, _canon_cc(self.cc)]
+        canon: list[Any] = [entries, _canon_cc(self.cc)]
+        if self.pruning or self.pruned:
+            canon += [_canon_pruning(self.pruning), _canon_dot_markers(self.pruned)]
+        return canon
 
     def _body(self, nodes: _Nodes) -> list[Any]:
-        return [
+        body: list[Any] = [
             [[e, _dots_out(d, nodes)] for e, d in self.entries.items()],
             _cc_out(self.cc, nodes),
         ]
+        if self.pruning or self.pruned:  # absent unless used: the earlier form otherwise
+            body += [_pruning_out(self.pruning, nodes), _dot_markers_out(self.pruned, nodes)]
+        return body
 
     @classmethod
     def _from_body(cls, body: Any, nodes: list[bytes]) -> ORSet:
-        entries, cc = _pair(body)
+        if not isinstance(body, list) or len(body) not in (2, 4):
+            raise ProtocolError("bad_data", "set")
+        entries, cc = body[0], body[1]
         s = cls()
         if not isinstance(entries, list):
             raise ProtocolError("bad_data", "set entries")
@@ -479,29 +790,39 @@ class ORSet:
             element, dots = _pair(item)
             s.entries[_element(element)] = _dots_in(dots, nodes)
         s.cc = _cc_in(cc, nodes)
+        if len(body) == 4:
+            s.pruning = _pruning_in(body[2], nodes)
+            s.pruned = _dot_markers_in(body[3], nodes)
         return s
 
 
-class Flag:
-    """An enable-wins flag."""
+class Flag(_Prunable):
+    """An enable-wins flag, whose removed nodes' dots can be folded away."""
 
     TAG: ClassVar[int] = 4
-    __slots__ = ("cc", "dots")
+    __slots__ = ("cc", "dots", "pruned", "pruning")
 
     def __init__(self) -> None:
         self.dots: set[Dot] = set()
         self.cc = CausalContext()
+        self.pruning: Pruning = {}
+        self.pruned: dict[bytes, DotMarker] = {}
 
     @property
     def value(self) -> bool:
         return bool(self.dots)
 
     def enable(self, node: bytes) -> Flag:
+        marker = self.pruned.get(node)
+        if marker is not None and self.cc.vv.get(node, 0) < marker[1]:
+            self.cc.vv[node] = marker[1]
         dot = self.cc.next_dot(node)
         delta = Flag()
         delta.cc.cloud = {dot, *self.dots}
         delta.dots = {dot}
         self.dots = {dot}
+        if marker is not None:
+            delta.pruned[node] = marker
         return delta
 
     def disable(self) -> Flag:
@@ -511,32 +832,100 @@ class Flag:
         return delta
 
     def merge(self, other: Flag) -> None:
+        if other.pruning:
+            _merge_pruning(self.pruning, other.pruning)
+        if other.pruned or self.pruned:
+            other = self._clean(other)
         self.dots = _join_dots(self.dots, self.cc, other.dots, other.cc)
         self.cc.join(other.cc)
+        if self.pruned:
+            _settle(self.cc, self.pruned)
+            for removed in self.pruned:
+                self.pruning.pop(removed, None)
+
+    def _clean(self, other: Flag) -> Flag:
+        """As `ORSet._clean`, for the flag's one dot store."""
+        new = {r: m for r, m in other.pruned.items() if r not in self.pruned}
+        _merge_dot_markers(self.pruned, other.pruned)
+        if new:
+            self.dots = _rename(self.dots, new)
+            _rename_cc(self.cc, new)
+        old = {r: m for r, m in self.pruned.items() if r not in other.pruned}
+        if old and _touches(old, other.cc, [other.dots]):
+            renamed = Flag()
+            renamed.dots, renamed.cc = _rename(other.dots, old), other.cc.copy()
+            _rename_cc(renamed.cc, old)
+            return renamed
+        return other
+
+    def _holds(self, removed: bytes) -> bool:
+        return _holds_dots(self.cc, removed)
+
+    def _is_pruned(self, removed: bytes) -> bool:
+        return removed in self.pruned
+
+    def _of(self, removed: bytes) -> Flag:
+        delta = Flag()
+        stores, delta.cc = _dots_of({0: self.dots}, self.cc, removed)
+        delta.dots = stores.get(0, set())
+        return delta
+
+    def _fold(self, removed: bytes, owner: bytes, until: int) -> Flag:
+        self.pruning.pop(removed, None)
+        delta = Flag()
+        stores = {0: self.dots}
+        new, marker = _fold_dots(stores, self.cc, removed, owner, until)
+        self.dots = stores[0]
+        delta.dots = new.get(0, set())
+        delta.cc.cloud = set(delta.dots)
+        self.pruned[removed] = delta.pruned[removed] = marker
+        return delta
+
+    def forget_pruned(self, now: int) -> int:
+        gone = [r for r, marker in self.pruned.items() if marker[0] <= now]
+        for removed in gone:
+            del self.pruned[removed]
+        return len(gone)
 
     def copy(self) -> Flag:
         f = Flag()
         f.dots, f.cc = set(self.dots), self.cc.copy()
+        f.pruning, f.pruned = dict(self.pruning), dict(self.pruned)
         return f
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Flag):
             return NotImplemented
-        return self.dots == other.dots and self.cc == other.cc
+        return (
+            self.dots == other.dots
+            and self.cc == other.cc
+            and self.pruning == other.pruning
+            and self.pruned == other.pruned
+        )
 
     __hash__ = None  # type: ignore[assignment]
 
     def _canon(self) -> list[Any]:
-        return [sorted(self.dots), _canon_cc(self.cc)]
+        canon: list[Any] = [sorted(self.dots), _canon_cc(self.cc)]
+        if self.pruning or self.pruned:
+            canon += [_canon_pruning(self.pruning), _canon_dot_markers(self.pruned)]
+        return canon
 
     def _body(self, nodes: _Nodes) -> list[Any]:
-        return [_dots_out(self.dots, nodes), _cc_out(self.cc, nodes)]
+        body: list[Any] = [_dots_out(self.dots, nodes), _cc_out(self.cc, nodes)]
+        if self.pruning or self.pruned:
+            body += [_pruning_out(self.pruning, nodes), _dot_markers_out(self.pruned, nodes)]
+        return body
 
     @classmethod
     def _from_body(cls, body: Any, nodes: list[bytes]) -> Flag:
-        dots, cc = _pair(body)
+        if not isinstance(body, list) or len(body) not in (2, 4):
+            raise ProtocolError("bad_data", "flag")
         f = cls()
-        f.dots, f.cc = _dots_in(dots, nodes), _cc_in(cc, nodes)
+        f.dots, f.cc = _dots_in(body[0], nodes), _cc_in(body[1], nodes)
+        if len(body) == 4:
+            f.pruning = _pruning_in(body[2], nodes)
+            f.pruned = _dot_markers_in(body[3], nodes)
         return f
 
 
@@ -595,15 +984,18 @@ class LWWRegister:
 MapValue: TypeAlias = PNCounter | ORSet | LWWRegister
 
 
-class ORMap:
+class ORMap(_Prunable):
     """An add-wins map from keys to counters, sets or registers."""
 
     TAG: ClassVar[int] = 5
-    __slots__ = ("keys", "values")
+    __slots__ = ("keys", "pruning", "values")
 
     def __init__(self) -> None:
         self.keys = ORSet()
         self.values: dict[Element, MapValue] = {}
+        # The agreement on folding a removed node is the map's; the folds and their markers
+        # are its keys' and each value's own, so each merges on its own as before.
+        self.pruning: Pruning = {}
 
     @property
     def value(self) -> dict[Element, Any]:
@@ -634,6 +1026,8 @@ class ORMap:
         return delta
 
     def merge(self, other: ORMap) -> None:
+        if other.pruning:
+            _merge_pruning(self.pruning, other.pruning)
         self.keys.merge(other.keys)
         values = self.values
         for key, theirs in other.values.items():
@@ -644,34 +1038,92 @@ class ORMap:
                 mine = values[key] = type(theirs)()
             if type(mine) is type(theirs):
                 mine.merge(theirs)  # type: ignore[arg-type]
+        if self.pruning and self.keys.pruned:
+            for removed in self.keys.pruned:
+                self.pruning.pop(removed, None)
+
+    # Pruning: the keys fold as a set, each counter or set value as itself.
+
+    def _holds(self, removed: bytes) -> bool:
+        return self.keys._holds(removed) or any(
+            not isinstance(v, LWWRegister) and v._holds(removed) for v in self.values.values()
+        )
+
+    def _is_pruned(self, removed: bytes) -> bool:
+        return removed in self.keys.pruned
+
+    def _of(self, removed: bytes) -> ORMap:
+        delta = ORMap()
+        delta.keys = self.keys._of(removed)
+        for key, value in self.values.items():
+            if not isinstance(value, LWWRegister) and value._holds(removed):
+                delta.values[key] = value._of(removed)
+        return delta
+
+    def _fold(self, removed: bytes, owner: bytes, until: int) -> ORMap:
+        self.pruning.pop(removed, None)
+        delta = ORMap()
+        delta.keys = self.keys._fold(removed, owner, until)
+        for key, value in self.values.items():
+            if not isinstance(value, LWWRegister) and value._holds(removed):
+                delta.values[key] = value._fold(removed, owner, until)
+        return delta
+
+    def forget_pruned(self, now: int) -> int:
+        """Drop the fold markers past their time (the keys' and the values'); how many of
+        the keys' went (one per node the map had folded)."""
+        for value in self.values.values():
+            if not isinstance(value, LWWRegister):
+                value.forget_pruned(now)
+        return self.keys.forget_pruned(now)
+
+    @property
+    def pruned(self) -> dict[bytes, DotMarker]:
+        """The nodes folded away (the keys' markers)."""
+        return self.keys.pruned
 
     def copy(self) -> ORMap:
         m = ORMap()
         m.keys = self.keys.copy()
         m.values = {k: v.copy() for k, v in self.values.items()}
+        m.pruning = dict(self.pruning)
         return m
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ORMap):
             return NotImplemented
-        return self.keys == other.keys and self.values == other.values
+        return (
+            self.keys == other.keys
+            and self.values == other.values
+            and self.pruning == other.pruning
+        )
 
     __hash__ = None  # type: ignore[assignment]
 
     def _canon(self) -> list[Any]:
         values = sorted([_order(k), k, v.TAG, v._canon()] for k, v in self.values.items())
-        return [self.keys._canon(), values]
+        canon: list[Any] = [self.keys._canon(), values]
+        if self.pruning:
+            canon.append(_canon_pruning(self.pruning))
+        return canon
 
     def _body(self, nodes: _Nodes) -> list[Any]:
-        return [
+        body: list[Any] = [
             self.keys._body(nodes),
             [[k, v.TAG, v._body(nodes)] for k, v in self.values.items()],
         ]
+        if self.pruning:  # absent unless used: the earlier form otherwise
+            body.append(_pruning_out(self.pruning, nodes))
+        return body
 
     @classmethod
     def _from_body(cls, body: Any, nodes: list[bytes]) -> ORMap:
-        keys, values = _pair(body)
+        if not isinstance(body, list) or len(body) not in (2, 3):
+            raise ProtocolError("bad_data", "map")
+        keys, values = body[0], body[1]
         m = cls()
+        if len(body) == 3:
+            m.pruning = _pruning_in(body[2], nodes)
         m.keys = ORSet._from_body(keys, nodes)
         if not isinstance(values, list):
             raise ProtocolError("bad_data", "map values")
@@ -687,6 +1139,7 @@ class ORMap:
 
 
 Crdt: TypeAlias = PNCounter | ORSet | LWWRegister | Flag | ORMap
+Prunable: TypeAlias = PNCounter | ORSet | Flag | ORMap  # the types that keep per-node state
 _TYPES: dict[int, type[Crdt]] = {t.TAG: t for t in (PNCounter, ORSet, LWWRegister, Flag, ORMap)}
 
 

@@ -99,6 +99,13 @@ _MAX_BATCH: Final = 4096
 _GROUP: Final = 256  # store requests written in one transaction at most
 _BATCH_BYTES: Final = 256 << 10  # payload a caller sends in one store or enqueue request
 _ROW_ROOM: Final = 64  # a row's id, times and msgpack framing, at most
+# Turns of the loop a batch stays open for more rows before it is sent. Publishers that one
+# reply woke together do not all reach `_batched` in the same turn: the fairness of a
+# publishing loop (`Turns.pause`) holds some back a turn. A batch sent at the first turn
+# splits them in two requests, and a member with "fsync" waits for the disk once per write
+# group, so twice where once would do (measured with 32 publishes in flight: 19 rows a
+# commit on average; 32 with two turns). A turn costs microseconds, a sync 0.2-4 ms.
+_BATCH_TURNS: Final = 2
 _JOB_COUNTS: Final = ("jobs_enqueued", "jobs_enqueue_failed")
 RETAINED_ROOM: Final = 4096  # what a retained payload leaves of a frame for its envelope
 PAGE_BYTES: Final = 512 << 10  # an answer's payloads, well below a frame's limit
@@ -409,9 +416,9 @@ class NodeMemory:
 
     async def _batched(self, op: str, row: list[Any], size: int, timeout: float | None) -> None:
         """Have the memory members hold one row (a retained message or a job), in one request
-        with the rows of the same kind and timeout asked for in the same turn of the loop (a
-        batch ends at _BATCH_BYTES of payload or _MAX_BATCH rows): concurrent publishers share
-        a survey and the members' commit."""
+        with the rows of the same kind and timeout asked for in the same _BATCH_TURNS turns of
+        the loop (a batch ends at _BATCH_BYTES of payload or _MAX_BATCH rows): concurrent
+        publishers share a survey and the members' commit."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
         key = (op, timeout)
@@ -422,11 +429,18 @@ class NodeMemory:
             batch = None
         if batch is None:
             batch = self._batches[key] = _Batch()
-            loop.call_soon(self._send_batch, key, batch)
+            loop.call_soon(self._send_after, _BATCH_TURNS - 1, key, batch)
         batch.rows.append(row)
         batch.waiting.append(done)
         batch.size += size
         await done
+
+    def _send_after(self, turns: int, key: tuple[str, float | None], batch: _Batch) -> None:
+        """Send `batch` once `turns` more turns of the loop went by (sooner if it filled)."""
+        if turns > 0 and self._batches.get(key) is batch:
+            asyncio.get_running_loop().call_soon(self._send_after, turns - 1, key, batch)
+        else:
+            self._send_batch(key, batch)
 
     def _send_batch(self, key: tuple[str, float | None], batch: _Batch | None = None) -> None:
         if batch is not None and self._batches.get(key) is not batch:
@@ -751,6 +765,9 @@ class NodeMemory:
     def close(self) -> None:
         for task in list(self._dispatching):
             task.cancel()
+        batches, self._batches = list(self._batches.values()), {}
+        for batch in batches:  # still open (not sent): their callers must not wait forever
+            _settle(batch.waiting, Closed("node closed"))
         if self.member is not None:
             self.member.close()
 

@@ -201,6 +201,34 @@ async def test_concurrent_retains_share_a_request_and_a_bad_row_fails_alone() ->
 
 
 @deadline(60)
+async def test_retains_a_turn_apart_share_a_request() -> None:
+    """Publishers one reply woke do not all call in the same turn (a publishing loop's
+    fairness holds some back a turn): a batch waits one turn more for them, so a member
+    with "fsync" commits and waits for the disk once for all of them, not twice."""
+    members = FakeMembers()
+    memory = NodeMemory(b"n" * 16, members)
+
+    async def publisher(i: int) -> bytes:
+        if i % 2:
+            await asyncio.sleep(0)  # held back a turn
+        return await memory.retain(f"news.{i}", b"x", 1.0)
+
+    await asyncio.gather(*(publisher(i) for i in range(32)))
+    assert members.requests == [32]
+    for _ in range(3):  # ... and no more than that: three turns apart is another request
+        await asyncio.sleep(0)
+    members.requests.clear()
+
+    async def late(i: int) -> bytes:
+        for _ in range(3 * i):
+            await asyncio.sleep(0)
+        return await memory.retain(f"news.{i}", b"x", 1.0)
+
+    await asyncio.gather(late(0), late(1))
+    assert members.requests == [1, 1]
+
+
+@deadline(60)
 async def test_a_batch_cut_short_by_closing_fails_its_callers() -> None:
     async def never(
         payload: bytes, timeout: float | None
@@ -210,8 +238,8 @@ async def test_a_batch_cut_short_by_closing_fails_its_callers() -> None:
 
     memory = NodeMemory(b"n" * 16, never)
     publishes = [asyncio.ensure_future(memory.retain(f"news.{i}", b"x", 1.0)) for i in range(3)]
-    await asyncio.sleep(0)  # the batch leaves on the next turn of the loop
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # sent or still open (it waits a turn for more rows): either way
+    await asyncio.sleep(0)  # closing fails its callers
     memory.close()
     for publish in publishes:
         with pytest.raises(irismesh.Closed):

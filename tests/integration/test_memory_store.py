@@ -247,6 +247,69 @@ def test_a_store_killed_mid_write_reopens_whole_with_what_it_acknowledged(
     assert {s.payload for s in every} >= {b"payload %d" % i for i in range(acknowledged + 1)}
 
 
+MEMBER_WRITER = textwrap.dedent(
+    """
+    import asyncio, os, sys
+    from irismesh import Keyring
+    from irismesh.memory import message_id
+    from irismesh.memory.service import MemoryMember, encode_store
+    from irismesh.memory.store import Retention
+
+    async def main():
+        member = MemoryMember(sys.argv[1], Keyring.load(sys.argv[2]), sync="fsync",
+                              default=Retention(max_per_path=100_000))
+        node = os.urandom(16)
+        count = iter(range(1_000_000))
+
+        async def writer():
+            # One row a request, 32 writers: groups of several requests in one commit.
+            for i in count:
+                row = [(f"jobs.{i % 10}", b"payload %d" % i, 1.0, message_id(node, i))]
+                await member.serve(encode_store(row))
+                print(i, flush=True)  # the member answered: on disk
+
+        await asyncio.gather(*(writer() for _ in range(32)))
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_a_member_killed_mid_write_group_keeps_every_write_it_answered(
+    tmp_path: Path, keys: Keyring
+) -> None:
+    """A memory member writing groups of concurrent store requests (one commit, one wait
+    for the disk, for each group) is SIGKILLed: the database reopens whole and holds every
+    row whose request was answered."""
+    keyfile = tmp_path / "keys"
+    keys.save(keyfile)
+    data = tmp_path / "data"
+    writer = subprocess.Popen(
+        [sys.executable, "-c", MEMBER_WRITER, str(data), str(keyfile)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert writer.stdout is not None
+    answered: set[int] = set()
+    deadline = time.monotonic() + 30
+    while len(answered) < 500 and time.monotonic() < deadline:
+        line = writer.stdout.readline()
+        assert line, "the writer ended early"
+        answered.add(int(line))
+    writer.send_signal(signal.SIGKILL)
+    writer.wait(timeout=10)
+    assert len(answered) >= 500
+
+    check = sqlite3.connect(data / "memory.sqlite3")
+    assert check.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    check.close()
+    store = MemoryStore(data, keys, default=Retention(max_per_path=100_000))
+    every = store.latest("jobs.#", latest=100_000)
+    assert store.stats["messages_unreadable"] == 0
+    assert {s.payload for s in every} >= {b"payload %d" % i for i in answered}
+    store.close()
+
+
 def test_since_pages_every_newer_message_oldest_first(tmp_path: Path, keys: Keyring) -> None:
     store = MemoryStore(tmp_path, keys, default=Retention(max_per_path=1000))
     made = fill(store, paths=10, each=30)  # 300 messages of about 11 bytes
