@@ -430,6 +430,28 @@ def add_json_option(parser: MeshArgumentParser, what: str = "JSON for scripts") 
     parser.add_argument("--json", action="store_true", help=what)
 
 
+def add_written_file(parser: MeshArgumentParser, default: str) -> None:
+    """PATH and --force of a command that writes a fresh private file (a keyring, a key);
+    `default` says where it writes without PATH. The command finds the path with
+    `file_to_write`."""
+    parser.add_argument(
+        "path", type=Path, nargs="?", metavar="PATH", help=f"file to write (default: {default})"
+    )
+    parser.add_argument("--force", action="store_true", help="replace an existing file")
+
+
+def file_to_write(args: argparse.Namespace, default: Callable[[], Path]) -> Path:
+    """The file a command declared with `add_written_file` writes: PATH, else `default()` (its
+    folder made, private to its owner). An existing file is refused unless --force."""
+    path: Path | None = args.path
+    if path is None:
+        path = default()
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.exists() and not args.force:
+        raise CommandError(f"{path} already exists: pass --force to replace it", USAGE_ERROR)
+    return path
+
+
 def _home(path: Path) -> str:
     """`path` with the home directory written ~, for help texts."""
     try:
