@@ -317,8 +317,10 @@ class Node(
         member = None
         if memory is not None:
             from irismesh.memory.service import MemoryMember
+            from irismesh.memory.store import MemoryStore
 
-            member = MemoryMember(memory, keyring, retention=memory_retention, sync=memory_sync)
+            store = MemoryStore(memory, keyring, retention=memory_retention, sync=memory_sync)
+            member = MemoryMember(store)
             self._memory = self._node_memory(member)
         self._memory_runner: HandlerRunner | None = None
         self._catching_up: asyncio.Task[None] | None = None

@@ -148,7 +148,7 @@ async def test_a_member_that_restarts_starts_its_clock_past_what_it_stored(
     keys: irismesh.Keyring, tmp_path: Path
 ) -> None:
     future = message_id(os.urandom(16), 1, time.time() + 30)
-    member = MemoryMember(tmp_path, keys, sync="os")
+    member = MemoryMember(MemoryStore(tmp_path, keys, sync="os"))
     assert member.store.put("news.a", b"ahead", time.time(), future)
     member.close()
     async with irismesh.Node(keyring=keys, memory=tmp_path) as node:
