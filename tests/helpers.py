@@ -465,3 +465,43 @@ class RequestLoad:
         for task in pending:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+class NumberedCalls:
+    """`total` requests to `cluster`, numbered from 0 and sent by many callers at once; each
+    reply must end in ':<its number>' (the answering worker's name before the colon).
+
+    Counted, never listed: the replies of each worker (`served`), and the wrong ones (the first
+    `SAMPLES` kept as examples). A request that fails fails the test.
+    """
+
+    SAMPLES = 5
+
+    def __init__(self, client: Any, cluster: str, total: int) -> None:
+        self.client = client
+        self.cluster = cluster
+        self.total = total
+        self.served: Counter[str] = Counter()
+        self.wrong = 0
+        self.samples: list[str] = []
+        self._next = 0
+
+    @property
+    def done(self) -> int:
+        return sum(self.served.values())
+
+    async def run(self, in_flight: int, *alongside: Awaitable[None]) -> None:
+        """Send every request, `in_flight` at a time, while the `alongside` coroutines run."""
+        await asyncio.gather(*alongside, *(self._caller() for _ in range(in_flight)))
+
+    async def _caller(self) -> None:
+        while self._next < self.total:
+            i = self._next
+            self._next += 1
+            reply = await self.client.request(self.cluster, b"%d" % i, timeout=10)
+            who, _, echoed = reply.partition(b":")
+            if echoed != b"%d" % i:
+                self.wrong += 1
+                if len(self.samples) < self.SAMPLES:
+                    self.samples.append(f"{i}: {reply!r}")
+            self.served[who.decode()] += 1
