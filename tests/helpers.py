@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ParamSpec
+from typing import Any, ParamSpec, TypeVar
 
 import pytest
 
@@ -349,6 +349,40 @@ class Discovering:
     @property
     def me(self) -> tuple[bytes, str]:
         return (self.node_id, self.endpoint)
+
+
+_D = TypeVar("_D", bound=Discovering)
+
+
+async def realms_kept_apart(
+    blue_a: _D,
+    blue_b: _D,
+    green: _D,
+    dropped: Callable[[_D], int],
+    at_least: tuple[int, int],
+    timeout: float,
+) -> None:
+    """Two nodes of one realm (blue) see each other, and a node of another (green) sees
+    neither and is seen by neither. The wait is over once green has dropped at least
+    `at_least[0]` of blue's datagrams (`dropped` counts them) and each blue `at_least[1]` of
+    green's: each side has heard the other, so its silence is not luck."""
+    await wait_until(
+        lambda: blue_a.seen == {blue_b.me} and blue_b.seen == {blue_a.me},
+        timeout,
+        "the two blue nodes see each other",
+    )
+    green_least, blue_least = at_least
+    await wait_until(
+        lambda: (
+            dropped(green) >= green_least
+            and dropped(blue_a) >= blue_least
+            and dropped(blue_b) >= blue_least
+        ),
+        timeout,
+        "each realm's datagrams dropped by the other",
+    )
+    assert green.seen == set()
+    assert green.me not in blue_a.seen | blue_b.seen
 
 
 def candidate_recorder(
