@@ -282,6 +282,12 @@ def add_repeatable(
     parser.add_argument(flag, action="append", default=[], type=type, metavar=metavar, help=help)
 
 
+def add_directory(parser: MeshArgumentParser, flag: str, what: str) -> None:
+    """A required option naming a directory (`args.<flag>` is a Path); `what` says what it
+    holds and whether the command makes it."""
+    parser.add_argument(flag, required=True, type=Path, metavar="DIR", help=what)
+
+
 def add_joining_options(parser: MeshArgumentParser, *, wait: float | None, wait_help: str) -> None:
     group = parser.add_argument_group(
         "joining the mesh",
