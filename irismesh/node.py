@@ -57,9 +57,8 @@ from irismesh._driver import Driver
 from irismesh._spin import Spin
 from irismesh._stream import StreamDriver
 from irismesh.data.api import DataApi
-from irismesh.discovery.mdns import MdnsConfig, MdnsDiscovery, mdns_config
+from irismesh.discovery.config import MdnsConfig, SurveyConfig, mdns_config, survey_config
 from irismesh.discovery.node_discovery import DiscoveryApi
-from irismesh.discovery.survey import SurveyConfig, SurveyDiscovery, survey_config
 from irismesh.errors import Closed, ConfigurationError
 from irismesh.introspection import IntrospectionApi, PeerInfo, ServedClusters
 from irismesh.memory import MEMORY_CLUSTER
@@ -86,6 +85,8 @@ if TYPE_CHECKING:
     import zmq
     from opentelemetry.trace import TracerProvider
 
+    from irismesh.discovery.mdns import MdnsDiscovery
+    from irismesh.discovery.survey import SurveyDiscovery
     from irismesh.memory.service import NodeMemory
     from irismesh.memory.store import Retention
     from irismesh.telemetry.metrics_endpoint import MetricsEndpoint
