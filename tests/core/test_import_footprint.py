@@ -28,6 +28,7 @@ LAZY = (
     "opentelemetry",
     "shtab",
     "tempfile",
+    "shlex",
     "irismesh.federation",
     "irismesh.memory.store",
     "irismesh.memory.service",
