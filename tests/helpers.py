@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
@@ -114,6 +114,28 @@ def echo_or_boom(payload: bytes) -> bytes:
     if payload == b"boom":
         raise ValueError("boom")
     return payload
+
+
+def run_mesh(
+    args: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    *,
+    timeout: float = 60,
+    input: str | bytes | None = None,
+    text: bool = True,
+) -> subprocess.CompletedProcess[Any]:
+    """`mesh ARGS` run to its end: its exit status, stdout and stderr (bytes with `text=False`).
+    It reads `input`, else nothing: never this process's standard input."""
+    return subprocess.run(
+        [*MESH, *args],
+        input=input,
+        stdin=subprocess.DEVNULL if input is None else None,
+        capture_output=True,
+        text=text,
+        env=env,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def assert_error(result: subprocess.CompletedProcess[str], status: int, *fragments: str) -> None:
