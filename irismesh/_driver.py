@@ -113,31 +113,7 @@ class Driver:
         raise NotImplementedError
 
     def _send(self) -> None:
-        """Seal what is staged and send the core's datagrams and frames: each frame for a
-        dialled link by `_send_out`, each reply to a link a peer dialled by `_send_in`."""
-        core = self.core
-        self._seal_and_send_datagrams()
-        if core.out_frames:
-            frames = core.out_frames
-            core.out_frames = []
-            for link_id, frame in frames:
-                if not self._send_out(link_id, frame):
-                    # The link closed meanwhile; the core has already moved on.
-                    core.stats["frames_for_closed_links"] += 1
-        if core.in_frames:
-            replies = core.in_frames
-            core.in_frames = []
-            for routing_id, frame in replies:
-                if not self._send_in(routing_id, frame):
-                    # The caller left; it resends if it returns.
-                    core.stats["replies_unroutable"] += 1
-
-    def _send_out(self, link_id: int, frame: bytes) -> bool:
-        """Send a frame on a dialled link; False if the link is gone."""
-        raise NotImplementedError
-
-    def _send_in(self, routing_id: bytes, frame: bytes) -> bool:
-        """Send a frame back on the link a peer dialled; False if that link is gone."""
+        """Seal what is staged and send the core's frames and datagrams."""
         raise NotImplementedError
 
     def _seal_and_send_datagrams(self) -> None:
@@ -153,27 +129,6 @@ class Driver:
     def _recheck_input(self) -> None:
         """The pass `flush_soon` queued: flush, then read the links marked for a look."""
         raise NotImplementedError
-
-    def _flush_before_recheck(self) -> bool:
-        """What `_recheck_input` does first: flush, with `flush_pending` still set (so that
-        the flush leaves the look for input to the recheck). False once closed: no look."""
-        if self._closed:
-            self.flush_pending = False
-            return False
-        self.process()
-        self.flush_pending = False
-        return True
-
-    def _begin_close(self) -> bool:
-        """What `close` does first: flush what is due (goodbyes), then stop the timer; False
-        if closed already."""
-        if self._closed:
-            return False
-        self.process()
-        self._closed = True
-        if self._timer is not None:
-            self._timer.cancel()
-        return True
 
     def _open(self, event: OpenLink) -> None:
         raise NotImplementedError

@@ -586,8 +586,11 @@ class StreamDriver(Driver):
                 self._drain_out(conn)
 
     def _recheck_input(self) -> None:
-        if not self._flush_before_recheck():
+        if self._closed:
+            self.flush_pending = False
             return
+        self.process()
+        self.flush_pending = False
         conns = self._recheck
         if not conns:
             return
@@ -601,19 +604,29 @@ class StreamDriver(Driver):
 
     # ----------------------------------------------------------------- output
 
-    def _send_out(self, link_id: int, frame: bytes) -> bool:
-        conn = self._out.get(link_id)
-        if conn is None:
-            return False
-        conn.write(frame)
-        return True
-
-    def _send_in(self, routing_id: bytes, frame: bytes) -> bool:
-        conn = self._in.get(routing_id)
-        if conn is None or conn.closed:
-            return False
-        conn.write(frame)
-        return True
+    def _send(self) -> None:
+        core = self.core
+        self._seal_and_send_datagrams()
+        if core.out_frames:
+            frames = core.out_frames
+            core.out_frames = []
+            out = self._out
+            for link_id, frame in frames:
+                conn = out.get(link_id)
+                if conn is None:  # the link closed meanwhile; the core has already moved on
+                    core.stats["frames_for_closed_links"] += 1
+                    continue
+                conn.write(frame)
+        if core.in_frames:
+            frames2 = core.in_frames
+            core.in_frames = []
+            routes = self._in
+            for routing_id, frame in frames2:
+                conn2 = routes.get(routing_id)
+                if conn2 is None or conn2.closed:  # the caller left; it resends if it returns
+                    core.stats["replies_unroutable"] += 1
+                    continue
+                conn2.write(frame)
 
     # ----------------------------------------------------------------- links
 
@@ -714,8 +727,12 @@ class StreamDriver(Driver):
     def close(self, linger_ms: int = 200) -> None:
         """Flush goodbyes and close every connection (what was written still goes out: the
         loop's transports send their buffers before they close)."""
-        if not self._begin_close():
+        if self._closed:
             return
+        self.process()
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
         if self._stranger_timer is not None:
             self._stranger_timer.cancel()
         self._pause_accepting()

@@ -292,30 +292,35 @@ class ZmqDriver(Driver):
 
     # ----------------------------------------------------------------- output
 
-    def _send_out(self, link_id: int, frame: bytes) -> bool:
-        sock = self._dealers.get(link_id)
-        if sock is None:
-            return False
-        try:
-            _send_frame(sock, frame, _NOBLOCK)
-        except zmq.Again:
-            self.core.link_failed(link_id, self.loop.time(), "unsendable")
-        self._recheck.add(link_id)
-        return True
-
-    def _send_in(self, routing_id: bytes, frame: bytes) -> bool:
-        self._recheck.add(0)
-        router = self._router
-        try:
-            _send_frame(router, routing_id, _SNDMORE_NOBLOCK)
-            _send_frame(router, frame, _NOBLOCK)
-        except zmq.ZMQError:  # EHOSTUNREACH
-            return False
-        return True
-
     def _send(self) -> None:
-        super()._send()
+        core = self.core
+        self._seal_and_send_datagrams()
         recheck = self._recheck
+        if core.out_frames:
+            frames = core.out_frames
+            core.out_frames = []
+            dealers = self._dealers
+            for link_id, frame in frames:
+                sock = dealers.get(link_id)
+                if sock is None:  # the link closed meanwhile; the core has already moved on
+                    core.stats["frames_for_closed_links"] += 1
+                    continue
+                try:
+                    _send_frame(sock, frame, _NOBLOCK)
+                except zmq.Again:
+                    core.link_failed(link_id, self.loop.time(), "unsendable")
+                recheck.add(link_id)
+        if core.in_frames:
+            frames2 = core.in_frames
+            core.in_frames = []
+            router = self._router
+            for routing_id, frame in frames2:
+                try:
+                    _send_frame(router, routing_id, _SNDMORE_NOBLOCK)
+                    _send_frame(router, frame, _NOBLOCK)
+                except zmq.ZMQError:  # EHOSTUNREACH: the caller left; it resends if it returns
+                    core.stats["replies_unroutable"] += 1
+            recheck.add(0)
         if recheck and not self.flush_pending:
             # A send may have taken the wake-up of input that came meanwhile. Look now: once
             # EVENTS has been read, the next arrival wakes the loop again, so only a socket with
@@ -330,10 +335,13 @@ class ZmqDriver(Driver):
             recheck.clear()
 
     def _recheck_input(self) -> None:
-        # The flush leaves the look for input to the loop below, which asks each socket
-        # once, after everything went out.
-        if not self._flush_before_recheck():
+        if self._closed:
+            self.flush_pending = False
             return
+        # The flush first, with `flush_pending` still set: `_send` leaves the look for input
+        # to the loop below, which asks each socket once, after everything went out.
+        self.process()
+        self.flush_pending = False
         ids = self._recheck
         self._recheck = set()
         for link_id in ids:
@@ -421,8 +429,12 @@ class ZmqDriver(Driver):
 
     def close(self, linger_ms: int = 200) -> None:
         """Flush goodbyes (given `linger_ms` to leave) and close every socket."""
-        if not self._begin_close():
+        if self._closed:
             return
+        self.process()
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
         self.loop.remove_reader(self._router.FD)
         for link_id, monitor in self._monitors.items():
             self.loop.remove_reader(monitor.FD)
