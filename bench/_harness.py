@@ -123,6 +123,17 @@ def bench_parser(
     return parser
 
 
+def rounds_parser(
+    doc: str | None, *, rounds: int, size_help: str = "payload bytes"
+) -> argparse.ArgumentParser:
+    """The parser of a benchmark that repeats its measurement and quotes medians: the first
+    paragraph of its docstring, `--size` (payload bytes, 100) and `--rounds`."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0] if doc else None)
+    parser.add_argument("--size", type=int, default=100, help=size_help)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    return parser
+
+
 def add_only(parser: argparse.ArgumentParser, default: Sequence[str], explain: str) -> None:
     """`--only`: the systems to measure (`parse_only` reads it)."""
     listed = ",".join(default)

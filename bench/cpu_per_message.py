@@ -159,11 +159,9 @@ async def publisher(
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.rounds_parser(__doc__, rounds=3, size_help="payload bytes (8 at least)")
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--fanout", type=int, default=4)
-    parser.add_argument("--size", type=int, default=100, help="payload bytes (8 at least)")
-    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--profile", default="", metavar="PATH")
     parser.add_argument("--profile-sub", default="", metavar="PATH")
     parser.add_argument("--telemetry", action="store_true", help="telemetry on (off by default)")

@@ -109,11 +109,9 @@ def one_round(keyfile: Path, keys: irismesh.Keyring, args: argparse.Namespace) -
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.rounds_parser(__doc__, rounds=3)
     parser.add_argument("--requests", type=int, default=150_000)
     parser.add_argument("--outstanding", type=int, default=100)
-    parser.add_argument("--size", type=int, default=100, help="payload bytes")
-    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
         "--split",
         default="",

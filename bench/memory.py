@@ -422,11 +422,9 @@ def versus(args: argparse.Namespace, root: Path) -> Table:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.rounds_parser(__doc__, rounds=15)
     parser.add_argument("--paths", type=int, default=10_000)
     parser.add_argument("--messages", type=int, default=1_000_000)
-    parser.add_argument("--size", type=int, default=100, help="payload bytes")
-    parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--publishes", type=int, default=2000)
     parser.add_argument("--jobs", type=int, default=2000, help="jobs queued for a worker")
     parser.add_argument("--quick", action="store_true", help="1,000 paths, 100,000 messages")

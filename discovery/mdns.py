@@ -60,16 +60,20 @@ import re
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
-from irismesh.discovery._common import check_startable, ipv4_host, offer
+from irismesh.discovery._common import check_startable, offer
+from irismesh.discovery.config import (  # the settings: kept apart, loaded with the node
+    DEFAULT_SERVICE_TYPE,
+    MdnsConfig,
+    mdns_config,
+)
 from irismesh.errors import ConfigurationError, ProtocolError
 
 if TYPE_CHECKING:
     from zeroconf import ServiceStateChange, Zeroconf
     from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
 
-    from irismesh.security.keyring import Keyring
 
 # zeroconf is imported when a node first starts mDNS, not with irismesh: it is a fifth of the
 # import time of the package, and most nodes never use it.
@@ -89,10 +93,8 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-DEFAULT_SERVICE_TYPE = "_irismesh._tcp.local."
 RECORD_VERSION = 1
 NODE_ID_LEN = 16
-REALM_KEY_LEN = 32
 REALM_TAG_LEN = 16
 INSTANCE_PREFIX_LEN = 16  # hex digits of the node id in the instance name
 MAX_RESOLVING = 64  # resolutions in flight at once; a flood of instances beyond is dropped
@@ -100,10 +102,6 @@ MAX_FOUND = 4096  # services remembered to offer again
 MAX_ADDRESSES = 8  # addresses of one peer worth checking
 _REALM_DOMAIN = b"irismesh/v1/mdns-realm\x00"
 _HEX_ID = re.compile(rb"[0-9a-f]{%d}" % (2 * NODE_ID_LEN))
-# RFC 6335 service names: at most 15 characters, a letter among them, no hyphen at either end.
-_SERVICE_TYPE = re.compile(
-    r"_(?=[A-Za-z0-9-]*[A-Za-z])[A-Za-z0-9](?:[A-Za-z0-9-]{0,13}[A-Za-z0-9])?\._tcp\.local\."
-)
 _HEX_TAG = re.compile(rb"[0-9a-f]{%d}" % (2 * REALM_TAG_LEN))
 
 
@@ -190,68 +188,6 @@ def verified_endpoints(advert: MdnsAdvert, keys: Sequence[bytes]) -> tuple[str, 
 
 # ---------------------------------------------------------------------------------------------
 # asyncio engine
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MdnsConfig:
-    """Where to announce and browse, and the realm key; the defaults stay on loopback.
-
-    ``realm_key`` tags this node's records and admits peers whose tags verify under it (or
-    under one of ``accepted_realm_keys``, for a key rotation); None admits any irismesh node.
-    A node's realm key is typically its keyring's ``*`` key.
-    """
-
-    interfaces: tuple[str, ...] = ("127.0.0.1",)
-    service_type: str = DEFAULT_SERVICE_TYPE
-    realm_key: bytes | None = None
-    accepted_realm_keys: tuple[bytes, ...] = ()
-    resolve_timeout: float = 3.0
-    # Candidates found are offered again this often: the mesh forgets an endpoint after a few
-    # failed dials (a partition), and zeroconf reports a service only when its records change.
-    reoffer_interval: float = 5.0
-
-    def __post_init__(self) -> None:
-        # A lone string would pass as a tuple of one-character "interfaces".
-        if isinstance(cast(object, self.interfaces), str) or not self.interfaces:
-            raise ConfigurationError(
-                "mdns interfaces must be a non-empty tuple of IPv4 addresses, e.g. ('127.0.0.1',)"
-            )
-        for text in self.interfaces:
-            # 0.0.0.0 and the broadcast address stand for no one interface: mDNS would leave by
-            # whichever interface the routing table picks.
-            address = ipv4_host(
-                text,
-                not_ipv4=f"mdns interface {text!r} is not an IPv4 address: name each interface "
-                "by its address, e.g. '127.0.0.1'",
-                not_host=f"mdns interface {text} must be the address of one interface, e.g. "
-                "127.0.0.1 (the default) or this host's LAN address",
-            )
-            if str(address) != text:
-                raise ConfigurationError(f"write mdns interface {text!r} as {str(address)!r}")
-        if not _SERVICE_TYPE.fullmatch(self.service_type) or "--" in self.service_type:
-            raise ConfigurationError(
-                f"mdns service type {self.service_type!r} is not '_<name>._tcp.local.' with a "
-                "name of 1-15 letters, digits and inner hyphens (RFC 6335), e.g. "
-                f"{DEFAULT_SERVICE_TYPE!r}"
-            )
-        for key in (self.realm_key, *self.accepted_realm_keys):
-            if key is not None and (not isinstance(key, bytes) or len(key) != REALM_KEY_LEN):
-                raise ConfigurationError(
-                    f"an mdns realm key must be {REALM_KEY_LEN} bytes, e.g. a keyring key's secret"
-                )
-        if self.accepted_realm_keys and self.realm_key is None:
-            raise ConfigurationError("accepted_realm_keys needs a realm_key to tag with")
-        if not self.reoffer_interval > 0:
-            raise ConfigurationError(f"mdns reoffer_interval {self.reoffer_interval} must be > 0")
-        if not 0 < self.resolve_timeout <= 60:
-            raise ConfigurationError(f"mdns resolve_timeout {self.resolve_timeout} not in (0, 60]")
-
-    @property
-    def verifying_keys(self) -> tuple[bytes, ...]:
-        """Every key a peer's tag may verify under: the realm key first."""
-        if self.realm_key is None:
-            return ()
-        return (self.realm_key, *(k for k in self.accepted_realm_keys if k != self.realm_key))
 
 
 _STAT_NAMES = (
@@ -569,22 +505,3 @@ def _check_local(interfaces: tuple[str, ...]) -> None:
                 raise ConfigurationError(
                     f"mdns interface {address} is not an address of this host: {exc.strerror}"
                 ) from None
-
-
-def mdns_config(
-    mdns: bool | MdnsConfig, keyring: Keyring, interface: str = "127.0.0.1"
-) -> MdnsConfig | None:
-    """What `Node(mdns=...)` asks for. True: on `interface`, records tagged with the default
-    key, so only this mesh's nodes are candidates."""
-    if isinstance(mdns, MdnsConfig):
-        return mdns
-    if not mdns:
-        return None
-    keys = keyring.accepted("*")
-    if not keys:  # no mesh-wide key: any irismesh node is a candidate; the handshake decides
-        return MdnsConfig(interfaces=(interface,))
-    return MdnsConfig(
-        interfaces=(interface,),
-        realm_key=keys[0].secret,
-        accepted_realm_keys=tuple(k.secret for k in keys[1:]),
-    )

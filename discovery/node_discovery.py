@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from irismesh._core.records import MemberState
 from irismesh._nodestate import NodeState
-from irismesh.discovery.mdns import MdnsDiscovery, mdns_config
-from irismesh.discovery.survey import SurveyDiscovery, survey_config
+from irismesh.discovery.config import mdns_config, survey_config
 from irismesh.errors import ConfigurationError
 from irismesh.security.keyring import Keyring
+
+if TYPE_CHECKING:
+    from irismesh.discovery.mdns import MdnsDiscovery
+    from irismesh.discovery.survey import SurveyDiscovery
 
 _log = logging.getLogger("irismesh.node")
 
@@ -25,8 +30,11 @@ class DiscoveryApi(NodeState):
     """Node's methods that run its discovery."""
 
     async def _start_all_discovery(self, endpoint: str, *, required: bool) -> None:
-        """Start the discovery configured; `required`: failing to start closes the node."""
+        """Start the discovery configured; `required`: failing to start closes the node. Each
+        mechanism's module loads here, with the first node that uses it."""
         if self._mdns_config is not None:
+            from irismesh.discovery.mdns import MdnsDiscovery
+
             await self._start_discovery(
                 MdnsDiscovery(
                     node_id=self.node_id,
@@ -37,6 +45,8 @@ class DiscoveryApi(NodeState):
                 required=required,
             )
         if self._survey_config is not None:
+            from irismesh.discovery.survey import SurveyDiscovery
+
             await self._start_discovery(
                 SurveyDiscovery(
                     node_id=self.node_id,
@@ -70,9 +80,8 @@ class DiscoveryApi(NodeState):
         keyring. And it tags what it sends with the '*' key: after a rotation of that key,
         start it again with the new one (a node that starts with only the new key must find
         us)."""
-        for running in self._discovery:  # cluster names: sealed and opened with the new keys
-            if isinstance(running, SurveyDiscovery):
-                running.use_keyring(keyring)
+        for running in surveys(self._discovery):  # cluster names: sealed, opened with new keys
+            running.use_keyring(keyring)
         survey, mdns, where = self._discovery_asked
         configs = (survey_config(survey, keyring, where), mdns_config(mdns, keyring, where))
         if configs == (self._survey_config, self._mdns_config):
@@ -115,3 +124,12 @@ class DiscoveryApi(NodeState):
             return
         self._core.add_candidate(endpoint, time.monotonic())
         self._driver.process()
+
+
+def surveys(running: Sequence[MdnsDiscovery | SurveyDiscovery]) -> list[SurveyDiscovery]:
+    """The surveys among a node's running discovery (none running: nothing is loaded)."""
+    if not running:
+        return []
+    from irismesh.discovery.survey import SurveyDiscovery
+
+    return [discovery for discovery in running if isinstance(discovery, SurveyDiscovery)]

@@ -79,7 +79,6 @@ import contextlib
 import enum
 import hashlib
 import hmac
-import ipaddress
 import logging
 import os
 import random
@@ -92,7 +91,13 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from irismesh.discovery._common import check_startable, ipv4_host, offer
+from irismesh.discovery._common import check_startable, offer
+from irismesh.discovery.config import (  # the settings: kept apart, loaded with the node
+    MAX_REALM_LEN,
+    SurveyConfig,
+    realm_key,
+    survey_config,
+)
 from irismesh.discovery.sealed import SLOT_LEN, SLOTS, ClusterSeal
 from irismesh.errors import ConfigurationError, ProtocolError
 
@@ -121,7 +126,6 @@ OLD_VERSION = 1  # a static realm tag and no timestamp: replayable, so refused
 MAX_DATAGRAM = 1400  # every datagram of this version is about 1.1 kB: one Ethernet frame
 NODE_ID_LEN = 16
 MAX_ENDPOINT_LEN = 256
-MAX_REALM_LEN = 32
 TAG_LEN = 16
 _HEADER_LEN = len(MAGIC) + 2
 _TAG_DOMAIN = b"irismesh/v2/survey-tag\x00"
@@ -281,97 +285,6 @@ def decode(data: bytes) -> SurveyMessage:
 # asyncio engine
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SurveyConfig:
-    """Where to ask and how often; the defaults stay on loopback."""
-
-    group: str = "239.255.73.1"
-    port: int = 47473
-    interface: str = "127.0.0.1"
-    fast_interval: float = 0.1
-    fast_period: float = 2.0
-    slow_interval: float = 5.0
-    jitter: float = 0.25
-    # A node in a mesh asks every mesh_interval x (the nodes it knows + 1), at least every
-    # slow_interval: the whole mesh asks about once per mesh_interval, and each of its nodes
-    # hears that many questions (each costs a receiver about 0.1 ms of CPU).
-    mesh_interval: float = 2.0
-    # How long a candidate may stay unknown to membership before it is taken for a node of
-    # another mesh and passed on (to be dialled and merged).
-    merge_after: float = 0.5
-    # A node with live peers answers after a random delay of up to this (seconds).
-    answer_spread: float = 0.2
-    # The realm key: datagrams are tagged with it, and only datagrams whose tag verifies under
-    # it (or under one of `accepted_realms`, during a key rotation) give candidates.
-    realm: bytes = b""
-    accepted_realms: tuple[bytes, ...] = ()
-    # How far (seconds) a datagram's time may be from this node's clock; older or newer ones
-    # are dropped as stale. Clocks of the nodes on one network must agree this closely.
-    freshness: float = 30.0
-    # Hosts to also ask by unicast, at `port` (for nodes that multicast cannot reach, e.g. the
-    # hosts of a node's seeds on another subnet); every node listens for unicast questions on
-    # (interface, port).
-    unicast_targets: tuple[str, ...] = ()
-
-    def next_interval(self, since_news: float, previous: float) -> float:
-        """The wait before the next question of a node alone (`joined_interval`: of a node in
-        a mesh), before jitter.
-
-        ``since_news`` is the time since the node started or last heard of a node it did not
-        know; ``previous`` is the wait it used last. New or in a changing mesh, it asks every
-        ``fast_interval``; once stable it doubles the wait up to ``slow_interval``.
-        """
-        if since_news < self.fast_period:
-            return self.fast_interval
-        return min(self.slow_interval, 2 * previous)
-
-    def joined_interval(self, live_peers: int) -> float:
-        """The wait between a joined node's questions, before jitter: proportional to the
-        mesh's size, so the whole mesh asks about once per ``mesh_interval``."""
-        return min(MAX_INTERVAL, max(self.slow_interval, self.mesh_interval * (live_peers + 1)))
-
-    def __post_init__(self) -> None:
-        try:
-            group = ipaddress.IPv4Address(self.group)
-            interface = ipaddress.IPv4Address(self.interface)
-        except ValueError as exc:
-            raise ConfigurationError(f"survey group and interface must be IPv4: {exc}") from None
-        if not group.is_multicast:
-            raise ConfigurationError(f"survey group {self.group} is not a multicast address")
-        # 0.0.0.0 lets the routing table pick the interface and 255.255.255.255 (reserved) is
-        # broadcast: either can leak out of an interface nobody chose.
-        if interface.is_unspecified or interface.is_multicast or interface.is_reserved:
-            raise ConfigurationError(
-                f"survey interface {self.interface} must be the address of one interface, "
-                "e.g. 127.0.0.1 (the default) or this host's LAN address"
-            )
-        if not 1 <= self.port <= 65535:
-            raise ConfigurationError(f"survey port {self.port} is not in 1..65535")
-        if not (
-            self.fast_interval > 0
-            and self.slow_interval > 0
-            and self.fast_period >= 0
-            and self.mesh_interval > 0
-            and self.merge_after > 0
-            and self.answer_spread >= 0
-        ):
-            raise ConfigurationError("survey intervals must be positive")
-        if not 0 <= self.jitter < 1:
-            raise ConfigurationError(f"survey jitter {self.jitter} is not in [0, 1)")
-        for target in self.unicast_targets:
-            ipv4_host(
-                target,
-                not_ipv4=f"survey unicast target {target!r} is not an IPv4 address",
-                not_host=f"survey unicast target {target} is not a host address",
-            )
-        if len(self.unicast_targets) > 64:
-            raise ConfigurationError("at most 64 survey unicast targets")
-        if any(len(realm) > MAX_REALM_LEN for realm in (self.realm, *self.accepted_realms)):
-            raise ConfigurationError(f"survey realm is longer than {MAX_REALM_LEN} bytes")
-        if not 0.5 <= self.freshness <= 3600:
-            raise ConfigurationError(f"survey freshness {self.freshness} is not in 0.5..3600 s")
-
-
 _STAT_NAMES = (
     "questions_sent",
     "answers_sent",
@@ -392,7 +305,6 @@ _STAT_NAMES = (
     "candidates_passed",
 )
 MAX_SENDERS = 4096  # senders remembered, for replays and for their announcements
-MAX_INTERVAL = 3600.0  # the longest wait between a joined node's questions
 MAX_WAITING = 256  # candidates waiting to be passed on; the oldest is forgotten first
 SMALL_MESH = 1  # other live nodes up to which a node still passes candidates on at once
 MAX_DELAYED_ANSWERS = 512  # answers waiting for their delay; beyond, answered at once
@@ -872,24 +784,3 @@ def _open_socket(cfg: SurveyConfig, *, listener: bool, asked: bool = False) -> s
             "the interface address exists here and no other program holds the port exclusively"
         ) from exc
     return sock
-
-
-def survey_config(
-    survey: bool | SurveyConfig, keyring: Keyring, interface: str = "127.0.0.1"
-) -> SurveyConfig | None:
-    """What `Node(survey=...)` asks for. True: on `interface`, and the realm key derived from
-    the mesh's '*' key (its primary; datagrams tagged under its other key are heard too, during
-    a rotation), so other meshes stay apart."""
-    if isinstance(survey, SurveyConfig):
-        return survey
-    if not survey:
-        return None
-    realms = [realm_key(key.secret) for key in keyring.accepted("*")]
-    if not realms:
-        return SurveyConfig(interface=interface)
-    return SurveyConfig(interface=interface, realm=realms[0], accepted_realms=tuple(realms[1:]))
-
-
-def realm_key(secret: bytes) -> bytes:
-    """The survey's realm key made from a keyring secret."""
-    return hmac.new(secret, b"irismesh/v1/survey-realm", hashlib.sha256).digest()[:16]

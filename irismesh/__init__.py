@@ -18,8 +18,7 @@ from irismesh._core.outliers import OutlierConfig
 from irismesh._core.priority import MAX_PRIORITY, MIN_PRIORITY, Priority
 from irismesh._core.rights import Rights
 from irismesh._loop import loop_factory, new_event_loop, run
-from irismesh.discovery.mdns import MdnsConfig
-from irismesh.discovery.survey import SurveyConfig
+from irismesh.discovery.config import MdnsConfig, SurveyConfig
 from irismesh.errors import (
     Closed,
     ConfigurationError,

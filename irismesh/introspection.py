@@ -19,7 +19,7 @@ from irismesh._core.events import LinksChanged, PeerDown, PeerUp
 from irismesh._core.outliers import ID_PREFIX
 from irismesh._core.records import MemberState
 from irismesh._nodestate import NodeState
-from irismesh.discovery.survey import SurveyDiscovery
+from irismesh.discovery.node_discovery import surveys
 from irismesh.errors import ConfigurationError, Forbidden, MembershipTimeout, MeshError
 from irismesh.security.keyring import MESH_SCOPE
 
@@ -224,9 +224,7 @@ class IntrospectionApi(NodeState):
             if member.state > MemberState.SUSPECT
         }
         found: dict[str, dict[str, PeerInfo]] = {}
-        for discovery in self._discovery:
-            if not isinstance(discovery, SurveyDiscovery):
-                continue
+        for discovery in surveys(self._discovery):
             for name, heard in discovery.clusters_heard().items():
                 members = found.setdefault(name, {})
                 for raw_id, endpoint in heard.items():
@@ -296,11 +294,10 @@ class IntrospectionApi(NodeState):
                     stats["memory_" + name] = value
         stats.update(self.grants.stats)
         stats.update(self._data_figures())
-        for discovery in self._discovery:  # the survey's drops, replays and stale ones too
-            if isinstance(discovery, SurveyDiscovery):
-                for name, value in discovery.stats.items():
-                    if name.startswith("dropped_") or name in _SURVEY_STATS:
-                        stats["survey_" + name] = value
+        for discovery in surveys(self._discovery):  # the survey's drops, replays, stale ones
+            for name, value in discovery.stats.items():
+                if name.startswith("dropped_") or name in _SURVEY_STATS:
+                    stats["survey_" + name] = value
         return stats
 
     def _gauges(self) -> dict[str, float]:

@@ -58,9 +58,8 @@ from irismesh._driver import Driver
 from irismesh._spin import Spin
 from irismesh._stream import StreamDriver
 from irismesh.data.api import DataApi
-from irismesh.discovery.mdns import MdnsConfig, MdnsDiscovery, mdns_config
+from irismesh.discovery.config import MdnsConfig, SurveyConfig, mdns_config, survey_config
 from irismesh.discovery.node_discovery import DiscoveryApi
-from irismesh.discovery.survey import SurveyConfig, SurveyDiscovery, survey_config
 from irismesh.errors import Closed, ConfigurationError
 from irismesh.introspection import IntrospectionApi, PeerInfo, ServedClusters
 from irismesh.memory import MEMORY_CLUSTER
@@ -87,6 +86,8 @@ if TYPE_CHECKING:
     import zmq
     from opentelemetry.trace import TracerProvider
 
+    from irismesh.discovery.mdns import MdnsDiscovery
+    from irismesh.discovery.survey import SurveyDiscovery
     from irismesh.memory.service import NodeMemory
     from irismesh.memory.store import Retention
     from irismesh.telemetry.metrics_endpoint import MetricsEndpoint
@@ -318,8 +319,10 @@ class Node(
         member = None
         if memory is not None:
             from irismesh.memory.service import MemoryMember
+            from irismesh.memory.store import MemoryStore
 
-            member = MemoryMember(memory, keyring, retention=memory_retention, sync=memory_sync)
+            store = MemoryStore(memory, keyring, retention=memory_retention, sync=memory_sync)
+            member = MemoryMember(store)
             self._memory = self._node_memory(member)
         self._memory_runner: HandlerRunner | None = None
         self._catching_up: asyncio.Task[None] | None = None

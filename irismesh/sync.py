@@ -21,8 +21,7 @@ from typing import Any, Generic, Self, TypeVar
 from irismesh import node as _async
 from irismesh._core.config import CoreConfig
 from irismesh._loop import new_event_loop
-from irismesh.discovery.mdns import MdnsConfig
-from irismesh.discovery.survey import SurveyConfig
+from irismesh.discovery.config import MdnsConfig, SurveyConfig
 from irismesh.errors import Closed, ConfigurationError, EndOfStream, RequestTimeout
 from irismesh.patterns import pubsub as _pubsub
 from irismesh.patterns import tunnel as _tunnel

@@ -48,7 +48,6 @@ import hashlib
 import hmac
 import os
 import re
-import shlex
 import stat
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -97,6 +96,8 @@ class ScopeKey:
     def __post_init__(self) -> None:
         _check_scope(self.scope)
         if len(self.secret) != _SECRET_BYTES:
+            import shlex  # for the message alone
+
             hint = f"`mesh keygen --scope {shlex.quote(self.scope)}` makes one"
             raise ConfigurationError(
                 f"key for {_show(self.scope)} is {len(self.secret)} bytes, not 32: {hint}"
@@ -146,6 +147,8 @@ def _check_private(name: str, mode: int, what: str = "keyring") -> None:
     if os.name != "posix" or not mode & 0o077:
         return
     exposed = "readable by others" if mode & 0o044 else "open to others"
+    import shlex  # for the message alone
+
     raise ConfigurationError(
         f"{what} {name} is {exposed} (mode {stat.S_IMODE(mode):04o}): "
         f"run chmod 600 {shlex.quote(name)}"

@@ -11,10 +11,10 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ParamSpec
+from typing import Any, ParamSpec, TypeVar
 
 import pytest
 
@@ -114,6 +114,28 @@ def echo_or_boom(payload: bytes) -> bytes:
     if payload == b"boom":
         raise ValueError("boom")
     return payload
+
+
+def run_mesh(
+    args: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    *,
+    timeout: float = 60,
+    input: str | bytes | None = None,
+    text: bool = True,
+) -> subprocess.CompletedProcess[Any]:
+    """`mesh ARGS` run to its end: its exit status, stdout and stderr (bytes with `text=False`).
+    It reads `input`, else nothing: never this process's standard input."""
+    return subprocess.run(
+        [*MESH, *args],
+        input=input,
+        stdin=subprocess.DEVNULL if input is None else None,
+        capture_output=True,
+        text=text,
+        env=env,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def assert_error(result: subprocess.CompletedProcess[str], status: int, *fragments: str) -> None:
@@ -351,6 +373,40 @@ class Discovering:
         return (self.node_id, self.endpoint)
 
 
+_D = TypeVar("_D", bound=Discovering)
+
+
+async def realms_kept_apart(
+    blue_a: _D,
+    blue_b: _D,
+    green: _D,
+    dropped: Callable[[_D], int],
+    at_least: tuple[int, int],
+    timeout: float,
+) -> None:
+    """Two nodes of one realm (blue) see each other, and a node of another (green) sees
+    neither and is seen by neither. The wait is over once green has dropped at least
+    `at_least[0]` of blue's datagrams (`dropped` counts them) and each blue `at_least[1]` of
+    green's: each side has heard the other, so its silence is not luck."""
+    await wait_until(
+        lambda: blue_a.seen == {blue_b.me} and blue_b.seen == {blue_a.me},
+        timeout,
+        "the two blue nodes see each other",
+    )
+    green_least, blue_least = at_least
+    await wait_until(
+        lambda: (
+            dropped(green) >= green_least
+            and dropped(blue_a) >= blue_least
+            and dropped(blue_b) >= blue_least
+        ),
+        timeout,
+        "each realm's datagrams dropped by the other",
+    )
+    assert green.seen == set()
+    assert green.me not in blue_a.seen | blue_b.seen
+
+
 def candidate_recorder(
     *, raising: bool = False
 ) -> tuple[set[tuple[bytes, str]], Callable[[bytes, str], None]]:
@@ -465,3 +521,43 @@ class RequestLoad:
         for task in pending:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+class NumberedCalls:
+    """`total` requests to `cluster`, numbered from 0 and sent by many callers at once; each
+    reply must end in ':<its number>' (the answering worker's name before the colon).
+
+    Counted, never listed: the replies of each worker (`served`), and the wrong ones (the first
+    `SAMPLES` kept as examples). A request that fails fails the test.
+    """
+
+    SAMPLES = 5
+
+    def __init__(self, client: Any, cluster: str, total: int) -> None:
+        self.client = client
+        self.cluster = cluster
+        self.total = total
+        self.served: Counter[str] = Counter()
+        self.wrong = 0
+        self.samples: list[str] = []
+        self._next = 0
+
+    @property
+    def done(self) -> int:
+        return sum(self.served.values())
+
+    async def run(self, in_flight: int, *alongside: Awaitable[None]) -> None:
+        """Send every request, `in_flight` at a time, while the `alongside` coroutines run."""
+        await asyncio.gather(*alongside, *(self._caller() for _ in range(in_flight)))
+
+    async def _caller(self) -> None:
+        while self._next < self.total:
+            i = self._next
+            self._next += 1
+            reply = await self.client.request(self.cluster, b"%d" % i, timeout=10)
+            who, _, echoed = reply.partition(b":")
+            if echoed != b"%d" % i:
+                self.wrong += 1
+                if len(self.samples) < self.SAMPLES:
+                    self.samples.append(f"{i}: {reply!r}")
+            self.served[who.decode()] += 1

@@ -282,6 +282,12 @@ def add_repeatable(
     parser.add_argument(flag, action="append", default=[], type=type, metavar=metavar, help=help)
 
 
+def add_directory(parser: MeshArgumentParser, flag: str, what: str) -> None:
+    """A required option naming a directory (`args.<flag>` is a Path); `what` says what it
+    holds and whether the command makes it."""
+    parser.add_argument(flag, required=True, type=Path, metavar="DIR", help=what)
+
+
 def add_joining_options(parser: MeshArgumentParser, *, wait: float | None, wait_help: str) -> None:
     group = parser.add_argument_group(
         "joining the mesh",
@@ -428,6 +434,28 @@ def add_metrics_option(parser: MeshArgumentParser) -> None:
 
 def add_json_option(parser: MeshArgumentParser, what: str = "JSON for scripts") -> None:
     parser.add_argument("--json", action="store_true", help=what)
+
+
+def add_written_file(parser: MeshArgumentParser, default: str) -> None:
+    """PATH and --force of a command that writes a fresh private file (a keyring, a key);
+    `default` says where it writes without PATH. The command finds the path with
+    `file_to_write`."""
+    parser.add_argument(
+        "path", type=Path, nargs="?", metavar="PATH", help=f"file to write (default: {default})"
+    )
+    parser.add_argument("--force", action="store_true", help="replace an existing file")
+
+
+def file_to_write(args: argparse.Namespace, default: Callable[[], Path]) -> Path:
+    """The file a command declared with `add_written_file` writes: PATH, else `default()` (its
+    folder made, private to its owner). An existing file is refused unless --force."""
+    path: Path | None = args.path
+    if path is None:
+        path = default()
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.exists() and not args.force:
+        raise CommandError(f"{path} already exists: pass --force to replace it", USAGE_ERROR)
+    return path
 
 
 def _home(path: Path) -> str:

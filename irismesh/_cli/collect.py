@@ -26,6 +26,7 @@ from irismesh._cli.base import (
     Commands,
     UsageError,
     add_command,
+    add_directory,
     add_shared_options,
     client_keyring,
     make_node,
@@ -73,9 +74,7 @@ def register_collect(family: Commands) -> None:
         ),
         run=run_collect,
     )
-    parser.add_argument(
-        "--out", required=True, type=Path, metavar="DIR", help="spool directory (made if need be)"
-    )
+    add_directory(parser, "--out", "spool directory (made if need be)")
     parser.add_argument(
         "--seconds",
         type=seconds,

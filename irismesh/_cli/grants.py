@@ -20,8 +20,11 @@ from irismesh._cli.base import (
     CommandError,
     MeshArgumentParser,
     add_command,
+    add_family,
     add_joining_options,
     add_json_option,
+    add_written_file,
+    file_to_write,
     load_keyring,
     make_node,
     print_json,
@@ -35,11 +38,21 @@ from irismesh.security.grants import Authority, parse_duration
 from irismesh.security.identity import Identity
 
 GATHER_WAIT = 3.0
+AUTHORITY_DEFAULT = "$XDG_CONFIG_HOME/irismesh/authority.key"
 SPREAD_WAIT = 1.0  # seconds `mesh revoke` stays: its gossip goes out several times meanwhile
 
 
+def add_authority_option(parser: MeshArgumentParser) -> None:
+    parser.add_argument(
+        "--authority",
+        type=Path,
+        metavar="FILE",
+        help=f"the authority key (default: {AUTHORITY_DEFAULT})",
+    )
+
+
 def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
-    authority = add_command(
+    actions = add_family(
         commands,
         "authority",
         summary="an authority: the key pair that signs grants and revocations",
@@ -50,9 +63,7 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
             "it decides what every node may do."
         ),
         examples="  mesh authority new\n  mesh authority new ops.authority --json",
-        run=None,
     )
-    actions = authority.add_subparsers(dest="action", required=True, metavar="ACTION")
     new = add_command(
         actions,
         "new",
@@ -67,14 +78,7 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
         ),
         run=run_authority_new,
     )
-    new.add_argument(
-        "path",
-        type=Path,
-        nargs="?",
-        metavar="PATH",
-        help="file to write (default: $XDG_CONFIG_HOME/irismesh/authority.key)",
-    )
-    new.add_argument("--force", action="store_true", help="replace an existing file")
+    add_written_file(new, AUTHORITY_DEFAULT)
     add_json_option(new)
 
     grant = add_command(
@@ -111,12 +115,7 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
     grant.add_argument(
         "--expires", default="30d", metavar="DURATION", help="valid for (90s, 12h, 30d; 30d)"
     )
-    grant.add_argument(
-        "--authority",
-        type=Path,
-        metavar="FILE",
-        help="the authority key (default: $XDG_CONFIG_HOME/irismesh/authority.key)",
-    )
+    add_authority_option(grant)
     grant.add_argument("--out", type=Path, metavar="FILE", help="write a grant file here")
     add_json_option(grant)
 
@@ -135,12 +134,7 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
         run=run_revoke,
     )
     revoke.add_argument("public", metavar="PUBKEY", help="the node's public key (hex or base64)")
-    revoke.add_argument(
-        "--authority",
-        type=Path,
-        metavar="FILE",
-        help="the authority key (default: $XDG_CONFIG_HOME/irismesh/authority.key)",
-    )
+    add_authority_option(revoke)
     add_joining_options(revoke, wait=GATHER_WAIT, wait_help="most seconds to find the mesh")
     add_json_option(revoke)
 
@@ -182,12 +176,7 @@ def load_authority(path: Path | None) -> Authority:
 
 
 def run_authority_new(args: argparse.Namespace) -> int:
-    path: Path | None = args.path
-    if path is None:
-        path = _env.default_authority_file()
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if path.exists() and not args.force:
-        raise CommandError(f"{path} already exists: pass --force to replace it", USAGE_ERROR)
+    path = file_to_write(args, _env.default_authority_file)
     authority = Authority.generate()
     authority.save(path, overwrite=args.force)
     public = base64.b64encode(authority.public).decode()

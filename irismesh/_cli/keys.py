@@ -12,12 +12,13 @@ import irismesh
 from irismesh import _env
 from irismesh._cli import config
 from irismesh._cli.base import (
-    USAGE_ERROR,
-    CommandError,
     MeshArgumentParser,
     add_command,
+    add_family,
     add_joining_options,
     add_json_option,
+    add_written_file,
+    file_to_write,
     load_keyring,
     make_node,
     print_json,
@@ -50,21 +51,14 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
         run=run_keygen,
     )
     parser.add_argument(
-        "path",
-        type=Path,
-        nargs="?",
-        metavar="PATH",
-        help="file to write (default: the default keyring, $XDG_CONFIG_HOME/irismesh/mesh.keys)",
-    )
-    parser.add_argument(
         "--scope",
         action="append",
         metavar="S",
         help="a cluster (or '*') to make a key for; repeatable (default: '*')",
     )
-    parser.add_argument("--force", action="store_true", help="replace an existing file")
+    add_written_file(parser, "the default keyring, $XDG_CONFIG_HOME/irismesh/mesh.keys")
     add_json_option(parser)
-    family = add_command(
+    actions = add_family(
         commands,
         "keys",
         summary="who holds which key: the progress of a key rotation",
@@ -75,9 +69,7 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
             "has reached every node."
         ),
         examples="  mesh keys status\n  mesh keys status --keys rotating.keys --json",
-        run=None,
     )
-    actions = family.add_subparsers(dest="action", required=True, metavar="ACTION")
     status = add_command(
         actions,
         "status",
@@ -101,7 +93,7 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
     )
     add_joining_options(status, wait=3.0, wait_help="most seconds to find the live nodes")
     add_json_option(status)
-    identity = add_command(
+    identity_actions = add_family(
         commands,
         "identity",
         summary="a node's identity: the key pair its node id derives from",
@@ -112,9 +104,7 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
             "keeps its id. Each node needs a file of its own: never copy one."
         ),
         examples="  mesh identity new\n  mesh identity new db1.identity",
-        run=None,
     )
-    identity_actions = identity.add_subparsers(dest="action", required=True, metavar="ACTION")
     new = add_command(
         identity_actions,
         "new",
@@ -130,24 +120,12 @@ def register(commands: argparse._SubParsersAction[MeshArgumentParser]) -> None:
         ),
         run=run_identity_new,
     )
-    new.add_argument(
-        "path",
-        type=Path,
-        nargs="?",
-        metavar="PATH",
-        help="file to write (default: $XDG_CONFIG_HOME/irismesh/node.identity)",
-    )
-    new.add_argument("--force", action="store_true", help="replace an existing file")
+    add_written_file(new, "$XDG_CONFIG_HOME/irismesh/node.identity")
     add_json_option(new)
 
 
 def run_identity_new(args: argparse.Namespace) -> int:
-    path: Path | None = args.path
-    if path is None:
-        path = _env.default_identity_file()
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if path.exists() and not args.force:
-        raise CommandError(f"{path} already exists: pass --force to replace it", USAGE_ERROR)
+    path = file_to_write(args, _env.default_identity_file)
     identity = Identity.generate()
     identity.save(path, overwrite=args.force)
     if args.json:
@@ -160,14 +138,7 @@ def run_identity_new(args: argparse.Namespace) -> int:
 
 
 def run_keygen(args: argparse.Namespace) -> int:
-    path: Path | None = args.path
-    if path is None:
-        named = getattr(args, "context", None)
-        keyring = config.load().get(named).keyring if named is not None else None
-        path = _env.default_keyfile() if keyring is None else keyring
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if path.exists() and not args.force:
-        raise CommandError(f"{path} already exists: pass --force to replace it", USAGE_ERROR)
+    path = file_to_write(args, lambda: default_keyring(getattr(args, "context", None)))
     keys = irismesh.Keyring.generate(args.scope or ["*"])
     keys.save(path, overwrite=args.force)
     if args.json:
@@ -176,6 +147,12 @@ def run_keygen(args: argparse.Namespace) -> int:
     else:
         print(f"wrote {path} with keys for: {', '.join(keys.scopes)}")
     return 0
+
+
+def default_keyring(context: str | None) -> Path:
+    """The keyring `mesh keygen` writes without PATH: the context's, else the default one."""
+    keyring = config.load().get(context).keyring if context is not None else None
+    return _env.default_keyfile() if keyring is None else keyring
 
 
 async def run_status(args: argparse.Namespace) -> int:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from irismesh._cli.base import (
     Commands,
     add_command,
+    add_directory,
     add_shared_options,
     client_keyring,
     cluster_client,
@@ -46,9 +46,7 @@ def register(commands: Commands) -> None:
         ),
         run=run_memory,
     )
-    memory.add_argument(
-        "--data", type=Path, required=True, metavar="DIR", help="directory of the database"
-    )
+    add_directory(memory, "--data", "directory of the database")
     memory.add_argument(
         "--sync",
         choices=("fsync", "os"),

@@ -18,6 +18,7 @@ from irismesh._cli.base import (
     Commands,
     UsageError,
     add_command,
+    add_directory,
     add_family,
     add_shared_options,
     positive_int,
@@ -73,12 +74,8 @@ def register(commands: Commands) -> None:
         ),
         run=run_report,
     )
-    report.add_argument(
-        "--spool", required=True, type=Path, metavar="DIR", help="spool directory (only read)"
-    )
-    report.add_argument(
-        "--out", required=True, type=Path, metavar="DIR", help="report directory (made if need be)"
-    )
+    add_directory(report, "--spool", "spool directory (only read)")
+    add_directory(report, "--out", "report directory (made if need be)")
     report.add_argument(
         "--master",
         default="local[*]",

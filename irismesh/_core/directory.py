@@ -153,17 +153,9 @@ class Directory:
         gained = False
         serves, reads = self._security.serves, self._security.reads
         for cluster, table in self._servers.items():
-            if serves(node_id, record.tags, cluster):
-                gained |= node_id not in table
-                table[node_id] = record
-            else:
-                table.pop(node_id, None)
+            gained |= _place(table, record, serves(node_id, record.tags, cluster))
         for scope, table in self._readers.items():
-            if reads(node_id, record.tags, scope):
-                gained |= node_id not in table
-                table[node_id] = record
-            else:
-                table.pop(node_id, None)
+            gained |= _place(table, record, reads(node_id, record.tags, scope))
         return gained
 
     def _remove(self, node_id: bytes) -> None:
@@ -176,3 +168,15 @@ class Directory:
             table.pop(node_id, None)
         for table in self._readers.values():
             table.pop(node_id, None)
+
+
+def _place(table: dict[bytes, MemberRecord], record: MemberRecord, belongs: bool) -> bool:
+    """Keep `record` in `table` if its node belongs there, else take it out; True if it came
+    in new."""
+    node_id = record.node_id
+    if not belongs:
+        table.pop(node_id, None)
+        return False
+    new = node_id not in table
+    table[node_id] = record
+    return new

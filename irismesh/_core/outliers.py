@@ -57,7 +57,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import msgpack
 
@@ -65,6 +64,7 @@ from irismesh._core.events import MemberEjected, MemberReadmitted
 from irismesh._core.links import OutLink
 from irismesh._core.outbox import Outbox
 from irismesh._core.records import NOTE_SALT, MemberRecord, MembershipSecurity
+from irismesh._core.split import unpack_note
 from irismesh.errors import ConfigurationError, NoKey
 
 ERRORS, SUCCESS_RATE, LATENCY = "errors", "success_rate", "latency"  # why a member was ejected
@@ -365,18 +365,7 @@ def encode_ejected(prefixes: list[bytes]) -> bytes:
 def decode_ejected(note: bytes) -> list[bytes] | None:
     """The id prefixes of a note of kind NOTE_EJECTED; None if it is none, or not well formed
     (a note of a newer kind is none of ours)."""
-    try:
-        value: Any = msgpack.unpackb(
-            note,
-            raw=False,
-            max_bin_len=ID_PREFIX,
-            max_str_len=0,
-            max_array_len=MAX_NOTE_IDS,
-            max_map_len=0,
-            max_ext_len=0,
-        )
-    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
-        return None
+    value = unpack_note(note, max_bin_len=ID_PREFIX, max_str_len=0, max_array_len=MAX_NOTE_IDS)
     if (
         type(value) is not list
         or len(value) != 2

@@ -130,20 +130,20 @@ def note_kind(note: bytes) -> int:
     return -1
 
 
-def decode_split(note: bytes) -> tuple[int, tuple[tuple[str, int], ...]] | None:
-    """(stamp, weights) of a split's note; None if it is no well-formed split."""
+def unpack_note(note: bytes, **limits: int) -> Any:
+    """A note's msgpack value, read within `limits` (msgpack's max_*_len; maps and extension
+    types are never allowed); None if it is not one well-formed value within them."""
     try:
-        value: Any = msgpack.unpackb(
-            note,
-            raw=False,
-            max_bin_len=0,
-            max_str_len=4 * MAX_VERSION,
-            max_array_len=MAX_VERSIONS,
-            max_map_len=0,
-            max_ext_len=0,
-        )
+        return msgpack.unpackb(note, raw=False, max_map_len=0, max_ext_len=0, **limits)
     except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
         return None
+
+
+def decode_split(note: bytes) -> tuple[int, tuple[tuple[str, int], ...]] | None:
+    """(stamp, weights) of a split's note; None if it is no well-formed split."""
+    value = unpack_note(
+        note, max_bin_len=0, max_str_len=4 * MAX_VERSION, max_array_len=MAX_VERSIONS
+    )
     if (
         type(value) is not list
         or len(value) != 3

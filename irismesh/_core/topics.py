@@ -142,56 +142,55 @@ def _shown(text: str) -> str:
 
 def validate_topic(topic: object) -> str:
     """Return `topic` if it is a valid topic to publish on; raise ConfigurationError if not."""
-    if not isinstance(topic, str):
-        raise ConfigurationError(f"a topic is a str, not {type(topic).__name__}")
-    problem = _topic_problem(topic)
-    if problem is not None:
-        raise ConfigurationError(
-            f"bad topic {_shown(topic)}: {problem}; a topic is dot-separated non-empty "
-            "segments such as 'feeds.breaking-news.56'"
-        )
-    return topic
+    return _validated(
+        topic,
+        False,
+        "topic",
+        "a topic is dot-separated non-empty segments such as 'feeds.breaking-news.56'",
+    )
 
 
 def validate_pattern(pattern: object) -> str:
     """Return `pattern` if it is a valid subscription pattern; raise ConfigurationError if not."""
-    if not isinstance(pattern, str):
-        raise ConfigurationError(f"a subscription pattern is a str, not {type(pattern).__name__}")
-    problem = _pattern_problem(pattern)
+    return _validated(
+        pattern,
+        True,
+        "subscription pattern",
+        "a pattern is dot-separated segments, each a literal, '*' (one segment) or '#' (zero or "
+        "more), such as 'feeds.*.56' or 'feeds.#'",
+    )
+
+
+def _validated(text: object, pattern: bool, what: str, rule: str) -> str:
+    if not isinstance(text, str):
+        raise ConfigurationError(f"a {what} is a str, not {type(text).__name__}")
+    problem = _pattern_problem(text) if pattern else _topic_problem(text)
     if problem is not None:
-        raise ConfigurationError(
-            f"bad subscription pattern {_shown(pattern)}: {problem}; a pattern is "
-            "dot-separated segments, each a literal, '*' (one segment) or '#' (zero or more), "
-            "such as 'feeds.*.56' or 'feeds.#'"
-        )
-    return pattern
-
-
-def _decode_from_peer(data: bytes, reason: str) -> str:
-    if len(data) > MAX_BYTES:
-        raise ProtocolError(reason, f"{len(data)} bytes, the limit is {MAX_BYTES}")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ProtocolError(reason, "not UTF-8") from None
+        raise ConfigurationError(f"bad {what} {_shown(text)}: {problem}; {rule}")
+    return text
 
 
 def parse_topic_from_peer(data: bytes) -> str:
     """Decode and check a topic a peer sent; raise ProtocolError("bad_topic") if it is invalid."""
-    topic = _decode_from_peer(data, "bad_topic")
-    problem = _topic_problem(topic)
-    if problem is not None:
-        raise ProtocolError("bad_topic", problem)
-    return topic
+    return _from_peer(data, False, "bad_topic")
 
 
 def parse_pattern_from_peer(data: bytes) -> str:
     """Decode and check a peer's subscription pattern; raise ProtocolError("bad_pattern")."""
-    pattern = _decode_from_peer(data, "bad_pattern")
-    problem = _pattern_problem(pattern)
+    return _from_peer(data, True, "bad_pattern")
+
+
+def _from_peer(data: bytes, pattern: bool, reason: str) -> str:
+    if len(data) > MAX_BYTES:
+        raise ProtocolError(reason, f"{len(data)} bytes, the limit is {MAX_BYTES}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError(reason, "not UTF-8") from None
+    problem = _pattern_problem(text) if pattern else _topic_problem(text)
     if problem is not None:
-        raise ProtocolError("bad_pattern", problem)
-    return pattern
+        raise ProtocolError(reason, problem)
+    return text
 
 
 # --------------------------------------------------------------------------------------------

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import threading
 import time
 from collections import Counter
@@ -67,7 +66,6 @@ from irismesh.memory.jobs import TOMBSTONE_KEEP, Job, JobStore
 from irismesh.memory.store import (
     ID_SIZE,
     MemoryStore,
-    Retention,
     Stored,
     clock_id,
     clock_state,
@@ -77,7 +75,6 @@ from irismesh.memory.store import (
     observe_id,
     physical_us,
 )
-from irismesh.security.keyring import Keyring
 
 T = TypeVar("T")
 
@@ -163,18 +160,8 @@ def merge(answers: Iterable[Sequence[Stored]], latest: int) -> list[Stored]:
 class MemoryMember:
     """The member's side: a store, and the answers to what callers ask of it."""
 
-    def __init__(
-        self,
-        directory: str | os.PathLike[str],
-        keyring: Keyring,
-        *,
-        retention: Sequence[tuple[str, Retention]] = (),
-        default: Retention | None = None,
-        sync: str = "fsync",
-    ) -> None:
-        self.store = MemoryStore(
-            directory, keyring, retention=retention, default=default, sync=sync
-        )
+    def __init__(self, store: MemoryStore) -> None:
+        self.store = store
         # The node's clock for the memory's ids (NodeMemory shares its own); this machine's
         # wall clock in microseconds (tests skew it).
         self.clock = memory_clock(b"")

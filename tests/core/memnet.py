@@ -333,9 +333,16 @@ class MemNet:
 
     # ------------------------------------------------------------------ driving cores
 
-    def request(self, node: MemNode, cluster: str, payload: bytes, timeout: float = 2.0) -> int:
+    def request(
+        self,
+        node: MemNode,
+        cluster: str,
+        payload: bytes,
+        timeout: float = 2.0,
+        hedge: float | None = None,
+    ) -> int:
         """Send a request and deliver what is due now (with no delay: the whole exchange)."""
-        req_id = node.core.request(cluster, payload, timeout, self.now)
+        req_id = node.core.request(cluster, payload, timeout, self.now, hedge=hedge)
         self.collect(node)
         self.run(self.now)
         return req_id

@@ -103,9 +103,7 @@ def test_no_hedge_when_the_first_reply_comes_in_time() -> None:
     nodes = mesh(net, {"a": ["db"], "b": ["db"]})
     client = nodes["client"]
     for i in range(10):
-        client.core.request("db", b"%d" % i, 2.0, net.now, hedge=0.05)
-        net.collect(client)
-        net.run(net.now)
+        net.request(client, "db", b"%d" % i, hedge=0.05)
     net.advance(0.3, step=0.01)
     assert client.core.stats["requests_hedged"] == 0
     assert sum(len(n.arrived) for n in (nodes["a"], nodes["b"])) == 10

@@ -1,7 +1,8 @@
 """What `import irismesh` loads: what a node needs to request, serve, publish and subscribe.
 
-The federation, the memory's protocol and store (SQLite), zmq, zeroconf, rich, Spark and the
-telemetry spool load when first used. Each check runs in a fresh interpreter, since this
+The federation, the memory's protocol and store (SQLite), zmq, zeroconf, rich, Spark, the
+telemetry spool and discovery's mechanisms (the survey, mDNS: their settings load with the
+node) load when first used. Each check runs in a fresh interpreter, since this
 process has loaded most of them already.
 """
 
@@ -27,6 +28,7 @@ LAZY = (
     "opentelemetry",
     "shtab",
     "tempfile",
+    "shlex",
     "irismesh.federation",
     "irismesh.memory.store",
     "irismesh.memory.service",
@@ -38,6 +40,9 @@ LAZY = (
     "irismesh._zmqdriver",
     "irismesh.sync",
     "irismesh.cli",
+    "irismesh.discovery.survey",
+    "irismesh.discovery.sealed",
+    "irismesh.discovery.mdns",
 )
 
 
@@ -90,6 +95,20 @@ irismesh.run(main())
     assert _lazy_among(loaded) == []
 
 
+def test_a_node_with_discovery_loads_the_survey_and_not_mdns() -> None:
+    code = """
+import irismesh
+async def main():
+    keys = irismesh.Keyring.generate()
+    async with irismesh.Node("echo", keyring=keys, discovery=True) as node:
+        assert node.stats["survey_questions_sent"] >= 0
+irismesh.run(main())
+"""
+    loaded = _loaded(code)
+    assert "irismesh.discovery.survey" in loaded
+    assert "irismesh.discovery.mdns" not in loaded
+
+
 @pytest.mark.parametrize(
     ("name", "module"),
     [
@@ -105,7 +124,13 @@ def test_names_that_load_on_first_use_are_there(name: str, module: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "path", ["irismesh.federation.LinkConfig", "irismesh.memory.store.MemoryStore"]
+    "path",
+    [
+        "irismesh.federation.LinkConfig",
+        "irismesh.memory.store.MemoryStore",
+        "irismesh.discovery.survey.SurveyDiscovery",
+        "irismesh.discovery.mdns.MdnsDiscovery",
+    ],
 )
 def test_subpackages_are_attributes_as_they_were(path: str) -> None:
     loaded = _loaded(f"import irismesh\nassert {path}.__name__")

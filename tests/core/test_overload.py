@@ -114,9 +114,7 @@ def test_the_losing_copy_of_a_hedged_request_is_cancelled() -> None:
     nodes = mesh(net, {"a": ["db"], "b": ["db"]}, handler=slow_b)
     client = nodes["client"]
     for i in range(10):
-        client.core.request("db", b"%d" % i, 2.0, net.now, hedge=0.05)
-        net.collect(client)
-        net.run(net.now)
+        net.request(client, "db", b"%d" % i, hedge=0.05)
         net.advance(0.2, step=0.01)
     held = {token for token in nodes["b"].held}
     cancelled = {event.token for event in nodes["b"].events(RequestCancelled)}

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from helpers import MESH
+from helpers import MESH, run_mesh
 
 import irismesh
 from irismesh import cli
@@ -37,15 +37,7 @@ def env() -> dict[str, str]:
 
 
 def mesh(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*MESH, *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        timeout=30,
-        check=False,
-    )
+    return run_mesh(args, env, timeout=30)
 
 
 def ok(env: dict[str, str], *args: str) -> str:

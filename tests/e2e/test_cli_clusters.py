@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import MESH
+from helpers import MESH, run_mesh
 
 import irismesh
 from irismesh.security.keyring import ScopeKey
@@ -55,9 +55,7 @@ def operator(tmp_path: Path) -> Iterator[tuple[dict[str, str], dict[str, Path], 
 
 
 def mesh(env: dict[str, str], *args: str) -> str:
-    result = subprocess.run(
-        [*MESH, *args], capture_output=True, text=True, env=env, timeout=30, check=False
-    )
+    result = run_mesh(args, env, timeout=30)
     assert result.returncode == 0, result.stderr
     return result.stdout
 

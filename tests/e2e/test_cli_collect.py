@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import MESH, assert_error, mesh_workdir
+from helpers import MESH, assert_error, mesh_workdir, run_mesh
 
 import irismesh
 from irismesh.telemetry.spool import SpoolReader, complete_files, decode_spool
@@ -76,15 +76,7 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
 
 
 def collect(mesh: Mesh, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*MESH, "telemetry", "collect", *args],
-        capture_output=True,
-        text=True,
-        env=mesh.env,
-        timeout=30,
-        check=False,
-        stdin=subprocess.DEVNULL,
-    )
+    return run_mesh(["telemetry", "collect", *args], mesh.env, timeout=30)
 
 
 def assert_spool(out: Path, summary: dict[str, object], nodes: list[str]) -> None:

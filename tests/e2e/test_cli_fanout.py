@@ -26,6 +26,7 @@ from helpers import (
     kill_all,
     mesh_workdir,
     run_all,
+    run_mesh,
     wait_until_sync,
 )
 
@@ -117,15 +118,7 @@ class Mesh:
     def run(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         """`mesh ARGS --seed SEED --wait 10`: it stops waiting once it has found the members;
         a busy machine can be slow to find them."""
-        return subprocess.run(
-            [*MESH, *args, "--seed", self.seed, "--wait", "10"],
-            input=stdin,
-            capture_output=True,
-            text=True,
-            env=self.env,
-            timeout=60,
-            check=False,
-        )
+        return run_mesh([*args, "--seed", self.seed, "--wait", "10"], self.env, input=stdin)
 
     def ok(self, *args: str, stdin: str | None = None) -> str:
         result = self.run(*args, stdin=stdin)
@@ -154,11 +147,8 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
         }
         deadline = time.monotonic() + 20
         while True:  # until a newcomer sees the whole mesh
-            found = subprocess.run(
-                [*MESH, "clusters", "--seed", seed, "--json", "--cluster", "fan", "--cluster",
-                 "mixed", "--cluster", "deaf"],
-                capture_output=True, text=True, env=env, timeout=30, check=False,
-            )  # fmt: skip
+            views_of = ["--json", "--cluster", "fan", "--cluster", "mixed", "--cluster", "deaf"]
+            found = run_mesh(["clusters", "--seed", seed, *views_of], env, timeout=30)
             views = {v["cluster"]: v["members"] for v in json.loads(found.stdout or "[]")}
             if [len(views.get(c, [])) for c in ("fan", "mixed", "deaf")] == [2, 2, 1]:
                 break

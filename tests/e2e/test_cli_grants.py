@@ -9,15 +9,13 @@ import stat
 import subprocess
 from pathlib import Path
 
-from helpers import MESH
+from helpers import MESH, run_mesh
 
 import irismesh
 
 
 def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*MESH, *args], capture_output=True, text=True, env=env, timeout=60, check=False
-    )
+    return run_mesh(args, env)
 
 
 def ok(env: dict[str, str], *args: str) -> str:

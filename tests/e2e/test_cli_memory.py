@@ -11,15 +11,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import MESH, kill_all
+from helpers import MESH, kill_all, run_mesh
 
 import irismesh
 
 
 def mesh(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*MESH, *args], env=env, capture_output=True, text=True, timeout=60, check=False
-    )
+    return run_mesh(args, env)
 
 
 @pytest.fixture

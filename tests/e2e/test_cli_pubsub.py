@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from helpers import MESH, InProcess, commands_help, mesh_workdir, run_all, wait_until_sync
+from helpers import MESH, InProcess, commands_help, mesh_workdir, run_all, run_mesh, wait_until_sync
 
 from irismesh import cli
 
@@ -48,14 +48,11 @@ class Mesh:
         """`mesh ARGS --seed SEED` (with --wait 10 unless told: they stop waiting once the
         mesh is found, and a busy machine can be slow to find it)."""
         extra = [] if "--wait" in args else ["--wait", "10"]
-        return subprocess.run(
-            [*MESH, *args, "--seed", self.seed, *extra],
+        return run_mesh(
+            [*args, "--seed", self.seed, *extra],
+            self.env if env is None else env,
             input=stdin,
-            stdin=subprocess.DEVNULL if stdin is None else None,
-            capture_output=True,
-            env=self.env if env is None else env,
-            timeout=60,
-            check=False,
+            text=False,
         )
 
     def ok(self, *args: str, stdin: bytes | None = None) -> str:

@@ -9,11 +9,10 @@ import signal
 import socket
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 
 import pytest
-from helpers import MESH, ROOT, Workers, kill_all, wait_until
+from helpers import MESH, ROOT, NumberedCalls, Workers, kill_all, wait_until
 
 import irismesh
 
@@ -27,30 +26,15 @@ def test_sigkill_under_load_loses_no_request(keys: irismesh.Keyring, workers: Wo
         workers.start("w3", [first], delay=0.005)
         async with irismesh.Node(keyring=keys, seeds=[first]) as client:
             await client.wait_for_members("work", 3, timeout=10)
-            total, in_flight = 1200, 80
-            served: Counter[str] = Counter()
-            wrong: list[str] = []
-            next_id = 0
+            calls = NumberedCalls(client, "work", 1200)
             killed_with = -1
-
-            async def caller() -> None:
-                nonlocal next_id, killed_with
-                while next_id < total:
-                    i = next_id
-                    next_id += 1
-                    reply = await client.request("work", b"%d" % i, timeout=10)
-                    who, _, echoed = reply.partition(b":")
-                    if echoed != b"%d" % i:
-                        wrong.append(f"{i}: {reply!r}")
-                    served[who.decode()] += 1
 
             async def killer() -> None:
                 nonlocal killed_with
                 # Once a third is served, kill w3 at a moment with at least 50 in flight.
                 await wait_until(
                     lambda: (
-                        sum(served.values()) >= total // 3
-                        and client.stats["requests_pending"] >= 50
+                        calls.done >= calls.total // 3 and client.stats["requests_pending"] >= 50
                     ),
                     30,
                     "a third served with 50 in flight",
@@ -58,9 +42,9 @@ def test_sigkill_under_load_loses_no_request(keys: irismesh.Keyring, workers: Wo
                 killed_with = client.stats["requests_pending"]
                 workers.procs["w3"].send_signal(signal.SIGKILL)
 
-            await asyncio.gather(killer(), *(caller() for _ in range(in_flight)))
-            assert not wrong, wrong[:5]
-            assert sum(served.values()) == total
+            await calls.run(80, killer())
+            assert calls.wrong == 0, calls.samples
+            assert calls.done == calls.total
             assert killed_with >= 50, f"only {killed_with} requests were in flight at the kill"
             assert client.stats.get("requests_resent", 0) > 0, "nothing was in flight on w3"
             assert client.stats.get("requests_timed_out", 0) == 0

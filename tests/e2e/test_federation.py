@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import kill_all, wait_until
+from helpers import NumberedCalls, kill_all, wait_until
 
 import irismesh
 
@@ -77,29 +77,15 @@ def test_sigkill_of_a_gateway_under_load_loses_no_request(
     async def main() -> None:
         async with irismesh.Node(keyring=b, seeds=[b1], bind=LOCAL) as client:
             await client.wait_for_members("db", 2, timeout=20)
-            total, in_flight, done = 2000, 48, 0
-            wrong: list[str] = []
-            next_id = 0
-
-            async def caller() -> None:
-                nonlocal next_id, done
-                while next_id < total:
-                    i = next_id
-                    next_id += 1
-                    reply = await client.request("db", b"%d" % i, timeout=10)
-                    if reply.partition(b":")[2] != b"%d" % i:
-                        wrong.append(f"{i}: {reply!r}")
-                    done += 1
+            calls = NumberedCalls(client, "db", 2000)
 
             async def killer() -> None:
-                await wait_until(lambda: done >= total // 4, 30, "a quarter served")
+                await wait_until(lambda: calls.done >= calls.total // 4, 30, "a quarter served")
                 procs.procs[kill].send_signal(signal.SIGKILL)
 
-            await asyncio.wait_for(
-                asyncio.gather(killer(), *(caller() for _ in range(in_flight))), 60
-            )
-            assert not wrong, wrong[:5]
-            assert done == total
+            await asyncio.wait_for(calls.run(48, killer()), 60)
+            assert calls.wrong == 0, calls.samples
+            assert calls.done == calls.total
             # Requests in flight through the dead gateway went through the other one.
             moved = {"importing": "requests_resent", "exporting": "requests_retried_elsewhere"}
             assert client.stats.get(moved[victim], 0) > 0

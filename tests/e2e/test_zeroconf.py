@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import MESH, assert_error, kill_all
+from helpers import MESH, assert_error, kill_all, run_mesh
 
 import irismesh
 from irismesh._cli import config
@@ -43,15 +43,7 @@ class Env:
         return self.home / "irismesh" / "mesh.keys"
 
     def run(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [*MESH, *args],
-            capture_output=True,
-            text=True,
-            env={**self.vars, **env},
-            stdin=subprocess.DEVNULL,
-            timeout=TIMEOUT,
-            check=False,
-        )
+        return run_mesh(args, {**self.vars, **env}, timeout=TIMEOUT)
 
     def ok(self, *args: str, **env: str) -> str:
         result = self.run(*args, **env)

@@ -27,6 +27,7 @@ from helpers import (
     candidate_recorder,
     deadline,
     end_child,
+    realms_kept_apart,
     run_with_deadline,
     wait_until,
 )
@@ -436,23 +437,10 @@ async def test_nodes_of_another_realm_are_not_candidates() -> None:
     green = make_peer(MdnsConfig(service_type=service_type, realm_key=os.urandom(32)))
     keyless = make_peer(MdnsConfig(service_type=service_type))
     async with started(blue_a, blue_b, green, keyless):
-        await wait_until(
-            lambda: blue_a.seen == {blue_b.me} and blue_b.seen == {blue_a.me},
-            DISCOVERY,
-            "the two blue nodes see each other",
+        # Silence is not luck once each side has resolved the other realm's records.
+        await realms_kept_apart(
+            blue_a, blue_b, green, lambda p: p.discovery.stats["dropped_realm"], (3, 2), DISCOVERY
         )
-        # Each side has resolved the other realm's records, so silence is not luck.
-        await wait_until(
-            lambda: (
-                green.discovery.stats["dropped_realm"] >= 3
-                and blue_a.discovery.stats["dropped_realm"] >= 2
-                and blue_b.discovery.stats["dropped_realm"] >= 2
-            ),
-            DISCOVERY,
-            "the other realms' nodes dropped",
-        )
-        assert green.seen == set()
-        assert green.me not in blue_a.seen | blue_b.seen
         assert keyless.me not in blue_a.seen | blue_b.seen | green.seen
         # Without a key every irismesh node is a candidate; the handshake sorts them out.
         await wait_until(

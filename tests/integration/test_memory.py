@@ -111,7 +111,7 @@ async def test_a_long_answer_comes_a_page_at_a_time_and_whole(
         store = MemoryStore(tmp_path / name, keys)
         store.put_many(rows)
         store.close()
-    member = MemoryMember(tmp_path / "one", keys)
+    member = MemoryMember(MemoryStore(tmp_path / "one", keys))
     pages, after = [], None
     while True:
         answer = member.handle(encode_latest("big.#", 1, after))

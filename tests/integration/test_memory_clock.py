@@ -5,11 +5,14 @@ libfaketime moves 10 s ahead (its monotonic clock left alone)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import msgpack
@@ -90,18 +93,27 @@ async def test_a_write_after_reading_a_fast_clocks_write_is_reread_everywhere(
         assert [json.loads(line)["payload"] for line in seen.stdout.splitlines()] == ["v2"]
 
 
+@contextlib.asynccontextmanager
+async def skewed_pair(
+    keys: irismesh.Keyring, tmp_path: Path
+) -> AsyncIterator[tuple[irismesh.Node, irismesh.Node]]:
+    """Two nodes seeded with a memory member (all in this process); the first one's memory
+    clock runs 10 s ahead of the machine's."""
+    async with AsyncExitStack() as stack:
+        member = await stack.enter_async_context(irismesh.Node(keyring=keys, memory=tmp_path / "m"))
+        ahead, other = [
+            await stack.enter_async_context(irismesh.Node(keyring=keys, seeds=[member.endpoint]))
+            for _ in range(2)
+        ]
+        ahead.memory.physical = lambda: time.time_ns() // 1000 + 10_000_000
+        yield ahead, other
+
+
 @deadline(60)
 async def test_a_skewed_clock_in_process_orders_writes_by_what_each_node_saw(
     keys: irismesh.Keyring, tmp_path: Path
 ) -> None:
-    member = irismesh.Node(keyring=keys, memory=tmp_path / "m")
-    await member.start()
-    ahead = irismesh.Node(keyring=keys, seeds=[member.endpoint])
-    await ahead.start()
-    behind = irismesh.Node(keyring=keys, seeds=[member.endpoint])
-    await behind.start()
-    try:
-        ahead.memory.physical = lambda: time.time_ns() // 1000 + 10_000_000
+    async with skewed_pair(keys, tmp_path) as (ahead, behind):
         await behind.wait_for_members("_memory", 1, timeout=10)
         await ahead.wait_for_members("_memory", 1, timeout=10)
         await ahead.publish("cfg.mode", b"v1", retain=True)
@@ -114,8 +126,6 @@ async def test_a_skewed_clock_in_process_orders_writes_by_what_each_node_saw(
         job = await behind.enqueue("work", b"job", expiry=60)
         (v2,) = await behind.reread("cfg.mode")
         assert job > v2.id
-    finally:
-        await asyncio.gather(behind.close(), ahead.close(), member.close())
 
 
 def test_ids_of_the_earlier_layout_load_and_interleave_by_time(
@@ -148,7 +158,7 @@ async def test_a_member_that_restarts_starts_its_clock_past_what_it_stored(
     keys: irismesh.Keyring, tmp_path: Path
 ) -> None:
     future = message_id(os.urandom(16), 1, time.time() + 30)
-    member = MemoryMember(tmp_path, keys, sync="os")
+    member = MemoryMember(MemoryStore(tmp_path, keys, sync="os"))
     assert member.store.put("news.a", b"ahead", time.time(), future)
     member.close()
     async with irismesh.Node(keyring=keys, memory=tmp_path) as node:
@@ -280,14 +290,7 @@ async def test_a_live_retained_message_advances_the_receivers_clock(
 ) -> None:
     """A subscriber that received a retained message live (not reread) orders its next id
     after it, even when the publisher's clock runs ahead of its own."""
-    member = irismesh.Node(keyring=keys, memory=tmp_path / "m")
-    await member.start()
-    ahead = irismesh.Node(keyring=keys, seeds=[member.endpoint])
-    await ahead.start()
-    reader = irismesh.Node(keyring=keys, seeds=[member.endpoint])
-    await reader.start()
-    try:
-        ahead.memory.physical = lambda: time.time_ns() // 1000 + 10_000_000
+    async with skewed_pair(keys, tmp_path) as (ahead, reader):
         got: list[irismesh.Message] = []
         reader.subscribe("cfg.#", callback=got.append)
         await ahead.wait_for_members("_memory", 1, timeout=10)
@@ -302,5 +305,3 @@ async def test_a_live_retained_message_advances_the_receivers_clock(
         assert id_time(v1) > time.time() + 5  # from the fast clock
         # No reread, no answer of a member: only the live message told the reader.
         assert clock_id(reader.memory.clock, reader.memory.physical()) > v1
-    finally:
-        await asyncio.gather(reader.close(), ahead.close(), member.close())

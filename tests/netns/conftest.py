@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from netlab import Lab, unavailable
+from netlab import Lab, built_lab, unavailable
 
 HOSTS = ("c", "n1", "n2", "n3", "n4", "n5")  # c: a pure client; n1..n5: members of "work"
 
@@ -34,16 +34,8 @@ def lab(tmp_path: Path, keyfile: Path) -> Iterator[Lab]:
     reason = _why_not()
     if reason is not None:
         pytest.skip(reason)
-    built = Lab(HOSTS, tmp_path, keyfile)
-    try:
-        built.build()
+    with built_lab(HOSTS, tmp_path, keyfile) as built:
         yield built
-    finally:
-        built.close()
-        for name, node in built.nodes.items():  # shown by pytest when the test failed
-            tail = node.stderr_tail()
-            if tail:
-                print(f"--- {name} stderr ---\n{tail}")
 
 
 @pytest.fixture

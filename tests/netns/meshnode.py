@@ -41,6 +41,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import irismesh
@@ -93,39 +94,35 @@ MAX_EXAMPLES = 20  # failures and wrong replies kept as examples
 MAX_SAMPLES = 200_000  # latencies kept for the percentiles
 
 
+@dataclass(eq=False)
 class Load:
     """Requests in a loop from `workers` tasks; every outcome counted, every reply checked."""
 
-    def __init__(
-        self,
-        node: irismesh.Node,
-        *,
-        cluster: str,
-        workers: int,
-        pause: float,
-        timeout: float,
-        label: str,
-    ) -> None:
-        self.node = node
-        self.cluster = cluster
-        self.pause = pause
-        self.timeout = timeout
-        self.label = label
-        self.sent = 0
-        self.ok = 0
-        # Counted, with the first few kept as examples: a dying mesh fails requests at once,
-        # and a list of every failure would grow without bound.
-        self.failed = 0
-        self.failures: list[dict[str, Any]] = []
-        self.wrong_count = 0
-        self.wrong: list[str] = []
-        self.served: Counter[str] = Counter()
-        self.latencies: list[float] = []  # of the first MAX_SAMPLES replies
-        self.late = 0  # requests that took longer than their timeout (plus 100 ms of slack)
-        self.max_elapsed = 0.0
-        self.started = time.monotonic()
-        self.stopping = False
-        self.tasks = [asyncio.ensure_future(self._worker()) for _ in range(workers)]
+    node: irismesh.Node
+    _: KW_ONLY
+    cluster: str
+    workers: int
+    pause: float
+    timeout: float
+    label: str
+    sent: int = 0
+    ok: int = 0
+    # Counted, with the first few kept as examples: a dying mesh fails requests at once,
+    # and a list of every failure would grow without bound.
+    failed: int = 0
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    wrong_count: int = 0
+    wrong: list[str] = field(default_factory=list)
+    served: Counter[str] = field(default_factory=Counter)
+    latencies: list[float] = field(default_factory=list)  # of the first MAX_SAMPLES replies
+    late: int = 0  # requests that took longer than their timeout (plus 100 ms of slack)
+    max_elapsed: float = 0.0
+    started: float = field(default_factory=time.monotonic)
+    stopping: bool = False
+    tasks: list[asyncio.Future[None]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.tasks = [asyncio.ensure_future(self._worker()) for _ in range(self.workers)]
 
     async def _worker(self) -> None:
         while not self.stopping:

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -70,6 +70,22 @@ def unavailable() -> str | None:
     except (LabError, OSError, subprocess.TimeoutExpired) as exc:
         return f"`ip netns del` failed: {exc}"
     return None
+
+
+@contextlib.contextmanager
+def built_lab(host_names: Iterable[str], workdir: Path, keyfile: Path) -> Iterator[Lab]:
+    """A lab built for one test, closed after it; then each node's stderr tail is printed
+    (pytest shows it when the test failed)."""
+    lab = Lab(host_names, workdir, keyfile)
+    try:
+        lab.build()
+        yield lab
+    finally:
+        lab.close()
+        for name, node in lab.nodes.items():
+            tail = node.stderr_tail()
+            if tail:
+                print(f"--- {name} stderr ---\n{tail}")
 
 
 def _netns_list() -> list[str]:

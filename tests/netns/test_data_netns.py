@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from netlab import Lab, LabError, unavailable
+from netlab import Lab, LabError, built_lab, unavailable
 
 pytestmark = pytest.mark.netns
 
@@ -31,16 +31,8 @@ def big_lab(tmp_path: Path, keyfile: Path) -> Iterator[Lab]:
         pytest.skip(reason)
     if shutil.which("nft") is None:
         pytest.skip("`nft` is not installed (Debian: apt-get install -y nftables)")
-    built = Lab(NAMES, tmp_path, keyfile)
-    try:
-        built.build()
+    with built_lab(NAMES, tmp_path, keyfile) as built:
         yield built
-    finally:
-        built.close()
-        for name, node in built.nodes.items():  # shown by pytest when the test failed
-            tail = node.stderr_tail()
-            if tail:
-                print(f"--- {name} stderr ---\n{tail}")
 
 
 def everyone_sees(names: tuple[str, ...]) -> dict[str, tuple[list[str], list[str]]]:

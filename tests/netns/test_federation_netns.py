@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from netlab import Lab, MeshProcess, unavailable
+from netlab import Lab, MeshProcess, built_lab, unavailable
 
 import irismesh
 
@@ -33,16 +33,8 @@ def fedlab(tmp_path: Path, keyfile: Path, request: pytest.FixtureRequest) -> Ite
         pytest.skip(reason)
     if not Path("/usr/sbin/nft").exists() and not Path("/sbin/nft").exists():
         pytest.skip("`nft` is not installed (Debian: apt-get install -y nftables)")
-    lab = Lab(request.param, tmp_path, keyfile)
-    try:
-        lab.build()
+    with built_lab(request.param, tmp_path, keyfile) as lab:
         yield lab
-    finally:
-        lab.close()
-        for name, node in lab.nodes.items():
-            tail = node.stderr_tail()
-            if tail:
-                print(f"--- {name} stderr ---\n{tail}")
 
 
 def keys(tmp: Path, name: str) -> str:

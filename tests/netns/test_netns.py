@@ -60,6 +60,22 @@ def wait_progress(
         time.sleep(0.02)
 
 
+def load_served_by(lab: Lab, victim: str, count: int) -> tuple[MeshProcess, MeshProcess]:
+    """Start the mesh and the client's load; wait until `victim` has served `count` of its
+    requests. Returns (the client, the victim)."""
+    start_mesh(lab)
+    client = lab.nodes["c"]
+    client.call("load_start", **LOAD)
+    what = f"{victim} to serve {count} requests"
+    wait_progress(client, what, lambda p: served(p, victim) >= count, 10)
+    return client, lab.nodes[victim]
+
+
+def report_load(report: Report, result: dict[str, Any]) -> None:
+    report("load: " + load_line(result))
+    report(f"requests lost: {result['failed'] + result['wrong']} (target 0)")
+
+
 def served(progress: dict[str, Any], name: str) -> int:
     return int(progress["served_by"].get(name, 0))
 
@@ -122,10 +138,7 @@ def test_discovery_alone_finds_every_node(lab: Lab, discovery: str, report: Repo
 
 @pytest.mark.timeout(45)
 def test_sigkill_under_load_loses_no_request(lab: Lab, report: Report) -> None:
-    start_mesh(lab)
-    client, victim = lab.nodes["c"], lab.nodes["n5"]
-    client.call("load_start", **LOAD)
-    wait_progress(client, "n5 to serve 100 requests", lambda p: served(p, "n5") >= 100, 10)
+    client, victim = load_served_by(lab, "n5", 100)
     in_flight = client.call("load_progress")["pending"]
     killed_at = time.monotonic()
     victim.signal(signal.SIGKILL)
@@ -143,8 +156,7 @@ def test_sigkill_under_load_loses_no_request(lab: Lab, report: Report) -> None:
         + ", ".join(f"{n} {detect[n]:.0f} ms" for n in ("n1", "n2", "n3", "n4"))
         + f"), by {peers_down(stats)}; {stats.get('requests_resent', 0)} requests resent"
     )
-    report("load: " + load_line(result))
-    report(f"requests lost: {result['failed'] + result['wrong']} (target 0)")
+    report_load(report, result)
     assert_no_loss(result)
     assert stats.get("requests_resent", 0) > 0, "nothing was in flight on n5 at the kill"
     assert detect["c"] < 2000, detect
@@ -156,10 +168,7 @@ def test_sigkill_under_load_loses_no_request(lab: Lab, report: Report) -> None:
 
 @pytest.mark.timeout(45)
 def test_sigstop_for_300ms_is_not_a_death(lab: Lab, report: Report) -> None:
-    start_mesh(lab)
-    client, victim = lab.nodes["c"], lab.nodes["n3"]
-    client.call("load_start", **LOAD)
-    wait_progress(client, "n3 to serve 50 requests", lambda p: served(p, "n3") >= 50, 10)
+    client, victim = load_served_by(lab, "n3", 50)
     pauses = []
     for _ in range(3):
         before = served(client.call("load_progress"), "n3")
@@ -182,8 +191,7 @@ def test_sigstop_for_300ms_is_not_a_death(lab: Lab, report: Report) -> None:
         f"peers declared down {downs or 'nowhere'}, member drops seen {drops or 'none'}, "
         f"loop stalls noticed by n3: {stats['n3']['stats'].get('loop_stalls', 0)}"
     )
-    report("load: " + load_line(result))
-    report(f"requests lost: {result['failed'] + result['wrong']} (target 0)")
+    report_load(report, result)
     assert not downs, downs
     assert not drops, drops
     assert_no_loss(result)
@@ -234,8 +242,7 @@ def test_ten_percent_loss_on_one_host_is_not_a_death(
         f"{sum(v for n, v in retrans.items() if n != 'n3')}; peers declared down "
         f"{downs or 'nowhere'}; member drops {drops or 'none'}"
     )
-    report("load: " + load_line(result))
-    report(f"requests lost: {result['failed'] + result['wrong']} (target 0)")
+    report_load(report, result)
     assert_no_loss(result)  # strict: resends must save every request, deaths or not
     if downs:
         # A known gap of the failure detector, measured here over 60 s windows: 1 false death
