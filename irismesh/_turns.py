@@ -13,7 +13,9 @@ passed since the loop last had a turn from it, the completion `pause`s: `asyncio
 one turn of the loop, in which due timers and ready I/O run. So a busy caller lets its loop
 run at least every `SLICE` plus `CHECK` units of work, and what fairness costs is at most one
 extra turn of the loop per `SLICE`, whatever the rate of calls: about 0.1-0.3% of a core.
-Calls that wait anyway (a request whose reply is to come) cost nothing here.
+Calls that wait anyway (a request whose reply is to come) cost nothing here, and a caller
+that waited (a publish held back for its subscribers' room) starts its slice again
+(`turned`): the loop ran while it waited.
 """
 
 from __future__ import annotations
@@ -52,6 +54,12 @@ class Turns:
         """The credit is spent: start it again, and say whether a turn is due."""
         self.credit = CHECK
         return _monotonic() - self._since >= SLICE
+
+    def turned(self) -> None:
+        """The caller waited anyway (for room, for a reply): the loop ran meanwhile, so the
+        slice starts again. A publisher that its subscribers' credit holds back every few
+        milliseconds is given no turn it does not need."""
+        self._since = _monotonic()
 
     async def pause(self) -> None:
         """Give the loop one turn (raises CancelledError if the caller is cancelled in it)."""

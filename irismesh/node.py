@@ -307,6 +307,7 @@ class Node(
         self._surveys: HandlerRunner | None = None  # None: surveys go to the request handler
         self._pubsub = PubSub(self.node_id, self._flush_soon, self._flush_now)
         self._pubsub.tracing = self.tracing
+        self._pubsub.waited = self._caller.turns.turned  # a publish that waited gave a turn
         # The memory: retained publishes and rereads (`memory`, made on first use); with
         # `memory=DIR`, a store served here (opened now, so a directory that cannot hold it is
         # an error at once).

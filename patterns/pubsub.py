@@ -377,6 +377,8 @@ class PubSub:
         self._interest = asyncio.Event()
         self._unflushed = 0
         self._driver_flush_soon = flush_soon  # the driver's own, once attached
+        # Told when a publish waited for room: the event loop ran meanwhile (`Turns.turned`).
+        self.waited: Callable[[], None] | None = None
         self.published = 0
         self.delivered = 0
         # Telemetry, when the node records: messages are tallied here, one dict update each,
@@ -759,9 +761,13 @@ class PubSub:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise SlowConsumer(topic, timeout, self._slow(core, topic))
+                if self._room.is_set():  # room came as it flushed: try again at once
+                    continue
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(remaining):
                         await self._room.wait()
+                if self.waited is not None:  # it waited: the loop had its turn meanwhile
+                    self.waited()
         finally:
             turns.release()
 

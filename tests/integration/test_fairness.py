@@ -23,8 +23,10 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
+from helpers import deadline
 
 import irismesh
+from irismesh import _turns
 from irismesh.errors import NoResponders, Overloaded
 
 BUSY = 3.0  # seconds each busy loop runs
@@ -150,3 +152,47 @@ async def busy_beside(watcher: Watcher, call: Callable[[irismesh.Node], Awaitabl
     assert refuted == 0, f"the busy node was suspected and refuted it {refuted} times"
     if call is within_credit:
         assert after["received"] > before["received"]  # type: ignore[operator]
+
+
+@deadline(30)
+async def test_a_publisher_its_subscriber_holds_back_is_given_no_turn_it_does_not_need() -> None:
+    # The subscriber reads slowly (a window of 8 messages, one read every 2 ms), so most
+    # publishes wait for room: the loop runs while they wait, and a forced turn on top of that
+    # would be waste.
+    keys = irismesh.Keyring.generate()
+    window = irismesh.CoreConfig(pubsub_window=8)
+    async with (
+        irismesh.Node(keyring=keys, config=window, telemetry=False) as subscriber,
+        irismesh.Node(keyring=keys, seeds=[subscriber.endpoint], telemetry=False) as publisher,
+    ):
+        got = 0
+
+        async def read() -> None:
+            nonlocal got
+            async with subscriber.subscribe("slow.#", maxsize=4) as sub:
+                async for _msg in sub:
+                    got += 1
+                    await asyncio.sleep(0.002)
+
+        reader = asyncio.create_task(read())
+        await publisher.wait_for_subscribers("slow.x", 1, timeout=10)
+        waited = 0
+        wake = publisher._pubsub.waited
+        assert wake is not None
+
+        def counted() -> None:
+            nonlocal waited
+            waited += 1
+            wake()
+
+        publisher._pubsub.waited = counted
+        try:
+            began = time.monotonic()
+            for _ in range(150):  # some 0.3 s: many slices of the loop
+                await publisher.publish("slow.x", b"x", timeout=5)
+            took = time.monotonic() - began
+        finally:
+            reader.cancel()
+        assert took > 10 * _turns.SLICE, f"the publisher was not held back ({took:.3f} s)"
+        assert waited > 10, waited
+        assert publisher.stats.get("loop_turns_given", 0) == 0
