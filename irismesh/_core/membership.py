@@ -47,6 +47,13 @@ its id; anything else is dropped and counted (`dropped_bad_record_signature`). O
 that would change the table are checked, and each checked record is remembered (its bytes ->
 the verdict, bounded), so gossip repeating a record costs one signature check per node.
 Suspicions and deaths are not signed: they are refuted as before, by a signed ALIVE.
+
+A node whose key an authority revoked is *barred* (`bar`, by the engine, in a mesh that
+requires grants): it leaves the table as a death, but one it cannot refute: while it stays
+barred every datagram it sends is dropped (`dropped_revoked_datagrams`), and every ALIVE record
+of it, whatever its incarnation and whoever relays it, is dropped too (`dropped_revoked_alive`),
+so it is never probed, gossiped to or routed to again. It is told once that it is dead. The bar
+lifts only when the engine sees it link with a grant issued after its revocation (`unbar`).
 The state machine takes datagrams and time in (`receive`, `tick`) and leaves datagrams
 (`outbox`) and membership events (`events`) for its driver; it has no clock or randomness of
 its own.
@@ -156,6 +163,7 @@ class Membership:
         # Notices heard (authorities' revocations, as opaque signed bytes): the engine takes
         # them, and spreads on those it finds new and trusted (`spread_notice`).
         self.notices: list[bytes] = []
+        self._barred: set[bytes] = set()  # node ids whose keys are revoked
 
     # ----------------------------------------------------------------- queries
 
@@ -207,6 +215,10 @@ class Membership:
         self._own_proof = (me, self.incarnation, record)
         return record
 
+    def barred(self, node_id: bytes) -> bool:
+        """Whether `node_id` is barred (its key revoked: see the module's docstring)."""
+        return node_id in self._barred
+
     def rekeyed(self) -> None:
         """The mesh key changed (its sealer seals under the new one): seal the name again."""
         self._sealed_name = None
@@ -233,6 +245,8 @@ class Membership:
         for member in members:
             node_id = member.record.node_id
             if node_id == self.me.node_id or node_id in self._members:
+                continue
+            if node_id in self._barred:
                 continue
             self._members[node_id] = member
             if member.state <= _SUSPECT_STATE:
@@ -263,6 +277,35 @@ class Membership:
         )
         self.incarnation += 1
         self._announce_self()
+
+    def bar(self, node_id: bytes, now: float) -> None:
+        """`node_id`'s key is revoked: drop it from the table as a death it cannot refute,
+        and tell it so once; its datagrams and records are dropped until `unbar`."""
+        if node_id == self.me.node_id or node_id in self._barred:
+            return
+        self._barred.add(node_id)
+        member = self._members.pop(node_id, None)
+        self._suspicions.pop(node_id, None)
+        self._told_dead.pop(node_id, None)
+        if member is None:
+            return
+        self.stats["members_revoked"] += 1
+        if member.state > _SUSPECT_STATE:
+            return
+        self._live -= 1
+        self.events.append(MemberDown(record=member.record, reason="dead"))
+        dead = encode_message([_DEAD, node_id, member.incarnation, self.me.node_id])
+        # Nodes that have not applied the revocation yet hold it dead meanwhile.
+        self._queue.queue(node_id, dead)
+        self._send_packed(member.record.address, [dead], piggyback=False)
+
+    def unbar(self, node_id: bytes) -> None:
+        """`node_id` linked with a grant issued after its revocation: take its records again."""
+        self._barred.discard(node_id)
+
+    def unbar_all(self) -> None:
+        """Grants are no longer required here: revocations bar no one."""
+        self._barred.clear()
 
     def probe_soon(self, node_id: bytes, now: float) -> None:
         """Evidence that `node_id` may be gone (its link broke): probe it next, now if idle."""
@@ -295,6 +338,12 @@ class Membership:
             return
         if not self._windows.fresh(sender, counter):
             self.stats["dropped_replay"] += 1
+            return
+        if self._barred and sender in self._barred:
+            self.stats["dropped_revoked_datagrams"] += 1
+            for message in messages:  # its refutations, counted as such
+                if message[0] == _ALIVE and message[1] == sender:
+                    self.stats["dropped_revoked_alive"] += 1
             return
         self.stats["datagrams_received"] += 1
         for message in messages:
@@ -419,6 +468,9 @@ class Membership:
             if incarnation > self.incarnation and self._proven(record, incarnation):
                 self.incarnation = incarnation + 1
                 self._announce_self()
+            return
+        if node_id in self._barred:  # revoked: no incarnation brings it back
+            self.stats["dropped_revoked_alive"] += 1
             return
         member = self._members.get(node_id)
         if member is None:

@@ -22,6 +22,7 @@ subscribe to it.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -220,6 +221,14 @@ class GrantPolicy(Protocol):
     def learn(self, notice: bytes) -> bool:
         """A notice heard (a revocation's token): True if it is new and trusted, and now
         applies (then it is worth spreading)."""
+        ...
+
+    def learn_key(self, notice: bytes) -> bytes | None:
+        """As `learn`, but the public key the notice revokes (None: not new, or untrusted)."""
+        ...
+
+    def revoked_keys(self) -> Collection[bytes]:
+        """The public keys this node holds a revocation of."""
         ...
 
 

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import wait_until
+from helpers import deadline, wait_until
 
 import irismesh
 from irismesh import Forbidden, Keyring
@@ -298,3 +298,67 @@ def test_a_grant_of_the_largest_size_travels_in_a_handshake() -> None:
                 assert await caller.request("db", b"x", timeout=5) == b"x"
 
     asyncio.run(main())
+
+
+@deadline(60)
+async def test_a_revoked_member_leaves_every_table_and_cannot_refute() -> None:
+    """Four nodes; a caller loads db's two members while one of them is revoked. Every other
+    node drops the revoked one from membership within 2 s, its refutations are refused and
+    counted, it is never routed to again, and none of the caller's requests fails."""
+    keys = keyring()
+    db = Rights(serve=("db",), call=("db",))
+    async with node(keys, db, "db") as kept:
+        kept.on_request(lambda payload: b"kept")
+        async with (
+            node(keys, db, "db", seeds=[kept.endpoint]) as revoked,
+            node(keys, Rights(call=("db",)), seeds=[kept.endpoint]) as caller,
+            node(keys, Rights(call=("db",)), seeds=[kept.endpoint]) as watcher,
+        ):
+            revoked.on_request(lambda payload: b"revoked")
+            others = (kept, caller, watcher)
+            for each in (*others, revoked):
+                await each.wait_for_peers(3, timeout=10)
+            await wait_until(lambda: len(caller.members("db")) == 2, 10, "both db members")
+            failed = answered = 0
+            stop = asyncio.Event()
+
+            async def load() -> None:
+                nonlocal failed, answered
+                while not stop.is_set():
+                    batch = [caller.request("db", b"x", timeout=5) for _ in range(20)]
+                    for outcome in await asyncio.gather(*batch, return_exceptions=True):
+                        if isinstance(outcome, BaseException):
+                            failed += 1
+                        else:
+                            answered += 1
+
+            loader = asyncio.create_task(load())
+            await wait_until(lambda: answered >= 200, 10, "the load to start")
+            gone = revoked.node_id.hex()
+            kept.revoke(AUTHORITY.revoke(revoked.identity.public))
+            taken = await wait_until(
+                lambda: all(gone not in {p.node_id for p in n.peers()} for n in others),
+                2,
+                "every other node to drop the revoked member",
+            )
+            await wait_until(
+                lambda: revoked.stats.get("refutations", 0) >= 1, 5, "the revoked node to refute"
+            )
+            await wait_until(
+                lambda: sum(n.stats.get("dropped_revoked_alive", 0) for n in others) >= 1,
+                5,
+                "a refutation refused",
+            )
+            # Its refutations change nothing: it stays out of every table, and unrouted.
+            settled = answered
+            await wait_until(lambda: answered >= settled + 500, 10, "more requests answered")
+            stop.set()
+            await loader
+            assert failed == 0
+            assert taken < 2
+            for each in others:
+                assert gone not in {p.node_id for p in each.peers()}
+                assert each.stats["members_revoked"] == 1
+            assert caller.members("db") == [kept.node_id.hex()]
+            after = [await caller.request("db", b"x", timeout=5) for _ in range(50)]
+            assert set(after) == {b"kept"}
