@@ -362,3 +362,52 @@ async def test_a_revoked_member_leaves_every_table_and_cannot_refute() -> None:
             assert caller.members("db") == [kept.node_id.hex()]
             after = [await caller.request("db", b"x", timeout=5) for _ in range(50)]
             assert set(after) == {b"kept"}
+
+
+@deadline(30)
+async def test_a_subscriber_drops_what_its_publisher_may_not_publish() -> None:
+    """A publisher that ignores its own grant (its check bypassed, as a modified node would)
+    really sends a topic its grant does not allow: the subscriber drops and counts each such
+    message, delivers the allowed ones, and decides each (link, topic) once."""
+    keys = keyring()
+    writer = Rights(publish=("feeds.public",))
+    async with (
+        node(keys, Rights(subscribe=("feeds.#",))) as subscriber,
+        subscriber.subscribe("feeds.#") as sub,
+        node(keys, writer, seeds=[subscriber.endpoint]) as rogue,
+    ):
+        core = rogue._core
+        assert core is not None
+        core.pubsub.rights = Rights(publish=("#",))  # its own check bypassed
+        await rogue.wait_for_subscribers("feeds.public", 1, timeout=5)
+        for i in range(50):
+            await rogue.publish("feeds.secret", b"%d" % i)
+            await rogue.publish("feeds.public", b"%d" % i)
+        assert rogue.stats.get("publishes_forbidden", 0) == 0  # it really sent
+        got = []
+        for _ in range(50):
+            message = await asyncio.wait_for(sub.__anext__(), 5)
+            got.append((message.topic, message.payload))
+        assert got == [("feeds.public", b"%d" % i) for i in range(50)]
+        await wait_until(
+            lambda: subscriber.stats.get("dropped_publish_forbidden", 0) == 50,
+            5,
+            "the forbidden messages counted",
+        )
+        assert subscriber.stats["publisher_topics_checked"] == 2
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(sub.__anext__(), 0.3)
+
+
+@deadline(30)
+async def test_without_grants_a_subscriber_checks_no_publisher() -> None:
+    keys = keyring(required=False)
+    async with (
+        node(keys, None) as subscriber,
+        subscriber.subscribe("feeds.#") as sub,
+        node(keys, None, seeds=[subscriber.endpoint]) as publisher,
+    ):
+        await publisher.wait_for_subscribers("feeds.x", 1, timeout=5)
+        await publisher.publish("feeds.x", b"x")
+        assert (await asyncio.wait_for(sub.__anext__(), 5)).payload == b"x"
+        assert "publisher_topics_checked" not in subscriber.stats
