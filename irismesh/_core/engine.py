@@ -107,7 +107,7 @@ from irismesh._core.records import (
     node_id_of,
     validate_name,
 )
-from irismesh._core.rights import UNCHECKED, GrantPolicy, PeerGrant
+from irismesh._core.rights import UNCHECKED, GrantPolicy, PeerGrant, Rights
 from irismesh._core.sealing import NodeSecurity
 from irismesh._core.split import Split, Splits, check_weights, validate_version
 from irismesh._core.tunnels import TunnelTable
@@ -856,6 +856,12 @@ class MeshCore(CoreApi):
     def linked_peers(self) -> list[bytes]:
         """The ids of the peers this node dialled and linked to."""
         return list(self._peers)
+
+    def caller_rights(self, routing_id: bytes) -> Rights | None:
+        """The rights of the caller on inbound link `routing_id` (a request token's third
+        field), as its grant was verified at the handshake; None if that link is gone."""
+        link = self._in.get(routing_id)
+        return None if link is None else link.grant.rights
 
     def linked_grants(self) -> list[tuple[bytes, bytes, PeerGrant]]:
         """(peer id, public key, verified grant) of each peer linked, either way."""

@@ -411,3 +411,33 @@ async def test_without_grants_a_subscriber_checks_no_publisher() -> None:
         await publisher.publish("feeds.x", b"x")
         assert (await asyncio.wait_for(sub.__anext__(), 5)).payload == b"x"
         assert "publisher_topics_checked" not in subscriber.stats
+
+
+@deadline(60)
+async def test_the_memory_checks_its_callers_topic_rights(tmp_path: Path) -> None:
+    """A caller that ignores its own grant (its checks bypassed) asks the memory for what its
+    grant does not allow: the memory member refuses each with Forbidden, which the caller
+    raises, counts it, and still serves what the grant allows."""
+    keys = keyring()
+    feeds = Rights(publish=("feeds.#",), subscribe=("feeds.#",), call=("db",))
+    holder = Rights(memory=True, subscribe=("#",))
+    async with node(keys, holder, memory=tmp_path / "memory") as store:  # noqa: SIM117
+        async with node(keys, feeds, seeds=[store.endpoint]) as rogue:
+            await rogue.wait_for_members("_memory", timeout=5)
+            core = rogue._core
+            assert core is not None
+            core.pubsub.rights = Rights(publish=("#",), subscribe=("#",))  # as modified
+            core.calls.rights = Rights(call=("*",))
+            await rogue.publish("feeds.x", b"kept", retain=True)
+            with pytest.raises(Forbidden) as caught:
+                await rogue.publish("secret.x", b"no", retain=True, timeout=5)
+            assert (caught.value.name, caught.value.right) == ("secret.x", "publish")
+            with pytest.raises(Forbidden) as caught:
+                await rogue.reread("secret.#", timeout=5)
+            assert (caught.value.name, caught.value.right) == ("secret.#", "subscribe")
+            with pytest.raises(Forbidden) as caught:
+                await rogue.enqueue("payroll", b"job", timeout=5)
+            assert (caught.value.name, caught.value.right) == ("payroll", "call")
+            assert [m.payload for m in await rogue.reread("feeds.#", timeout=5)] == [b"kept"]
+            assert store.stats["memory_refused_forbidden"] == 3
+            assert [m.topic for m in await store.reread("#", timeout=5)] == ["feeds.x"]
