@@ -178,7 +178,8 @@ class MeshCore(CoreApi):
         self._security = security
         # Grants (`rights`): None, or a policy that does not require them, allows anything.
         self._grants = grants
-        self._barring = False  # revoked keys' nodes are barred from membership (grants required)
+        # Whether revoked keys' nodes are barred from membership: while grants are required.
+        self._barring = grants is not None and grants.required
         self._own = own = UNCHECKED if grants is None else grants.own()
         self.serving = self._allowed_to_serve()
         self._rng = rng  # balancing, jitter and gossip: need not be unpredictable
@@ -811,24 +812,25 @@ class MeshCore(CoreApi):
         grants = self._grants
         if grants is None:
             return
-        revoked: list[bytes] = []
+        revoked: list[tuple[bytes, bytes]] = []
         for notice in notices:
             public = grants.learn_key(notice)
             if public is not None:
-                revoked.append(public)
+                revoked.append((public, notice))
                 self.membership.spread_notice(notice)
                 self.stats["revocations_heard"] += 1
         if revoked:
             self._apply_revocations(revoked, now)
 
-    def _apply_revocations(self, revoked: list[bytes], now: float) -> None:
-        """Keys just revoked: their links close, and in a mesh that requires grants their
-        nodes leave membership as deaths they cannot refute (`Membership.bar`), so that no
-        table, directory or probe keeps them."""
+    def _apply_revocations(self, revoked: list[tuple[bytes, bytes]], now: float) -> None:
+        """Keys just revoked, each with its notice: their links close, and in a mesh that
+        requires grants their nodes leave membership as deaths they cannot refute
+        (`Membership.bar`), so that no table, directory or probe keeps them; each is sent the
+        notice, so that it refuses its own calls at once."""
         self.recheck_grants(now)
         if self._barring:
-            for public in revoked:
-                self.membership.bar(node_id_of(public), now)
+            for public, notice in revoked:
+                self.membership.bar(node_id_of(public), now, notice)
             self._after_membership(now)
 
     def announce_revocation(self, notice: bytes, now: float) -> bool:
@@ -839,7 +841,7 @@ class MeshCore(CoreApi):
         if public is None:
             return False
         self.membership.spread_notice(notice)
-        self._apply_revocations([public], now)
+        self._apply_revocations([(public, notice)], now)
         return True
 
     def link_members(self, now: float) -> int:

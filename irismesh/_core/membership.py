@@ -52,8 +52,9 @@ A node whose key an authority revoked is *barred* (`bar`, by the engine, in a me
 requires grants): it leaves the table as a death, but one it cannot refute: while it stays
 barred every datagram it sends is dropped (`dropped_revoked_datagrams`), and every ALIVE record
 of it, whatever its incarnation and whoever relays it, is dropped too (`dropped_revoked_alive`),
-so it is never probed, gossiped to or routed to again. It is told once that it is dead. The bar
-lifts only when the engine sees it link with a grant issued after its revocation (`unbar`).
+so it is never probed, gossiped to or routed to again. It is told once that it is dead, and
+why (the revocation: gossip no longer reaches it). The bar lifts only when the engine sees it
+link with a grant issued after its revocation (`unbar`).
 The state machine takes datagrams and time in (`receive`, `tick`) and leaves datagrams
 (`outbox`) and membership events (`events`) for its driver; it has no clock or randomness of
 its own.
@@ -278,9 +279,11 @@ class Membership:
         self.incarnation += 1
         self._announce_self()
 
-    def bar(self, node_id: bytes, now: float) -> None:
+    def bar(self, node_id: bytes, now: float, notice: bytes = b"") -> None:
         """`node_id`'s key is revoked: drop it from the table as a death it cannot refute,
-        and tell it so once; its datagrams and records are dropped until `unbar`."""
+        and tell it so once, with the `notice` that revoked it (gossip no longer reaches it,
+        and a node that knows its own grant revoked refuses its own calls at once); its
+        datagrams and records are dropped until `unbar`."""
         if node_id == self.me.node_id or node_id in self._barred:
             return
         self._barred.add(node_id)
@@ -297,7 +300,8 @@ class Membership:
         dead = encode_message([_DEAD, node_id, member.incarnation, self.me.node_id])
         # Nodes that have not applied the revocation yet hold it dead meanwhile.
         self._queue.queue(node_id, dead)
-        self._send_packed(member.record.address, [dead], piggyback=False)
+        told = [dead, encode_message([_NOTICE, notice])] if notice else [dead]
+        self._send_packed(member.record.address, told, piggyback=False)
 
     def unbar(self, node_id: bytes) -> None:
         """`node_id` linked with a grant issued after its revocation: take its records again."""

@@ -344,6 +344,12 @@ async def test_a_revoked_member_leaves_every_table_and_cannot_refute() -> None:
             await wait_until(
                 lambda: revoked.stats.get("refutations", 0) >= 1, 5, "the revoked node to refute"
             )
+            # Gossip no longer reaches it: it is told of its revocation along with its death.
+            await wait_until(
+                lambda: revoked.identity.public in revoked.grants.revocations,
+                2,
+                "the revoked node to learn why",
+            )
             await wait_until(
                 lambda: sum(n.stats.get("dropped_revoked_alive", 0) for n in others) >= 1,
                 5,
