@@ -328,6 +328,8 @@ class MeshCore(CoreApi):
         self.membership.receive(source, datagram, now)
         if self.membership.events:
             self._after_membership(now)
+        if self.membership.rechecks:
+            self._recheck_barred(now)
         if self.membership.notices:
             self._on_notices(now)
 
@@ -583,6 +585,16 @@ class MeshCore(CoreApi):
             dial.join = dial.seed
             self.membership.join(record.address, now)
         self._after_membership(now)
+
+    def _recheck_barred(self, now: float) -> None:
+        """Barred nodes that spoke: dial each, so that one holding a grant issued after its
+        revocation proves it at the handshake (and is unbarred); the others are refused there
+        again (`dropped_revoked`)."""
+        records, self.membership.rechecks = self.membership.rechecks, []
+        for record in records:
+            if record.node_id not in self._peers:
+                self.stats["revoked_members_rechecked"] += 1
+                self._demand.dial_member(record, now)
 
     def _unbar(self, peer_id: bytes) -> None:
         """A barred node linked: the handshake admitted its grant, so it is one issued after

@@ -54,7 +54,8 @@ barred every datagram it sends is dropped (`dropped_revoked_datagrams`), and eve
 of it, whatever its incarnation and whoever relays it, is dropped too (`dropped_revoked_alive`),
 so it is never probed, gossiped to or routed to again. It is told once that it is dead, and
 why (the revocation: gossip no longer reaches it). The bar lifts only when the engine sees it
-link with a grant issued after its revocation (`unbar`).
+link with a grant issued after its revocation (`unbar`): a barred node heard with a record it
+signed is dialled now and then to give it the chance (`rechecks`).
 The state machine takes datagrams and time in (`receive`, `tick`) and leaves datagrams
 (`outbox`) and membership events (`events`) for its driver; it has no clock or randomness of
 its own.
@@ -103,6 +104,8 @@ _PING, _PING_REQ, _ACK, _NACK, _ALIVE, _SUSPECT, _DEAD, _STATE, _NOTICE = range(
 _MAX_NOTICES = 64  # notices heard and not yet taken by the engine
 _SMALL_TABLE = 8  # live members up to which a peer learnt on a link is asked for its table
 _MAX_VERDICTS = 8192  # records whose signature check is remembered
+_RECHECK_BARRED = 5.0  # seconds: a barred node that speaks is dialled at most this often
+_MAX_RECHECKS = 16  # barred nodes waiting to be dialled
 
 
 class Membership:
@@ -164,7 +167,10 @@ class Membership:
         # Notices heard (authorities' revocations, as opaque signed bytes): the engine takes
         # them, and spreads on those it finds new and trusted (`spread_notice`).
         self.notices: list[bytes] = []
-        self._barred: set[bytes] = set()  # node ids whose keys are revoked
+        # Node ids whose keys are revoked -> when one was last asked to prove a new grant.
+        self._barred: dict[bytes, float] = {}
+        # Barred nodes heard with a record they signed, to be dialled (`rechecks_due`).
+        self.rechecks: list[MemberRecord] = []
 
     # ----------------------------------------------------------------- queries
 
@@ -286,7 +292,7 @@ class Membership:
         datagrams and records are dropped until `unbar`."""
         if node_id == self.me.node_id or node_id in self._barred:
             return
-        self._barred.add(node_id)
+        self._barred[node_id] = now
         member = self._members.pop(node_id, None)
         self._suspicions.pop(node_id, None)
         self._told_dead.pop(node_id, None)
@@ -305,7 +311,7 @@ class Membership:
 
     def unbar(self, node_id: bytes) -> None:
         """`node_id` linked with a grant issued after its revocation: take its records again."""
-        self._barred.discard(node_id)
+        self._barred.pop(node_id, None)
 
     def unbar_all(self) -> None:
         """Grants are no longer required here: revocations bar no one."""
@@ -347,7 +353,11 @@ class Membership:
             self.stats["dropped_revoked_datagrams"] += 1
             for message in messages:  # its refutations, counted as such
                 if message[0] == _ALIVE and message[1] == sender:
-                    self.stats["dropped_revoked_alive"] += 1
+                    node_id, endpoint, address, tags, name = sender, *message[3:7]
+                    record = MemberRecord(
+                        node_id, endpoint, address, tags, name, message[7], message[8]
+                    )
+                    self._barred_alive(record, message[2], now)
             return
         self.stats["datagrams_received"] += 1
         for message in messages:
@@ -474,7 +484,7 @@ class Membership:
                 self._announce_self()
             return
         if node_id in self._barred:  # revoked: no incarnation brings it back
-            self.stats["dropped_revoked_alive"] += 1
+            self._barred_alive(record, incarnation, now)
             return
         member = self._members.get(node_id)
         if member is None:
@@ -520,6 +530,19 @@ class Membership:
             self.events.append(MemberChanged(record=record))
         if spread:
             self._broadcast_alive(record, incarnation)
+
+    def _barred_alive(self, record: MemberRecord, incarnation: int, now: float) -> None:
+        """A barred node's ALIVE: dropped and counted. It may hold a grant issued since its
+        revocation, which only a handshake can show: a record it signed has the engine dial it
+        (`rechecks`), at most once per `_RECHECK_BARRED` per node; the handshake refuses it
+        again, or admits it and lifts the bar."""
+        self.stats["dropped_revoked_alive"] += 1
+        node_id = record.node_id
+        if now - self._barred[node_id] < _RECHECK_BARRED or len(self.rechecks) >= _MAX_RECHECKS:
+            return
+        if self._proven(record, incarnation):
+            self._barred[node_id] = now
+            self.rechecks.append(record)
 
     def _proven(self, record: MemberRecord, incarnation: int) -> bool:
         """Whether `record` is signed by its node at `incarnation` (always, without an

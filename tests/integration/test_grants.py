@@ -304,7 +304,8 @@ def test_a_grant_of_the_largest_size_travels_in_a_handshake() -> None:
 async def test_a_revoked_member_leaves_every_table_and_cannot_refute() -> None:
     """Four nodes; a caller loads db's two members while one of them is revoked. Every other
     node drops the revoked one from membership within 2 s, its refutations are refused and
-    counted, it is never routed to again, and none of the caller's requests fails."""
+    counted, it is never routed to again, and none of the caller's requests fails. A grant
+    issued after the revocation brings it back everywhere."""
     keys = keyring()
     db = Rights(serve=("db",), call=("db",))
     async with node(keys, db, "db") as kept:
@@ -368,6 +369,20 @@ async def test_a_revoked_member_leaves_every_table_and_cannot_refute() -> None:
             assert caller.members("db") == [kept.node_id.hex()]
             after = [await caller.request("db", b"x", timeout=5) for _ in range(50)]
             assert set(after) == {b"kept"}
+            # A grant issued after the revocation brings it back: dialled when it speaks, it
+            # proves the grant at the handshake, and every node takes its records again.
+            revoked.use_grant(AUTHORITY.grant(revoked.identity.public, db, issued=time.time() + 2))
+            await wait_until(
+                lambda: all(gone in {p.node_id for p in n.peers()} for n in others),
+                20,
+                "the member granted again to be back",
+            )
+            assert [n.stats.get("revoked_members_regranted", 0) for n in others] == [1, 1, 1]
+            await wait_until(lambda: len(caller.members("db")) == 2, 10, "both db members")
+            assert {await caller.request("db", b"x", timeout=5) for _ in range(50)} == {
+                b"kept",
+                b"revoked",
+            }
 
 
 @deadline(30)
