@@ -225,9 +225,9 @@ class RemoteError(RequestError):
 def remote_error(cluster: str, remote_type: str, remote_message: str) -> MeshError:
     """The error a member's error reply stands for: Forbidden when the member refused the
     caller's right to call the cluster, else RemoteError."""
-    if remote_type == "Forbidden":
-        right = remote_message.partition(" ")[0] or "call"
-        return Forbidden(cluster, right, "refused by the member")
+    if remote_type == "Forbidden":  # "<right> <name>": the right, and what it was refused for
+        right, _, name = remote_message.partition(" ")
+        return Forbidden(name or cluster, right or "call", "refused by the member")
     return RemoteError(cluster, remote_type, remote_message)
 
 

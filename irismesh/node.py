@@ -554,6 +554,8 @@ class Node(
 
     def _on_request(self, event: RequestArrived) -> None:
         if self._memory_runner is not None and event.cluster == MEMORY_CLUSTER:
+            if self.grants.required and self._memory_refused(event):
+                return
             self._memory_runner.run(event)
             return
         if event.kind == _KIND_REQUEST:
@@ -564,6 +566,26 @@ class Node(
             self._broadcasts.run(event)
         else:
             (self._surveys or self._runner).run(event)
+
+    def _memory_refused(self, event: RequestArrived) -> bool:
+        """With grants required, a memory member checks its callers' topic rights (`refused`
+        in irismesh.memory.service): a request beyond them is answered Forbidden, which the
+        caller raises, and counted (`memory_refused_forbidden`)."""
+        core = self._core
+        member = self._memory.member if self._memory is not None else None
+        if core is None or member is None:
+            return False
+        rights = core.caller_rights(event.token[2])
+        if rights is None:  # its link is gone: no answer would reach it anyway
+            return False
+        refusal = member.refused(event.payload, rights)
+        if refusal is None:
+            return False
+        name, right = refusal
+        core.stats["memory_refused_forbidden"] += 1
+        core.reply(event.token, pack_error("Forbidden", f"{right} {name}"), error=True)
+        self._flush_soon()
+        return True
 
     def _on_cancelled(self, event: RequestCancelled) -> None:
         self._runner.cancel(event)

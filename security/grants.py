@@ -60,7 +60,7 @@ from __future__ import annotations
 import base64
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
 import msgpack
@@ -507,6 +507,13 @@ class NodeGrants:
 
     def learn(self, notice: bytes) -> bool:
         return self.learn_revocation(notice) is not None
+
+    def learn_key(self, notice: bytes) -> bytes | None:
+        revocation = self.learn_revocation(notice)
+        return None if revocation is None else revocation.node
+
+    def revoked_keys(self) -> Collection[bytes]:
+        return self.revocations.keys()
 
     def learn_revocation(self, token: bytes) -> Revocation | None:
         """A revocation heard: the revocation if it is new and signed by a trusted authority

@@ -77,9 +77,11 @@ async def gateway(
     topics: tuple[str, ...] = (),
     config: LinkConfig = FAST,
     window: int | None = None,
+    **options: Any,
 ) -> irismesh.Gateway:
     """A gateway of `mesh` linked over TCP (listening, or dialling `peers`), running until
-    `stack` closes; the mesh's seed if it is the first of it to start."""
+    `stack` closes; the mesh's seed if it is the first of it to start. `options` go to the
+    gateway (its identity and grant, say)."""
     gw = irismesh.Gateway(
         mesh.name,
         keyring=mesh.keys,
@@ -92,6 +94,7 @@ async def gateway(
         seeds=list(mesh.seeds),
         bind=LOCAL,
         **({} if window is None else {"tunnel_window": window}),
+        **options,
     )
     await stack.enter_async_context(gw)
     if not mesh.seeds:

@@ -269,6 +269,8 @@ async def run_gateway(args: argparse.Namespace) -> int:
         local=bool(others),
         tunnel_window=args.tunnel_window,
         import_ports=args.import_ports,
+        identity=getattr(args, "identity", None),
+        grant=getattr(args, "grant", None),
     )
     async with contextlib.AsyncExitStack() as stack:
         if others:

@@ -107,7 +107,7 @@ from irismesh._core.records import (
     node_id_of,
     validate_name,
 )
-from irismesh._core.rights import UNCHECKED, GrantPolicy, PeerGrant
+from irismesh._core.rights import UNCHECKED, GrantPolicy, PeerGrant, Rights
 from irismesh._core.sealing import NodeSecurity
 from irismesh._core.split import Split, Splits, check_weights, validate_version
 from irismesh._core.tunnels import TunnelTable
@@ -178,6 +178,8 @@ class MeshCore(CoreApi):
         self._security = security
         # Grants (`rights`): None, or a policy that does not require them, allows anything.
         self._grants = grants
+        # Whether revoked keys' nodes are barred from membership: while grants are required.
+        self._barring = grants is not None and grants.required
         self._own = own = UNCHECKED if grants is None else grants.own()
         self.serving = self._allowed_to_serve()
         self._rng = rng  # balancing, jitter and gossip: need not be unpredictable
@@ -326,6 +328,8 @@ class MeshCore(CoreApi):
         self.membership.receive(source, datagram, now)
         if self.membership.events:
             self._after_membership(now)
+        if self.membership.rechecks:
+            self._recheck_barred(now)
         if self.membership.notices:
             self._on_notices(now)
 
@@ -549,6 +553,7 @@ class MeshCore(CoreApi):
             self._put_back(link.peer_id)
         for observer in self._observers:
             observer.inbound_up(link, now)
+        self._unbar(link.peer_id)
         self.membership.learn(record, incarnation, now)
         self._after_membership(now)
 
@@ -574,11 +579,29 @@ class MeshCore(CoreApi):
         self.outbox.events.append(LinksChanged())
         for observer in self._observers:
             observer.link_up(link, now)
+        self._unbar(peer_id)
         self.membership.learn(record, incarnation, now)
         if dial is not None and dial.join:  # joining the mesh through it: exchange tables
             dial.join = dial.seed
             self.membership.join(record.address, now)
         self._after_membership(now)
+
+    def _recheck_barred(self, now: float) -> None:
+        """Barred nodes that spoke: dial each, so that one holding a grant issued after its
+        revocation proves it at the handshake (and is unbarred); the others are refused there
+        again (`dropped_revoked`)."""
+        records, self.membership.rechecks = self.membership.rechecks, []
+        for record in records:
+            if record.node_id not in self._peers:
+                self.stats["revoked_members_rechecked"] += 1
+                self._demand.dial_member(record, now)
+
+    def _unbar(self, peer_id: bytes) -> None:
+        """A barred node linked: the handshake admitted its grant, so it is one issued after
+        its revocation, and membership takes its records again."""
+        if self._barring and self.membership.barred(peer_id):
+            self.membership.unbar(peer_id)
+            self.stats["revoked_members_regranted"] += 1
 
     def _close_out(self, link: OutLink, now: float, reason: str) -> None:
         was_up = link.state is LinkState.UP
@@ -754,6 +777,9 @@ class MeshCore(CoreApi):
         """
         grants = self._grants
         if grants is None or not grants.required:
+            if self._barring:  # grants no longer required: revocations bar no one
+                self._barring = False
+                self.membership.unbar_all()
             return
         self._now = now
         own = grants.own()
@@ -784,6 +810,12 @@ class MeshCore(CoreApi):
                 self.stats["links_closed_grant"] += 1
                 self.outbox.send_in(inlink, _BYE, [_GRANT])
                 self._forget_in(inlink)
+        if not self._barring:  # grants required from now on: bar the keys revoked so far
+            self._barring = True
+            if grants.revoked_keys():
+                for public in grants.revoked_keys():
+                    self.membership.bar(node_id_of(public), now)
+                self._after_membership(now)
 
     def _on_notices(self, now: float) -> None:
         """Revocations heard through gossip: each new and trusted one spreads on and applies
@@ -792,23 +824,36 @@ class MeshCore(CoreApi):
         grants = self._grants
         if grants is None:
             return
-        learnt = False
+        revoked: list[tuple[bytes, bytes]] = []
         for notice in notices:
-            if grants.learn(notice):
-                learnt = True
+            public = grants.learn_key(notice)
+            if public is not None:
+                revoked.append((public, notice))
                 self.membership.spread_notice(notice)
                 self.stats["revocations_heard"] += 1
-        if learnt:
-            self.recheck_grants(now)
+        if revoked:
+            self._apply_revocations(revoked, now)
+
+    def _apply_revocations(self, revoked: list[tuple[bytes, bytes]], now: float) -> None:
+        """Keys just revoked, each with its notice: their links close, and in a mesh that
+        requires grants their nodes leave membership as deaths they cannot refute
+        (`Membership.bar`), so that no table, directory or probe keeps them; each is sent the
+        notice, so that it refuses its own calls at once."""
+        self.recheck_grants(now)
+        if self._barring:
+            for public, notice in revoked:
+                self.membership.bar(node_id_of(public), now, notice)
+            self._after_membership(now)
 
     def announce_revocation(self, notice: bytes, now: float) -> bool:
         """Apply an authority's revocation here and gossip it to the mesh: True if it is new
         and trusted (else nothing happens)."""
         grants = self._grants
-        if grants is None or not grants.learn(notice):
+        public = None if grants is None else grants.learn_key(notice)
+        if public is None:
             return False
         self.membership.spread_notice(notice)
-        self.recheck_grants(now)
+        self._apply_revocations([(public, notice)], now)
         return True
 
     def link_members(self, now: float) -> int:
@@ -825,6 +870,12 @@ class MeshCore(CoreApi):
     def linked_peers(self) -> list[bytes]:
         """The ids of the peers this node dialled and linked to."""
         return list(self._peers)
+
+    def caller_rights(self, routing_id: bytes) -> Rights | None:
+        """The rights of the caller on inbound link `routing_id` (a request token's third
+        field), as its grant was verified at the handshake; None if that link is gone."""
+        link = self._in.get(routing_id)
+        return None if link is None else link.grant.rights
 
     def linked_grants(self) -> list[tuple[bytes, bytes, PeerGrant]]:
         """(peer id, public key, verified grant) of each peer linked, either way."""

@@ -241,6 +241,8 @@ class Handshake:
         link.topic_slots = topic_slots
         link.public = public
         link.grant = grant
+        if grant is not UNCHECKED:  # grants required: what the peer publishes is checked
+            link.topics_heard = {}
         if refused:
             link.refused = frozenset(refused)
         link.handles = [handle for handle in handles if handle is not None]

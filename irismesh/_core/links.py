@@ -124,6 +124,9 @@ class InLink:
     public: bytes = b""
     grant: PeerGrant = UNCHECKED
     refused: frozenset[int] = frozenset()
+    # With grants required: the topics the peer published here, each with its verdict, taken
+    # once per topic from its grant (`PubSubCore.on_publish_batch`). None: grants not required.
+    topics_heard: dict[bytes, tuple[str, str, bool]] | None = None
 
 
 @dataclass(slots=True, eq=False)

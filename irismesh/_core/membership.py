@@ -47,6 +47,15 @@ its id; anything else is dropped and counted (`dropped_bad_record_signature`). O
 that would change the table are checked, and each checked record is remembered (its bytes ->
 the verdict, bounded), so gossip repeating a record costs one signature check per node.
 Suspicions and deaths are not signed: they are refuted as before, by a signed ALIVE.
+
+A node whose key an authority revoked is *barred* (`bar`, by the engine, in a mesh that
+requires grants): it leaves the table as a death, but one it cannot refute: while it stays
+barred every datagram it sends is dropped (`dropped_revoked_datagrams`), and every ALIVE record
+of it, whatever its incarnation and whoever relays it, is dropped too (`dropped_revoked_alive`),
+so it is never probed, gossiped to or routed to again. It is told once that it is dead, and
+why (the revocation: gossip no longer reaches it). The bar lifts only when the engine sees it
+link with a grant issued after its revocation (`unbar`): a barred node heard with a record it
+signed is dialled now and then to give it the chance (`rechecks`).
 The state machine takes datagrams and time in (`receive`, `tick`) and leaves datagrams
 (`outbox`) and membership events (`events`) for its driver; it has no clock or randomness of
 its own.
@@ -95,6 +104,8 @@ _PING, _PING_REQ, _ACK, _NACK, _ALIVE, _SUSPECT, _DEAD, _STATE, _NOTICE = range(
 _MAX_NOTICES = 64  # notices heard and not yet taken by the engine
 _SMALL_TABLE = 8  # live members up to which a peer learnt on a link is asked for its table
 _MAX_VERDICTS = 8192  # records whose signature check is remembered
+_RECHECK_BARRED = 5.0  # seconds: a barred node that speaks is dialled at most this often
+_MAX_RECHECKS = 16  # barred nodes waiting to be dialled
 
 
 class Membership:
@@ -156,6 +167,10 @@ class Membership:
         # Notices heard (authorities' revocations, as opaque signed bytes): the engine takes
         # them, and spreads on those it finds new and trusted (`spread_notice`).
         self.notices: list[bytes] = []
+        # Node ids whose keys are revoked -> when one was last asked to prove a new grant.
+        self._barred: dict[bytes, float] = {}
+        # Barred nodes heard with a record they signed, to be dialled (`rechecks_due`).
+        self.rechecks: list[MemberRecord] = []
 
     # ----------------------------------------------------------------- queries
 
@@ -207,6 +222,10 @@ class Membership:
         self._own_proof = (me, self.incarnation, record)
         return record
 
+    def barred(self, node_id: bytes) -> bool:
+        """Whether `node_id` is barred (its key revoked: see the module's docstring)."""
+        return node_id in self._barred
+
     def rekeyed(self) -> None:
         """The mesh key changed (its sealer seals under the new one): seal the name again."""
         self._sealed_name = None
@@ -233,6 +252,8 @@ class Membership:
         for member in members:
             node_id = member.record.node_id
             if node_id == self.me.node_id or node_id in self._members:
+                continue
+            if node_id in self._barred:
                 continue
             self._members[node_id] = member
             if member.state <= _SUSPECT_STATE:
@@ -263,6 +284,38 @@ class Membership:
         )
         self.incarnation += 1
         self._announce_self()
+
+    def bar(self, node_id: bytes, now: float, notice: bytes = b"") -> None:
+        """`node_id`'s key is revoked: drop it from the table as a death it cannot refute,
+        and tell it so once, with the `notice` that revoked it (gossip no longer reaches it,
+        and a node that knows its own grant revoked refuses its own calls at once); its
+        datagrams and records are dropped until `unbar`."""
+        if node_id == self.me.node_id or node_id in self._barred:
+            return
+        self._barred[node_id] = now
+        member = self._members.pop(node_id, None)
+        self._suspicions.pop(node_id, None)
+        self._told_dead.pop(node_id, None)
+        if member is None:
+            return
+        self.stats["members_revoked"] += 1
+        if member.state > _SUSPECT_STATE:
+            return
+        self._live -= 1
+        self.events.append(MemberDown(record=member.record, reason="dead"))
+        dead = encode_message([_DEAD, node_id, member.incarnation, self.me.node_id])
+        # Nodes that have not applied the revocation yet hold it dead meanwhile.
+        self._queue.queue(node_id, dead)
+        told = [dead, encode_message([_NOTICE, notice])] if notice else [dead]
+        self._send_packed(member.record.address, told, piggyback=False)
+
+    def unbar(self, node_id: bytes) -> None:
+        """`node_id` linked with a grant issued after its revocation: take its records again."""
+        self._barred.pop(node_id, None)
+
+    def unbar_all(self) -> None:
+        """Grants are no longer required here: revocations bar no one."""
+        self._barred.clear()
 
     def probe_soon(self, node_id: bytes, now: float) -> None:
         """Evidence that `node_id` may be gone (its link broke): probe it next, now if idle."""
@@ -295,6 +348,16 @@ class Membership:
             return
         if not self._windows.fresh(sender, counter):
             self.stats["dropped_replay"] += 1
+            return
+        if self._barred and sender in self._barred:
+            self.stats["dropped_revoked_datagrams"] += 1
+            for message in messages:  # its refutations, counted as such
+                if message[0] == _ALIVE and message[1] == sender:
+                    node_id, endpoint, address, tags, name = sender, *message[3:7]
+                    record = MemberRecord(
+                        node_id, endpoint, address, tags, name, message[7], message[8]
+                    )
+                    self._barred_alive(record, message[2], now)
             return
         self.stats["datagrams_received"] += 1
         for message in messages:
@@ -420,6 +483,9 @@ class Membership:
                 self.incarnation = incarnation + 1
                 self._announce_self()
             return
+        if node_id in self._barred:  # revoked: no incarnation brings it back
+            self._barred_alive(record, incarnation, now)
+            return
         member = self._members.get(node_id)
         if member is None:
             if len(self._members) >= self.config.max_members:
@@ -464,6 +530,19 @@ class Membership:
             self.events.append(MemberChanged(record=record))
         if spread:
             self._broadcast_alive(record, incarnation)
+
+    def _barred_alive(self, record: MemberRecord, incarnation: int, now: float) -> None:
+        """A barred node's ALIVE: dropped and counted. It may hold a grant issued since its
+        revocation, which only a handshake can show: a record it signed has the engine dial it
+        (`rechecks`), at most once per `_RECHECK_BARRED` per node; the handshake refuses it
+        again, or admits it and lifts the bar."""
+        self.stats["dropped_revoked_alive"] += 1
+        node_id = record.node_id
+        if now - self._barred[node_id] < _RECHECK_BARRED or len(self.rechecks) >= _MAX_RECHECKS:
+            return
+        if self._proven(record, incarnation):
+            self._barred[node_id] = now
+            self.rechecks.append(record)
 
     def _proven(self, record: MemberRecord, incarnation: int) -> bool:
         """Whether `record` is signed by its node at `incarnation` (always, without an

@@ -22,6 +22,13 @@ A publish that finds an interested peer without credit sends nothing and returns
 (`publish_blocked`); a CreditArrived event says when to try again. A message that arrives over
 its credit, out of order or on the wrong key is dropped and counted, never delivered.
 
+With grants required, a subscriber also checks that its publisher may publish: each inbound
+link keeps the topics heard on it with their verdicts (`InLink.topics_heard`), decided from the
+publisher's verified grant the first time the link carries the topic; a message on a topic the
+grant does not allow is dropped and counted (`dropped_publish_forbidden`). A subscriber thus
+evaluates a grant once per (link, topic), and the per-message path is the same dictionary
+lookup as without grants (where the node-wide table of topics heard serves every link).
+
 Topic scopes. A message is sealed once, under the key of its topic's first segment (else the
 default key "*"), in the link slot whose offer matched that key (`Handshake.topic_slot`). The
 receiver accepts a topic only in the slot of the key it expects for it: its own key for a
@@ -80,6 +87,9 @@ _PUBLISH_STAMPED = int(Kind.PUBLISH_STAMPED)
 _PUBLISH_RETAINED = int(Kind.PUBLISH_RETAINED)
 _MAX_CREDIT = 1 << 30
 _MAX_TOPIC_SCOPES = 4096  # topics whose checks a node remembers at once
+# The scope a link's topic verdict holds when the publisher's grant does not allow the topic:
+# no topic has it, so such a message fails the scope check, where it is counted apart.
+_FORBIDDEN = ""
 _MAX_PARTS = 2 * MAX_BATCH  # a staged publish is two parts: its entry's header and its body
 _pack_publish = PUBLISH_FIELDS.pack
 _PUBLISH_SIZE = PUBLISH_FIELDS.size
@@ -472,7 +482,9 @@ class PubSubCore(LinkObserver):
         ids: dict[int, bytes] | None = None
         traces: dict[int, bytes] | None = None
         offset, size, count = 0, len(body), 0
-        heard, unpack, stats = self._topics_heard, _unpack_publish_entry, self._stats
+        unpack, stats = _unpack_publish_entry, self._stats
+        checked = link.topics_heard  # per link with grants required, else node-wide
+        heard = self._topics_heard if checked is None else checked
         kind: int
         length: int
         stream_seq: int
@@ -554,7 +566,10 @@ class PubSubCore(LinkObserver):
                 known = heard.get(encoded)
                 if known is None:
                     try:
-                        known = self._topic_heard(encoded)
+                        if checked is None:
+                            known = self._topic_heard(encoded)
+                        else:
+                            known = self._topic_checked(link, checked, encoded)
                     except ProtocolError as exc:
                         stats["dropped_" + exc.reason] += 1
                         self.release(link.routing_id)
@@ -563,7 +578,9 @@ class PubSubCore(LinkObserver):
                 # The slot's key must be the one this node expects for the topic: its own key
                 # for a scope it has one for (a holder of the default key cannot inject there).
                 if scope != slot_scope and (slot_scope != "*" or owned):
-                    stats["dropped_bad_scope"] += 1
+                    stats[
+                        "dropped_publish_forbidden" if scope == _FORBIDDEN else "dropped_bad_scope"
+                    ] += 1
                     self.release(link.routing_id)
                     continue
                 if stamp:
@@ -586,6 +603,22 @@ class PubSubCore(LinkObserver):
                         link.routing_id, link.peer_id, messages, gaps, stamps, ids, traces
                     )
                 )
+
+    def _topic_checked(
+        self, link: InLink, checked: dict[bytes, tuple[str, str, bool]], encoded: bytes
+    ) -> tuple[str, str, bool]:
+        """A topic heard first on `link` (grants required): its verdict, kept on the link. A
+        topic the publisher's grant does not allow holds the scope `_FORBIDDEN`."""
+        known = self._topics_heard.get(encoded)
+        if known is None:
+            known = self._topic_heard(encoded)
+        if not link.grant.rights.may_publish(known[0]):
+            known = (known[0], _FORBIDDEN, True)
+        self._stats["publisher_topics_checked"] += 1
+        if len(checked) >= _MAX_TOPIC_SCOPES:
+            checked.clear()
+        checked[encoded] = known
+        return known
 
     def _topic_heard(self, encoded: bytes) -> tuple[str, str, bool]:
         topic = parse_topic_from_peer(encoded)

@@ -14,6 +14,12 @@ topic it can match and no deny pattern can match a topic it matches. So a subscr
 decided once, when it is made, and never message by message: ``feeds.#`` under a deny of
 ``feeds.secret.#`` is refused whole, never filtered.
 
+A gateway's rights (`gateway_export`, `gateway_import`) name clusters and topic patterns. They
+also give the node what exercising them takes: exporting cluster X is calling X in its own mesh
+for far callers, exporting a pattern subscribing to it there; importing X is serving X, importing
+topics publishing them. So a gateway's grant needs nothing else, and its peers see those rights
+in it.
+
 The core asks at the handshake and when a route or subscription is formed, never per message:
 a member marks which slots of an inbound link the caller may call, a caller opens a slot only
 to a peer that may serve its cluster, a publisher keeps a subscriber's interest only if it may
@@ -22,6 +28,7 @@ subscribe to it.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -29,6 +36,9 @@ from typing import Final, Protocol
 # calling it (retaining, rereading, enqueueing) takes any right at all, and what is retained
 # or reread is a topic the publish and subscribe rights decide.
 MEMORY_CLUSTER: Final = "_memory"
+# The cluster a mesh's gateways serve and call each other in (`irismesh.federation`): a
+# gateway right (export or import) covers both.
+GATEWAY_CLUSTER: Final = "_gateway"
 # Where the memory keeps revocations for nodes that start later: any node may publish and
 # reread there (each revocation is an authority's signed token, checked by every reader).
 REVOCATIONS: Final = "_grants.revoked"
@@ -128,12 +138,37 @@ class Rights:
     def may_serve(self, cluster: str) -> bool:
         if cluster == MEMORY_CLUSTER:
             return self.memory
-        return cluster in self.serve or "*" in self.serve
+        if cluster in self.serve or "*" in self.serve or self.may_import_cluster(cluster):
+            return True
+        return cluster == GATEWAY_CLUSTER and self.gateway
 
     def may_call(self, cluster: str) -> bool:
         if cluster == MEMORY_CLUSTER:
             return bool(self.call or self.publish or self.subscribe or self.memory)
-        return cluster in self.call or "*" in self.call
+        if cluster in self.call or "*" in self.call or self.may_export_cluster(cluster):
+            return True
+        return cluster == GATEWAY_CLUSTER and self.gateway
+
+    @property
+    def gateway(self) -> bool:
+        """Whether these rights let a node be a gateway (export or import anything)."""
+        return bool(self.gateway_export or self.gateway_import)
+
+    def may_export_cluster(self, cluster: str) -> bool:
+        """Whether a gateway may let far callers call `cluster` of its mesh."""
+        return cluster in self.gateway_export or "*" in self.gateway_export
+
+    def may_export_topics(self, pattern: str) -> bool:
+        """Whether a gateway may carry out of its mesh every topic `pattern` matches."""
+        return bool(self.gateway_export) and subscription_allowed(pattern, self.gateway_export, ())
+
+    def may_import_cluster(self, cluster: str) -> bool:
+        """Whether a gateway may serve in its mesh `cluster` of a far mesh."""
+        return cluster in self.gateway_import or "*" in self.gateway_import
+
+    def may_import_topic(self, topic: str) -> bool:
+        """Whether a gateway may republish in its mesh `topic` from a far mesh."""
+        return bool(self.gateway_import) and topic_allowed(topic, self.gateway_import, ())
 
     def may_publish(self, topic: str) -> bool:
         if topic.startswith("_"):
@@ -141,7 +176,12 @@ class Rights:
                 return True
             if self.memory and pattern_covers(_DATA_TOPICS, topic):
                 return True
-        return topic_allowed(topic, self.publish, self.publish_deny)
+        if topic_allowed(topic, self.publish, self.publish_deny):
+            return True
+        # A gateway republishes what it imports (its deny list still wins).
+        return bool(self.gateway_import) and topic_allowed(
+            topic, self.gateway_import, self.publish_deny
+        )
 
     def may_subscribe(self, pattern: str) -> bool:
         if pattern.startswith("_"):
@@ -149,7 +189,12 @@ class Rights:
                 return True
             if self.memory and pattern_covers(_DATA_TOPICS, pattern):
                 return True
-        return subscription_allowed(pattern, self.subscribe, self.subscribe_deny)
+        if subscription_allowed(pattern, self.subscribe, self.subscribe_deny):
+            return True
+        # A gateway subscribes to what it exports (its deny list still wins).
+        return bool(self.gateway_export) and subscription_allowed(
+            pattern, self.gateway_export, self.subscribe_deny
+        )
 
     def summary(self) -> dict[str, object]:
         """The rights as a map for people and JSON (empty lists left out)."""
@@ -222,9 +267,18 @@ class GrantPolicy(Protocol):
         applies (then it is worth spreading)."""
         ...
 
+    def learn_key(self, notice: bytes) -> bytes | None:
+        """As `learn`, but the public key the notice revokes (None: not new, or untrusted)."""
+        ...
+
+    def revoked_keys(self) -> Collection[bytes]:
+        """The public keys this node holds a revocation of."""
+        ...
+
 
 __all__ = [
     "ALL_RIGHTS",
+    "GATEWAY_CLUSTER",
     "MEMORY_CLUSTER",
     "NO_RIGHTS",
     "REVOCATIONS",

@@ -36,9 +36,11 @@ class ExportedClusters(GatewayState):
     def _exported(self, end: LinkEnd, call_id: int, cluster: str, what: str) -> bool:
         """Whether a far call of kind `what` to `cluster` is served here (counted as
         `<what>_served`); if the cluster is not exported the call is answered NoResponders
-        (counted as `<what>_refused_not_exported`)."""
+        (counted as `<what>_refused_not_exported`, or `<what>_refused_forbidden` for one its grant
+        kept from being exported)."""
         if cluster not in self.export.clusters:
-            self.stats_counter[f"{what}_refused_not_exported"] += 1
+            why = "forbidden" if cluster in self._export_forbidden else "not_exported"
+            self.stats_counter[f"{what}_refused_{why}"] += 1
             self._answer(
                 end,
                 call_id,
@@ -80,7 +82,8 @@ class ExportedClusters(GatewayState):
         as one from across a link is (with its caller's `trace` context), its reply or error
         given to `done` as it arrives."""
         if cluster not in self.export.clusters:
-            self.stats_counter["requests_refused_not_exported"] += 1
+            why = "forbidden" if cluster in self._export_forbidden else "not_exported"
+            self.stats_counter[f"requests_refused_{why}"] += 1
             done(None, ForwardedError("NoResponders", f"no cluster {cluster!r} is exported here"))
             return
         self.stats_counter["requests_served"] += 1

@@ -21,6 +21,8 @@ from typing import Any
 
 import msgpack
 
+# The gateways of a mesh ("_gateway"): they answer it with their stats.
+from irismesh._core.rights import GATEWAY_CLUSTER as GATEWAY_CLUSTER
 from irismesh.errors import MeshError, NoResponders
 from irismesh.federation.crossing import CROSSING, RESENT, Crossing
 from irismesh.federation.linkproto import LinkEnd
@@ -29,7 +31,6 @@ from irismesh.federation.state import GatewayState
 
 log = logging.getLogger("irismesh.federation")
 
-GATEWAY_CLUSTER = "_gateway"  # the gateways of a mesh: they answer it with their stats
 _SYNC_EVERY = 0.05  # redundant gateways: delivered ids told this often
 _STATE_EVERY = 0.2  # and each one's links this often (a fellow silent for 3 s is gone)
 _TOLD_BOUND = 1024  # messages for the other gateways waiting to be sent

@@ -8,8 +8,9 @@ pattern. What it lets in is what its peers export and its own keyring can serve.
 What it does is in modules of its own, each a part of `Gateway` (a mixin of its methods):
 `imports` serves here the clusters its peers export and passes their calls on, `exports`
 answers the calls far gateways pass on, `topics` carries messages from mesh to mesh, and
-`fellows` keeps it in step with the other gateways of its mesh. This module holds the gateway's
-state, its links and its lifecycle.
+`fellows` keeps it in step with the other gateways of its mesh, and `grants` limits it to what
+its grant allows where its mesh requires grants. This module holds the gateway's state, its
+links and its lifecycle.
 
 Stats. `gateway.stats` counts what crossed, what was refused and what was dropped, with the
 links' buffered items; the gateway's node answers requests to cluster `_gateway` with them,
@@ -26,7 +27,7 @@ import os
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import zmq
@@ -37,6 +38,7 @@ from irismesh.errors import ConfigurationError, MeshError
 from irismesh.federation.crossing import CROSSING, RESENT, Barrier, Crossing, OriginIds
 from irismesh.federation.exports import BROADCAST, REPLY, REQUEST, SURVEY, ExportedClusters
 from irismesh.federation.fellows import GATEWAY_CLUSTER, FellowGateways
+from irismesh.federation.grants import GatewayGrant
 from irismesh.federation.imports import ImportedClusters
 from irismesh.federation.link import LinkTransport, describe
 from irismesh.federation.linkproto import TUNNEL as _TUNNEL
@@ -50,6 +52,12 @@ from irismesh.patterns.reqrep import TurnedAway
 from irismesh.patterns.tunnel import DEFAULT_WINDOW
 from irismesh.security.keyring import Keyring
 from irismesh.security.rotation import POLL_INTERVAL, KeyringFile
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from irismesh.security.identity import Identity
+    from irismesh.security.node_grants import GrantSource
 
 __all__ = ["GATEWAY_CLUSTER", "Gateway", "far_answers"]
 
@@ -92,7 +100,10 @@ class Gateway(ImportedClusters, ExportedClusters, TopicCrossings, FellowGateways
     (it may have them too, for TCP links besides). `tunnel_window` is how many bytes of each
     tunnel through this gateway it lets the far gateway send before it grants more (its buffer
     per tunnel is about that much, plus one message).
-    The rest (`seeds`, `bind`, `discovery`, `interface`, `name`) are the gateway's node's.
+    The rest (`seeds`, `bind`, `discovery`, `interface`, `name`, `identity`, `grant`) are the
+    gateway's node's. Where the keyring requires grants, the grant's gateway rights limit what
+    it exports and imports (`irismesh.federation.grants`), and a grant without one is refused
+    with `Forbidden`.
     `import_ports` (first, last): the ports the nodes serving imported clusters take, one each,
     on the host of `bind` (or `interface`); without it they take any free port there.
     """
@@ -118,6 +129,8 @@ class Gateway(ImportedClusters, ExportedClusters, TopicCrossings, FellowGateways
         local: bool = False,
         tunnel_window: int = DEFAULT_WINDOW,
         import_ports: tuple[int, int] | None = None,
+        identity: Identity | Ed25519PrivateKey | str | os.PathLike[str] | None = None,
+        grant: GrantSource = None,
     ) -> None:
         if not mesh or len(mesh) > _MAX_MESH_NAME or not mesh.isprintable():
             raise ConfigurationError(f"a mesh name is 1-{_MAX_MESH_NAME} printable characters")
@@ -166,7 +179,29 @@ class Gateway(ImportedClusters, ExportedClusters, TopicCrossings, FellowGateways
         }
         self._default_timeout = default_timeout
         serves = [GATEWAY_CLUSTER] if keyring.primary(GATEWAY_CLUSTER) is not None else []
-        self.node = Node(clusters=serves, name=name, **self._node_args)
+        self.node = Node(
+            clusters=serves, name=name, identity=identity, grant=grant, **self._node_args
+        )
+        self.stats_counter: Counter[str] = Counter()
+        try:
+            self.grant = GatewayGrant.of(mesh, self.node)
+        except MeshError:
+            self._context.term()  # no socket was made on it
+            raise
+        refused_clusters, refused_topics = self.grant.exports(self.export)
+        if refused_clusters or refused_topics:
+            log.warning(
+                "gateway's grant does not allow exporting %s: not exported",
+                ", ".join(map(repr, [*refused_clusters, *refused_topics])),
+            )
+            self.stats_counter["exports_refused_forbidden"] += len(refused_clusters) + len(
+                refused_topics
+            )
+            self.export = Exports(
+                clusters=tuple(c for c in self.export.clusters if c not in refused_clusters),
+                topics=tuple(p for p in self.export.topics if p not in refused_topics),
+            )
+        self._export_forbidden = frozenset(refused_clusters)
         if serves:
             self.node.on_request(self._describe)
             self.node.on_survey(self._on_gateway_survey)
@@ -188,7 +223,6 @@ class Gateway(ImportedClusters, ExportedClusters, TopicCrossings, FellowGateways
             on_state=self._on_link_state,
             context=self._context,
         )
-        self.stats_counter: Counter[str] = Counter()
         self._imports: dict[str, Node] = {}  # cluster -> the node that serves it here
         self.import_errors: dict[str, str] = {}  # cluster -> why its import could not start
         self._import_retry: asyncio.TimerHandle | None = None

@@ -120,7 +120,11 @@ class ImportedClusters(GatewayState):
             if not end.up:
                 continue
             for cluster in end.peer_exports.clusters:
-                if self.keyring.primary(cluster) is not None:
+                if not self.grant.may_import_cluster(cluster):
+                    if cluster not in self.grant.refused_imports:  # counted once each
+                        self.grant.refused_imports.add(cluster)
+                        self.stats_counter["imports_refused_forbidden"] += 1
+                elif self.keyring.primary(cluster) is not None:
                     wanted.add(cluster)
                 else:
                     self.stats_counter["imports_without_key"] += 1

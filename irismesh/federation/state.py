@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from irismesh._core.events import RequestArrived
     from irismesh.federation.crossing import Barrier, Crossing, OriginIds
+    from irismesh.federation.grants import GatewayGrant
     from irismesh.federation.link import LinkTransport
     from irismesh.federation.linkproto import Exports, Item, LinkConfig, LinkEnd
     from irismesh.federation.redundancy import Redundancy
@@ -38,6 +39,10 @@ class GatewayState:
     tunnels: GatewayTunnels
     stats_counter: Counter[str]
     import_errors: dict[str, str]  # cluster -> why its import could not start
+    grant: GatewayGrant  # what its grant lets it carry (`grants`)
+    _export_forbidden: frozenset[
+        str
+    ]  # clusters it was told to export that its grant does not allow
     _node_args: dict[str, Any]
     _default_timeout: float
     _link_config: LinkConfig

@@ -277,6 +277,13 @@ class TopicCrossings(GatewayState):
         self.stats_counter["republish_started_alone"] += 1
 
     async def _republish_one(self, end: LinkEnd, crossing: Crossing) -> None:
+        if not self.grant.may_import_topic(crossing.topic):
+            # Neither republished here nor passed on: this gateway may not bring it in.
+            self.stats_counter["crossings_refused_forbidden"] += 1
+            self._not_republished_here(crossing)
+            end.consumed()
+            self.transport.flush_soon()
+            return
         while True:
             try:
                 reached = await publish_identified(

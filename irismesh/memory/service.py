@@ -49,6 +49,7 @@ from typing import Any, Final, TypeVar
 import msgpack
 
 from irismesh._core.frames import MAX_TRACE
+from irismesh._core.rights import Rights
 from irismesh._core.topics import validate_pattern, validate_topic
 from irismesh.errors import (
     Closed,
@@ -84,6 +85,7 @@ Survey = Callable[
 ]
 
 _STORE, _LATEST, _SINCE = "store", "latest", "since"
+_MAX_VERDICTS = 4096  # callers' rights decided, remembered at once
 _ENQUEUE, _DONE, _JOBS = "enqueue", "done", "jobs"
 MAX_ATTEMPTS: Final = 5  # handler runs a job gets before it is set aside (dead-lettered)
 DISPATCH_TIMEOUT: Final = 30.0  # seconds a dispatched job may take, at most
@@ -175,6 +177,8 @@ class MemoryMember:
         self._writer: asyncio.Task[None] | None = None
         # Called on the loop once jobs were written: the dispatcher wakes.
         self.on_jobs: Callable[[], None] | None = None
+        # Callers' rights, decided (`refused`): (rights, right, name) -> allowed.
+        self._verdicts: dict[tuple[Rights, str, str], bool] = {}
 
     async def serve(self, payload: bytes) -> bytes:
         """One request to `_memory`, on the node's loop: stores and enqueues are written in
@@ -235,6 +239,53 @@ class MemoryMember:
                 self.store.put_many(rows)
             if jobs:
                 self.jobs.add(jobs)
+
+    def refused(self, payload: bytes, rights: Rights) -> tuple[str, str] | None:
+        """What request `payload` asks that a caller with `rights` (its verified grant's) may
+        not have, as (name, right); None if nothing (a malformed request is `serve`'s to
+        refuse). Retaining needs `publish` for each topic, rereading `subscribe` for the
+        pattern, enqueueing `call` for each job's cluster; the members' own requests (copying,
+        handing out and finishing jobs) need the `memory` right, which allows everything.
+        Verdicts are remembered by (rights, right, name): a publisher's retained messages
+        cost one check per topic, not one each."""
+        if rights.memory:
+            return None
+        try:
+            request = _unpack(payload)
+        except ConfigurationError:
+            return None
+        if type(request) is not list or len(request) < 2:
+            return None
+        op = request[0]
+        if op in (_STORE, _ENQUEUE):
+            right, at = ("publish", 0) if op == _STORE else ("call", 1)
+            rows = request[1] if type(request[1]) is list else []
+            for row in rows:
+                name = row[at] if type(row) is list and len(row) > at else None
+                if type(name) is str and not self._allowed(rights, right, name):
+                    return name, right
+            return None
+        if op == _LATEST:
+            pattern = request[1]
+            if type(pattern) is str and not self._allowed(rights, "subscribe", pattern):
+                return pattern, "subscribe"
+            return None
+        return MEMORY_CLUSTER, "memory"
+
+    def _allowed(self, rights: Rights, right: str, name: str) -> bool:
+        key = (rights, right, name)
+        verdict = self._verdicts.get(key)
+        if verdict is None:
+            if right == "publish":
+                verdict = rights.may_publish(name)
+            elif right == "call":
+                verdict = rights.may_call(name)
+            else:
+                verdict = rights.may_subscribe(name)
+            if len(self._verdicts) >= _MAX_VERDICTS:
+                self._verdicts.clear()
+            self._verdicts[key] = verdict
+        return verdict
 
     def handle(self, payload: bytes) -> bytes:
         """One request to `_memory` other than a store (in the member's store thread)."""

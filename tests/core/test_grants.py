@@ -112,7 +112,9 @@ def test_deny_wins_for_publishing(rights: Rights, topic: str) -> None:
     if any(topic_matches(p, topic) for p in rights.publish_deny):
         assert not allowed
     else:
-        assert allowed == any(topic_matches(p, topic) for p in rights.publish)
+        # A gateway republishes what it may import.
+        allow = (*rights.publish, *rights.gateway_import)
+        assert allowed == any(topic_matches(p, topic) for p in allow)
 
 
 @given(rights_st, patterns, topics)
@@ -120,7 +122,8 @@ def test_an_allowed_subscription_never_reads_a_denied_topic(
     rights: Rights, pattern: str, topic: str
 ) -> None:
     if rights.may_subscribe(pattern) and topic_matches(pattern, topic):
-        assert any(topic_matches(p, topic) for p in rights.subscribe)
+        # A gateway subscribes to what it may export.
+        assert any(topic_matches(p, topic) for p in (*rights.subscribe, *rights.gateway_export))
         assert not any(topic_matches(p, topic) for p in rights.subscribe_deny)
 
 
@@ -133,6 +136,27 @@ def test_subscription_examples() -> None:
     assert not subscription_allowed("#", ("feeds.#",), ())
     assert Rights(call=("*",)).may_call("anything")
     assert not Rights(call=("db",)).may_call("payroll")
+
+
+def test_gateway_rights_cover_what_exercising_them_takes() -> None:
+    gateway = Rights(gateway_export=("db", "feeds.#"), gateway_import=("cache", "news.#"))
+    assert gateway.may_call("db")
+    assert not gateway.may_call("cache")
+    assert gateway.may_serve("cache")
+    assert not gateway.may_serve("db")
+    assert gateway.may_subscribe("feeds.sport.#")
+    assert not gateway.may_subscribe("news.#")
+    assert gateway.may_publish("news.x")
+    assert not gateway.may_publish("feeds.x")
+    assert gateway.may_call("_gateway")
+    assert gateway.may_serve("_gateway")
+    assert not Rights(call=("*",)).may_serve("_gateway")
+    assert gateway.may_export_topics("feeds.x.#")
+    assert not gateway.may_export_topics("#")
+    assert gateway.may_import_topic("news.x")
+    assert not gateway.may_import_topic("feeds.x")
+    denied = Rights(gateway_import=("news.#",), publish_deny=("news.secret",))
+    assert not denied.may_publish("news.secret")  # a deny list still wins
 
 
 # ----------------------------------------------------------------- tokens

@@ -310,3 +310,28 @@ def test_members_held_dead_cost_little_to_keep_trying() -> None:
     # A probe, an ack, and now and then a one-datagram notice to a member held dead.
     assert per_node_period < 2.6, per_node_period
     assert all(n.membership.stats["reconnects"] > 0 for n in live)
+
+
+def test_a_barred_node_leaves_every_table_for_good_until_unbarred() -> None:
+    """A node barred everywhere (its key revoked) is a death it cannot refute: it is told,
+    refutes, and its refutations are dropped and counted however high its incarnation; unbarred,
+    its next record takes it back."""
+    net = SwimNet(seed=9)
+    nodes = cluster(net, 6)
+    barred = nodes[3]
+    others = [n for n in nodes if n is not barred]
+    for each in others:
+        each.membership.bar(barred.node_id, net.now)
+        net._after(each)  # its datagrams out, as a driver would
+    net.run_until(lambda: barred.membership.stats["refutations"] >= 1, limit=5)
+    net.advance(10.0)
+    for each in others:
+        assert barred.node_id not in each.live_ids()
+        assert each.membership.get(barred.node_id) is None
+    assert sum(n.membership.stats["dropped_revoked_alive"] for n in others) >= 1
+    assert {e.record.node_id for e in deaths(others)} == {barred.node_id}
+    for each in others:
+        each.membership.unbar(barred.node_id)
+    barred.membership.update(net.now, tags=b"again")  # a newer record, as a relink brings
+    net._after(barred)
+    net.run_until(lambda: converged(nodes), limit=10)

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import wait_until
+from helpers import deadline, wait_until
 
 import irismesh
 from irismesh import Forbidden, Keyring
@@ -300,3 +300,167 @@ def test_a_grant_of_the_largest_size_travels_in_a_handshake() -> None:
                 assert await caller.request("db", b"x", timeout=5) == b"x"
 
     asyncio.run(main())
+
+
+@deadline(60)
+async def test_a_revoked_member_leaves_every_table_and_cannot_refute() -> None:
+    """Four nodes; a caller loads db's two members while one of them is revoked. Every other
+    node drops the revoked one from membership within 2 s, its refutations are refused and
+    counted, it is never routed to again, and none of the caller's requests fails. A grant
+    issued after the revocation brings it back everywhere."""
+    keys = keyring()
+    db = Rights(serve=("db",), call=("db",))
+    async with node(keys, db, "db") as kept:
+        kept.on_request(lambda payload: b"kept")
+        async with (
+            node(keys, db, "db", seeds=[kept.endpoint]) as revoked,
+            node(keys, Rights(call=("db",)), seeds=[kept.endpoint]) as caller,
+            node(keys, Rights(call=("db",)), seeds=[kept.endpoint]) as watcher,
+        ):
+            revoked.on_request(lambda payload: b"revoked")
+            others = (kept, caller, watcher)
+            for each in (*others, revoked):
+                await each.wait_for_peers(3, timeout=10)
+            await wait_until(lambda: len(caller.members("db")) == 2, 10, "both db members")
+            failed = answered = 0
+            stop = asyncio.Event()
+
+            async def load() -> None:
+                nonlocal failed, answered
+                while not stop.is_set():
+                    batch = [caller.request("db", b"x", timeout=5) for _ in range(20)]
+                    for outcome in await asyncio.gather(*batch, return_exceptions=True):
+                        if isinstance(outcome, BaseException):
+                            failed += 1
+                        else:
+                            answered += 1
+
+            loader = asyncio.create_task(load())
+            await wait_until(lambda: answered >= 200, 10, "the load to start")
+            gone = revoked.node_id.hex()
+            kept.revoke(AUTHORITY.revoke(revoked.identity.public))
+            taken = await wait_until(
+                lambda: all(gone not in {p.node_id for p in n.peers()} for n in others),
+                2,
+                "every other node to drop the revoked member",
+            )
+            await wait_until(
+                lambda: revoked.stats.get("refutations", 0) >= 1, 5, "the revoked node to refute"
+            )
+            # Gossip no longer reaches it: it is told of its revocation along with its death.
+            await wait_until(
+                lambda: revoked.identity.public in revoked.grants.revocations,
+                2,
+                "the revoked node to learn why",
+            )
+            await wait_until(
+                lambda: sum(n.stats.get("dropped_revoked_alive", 0) for n in others) >= 1,
+                5,
+                "a refutation refused",
+            )
+            # Its refutations change nothing: it stays out of every table, and unrouted.
+            settled = answered
+            await wait_until(lambda: answered >= settled + 500, 10, "more requests answered")
+            stop.set()
+            await loader
+            assert failed == 0
+            assert taken < 2
+            for each in others:
+                assert gone not in {p.node_id for p in each.peers()}
+                assert each.stats["members_revoked"] == 1
+            assert caller.members("db") == [kept.node_id.hex()]
+            after = [await caller.request("db", b"x", timeout=5) for _ in range(50)]
+            assert set(after) == {b"kept"}
+            # A grant issued after the revocation brings it back: dialled when it speaks, it
+            # proves the grant at the handshake, and every node takes its records again.
+            revoked.use_grant(AUTHORITY.grant(revoked.identity.public, db, issued=time.time() + 2))
+            await wait_until(
+                lambda: all(gone in {p.node_id for p in n.peers()} for n in others),
+                20,
+                "the member granted again to be back",
+            )
+            assert [n.stats.get("revoked_members_regranted", 0) for n in others] == [1, 1, 1]
+            await wait_until(lambda: len(caller.members("db")) == 2, 10, "both db members")
+            assert {await caller.request("db", b"x", timeout=5) for _ in range(50)} == {
+                b"kept",
+                b"revoked",
+            }
+
+
+@deadline(30)
+async def test_a_subscriber_drops_what_its_publisher_may_not_publish() -> None:
+    """A publisher that ignores its own grant (its check bypassed, as a modified node would)
+    really sends a topic its grant does not allow: the subscriber drops and counts each such
+    message, delivers the allowed ones, and decides each (link, topic) once."""
+    keys = keyring()
+    writer = Rights(publish=("feeds.public",))
+    async with (
+        node(keys, Rights(subscribe=("feeds.#",))) as subscriber,
+        subscriber.subscribe("feeds.#") as sub,
+        node(keys, writer, seeds=[subscriber.endpoint]) as rogue,
+    ):
+        core = rogue._core
+        assert core is not None
+        core.pubsub.rights = Rights(publish=("#",))  # its own check bypassed
+        await rogue.wait_for_subscribers("feeds.public", 1, timeout=5)
+        for i in range(50):
+            await rogue.publish("feeds.secret", b"%d" % i)
+            await rogue.publish("feeds.public", b"%d" % i)
+        assert rogue.stats.get("publishes_forbidden", 0) == 0  # it really sent
+        got = []
+        for _ in range(50):
+            message = await asyncio.wait_for(sub.__anext__(), 5)
+            got.append((message.topic, message.payload))
+        assert got == [("feeds.public", b"%d" % i) for i in range(50)]
+        await wait_until(
+            lambda: subscriber.stats.get("dropped_publish_forbidden", 0) == 50,
+            5,
+            "the forbidden messages counted",
+        )
+        assert subscriber.stats["publisher_topics_checked"] == 2
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(sub.__anext__(), 0.3)
+
+
+@deadline(30)
+async def test_without_grants_a_subscriber_checks_no_publisher() -> None:
+    keys = keyring(required=False)
+    async with (
+        node(keys, None) as subscriber,
+        subscriber.subscribe("feeds.#") as sub,
+        node(keys, None, seeds=[subscriber.endpoint]) as publisher,
+    ):
+        await publisher.wait_for_subscribers("feeds.x", 1, timeout=5)
+        await publisher.publish("feeds.x", b"x")
+        assert (await asyncio.wait_for(sub.__anext__(), 5)).payload == b"x"
+        assert "publisher_topics_checked" not in subscriber.stats
+
+
+@deadline(60)
+async def test_the_memory_checks_its_callers_topic_rights(tmp_path: Path) -> None:
+    """A caller that ignores its own grant (its checks bypassed) asks the memory for what its
+    grant does not allow: the memory member refuses each with Forbidden, which the caller
+    raises, counts it, and still serves what the grant allows."""
+    keys = keyring()
+    feeds = Rights(publish=("feeds.#",), subscribe=("feeds.#",), call=("db",))
+    holder = Rights(memory=True, subscribe=("#",))
+    async with node(keys, holder, memory=tmp_path / "memory") as store:  # noqa: SIM117
+        async with node(keys, feeds, seeds=[store.endpoint]) as rogue:
+            await rogue.wait_for_members("_memory", timeout=5)
+            core = rogue._core
+            assert core is not None
+            core.pubsub.rights = Rights(publish=("#",), subscribe=("#",))  # as modified
+            core.calls.rights = Rights(call=("*",))
+            await rogue.publish("feeds.x", b"kept", retain=True)
+            with pytest.raises(Forbidden) as caught:
+                await rogue.publish("secret.x", b"no", retain=True, timeout=5)
+            assert (caught.value.name, caught.value.right) == ("secret.x", "publish")
+            with pytest.raises(Forbidden) as caught:
+                await rogue.reread("secret.#", timeout=5)
+            assert (caught.value.name, caught.value.right) == ("secret.#", "subscribe")
+            with pytest.raises(Forbidden) as caught:
+                await rogue.enqueue("payroll", b"job", timeout=5)
+            assert (caught.value.name, caught.value.right) == ("payroll", "call")
+            assert [m.payload for m in await rogue.reread("feeds.#", timeout=5)] == [b"kept"]
+            assert store.stats["memory_refused_forbidden"] == 3
+            assert [m.topic for m in await store.reread("#", timeout=5)] == ["feeds.x"]

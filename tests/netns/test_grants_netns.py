@@ -3,8 +3,8 @@
 Every node holds an identity and an authority's grant; the keyring requires grants. Two
 clients (c and n5) load the members n1..n4; the authority revokes c's key and one member
 applies it. Membership gossip carries it to every node: each applies it within two seconds,
-each member closes c's links and refuses it, and the other client's requests meanwhile
-never fail.
+drops c from its membership, each member closes c's links and refuses it, and the other
+client's requests meanwhile never fail.
 """
 
 from __future__ import annotations
@@ -87,6 +87,11 @@ def test_a_revocation_reaches_every_host_within_two_seconds(
     )
     assert set(applied) == {"n1", "n2", "n3", "n4", "n5"}, applied
     assert max(applied.values()) < 2.0, applied
+    # Every other host dropped c from its membership, as a death c cannot refute.
+    for name in EVERYONE:
+        if name != "c":
+            stats = lab.nodes[name].call("stats")["stats"]
+            assert stats.get("members_revoked", 0) == 1, name
 
     refused_before = client.call("load_progress")["failed"]
     deadline = time.monotonic() + 5

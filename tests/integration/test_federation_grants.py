@@ -1,0 +1,125 @@
+"""Gateways in meshes that require grants, on 127.0.0.1: a gateway exports and imports only
+what its grant's gateway rights allow, refuses and counts the rest, and a gateway without a
+gateway right is not made."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import AsyncExitStack
+
+import pytest
+from federated import Mesh, gateway
+from helpers import deadline, wait_until
+
+import irismesh
+from irismesh import Forbidden
+from irismesh._core.rights import Rights
+from irismesh.security.grants import Authority, Grant
+from irismesh.security.identity import Identity
+
+AUTHORITY = Authority.generate()
+
+
+def granted_mesh(name: str) -> Mesh:
+    mesh = Mesh(name)
+    mesh.keys = mesh.keys.with_trust([AUTHORITY.public], require_grants=True)
+    return mesh
+
+
+def granted(rights: Rights) -> dict[str, Identity | Grant]:
+    identity = Identity.generate()
+    return {"identity": identity, "grant": AUTHORITY.grant(identity.public, rights)}
+
+
+@deadline(60)
+async def test_a_gateway_exports_only_what_its_grant_allows() -> None:
+    a, b = granted_mesh("a"), Mesh("b")
+    link = irismesh.Keyring.generate()
+    async with AsyncExitStack() as stack:
+        writer = Rights(publish=("feeds.#",))
+        publisher = await a.node(stack, **granted(writer))
+        for cluster in ("db", "payroll"):
+            served = await a.node(stack, cluster, **granted(Rights(serve=(cluster,))))
+            served.on_request(lambda payload, cluster=cluster: cluster.encode() + payload)
+        allowed = Rights(gateway_export=("db", "feeds.public.#"))
+        gw_a = await gateway(
+            stack,
+            a,
+            link,
+            listen=True,
+            export=("db", "payroll"),
+            topics=("feeds.public.#", "feeds.secret.#"),
+            **granted(allowed),
+        )
+        assert gw_a.stats["exports_refused_forbidden"] == 2
+        assert (gw_a.export.clusters, gw_a.export.topics) == (("db",), ("feeds.public.#",))
+        gw_b = await gateway(stack, b, link, peers=(gw_a.endpoint,))
+        client = await stack.enter_async_context(b.new_node())
+        got: list[str] = []
+        client.subscribe("feeds.#", callback=lambda msg: got.append(msg.topic))
+        await client.wait_for_members("db", timeout=10)
+        assert await client.request("db", b"x", timeout=5) == b"dbx"
+        assert gw_b.imports() == ["db"]
+        with pytest.raises(irismesh.NoResponders):
+            await client.request("payroll", b"x", timeout=1)
+        # A far gateway that ignores the exports asks for payroll anyway: refused, counted.
+        end = gw_b.transport.ends[0]
+        end.send_plain(["req", 99, "payroll", 1000, b"x"])
+        gw_b.transport.flush()
+        await wait_until(
+            lambda: gw_a.stats.get("requests_refused_forbidden", 0) == 1, 5, "the refusal"
+        )
+        await gw_b.node.wait_for_subscribers("feeds.public.x", 1, timeout=10)
+        await publisher.wait_for_subscribers("feeds.public.x", 1, timeout=10)
+        for _ in range(20):
+            await publisher.publish("feeds.secret.x", b"no")
+            await publisher.publish("feeds.public.x", b"yes")
+        await wait_until(lambda: len(got) >= 20, 10, "the public messages across")
+        await asyncio.sleep(0.2)  # anything else that crossed would have arrived with them
+        assert got == ["feeds.public.x"] * 20
+        assert gw_a.stats["messages_exported"] == 20
+
+
+@deadline(60)
+async def test_a_gateway_imports_only_what_its_grant_allows() -> None:
+    a, b = Mesh("a"), granted_mesh("b")
+    link = irismesh.Keyring.generate()
+    async with AsyncExitStack() as stack:
+        publisher = await a.node(stack)
+        gw_a = await gateway(
+            stack, a, link, listen=True, export=("db", "payroll"), topics=("news.#", "alerts.#")
+        )
+        allowed = Rights(gateway_import=("db", "news.#"))
+        gw_b = await gateway(stack, b, link, peers=(gw_a.endpoint,), **granted(allowed))
+        reader = Rights(subscribe=("news.#", "alerts.#"))
+        client = await stack.enter_async_context(b.new_node(**granted(reader)))
+        got: list[str] = []
+        for pattern in ("news.#", "alerts.#"):
+            client.subscribe(pattern, callback=lambda msg: got.append(msg.topic))
+        await wait_until(lambda: gw_b.stats.get("imports_refused_forbidden", 0) == 1, 10, "payroll")
+        assert gw_b.imports() == ["db"]
+        await publisher.wait_for_subscribers("news.x", 1, timeout=10)
+        await gw_b.node.wait_for_subscribers("news.x", 1, timeout=10)
+        for _ in range(20):
+            await publisher.publish("alerts.x", b"no")
+            await publisher.publish("news.x", b"yes")
+        await wait_until(lambda: len(got) >= 20, 10, "the news across")
+        await wait_until(
+            lambda: gw_b.stats.get("crossings_refused_forbidden", 0) == 20, 5, "the alerts refused"
+        )
+        assert got == ["news.x"] * 20
+        assert gw_b.stats["messages_republished"] == 20
+        assert client.stats.get("dropped_publish_forbidden", 0) == 0
+
+
+def test_a_gateway_without_a_gateway_right_is_not_made() -> None:
+    mesh = granted_mesh("a")
+    link = irismesh.Keyring.generate()
+    options = {"keyring": mesh.keys, "link_keyring": link, "listen": "tcp://127.0.0.1:0"}
+    with pytest.raises(Forbidden) as caught:
+        irismesh.Gateway("a", export=("db",), **options, **granted(Rights(call=("db",))))
+    assert (caught.value.name, caught.value.right) == ("a", "gateway")
+    assert "no gateway right" in str(caught.value)
+    with pytest.raises(Forbidden) as caught:
+        irismesh.Gateway("a", export=("db",), **options, identity=Identity.generate())
+    assert "has none" in str(caught.value)
