@@ -714,7 +714,7 @@ class SurveyDiscovery:
         """Forget the waiting candidates membership has learnt meanwhile (or heard of too long
         ago); pass on one of those still unknown after `merge_after`."""
         self._review = None
-        now = asyncio.get_running_loop().time()
+        now = time.monotonic()
         merge_after = self._config.merge_after
         ready: list[bytes] = []
         for node_id, waiting in list(self._waiting.items()):

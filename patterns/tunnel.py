@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Generator
 from typing import TYPE_CHECKING, Any
@@ -74,7 +75,7 @@ class Tunnel:
         self.peer = peer  # the other end's hex node id
         self.bytes_sent = 0
         self.bytes_received = 0
-        self.opened_at = asyncio.get_running_loop().time()
+        self.opened_at = time.monotonic()
         self._hub = hub
         self._handle = handle
         self._window = window

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
 from irismesh import _env
@@ -109,7 +110,7 @@ class GrantsApi:
         me = self._grant_task
         # A node that starts late takes the revocations the memory keeps (gossip spread
         # them before it was there), once it knows a memory member (if one shows up soon).
-        reread_until = asyncio.get_running_loop().time() + REVOCATION_WAIT
+        reread_until = time.monotonic() + REVOCATION_WAIT
         while self._grant_task is me:  # also ends the watch should a cancellation get lost
             await asyncio.sleep(GRANT_POLL)
             try:
@@ -123,7 +124,7 @@ class GrantsApi:
                     if self.known_members(MEMORY_CLUSTER):
                         reread_until = 0.0
                         await self._reread_revocations()
-                    elif asyncio.get_running_loop().time() > reread_until:
+                    elif time.monotonic() > reread_until:
                         reread_until = 0.0
             except Exception:  # a bug must not end the watch: expiries must still apply
                 _log.exception("grants not rechecked")
@@ -154,7 +155,7 @@ class GrantsApi:
     def _recheck_grants(self) -> None:
         core, driver = self._core, self._driver
         if core is not None and driver is not None:
-            core.recheck_grants(driver.loop.time())
+            core.recheck_grants(time.monotonic())
             driver.process()
 
     def _trust_changed(self, keyring: Keyring) -> None:
@@ -177,7 +178,7 @@ class GrantsApi:
         core, driver = self._core, self._driver
         if core is None or driver is None:
             return self.grants.learn(token)
-        learnt = core.announce_revocation(token, driver.loop.time())
+        learnt = core.announce_revocation(token, time.monotonic())
         driver.process()
         return learnt
 
@@ -191,12 +192,11 @@ class GrantsApi:
         core, driver = self._core, self._driver
         if core is None or driver is None:
             return []
-        loop = driver.loop
-        deadline = loop.time() + timeout
+        deadline = time.monotonic() + timeout
         while True:
-            live = core.link_members(loop.time())
+            live = core.link_members(time.monotonic())
             driver.process()
-            if len(core.linked_peers()) >= live or loop.time() >= deadline:
+            if len(core.linked_peers()) >= live or time.monotonic() >= deadline:
                 return self.peer_grants()
             await asyncio.sleep(0.05)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -125,7 +126,7 @@ class KeyringApi:
         if core is None or driver is None or security is None:
             return  # not started: start() takes self.keyring
         security.replace(keyring)
-        core.keys_changed(driver.loop.time())
+        core.keys_changed(time.monotonic())
         driver.process()
         self._trust_changed(keyring)
 

@@ -567,7 +567,7 @@ class NodeData:
         PUSH_EVERY seconds: a push asked for sooner is held back and made when the pause ends
         (once, with the state as it is then), so the last difference is never left for the
         next periodic round."""
-        now = self._loop.time()
+        now = time.monotonic()
         if now - held.pushed < PUSH_EVERY:
             self.stats["data_pushes_held_back"] += 1
             if held.push_due is None and not self._closed:
@@ -595,7 +595,7 @@ class NodeData:
 
     def _peer_down(self, event: PeerDown) -> None:
         if event.reason == "left":
-            self._left[event.node_id] = self._loop.time()
+            self._left[event.node_id] = time.monotonic()
 
     def _peer_up(self, event: PeerUp) -> None:
         """A node joined or came back (membership revived it: a healed partition, a false
@@ -608,12 +608,12 @@ class NodeData:
         self._left.pop(event.node_id, None)  # back (the same identity): not pruned
         if self._closed or self._digest_soon is not None:
             return
-        now = self._loop.time()
+        now = time.monotonic()
         delay = max(PEER_UP_ROUND, self._digest_last + PEER_UP_GAP - now)
 
         def round_now() -> None:
             self._digest_soon = None
-            self._digest_last = self._loop.time()
+            self._digest_last = time.monotonic()
             self._spawn(self._digest_round)
 
         self._digest_soon = self._loop.call_later(delay, round_now)
@@ -634,7 +634,7 @@ class NodeData:
         core = self._node._core
         if core is None or self._closed:
             return
-        now, now_ms = self._loop.time(), self.physical()
+        now, now_ms = time.monotonic(), self.physical()
         for node_id in [n for n, at in self._left.items() if now - at > PRUNED_KEEP_MS / 1000]:
             del self._left[node_id]  # long gone: whatever could be folded was
         gone = [n for n, at in self._left.items() if now - at >= PRUNE_AFTER]

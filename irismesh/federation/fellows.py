@@ -104,7 +104,7 @@ class FellowGateways(GatewayState):
         """Tell the standbys which of this mesh's messages the far side has acknowledged."""
         redundancy = self._redundancy
         assert redundancy is not None
-        now = asyncio.get_running_loop().time()
+        now = time.monotonic()
         pending, keep = self._acked_pending, self._link_config.keep_acked
         for end in self.transport.ends:
             if end.acked_items is None:

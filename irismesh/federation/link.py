@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, cast
@@ -208,7 +209,7 @@ class LinkTransport:
         if router is None or self._closed:
             return
         loop = cast(asyncio.AbstractEventLoop, self._loop)
-        now = loop.time()
+        now = time.monotonic()
         for _ in range(1024):
             try:
                 parts = router.recv_multipart(zmq.NOBLOCK, copy=True)
@@ -261,7 +262,7 @@ class LinkTransport:
         if self._closed:
             return
         loop = cast(asyncio.AbstractEventLoop, self._loop)
-        now = loop.time()
+        now = time.monotonic()
         for _ in range(1024):
             try:
                 frame = dealer.recv(zmq.NOBLOCK, copy=True)
@@ -296,7 +297,7 @@ class LinkTransport:
         self._flush_pending = False
         if self._closed or self._loop is None:
             return
-        now = self._loop.time()
+        now = time.monotonic()
         for end in self.ends:
             frames = end.outgoing(now)
             if frames:
@@ -330,7 +331,7 @@ class LinkTransport:
     def _tick(self) -> None:
         if self._closed or self._loop is None:
             return
-        now = self._loop.time()
+        now = time.monotonic()
         for end in self.ends:
             if end.tick(now):
                 self._on_state(end, False)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -67,7 +68,7 @@ class TopicCrossings(GatewayState):
             sources = [e for e in ends if e is not to and e.peer_mesh == mesh]
         if to is None:
             return
-        now = asyncio.get_running_loop().time()
+        now = time.monotonic()
         for source in sources:
             if source.peer_id == to.peer_id:
                 continue
@@ -261,10 +262,9 @@ class TopicCrossings(GatewayState):
         their number has not changed for `_MESH_SETTLED`; at most `_MESH_WAIT` (a gateway
         alone in its mesh, or with its imports' nodes only). Crossings wait meanwhile,
         unacknowledged."""
-        loop = asyncio.get_running_loop()
-        started = since = loop.time()
+        started = since = time.monotonic()
         count = -1
-        while (now := loop.time()) - started < _MESH_WAIT:
+        while (now := time.monotonic()) - started < _MESH_WAIT:
             # Its own imports' nodes do not count: seeded with this node, they are the first
             # peers it knows, and a mesh of them alone has no subscriber in it.
             own = {node.node_id.hex() for node in self._imports.values()}
