@@ -253,11 +253,12 @@ MEMBER_WRITER = textwrap.dedent(
     from irismesh import Keyring
     from irismesh.memory import message_id
     from irismesh.memory.service import MemoryMember, encode_store
-    from irismesh.memory.store import Retention
+    from irismesh.memory.store import MemoryStore, Retention
 
     async def main():
-        member = MemoryMember(sys.argv[1], Keyring.load(sys.argv[2]), sync="fsync",
-                              default=Retention(max_per_path=100_000))
+        store = MemoryStore(sys.argv[1], Keyring.load(sys.argv[2]), sync="fsync",
+                            default=Retention(max_per_path=100_000))
+        member = MemoryMember(store)
         node = os.urandom(16)
         count = iter(range(1_000_000))
 
