@@ -105,7 +105,9 @@ class Gateway(ImportedClusters, ExportedClusters, TopicCrossings, FellowGateways
     it exports and imports (`irismesh.federation.grants`), and a grant without one is refused
     with `Forbidden`.
     `import_ports` (first, last): the ports the nodes serving imported clusters take, one each,
-    on the host of `bind` (or `interface`); without it they take any free port there.
+    on the host of `bind` (or `interface`); without it they take any free port there. Where
+    grants are required the gateway's node serves the imported clusters itself, under the
+    gateway's grant, and takes no import port.
     """
 
     def __init__(
