@@ -184,3 +184,41 @@ async def test_imported_clusters_are_served_where_both_meshes_require_grants() -
         # mesh from the gateway node's new record: requests then fail at once.
         await wait_until(lambda: not client.members("db"), 10, "the client to leave db")
         await until_no_responders(client, "db", 10)
+
+
+@deadline(60)
+async def test_gateways_in_one_process_serve_each_others_clusters_under_grants() -> None:
+    # Each gateway's node serves what the other exports and relays its requests core to core
+    # to the other gateway's node, which asks its own mesh: both ways at once.
+    a, b = granted_mesh("a"), granted_mesh("b")
+    async with AsyncExitStack() as stack:
+        for mesh, cluster in ((a, "db"), (b, "search")):
+            served = await mesh.node(stack, cluster, **granted(Rights(serve=(cluster,))))
+            served.on_request(lambda payload, cluster=cluster: cluster.encode() + payload)
+        rights_a = Rights(gateway_export=("db",), gateway_import=("search",))
+        rights_b = Rights(gateway_export=("search",), gateway_import=("db",))
+        joined = await stack.enter_async_context(
+            irismesh.LocalGateways(
+                [
+                    a.gateway(export=["db"], **granted(rights_a)),
+                    b.gateway(export=["search"], **granted(rights_b)),
+                ]
+            )
+        )
+        client_a = await stack.enter_async_context(a.new_node(**granted(Rights(call=("search",)))))
+        client_b = await stack.enter_async_context(b.new_node(**granted(Rights(call=("db",)))))
+        await client_a.wait_for_members("search", timeout=10)
+        await client_b.wait_for_members("db", timeout=10)
+        assert client_b.members("db") == [joined["b"].node.node_id.hex()]
+
+        async def calls(client: irismesh.Node, cluster: str) -> int:
+            replies = await asyncio.gather(
+                *(client.request(cluster, b"%d" % i, timeout=5) for i in range(200)),
+                return_exceptions=True,
+            )
+            return sum(reply != cluster.encode() + b"%d" % i for i, reply in enumerate(replies))
+
+        failed = await asyncio.gather(calls(client_a, "search"), calls(client_b, "db"))
+        assert failed == [0, 0]
+        assert joined["a"].stats["requests_forwarded"] >= 200
+        assert joined["b"].stats["requests_forwarded"] >= 200
