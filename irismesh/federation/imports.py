@@ -269,13 +269,22 @@ class ImportedClusters(GatewayState):
 
     def _answer_later(self, request: RequestArrived, answer: Awaitable[bytes | None]) -> None:
         """Answer `request` with what `answer` returns (an acknowledgement for None), or the
-        error it raises, once it has."""
+        error it raises, once it has; at the request's deadline it is given up (its caller
+        has), as a handler's run would be."""
         task = asyncio.ensure_future(answer)
         self._answering.add(task)
+        timer = None
+        if request.deadline != _NEVER:
+            left = max(0.0, request.deadline - time.monotonic())
+            timer = asyncio.get_running_loop().call_later(left, self._overdue, task)
 
         def done(task: asyncio.Future[bytes | None]) -> None:
             self._answering.discard(task)
-            if task.cancelled():  # the gateway closing: its node answers no more
+            if timer is not None:
+                timer.cancel()
+            if task.cancelled():
+                if not self._closing:  # its deadline passed; closing, the node answers none
+                    self.node.answer(request, TimeoutError(_DEADLINE_PASSED))
                 return
             error = task.exception()
             if error is not None:
@@ -284,6 +293,10 @@ class ImportedClusters(GatewayState):
                 self.node.answer(request, task.result() or b"")
 
         task.add_done_callback(done)
+
+    @staticmethod
+    def _overdue(task: asyncio.Future[bytes | None]) -> None:
+        task.cancel()
 
     def _retry_imports(self) -> None:
         self._import_retry = None
