@@ -458,6 +458,32 @@ class Node(
         await self._start_all_discovery(endpoint, required=True)
         return self
 
+    def set_clusters(self, clusters: Iterable[str]) -> None:
+        """Serve `clusters` from now on instead of those named so far (`node.clusters` names
+        them; a memory member keeps serving the memory's cluster). Each needs its key, and a
+        node serves at most 64 (ConfigurationError, nothing changed). Started, the node
+        announces the change and has every caller linked to it handshake again (their
+        requests in flight are resent meanwhile), so that callers find a cluster added at once
+        and leave one dropped at once. For a node whose clusters come and go, as a gateway's
+        node serving what its peers export does; where grants are required, its grant still
+        decides what it may serve."""
+        names = list(dict.fromkeys(clusters))
+        if self._memory is not None and self._memory.member is not None:
+            names = list(dict.fromkeys([*names, MEMORY_CLUSTER]))
+        if len(names) > MAX_CLUSTERS:
+            raise ConfigurationError(f"a node serves at most {MAX_CLUSTERS} clusters")
+        for name in names:
+            _check_cluster_name(name)
+            self.keyring.require(name)
+        served = ServedClusters(names)
+        served.lister = self._list_clusters
+        self.clusters = served
+        self.served_clusters = self._served = served  # the keyring watch needs their keys
+        core, driver = self._core, self._driver
+        if core is not None and driver is not None and not self._closing:
+            core.serve(served, time.monotonic())
+            driver.process()
+
     async def _serve_metrics(self) -> None:
         from irismesh.telemetry import metrics_endpoint  # imported only when asked for
 

@@ -102,7 +102,9 @@ class RequestApi(NodeState):
 
         return register if handler is None else register(handler)
 
-    def forward_requests(self, forward: Forward, cancelled: ForwardCancelled) -> None:
+    def forward_requests(
+        self, forward: Forward, cancelled: ForwardCancelled, *, fanouts: bool = False
+    ) -> None:
         """For a node that only passes requests on and answers them later (a gateway), with no
         handler run, Future or timer per request: `forward(request)` gets each request (a
         `RequestArrived`: its `payload`, `cluster`, and `deadline` on the event loop's clock)
@@ -110,7 +112,10 @@ class RequestApi(NodeState):
         it once with `answer`, whatever happens: this node keeps each request's place until
         then. `cancelled(event)` hears of each caller that gave up (`event.token` is its
         request's), and says whether that request was still being forwarded; it is answered
-        at once then (with an error: nobody reads it), and its reply forgotten."""
+        at once then (with an error: nobody reads it), and its reply forgotten.
+        `fanouts=True`: broadcasts and surveys come to `forward` too (`request.kind` says
+        which, `request.cluster` whose), for a node serving several clusters that answers
+        each in its own way; a broadcast's answer is only its acknowledgement."""
         if not self.served_clusters:
             raise ConfigurationError("a node without a cluster serves no requests: pass cluster=")
         runner = self._runner
@@ -118,6 +123,9 @@ class RequestApi(NodeState):
         runner.admission = None
         runner.forward = forward
         runner.forward_cancelled = cancelled
+        if fanouts:
+            self._surveys = None  # surveys go to the request runner, so to `forward`
+            self._broadcasts.forward = forward
 
     def answer(self, request: RequestArrived, reply: bytes | BaseException) -> None:
         """Answer a request `forward_requests` passed on: with the reply's bytes, or with what a

@@ -59,6 +59,24 @@ async def wait_until(predicate: Callable[[], object], timeout: float, what: str)
     return loop.time() - start
 
 
+async def until_no_responders(node: Any, cluster: str, timeout: float) -> None:
+    """Call `cluster` from `node` until a request fails at once with NoResponders (membership
+    has heard that nobody serves it); each attempt waits 0.5 s at most. Fails the test at
+    the deadline."""
+    import irismesh
+
+    loop = asyncio.get_running_loop()
+    until = loop.time() + timeout
+    while loop.time() < until:
+        try:
+            await node.request(cluster, b"", timeout=0.5)
+        except irismesh.NoResponders:
+            return
+        except irismesh.MeshError:  # timed out, or refused: asked again
+            continue
+    pytest.fail(f"requests to {cluster} did not fail with NoResponders within {timeout} s")
+
+
 def wait_until_sync(
     predicate: Callable[[], object], timeout: float, what: str, step: float = 0.005
 ) -> float:

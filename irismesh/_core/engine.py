@@ -754,6 +754,36 @@ class MeshCore(CoreApi):
         self._ejections.reseal()
         self.calls.outliers.unshared = True
 
+    # ----------------------------------------------------------------- what it serves
+
+    def serve(self, clusters: Iterable[str], now: float) -> None:
+        """Serve `clusters` from now on instead (a gateway's node serving what its peers
+        export). A change in what it offers is announced in a new record, and every caller
+        linked to it is asked to handshake again (BYE "rekey", as when its grant changes):
+        a caller sees a link's offers at its handshake only, so it learns of a cluster added
+        on a new one, and of one dropped at once. Their requests in flight are resent
+        meanwhile. ConfigurationError beyond MAX_CLUSTERS."""
+        served = tuple(dict.fromkeys(clusters))
+        if len(served) > MAX_CLUSTERS:
+            raise ConfigurationError(
+                f"a node serves at most {MAX_CLUSTERS} clusters, got {len(served)}"
+            )
+        if served == self.clusters:
+            return
+        self._now = now
+        self.clusters = served
+        self.splits.serve(served)
+        serving = self._allowed_to_serve()
+        if serving == self.serving:
+            return
+        self.serving = self._handshake.clusters = serving
+        self.stats["served_clusters_changed"] += 1
+        self._retag()
+        self.outbox.seal_staged()  # what is staged goes out before the BYEs
+        for inlink in list(self._in.values()):
+            self.outbox.send_in(inlink, _BYE, [_REKEY])
+            self._forget_in(inlink)
+
     # ----------------------------------------------------------------- grants
 
     def _allowed_to_serve(self) -> tuple[str, ...]:

@@ -267,6 +267,12 @@ class Splits:
 
     # ----------------------------------------------------------------- what to follow
 
+    def serve(self, served: Iterable[str]) -> None:
+        """This node serves `served` from now on: their splits are carried too."""
+        self._served = frozenset(served)
+        for cluster in self._served:
+            self._watch(cluster)
+
     def call(self, cluster: str) -> None:
         """This node calls `cluster`: apply its split from now on."""
         if cluster in self.called:

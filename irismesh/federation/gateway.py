@@ -105,7 +105,9 @@ class Gateway(ImportedClusters, ExportedClusters, TopicCrossings, FellowGateways
     it exports and imports (`irismesh.federation.grants`), and a grant without one is refused
     with `Forbidden`.
     `import_ports` (first, last): the ports the nodes serving imported clusters take, one each,
-    on the host of `bind` (or `interface`); without it they take any free port there.
+    on the host of `bind` (or `interface`); without it they take any free port there. Where
+    grants are required the gateway's node serves the imported clusters itself, under the
+    gateway's grant, and takes no import port.
     """
 
     def __init__(
@@ -202,7 +204,14 @@ class Gateway(ImportedClusters, ExportedClusters, TopicCrossings, FellowGateways
                 topics=tuple(p for p in self.export.topics if p not in refused_topics),
             )
         self._export_forbidden = frozenset(refused_clusters)
-        if serves:
+        # Where grants are required, the gateway's node serves the imported clusters itself
+        # (`imports`): it holds the grant whose `import` lets it serve them.
+        self._imports_here = self.grant.rights is not None
+        self._serving_here = False  # the node's requests come to `_on_node_request`
+        self._serves = tuple(serves)  # what the node serves besides the imports
+        if serves and self._imports_here:
+            self._serve_here()
+        elif serves:
             self.node.on_request(self._describe)
             self.node.on_survey(self._on_gateway_survey)
             self.node.on_broadcast(self._on_sync)
@@ -224,6 +233,7 @@ class Gateway(ImportedClusters, ExportedClusters, TopicCrossings, FellowGateways
             context=self._context,
         )
         self._imports: dict[str, Node] = {}  # cluster -> the node that serves it here
+        self._answering: set[asyncio.Future[Any]] = set()
         self.import_errors: dict[str, str] = {}  # cluster -> why its import could not start
         self._import_retry: asyncio.TimerHandle | None = None
         self._reconciling: asyncio.Task[None] | None = None
@@ -329,6 +339,8 @@ class Gateway(ImportedClusters, ExportedClusters, TopicCrossings, FellowGateways
             self._telling.cancel()
         for broadcast in list(self._broadcasting):
             broadcast.cancel()
+        for answering in list(self._answering):
+            answering.cancel()
         if self._sweeping is not None:
             self._sweeping.cancel()
         if self._import_retry is not None:
@@ -339,7 +351,8 @@ class Gateway(ImportedClusters, ExportedClusters, TopicCrossings, FellowGateways
                 await self._reconciling
         self.transport.close()
         for node in list(self._imports.values()):
-            await node.close()
+            if node is not self.node:  # closed last, as the gateway's own
+                await node.close()
         self._imports.clear()
         await self.node.close()
         if self._owns_context:  # once the goodbyes its sockets hold have left

@@ -24,6 +24,15 @@ its mesh and answers: a survey with its members' answers as a msgpack map of mem
 answer (`far_answers` merges them; the other gateways answer with an empty map). While the
 gateways' links to each other change, a broadcast may be passed on by two of them, or none.
 
+Where grants are required. A node of a fresh identity holds no grant, so in such a mesh an
+import's node could serve nothing. There the gateway's own node serves the imported clusters
+instead (`Node.set_clusters`), beside `_gateway`: it holds the gateway's grant, whose `import`
+lets it serve each one, and callers check that grant as any member's. Its requests,
+broadcasts and surveys all come to `_on_node_request`, which tells them apart by cluster and
+kind, and its tunnels to `tunnels.serve_import`. A change in what it imports has its callers
+handshake again (see `Node.set_clusters`); it serves at most 64 clusters, `_gateway` among
+them (the others are import errors). Without grants, each import keeps a node of its own.
+
 In-process links. Gateways of several meshes in one process (`local.LocalGateways`) are
 linked by `locallink.LocalEnd`s, which sit among the transport's ends: items cross them as they
 are, with the same window and buffer bounds, and a request is handed straight to the far
@@ -39,18 +48,24 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable
 from functools import partial
+from typing import TYPE_CHECKING
 
 import msgpack
 
 from irismesh._core.events import RequestArrived, RequestCancelled
-from irismesh._core.frames import unpack_error
+from irismesh._core.frames import MAX_CLUSTERS, Kind, unpack_error
+from irismesh._core.rights import GATEWAY_CLUSTER
 from irismesh.errors import Closed, MeshError, NoResponders, Overloaded, RemoteError
 from irismesh.federation.exports import BROADCAST, OK, REQUEST, SURVEY, TURNED_AWAY
 from irismesh.federation.linkproto import Item
 from irismesh.federation.state import GatewayState
 from irismesh.node import DEFAULT_BIND, Node
 from irismesh.patterns.reqrep import ForwardedError, TurnedAway, incoming_trace, time_left
+
+if TYPE_CHECKING:
+    from irismesh.patterns.tunnel import Tunnel
 
 log = logging.getLogger("irismesh.federation")
 
@@ -66,6 +81,8 @@ _RELAY_IMPORTING = {
     "requests_relay_turned_away": "requests_turned_away",
 }
 _IMPORT_RETRY = 5.0  # an import that could not start is tried again this often
+_KIND_REQUEST, _KIND_BROADCAST = int(Kind.REQUEST), int(Kind.BROADCAST)
+_TOO_MANY = f"the gateway's node serves at most {MAX_CLUSTERS} clusters"
 
 
 class ImportedClusters(GatewayState):
@@ -105,7 +122,7 @@ class ImportedClusters(GatewayState):
 
     def _relay_figures(self, out: dict[str, int]) -> None:
         """The relayed requests (counted by the nodes' cores) in the gateway's counts."""
-        for node in self._imports.values():
+        for node in {id(n): n for n in self._imports.values()}.values():
             figures = node.stats
             for key, into in _RELAY_IMPORTING.items():
                 if figures.get(key):
@@ -134,6 +151,12 @@ class ImportedClusters(GatewayState):
         while True:
             self._reconcile_again = False
             wanted = self._wanted()
+            if self._imports_here:
+                self._import_here(wanted)
+                self._update_relays()
+                if not self._reconcile_again:
+                    return
+                continue
             for cluster in set(self.import_errors) - wanted:
                 del self.import_errors[cluster]
             for cluster in sorted(set(self._imports) - wanted):
@@ -182,6 +205,99 @@ class ImportedClusters(GatewayState):
             log.warning("gateway serves cluster %r now (on %s)", cluster, node.endpoint)
         self._imports[cluster] = node
 
+    def _import_here(self, wanted: set[str]) -> None:
+        """The gateway's node serves `wanted` (as many as it can) beside what it serves
+        anyway; its relays of clusters dropped stop."""
+        room = MAX_CLUSTERS - len(self._serves)
+        served = sorted(wanted)[:room]
+        for cluster in set(self.import_errors) - wanted:
+            del self.import_errors[cluster]
+        for cluster in sorted(wanted)[room:]:
+            if cluster not in self.import_errors:  # logged once, as an import that cannot start
+                log.error("gateway cannot serve cluster %r: %s", cluster, _TOO_MANY)
+                self.stats_counter["imports_failed"] += 1
+            self.import_errors[cluster] = _TOO_MANY
+        if set(served) == set(self._imports):
+            return
+        for cluster in set(self._imports) - set(served):
+            with contextlib.suppress(MeshError):
+                self.node.relay_requests(cluster, None)
+        self.node.set_clusters([*self._serves, *served])
+        self._imports = dict.fromkeys(served, self.node)
+        if served:
+            self._serve_here()
+
+    def _serve_here(self) -> None:
+        """The gateway's node takes its requests, broadcasts and surveys to any cluster in
+        `_on_node_request`, its tunnels in `tunnels.serve_import` (once it serves one)."""
+        if self._serving_here:
+            return
+        self._serving_here = True
+        self.node.forward_requests(self._on_node_request, self._given_up, fanouts=True)
+        self.node.on_tunnel(self._on_node_tunnel, accept=False)
+
+    async def _on_node_tunnel(self, tunnel: Tunnel) -> None:
+        await self.tunnels.serve_import(tunnel.cluster, tunnel)
+
+    def _on_node_request(self, request: RequestArrived) -> None:
+        """What comes to the gateway's node, where it serves the imported clusters itself:
+        `_gateway`'s requests, broadcasts and surveys answered as its handlers would, the
+        imported clusters' passed on."""
+        cluster, kind, payload = request.cluster, request.kind, request.payload
+        node = self.node
+        if cluster == GATEWAY_CLUSTER:
+            if kind == _KIND_REQUEST:
+                try:
+                    node.answer(request, self._describe(payload))
+                except Exception as exc:  # answered as a handler's error would be
+                    node.answer(request, exc)
+            elif kind == _KIND_BROADCAST:
+                try:
+                    self._on_sync(payload)
+                except Exception as exc:
+                    node.answer(request, exc)
+                else:
+                    node.answer(request, b"")
+            else:
+                self._answer_later(request, self._on_gateway_survey(payload))
+        elif kind == _KIND_REQUEST:
+            self._pass_on(node, request)
+        elif kind == _KIND_BROADCAST:
+            self._answer_later(request, self._forward_broadcast(cluster, node, payload, request))
+        else:
+            self._answer_later(request, self._forward_survey(cluster, node, payload, request))
+
+    def _answer_later(self, request: RequestArrived, answer: Awaitable[bytes | None]) -> None:
+        """Answer `request` with what `answer` returns (an acknowledgement for None), or the
+        error it raises, once it has; at the request's deadline it is given up (its caller
+        has), as a handler's run would be."""
+        task = asyncio.ensure_future(answer)
+        self._answering.add(task)
+        timer = None
+        if request.deadline != _NEVER:
+            left = max(0.0, request.deadline - time.monotonic())
+            timer = asyncio.get_running_loop().call_later(left, self._overdue, task)
+
+        def done(task: asyncio.Future[bytes | None]) -> None:
+            self._answering.discard(task)
+            if timer is not None:
+                timer.cancel()
+            if task.cancelled():
+                if not self._closing:  # its deadline passed; closing, the node answers none
+                    self.node.answer(request, TimeoutError(_DEADLINE_PASSED))
+                return
+            error = task.exception()
+            if error is not None:
+                self.node.answer(request, error)
+            else:
+                self.node.answer(request, task.result() or b"")
+
+        task.add_done_callback(done)
+
+    @staticmethod
+    def _overdue(task: asyncio.Future[bytes | None]) -> None:
+        task.cancel()
+
     def _retry_imports(self) -> None:
         self._import_retry = None
         self._reconcile()
@@ -206,16 +322,30 @@ class ImportedClusters(GatewayState):
         first, last = self.import_ports
         return [f"tcp://{host}:{p}" for p in range(first, last + 1) if str(p) not in used]
 
-    def _forward(self, cluster: str, payload: bytes, kind: str = REQUEST) -> asyncio.Future[bytes]:
+    def _forward(
+        self,
+        cluster: str,
+        payload: bytes,
+        kind: str = REQUEST,
+        request: RequestArrived | None = None,
+    ) -> asyncio.Future[bytes]:
         """Pass a request (or a broadcast, a survey: `kind`) on over a link exporting
-        `cluster`; its reply's future (no Task)."""
+        `cluster`; its reply's future (no Task). Its deadline and trace context are its
+        handler's (`time_left`), or those `request` came with, where it came with no handler
+        run (`_on_node_request`)."""
         ends = [e for e in self.transport.ends if e.up and cluster in e.peer_exports.clusters]
         if not ends:
             if kind == REQUEST:
                 self.stats_counter["requests_turned_away"] += 1
             raise TurnedAway("gateway_down")
         end = ends[0] if len(ends) == 1 else min(ends, key=lambda e: self._outstanding[id(e)])
-        left = time_left()
+        if request is None:
+            left = time_left()
+            trace = incoming_trace()  # the caller's context, passed on as it came
+        else:
+            at = request.deadline
+            left = None if at == _NEVER else at - time.monotonic()
+            trace = request.trace
         budget = self._default_timeout if left is None else left
         if budget <= 0:
             raise TurnedAway("deadline")
@@ -231,7 +361,6 @@ class ImportedClusters(GatewayState):
 
         future.add_done_callback(done)
         item = [kind, call_id, cluster, max(1, int(budget * 1000)), payload]
-        trace = incoming_trace()  # the caller's context, passed on as it came
         if trace:
             item.append(trace)
         end.send_plain(item)
@@ -336,7 +465,9 @@ class ImportedClusters(GatewayState):
             loop = asyncio.get_running_loop()
             self._sweeping = loop.call_later(_SWEEP_EVERY, self._sweep_passed)
 
-    async def _forward_broadcast(self, cluster: str, node: Node, payload: bytes) -> None:
+    async def _forward_broadcast(
+        self, cluster: str, node: Node, payload: bytes, request: RequestArrived | None = None
+    ) -> None:
         """A broadcast to `cluster` here reaches every gateway serving it: one of them (the
         lowest node id among those this one is linked to) passes it on, so that the far mesh's
         members get it once; the far gateway broadcasts it there and answers once it has."""
@@ -344,9 +475,11 @@ class ImportedClusters(GatewayState):
             self.stats_counter["broadcasts_left_to_another_gateway"] += 1
             return
         self.stats_counter["broadcasts_forwarded"] += 1
-        await self._forward(cluster, payload, BROADCAST)
+        await self._forward(cluster, payload, BROADCAST, request)
 
-    async def _forward_survey(self, cluster: str, node: Node, payload: bytes) -> bytes:
+    async def _forward_survey(
+        self, cluster: str, node: Node, payload: bytes, request: RequestArrived | None = None
+    ) -> bytes:
         """A survey of `cluster` here: one gateway (as for broadcasts) asks the far mesh and
         answers with its members' answers, a msgpack map of member id to answer (`far_answers`
         merges them); the other gateways answer with an empty map."""
@@ -354,7 +487,7 @@ class ImportedClusters(GatewayState):
             self.stats_counter["surveys_left_to_another_gateway"] += 1
             return _EMPTY_MAP
         self.stats_counter["surveys_forwarded"] += 1
-        return await self._forward(cluster, payload, SURVEY)
+        return await self._forward(cluster, payload, SURVEY, request)
 
     @staticmethod
     def _fans_out(cluster: str, node: Node) -> bool:

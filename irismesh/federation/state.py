@@ -49,6 +49,10 @@ class GatewayState:
     _closing: bool
     # The importing side (`imports`).
     _imports: dict[str, Node]  # cluster -> the node that serves it here
+    _imports_here: bool  # grants required: the gateway's node serves them itself
+    _serving_here: bool  # the gateway's node's requests come to `_on_node_request`
+    _serves: tuple[str, ...]  # what the gateway's node serves besides imported clusters
+    _answering: set[asyncio.Future[Any]]  # its broadcasts and surveys passed on, unanswered
     _import_retry: asyncio.TimerHandle | None
     _reconciling: asyncio.Task[None] | None
     _reconcile_again: bool
@@ -87,6 +91,8 @@ class GatewayState:
     if TYPE_CHECKING:  # one part's methods that another calls, with their signatures there
         _send: Callable[[LinkEnd, Item], bool]
         _describe: Callable[[bytes], bytes]
+        _on_sync: Callable[[bytes], None]
+        _on_gateway_survey: Callable[[bytes], Awaitable[bytes]]
         _reach: Callable[[Crossing], list[str]]
         _marked: Callable[..., list[Any]]
         _republished_elsewhere: Callable[[str, list[Crossing]], Awaitable[list[bool]]]

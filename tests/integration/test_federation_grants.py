@@ -9,11 +9,12 @@ from contextlib import AsyncExitStack
 
 import pytest
 from federated import Mesh, gateway
-from helpers import deadline, wait_until
+from helpers import deadline, until_no_responders, wait_until
 
 import irismesh
 from irismesh import Forbidden
 from irismesh._core.rights import Rights
+from irismesh.federation import far_answers
 from irismesh.security.grants import Authority, Grant
 from irismesh.security.identity import Identity
 
@@ -123,3 +124,101 @@ def test_a_gateway_without_a_gateway_right_is_not_made() -> None:
     with pytest.raises(Forbidden) as caught:
         irismesh.Gateway("a", export=("db",), **options, identity=Identity.generate())
     assert "has none" in str(caught.value)
+
+
+@deadline(90)
+async def test_imported_clusters_are_served_where_both_meshes_require_grants() -> None:
+    # Where grants are required, the gateway's own node serves what it imports: it holds the
+    # grant whose `import` lets it, which callers there check as any member's.
+    a, b = granted_mesh("a"), granted_mesh("b")
+    link = irismesh.Keyring.generate()
+    async with AsyncExitStack() as stack:
+        for cluster in ("db", "payroll"):
+            served = await a.node(stack, cluster, **granted(Rights(serve=(cluster,))))
+            served.on_request(lambda payload, cluster=cluster: cluster.encode() + payload)
+            served.on_survey(lambda payload, cluster=cluster: b"survey " + cluster.encode())
+
+            @served.on_tunnel
+            async def echo(tunnel: irismesh.Tunnel) -> None:
+                async for message in tunnel:
+                    await tunnel.send(message)
+
+        exporter = Rights(gateway_export=("db", "payroll"))
+        gw_a = await gateway(
+            stack, a, link, listen=True, export=("db", "payroll"), **granted(exporter)
+        )
+        importer = Rights(gateway_import=("db",))
+        gw_b = await gateway(stack, b, link, peers=(gw_a.endpoint,), **granted(importer))
+        caller = Rights(call=("db", "payroll", "_gateway"))
+        client = await stack.enter_async_context(b.new_node(**granted(caller)))
+        await client.wait_for_members("db", timeout=10)
+        assert gw_b.imports() == ["db"]
+        assert client.members("db") == [gw_b.node.node_id.hex()]  # the gateway's own node
+        failed = 0
+        for i in range(200):
+            try:
+                reply = await client.request("db", b"%d" % i, timeout=5)
+            except irismesh.MeshError:
+                failed += 1
+            else:
+                failed += reply != b"db%d" % i
+        assert failed == 0
+        assert gw_b.stats["requests_forwarded"] >= 200
+        survey = await client.survey("db", b"", timeout=5)
+        assert list(far_answers(survey).values()) == [b"survey db"]
+        async with client.tunnel("db", timeout=5) as tunnel:
+            await tunnel.send(b"through")
+            assert await tunnel.recv() == b"through"
+        # The gateway's own cluster is still answered (what `mesh top` asks).
+        report = await client.survey("_gateway", b"", timeout=5)
+        assert len(report.answers) == 1
+        # A cluster beyond the gateway's import right is still refused.
+        assert gw_b.stats["imports_refused_forbidden"] == 1
+        with pytest.raises(irismesh.NoResponders):
+            await client.request("payroll", b"x", timeout=1)
+        # The link gone, nothing exports db: the gateway's node stops serving it.
+        await gw_a.close()
+        await wait_until(lambda: gw_b.imports() == [], 10, "db no longer imported")
+        assert "db" not in gw_b.node.clusters
+        # Its callers hear of it at once (their links handshake again), and every node of the
+        # mesh from the gateway node's new record: requests then fail at once.
+        await wait_until(lambda: not client.members("db"), 10, "the client to leave db")
+        await until_no_responders(client, "db", 10)
+
+
+@deadline(60)
+async def test_gateways_in_one_process_serve_each_others_clusters_under_grants() -> None:
+    # Each gateway's node serves what the other exports and relays its requests core to core
+    # to the other gateway's node, which asks its own mesh: both ways at once.
+    a, b = granted_mesh("a"), granted_mesh("b")
+    async with AsyncExitStack() as stack:
+        for mesh, cluster in ((a, "db"), (b, "search")):
+            served = await mesh.node(stack, cluster, **granted(Rights(serve=(cluster,))))
+            served.on_request(lambda payload, cluster=cluster: cluster.encode() + payload)
+        rights_a = Rights(gateway_export=("db",), gateway_import=("search",))
+        rights_b = Rights(gateway_export=("search",), gateway_import=("db",))
+        joined = await stack.enter_async_context(
+            irismesh.LocalGateways(
+                [
+                    a.gateway(export=["db"], **granted(rights_a)),
+                    b.gateway(export=["search"], **granted(rights_b)),
+                ]
+            )
+        )
+        client_a = await stack.enter_async_context(a.new_node(**granted(Rights(call=("search",)))))
+        client_b = await stack.enter_async_context(b.new_node(**granted(Rights(call=("db",)))))
+        await client_a.wait_for_members("search", timeout=10)
+        await client_b.wait_for_members("db", timeout=10)
+        assert client_b.members("db") == [joined["b"].node.node_id.hex()]
+
+        async def calls(client: irismesh.Node, cluster: str) -> int:
+            replies = await asyncio.gather(
+                *(client.request(cluster, b"%d" % i, timeout=5) for i in range(200)),
+                return_exceptions=True,
+            )
+            return sum(reply != cluster.encode() + b"%d" % i for i, reply in enumerate(replies))
+
+        failed = await asyncio.gather(calls(client_a, "search"), calls(client_b, "db"))
+        assert failed == [0, 0]
+        assert joined["a"].stats["requests_forwarded"] >= 200
+        assert joined["b"].stats["requests_forwarded"] >= 200

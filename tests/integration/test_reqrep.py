@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 
 import pytest
-from helpers import deadline, wait_until
+from helpers import deadline, until_no_responders, wait_until
 
 import irismesh
 from irismesh import sync
@@ -543,5 +543,48 @@ async def test_a_handler_may_answer_with_a_future_and_start_request_gives_one(
         cancelled.cancel()
         await wait_until(lambda: held[1].cancelled(), 2, "the member to cancel it too")
         assert client.stats["requests_pending"] == 0
+    finally:
+        await close_all(client, member)
+
+
+@deadline(30)
+async def test_a_member_serves_clusters_added_and_leaves_those_dropped(
+    keys: irismesh.Keyring,
+) -> None:
+    (member,) = await echo_members(keys, 1)
+    client = await irismesh.Node(keyring=keys, seeds=[member.endpoint]).start()
+    try:
+        await client.wait_for_members("db", timeout=5)
+        loop = asyncio.get_running_loop()
+        failed = sent = 0
+        stop = loop.time() + 20  # bounds the calls below if the change never shows
+
+        async def call_db() -> None:  # requests in flight while the clusters change
+            nonlocal failed, sent
+            while sent < 2000 and loop.time() < stop:
+                sent += 1
+                try:
+                    reply = await client.request("db", b"x", timeout=5)
+                except irismesh.MeshError:
+                    failed += 1
+                else:
+                    failed += reply != b"m0:x"
+
+        calling = asyncio.create_task(call_db())
+        await wait_until(lambda: sent > 50, 5, "requests under way")
+        member.set_clusters(["db", "cache"])
+        assert member.clusters == ("db", "cache")
+        # The client, linked before, handshakes again and finds the cluster added.
+        await client.wait_for_members("cache", timeout=5)
+        assert await client.request("cache", b"y", timeout=5) == b"m0:y"
+        await calling
+        assert (sent, failed) == (2000, 0)
+        member.set_clusters(["cache"])
+        await wait_until(lambda: not client.members("db"), 5, "the client to leave db")
+        await until_no_responders(client, "db", 10)
+        assert await client.request("cache", b"z", timeout=5) == b"m0:z"
+        with pytest.raises(irismesh.ConfigurationError):
+            member.set_clusters([f"c{i}" for i in range(65)])
+        assert member.clusters == ("cache",)
     finally:
         await close_all(client, member)
