@@ -15,10 +15,12 @@ Four measures, each the median of `--runs` fresh processes, all in one run:
 - the floor: a process that imports only what a node cannot do without (asyncio, uvloop,
   msgpack, cryptography's AEAD and Ed25519), to say where the rest of the node's memory goes.
 
-Ratios are irismesh's figure over nats-py's. The goals: an import no slower than nats-py's,
-and a running node's RSS at most 1.2x a connected nats-py client's. Everything listens on
-127.0.0.1 only; nats-server is the system package (`apt-get install -y nats-server`), nats-py
-the bench extra (`pip install -e '.[bench]'`).
+Both are timed with their bytecode compiled, as `pip install` leaves an installed package: one
+unmeasured import writes irismesh's first (a source checkout under PYTHONDONTWRITEBYTECODE
+would otherwise be timed compiling its source). Ratios are irismesh's figure over nats-py's.
+The goals: an import no slower than nats-py's, and a running node's RSS at most 1.2x a
+connected nats-py client's. Everything listens on 127.0.0.1 only; nats-server is the system
+package (`apt-get install -y nats-server`), nats-py the bench extra (`pip install -e '.[bench]'`).
 """
 
 from __future__ import annotations
