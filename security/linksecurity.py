@@ -43,19 +43,6 @@ from irismesh.security.meshkey import (
     datagram_sealer,
 )
 
-# X25519's public constructors import cryptography's OpenSSL backend object (about 0.8 MB of
-# Python: its binding's names copied one by one, the OIDs, the EC classes) only to ask whether
-# OpenSSL has X25519, which every build cryptography ships has. They end in these Rust
-# functions, called directly where they are; through the public constructors otherwise.
-try:
-    from cryptography.hazmat.bindings._rust import openssl as _rust_openssl
-
-    _new_private = _rust_openssl.x25519.generate_key
-    _public_from = _rust_openssl.x25519.from_public_bytes
-except (ImportError, AttributeError):  # pragma: no cover - another cryptography layout
-    _new_private = X25519PrivateKey.generate
-    _public_from = X25519PublicKey.from_public_bytes
-
 _OFFER_DOMAIN = b"irismesh/v1/offer\x00"
 _LINK_DOMAIN = b"irismesh/v1/link\x00"
 _CLUSTER_DOMAIN = b"irismesh/v1/cluster\x00"
@@ -104,7 +91,7 @@ class X25519LinkKeys:
     __slots__ = ("_link_secret", "_nonces", "_private", "_sealers", "_sealing", "public")
 
     def __init__(self, sealing: bool) -> None:
-        self._private = _new_private()
+        self._private = X25519PrivateKey.generate()
         self.public = self._private.public_key().public_bytes_raw()
         self._sealing = sealing
         self._link_secret = b""
@@ -113,7 +100,7 @@ class X25519LinkKeys:
 
     def establish(self, peer_public: bytes, listener_nonce: bytes, dialler_nonce: bytes) -> None:
         try:
-            shared = self._private.exchange(_public_from(peer_public))
+            shared = self._private.exchange(X25519PublicKey.from_public_bytes(peer_public))
         except ValueError:  # wrong length, or a low-order point giving an all-zero secret
             raise ProtocolError("bad_handshake", "unusable X25519 key") from None
         self._nonces = listener_nonce + dialler_nonce

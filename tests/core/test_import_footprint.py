@@ -32,9 +32,6 @@ LAZY = (
     # cryptography's key serialization (PEM, DER, SSH keys, bcrypt): raw Ed25519 bytes need none.
     "cryptography.hazmat.primitives.serialization",
     "bcrypt",
-    # cryptography's OpenSSL backend object: link keys are made without it.
-    "cryptography.hazmat.backends",
-    "cryptography.hazmat.bindings.openssl",
     "irismesh.federation",
     "irismesh.memory.store",
     "irismesh.memory.service",

@@ -5,18 +5,12 @@ from __future__ import annotations
 import os
 
 import pytest
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from hypothesis import given
 from hypothesis import strategies as st
 
 from irismesh.errors import ProtocolError
 from irismesh.security.keyring import Keyring
-from irismesh.security.linksecurity import (
-    _LINK_DOMAIN,
-    KeyedLinkSecurity,
-    X25519LinkKeys,
-    _hkdf,
-)
+from irismesh.security.linksecurity import KeyedLinkSecurity, X25519LinkKeys
 
 LN, DN = os.urandom(16), os.urandom(16)
 HEADER = b"\x49\x01\x05\x00\x00\x01" + bytes(8)
@@ -56,15 +50,6 @@ def test_tampering_with_body_header_or_seq_is_detected() -> None:
     ]:
         with pytest.raises(ProtocolError, match="bad_seal"):
             opener.open(header, seq, body)
-
-
-def test_link_keys_agree_with_keys_made_by_cryptographys_public_x25519() -> None:
-    # The link keys are made by the Rust functions the public constructors end in.
-    ours, theirs = X25519LinkKeys(True), X25519PrivateKey.generate()
-    assert isinstance(ours._private, X25519PrivateKey)
-    ours.establish(theirs.public_key().public_bytes_raw(), LN, DN)
-    shared = theirs.exchange(X25519PublicKey.from_public_bytes(ours.public))
-    assert ours._link_secret == _hkdf(shared, LN + DN, _LINK_DOMAIN)
 
 
 def test_link_keys_are_fresh_per_link() -> None:
