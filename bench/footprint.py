@@ -15,10 +15,12 @@ Four measures, each the median of `--runs` fresh processes, all in one run:
 - the floor: a process that imports only what a node cannot do without (asyncio, uvloop,
   msgpack, cryptography's AEAD and Ed25519), to say where the rest of the node's memory goes.
 
-Ratios are irismesh's figure over nats-py's. The goals: an import no slower than nats-py's,
-and a running node's RSS at most 1.2x a connected nats-py client's. Everything listens on
-127.0.0.1 only; nats-server is the system package (`apt-get install -y nats-server`), nats-py
-the bench extra (`pip install -e '.[bench]'`).
+Both are timed with their bytecode compiled, as `pip install` leaves an installed package: one
+unmeasured import writes irismesh's first (a source checkout under PYTHONDONTWRITEBYTECODE
+would otherwise be timed compiling its source). Ratios are irismesh's figure over nats-py's.
+The goals: an import no slower than nats-py's, and a running node's RSS at most 1.2x a
+connected nats-py client's. Everything listens on 127.0.0.1 only; nats-server is the system
+package (`apt-get install -y nats-server`), nats-py the bench extra (`pip install -e '.[bench]'`).
 """
 
 from __future__ import annotations
@@ -117,9 +119,10 @@ def _result(line: str) -> tuple[float, int]:
     return float(took), int(rss)
 
 
-def measure_import(module: str) -> tuple[float, int]:
+def measure_import(module: str, *, env: dict[str, str] | None = None) -> tuple[float, int]:
     out = subprocess.run(
         [sys.executable, "-c", IMPORT_PROBE, module],
+        env=env,
         capture_output=True,
         text=True,
         check=True,
@@ -209,6 +212,12 @@ def main() -> None:
         print(f"load average at start: {' '.join(loadavg.read().split()[:3])}")
 
     imports: dict[str, list[tuple[float, int]]] = {"irismesh": [], "nats": [], "floor": []}
+    # An installed package's bytecode was compiled when pip installed it; a source checkout's
+    # is compiled on first import, and not kept under PYTHONDONTWRITEBYTECODE: without this
+    # unmeasured import, which writes it, irismesh would be timed compiling its source.
+    writing = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    for module in imports:
+        measure_import(module, env=writing)
     for _ in range(args.runs):  # interleaved: a burst of load hits both sides alike
         for module in imports:
             imports[module].append(measure_import(module))

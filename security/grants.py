@@ -65,12 +65,6 @@ from dataclasses import dataclass, field
 
 import msgpack
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.serialization import (
-    Encoding,
-    NoEncryption,
-    PrivateFormat,
-    PublicFormat,
-)
 
 from irismesh._core.rights import NO_RIGHTS, UNCHECKED, UNGRANTED, PeerGrant, Rights
 from irismesh._core.topics import validate_pattern
@@ -305,7 +299,7 @@ class Authority:
 
     def __init__(self, key: Ed25519PrivateKey) -> None:
         self._key = key
-        self.public: bytes = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+        self.public: bytes = key.public_key().public_bytes_raw()
         self.path: str | None = None
 
     @classmethod
@@ -351,7 +345,7 @@ class Authority:
         return Revocation.decode(token)
 
     def to_text(self) -> str:
-        raw = self._key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+        raw = self._key.private_bytes_raw()
         public = base64.b64encode(self.public).decode()
         hint = f"# public key {public} (trust it with '@authority {public}' in a keyring)"
         return f"{_AUTHORITY_HEADER}\n{hint}\ned25519 {base64.b64encode(raw).decode()}\n"

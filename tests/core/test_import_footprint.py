@@ -29,6 +29,9 @@ LAZY = (
     "shtab",
     "tempfile",
     "shlex",
+    # cryptography's key serialization (PEM, DER, SSH keys, bcrypt): raw Ed25519 bytes need none.
+    "cryptography.hazmat.primitives.serialization",
+    "bcrypt",
     "irismesh.federation",
     "irismesh.memory.store",
     "irismesh.memory.service",
