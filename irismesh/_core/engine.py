@@ -827,6 +827,8 @@ class MeshCore(CoreApi):
             for link in list(self._out.values()):
                 if link.state is LinkState.UP:
                     self._goodbye(link, now, _REKEY)
+                elif link.state is LinkState.HANDSHAKING:  # its HELLO carried the grant before
+                    self._close_out(link, now, _REKEY)
             for inlink in list(self._in.values()):
                 self.outbox.send_in(inlink, _BYE, [_REKEY])
                 self._forget_in(inlink)
