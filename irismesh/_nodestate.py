@@ -14,6 +14,7 @@ checker, and for the reader who wants the whole state in one place.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,14 @@ if TYPE_CHECKING:
     from irismesh.security.keyring import Keyring
     from irismesh.telemetry.recorder import Recorder
     from irismesh.telemetry.tracing import Tracing
+
+
+async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
+    """Cancel a node's background `task` (None: there is none) and wait until it has ended."""
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 class NodeState:

@@ -15,7 +15,6 @@ within `GRANT_POLL` of its expiry, and a revocation applies as soon as it is hea
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from irismesh import _env
 from irismesh._core.rights import MEMORY_CLUSTER, REVOCATIONS, UNCHECKED, UNGRANTED
+from irismesh._nodestate import cancel_and_wait
 from irismesh.errors import ConfigurationError, MeshError
 from irismesh.security.grants import Grant, GrantFile, NodeGrants, Revocation
 from irismesh.security.identity import Identity
@@ -101,10 +101,7 @@ class GrantsApi:
 
     async def _stop_grants(self) -> None:
         task, self._grant_task = self._grant_task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def _watch_grants(self) -> None:
         me = self._grant_task

@@ -13,12 +13,12 @@ readable only with each key), which `mesh keys status` prints.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from irismesh._nodestate import cancel_and_wait
 from irismesh.errors import ConfigurationError
 from irismesh.security.keyring import Keyring
 from irismesh.security.meshkey import ALSO, FIRST
@@ -75,10 +75,7 @@ class KeyringApi:
 
     async def _stop_keyring_watch(self) -> None:
         task, self._keyfile_task = self._keyfile_task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def _poll_keyring(self, keyfile: KeyringFile) -> None:
         while True:

@@ -213,26 +213,32 @@ WRITER = textwrap.dedent(
 )
 
 
-def test_a_store_killed_mid_write_reopens_whole_with_what_it_acknowledged(
-    tmp_path: Path, keys: Keyring
-) -> None:
-    keyfile = tmp_path / "keys"
+def killed_after(program: str, lines: int, data: Path, keyfile: Path, keys: Keyring) -> set[int]:
+    """Run a writer `program` on `data` until it has printed `lines` numbers (each one a write
+    it had answered; at most 30 s), SIGKILL it, and return the numbers."""
     keys.save(keyfile)
-    data = tmp_path / "data"
     writer = subprocess.Popen(
-        [sys.executable, "-c", WRITER, str(data), str(keyfile)],
+        [sys.executable, "-c", program, str(data), str(keyfile)],
         stdout=subprocess.PIPE,
         text=True,
     )
     assert writer.stdout is not None
-    acknowledged = -1
+    answered: set[int] = set()
     deadline = time.monotonic() + 30
-    while acknowledged < 200 and time.monotonic() < deadline:
+    while len(answered) < lines and time.monotonic() < deadline:
         line = writer.stdout.readline()
         assert line, "the writer ended early"
-        acknowledged = int(line)
+        answered.add(int(line))
     writer.send_signal(signal.SIGKILL)
     writer.wait(timeout=10)
+    return answered
+
+
+def test_a_store_killed_mid_write_reopens_whole_with_what_it_acknowledged(
+    tmp_path: Path, keys: Keyring
+) -> None:
+    data = tmp_path / "data"
+    acknowledged = max(killed_after(WRITER, 201, data, tmp_path / "keys", keys))  # 0 to 200
     assert acknowledged >= 200
 
     check = sqlite3.connect(data / "memory.sqlite3")
@@ -282,23 +288,8 @@ def test_a_member_killed_mid_write_group_keeps_every_write_it_answered(
     """A memory member writing groups of concurrent store requests (one commit, one wait
     for the disk, for each group) is SIGKILLed: the database reopens whole and holds every
     row whose request was answered."""
-    keyfile = tmp_path / "keys"
-    keys.save(keyfile)
     data = tmp_path / "data"
-    writer = subprocess.Popen(
-        [sys.executable, "-c", MEMBER_WRITER, str(data), str(keyfile)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert writer.stdout is not None
-    answered: set[int] = set()
-    deadline = time.monotonic() + 30
-    while len(answered) < 500 and time.monotonic() < deadline:
-        line = writer.stdout.readline()
-        assert line, "the writer ended early"
-        answered.add(int(line))
-    writer.send_signal(signal.SIGKILL)
-    writer.wait(timeout=10)
+    answered = killed_after(MEMBER_WRITER, 500, data, tmp_path / "keys", keys)
     assert len(answered) >= 500
 
     check = sqlite3.connect(data / "memory.sqlite3")
