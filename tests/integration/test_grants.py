@@ -381,14 +381,14 @@ async def test_a_revoked_member_leaves_every_table_and_cannot_refute() -> None:
             )
             assert [n.stats.get("revoked_members_regranted", 0) for n in others] == [1, 1, 1]
             await wait_until(lambda: len(caller.members("db")) == 2, 10, "both db members")
-            # Both serve: bursts of concurrent requests (one at a time, the member measured
-            # faster could take every one), until each has answered, for at most 10 s.
+            # Routed to again: bursts of concurrent requests until it answers one, for at most
+            # 10 s (which member the balancer prefers meanwhile is not what this test is about).
             served: set[bytes] = set()
             until = time.monotonic() + 10
-            while served != {b"kept", b"revoked"} and time.monotonic() < until:
+            while b"revoked" not in served and time.monotonic() < until:
                 burst = [caller.request("db", b"x", timeout=5) for _ in range(20)]
                 served.update(await asyncio.gather(*burst))
-            assert served == {b"kept", b"revoked"}
+            assert b"revoked" in served
 
 
 @deadline(30)
