@@ -374,10 +374,10 @@ async def test_a_member_out_of_descriptors_closes_strangers_to_let_peers_in(
             # own pace (a busy machine slows it), and is full when accepting runs out.
             stats = await member_stats(client)
             deadline = time.monotonic() + 20
-            while not stats["accept_out_of_descriptors"] and time.monotonic() < deadline:
+            while not stats.get("accept_out_of_descriptors") and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)
                 stats = await member_stats(client)
-            assert stats["accept_out_of_descriptors"] >= 1, stats
+            assert stats.get("accept_out_of_descriptors", 0) >= 1, stats
             assert stats["strangers_connected"] > 900  # it held what it could
             await join_within(keys, endpoint, 5)
             stats = await member_stats(client)
