@@ -66,6 +66,8 @@ from irismesh._datagrams import DatagramSocket, join_address
 from irismesh._driver import BATCH, Driver
 from irismesh.errors import ConfigurationError
 
+_monotonic = time.monotonic  # bound once: the clock is read for every frame
+
 _LENGTH = 4  # bytes of the length before each frame
 _SLACK = 64  # what a frame may exceed the core's largest frame by (as zmq's MAXMSGSIZE here)
 _JOIN_BELOW = 65536  # a shorter frame goes out joined to its length, a longer one beside it
@@ -386,7 +388,7 @@ class StreamDriver(Driver):
         stats = self.core.stats
         stats["accept_out_of_descriptors"] += 1
         self._starved_since_log += 1
-        now = time.monotonic()
+        now = _monotonic()
         if now - self._starved_logged_at >= _LOG_EVERY:
             _log.warning(
                 "out of file descriptors accepting links (%d times since the last warning): "
@@ -427,7 +429,7 @@ class StreamDriver(Driver):
         if len(strangers) >= self._max_strangers:
             stats["dropped_stranger_evicted"] += 1
             self._drop_stranger(next(iter(strangers)))
-        now = time.monotonic()
+        now = _monotonic()
         strangers[conn] = now
         counts[source] = counts.get(source, 0) + 1
         stats["strangers_connected"] = len(strangers)
@@ -463,7 +465,7 @@ class StreamDriver(Driver):
         self._stranger_timer = None
         if self._closed:
             return
-        now = time.monotonic()
+        now = _monotonic()
         if now - self._stranger_timer_at > _STALLED:
             self._strangers_due_at(now + 0.05)  # after the loop has read what waits
             return
@@ -511,7 +513,7 @@ class StreamDriver(Driver):
             return
         if self._out.get(conn.link_id) is conn and not self._closed:
             del self._out[conn.link_id]
-            self.core.link_failed(conn.link_id, time.monotonic(), "disconnected")
+            self.core.link_failed(conn.link_id, _monotonic(), "disconnected")
             self.process()
 
     # ----------------------------------------------------------------- input
@@ -532,7 +534,7 @@ class StreamDriver(Driver):
         frames = conn.frames
         receive = self.core.receive_in
         routing_id = conn.routing_id
-        now = time.monotonic()
+        now = _monotonic()
         got = 0
         while frames:
             if got == BATCH:  # come back after others had a turn
@@ -558,7 +560,7 @@ class StreamDriver(Driver):
         receive = self.core.receive_out
         link_id = conn.link_id
         pending = self.core.calls.pending
-        now = time.monotonic()
+        now = _monotonic()
         got = 0
         while frames and not conn.closed:
             if got == BATCH:
@@ -634,7 +636,7 @@ class StreamDriver(Driver):
         try:
             host, port = split_endpoint(event.endpoint)
         except ValueError:
-            self.core.link_failed(event.link_id, time.monotonic(), "bad_endpoint")
+            self.core.link_failed(event.link_id, _monotonic(), "bad_endpoint")
             return
         conn = Connection(self, event.link_id, b"")
         self._out[event.link_id] = conn
@@ -649,7 +651,7 @@ class StreamDriver(Driver):
                 conn.closed = True
                 self.core.stats["dials_unconnected"] += 1
                 reason = "refused" if isinstance(exc, ConnectionRefusedError) else "unreachable"
-                self.core.link_failed(conn.link_id, time.monotonic(), reason)
+                self.core.link_failed(conn.link_id, _monotonic(), reason)
                 self.process()
         finally:
             conn.connecting = None
@@ -706,7 +708,7 @@ class StreamDriver(Driver):
         while not done() and self._read_raw(conn, until):
             frames = conn.frames
             while frames and not conn.closed:
-                receive(link_id, frames.popleft(), time.monotonic())
+                receive(link_id, frames.popleft(), _monotonic())
             self.process()
         self.flush_soon()
 
@@ -720,7 +722,7 @@ class StreamDriver(Driver):
     def _take_in(self, conn: Connection) -> None:
         frames, receive = conn.frames, self.core.receive_in
         while frames:
-            receive(conn.routing_id, frames.popleft(), time.monotonic())
+            receive(conn.routing_id, frames.popleft(), _monotonic())
 
     # ----------------------------------------------------------------- closing
 

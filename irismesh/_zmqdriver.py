@@ -59,6 +59,8 @@ from irismesh._datagrams import DatagramSocket
 from irismesh._driver import BATCH, Driver
 from irismesh.errors import ConfigurationError
 
+_monotonic = time.monotonic  # bound once: the clock is read for every frame
+
 # Plain ints: zmq's constants are IntFlag enums, and `NOBLOCK | SNDMORE` on enums costs an enum
 # construction per frame on the hot path.
 _NOBLOCK = int(zmq.NOBLOCK)
@@ -139,7 +141,7 @@ class ZmqDriver(Driver):
         input queued after a flush, or the timer's (not `woken`: read in one batch)."""
         router = self._router
         receive = self.core.receive_in
-        now = time.monotonic()
+        now = _monotonic()
         recv = router.recv
         more = router.get
         got = 0
@@ -208,7 +210,7 @@ class ZmqDriver(Driver):
                 router.recv(_NOBLOCK)
             self.core.stats["dropped_multipart"] += 1
             return
-        self.core.receive_in(self._polled_route, frame, time.monotonic())
+        self.core.receive_in(self._polled_route, frame, _monotonic())
 
     def spin(self, link_id: int, seconds: float, done: Callable[[], bool]) -> None:
         """Poll one dialled link for up to `seconds` until `done()`, not yielding (opt-in)."""
@@ -222,7 +224,7 @@ class ZmqDriver(Driver):
                 frame = recv(_NOBLOCK)
             except zmq.Again:
                 continue
-            receive(link_id, frame, time.monotonic())
+            receive(link_id, frame, _monotonic())
             self.process()
             if done():
                 break
@@ -250,7 +252,7 @@ class ZmqDriver(Driver):
         recv = sock.recv
         events = sock.get
         pending = self.core.calls.pending
-        now = time.monotonic()
+        now = _monotonic()
         got = 0
         for _ in range(BATCH):
             try:
@@ -308,7 +310,7 @@ class ZmqDriver(Driver):
                 try:
                     _send_frame(sock, frame, _NOBLOCK)
                 except zmq.Again:
-                    core.link_failed(link_id, time.monotonic(), "unsendable")
+                    core.link_failed(link_id, _monotonic(), "unsendable")
                 recheck.add(link_id)
         if core.in_frames:
             frames2 = core.in_frames
@@ -360,7 +362,7 @@ class ZmqDriver(Driver):
             sock: zmq.Socket[bytes] = self._ctx.socket(zmq.DEALER)
         except zmq.ZMQError:  # out of sockets or descriptors: this dial fails, nothing else
             self.core.stats["dials_no_socket"] += 1
-            self.core.link_failed(event.link_id, time.monotonic(), "no_socket")
+            self.core.link_failed(event.link_id, _monotonic(), "no_socket")
             return
         _configure(sock, self._max_frame)
         # The monitor before the connect: a refusal on loopback comes at once, and an event
@@ -377,7 +379,7 @@ class ZmqDriver(Driver):
                 sock.disable_monitor()
                 monitor.close(0)
             sock.close(0)
-            self.core.link_failed(event.link_id, time.monotonic(), "bad_endpoint")
+            self.core.link_failed(event.link_id, _monotonic(), "bad_endpoint")
             return
         self._dealers[event.link_id] = sock
         self.loop.add_reader(sock.FD, self._dealer_readable, event.link_id)
@@ -404,11 +406,11 @@ class ZmqDriver(Driver):
                 disconnected |= kind == _DISCONNECTED
                 retried |= kind == _CONNECT_RETRIED
         if disconnected:
-            self.core.link_failed(link_id, time.monotonic(), "disconnected")
+            self.core.link_failed(link_id, _monotonic(), "disconnected")
             self.process()
         elif retried:  # the connect failed (see the module's docstring)
             self.core.stats["dials_unconnected"] += 1
-            self.core.link_failed(link_id, time.monotonic(), "refused")
+            self.core.link_failed(link_id, _monotonic(), "refused")
             self.process()
 
     def _close_link(self, link_id: int) -> None:

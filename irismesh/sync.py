@@ -245,6 +245,10 @@ class Node:
     def split_status(self, cluster: str) -> SplitView:
         return self._call(_wrap(self._node.split_status, cluster))
 
+    def set_clusters(self, clusters: Iterable[str]) -> None:
+        """Serve `clusters` from now on instead (`irismesh.Node.set_clusters`)."""
+        self._call(_wrap(self._node.set_clusters, list(clusters)))
+
     def use_keyring(self, keyring: Keyring) -> None:
         self._call(_wrap(self._node.use_keyring, keyring))
 

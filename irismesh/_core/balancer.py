@@ -115,9 +115,8 @@ def observe(member: Candidate, sample: float, age: float = 0.0) -> None:
     counts for less: the sample's weight grows with the estimate's age, to all of it at DECAY.
     """
     latency = member.latency
-    if latency == 0.0:  # the first sample is the estimate, and weak evidence: see above
+    if latency == 0.0:  # the first sample is the estimate (the caller ages it: see above)
         member.latency = sample
-        member.latency_at -= FIRST_SAMPLE_AGE
         return
     if sample > 2 * latency:
         sample = 2 * latency

@@ -498,6 +498,8 @@ class Calls(LinkObserver):
             self.outliers.failed(link, request.cluster, now)
         age = now - link.latency_at  # of the estimate: a stale one counts for less
         link.latency_at = link.last_sample = now
+        if link.latency == 0.0:  # the first sample is weak evidence: its estimate starts old
+            link.latency_at = now - balancer.FIRST_SAMPLE_AGE
         balancer.observe(
             link, now - (request.sent_at if request.link is link else request.hedge_at), age
         )

@@ -730,21 +730,17 @@ class MeshCore(CoreApi):
         if tags != self.membership.me.tags:
             self.membership.update(now, tags=tags)
         holds = self._security.holds
-        # What is staged goes out before any BYE below: a peer drops what follows a BYE.
-        self.outbox.seal_staged()
-        for link in list(self._out.values()):
+        stale: list[OutLink] = []
+        for link in self._out.values():
             if link.state is not LinkState.UP:
                 continue
             if all(holds(handle) for handle in link.handles.values()):
                 link.clusters.clear()
             else:
-                self.stats["links_rekeyed"] += 1
-                self._goodbye(link, now, _REKEY)
-        for inlink in list(self._in.values()):
-            if not all(holds(handle) for handle in inlink.handles):
-                self.stats["links_rekeyed"] += 1
-                self.outbox.send_in(inlink, _BYE, [_REKEY])
-                self._forget_in(inlink)
+                stale.append(link)
+        stale_in = [inlink for inlink in self._in.values() if not all(map(holds, inlink.handles))]
+        self.stats["links_rekeyed"] += len(stale) + len(stale_in)
+        self._handshake_again(now, _REKEY, stale, stale_in)
         self.calls.linked.clear()
         self.pubsub.readers_changed()
         if self.directory.recheck():
@@ -779,9 +775,24 @@ class MeshCore(CoreApi):
         self.serving = self._handshake.clusters = serving
         self.stats["served_clusters_changed"] += 1
         self._retag()
-        self.outbox.seal_staged()  # what is staged goes out before the BYEs
-        for inlink in list(self._in.values()):
-            self.outbox.send_in(inlink, _BYE, [_REKEY])
+        self._handshake_again(now, _REKEY, (), list(self._in.values()))
+
+    def _handshake_again(
+        self, now: float, reason: str, out: Iterable[OutLink], inbound: Iterable[InLink]
+    ) -> None:
+        """Ask these links to handshake again, and so to learn what changed: what is staged
+        goes out first (a peer drops what follows a BYE); a link up says BYE `reason` and is
+        dialled again at once; one still handshaking is closed and dialled again (its HELLO
+        said what held before); an inbound link says BYE `reason` and is forgotten, its peer
+        dials again. Requests in flight on them are resent meanwhile (`calls`)."""
+        self.outbox.seal_staged()
+        for link in out:
+            if link.state is LinkState.UP:
+                self._goodbye(link, now, reason)
+            elif link.state is LinkState.HANDSHAKING:
+                self._close_out(link, now, reason)
+        for inlink in inbound:
+            self.outbox.send_in(inlink, _BYE, [reason])
             self._forget_in(inlink)
 
     # ----------------------------------------------------------------- grants
@@ -823,15 +834,7 @@ class MeshCore(CoreApi):
             self.pubsub.rights_changed(own.rights)
             self.stats["grants_changed"] += 1
             self._retag()
-            self.outbox.seal_staged()
-            for link in list(self._out.values()):
-                if link.state is LinkState.UP:
-                    self._goodbye(link, now, _REKEY)
-                elif link.state is LinkState.HANDSHAKING:  # its HELLO carried the grant before
-                    self._close_out(link, now, _REKEY)
-            for inlink in list(self._in.values()):
-                self.outbox.send_in(inlink, _BYE, [_REKEY])
-                self._forget_in(inlink)
+            self._handshake_again(now, _REKEY, list(self._out.values()), list(self._in.values()))
         holds = grants.holds
         for link in list(self._out.values()):
             if link.state is LinkState.UP and not holds(link.public, link.grant):

@@ -488,6 +488,14 @@ def _merge_dot_markers(mine: dict[bytes, DotMarker], theirs: dict[bytes, DotMark
             mine[removed] = (max(held[0], marker[0]), max(held[1], marker[1]), renamed)
 
 
+def _forget_markers(pruned: dict[bytes, DotMarker], now: int) -> int:
+    """Drop a dot store's fold markers whose time has passed; how many went."""
+    gone = [removed for removed, marker in pruned.items() if marker[0] <= now]
+    for removed in gone:
+        del pruned[removed]
+    return len(gone)
+
+
 def _settle(cc: CausalContext, pruned: dict[bytes, DotMarker]) -> None:
     """A node back under a pruned id numbers its dots from the marker's top on: start its
     version vector there, so every replica's context compacts them alike."""
@@ -737,10 +745,7 @@ class ORSet(_Prunable):
 
     def forget_pruned(self, now: int) -> int:
         """Drop the fold markers past their time (a local step); how many went."""
-        gone = [r for r, marker in self.pruned.items() if marker[0] <= now]
-        for removed in gone:
-            del self.pruned[removed]
-        return len(gone)
+        return _forget_markers(self.pruned, now)
 
     def copy(self) -> ORSet:
         s = ORSet()
@@ -882,10 +887,8 @@ class Flag(_Prunable):
         return delta
 
     def forget_pruned(self, now: int) -> int:
-        gone = [r for r, marker in self.pruned.items() if marker[0] <= now]
-        for removed in gone:
-            del self.pruned[removed]
-        return len(gone)
+        """Drop the fold markers past their time (a local step); how many went."""
+        return _forget_markers(self.pruned, now)
 
     def copy(self) -> Flag:
         f = Flag()

@@ -213,6 +213,9 @@ def test_sync_node_blocking_api(keyfile: object, keys: irismesh.Keyring) -> None
             with pytest.raises(irismesh.NoResponders):
                 client.request("other", b"x")
             assert client.ejected_by(["db"]) == {}  # nobody keeps the member out
+            member.set_clusters(["db", "cache"])  # the client, linked, handshakes again
+            client.wait_for_members("cache", timeout=5)
+            assert client.request("cache", b"def", timeout=5) == b"DEF"
     with pytest.raises(irismesh.Closed):
         client.request("db", b"x")
 
