@@ -14,8 +14,10 @@ A busy link silent for `dead_after` is *suspect*: the balancer avoids it, its re
 other members (`migrate`: alive is not the same as useful, TCP may be in retransmission
 backoff), and membership is asked to probe the peer at once (`probe_soon`), whose verdict
 closes the link if the peer is dead. A link silent for `max_silence` is closed ("silent") and
-redialled on demand. Any frame ends the suspicion. A link that turns busy starts its watch
-then, so an idle stretch never counts as silence.
+redialled on demand. Any frame ends the suspicion. A suspect link stays watched (pinged) until
+it is heard from, though its requests moved away: otherwise, idle, it would never be asked
+again and the balancer would avoid a member that is fine until the link closed as idle. A link
+that turns busy starts its watch then, so an idle stretch never counts as silence.
 
 Loop stalls: if this node's own loop stalls (its tick arrives late), the stall is not held
 against the peers: every busy link's `last_heard` moves forward by it.
@@ -66,7 +68,7 @@ class LinkWatch(LinkObserver):
 
     def watch(self, link: OutLink, now: float) -> str | None:
         """One UP dialled link at a tick: ping it if busy; why to close it, if it must close."""
-        if not link.outstanding and not link.acks:
+        if not link.outstanding and not link.acks and not link.suspect:
             link.busy = False
             return None
         cfg = self.config

@@ -500,6 +500,35 @@ def test_the_same_silence_without_a_stall_is_a_silent_link() -> None:
     assert client.core.stats["links_silent"] == 1
 
 
+def test_a_link_suspect_for_its_silence_is_routed_to_again_once_it_answers() -> None:
+    """A link silent while busy turns suspect and its requests move to the other member; the
+    link is idle then, and still pinged until it answers (or is closed): once the silence
+    ends, it is no longer suspect and takes its share again, long before an idle close."""
+    config = CoreConfig(heartbeat_interval=0.1, dead_after=0.3)
+    net = MemNet(seed=23, config=config)
+    nodes = mesh(net, {"m1": ["db"], "m2": ["db"]})
+    client, m1, m2 = nodes["client"], nodes["m1"], nodes["m2"]
+    for _ in range(20):
+        net.request(client, "db", b"x", timeout=10.0)
+        net.advance(0.05, 0.05)
+    assert m1.arrived
+    assert m2.arrived
+    net.partition(client, m1)
+    for _ in range(10):  # some go to m1, are not answered, and move to m2
+        net.request(client, "db", b"x", timeout=10.0)
+    net.advance(0.5, 0.05)
+    assert client.core.stats["links_silent"] == 1
+    net.heal(client, m1)
+    net.advance(1.0, 0.05)
+    assert client.downs() == []
+    assert not any(link.suspect for link in client.core.peers())
+    before = len(m1.arrived)
+    for _ in range(40):
+        net.request(client, "db", b"x", timeout=10.0)
+        net.advance(0.05, 0.05)
+    assert len(m1.arrived) > before
+
+
 def test_goodbye_takes_the_peer_down_at_once_and_fails_pending_requests() -> None:
     net = MemNet(seed=20)
     client, member = pair(net, handler=hold)
