@@ -34,6 +34,7 @@ log = logging.getLogger("irismesh.federation")
 _SYNC_EVERY = 0.05  # redundant gateways: delivered ids told this often
 _STATE_EVERY = 0.2  # and each one's links this often (a fellow silent for 3 s is gone)
 _TOLD_BOUND = 1024  # messages for the other gateways waiting to be sent
+_MERGED_IDS = 4096  # delivered ids one message to them carries at most (16 bytes each)
 _ACKED_PENDING_BOUND = 65_536  # delivered ids held back (`_report_delivered`); past it, told
 _WARM_UP = 0.6  # a gateway holds what it would export this long: fellows make themselves known
 _ASK_TIMEOUT = 1.0  # how long a takeover's resends wait for the other gateways' answers
@@ -224,12 +225,17 @@ class FellowGateways(GatewayState):
 
     async def _send_told(self) -> None:
         while self._told:
-            body = self._told.popleft()
-            payload = msgpack.packb(body, use_bin_type=True)
-            try:
-                await self.node.broadcast(GATEWAY_CLUSTER, payload, timeout=1.0)
-            except NoResponders:
-                pass  # no other gateway here (yet)
-            except MeshError as exc:
-                self.stats_counter["sync_not_sent"] += 1
-                log.debug("gateway could not tell its fellows: %s", exc)
+            waiting = Redundancy.merged(self._told, _MERGED_IDS)
+            self._told.clear()
+            for body in waiting:
+                await self._broadcast_told(body)
+
+    async def _broadcast_told(self, body: list[Any]) -> None:
+        payload = msgpack.packb(body, use_bin_type=True)
+        try:
+            await self.node.broadcast(GATEWAY_CLUSTER, payload, timeout=1.0)
+        except NoResponders:
+            pass  # no other gateway here (yet)
+        except MeshError as exc:
+            self.stats_counter["sync_not_sent"] += 1
+            log.debug("gateway could not tell its fellows: %s", exc)

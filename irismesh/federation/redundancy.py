@@ -22,7 +22,9 @@ broken links make the others probe it at once): held "dead", or "suspect" and si
 `SUSPECT_SILENCE` (about half a second after the kill in all), else silent for `STALE_AFTER`
 (a stalled process that membership still holds alive). What the dead one may not have
 delivered is sent again, in the order it was published. Meanwhile the messages wait in
-the standby's buffer, not lost.
+the standby's buffer, not lost. Any message of a fellow's is a sign of life: under a flood of
+deliveries a forwarder's state messages may wait behind its acknowledgements, which are sent
+merged (`merged`) so that the sync does not fall behind in the first place.
 
 Why an elected forwarder and not an idempotency barrier spanning the importing mesh's
 gateways: the forwarder's acknowledgements already say what was delivered, and one sender per
@@ -132,11 +134,34 @@ class Redundancy:
                 )
                 return
         elif body[0] == DELIVERED and len(body) == 4:
-            _, _, mesh, ids = body
+            _, sender, mesh, ids = body
             if type(mesh) is str and isinstance(ids, list):
+                fellow = self.fellows.get(sender)
+                if fellow is not None:  # a forwarder busy telling deliveries is alive
+                    fellow.heard_at = now
                 self.delivered(mesh, [i for i in ids if type(i) is bytes])
                 return
         self.stats["sync_malformed"] += 1
+
+    @staticmethod
+    def merged(bodies: Iterable[list[Any]], most: int) -> list[list[Any]]:
+        """Messages to fellows waiting to be sent, as few as say the same: the newest state
+        stands for every state before it, and the ids delivered to one mesh go together (at
+        most `most` a message), the state first. A gateway whose sync fell behind (each
+        message a broadcast's round trip) so catches up in a few messages, and its state is
+        not held up behind deliveries, which would make its fellows take it for gone."""
+        state: list[Any] | None = None
+        delivered: dict[tuple[str, str], list[bytes]] = {}
+        for body in bodies:
+            if body[0] == STATE:
+                state = body
+            else:
+                _, sender, mesh, ids = body
+                delivered.setdefault((sender, mesh), []).extend(ids)
+        out = [] if state is None else [state]
+        for (sender, mesh), ids in delivered.items():
+            out += [[DELIVERED, sender, mesh, ids[i : i + most]] for i in range(0, len(ids), most)]
+        return out
 
     def delivered(self, mesh: str, ids: Iterable[bytes]) -> None:
         """The forwarder to `mesh` says the far side has these: no standby resends them."""

@@ -104,3 +104,42 @@ def test_malformed_messages_are_counted() -> None:
         first.on_message(body, now=1.0)
     assert first.stats["sync_malformed"] == 5
     assert first.fellows == {}
+
+
+def test_a_forwarder_busy_telling_deliveries_is_not_taken_for_gone() -> None:
+    """Its state messages may wait behind its acknowledgements: any message is a sign of life."""
+    first, second = pair()
+    second.on_message(first.state_message(["b"], ["b"]), now=1.0)
+    for i in range(1, 8):  # deliveries only, for longer than STALE_AFTER
+        second.on_message(first.delivered_message("b", [crossing(i).origin_id]), now=1.0 + i)
+    assert second.elect("b", own_up=True, since=0.0, now=8.5) is False
+    assert second.elect("b", own_up=True, since=0.0, now=8.1 + STALE_AFTER) is True
+
+
+def test_messages_waiting_for_fellows_are_merged_the_state_first() -> None:
+    first, _ = pair()
+    ids = [crossing(i).origin_id for i in range(10)]
+    waiting = [
+        first.delivered_message("b", ids[:3]),
+        first.state_message([], ["b"]),
+        first.delivered_message("c", ids[3:4]),
+        first.delivered_message("b", ids[4:9]),
+        first.state_message(["b"], ["b"]),
+    ]
+    assert (
+        Redundancy.merged(waiting, most=4)
+        == [
+            first.state_message(["b"], ["b"]),  # the newest state stands for both
+            first.delivered_message("b", ids[0:3] + ids[4:5]),
+            first.delivered_message("b", ids[5:9]),
+            first.delivered_message("c", ids[3:4]),
+        ]
+    )
+    assert Redundancy.merged([], most=4) == []
+    # What the merged messages say is what the waiting ones said.
+    second = Redundancy("02", 200.0, ["feeds.#"], bound=16)
+    for i in range(10):
+        second.hold("b", crossing(i))
+    for body in Redundancy.merged(waiting, most=4):
+        second.on_message(body, now=1.0)
+    assert [c.origin_id for c in second.take_over("b")] == [ids[3], ids[9]]  # 3 went to c
