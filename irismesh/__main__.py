@@ -1,5 +1,4 @@
-import sys
-
+from irismesh._exit import end_process
 from irismesh.cli import main
 
-sys.exit(main())
+end_process(main())

@@ -14,6 +14,7 @@ import inspect
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 import irismesh
 from irismesh._cli import (
@@ -43,6 +44,7 @@ from irismesh._cli.base import (
     add_context_option,
     apply_settings,
 )
+from irismesh._exit import end_process
 from irismesh._loop import run
 from irismesh.errors import ConfigurationError, MeshError
 
@@ -133,6 +135,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # keep Python from complaining again while it flushes stdout at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return MESH_ERROR
+
+
+def command() -> NoReturn:
+    """The `mesh` command: `main`, then the process ends (`irismesh._exit.end_process`)."""
+    end_process(main())
 
 
 def _fail(message: str) -> None:

@@ -1,7 +1,6 @@
 """`python -m irismesh.spark_telemetry`: see cli.py."""
 
-import sys
-
+from irismesh._exit import end_process
 from irismesh.spark_telemetry.cli import main
 
-sys.exit(main())
+end_process(main())

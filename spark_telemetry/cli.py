@@ -347,4 +347,6 @@ def _delay(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from irismesh._exit import end_process
+
+    end_process(main())
