@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -30,9 +31,11 @@ from irismesh.errors import ConfigurationError, ProtocolError
 from irismesh.federation.linkproto import (
     MAX_FRAME,
     Exports,
+    FarGrants,
     Item,
     LinkConfig,
     LinkEnd,
+    Signer,
     open_hello,
 )
 
@@ -43,6 +46,12 @@ _EVENTS = int(zmq.EVENTS)
 # A connection that has not finished zmq's greeting this long after it opened is closed by
 # zmq (its default is 30 s): the same time a node gives a stranger to prove the mesh key.
 _GREETING_MS = 2000
+# Why a far gateway's handshake is refused where far grants are required: logged once per
+# gateway and reason (until it links), so a gateway dialling again every retry logs no more.
+_GRANT_REASONS = frozenset(("no_grant", "grant_refused", "revoked", "bad_signature"))
+_MAX_LOGGED = 1024
+
+log = logging.getLogger("irismesh.federation")
 
 
 def _readable(sock: zmq.Socket[bytes]) -> bool:
@@ -78,6 +87,9 @@ class LinkTransport:
         on_items: OnItems,
         on_state: OnState,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
+        identity: Signer | None = None,
+        grant_token: Callable[[], bytes] | None = None,
+        far_grants: FarGrants | None = None,
     ) -> None:
         for endpoint in [*([listen] if listen else []), *peers]:
             if not endpoint.startswith("tcp://"):
@@ -106,6 +118,11 @@ class LinkTransport:
         self._timer: asyncio.TimerHandle | None = None
         self._flush_pending = False
         self._closed = False
+        self._identity = identity
+        self._grant_token = grant_token
+        self.far_grants = far_grants
+        self._logged: dict[object, str] = {}  # who -> the refusal last logged for it
+        self._dialled: dict[int, str] = {}  # id(end) -> the endpoint it dials
 
     def _new_end(self, dialler: bool) -> LinkEnd:
         end = LinkEnd(
@@ -116,9 +133,22 @@ class LinkTransport:
             dialler=dialler,
             config=self.config,
             auto_consume=False,  # the gateway acknowledges a crossing once it is republished
+            identity=self._identity,
+            far_grants=self.far_grants,
         )
+        if self._grant_token is not None:
+            end.grant_token = self._grant_token
         self.ends.append(end)
         return end
+
+    def _refused(self, who: object, described: str, exc: ProtocolError) -> None:
+        """A far gateway's handshake refused for its grant: one line per gateway and reason."""
+        if exc.reason not in _GRANT_REASONS or self._logged.get(who) == exc.reason:
+            return
+        if len(self._logged) >= _MAX_LOGGED:
+            self._logged.clear()
+        self._logged[who] = exc.reason
+        log.warning("gateway link refused: far gateway %s: %s", described, exc)
 
     def attach(self, end: LinkEnd) -> tuple[OnItems, OnState]:
         """Adopt an end linked another way (in-process: `locallink`): it is one of `ends`,
@@ -169,6 +199,7 @@ class LinkTransport:
             dealer.setsockopt(zmq.IMMEDIATE, 1)
             dealer.connect(peer)
             self._dealers[id(end)] = dealer
+            self._dialled[id(end)] = peer
             loop.add_reader(dealer.FD, self._drain_dealer, end, dealer)
         self._tick()
 
@@ -238,8 +269,10 @@ class LinkTransport:
             hello = open_hello(frame, self._secrets)
         except ProtocolError as exc:
             self.stats["link_dropped_" + exc.reason] += 1
+            self._refused(route, "(dialled in)", exc)  # a bad signature is logged
             return
         end = self._by_peer.get(hello.gateway_id)
+        new = end is None
         if end is None:
             end = self._by_peer[hello.gateway_id] = self._new_end(dialler=False)
         was_up = end.up
@@ -247,7 +280,15 @@ class LinkTransport:
             welcome = end.accept(hello, now)
         except ProtocolError as exc:
             end.stats["dropped_" + exc.reason] += 1
+            described = f"{hello.gateway_id.hex()[:16]} of mesh {hello.mesh!r} (dialled in)"
+            self._refused(hello.gateway_id, described, exc)
+            if new:  # a gateway refused keeps no end here
+                self._forget(end)
+                self._by_peer.pop(hello.gateway_id, None)
+            elif was_up:  # its session was ended with the refusal
+                self._on_state(end, False)
             return
+        self._logged.pop(hello.gateway_id, None)
         old = self._routes.get(id(end))
         if old is not None and old != route:
             self._by_route.pop(old, None)
@@ -279,9 +320,12 @@ class LinkTransport:
         was_up, buffered = end.up, end.buffered
         try:
             items = end.receive(frame, now)
-        except ProtocolError:
-            return  # counted by the end
+        except ProtocolError as exc:  # counted by the end
+            if end.dialler:
+                self._refused(id(end), f"at {self._dialled.get(id(end), '?')} (dialled)", exc)
+            return
         if end.up and not was_up:
+            self._logged.pop(id(end), None)
             self._on_state(end, True)
         if items or end.buffered < buffered:  # something arrived, or acks made room
             self._on_items(end, items)
@@ -333,7 +377,15 @@ class LinkTransport:
             return
         now = time.monotonic()
         for end in self.ends:
+            closed = end.stats["closed_grant"]
             if end.tick(now):
+                if end.stats["closed_grant"] != closed:
+                    log.warning(
+                        "gateway link closed: far gateway %s of mesh %r: its grant no longer "
+                        "holds (expired or revoked)",
+                        end.peer_id.hex()[:16],
+                        end.peer_mesh,
+                    )
                 self._on_state(end, False)
         forget = self.config.forget_after
         for end in [e for e in self.ends if not e.dialler and not e.up]:

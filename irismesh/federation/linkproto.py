@@ -32,6 +32,23 @@ What flows in sealed frames:
 - *plain items* (requests and replies) are sent once, only while the link is up: a request
   across a broken link is the caller's to resend elsewhere, as a request to a dead member is.
 
+A gateway may also show *who* it is in its HELLO or WELCOME: two optional trailing fields, its
+identity's Ed25519 public key and the grant it holds (its mesh authority's token), and its
+identity's signature over the transcript (the HELLO's fields; the HELLO's and the WELCOME's
+for a WELCOME), nonces and ephemeral keys among them, so a signed HELLO replayed by another
+holder of the link key gives it no session, and a tampered grant fails the signature. A
+gateway told to require far grants (`far_grants`) shows itself in its HELLOs, and refuses a
+far gateway that shows no identity, or a grant that does not hold under an authority it trusts
+(untrusted, expired, revoked, no gateway right): its HELLO or WELCOME is dropped and counted
+(`dropped_no_grant`, `dropped_grant_refused`, `dropped_revoked`). A listener shows itself in its
+WELCOME when the HELLO did. A link whose far grant stops holding (expired, revoked) goes down
+(`closed_grant`) at the next tick. The far grant limits the link: what the far gateway says it
+exports is kept only as far as its `export` allows (`far_exports_refused`), and `far_may_*` say
+what its `import` takes and what its `export` may send (decided once per name, per session).
+Without those fields a HELLO and WELCOME are byte-for-byte as before; a gateway of an earlier
+release drops one that has them (`dropped_bad_handshake`), so only a gateway that requires far
+grants sends them first.
+
 A link is up from a valid handshake until `dead_after` seconds pass with nothing received;
 each end sends a heartbeat after `heartbeat` seconds of sending nothing. The dialler says
 HELLO again every `retry` seconds while down.
@@ -44,15 +61,17 @@ import os
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final, Protocol
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+from irismesh._core.rights import PeerGrant, Rights, topic_allowed
 from irismesh.errors import ConfigurationError, ProtocolError
 from irismesh.federation.linkwire import (
     HEADER,
     HELLO,
     HELLO_DOMAIN,
+    HELLO_SIGN_DOMAIN,
     LINK_SCOPE,
     MAGIC,
     MAX_FRAME,
@@ -71,18 +90,22 @@ from irismesh.federation.linkwire import (
     VERSION,
     WELCOME,
     WELCOME_DOMAIN,
+    WELCOME_SIGN_DOMAIN,
     Exports,
     Hello,
     Item,
     Session,
+    Shown,
     TunnelItem,
     agree,
+    handshake_body,
     link_secrets,
     mac,
     open_hello,
     pack,
     parse_tunnel_item,
     said_fields,
+    shown_fields,
     unpack,
 )
 
@@ -108,11 +131,14 @@ __all__ = [
     "VERSION",
     "WELCOME",
     "Exports",
+    "FarGrants",
     "Hello",
     "Item",
     "LinkConfig",
     "LinkEnd",
     "ServeRequest",
+    "Shown",
+    "Signer",
     "TunnelItem",
     "link_secrets",
     "open_hello",
@@ -122,6 +148,33 @@ __all__ = [
 _MAX_BATCH_ITEMS = 512
 _MAX_BATCH_BYTES = 256 * 1024
 _ACK_MARK = 0.05  # seconds between the marks of when acks came (`LinkEnd._ack_marks`)
+_MAX_FAR_VERDICTS: Final = 4096  # topics and clusters whose far-grant verdict a link keeps
+
+
+class Signer(Protocol):
+    """A gateway's identity (`irismesh.security.identity.Identity`)."""
+
+    @property
+    def public(self) -> bytes: ...
+
+    def sign(self, message: bytes) -> bytes: ...
+
+
+class FarGrants(Protocol):
+    """The verdicts on far gateways' grants (`irismesh.federation.grants.FarGrantPolicy`)."""
+
+    def admit(self, public: bytes, token: bytes) -> PeerGrant:
+        """A far gateway's grant verified (UNGRANTED if none holds; ProtocolError `revoked`)."""
+        ...
+
+    def holds(self, public: bytes, grant: PeerGrant) -> bool:
+        """Whether a grant admitted earlier still holds (not expired, not revoked)."""
+        ...
+
+
+def _no_grant() -> bytes:
+    return b""
+
 
 # (cluster, payload, timeout, done): a request served in-process, `done(reply, error)` once.
 # (cluster, payload, timeout, done, the caller's trace context)
@@ -165,6 +218,7 @@ class _Pending:
     nonce: bytes
     raw_said: bytes
     sent_at: float
+    shown: bool  # this HELLO showed our identity (so the WELCOME must show the far one's)
 
 
 @dataclass(slots=True)
@@ -223,6 +277,15 @@ class LinkEnd:
     # And the far gateway's `relay_target`: its node, for an importing gateway's node to relay
     # a cluster's requests to (`Node.relay_requests`), or None where it cannot.
     relay_target: Callable[[str], Any] | None = None
+    # The gateway's identity and its grant's token, shown in a HELLO when `far_grants` is set
+    # and in a WELCOME to a HELLO that showed one.
+    identity: Signer | None = None
+    grant_token: Callable[[], bytes] = _no_grant
+    # Set: the far gateway must show a grant these verdicts admit (the gateway's switch).
+    far_grants: FarGrants | None = None
+    peer_public: bytes = b""  # the far gateway's identity, if it showed one
+    peer_grant: PeerGrant | None = None  # its grant as admitted; None: not checked
+    _far_verdicts: dict[tuple[int, str], bool] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.secrets:
@@ -236,9 +299,9 @@ class LinkEnd:
         """Reliable items sent or waiting that the peer has not acknowledged."""
         return self._next_seq - self._base_seq
 
-    def _said(self, nonce: bytes, public: bytes) -> list[Any]:
+    def _said(self, nonce: bytes, public: bytes, *, shown: bool = False) -> list[Any]:
         acked = [self._peer_stream, self._consumed]
-        return [
+        said = [
             VERSION,
             self.gateway_id,
             self.mesh,
@@ -248,6 +311,28 @@ class LinkEnd:
             acked,
             self.exports.wire(),
         ]
+        if shown:
+            assert self.identity is not None
+            said += [self.identity.public, self.grant_token()]
+        return said
+
+    def _check_far(self, shown: Shown | None) -> tuple[bytes, PeerGrant | None]:
+        """The far gateway's identity and grant as this end takes them; ProtocolError
+        (`no_grant`, `grant_refused`, `revoked`) where far grants are required and its grant
+        does not hold."""
+        far = self.far_grants
+        if far is None:
+            return (b"" if shown is None else shown.public), None
+        if shown is None or not shown.grant:
+            raise ProtocolError("no_grant", "the far gateway presented no grant")
+        grant = far.admit(shown.public, shown.grant)
+        if not grant.rights.gateway:
+            raise ProtocolError(
+                "grant_refused",
+                "the far gateway's grant does not hold here (authority not trusted, expired, "
+                "revoked, or no gateway right)",
+            )
+        return shown.public, grant
 
     def _established(
         self,
@@ -255,8 +340,22 @@ class LinkEnd:
         nonces: bytes,
         peer: tuple[bytes, str, bytes, tuple[bytes, int], Exports],
         now: float,
+        far: tuple[bytes, PeerGrant | None] = (b"", None),
     ) -> None:
         peer_id, peer_mesh, peer_stream, acked, exports = peer
+        self.peer_public, self.peer_grant = far
+        self._far_verdicts.clear()
+        if far[1] is not None:  # what it exports beyond its grant is not taken from it
+            rights = far[1].rights
+            kept = Exports(
+                clusters=tuple(c for c in exports.clusters if rights.may_export_cluster(c)),
+                topics=tuple(p for p in exports.topics if rights.may_export_topics(p)),
+            )
+            refused = len(exports.clusters) + len(exports.topics)
+            refused -= len(kept.clusters) + len(kept.topics)
+            if refused:
+                self.stats["far_exports_refused"] += refused
+            exports = kept
         self._session = Session(key, nonces, dialler=self.dialler)
         self.peer_id, self.peer_mesh, self.peer_exports = peer_id, peer_mesh, exports
         if peer_stream != self._peer_stream:  # a new peer process: its stream starts afresh
@@ -302,11 +401,16 @@ class LinkEnd:
         """A dialler's HELLO (a new session attempt)."""
         private = X25519PrivateKey.generate()
         nonce = self.random_bytes(16)
-        raw_said = pack(self._said(nonce, private.public_key().public_bytes_raw()))
-        self._pending = _Pending(private, nonce, raw_said, now)
-        proof = mac(self.secrets[0], HELLO_DOMAIN, raw_said)
+        shown = self.far_grants is not None and self.identity is not None
+        public = private.public_key().public_bytes_raw()
+        raw_said = pack(self._said(nonce, public, shown=shown))
+        self._pending = _Pending(private, nonce, raw_said, now, shown)
+        body: list[bytes] = [raw_said, mac(self.secrets[0], HELLO_DOMAIN, raw_said)]
+        if shown:
+            assert self.identity is not None
+            body.append(self.identity.sign(HELLO_SIGN_DOMAIN + raw_said))
         self._last_out = now
-        return HEADER.pack(MAGIC, VERSION, HELLO, 0) + pack([raw_said, proof])
+        return HEADER.pack(MAGIC, VERSION, HELLO, 0) + pack(body)
 
     def hello_due(self, now: float) -> bool:
         if not self.dialler or self.up:
@@ -320,35 +424,47 @@ class LinkEnd:
         self._seen_hellos[hello.nonce] = None
         if len(self._seen_hellos) > 1024:
             del self._seen_hellos[next(iter(self._seen_hellos))]
+        try:
+            far = self._check_far(hello.shown)
+        except ProtocolError:
+            if self.up:  # the far gateway's new session is refused: so is the old one
+                self.down()
+            raise
         private = X25519PrivateKey.generate()
         shared = agree(private, hello.public)
         nonce = self.random_bytes(16)
-        raw_said = pack(self._said(nonce, private.public_key().public_bytes_raw()))
-        proof = mac(hello.secret, WELCOME_DOMAIN, hello.raw_said, raw_said)
+        shown = hello.shown is not None and self.identity is not None
+        raw_said = pack(self._said(nonce, private.public_key().public_bytes_raw(), shown=shown))
+        body = [raw_said, mac(hello.secret, WELCOME_DOMAIN, hello.raw_said, raw_said)]
+        if shown:
+            assert self.identity is not None
+            body.append(self.identity.sign(WELCOME_SIGN_DOMAIN + hello.raw_said + raw_said))
         peer = (hello.gateway_id, hello.mesh, hello.stream, hello.acked, hello.exports)
         self.secrets = (hello.secret, *[s for s in self.secrets if s != hello.secret])
         self._session_secret = hello.secret
-        self._established(hello.secret + shared, nonce + hello.nonce, peer, now)
-        return HEADER.pack(MAGIC, VERSION, WELCOME, 0) + pack([raw_said, proof])
+        self._established(hello.secret + shared, nonce + hello.nonce, peer, now, far)
+        return HEADER.pack(MAGIC, VERSION, WELCOME, 0) + pack(body)
 
-    def _on_welcome(self, body: Any, now: float) -> None:
+    def _on_welcome(self, frame: bytes, now: float) -> None:
         pending = self._pending
         if pending is None or self.up:
             raise ProtocolError("unexpected_welcome")
-        if not (isinstance(body, list) and len(body) == 2 and type(body[0]) is bytes):
-            raise ProtocolError("malformed")
-        raw_said, proof = body
+        body = handshake_body(frame)
+        raw_said, proof = body[0], body[1]
         secret = self.secrets[0]
-        if type(proof) is not bytes or not hmac.compare_digest(
-            mac(secret, WELCOME_DOMAIN, pending.raw_said, raw_said), proof
-        ):
+        if not hmac.compare_digest(mac(secret, WELCOME_DOMAIN, pending.raw_said, raw_said), proof):
             raise ProtocolError("bad_proof")
-        gid, mesh, nonce, public, stream, acked, exports = said_fields(unpack(raw_said))
+        said = unpack(raw_said)
+        gid, mesh, nonce, public, stream, acked, exports = said_fields(said)
+        shown = shown_fields(said, body, WELCOME_SIGN_DOMAIN + pending.raw_said + raw_said)
+        if shown is not None and not pending.shown:
+            raise ProtocolError("bad_handshake", "a WELCOME showed an identity unasked")
+        far = self._check_far(shown)
         shared = agree(pending.private, public)
         self._pending = None
         self._session_secret = secret
         self._established(
-            secret + shared, nonce + pending.nonce, (gid, mesh, stream, acked, exports), now
+            secret + shared, nonce + pending.nonce, (gid, mesh, stream, acked, exports), now, far
         )
 
     # ------------------------------------------------------------- sending
@@ -432,7 +548,7 @@ class LinkEnd:
         if magic != MAGIC or version != VERSION:
             raise ProtocolError("malformed")
         if kind == WELCOME:
-            self._on_welcome(unpack(frame[HEADER.size :]), now)
+            self._on_welcome(frame, now)
             return []
         if kind != SEALED:
             raise ProtocolError("malformed")
@@ -532,11 +648,52 @@ class LinkEnd:
         self._base_seq = self._cursor = self._next_seq
 
     def tick(self, now: float) -> bool:
-        """Liveness: True if the link just went down (nothing heard for `dead_after`)."""
-        if self.up and now - self._last_in >= self.config.dead_after:
+        """Liveness: True if the link just went down (nothing heard for `dead_after`, or the
+        far gateway's grant no longer holds: expired or revoked, counted `closed_grant`)."""
+        if not self.up:
+            return False
+        if now - self._last_in >= self.config.dead_after:
             self.down()
             return True
+        far, grant = self.far_grants, self.peer_grant
+        if far is not None and grant is not None and not far.holds(self.peer_public, grant):
+            self.down()
+            self.stats["closed_grant"] += 1
+            return True
         return False
+
+    # ------------------------------------------------------------- the far grant
+
+    def _far_verdict(self, kind: int, name: str, decide: Callable[[Rights, str], bool]) -> bool:
+        grant = self.peer_grant
+        if grant is None:
+            return True
+        verdicts = self._far_verdicts
+        verdict = verdicts.get((kind, name))
+        if verdict is None:
+            if len(verdicts) >= _MAX_FAR_VERDICTS:
+                verdicts.clear()
+            verdict = verdicts[(kind, name)] = decide(grant.rights, name)
+        return verdict
+
+    def far_may_import_cluster(self, cluster: str) -> bool:
+        """Whether the far gateway's grant lets it import `cluster` (so its calls to it are
+        answered); True where its grant is not checked."""
+        return self._far_verdict(0, cluster, Rights.may_import_cluster)
+
+    def far_may_import_topic(self, topic: str) -> bool:
+        """Whether the far gateway's grant lets it import messages on `topic` (so they are
+        sent to it)."""
+        return self._far_verdict(1, topic, Rights.may_import_topic)
+
+    def far_may_export_topic(self, topic: str) -> bool:
+        """Whether the far gateway's grant lets it export messages on `topic` (so they are
+        taken from it)."""
+        return self._far_verdict(2, topic, _may_export_topic)
+
+
+def _may_export_topic(rights: Rights, topic: str) -> bool:
+    return topic_allowed(topic, rights.gateway_export, ())
 
 
 def _approx_size(item: Item) -> int:

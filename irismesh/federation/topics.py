@@ -168,6 +168,9 @@ class TopicCrossings(GatewayState):
             known = True
             if end.peer_mesh in crossing.seen:
                 continue
+            if not end.far_may_import_topic(crossing.topic):  # beyond the far grant's `import`
+                self.stats_counter["crossings_withheld_far_grant"] += 1
+                continue
             if redundancy is not None and not redundancy.forwarding.get(end.peer_mesh, False):
                 redundancy.hold(end.peer_mesh, crossing)
                 continue
@@ -205,6 +208,10 @@ class TopicCrossings(GatewayState):
         return crossing.wire(kind, [m for m in reach if m != to])
 
     def _on_crossing(self, end: LinkEnd, crossing: Crossing, *, resent: bool = False) -> None:
+        if not end.far_may_export_topic(crossing.topic):  # beyond the far grant's `export`
+            self.stats_counter["crossings_refused_far_grant"] += 1
+            end.consumed()
+            return
         if self.mesh in crossing.seen:
             self.stats_counter["loops_dropped"] += 1
             end.consumed()

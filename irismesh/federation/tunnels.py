@@ -480,6 +480,10 @@ class GatewayTunnels:
             self.stats["tunnels_refused_not_exported"] += 1
             relay.send(T_RESET, 0, f"{NO_MEMBER} of {cluster!r}: not exported there".encode())
             return
+        if not end.far_may_import_cluster(cluster):  # the far gateway's grant does not
+            self.stats["tunnels_refused_far_grant"] += 1
+            relay.send(T_RESET, 0, f"{NO_MEMBER} of {cluster!r}: not exported to it".encode())
+            return
         self._add(relay)
         self.stats["tunnels_served"] += 1
         task = asyncio.get_running_loop().create_task(self._serve_export(relay))

@@ -222,3 +222,108 @@ async def test_gateways_in_one_process_serve_each_others_clusters_under_grants()
         assert failed == [0, 0]
         assert joined["a"].stats["requests_forwarded"] >= 200
         assert joined["b"].stats["requests_forwarded"] >= 200
+
+
+def trusting_link() -> irismesh.Keyring:
+    """A link keyring whose gateways trust AUTHORITY for far gateways' grants."""
+    return irismesh.Keyring.generate().with_trust([AUTHORITY.public])
+
+
+@deadline(60)
+async def test_a_gateway_requiring_far_grants_refuses_far_gateways_without_one() -> None:
+    a, b = Mesh("a"), Mesh("b")
+    link = trusting_link()
+    async with AsyncExitStack() as stack:
+        gw_a = await gateway(
+            stack,
+            a,
+            link,
+            listen=True,
+            export=("db",),
+            require_far_grants=True,
+            **granted(Rights(gateway_export=("db",))),
+        )
+        # An earlier release's gateway, or one without the switch: it shows no grant.
+        plain = await gateway(stack, b, link, peers=(gw_a.endpoint,))
+        await wait_until(lambda: gw_a.stats.get("link_dropped_no_grant", 0) >= 1, 10, "no grant")
+        # A grant from an authority nobody here trusts.
+        stranger = Authority.generate()
+        identity = Identity.generate()
+        untrusted = stranger.grant(identity.public, Rights(gateway_import=("db",)))
+        await gateway(
+            stack,
+            b,
+            link,
+            peers=(gw_a.endpoint,),
+            require_far_grants=True,
+            identity=identity,
+            grant=untrusted,
+        )
+        await wait_until(
+            lambda: gw_a.stats.get("link_dropped_grant_refused", 0) >= 1, 10, "untrusted grant"
+        )
+        assert gw_a.stats["links_up"] == 0
+        assert plain.stats["links_up"] == 0
+        assert gw_a.stats["links"] == 0  # a refused gateway keeps no link end there
+
+
+@deadline(60)
+async def test_a_far_grant_limits_what_crosses_and_its_revocation_closes_the_link() -> None:
+    a, b = Mesh("a"), Mesh("b")
+    link = trusting_link()
+    async with AsyncExitStack() as stack:
+        publisher = await a.node(stack)
+        for cluster in ("db", "payroll", "audit"):
+            served = await a.node(stack, cluster)
+            served.on_request(lambda payload, cluster=cluster: cluster.encode() + payload)
+        # a's gateway offers payroll, which its grant does not let it export: b takes it not.
+        exporting = Rights(gateway_export=("db", "audit", "news.#", "alerts.#"))
+        gw_a = await gateway(
+            stack,
+            a,
+            link,
+            listen=True,
+            export=("db", "payroll", "audit"),
+            topics=("news.#", "alerts.#"),
+            require_far_grants=True,
+            **granted(exporting),
+        )
+        # b's gateway may import db, payroll and news: its calls to audit go unanswered, and
+        # alerts are not sent to it.
+        importing = granted(Rights(gateway_import=("db", "payroll", "news.#")))
+        gw_b = await gateway(
+            stack, b, link, peers=(gw_a.endpoint,), require_far_grants=True, **importing
+        )
+        client = await stack.enter_async_context(b.new_node())
+        got: list[str] = []
+        for pattern in ("news.#", "alerts.#"):
+            client.subscribe(pattern, callback=lambda msg: got.append(msg.topic))
+        await client.wait_for_members("db", timeout=10)
+        assert await client.request("db", b"x", timeout=5) == b"dbx"
+        assert gw_b.imports() == ["audit", "db"]
+        assert gw_b.stats["link_far_exports_refused"] >= 1
+        await client.wait_for_members("audit", timeout=10)
+        with pytest.raises(irismesh.MeshError) as caught:
+            await client.request("audit", b"x", timeout=5)
+        assert "does not import it" in str(caught.value)
+        assert gw_a.stats["requests_refused_far_grant"] == 1
+        with pytest.raises(irismesh.NoResponders):
+            await client.request("payroll", b"x", timeout=1)
+        await publisher.wait_for_subscribers("news.x", 1, timeout=10)
+        await gw_b.node.wait_for_subscribers("news.x", 1, timeout=10)
+        for _ in range(20):
+            await publisher.publish("alerts.x", b"no")
+            await publisher.publish("news.x", b"yes")
+        await wait_until(lambda: len(got) >= 20, 10, "the news across")
+        await wait_until(
+            lambda: gw_a.stats.get("crossings_withheld_far_grant", 0) == 20, 5, "alerts withheld"
+        )
+        assert got == ["news.x"] * 20
+        # b's gateway is revoked: its link closes at a's next tick, and stays refused.
+        b_key = importing["identity"].public  # type: ignore[union-attr]
+        assert gw_a.revoke(AUTHORITY.revoke(b_key))
+        await wait_until(lambda: gw_a.stats.get("link_closed_grant", 0) == 1, 5, "link closed")
+        await wait_until(
+            lambda: gw_a.stats.get("link_dropped_revoked", 0) >= 1, 10, "its HELLO refused"
+        )
+        assert gw_a.stats["links_up"] == 0
