@@ -123,6 +123,7 @@ class LinkTransport:
         self.far_grants = far_grants
         self._logged: dict[object, str] = {}  # who -> the refusal last logged for it
         self._dialled: dict[int, str] = {}  # id(end) -> the endpoint it dials
+        self._shown_token: bytes | None = None  # the grant last shown (`_grant_changed`)
 
     def _new_end(self, dialler: bool) -> LinkEnd:
         end = LinkEnd(
@@ -376,6 +377,7 @@ class LinkTransport:
         if self._closed or self._loop is None:
             return
         now = time.monotonic()
+        self._grant_changed()
         for end in self.ends:
             closed = end.stats["closed_grant"]
             if end.tick(now):
@@ -393,6 +395,27 @@ class LinkTransport:
                 self._forget(end)
         self.flush()
         self._timer = self._loop.call_later(self.config.heartbeat / 2, self._tick)
+
+    def _grant_changed(self) -> None:
+        """Where far grants are checked, a far gateway sees this gateway's grant at each
+        handshake: once it changes (a grant file reread, `Node.use_grant`), the links this
+        gateway dialled handshake again (as after a link key change: counted `rehandshakes`),
+        so a renewed grant is seen before the old one expires. A far gateway that dialled in
+        sees it when it next dials (at the latest once the old grant expires there)."""
+        if self.far_grants is None or self._grant_token is None:
+            return
+        token = self._grant_token()
+        if token == self._shown_token:
+            return
+        first = self._shown_token is None
+        self._shown_token = token
+        if first:
+            return
+        for end in self.ends:
+            if end.dialler and end.up and id(end) in self._dealers:
+                end.down()
+                end.stats["rehandshakes"] += 1
+                self._on_state(end, False)
 
     def _forget(self, end: LinkEnd) -> None:
         end.forget()
@@ -419,4 +442,9 @@ def describe(end: LinkEnd) -> dict[str, Any]:
         "dropped": end.stats["dropped_buffer_full"],
         "imports": list(end.peer_exports.clusters),
         "topics": list(end.peer_exports.topics),
+        # The far gateway's identity as it showed it ("" if it did not), and its grant's
+        # rights and expiry where this gateway checks far grants (None where it does not).
+        "identity": end.peer_public.hex(),
+        "grant": None if end.peer_grant is None else end.peer_grant.rights.summary(),
+        "grant_expires": None if end.peer_grant is None else end.peer_grant.expires,
     }

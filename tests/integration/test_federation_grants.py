@@ -5,6 +5,7 @@ gateway right is not made."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from contextlib import AsyncExitStack
 
 import pytest
@@ -230,7 +231,10 @@ def trusting_link() -> irismesh.Keyring:
 
 
 @deadline(60)
-async def test_a_gateway_requiring_far_grants_refuses_far_gateways_without_one() -> None:
+async def test_a_gateway_requiring_far_grants_refuses_far_gateways_without_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, "irismesh.federation")
     a, b = Mesh("a"), Mesh("b")
     link = trusting_link()
     async with AsyncExitStack() as stack:
@@ -265,6 +269,10 @@ async def test_a_gateway_requiring_far_grants_refuses_far_gateways_without_one()
         assert gw_a.stats["links_up"] == 0
         assert plain.stats["links_up"] == 0
         assert gw_a.stats["links"] == 0  # a refused gateway keeps no link end there
+        refusals = [r.getMessage() for r in caplog.records if "link refused" in r.getMessage()]
+        assert len(refusals) == 2  # once per gateway and reason, though each dials again
+        assert "no_grant: the far gateway presented no grant" in refusals[0]
+        assert "grant_refused" in refusals[1]
 
 
 @deadline(60)
@@ -327,3 +335,53 @@ async def test_a_far_grant_limits_what_crosses_and_its_revocation_closes_the_lin
             lambda: gw_a.stats.get("link_dropped_revoked", 0) >= 1, 10, "its HELLO refused"
         )
         assert gw_a.stats["links_up"] == 0
+
+
+@deadline(60)
+async def test_a_dialling_gateway_shows_a_changed_grant_at_once() -> None:
+    a, b = Mesh("a"), Mesh("b")
+    link = trusting_link()
+    async with AsyncExitStack() as stack:
+        for cluster in ("db", "audit"):
+            served = await a.node(stack, cluster)
+            served.on_request(lambda payload, cluster=cluster: cluster.encode() + payload)
+        everything = Rights(gateway_export=("db", "audit"))
+        gw_a = await gateway(
+            stack,
+            a,
+            link,
+            listen=True,
+            export=("db", "audit"),
+            require_far_grants=True,
+            **granted(everything),
+        )
+        importing = granted(Rights(gateway_import=("db",)))
+        gw_b = await gateway(
+            stack, b, link, peers=(gw_a.endpoint,), require_far_grants=True, **importing
+        )
+        client = await stack.enter_async_context(b.new_node())
+        await client.wait_for_members("audit", timeout=10)
+        [shown] = gw_a.links()
+        identity = importing["identity"]
+        assert isinstance(identity, Identity)
+        assert shown["identity"] == identity.public.hex()
+        assert shown["grant"] == {"gateway_import": ["db"]}
+        with pytest.raises(irismesh.MeshError):
+            await client.request("audit", b"x", timeout=5)
+        # Its grant renewed with audit: it handshakes again, and a's gateway answers for audit.
+        gw_b.node.use_grant(
+            AUTHORITY.grant(identity.public, Rights(gateway_import=("db", "audit")))
+        )
+        await wait_until(lambda: gw_b.stats.get("link_rehandshakes", 0) == 1, 5, "handshake")
+        await wait_until(
+            lambda: (
+                [g["grant"] for g in gw_a.links() if g["up"]]
+                == [{"gateway_import": ["db", "audit"]}]
+            ),
+            5,
+            "the new grant seen",
+        )
+        # The link went down for the handshake, and with it what b's gateway imports over it.
+        await client.wait_for_members("audit", timeout=10)
+        assert await client.request("audit", b"x", timeout=5) == b"auditx"
+        assert gw_a.stats["requests_refused_far_grant"] == 1
