@@ -83,8 +83,14 @@ class TopicCrossings(GatewayState):
         self.transport.flush_soon()
 
     def _send(self, end: LinkEnd, wire: Item) -> bool:
-        """A reliable item on `end`; counted as carried over already if `end` is the source
-        of a carry-over (it was sent on every other link to its mesh too)."""
+        """A reliable item (a crossing) on `end`; counted as carried over already if `end` is
+        the source of a carry-over (it was sent on every other link to its mesh too). Not
+        sent if the far gateway's grant, where it is checked, does not let it import the
+        topic (counted `crossings_withheld_far_grant`), whichever way it is sent: new,
+        carried over, or resent by a takeover."""
+        if end.peer_grant is not None and not end.far_may_import_topic(wire[4]):
+            self.stats_counter["crossings_withheld_far_grant"] += 1
+            return False
         if not end.send(wire):
             return False
         carried = self._carried
@@ -167,9 +173,6 @@ class TopicCrossings(GatewayState):
                 continue  # a link never up: whose mesh it leads to is not known yet
             known = True
             if end.peer_mesh in crossing.seen:
-                continue
-            if not end.far_may_import_topic(crossing.topic):  # beyond the far grant's `import`
-                self.stats_counter["crossings_withheld_far_grant"] += 1
                 continue
             if redundancy is not None and not redundancy.forwarding.get(end.peer_mesh, False):
                 redundancy.hold(end.peer_mesh, crossing)

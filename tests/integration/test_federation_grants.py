@@ -285,6 +285,7 @@ async def test_a_far_grant_limits_what_crosses_and_its_revocation_closes_the_lin
             served = await a.node(stack, cluster)
             served.on_request(lambda payload, cluster=cluster: cluster.encode() + payload)
         # a's gateway offers payroll, which its grant does not let it export: b takes it not.
+        # And it sends secret.#, which its grant does not let it export: b drops it.
         exporting = Rights(gateway_export=("db", "audit", "news.#", "alerts.#"))
         gw_a = await gateway(
             stack,
@@ -292,19 +293,19 @@ async def test_a_far_grant_limits_what_crosses_and_its_revocation_closes_the_lin
             link,
             listen=True,
             export=("db", "payroll", "audit"),
-            topics=("news.#", "alerts.#"),
+            topics=("news.#", "alerts.#", "secret.#"),
             require_far_grants=True,
             **granted(exporting),
         )
         # b's gateway may import db, payroll and news: its calls to audit go unanswered, and
         # alerts are not sent to it.
-        importing = granted(Rights(gateway_import=("db", "payroll", "news.#")))
+        importing = granted(Rights(gateway_import=("db", "payroll", "news.#", "secret.#")))
         gw_b = await gateway(
             stack, b, link, peers=(gw_a.endpoint,), require_far_grants=True, **importing
         )
         client = await stack.enter_async_context(b.new_node())
         got: list[str] = []
-        for pattern in ("news.#", "alerts.#"):
+        for pattern in ("news.#", "alerts.#", "secret.#"):
             client.subscribe(pattern, callback=lambda msg: got.append(msg.topic))
         await client.wait_for_members("db", timeout=10)
         assert await client.request("db", b"x", timeout=5) == b"dbx"
@@ -319,12 +320,17 @@ async def test_a_far_grant_limits_what_crosses_and_its_revocation_closes_the_lin
             await client.request("payroll", b"x", timeout=1)
         await publisher.wait_for_subscribers("news.x", 1, timeout=10)
         await gw_b.node.wait_for_subscribers("news.x", 1, timeout=10)
+        await publisher.wait_for_subscribers("secret.x", 1, timeout=10)
         for _ in range(20):
             await publisher.publish("alerts.x", b"no")
+            await publisher.publish("secret.x", b"no")
             await publisher.publish("news.x", b"yes")
         await wait_until(lambda: len(got) >= 20, 10, "the news across")
         await wait_until(
             lambda: gw_a.stats.get("crossings_withheld_far_grant", 0) == 20, 5, "alerts withheld"
+        )
+        await wait_until(
+            lambda: gw_b.stats.get("crossings_refused_far_grant", 0) == 20, 5, "secrets dropped"
         )
         assert got == ["news.x"] * 20
         # b's gateway is revoked: its link closes at a's next tick, and stays refused.
