@@ -241,6 +241,12 @@ class Gateway(ImportedClusters, ExportedClusters, TopicCrossings, FellowGateways
                     "link keyring (or the mesh keyring)"
                 )
             self.far_grants = FarGrantPolicy(self.node.grants, trusted)
+            if self.node.grants.grant is None:
+                log.warning(
+                    "gateway of mesh %r requires far grants but has no grant to show (grant=,"
+                    " --grant): far gateways that require grants will refuse it",
+                    mesh,
+                )
         self._link_file: KeyringFile | None = None
         # The link keyring file is reread when it changes, as nodes reread theirs.
         if link_keyring is not None and link_keyring.path is not None:

@@ -286,8 +286,6 @@ class LinkTransport:
             if new:  # a gateway refused keeps no end here
                 self._forget(end)
                 self._by_peer.pop(hello.gateway_id, None)
-            elif was_up:  # its session was ended with the refusal
-                self._on_state(end, False)
             return
         self._logged.pop(hello.gateway_id, None)
         old = self._routes.get(id(end))

@@ -424,12 +424,9 @@ class LinkEnd:
         self._seen_hellos[hello.nonce] = None
         if len(self._seen_hellos) > 1024:
             del self._seen_hellos[next(iter(self._seen_hellos))]
-        try:
-            far = self._check_far(hello.shown)
-        except ProtocolError:
-            if self.up:  # the far gateway's new session is refused: so is the old one
-                self.down()
-            raise
+        # Refused, a HELLO changes nothing: a session up stays up (its grant was checked, and
+        # goes on being checked), so a HELLO with another gateway's id cannot end it.
+        far = self._check_far(hello.shown)
         private = X25519PrivateKey.generate()
         shared = agree(private, hello.public)
         nonce = self.random_bytes(16)

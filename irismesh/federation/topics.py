@@ -211,7 +211,7 @@ class TopicCrossings(GatewayState):
         return crossing.wire(kind, [m for m in reach if m != to])
 
     def _on_crossing(self, end: LinkEnd, crossing: Crossing, *, resent: bool = False) -> None:
-        if not end.far_may_export_topic(crossing.topic):  # beyond the far grant's `export`
+        if end.peer_grant is not None and not end.far_may_export_topic(crossing.topic):
             self.stats_counter["crossings_refused_far_grant"] += 1
             end.consumed()
             return

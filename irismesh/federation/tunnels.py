@@ -480,7 +480,7 @@ class GatewayTunnels:
             self.stats["tunnels_refused_not_exported"] += 1
             relay.send(T_RESET, 0, f"{NO_MEMBER} of {cluster!r}: not exported there".encode())
             return
-        if not end.far_may_import_cluster(cluster):  # the far gateway's grant does not
+        if end.peer_grant is not None and not end.far_may_import_cluster(cluster):
             self.stats["tunnels_refused_far_grant"] += 1
             relay.send(T_RESET, 0, f"{NO_MEMBER} of {cluster!r}: not exported to it".encode())
             return

@@ -281,3 +281,27 @@ def test_a_revocation_the_gateways_node_applies_holds_for_far_gateways() -> None
     assert mesh.learn(AUTHORITY.revoke(lst.identity.public, before=clock.now).token)
     assert d.tick(0.1)
     assert d.stats["closed_grant"] == 1
+
+
+def test_a_refused_hello_leaves_the_session_up() -> None:
+    clock = Clock()
+    d = end(dialler=True, require=policy(clock), clock=clock)
+    lst = end(dialler=False, require=policy(clock), clock=clock)
+    d.receive(welcome_for(d, lst), 0.0)
+    # A holder of the link key says HELLO under the linked gateway's id, with no grant.
+    rogue = end(dialler=True, rights=None)
+    rogue.gateway_id = d.gateway_id
+    [hello] = rogue.outgoing(1.0)
+    with pytest.raises(ProtocolError) as caught:
+        lst.accept(open_hello(hello, lst.secrets), 1.0)
+    assert caught.value.reason == "no_grant"
+    assert lst.up
+    lst.send(["x"])
+    assert pump(lst, d, 1.0) == [["x"]]
+
+
+def pump(src: LinkEnd, dst: LinkEnd, now: float) -> list[list[object]]:
+    got: list[list[object]] = []
+    for frame in src.outgoing(now):
+        got.extend(dst.receive(frame, now))
+    return got
