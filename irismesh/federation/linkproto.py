@@ -46,8 +46,8 @@ WELCOME when the HELLO did. A link whose far grant stops holding (expired, revok
 exports is kept only as far as its `export` allows (`far_exports_refused`), and `far_may_*` say
 what its `import` takes and what its `export` may send (decided once per name, per session).
 Without those fields a HELLO and WELCOME are byte-for-byte as before; a gateway of an earlier
-release drops one that has them (`dropped_bad_handshake`), so only a gateway that requires far
-grants sends them first.
+release drops one that has them unanswered, as malformed (`dropped_malformed`), so only a
+gateway that requires far grants sends them first.
 
 A link is up from a valid handshake until `dead_after` seconds pass with nothing received;
 each end sends a heartbeat after `heartbeat` seconds of sending nothing. The dialler says
