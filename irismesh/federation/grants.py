@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Final
 
-from irismesh._core.rights import UNCHECKED, Rights
+from irismesh._core.rights import UNCHECKED, PeerGrant, Rights
 from irismesh.errors import Forbidden
 from irismesh.security.grants import NodeGrants
 
@@ -104,7 +104,7 @@ class GatewayGrant:
 class FarGrantPolicy(NodeGrants):
     """The verdicts on far gateways' grants: trusting `authorities`, and holding a grant
     revoked if this policy or the gateway's node (`mesh`, the policy its mesh's gossip feeds)
-    knows a revocation of it."""
+    knows a revocation of it, or if its authority is no longer trusted."""
 
     def __init__(self, mesh: NodeGrants, authorities: Iterable[bytes]) -> None:
         super().__init__(public=b"", authorities=authorities, required=True, clock=mesh.clock)
@@ -112,6 +112,10 @@ class FarGrantPolicy(NodeGrants):
 
     def revoked(self, public: bytes, issued: float) -> bool:
         return super().revoked(public, issued) or self._mesh.revoked(public, issued)
+
+    def holds(self, public: bytes, grant: PeerGrant) -> bool:
+        # An authority no longer trusted (the link keyring reread) ends its grants' links too.
+        return grant.authority in self.authorities and super().holds(public, grant)
 
 
 __all__ = ["FarGrantPolicy", "GatewayGrant"]

@@ -347,3 +347,15 @@ def _signed() -> tuple[LinkEnd, bytes]:
 
 
 SIGNED = _signed()
+
+
+def test_a_link_under_an_authority_no_longer_trusted_goes_down() -> None:
+    clock = Clock()
+    far = policy(clock)
+    d = end(dialler=True, require=far, clock=clock)
+    lst = end(dialler=False, clock=clock)
+    d.receive(welcome_for(d, lst), 0.0)
+    assert not d.tick(0.1)
+    far.configure([Authority.generate().public], True)  # the link keyring reread
+    assert d.tick(0.2)
+    assert d.stats["closed_grant"] == 1
