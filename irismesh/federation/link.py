@@ -48,7 +48,9 @@ _EVENTS = int(zmq.EVENTS)
 _GREETING_MS = 2000
 # Why a far gateway's handshake is refused where far grants are required: logged once per
 # gateway and reason (until it links), so a gateway dialling again every retry logs no more.
-_GRANT_REASONS = frozenset(("no_grant", "grant_refused", "revoked", "bad_signature"))
+_GRANT_REASONS = frozenset(
+    ("no_grant", "grant_refused", "revoked", "bad_signature", "identity_changed")
+)
 _MAX_LOGGED = 1024
 
 log = logging.getLogger("irismesh.federation")

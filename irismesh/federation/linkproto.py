@@ -427,6 +427,10 @@ class LinkEnd:
         # Refused, a HELLO changes nothing: a session up stays up (its grant was checked, and
         # goes on being checked), so a HELLO with another gateway's id cannot end it.
         far = self._check_far(hello.shown)
+        if self.far_grants is not None and self.peer_public and far[0] != self.peer_public:
+            # A gateway id is random per process and its identity stays: another key under
+            # it is another gateway, which must not take over this one's stream.
+            raise ProtocolError("identity_changed", "a gateway id linked under another identity")
         private = X25519PrivateKey.generate()
         shared = agree(private, hello.public)
         nonce = self.random_bytes(16)

@@ -359,3 +359,20 @@ def test_a_link_under_an_authority_no_longer_trusted_goes_down() -> None:
     far.configure([Authority.generate().public], True)  # the link keyring reread
     assert d.tick(0.2)
     assert d.stats["closed_grant"] == 1
+
+
+def test_another_granted_gateway_cannot_take_over_a_linked_gateways_id() -> None:
+    clock = Clock()
+    d = end(dialler=True, require=policy(clock), clock=clock)
+    lst = end(dialler=False, require=policy(clock), clock=clock)
+    d.receive(welcome_for(d, lst), 0.0)
+    # A gateway with a grant of its own says HELLO under the linked gateway's id.
+    other = end(dialler=True, require=policy(clock), clock=clock)
+    other.gateway_id = d.gateway_id
+    [hello] = other.outgoing(1.0)
+    with pytest.raises(ProtocolError) as caught:
+        lst.accept(open_hello(hello, lst.secrets), 1.0)
+    assert caught.value.reason == "identity_changed"
+    assert lst.up
+    assert d.identity is not None
+    assert lst.peer_public == d.identity.public
