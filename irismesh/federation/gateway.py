@@ -41,8 +41,15 @@ from irismesh.federation.fellows import GATEWAY_CLUSTER, FellowGateways
 from irismesh.federation.grants import FarGrantPolicy, GatewayGrant
 from irismesh.federation.imports import ImportedClusters
 from irismesh.federation.link import LinkTransport, describe
+from irismesh.federation.linkproto import (
+    REHELLO,
+    Exports,
+    Item,
+    LinkConfig,
+    LinkEnd,
+    link_secrets,
+)
 from irismesh.federation.linkproto import TUNNEL as _TUNNEL
-from irismesh.federation.linkproto import Exports, Item, LinkConfig, LinkEnd, link_secrets
 from irismesh.federation.redundancy import Redundancy
 from irismesh.federation.topics import TopicCrossings
 from irismesh.federation.tunnels import MAX_TUNNEL_WINDOW, GatewayTunnels
@@ -546,6 +553,8 @@ class Gateway(ImportedClusters, ExportedClusters, TopicCrossings, FellowGateways
                     self._on_reply(item)
                 elif kind == _TUNNEL:
                     self.tunnels.on_item(end, item)
+                elif kind == REHELLO:  # the far gateway's grant changed
+                    self.transport.rehandshake(end)
                 else:
                     self.stats_counter["dropped_unknown_item"] += 1
             except MeshError:

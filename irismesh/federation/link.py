@@ -30,6 +30,7 @@ import zmq
 from irismesh.errors import ConfigurationError, ProtocolError
 from irismesh.federation.linkproto import (
     MAX_FRAME,
+    REHELLO,
     Exports,
     FarGrants,
     Item,
@@ -400,8 +401,9 @@ class LinkTransport:
         """Where far grants are checked, a far gateway sees this gateway's grant at each
         handshake: once it changes (a grant file reread, `Node.use_grant`), the links this
         gateway dialled handshake again (as after a link key change: counted `rehandshakes`),
-        so a renewed grant is seen before the old one expires. A far gateway that dialled in
-        sees it when it next dials (at the latest once the old grant expires there)."""
+        and the far gateways that dialled in and showed their identity are asked to
+        (`REHELLO`, counted `rehandshakes_asked`), so a renewed grant is seen before the old
+        one expires."""
         if self.far_grants is None or self._grant_token is None:
             return
         token = self._grant_token()
@@ -412,10 +414,21 @@ class LinkTransport:
         if first:
             return
         for end in self.ends:
-            if end.dialler and end.up and id(end) in self._dealers:
-                end.down()
-                end.stats["rehandshakes"] += 1
-                self._on_state(end, False)
+            if not end.up:
+                continue
+            if end.dialler and id(end) in self._dealers:
+                self.rehandshake(end)
+            elif not end.dialler and end.peer_public and end.send_plain([REHELLO]):
+                end.stats["rehandshakes_asked"] += 1
+
+    def rehandshake(self, end: LinkEnd) -> None:
+        """Say HELLO again on a link this gateway dialled (its own grant changed, or the far
+        gateway asked: `REHELLO`), as after a link key change: counted `rehandshakes`."""
+        if end.dialler and end.up and id(end) in self._dealers:
+            end.down()
+            end.stats["rehandshakes"] += 1
+            self._on_state(end, False)
+            self.flush_soon()
 
     def _forget(self, end: LinkEnd) -> None:
         end.forget()

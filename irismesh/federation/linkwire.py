@@ -231,6 +231,12 @@ def agree(private: X25519PrivateKey, peer_public: bytes) -> bytes:
         raise ProtocolError("bad_handshake", "unusable X25519 key") from None
 
 
+# A plain item [REHELLO]: the listener's grant changed, and the dialler (which showed its own
+# identity, so it checks far grants) is asked to handshake again to see it. A gateway of an
+# earlier release never gets one (it shows no identity).
+REHELLO = "rehello"
+
+
 # ----------------------------------------------------------------- tunnel items
 
 # Tunnels crossing gateways (`irismesh.federation.tunnels`) ride plain items of their own kind:
