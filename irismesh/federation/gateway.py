@@ -49,7 +49,7 @@ from irismesh.federation.linkproto import (
     LinkEnd,
     link_secrets,
 )
-from irismesh.federation.linkproto import TUNNEL as _TUNNEL
+from irismesh.federation.linkwire import TUNNEL as _TUNNEL
 from irismesh.federation.redundancy import Redundancy
 from irismesh.federation.topics import TopicCrossings
 from irismesh.federation.tunnels import MAX_TUNNEL_WINDOW, GatewayTunnels

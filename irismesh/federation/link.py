@@ -28,15 +28,14 @@ from typing import Any, cast
 import zmq
 
 from irismesh.errors import ConfigurationError, ProtocolError
+from irismesh.federation.fargrants import FarGrants, Signer
 from irismesh.federation.linkproto import (
     MAX_FRAME,
     REHELLO,
     Exports,
-    FarGrants,
     Item,
     LinkConfig,
     LinkEnd,
-    Signer,
     open_hello,
 )
 

@@ -32,22 +32,8 @@ What flows in sealed frames:
 - *plain items* (requests and replies) are sent once, only while the link is up: a request
   across a broken link is the caller's to resend elsewhere, as a request to a dead member is.
 
-A gateway may also show *who* it is in its HELLO or WELCOME: two optional trailing fields, its
-identity's Ed25519 public key and the grant it holds (its mesh authority's token), and its
-identity's signature over the transcript (the HELLO's fields; the HELLO's and the WELCOME's
-for a WELCOME), nonces and ephemeral keys among them, so a signed HELLO replayed by another
-holder of the link key gives it no session, and a tampered grant fails the signature. A
-gateway told to require far grants (`far_grants`) shows itself in its HELLOs, and refuses a
-far gateway that shows no identity, or a grant that does not hold under an authority it trusts
-(untrusted, expired, revoked, no gateway right): its HELLO or WELCOME is dropped and counted
-(`dropped_no_grant`, `dropped_grant_refused`, `dropped_revoked`). A listener shows itself in its
-WELCOME when the HELLO did. A link whose far grant stops holding (expired, revoked) goes down
-(`closed_grant`) at the next tick. The far grant limits the link: what the far gateway says it
-exports is kept only as far as its `export` allows (`far_exports_refused`), and `far_may_*` say
-what its `import` takes and what its `export` may send (decided once per name, per session).
-Without those fields a HELLO and WELCOME are byte-for-byte as before; a gateway of an earlier
-release drops one that has them unanswered, as malformed (`dropped_malformed`), so only a
-gateway that requires far grants sends them first.
+A gateway may also show *who* it is in its HELLO or WELCOME (its identity, its grant and a
+signature over the transcript), and require far gateways to: see `fargrants`.
 
 A link is up from a valid handshake until `dead_after` seconds pass with nothing received;
 each end sends a heartbeat after `heartbeat` seconds of sending nothing. The dialler says
@@ -61,12 +47,23 @@ import os
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from irismesh._core.rights import PeerGrant, Rights, topic_allowed
+from irismesh._core.rights import PeerGrant
 from irismesh.errors import ConfigurationError, ProtocolError
+from irismesh.federation.fargrants import (
+    EXPORT_TOPIC,
+    IMPORT_CLUSTER,
+    IMPORT_TOPIC,
+    FarGrants,
+    FarVerdicts,
+    Signer,
+    check_far,
+    granted_exports,
+    no_grant,
+)
 from irismesh.federation.linkwire import (
     HEADER,
     HELLO,
@@ -77,17 +74,6 @@ from irismesh.federation.linkwire import (
     MAX_FRAME,
     REHELLO,
     SEALED,
-    T_ACCEPT,
-    T_CREDIT,
-    T_DATA,
-    T_FIN,
-    T_MAX_CHUNK,
-    T_MAX_OPEN,
-    T_MAX_WINDOW,
-    T_OPEN,
-    T_RESET,
-    TUNNEL,
-    TUNNEL_VERSION,
     VERSION,
     WELCOME,
     WELCOME_DOMAIN,
@@ -96,15 +82,12 @@ from irismesh.federation.linkwire import (
     Hello,
     Item,
     Session,
-    Shown,
-    TunnelItem,
     agree,
     handshake_body,
     link_secrets,
     mac,
     open_hello,
     pack,
-    parse_tunnel_item,
     said_fields,
     shown_fields,
     unpack,
@@ -119,64 +102,21 @@ __all__ = [
     "MAX_FRAME",
     "REHELLO",
     "SEALED",
-    "TUNNEL",
-    "TUNNEL_VERSION",
-    "T_ACCEPT",
-    "T_CREDIT",
-    "T_DATA",
-    "T_FIN",
-    "T_MAX_CHUNK",
-    "T_MAX_OPEN",
-    "T_MAX_WINDOW",
-    "T_OPEN",
-    "T_RESET",
     "VERSION",
     "WELCOME",
     "Exports",
-    "FarGrants",
     "Hello",
     "Item",
     "LinkConfig",
     "LinkEnd",
     "ServeRequest",
-    "Shown",
-    "Signer",
-    "TunnelItem",
     "link_secrets",
     "open_hello",
-    "parse_tunnel_item",
 ]
 
 _MAX_BATCH_ITEMS = 512
 _MAX_BATCH_BYTES = 256 * 1024
 _ACK_MARK = 0.05  # seconds between the marks of when acks came (`LinkEnd._ack_marks`)
-_MAX_FAR_VERDICTS: Final = 4096  # topics and clusters whose far-grant verdict a link keeps
-
-
-class Signer(Protocol):
-    """A gateway's identity (`irismesh.security.identity.Identity`)."""
-
-    @property
-    def public(self) -> bytes: ...
-
-    def sign(self, message: bytes) -> bytes: ...
-
-
-class FarGrants(Protocol):
-    """The verdicts on far gateways' grants (`irismesh.federation.grants.FarGrantPolicy`)."""
-
-    def admit(self, public: bytes, token: bytes) -> PeerGrant:
-        """A far gateway's grant verified (UNGRANTED if none holds; ProtocolError `revoked`)."""
-        ...
-
-    def holds(self, public: bytes, grant: PeerGrant) -> bool:
-        """Whether a grant admitted earlier still holds (not expired, not revoked)."""
-        ...
-
-
-def _no_grant() -> bytes:
-    return b""
-
 
 # (cluster, payload, timeout, done): a request served in-process, `done(reply, error)` once.
 # (cluster, payload, timeout, done, the caller's trace context)
@@ -282,12 +222,12 @@ class LinkEnd:
     # The gateway's identity and its grant's token, shown in a HELLO when `far_grants` is set
     # and in a WELCOME to a HELLO that showed one.
     identity: Signer | None = None
-    grant_token: Callable[[], bytes] = _no_grant
+    grant_token: Callable[[], bytes] = no_grant
     # Set: the far gateway must show a grant these verdicts admit (the gateway's switch).
     far_grants: FarGrants | None = None
     peer_public: bytes = b""  # the far gateway's identity, if it showed one
     peer_grant: PeerGrant | None = None  # its grant as admitted; None: not checked
-    _far_verdicts: dict[tuple[int, str], bool] = field(default_factory=dict)
+    _far: FarVerdicts = field(default_factory=FarVerdicts)
 
     def __post_init__(self) -> None:
         if not self.secrets:
@@ -318,24 +258,6 @@ class LinkEnd:
             said += [self.identity.public, self.grant_token()]
         return said
 
-    def _check_far(self, shown: Shown | None) -> tuple[bytes, PeerGrant | None]:
-        """The far gateway's identity and grant as this end takes them; ProtocolError
-        (`no_grant`, `grant_refused`, `revoked`) where far grants are required and its grant
-        does not hold."""
-        far = self.far_grants
-        if far is None:
-            return (b"" if shown is None else shown.public), None
-        if shown is None or not shown.grant:
-            raise ProtocolError("no_grant", "the far gateway presented no grant")
-        grant = far.admit(shown.public, shown.grant)
-        if not grant.rights.gateway:
-            raise ProtocolError(
-                "grant_refused",
-                "the far gateway's grant does not hold here (authority not trusted, expired, "
-                "revoked, or no gateway right)",
-            )
-        return shown.public, grant
-
     def _established(
         self,
         key: bytes,
@@ -346,18 +268,9 @@ class LinkEnd:
     ) -> None:
         peer_id, peer_mesh, peer_stream, acked, exports = peer
         self.peer_public, self.peer_grant = far
-        self._far_verdicts.clear()
+        self._far.reset(far[1])
         if far[1] is not None:  # what it exports beyond its grant is not taken from it
-            rights = far[1].rights
-            kept = Exports(
-                clusters=tuple(c for c in exports.clusters if rights.may_export_cluster(c)),
-                topics=tuple(p for p in exports.topics if rights.may_export_topics(p)),
-            )
-            refused = len(exports.clusters) + len(exports.topics)
-            refused -= len(kept.clusters) + len(kept.topics)
-            if refused:
-                self.stats["far_exports_refused"] += refused
-            exports = kept
+            exports = granted_exports(far[1], exports, self.stats)
         self._session = Session(key, nonces, dialler=self.dialler)
         self.peer_id, self.peer_mesh, self.peer_exports = peer_id, peer_mesh, exports
         if peer_stream != self._peer_stream:  # a new peer process: its stream starts afresh
@@ -428,7 +341,7 @@ class LinkEnd:
             del self._seen_hellos[next(iter(self._seen_hellos))]
         # Refused, a HELLO changes nothing: a session up stays up (its grant was checked, and
         # goes on being checked), so a HELLO with another gateway's id cannot end it.
-        far = self._check_far(hello.shown)
+        far = check_far(self.far_grants, hello.shown)
         if self.far_grants is not None and self.peer_public and far[0] != self.peer_public:
             # A gateway id is random per process and its identity stays: another key under
             # it is another gateway, which must not take over this one's stream.
@@ -462,7 +375,7 @@ class LinkEnd:
         shown = shown_fields(said, body, WELCOME_SIGN_DOMAIN + pending.raw_said + raw_said)
         if shown is not None and not pending.shown:
             raise ProtocolError("bad_handshake", "a WELCOME showed an identity unasked")
-        far = self._check_far(shown)
+        far = check_far(self.far_grants, shown)
         shared = agree(pending.private, public)
         self._pending = None
         self._session_secret = secret
@@ -655,48 +568,30 @@ class LinkEnd:
         far gateway's grant no longer holds: expired or revoked, counted `closed_grant`)."""
         if not self.up:
             return False
-        if now - self._last_in >= self.config.dead_after:
-            self.down()
-            return True
         far, grant = self.far_grants, self.peer_grant
         if far is not None and grant is not None and not far.holds(self.peer_public, grant):
-            self.down()
             self.stats["closed_grant"] += 1
-            return True
-        return False
+        elif now - self._last_in < self.config.dead_after:
+            return False
+        self.down()
+        return True
 
     # ------------------------------------------------------------- the far grant
-
-    def _far_verdict(self, kind: int, name: str, decide: Callable[[Rights, str], bool]) -> bool:
-        grant = self.peer_grant
-        if grant is None:
-            return True
-        verdicts = self._far_verdicts
-        verdict = verdicts.get((kind, name))
-        if verdict is None:
-            if len(verdicts) >= _MAX_FAR_VERDICTS:
-                verdicts.clear()
-            verdict = verdicts[(kind, name)] = decide(grant.rights, name)
-        return verdict
 
     def far_may_import_cluster(self, cluster: str) -> bool:
         """Whether the far gateway's grant lets it import `cluster` (so its calls to it are
         answered); True where its grant is not checked."""
-        return self._far_verdict(0, cluster, Rights.may_import_cluster)
+        return self._far.allows(IMPORT_CLUSTER, cluster)
 
     def far_may_import_topic(self, topic: str) -> bool:
         """Whether the far gateway's grant lets it import messages on `topic` (so they are
         sent to it)."""
-        return self._far_verdict(1, topic, Rights.may_import_topic)
+        return self._far.allows(IMPORT_TOPIC, topic)
 
     def far_may_export_topic(self, topic: str) -> bool:
         """Whether the far gateway's grant lets it export messages on `topic` (so they are
         taken from it)."""
-        return self._far_verdict(2, topic, _may_export_topic)
-
-
-def _may_export_topic(rights: Rights, topic: str) -> bool:
-    return topic_allowed(topic, rights.gateway_export, ())
+        return self._far.allows(EXPORT_TOPIC, topic)
 
 
 def _approx_size(item: Item) -> int:

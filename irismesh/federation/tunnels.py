@@ -52,7 +52,8 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable
 
 from irismesh.errors import EndOfStream, MeshError, NoResponders, ProtocolError, TunnelReset
-from irismesh.federation.linkproto import (
+from irismesh.federation.linkproto import LinkEnd
+from irismesh.federation.linkwire import (
     T_ACCEPT,
     T_CREDIT,
     T_DATA,
@@ -63,7 +64,6 @@ from irismesh.federation.linkproto import (
     T_OPEN,
     T_RESET,
     Item,
-    LinkEnd,
     TunnelItem,
     parse_tunnel_item,
 )
