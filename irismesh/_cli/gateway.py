@@ -201,6 +201,16 @@ def register(commands: Commands) -> None:
             " one each, on --bind's or --interface's host (default: any free port)"
         ),
     )
+    parser.add_argument(
+        "--require-far-grants",
+        action="store_true",
+        help=(
+            "far gateways (over --listen and --peer links) must show a grant from an authority"
+            " the link keyring or this mesh's keyring trusts (@authority); the links follow"
+            " its export, import, expiry and revocation, and this gateway shows its own"
+            " identity and grant (a gateway of an earlier release cannot link then)"
+        ),
+    )
     parser.add_argument("--name", metavar="NAME", help="the gateway's node name")
     add_shared_options(parser, joining=(None, ""), metrics=True, json="the first line as JSON")
 
@@ -215,6 +225,8 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError("--listen and --peer need --link-keys")
     if joined and args.link_keys is not None and not (args.listen or args.peer):
         raise UsageError("--link-keys goes with --listen or --peer")
+    if args.require_far_grants and not (args.listen or args.peer):
+        raise UsageError("--require-far-grants goes with --listen or --peer")
     meshes = [args.mesh, *(j.mesh for j in joined)]
     if len(set(meshes)) != len(meshes):
         raise UsageError(
@@ -271,6 +283,7 @@ async def run_gateway(args: argparse.Namespace) -> int:
         import_ports=args.import_ports,
         identity=getattr(args, "identity", None),
         grant=getattr(args, "grant", None),
+        require_far_grants=args.require_far_grants,
     )
     async with contextlib.AsyncExitStack() as stack:
         if others:

@@ -37,7 +37,8 @@ class ExportedClusters(GatewayState):
         """Whether a far call of kind `what` to `cluster` is served here (counted as
         `<what>_served`); if the cluster is not exported the call is answered NoResponders
         (counted as `<what>_refused_not_exported`, or `<what>_refused_forbidden` for one its grant
-        kept from being exported)."""
+        kept from being exported), and so it is if the far gateway's grant, where it is checked,
+        does not let it import the cluster (`<what>_refused_far_grant`)."""
         if cluster not in self.export.clusters:
             why = "forbidden" if cluster in self._export_forbidden else "not_exported"
             self.stats_counter[f"{what}_refused_{why}"] += 1
@@ -46,6 +47,19 @@ class ExportedClusters(GatewayState):
                 call_id,
                 ERROR,
                 pack_error("NoResponders", f"no cluster {cluster!r} is exported here"),
+            )
+            return False
+        if end.peer_grant is not None and not end.far_may_import_cluster(cluster):
+            self.stats_counter[f"{what}_refused_far_grant"] += 1
+            self._answer(
+                end,
+                call_id,
+                ERROR,
+                pack_error(
+                    "NoResponders",
+                    f"cluster {cluster!r} is not exported to a gateway whose grant does not "
+                    "import it",
+                ),
             )
             return False
         self.stats_counter[f"{what}_served"] += 1

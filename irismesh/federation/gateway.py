@@ -38,11 +38,18 @@ from irismesh.errors import ConfigurationError, MeshError
 from irismesh.federation.crossing import CROSSING, RESENT, Barrier, Crossing, OriginIds
 from irismesh.federation.exports import BROADCAST, REPLY, REQUEST, SURVEY, ExportedClusters
 from irismesh.federation.fellows import GATEWAY_CLUSTER, FellowGateways
-from irismesh.federation.grants import GatewayGrant
+from irismesh.federation.grants import FarGrantPolicy, GatewayGrant
 from irismesh.federation.imports import ImportedClusters
 from irismesh.federation.link import LinkTransport, describe
-from irismesh.federation.linkproto import TUNNEL as _TUNNEL
-from irismesh.federation.linkproto import Exports, Item, LinkConfig, LinkEnd, link_secrets
+from irismesh.federation.linkproto import (
+    REHELLO,
+    Exports,
+    Item,
+    LinkConfig,
+    LinkEnd,
+    link_secrets,
+)
+from irismesh.federation.linkwire import TUNNEL as _TUNNEL
 from irismesh.federation.redundancy import Redundancy
 from irismesh.federation.topics import TopicCrossings
 from irismesh.federation.tunnels import MAX_TUNNEL_WINDOW, GatewayTunnels
@@ -50,6 +57,7 @@ from irismesh.node import Node, SurveyResult
 from irismesh.patterns.pubsub import Subscription
 from irismesh.patterns.reqrep import TurnedAway
 from irismesh.patterns.tunnel import DEFAULT_WINDOW
+from irismesh.security.grants import Revocation
 from irismesh.security.keyring import Keyring
 from irismesh.security.rotation import POLL_INTERVAL, KeyringFile
 
@@ -83,6 +91,13 @@ def new_context() -> zmq.Context[zmq.Socket[bytes]]:
     return ctx
 
 
+def _far_authorities(keyring: Keyring, link_keyring: Keyring | None) -> frozenset[bytes]:
+    """The authorities a gateway trusts for far gateways' grants."""
+    return frozenset(keyring.authorities) | frozenset(
+        () if link_keyring is None else link_keyring.authorities
+    )
+
+
 def _check_link_keys(keyring: Keyring) -> None:
     link_secrets(keyring)  # ConfigurationError if it holds no link key
 
@@ -104,6 +119,12 @@ class Gateway(ImportedClusters, ExportedClusters, TopicCrossings, FellowGateways
     gateway's node's. Where the keyring requires grants, the grant's gateway rights limit what
     it exports and imports (`irismesh.federation.grants`), and a grant without one is refused
     with `Forbidden`.
+    `require_far_grants=True`: every far gateway linked over TCP must show its identity and a
+    grant from an authority this gateway trusts (the link keyring's `@authority` lines and the
+    mesh keyring's), and its link is limited to that grant's `export` and `import` and follows
+    its expiry and revocation (`irismesh.federation.grants`); this gateway then shows its own
+    identity and grant in its handshakes, which a gateway of an earlier release refuses. Off,
+    handshakes are as before.
     `import_ports` (first, last): the ports the nodes serving imported clusters take, one each,
     on the host of `bind` (or `interface`); without it they take any free port there. Where
     grants are required the gateway's node serves the imported clusters itself, under the
@@ -133,6 +154,7 @@ class Gateway(ImportedClusters, ExportedClusters, TopicCrossings, FellowGateways
         import_ports: tuple[int, int] | None = None,
         identity: Identity | Ed25519PrivateKey | str | os.PathLike[str] | None = None,
         grant: GrantSource = None,
+        require_far_grants: bool = False,
     ) -> None:
         if not mesh or len(mesh) > _MAX_MESH_NAME or not mesh.isprintable():
             raise ConfigurationError(f"a mesh name is 1-{_MAX_MESH_NAME} printable characters")
@@ -216,6 +238,22 @@ class Gateway(ImportedClusters, ExportedClusters, TopicCrossings, FellowGateways
             self.node.on_survey(self._on_gateway_survey)
             self.node.on_broadcast(self._on_sync)
         self.link_keyring = link_keyring
+        self.far_grants: FarGrantPolicy | None = None
+        if require_far_grants:
+            trusted = _far_authorities(keyring, link_keyring)
+            if not trusted:
+                self._context.term()  # no socket was made on it
+                raise ConfigurationError(
+                    "require_far_grants needs an authority to trust: `@authority` lines in the "
+                    "link keyring (or the mesh keyring)"
+                )
+            self.far_grants = FarGrantPolicy(self.node.grants, trusted)
+            if self.node.grants.grant is None:
+                log.warning(
+                    "gateway of mesh %r requires far grants but has no grant to show (grant=,"
+                    " --grant): far gateways that require grants will refuse it",
+                    mesh,
+                )
         self._link_file: KeyringFile | None = None
         # The link keyring file is reread when it changes, as nodes reread theirs.
         if link_keyring is not None and link_keyring.path is not None:
@@ -231,6 +269,9 @@ class Gateway(ImportedClusters, ExportedClusters, TopicCrossings, FellowGateways
             on_items=self._on_items,
             on_state=self._on_link_state,
             context=self._context,
+            identity=self.node.identity,
+            grant_token=self.node.grants.token,
+            far_grants=self.far_grants,
         )
         self._imports: dict[str, Node] = {}  # cluster -> the node that serves it here
         self._answering: set[asyncio.Future[Any]] = set()
@@ -384,6 +425,8 @@ class Gateway(ImportedClusters, ExportedClusters, TopicCrossings, FellowGateways
         one; the others go on."""
         secrets = link_secrets(keyring)
         self.link_keyring = keyring
+        if self.far_grants is not None:  # its authorities are trusted from now on
+            self.far_grants.configure(_far_authorities(self.keyring, keyring), True)
         self.transport.use_secrets(secrets)
         self.stats_counter["link_keyring_changes"] += 1
 
@@ -409,6 +452,15 @@ class Gateway(ImportedClusters, ExportedClusters, TopicCrossings, FellowGateways
                     self.use_link_keyring(keyring)
             except Exception:  # the watch outlives an error in applying a keyring (logged)
                 log.exception("gateway: applying the link keyring failed")
+
+    def revoke(self, revocation: Revocation | bytes) -> bool:
+        """Apply a revocation (an authority's token): in this mesh as `Node.revoke` does, and
+        to far gateways where far grants are required, from any authority trusted for them (a
+        far mesh's authority among them). True if either took it as new; a link to the
+        revoked gateway goes down at its next tick."""
+        token = revocation.token if isinstance(revocation, Revocation) else revocation
+        far = self.far_grants is not None and self.far_grants.learn(token)
+        return self.node.revoke(token) or far
 
     # ------------------------------------------------------------- views
 
@@ -501,6 +553,8 @@ class Gateway(ImportedClusters, ExportedClusters, TopicCrossings, FellowGateways
                     self._on_reply(item)
                 elif kind == _TUNNEL:
                     self.tunnels.on_item(end, item)
+                elif kind == REHELLO:  # the far gateway's grant changed
+                    self.transport.rehandshake(end)
                 else:
                     self.stats_counter["dropped_unknown_item"] += 1
             except MeshError:

@@ -21,14 +21,28 @@ thing once, never message by message:
 The gateway's rights also let its node do what they take (`Rights.may_call` and the others): a
 grant of ``--export db`` lets the gateway call db in its mesh for far callers. Without
 ``@require-grants`` nothing here applies and nothing is checked.
+
+Far gateways. The grant above binds this gateway; a far gateway's binds the far one. A gateway
+made with ``require_far_grants=True`` (``mesh gateway --require-far-grants``) requires every far
+gateway that links to it over TCP, or that it dials, to show its identity and a grant that holds
+under an authority it trusts (`FarGrantPolicy`: the link keyring's ``@authority`` lines and the
+mesh keyring's), and limits each link to that grant (`irismesh.federation.linkproto`): what the
+far gateway exports beyond its `export` is not imported here, calls to a cluster beyond its
+`import` are not answered (`requests_refused_far_grant`, and the broadcasts', surveys' and
+tunnels' counters), messages on a topic beyond its `import` are not sent to it
+(`crossings_withheld_far_grant`) and those beyond its `export` are not taken from it
+(`crossings_refused_far_grant`). Such a link goes down once the far grant expires or is revoked
+(revocations this gateway's node applies, or `Gateway.revoke`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Final
 
-from irismesh._core.rights import UNCHECKED, Rights
+from irismesh._core.rights import UNCHECKED, PeerGrant, Rights
 from irismesh.errors import Forbidden
+from irismesh.security.grants import NodeGrants
 
 if TYPE_CHECKING:
     from irismesh.federation.linkproto import Exports
@@ -87,4 +101,21 @@ class GatewayGrant:
         return verdict
 
 
-__all__ = ["GatewayGrant"]
+class FarGrantPolicy(NodeGrants):
+    """The verdicts on far gateways' grants: trusting `authorities`, and holding a grant
+    revoked if this policy or the gateway's node (`mesh`, the policy its mesh's gossip feeds)
+    knows a revocation of it, or if its authority is no longer trusted."""
+
+    def __init__(self, mesh: NodeGrants, authorities: Iterable[bytes]) -> None:
+        super().__init__(public=b"", authorities=authorities, required=True, clock=mesh.clock)
+        self._mesh = mesh
+
+    def revoked(self, public: bytes, issued: float) -> bool:
+        return super().revoked(public, issued) or self._mesh.revoked(public, issued)
+
+    def holds(self, public: bytes, grant: PeerGrant) -> bool:
+        # An authority no longer trusted (the link keyring reread) ends its grants' links too.
+        return grant.authority in self.authorities and super().holds(public, grant)
+
+
+__all__ = ["FarGrantPolicy", "GatewayGrant"]

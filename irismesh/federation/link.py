@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -27,8 +28,10 @@ from typing import Any, cast
 import zmq
 
 from irismesh.errors import ConfigurationError, ProtocolError
+from irismesh.federation.fargrants import FarGrants, Signer
 from irismesh.federation.linkproto import (
     MAX_FRAME,
+    REHELLO,
     Exports,
     Item,
     LinkConfig,
@@ -43,6 +46,14 @@ _EVENTS = int(zmq.EVENTS)
 # A connection that has not finished zmq's greeting this long after it opened is closed by
 # zmq (its default is 30 s): the same time a node gives a stranger to prove the mesh key.
 _GREETING_MS = 2000
+# Why a far gateway's handshake is refused where far grants are required: logged once per
+# gateway and reason (until it links), so a gateway dialling again every retry logs no more.
+_GRANT_REASONS = frozenset(
+    ("no_grant", "grant_refused", "revoked", "bad_signature", "identity_changed")
+)
+_MAX_LOGGED = 1024
+
+log = logging.getLogger("irismesh.federation")
 
 
 def _readable(sock: zmq.Socket[bytes]) -> bool:
@@ -78,6 +89,9 @@ class LinkTransport:
         on_items: OnItems,
         on_state: OnState,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
+        identity: Signer | None = None,
+        grant_token: Callable[[], bytes] | None = None,
+        far_grants: FarGrants | None = None,
     ) -> None:
         for endpoint in [*([listen] if listen else []), *peers]:
             if not endpoint.startswith("tcp://"):
@@ -106,6 +120,12 @@ class LinkTransport:
         self._timer: asyncio.TimerHandle | None = None
         self._flush_pending = False
         self._closed = False
+        self._identity = identity
+        self._grant_token = grant_token
+        self.far_grants = far_grants
+        self._logged: dict[object, str] = {}  # who -> the refusal last logged for it
+        self._dialled: dict[int, str] = {}  # id(end) -> the endpoint it dials
+        self._shown_token: bytes | None = None  # the grant last shown (`_grant_changed`)
 
     def _new_end(self, dialler: bool) -> LinkEnd:
         end = LinkEnd(
@@ -116,9 +136,22 @@ class LinkTransport:
             dialler=dialler,
             config=self.config,
             auto_consume=False,  # the gateway acknowledges a crossing once it is republished
+            identity=self._identity,
+            far_grants=self.far_grants,
         )
+        if self._grant_token is not None:
+            end.grant_token = self._grant_token
         self.ends.append(end)
         return end
+
+    def _refused(self, who: object, described: str, exc: ProtocolError) -> None:
+        """A far gateway's handshake refused for its grant: one line per gateway and reason."""
+        if exc.reason not in _GRANT_REASONS or self._logged.get(who) == exc.reason:
+            return
+        if len(self._logged) >= _MAX_LOGGED:
+            self._logged.clear()
+        self._logged[who] = exc.reason
+        log.warning("gateway link refused: far gateway %s: %s", described, exc)
 
     def attach(self, end: LinkEnd) -> tuple[OnItems, OnState]:
         """Adopt an end linked another way (in-process: `locallink`): it is one of `ends`,
@@ -169,6 +202,7 @@ class LinkTransport:
             dealer.setsockopt(zmq.IMMEDIATE, 1)
             dealer.connect(peer)
             self._dealers[id(end)] = dealer
+            self._dialled[id(end)] = peer
             loop.add_reader(dealer.FD, self._drain_dealer, end, dealer)
         self._tick()
 
@@ -238,8 +272,10 @@ class LinkTransport:
             hello = open_hello(frame, self._secrets)
         except ProtocolError as exc:
             self.stats["link_dropped_" + exc.reason] += 1
+            self._refused(route, "(dialled in)", exc)  # a bad signature is logged
             return
         end = self._by_peer.get(hello.gateway_id)
+        new = end is None
         if end is None:
             end = self._by_peer[hello.gateway_id] = self._new_end(dialler=False)
         was_up = end.up
@@ -247,7 +283,13 @@ class LinkTransport:
             welcome = end.accept(hello, now)
         except ProtocolError as exc:
             end.stats["dropped_" + exc.reason] += 1
+            described = f"{hello.gateway_id.hex()[:16]} of mesh {hello.mesh!r} (dialled in)"
+            self._refused(hello.gateway_id, described, exc)
+            if new:  # a gateway refused keeps no end here
+                self._forget(end)
+                self._by_peer.pop(hello.gateway_id, None)
             return
+        self._logged.pop(hello.gateway_id, None)
         old = self._routes.get(id(end))
         if old is not None and old != route:
             self._by_route.pop(old, None)
@@ -279,9 +321,12 @@ class LinkTransport:
         was_up, buffered = end.up, end.buffered
         try:
             items = end.receive(frame, now)
-        except ProtocolError:
-            return  # counted by the end
+        except ProtocolError as exc:  # counted by the end
+            if end.dialler:
+                self._refused(id(end), f"at {self._dialled.get(id(end), '?')} (dialled)", exc)
+            return
         if end.up and not was_up:
+            self._logged.pop(id(end), None)
             self._on_state(end, True)
         if items or end.buffered < buffered:  # something arrived, or acks made room
             self._on_items(end, items)
@@ -332,8 +377,17 @@ class LinkTransport:
         if self._closed or self._loop is None:
             return
         now = time.monotonic()
+        self._grant_changed()
         for end in self.ends:
+            closed = end.stats["closed_grant"]
             if end.tick(now):
+                if end.stats["closed_grant"] != closed:
+                    log.warning(
+                        "gateway link closed: far gateway %s of mesh %r: its grant no longer "
+                        "holds (expired or revoked)",
+                        end.peer_id.hex()[:16],
+                        end.peer_mesh,
+                    )
                 self._on_state(end, False)
         forget = self.config.forget_after
         for end in [e for e in self.ends if not e.dialler and not e.up]:
@@ -341,6 +395,39 @@ class LinkTransport:
                 self._forget(end)
         self.flush()
         self._timer = self._loop.call_later(self.config.heartbeat / 2, self._tick)
+
+    def _grant_changed(self) -> None:
+        """Where far grants are checked, a far gateway sees this gateway's grant at each
+        handshake: once it changes (a grant file reread, `Node.use_grant`), the links this
+        gateway dialled handshake again (as after a link key change: counted `rehandshakes`),
+        and the far gateways that dialled in and showed their identity are asked to
+        (`REHELLO`, counted `rehandshakes_asked`), so a renewed grant is seen before the old
+        one expires."""
+        if self.far_grants is None or self._grant_token is None:
+            return
+        token = self._grant_token()
+        if token == self._shown_token:
+            return
+        first = self._shown_token is None
+        self._shown_token = token
+        if first:
+            return
+        for end in self.ends:
+            if not end.up:
+                continue
+            if end.dialler and id(end) in self._dealers:
+                self.rehandshake(end)
+            elif not end.dialler and end.peer_public and end.send_plain([REHELLO]):
+                end.stats["rehandshakes_asked"] += 1
+
+    def rehandshake(self, end: LinkEnd) -> None:
+        """Say HELLO again on a link this gateway dialled (its own grant changed, or the far
+        gateway asked: `REHELLO`), as after a link key change: counted `rehandshakes`."""
+        if end.dialler and end.up and id(end) in self._dealers:
+            end.down()
+            end.stats["rehandshakes"] += 1
+            self._on_state(end, False)
+            self.flush_soon()
 
     def _forget(self, end: LinkEnd) -> None:
         end.forget()
@@ -367,4 +454,9 @@ def describe(end: LinkEnd) -> dict[str, Any]:
         "dropped": end.stats["dropped_buffer_full"],
         "imports": list(end.peer_exports.clusters),
         "topics": list(end.peer_exports.topics),
+        # The far gateway's identity as it showed it ("" if it did not), and its grant's
+        # rights and expiry where this gateway checks far grants (None where it does not).
+        "identity": end.peer_public.hex(),
+        "grant": None if end.peer_grant is None else end.peer_grant.rights.summary(),
+        "grant_expires": None if end.peer_grant is None else end.peer_grant.expires,
     }

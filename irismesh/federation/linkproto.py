@@ -32,6 +32,9 @@ What flows in sealed frames:
 - *plain items* (requests and replies) are sent once, only while the link is up: a request
   across a broken link is the caller's to resend elsewhere, as a request to a dead member is.
 
+A gateway may also show *who* it is in its HELLO or WELCOME (its identity, its grant and a
+signature over the transcript), and require far gateways to: see `fargrants`.
+
 A link is up from a valid handshake until `dead_after` seconds pass with nothing received;
 each end sends a heartbeat after `heartbeat` seconds of sending nothing. The dialler says
 HELLO again every `retry` seconds while down.
@@ -48,41 +51,45 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+from irismesh._core.rights import PeerGrant
 from irismesh.errors import ConfigurationError, ProtocolError
+from irismesh.federation.fargrants import (
+    EXPORT_TOPIC,
+    IMPORT_CLUSTER,
+    IMPORT_TOPIC,
+    FarGrants,
+    FarVerdicts,
+    Signer,
+    check_far,
+    granted_exports,
+    no_grant,
+)
 from irismesh.federation.linkwire import (
     HEADER,
     HELLO,
     HELLO_DOMAIN,
+    HELLO_SIGN_DOMAIN,
     LINK_SCOPE,
     MAGIC,
     MAX_FRAME,
+    REHELLO,
     SEALED,
-    T_ACCEPT,
-    T_CREDIT,
-    T_DATA,
-    T_FIN,
-    T_MAX_CHUNK,
-    T_MAX_OPEN,
-    T_MAX_WINDOW,
-    T_OPEN,
-    T_RESET,
-    TUNNEL,
-    TUNNEL_VERSION,
     VERSION,
     WELCOME,
     WELCOME_DOMAIN,
+    WELCOME_SIGN_DOMAIN,
     Exports,
     Hello,
     Item,
     Session,
-    TunnelItem,
     agree,
+    handshake_body,
     link_secrets,
     mac,
     open_hello,
     pack,
-    parse_tunnel_item,
     said_fields,
+    shown_fields,
     unpack,
 )
 
@@ -93,18 +100,8 @@ __all__ = [
     "LINK_SCOPE",
     "MAGIC",
     "MAX_FRAME",
+    "REHELLO",
     "SEALED",
-    "TUNNEL",
-    "TUNNEL_VERSION",
-    "T_ACCEPT",
-    "T_CREDIT",
-    "T_DATA",
-    "T_FIN",
-    "T_MAX_CHUNK",
-    "T_MAX_OPEN",
-    "T_MAX_WINDOW",
-    "T_OPEN",
-    "T_RESET",
     "VERSION",
     "WELCOME",
     "Exports",
@@ -113,10 +110,8 @@ __all__ = [
     "LinkConfig",
     "LinkEnd",
     "ServeRequest",
-    "TunnelItem",
     "link_secrets",
     "open_hello",
-    "parse_tunnel_item",
 ]
 
 _MAX_BATCH_ITEMS = 512
@@ -165,6 +160,7 @@ class _Pending:
     nonce: bytes
     raw_said: bytes
     sent_at: float
+    shown: bool  # this HELLO showed our identity (so the WELCOME must show the far one's)
 
 
 @dataclass(slots=True)
@@ -223,6 +219,15 @@ class LinkEnd:
     # And the far gateway's `relay_target`: its node, for an importing gateway's node to relay
     # a cluster's requests to (`Node.relay_requests`), or None where it cannot.
     relay_target: Callable[[str], Any] | None = None
+    # The gateway's identity and its grant's token, shown in a HELLO when `far_grants` is set
+    # and in a WELCOME to a HELLO that showed one.
+    identity: Signer | None = None
+    grant_token: Callable[[], bytes] = no_grant
+    # Set: the far gateway must show a grant these verdicts admit (the gateway's switch).
+    far_grants: FarGrants | None = None
+    peer_public: bytes = b""  # the far gateway's identity, if it showed one
+    peer_grant: PeerGrant | None = None  # its grant as admitted; None: not checked
+    _far: FarVerdicts = field(default_factory=FarVerdicts)
 
     def __post_init__(self) -> None:
         if not self.secrets:
@@ -236,9 +241,9 @@ class LinkEnd:
         """Reliable items sent or waiting that the peer has not acknowledged."""
         return self._next_seq - self._base_seq
 
-    def _said(self, nonce: bytes, public: bytes) -> list[Any]:
+    def _said(self, nonce: bytes, public: bytes, *, shown: bool = False) -> list[Any]:
         acked = [self._peer_stream, self._consumed]
-        return [
+        said = [
             VERSION,
             self.gateway_id,
             self.mesh,
@@ -248,6 +253,10 @@ class LinkEnd:
             acked,
             self.exports.wire(),
         ]
+        if shown:
+            assert self.identity is not None
+            said += [self.identity.public, self.grant_token()]
+        return said
 
     def _established(
         self,
@@ -255,8 +264,13 @@ class LinkEnd:
         nonces: bytes,
         peer: tuple[bytes, str, bytes, tuple[bytes, int], Exports],
         now: float,
+        far: tuple[bytes, PeerGrant | None] = (b"", None),
     ) -> None:
         peer_id, peer_mesh, peer_stream, acked, exports = peer
+        self.peer_public, self.peer_grant = far
+        self._far.reset(far[1])
+        if far[1] is not None:  # what it exports beyond its grant is not taken from it
+            exports = granted_exports(far[1], exports, self.stats)
         self._session = Session(key, nonces, dialler=self.dialler)
         self.peer_id, self.peer_mesh, self.peer_exports = peer_id, peer_mesh, exports
         if peer_stream != self._peer_stream:  # a new peer process: its stream starts afresh
@@ -302,11 +316,16 @@ class LinkEnd:
         """A dialler's HELLO (a new session attempt)."""
         private = X25519PrivateKey.generate()
         nonce = self.random_bytes(16)
-        raw_said = pack(self._said(nonce, private.public_key().public_bytes_raw()))
-        self._pending = _Pending(private, nonce, raw_said, now)
-        proof = mac(self.secrets[0], HELLO_DOMAIN, raw_said)
+        shown = self.far_grants is not None and self.identity is not None
+        public = private.public_key().public_bytes_raw()
+        raw_said = pack(self._said(nonce, public, shown=shown))
+        self._pending = _Pending(private, nonce, raw_said, now, shown)
+        body: list[bytes] = [raw_said, mac(self.secrets[0], HELLO_DOMAIN, raw_said)]
+        if shown:
+            assert self.identity is not None
+            body.append(self.identity.sign(HELLO_SIGN_DOMAIN + raw_said))
         self._last_out = now
-        return HEADER.pack(MAGIC, VERSION, HELLO, 0) + pack([raw_said, proof])
+        return HEADER.pack(MAGIC, VERSION, HELLO, 0) + pack(body)
 
     def hello_due(self, now: float) -> bool:
         if not self.dialler or self.up:
@@ -320,35 +339,48 @@ class LinkEnd:
         self._seen_hellos[hello.nonce] = None
         if len(self._seen_hellos) > 1024:
             del self._seen_hellos[next(iter(self._seen_hellos))]
+        # Refused, a HELLO changes nothing: a session up stays up (its grant was checked, and
+        # goes on being checked), so a HELLO with another gateway's id cannot end it.
+        far = check_far(self.far_grants, hello.shown)
+        if self.far_grants is not None and self.peer_public and far[0] != self.peer_public:
+            # A gateway id is random per process and its identity stays: another key under
+            # it is another gateway, which must not take over this one's stream.
+            raise ProtocolError("identity_changed", "a gateway id linked under another identity")
         private = X25519PrivateKey.generate()
         shared = agree(private, hello.public)
         nonce = self.random_bytes(16)
-        raw_said = pack(self._said(nonce, private.public_key().public_bytes_raw()))
-        proof = mac(hello.secret, WELCOME_DOMAIN, hello.raw_said, raw_said)
+        shown = hello.shown is not None and self.identity is not None
+        raw_said = pack(self._said(nonce, private.public_key().public_bytes_raw(), shown=shown))
+        body = [raw_said, mac(hello.secret, WELCOME_DOMAIN, hello.raw_said, raw_said)]
+        if shown:
+            assert self.identity is not None
+            body.append(self.identity.sign(WELCOME_SIGN_DOMAIN + hello.raw_said + raw_said))
         peer = (hello.gateway_id, hello.mesh, hello.stream, hello.acked, hello.exports)
         self.secrets = (hello.secret, *[s for s in self.secrets if s != hello.secret])
         self._session_secret = hello.secret
-        self._established(hello.secret + shared, nonce + hello.nonce, peer, now)
-        return HEADER.pack(MAGIC, VERSION, WELCOME, 0) + pack([raw_said, proof])
+        self._established(hello.secret + shared, nonce + hello.nonce, peer, now, far)
+        return HEADER.pack(MAGIC, VERSION, WELCOME, 0) + pack(body)
 
-    def _on_welcome(self, body: Any, now: float) -> None:
+    def _on_welcome(self, frame: bytes, now: float) -> None:
         pending = self._pending
         if pending is None or self.up:
             raise ProtocolError("unexpected_welcome")
-        if not (isinstance(body, list) and len(body) == 2 and type(body[0]) is bytes):
-            raise ProtocolError("malformed")
-        raw_said, proof = body
+        body = handshake_body(frame)
+        raw_said, proof = body[0], body[1]
         secret = self.secrets[0]
-        if type(proof) is not bytes or not hmac.compare_digest(
-            mac(secret, WELCOME_DOMAIN, pending.raw_said, raw_said), proof
-        ):
+        if not hmac.compare_digest(mac(secret, WELCOME_DOMAIN, pending.raw_said, raw_said), proof):
             raise ProtocolError("bad_proof")
-        gid, mesh, nonce, public, stream, acked, exports = said_fields(unpack(raw_said))
+        said = unpack(raw_said)
+        gid, mesh, nonce, public, stream, acked, exports = said_fields(said)
+        shown = shown_fields(said, body, WELCOME_SIGN_DOMAIN + pending.raw_said + raw_said)
+        if shown is not None and not pending.shown:
+            raise ProtocolError("bad_handshake", "a WELCOME showed an identity unasked")
+        far = check_far(self.far_grants, shown)
         shared = agree(pending.private, public)
         self._pending = None
         self._session_secret = secret
         self._established(
-            secret + shared, nonce + pending.nonce, (gid, mesh, stream, acked, exports), now
+            secret + shared, nonce + pending.nonce, (gid, mesh, stream, acked, exports), now, far
         )
 
     # ------------------------------------------------------------- sending
@@ -432,7 +464,7 @@ class LinkEnd:
         if magic != MAGIC or version != VERSION:
             raise ProtocolError("malformed")
         if kind == WELCOME:
-            self._on_welcome(unpack(frame[HEADER.size :]), now)
+            self._on_welcome(frame, now)
             return []
         if kind != SEALED:
             raise ProtocolError("malformed")
@@ -532,11 +564,34 @@ class LinkEnd:
         self._base_seq = self._cursor = self._next_seq
 
     def tick(self, now: float) -> bool:
-        """Liveness: True if the link just went down (nothing heard for `dead_after`)."""
-        if self.up and now - self._last_in >= self.config.dead_after:
-            self.down()
-            return True
-        return False
+        """Liveness: True if the link just went down (nothing heard for `dead_after`, or the
+        far gateway's grant no longer holds: expired or revoked, counted `closed_grant`)."""
+        if not self.up:
+            return False
+        far, grant = self.far_grants, self.peer_grant
+        if far is not None and grant is not None and not far.holds(self.peer_public, grant):
+            self.stats["closed_grant"] += 1
+        elif now - self._last_in < self.config.dead_after:
+            return False
+        self.down()
+        return True
+
+    # ------------------------------------------------------------- the far grant
+
+    def far_may_import_cluster(self, cluster: str) -> bool:
+        """Whether the far gateway's grant lets it import `cluster` (so its calls to it are
+        answered); True where its grant is not checked."""
+        return self._far.allows(IMPORT_CLUSTER, cluster)
+
+    def far_may_import_topic(self, topic: str) -> bool:
+        """Whether the far gateway's grant lets it import messages on `topic` (so they are
+        sent to it)."""
+        return self._far.allows(IMPORT_TOPIC, topic)
+
+    def far_may_export_topic(self, topic: str) -> bool:
+        """Whether the far gateway's grant lets it export messages on `topic` (so they are
+        taken from it)."""
+        return self._far.allows(EXPORT_TOPIC, topic)
 
 
 def _approx_size(item: Item) -> int:

@@ -3,8 +3,9 @@
 `linkproto` tells the whole protocol and keeps a link's state (`LinkEnd`); this module holds
 its parts without state: the frame header; what each end says of itself in its handshake
 (`Exports` among it) and the MAC over it under a link key, the check of a HELLO
-(`open_hello`), and the X25519 agreement and HKDF that give a session its two AES-256-GCM
-sealers (`Session`); and the items sealed frames carry, tunnel items among them.
+(`open_hello`), the identity a gateway may show in it (`Shown`: its public key, grant and
+signature over the transcript), and the X25519 agreement and HKDF that give a session its two
+AES-256-GCM sealers (`Session`); and the items sealed frames carry, tunnel items among them.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from irismesh.errors import ConfigurationError, ProtocolError
+from irismesh.security.identity import verify
 from irismesh.security.keyring import Keyring
 from irismesh.security.linksecurity import AeadSealer
 
@@ -36,6 +38,13 @@ MAX_FRAME = 16 * 1024 * 1024
 HELLO_DOMAIN = b"irismesh/v1/federation-hello\x00"
 WELCOME_DOMAIN = b"irismesh/v1/federation-welcome\x00"
 SESSION_DOMAIN = b"irismesh/v1/federation-session\x00"
+# What a gateway's identity signs when it shows itself (`Shown`): the HELLO's fields, or the
+# HELLO's and then the WELCOME's (the whole transcript, the ephemeral keys among it).
+HELLO_SIGN_DOMAIN = b"irismesh/v1/federation-hello-signed\x00"
+WELCOME_SIGN_DOMAIN = b"irismesh/v1/federation-welcome-signed\x00"
+_PUBLIC_SIZE = 32  # an Ed25519 public key
+_SIGNATURE_SIZE = 64
+MAX_GRANT = 1024  # a grant token's bound (`irismesh.security.grants.MAX_TOKEN`)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,6 +65,15 @@ class Exports:
         if not all(isinstance(v, list) and all(type(s) is str for s in v) for v in value):
             raise ProtocolError("bad_handshake", "exports")
         return cls(clusters=tuple(clusters), topics=tuple(topics))
+
+
+@dataclass(frozen=True, slots=True)
+class Shown:
+    """A gateway's identity as its HELLO or WELCOME showed it: its Ed25519 public key and the
+    grant it presented (b"": none). The signature over the transcript was checked."""
+
+    public: bytes
+    grant: bytes
 
 
 def link_secrets(keyring: Keyring) -> tuple[bytes, ...]:
@@ -102,14 +120,17 @@ class Hello:
     stream: bytes
     acked: tuple[bytes, int]  # (the listener's stream it read, up to which seq)
     exports: Exports
+    shown: Shown | None = None  # the dialler's identity and grant, if it showed them
 
 
 def said_fields(
     said: object,
 ) -> tuple[bytes, str, bytes, bytes, bytes, tuple[bytes, int], Exports]:
-    if not (isinstance(said, list) and len(said) == 8 and said[0] == VERSION):
+    """The eight fields every HELLO and WELCOME carries (the two optional trailing ones, a
+    gateway's identity and grant, are `shown_fields`')."""
+    if not (isinstance(said, list) and len(said) in (8, 10) and said[0] == VERSION):
         raise ProtocolError("bad_handshake", "version or shape")
-    _, gid, mesh, nonce, public, stream, acked, exports = said
+    _, gid, mesh, nonce, public, stream, acked, exports = said[:8]
     ok = (
         type(gid) is bytes
         and len(gid) == 16
@@ -132,19 +153,53 @@ def said_fields(
     return gid, mesh, nonce, public, stream, (acked[0], acked[1]), Exports.from_wire(exports)
 
 
+def shown_fields(said: list[Any], body: list[Any], signed: bytes) -> Shown | None:
+    """The identity a HELLO or WELCOME shows, its signature over `signed` checked: None if it
+    shows none (eight fields, no signature); ProtocolError (`bad_handshake`, `bad_signature`)
+    if what it shows is malformed or not signed by the key it names."""
+    if len(said) == 8 and len(body) == 2:
+        return None
+    if not (len(said) == 10 and len(body) == 3):
+        raise ProtocolError("bad_handshake", "identity fields")
+    public, grant = said[8], said[9]
+    signature = body[2]
+    if not (
+        type(public) is bytes
+        and len(public) == _PUBLIC_SIZE
+        and type(grant) is bytes
+        and len(grant) <= MAX_GRANT
+        and type(signature) is bytes
+        and len(signature) == _SIGNATURE_SIZE
+    ):
+        raise ProtocolError("bad_handshake", "identity fields")
+    if not verify(public, signed, signature):
+        raise ProtocolError("bad_signature")
+    return Shown(public, grant)
+
+
+def handshake_body(frame: bytes) -> list[Any]:
+    """The [fields said, MAC, (signature)] of a HELLO or WELCOME; ProtocolError if not."""
+    body = unpack(frame[HEADER.size :])
+    if not (
+        isinstance(body, list)
+        and len(body) in (2, 3)
+        and type(body[0]) is bytes
+        and type(body[1]) is bytes
+    ):
+        raise ProtocolError("malformed")
+    return body
+
+
 def open_hello(frame: bytes, secrets: Sequence[bytes]) -> Hello:
-    """Check a HELLO frame; ProtocolError (`malformed`, `bad_handshake`, `bad_proof`) if not."""
+    """Check a HELLO frame; ProtocolError (`malformed`, `bad_handshake`, `bad_proof`,
+    `bad_signature`) if not."""
     if len(frame) < HEADER.size or len(frame) > MAX_FRAME:
         raise ProtocolError("malformed")
     magic, version, kind, _ = HEADER.unpack_from(frame)
     if magic != MAGIC or version != VERSION or kind != HELLO:
         raise ProtocolError("malformed")
-    body = unpack(frame[HEADER.size :])
-    if not (isinstance(body, list) and len(body) == 2 and type(body[0]) is bytes):
-        raise ProtocolError("malformed")
-    raw_said, proof = body
-    if type(proof) is not bytes:
-        raise ProtocolError("malformed")
+    body = handshake_body(frame)
+    raw_said, proof = body[0], body[1]
     secret = next(
         (s for s in secrets if hmac.compare_digest(mac(s, HELLO_DOMAIN, raw_said), proof)), None
     )
@@ -152,7 +207,8 @@ def open_hello(frame: bytes, secrets: Sequence[bytes]) -> Hello:
         raise ProtocolError("bad_proof")
     said = unpack(raw_said)
     gid, mesh, nonce, public, stream, acked, exports = said_fields(said)
-    return Hello(said, raw_said, secret, gid, mesh, nonce, public, stream, acked, exports)
+    shown = shown_fields(said, body, HELLO_SIGN_DOMAIN + raw_said)
+    return Hello(said, raw_said, secret, gid, mesh, nonce, public, stream, acked, exports, shown)
 
 
 class Session:
@@ -173,6 +229,12 @@ def agree(private: X25519PrivateKey, peer_public: bytes) -> bytes:
         return private.exchange(X25519PublicKey.from_public_bytes(peer_public))
     except ValueError:
         raise ProtocolError("bad_handshake", "unusable X25519 key") from None
+
+
+# A plain item [REHELLO]: the listener's grant changed, and the dialler (which showed its own
+# identity, so it checks far grants) is asked to handshake again to see it. A gateway of an
+# earlier release never gets one (it shows no identity).
+REHELLO = "rehello"
 
 
 # ----------------------------------------------------------------- tunnel items

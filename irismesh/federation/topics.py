@@ -83,8 +83,14 @@ class TopicCrossings(GatewayState):
         self.transport.flush_soon()
 
     def _send(self, end: LinkEnd, wire: Item) -> bool:
-        """A reliable item on `end`; counted as carried over already if `end` is the source
-        of a carry-over (it was sent on every other link to its mesh too)."""
+        """A reliable item (a crossing) on `end`; counted as carried over already if `end` is
+        the source of a carry-over (it was sent on every other link to its mesh too). Not
+        sent if the far gateway's grant, where it is checked, does not let it import the
+        topic (counted `crossings_withheld_far_grant`), whichever way it is sent: new,
+        carried over, or resent by a takeover."""
+        if end.peer_grant is not None and not end.far_may_import_topic(wire[4]):
+            self.stats_counter["crossings_withheld_far_grant"] += 1
+            return False
         if not end.send(wire):
             return False
         carried = self._carried
@@ -205,6 +211,10 @@ class TopicCrossings(GatewayState):
         return crossing.wire(kind, [m for m in reach if m != to])
 
     def _on_crossing(self, end: LinkEnd, crossing: Crossing, *, resent: bool = False) -> None:
+        if end.peer_grant is not None and not end.far_may_export_topic(crossing.topic):
+            self.stats_counter["crossings_refused_far_grant"] += 1
+            end.consumed()
+            return
         if self.mesh in crossing.seen:
             self.stats_counter["loops_dropped"] += 1
             end.consumed()

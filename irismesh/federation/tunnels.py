@@ -52,7 +52,8 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable
 
 from irismesh.errors import EndOfStream, MeshError, NoResponders, ProtocolError, TunnelReset
-from irismesh.federation.linkproto import (
+from irismesh.federation.linkproto import LinkEnd
+from irismesh.federation.linkwire import (
     T_ACCEPT,
     T_CREDIT,
     T_DATA,
@@ -63,7 +64,6 @@ from irismesh.federation.linkproto import (
     T_OPEN,
     T_RESET,
     Item,
-    LinkEnd,
     TunnelItem,
     parse_tunnel_item,
 )
@@ -479,6 +479,10 @@ class GatewayTunnels:
         if cluster not in self._exports() or self._closing:
             self.stats["tunnels_refused_not_exported"] += 1
             relay.send(T_RESET, 0, f"{NO_MEMBER} of {cluster!r}: not exported there".encode())
+            return
+        if end.peer_grant is not None and not end.far_may_import_cluster(cluster):
+            self.stats["tunnels_refused_far_grant"] += 1
+            relay.send(T_RESET, 0, f"{NO_MEMBER} of {cluster!r}: not exported to it".encode())
             return
         self._add(relay)
         self.stats["tunnels_served"] += 1

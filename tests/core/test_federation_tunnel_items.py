@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from irismesh.errors import ProtocolError
-from irismesh.federation.linkproto import (
+from irismesh.federation.linkwire import (
     T_ACCEPT,
     T_CREDIT,
     T_DATA,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -17,6 +18,8 @@ import pytest
 from helpers import NumberedCalls, kill_all, wait_until
 
 import irismesh
+from irismesh._core.rights import Rights
+from irismesh.security.grants import Authority
 
 LOCAL = "tcp://127.0.0.1:0"
 
@@ -217,3 +220,40 @@ def test_sigkill_of_the_forwarding_gateway_loses_no_message(
             assert firsts == list(range(n))
 
     asyncio.run(asyncio.wait_for(main(), 90))
+
+
+def test_gateways_requiring_far_grants_from_the_command_line(
+    tmp_path: Path, procs: Processes
+) -> None:
+    """`mesh gateway --require-far-grants` with `--identity` and `--grant` on both sides, the
+    authority trusted in the link keyring: the gateways link and carry what they may."""
+    _, a_keys = keyring(tmp_path, "a")
+    b, b_keys = keyring(tmp_path, "b")
+    authority = Authority.generate()
+    link, link_keys = keyring(tmp_path, "link")
+    trusted = base64.b64encode(authority.public).decode()
+    Path(link_keys).write_text(link.to_text() + f"@authority {trusted}\n")
+
+    def granted(name: str, rights: Rights) -> list[str]:
+        identity = irismesh.Identity.generate()
+        identity.save(tmp_path / f"{name}.identity")
+        authority.grant(identity.public, rights).save(tmp_path / f"{name}.grant")
+        files = [str(tmp_path / f"{name}.{kind}") for kind in ("identity", "grant")]
+        return ["--identity", files[0], "--grant", files[1]]
+
+    member = ["node", "--keys", a_keys, "--bind", LOCAL, "--no-discovery", "--json"]
+    db = procs.start("db", *member, "--cluster", "db", "--prefix", "a:")["endpoint"]
+    gw = ["gateway", "--link-keys", link_keys, "--bind", LOCAL, "--no-discovery", "--json"]
+    a_side = [*gw, "--mesh", "a", "--keys", a_keys, "--seed", db, "--export", "db"]
+    exporting = granted("a", Rights(gateway_export=("db",)))
+    a = procs.start("a", *a_side, "--listen", LOCAL, "--require-far-grants", *exporting)
+    importing = granted("b", Rights(gateway_import=("db",)))
+    b_side = [*gw, "--mesh", "b", "--keys", b_keys, "--peer", a["endpoint"]]
+    b_gw = procs.start("b", *b_side, "--require-far-grants", *importing)["node_endpoint"]
+
+    async def main() -> None:
+        async with irismesh.Node(keyring=b, seeds=[b_gw], bind=LOCAL) as client:
+            await client.wait_for_members("db", timeout=20)
+            assert await client.request("db", b"x", timeout=10) == b"a:x"
+
+    asyncio.run(main())

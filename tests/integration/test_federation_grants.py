@@ -5,6 +5,7 @@ gateway right is not made."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from contextlib import AsyncExitStack
 
 import pytest
@@ -222,3 +223,182 @@ async def test_gateways_in_one_process_serve_each_others_clusters_under_grants()
         assert failed == [0, 0]
         assert joined["a"].stats["requests_forwarded"] >= 200
         assert joined["b"].stats["requests_forwarded"] >= 200
+
+
+def trusting_link() -> irismesh.Keyring:
+    """A link keyring whose gateways trust AUTHORITY for far gateways' grants."""
+    return irismesh.Keyring.generate().with_trust([AUTHORITY.public])
+
+
+@deadline(60)
+async def test_a_gateway_requiring_far_grants_refuses_far_gateways_without_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, "irismesh.federation")
+    a, b = Mesh("a"), Mesh("b")
+    link = trusting_link()
+    async with AsyncExitStack() as stack:
+        gw_a = await gateway(
+            stack,
+            a,
+            link,
+            listen=True,
+            export=("db",),
+            require_far_grants=True,
+            **granted(Rights(gateway_export=("db",))),
+        )
+        # An earlier release's gateway, or one without the switch: it shows no grant.
+        plain = await gateway(stack, b, link, peers=(gw_a.endpoint,))
+        await wait_until(lambda: gw_a.stats.get("link_dropped_no_grant", 0) >= 1, 10, "no grant")
+        # A grant from an authority nobody here trusts.
+        stranger = Authority.generate()
+        identity = Identity.generate()
+        untrusted = stranger.grant(identity.public, Rights(gateway_import=("db",)))
+        await gateway(
+            stack,
+            b,
+            link,
+            peers=(gw_a.endpoint,),
+            require_far_grants=True,
+            identity=identity,
+            grant=untrusted,
+        )
+        await wait_until(
+            lambda: gw_a.stats.get("link_dropped_grant_refused", 0) >= 1, 10, "untrusted grant"
+        )
+        assert gw_a.stats["links_up"] == 0
+        assert plain.stats["links_up"] == 0
+        assert gw_a.stats["links"] == 0  # a refused gateway keeps no link end there
+        refusals = [r.getMessage() for r in caplog.records if "link refused" in r.getMessage()]
+        assert len(refusals) == 2  # once per gateway and reason, though each dials again
+        assert "no_grant: the far gateway presented no grant" in refusals[0]
+        assert "grant_refused" in refusals[1]
+
+
+@deadline(60)
+async def test_a_far_grant_limits_what_crosses_and_its_revocation_closes_the_link() -> None:
+    a, b = Mesh("a"), Mesh("b")
+    link = trusting_link()
+    async with AsyncExitStack() as stack:
+        publisher = await a.node(stack)
+        for cluster in ("db", "payroll", "audit"):
+            served = await a.node(stack, cluster)
+            served.on_request(lambda payload, cluster=cluster: cluster.encode() + payload)
+        # a's gateway offers payroll, which its grant does not let it export: b takes it not.
+        # And it sends secret.#, which its grant does not let it export: b drops it.
+        exporting = Rights(gateway_export=("db", "audit", "news.#", "alerts.#"))
+        gw_a = await gateway(
+            stack,
+            a,
+            link,
+            listen=True,
+            export=("db", "payroll", "audit"),
+            topics=("news.#", "alerts.#", "secret.#"),
+            require_far_grants=True,
+            **granted(exporting),
+        )
+        # b's gateway may import db, payroll and news: its calls to audit go unanswered, and
+        # alerts are not sent to it.
+        importing = granted(Rights(gateway_import=("db", "payroll", "news.#", "secret.#")))
+        gw_b = await gateway(
+            stack, b, link, peers=(gw_a.endpoint,), require_far_grants=True, **importing
+        )
+        client = await stack.enter_async_context(b.new_node())
+        got: list[str] = []
+        for pattern in ("news.#", "alerts.#", "secret.#"):
+            client.subscribe(pattern, callback=lambda msg: got.append(msg.topic))
+        await client.wait_for_members("db", timeout=10)
+        assert await client.request("db", b"x", timeout=5) == b"dbx"
+        assert gw_b.imports() == ["audit", "db"]
+        assert gw_b.stats["link_far_exports_refused"] >= 1
+        await client.wait_for_members("audit", timeout=10)
+        with pytest.raises(irismesh.MeshError) as caught:
+            await client.request("audit", b"x", timeout=5)
+        assert "does not import it" in str(caught.value)
+        assert gw_a.stats["requests_refused_far_grant"] == 1
+        with pytest.raises(irismesh.NoResponders):
+            await client.request("payroll", b"x", timeout=1)
+        await publisher.wait_for_subscribers("news.x", 1, timeout=10)
+        await gw_b.node.wait_for_subscribers("news.x", 1, timeout=10)
+        await publisher.wait_for_subscribers("secret.x", 1, timeout=10)
+        for _ in range(20):
+            await publisher.publish("alerts.x", b"no")
+            await publisher.publish("secret.x", b"no")
+            await publisher.publish("news.x", b"yes")
+        await wait_until(lambda: len(got) >= 20, 10, "the news across")
+        await wait_until(
+            lambda: gw_a.stats.get("crossings_withheld_far_grant", 0) == 20, 5, "alerts withheld"
+        )
+        await wait_until(
+            lambda: gw_b.stats.get("crossings_refused_far_grant", 0) == 20, 5, "secrets dropped"
+        )
+        assert got == ["news.x"] * 20
+        # b's gateway is revoked: its link closes at a's next tick, and stays refused.
+        b_key = importing["identity"].public  # type: ignore[union-attr]
+        assert gw_a.revoke(AUTHORITY.revoke(b_key))
+        await wait_until(lambda: gw_a.stats.get("link_closed_grant", 0) == 1, 5, "link closed")
+        await wait_until(
+            lambda: gw_a.stats.get("link_dropped_revoked", 0) >= 1, 10, "its HELLO refused"
+        )
+        assert gw_a.stats["links_up"] == 0
+
+
+@deadline(60)
+async def test_a_changed_grant_is_shown_to_the_far_gateway_at_once() -> None:
+    a, b = Mesh("a"), Mesh("b")
+    link = trusting_link()
+    async with AsyncExitStack() as stack:
+        for cluster in ("db", "audit"):
+            served = await a.node(stack, cluster)
+            served.on_request(lambda payload, cluster=cluster: cluster.encode() + payload)
+        everything = Rights(gateway_export=("db", "audit"))
+        gw_a = await gateway(
+            stack,
+            a,
+            link,
+            listen=True,
+            export=("db", "audit"),
+            require_far_grants=True,
+            **granted(everything),
+        )
+        importing = granted(Rights(gateway_import=("db",)))
+        gw_b = await gateway(
+            stack, b, link, peers=(gw_a.endpoint,), require_far_grants=True, **importing
+        )
+        client = await stack.enter_async_context(b.new_node())
+        await client.wait_for_members("audit", timeout=10)
+        [shown] = gw_a.links()
+        identity = importing["identity"]
+        assert isinstance(identity, Identity)
+        assert shown["identity"] == identity.public.hex()
+        assert shown["grant"] == {"gateway_import": ["db"]}
+        with pytest.raises(irismesh.MeshError):
+            await client.request("audit", b"x", timeout=5)
+        # Its grant renewed with audit: it handshakes again, and a's gateway answers for audit.
+        gw_b.node.use_grant(
+            AUTHORITY.grant(identity.public, Rights(gateway_import=("db", "audit")))
+        )
+        await wait_until(lambda: gw_b.stats.get("link_rehandshakes", 0) == 1, 5, "handshake")
+        await wait_until(
+            lambda: (
+                [g["grant"] for g in gw_a.links() if g["up"]]
+                == [{"gateway_import": ["db", "audit"]}]
+            ),
+            5,
+            "the new grant seen",
+        )
+        # The link went down for the handshake, and with it what b's gateway imports over it.
+        await client.wait_for_members("audit", timeout=10)
+        assert await client.request("audit", b"x", timeout=5) == b"auditx"
+        assert gw_a.stats["requests_refused_far_grant"] == 1
+        # a's gateway, which listens, renews its grant: it asks b's to handshake again.
+        a_identity = gw_a.node.identity
+        gw_a.node.use_grant(AUTHORITY.grant(a_identity.public, Rights(gateway_export=("db",))))
+        await wait_until(lambda: gw_a.stats.get("link_rehandshakes_asked", 0) == 1, 5, "asked")
+        await wait_until(
+            lambda: [g["grant"] for g in gw_b.links() if g["up"]] == [{"gateway_export": ["db"]}],
+            5,
+            "a's new grant seen",
+        )
+        assert gw_b.stats["link_rehandshakes"] == 2
+        await wait_until(lambda: gw_b.imports() == ["db"], 5, "audit no longer imported")

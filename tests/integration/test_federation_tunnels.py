@@ -12,7 +12,7 @@ from federated import LOCAL, Mesh, echoed_through, gateway
 from helpers import MESH, deadline, wait_until
 
 import irismesh
-from irismesh.federation.linkproto import T_DATA, TUNNEL, TunnelItem
+from irismesh.federation.linkwire import T_DATA, TUNNEL, TunnelItem
 
 
 async def federation(
