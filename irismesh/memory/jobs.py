@@ -166,6 +166,17 @@ class JobStore:
             )
         return held
 
+    def finished(self, ids: Iterable[bytes]) -> list[bytes]:
+        """Those of `ids` whose jobs were finished (their tombstones kept here)."""
+        try:
+            return [
+                i
+                for i in ids
+                if self._db.execute("SELECT 1 FROM job_tombstones WHERE id = ?", (i,)).fetchone()
+            ]
+        except sqlite3.Error as exc:
+            raise StorageError(self._store.path, _reason(exc)) from None
+
     def attempted(self, job_id: bytes, dead: bool) -> None:
         """A handler failed on the job: one attempt more, and set aside if that was the last."""
         try:
