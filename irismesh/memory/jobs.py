@@ -31,6 +31,8 @@ from irismesh.memory.store import sqlite_reason as _reason
 _PENDING, _DEAD = 0, 1
 TOMBSTONE_KEEP: Final = 7 * 24 * 3600.0  # seconds a finished job's id is remembered
 
+# Tombstones are found by time too: a "jobs" request (every few seconds from the dispatcher)
+# reads those since a time, and `expire` drops the old ones.
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS jobs (
     id BLOB PRIMARY KEY,
@@ -44,6 +46,7 @@ CREATE TABLE IF NOT EXISTS jobs (
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, id);
 CREATE TABLE IF NOT EXISTS job_tombstones (id BLOB PRIMARY KEY, done_at REAL NOT NULL)
     WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS job_tombstones_by_time ON job_tombstones (done_at);
 """
 
 
