@@ -585,14 +585,14 @@ class NodeMemory:
                 async with asyncio.timeout(_RETRY_AFTER * 2):
                     await wake.wait()
             wake.clear()
+            now = time.time()
+            if now >= next_expiry:  # every member drops its own: nobody tells it of them
+                next_expiry = now + 1.0
+                await member.run(member.jobs.expire, now)
             others = peers()
             if any(peer < self._node_id for peer in others):
                 next_gather = 0.0  # when its turn comes, it looks at once
                 continue  # another member dispatches
-            now = time.time()
-            if now >= next_expiry:
-                next_expiry = now + 1.0
-                await member.run(member.jobs.expire, now)
             room = _IN_FLIGHT - len(busy)
             if room <= 0:
                 continue
@@ -665,10 +665,12 @@ class NodeMemory:
         except MeshError:
             return  # no other member now, or none answered: the next look
         jobs: dict[bytes, Job] = {}
+        now = time.time()
         for answer in answers.values():
             try:
                 rows, _finished = _unpack(answer)
-                jobs.update((job.id, job) for job in _jobs(rows))
+                # One past its expiry (by this machine's clock) is not taken on.
+                jobs.update((job.id, job) for job in _jobs(rows) if job.expires_at > now)
             except (ConfigurationError, TypeError, ValueError):
                 self.stats["memory_answers_malformed"] += 1
         if not jobs:

@@ -150,7 +150,8 @@ async def test_a_job_only_a_member_that_does_not_dispatch_holds_is_handed_out(
 ) -> None:
     """An enqueue can reach only the members that do not dispatch (the dispatcher had just
     started again and copied their jobs a moment before the enqueuer knew of it): the
-    dispatcher takes such a job on from them, and tells them to forget one it finished."""
+    dispatcher takes such a job on from them, and tells them to forget one it finished; they
+    drop one past its expiry themselves."""
     handled: Counter[bytes] = Counter()
     async with (
         memory_mesh(keys, tmp_path / "m0", tmp_path / "m1") as (held, producer),
@@ -168,20 +169,25 @@ async def test_a_job_only_a_member_that_does_not_dispatch_holds_is_handed_out(
         assert member is not None
         assert mine is not None
         now = time.time()
-        only_there, done_here = (
-            Job(clock_id(memory.clock, memory.physical()), "work", payload, now, now + 3600)
-            for payload in (b"held by the other only", b"finished, its done missed")
+        only_there, done_here, expired = (
+            Job(clock_id(memory.clock, memory.physical()), "work", payload, now, now + expiry)
+            for payload, expiry in (
+                (b"held by the other only", 3600),
+                (b"finished, its done missed", 3600),
+                (b"expired", -1),
+            )
         )
         await mine.run(mine.jobs.finish, [done_here.id], now)
-        await member.run(member.jobs.add, [only_there, done_here])
+        await member.run(member.jobs.add, [only_there, done_here, expired])
         await wait_until(
             lambda: handled[b"held by the other only"] == 1, 15, "the other's job handled"
         )
         await wait_until(
-            lambda: other.stats.get("memory_jobs_pending", 1) == 0, 10, "the other to forget both"
+            lambda: other.stats.get("memory_jobs_pending", 1) == 0, 10, "the other to forget all"
         )
         assert dispatcher.stats["jobs_gathered"] == gathered + 1
-        assert handled[b"finished, its done missed"] == 0
+        assert handled[b"finished, its done missed"] == handled[b"expired"] == 0
+        assert other.stats["memory_jobs_expired"] == 1
         assert set(handled.values()) == {1}
 
 
