@@ -31,6 +31,8 @@ from irismesh.memory.store import sqlite_reason as _reason
 _PENDING, _DEAD = 0, 1
 TOMBSTONE_KEEP: Final = 7 * 24 * 3600.0  # seconds a finished job's id is remembered
 
+# Tombstones are found by time too: a "jobs" request (every few seconds from the dispatcher)
+# reads those since a time, and `expire` drops the old ones.
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS jobs (
     id BLOB PRIMARY KEY,
@@ -44,6 +46,7 @@ CREATE TABLE IF NOT EXISTS jobs (
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, id);
 CREATE TABLE IF NOT EXISTS job_tombstones (id BLOB PRIMARY KEY, done_at REAL NOT NULL)
     WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS job_tombstones_by_time ON job_tombstones (done_at);
 """
 
 
@@ -165,6 +168,17 @@ class JobStore:
                 "INSERT OR IGNORE INTO job_tombstones VALUES (?, ?)", [(i, now) for i in ids]
             )
         return held
+
+    def finished(self, ids: Iterable[bytes]) -> list[bytes]:
+        """Those of `ids` whose jobs were finished (their tombstones kept here)."""
+        try:
+            return [
+                i
+                for i in ids
+                if self._db.execute("SELECT 1 FROM job_tombstones WHERE id = ?", (i,)).fetchone()
+            ]
+        except sqlite3.Error as exc:
+            raise StorageError(self._store.path, _reason(exc)) from None
 
     def attempted(self, job_id: bytes, dead: bool) -> None:
         """A handler failed on the job: one attempt more, and set aside if that was the last."""

@@ -31,6 +31,15 @@ there are, if fewer) have it on disk, so one crash loses nothing. A reread merge
 answers by message id, so a member that missed messages while it was down does not hide them,
 and a member that starts again first copies what the others hold (`catch_up`).
 
+The memory member with the lowest id among the live ones (the dispatcher) hands the jobs out,
+those in its own store. An enqueue may reach only other members: the dispatcher had just
+started again and copied their jobs a moment before the enqueuer knew of it, or its copy's
+answer was lost. The others never hand out a job while a member with a lower id lives, so the
+dispatcher asks them for the jobs they hold ("jobs") as it takes over and, while it has handed
+out everything it holds, every GATHER_EVERY seconds: it takes on those it lacks (counted as
+`jobs_gathered`) and tells them to forget those it finished (a "done" they missed). Asked only
+while its own jobs are all in hand, the others' answers hold about as many jobs as that.
+
 Store access is serialised on one thread of the member's own (SQLite writes wait for the disk
 and must not stall the node's loop).
 """
@@ -93,6 +102,10 @@ _IN_FLIGHT: Final = 64  # jobs a dispatcher has handled at once
 _UNSURE_KEPT: Final = 65536  # jobs remembered as maybe run, for the repeats count
 _Rows = list[tuple[str, bytes, float, bytes]]
 _RETRY_AFTER: Final = 0.2  # seconds before a job that failed or found no member goes again
+# Seconds between a dispatcher's looks at the jobs the other memory members hold (while it has
+# handed out all it holds), and how long it waits for their answers.
+GATHER_EVERY: Final = 2.0
+_GATHER_TIMEOUT: Final = 5.0
 CATCH_UP_MARGIN: Final = 60.0  # seconds before its newest message a starting member asks from
 _MAX_BATCH: Final = 4096
 _GROUP: Final = 256  # store requests written in one transaction at most
@@ -555,7 +568,9 @@ class NodeMemory:
         lowest id, it hands the held jobs to their clusters, `_IN_FLIGHT` at a time, and
         tells every member to forget each job once a member of its cluster has handled it.
         Another member takes over when it is gone (at least once: a job handled but not yet
-        forgotten goes again, which the handler must bear)."""
+        forgotten goes again, which the handler must bear). It takes on the jobs only the
+        others hold as it takes over, and again every GATHER_EVERY seconds while it has handed
+        out all it holds (`_gather_jobs`)."""
         member = self.member
         if member is None:
             return
@@ -563,17 +578,21 @@ class NodeMemory:
         member.on_jobs = wake.set
         busy: set[bytes] = set()
         next_expiry = 0.0
+        next_gather = 0.0  # monotonic time of the next look at the others' jobs
+        gathering: asyncio.Task[None] | None = None
         while True:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(_RETRY_AFTER * 2):
                     await wake.wait()
             wake.clear()
-            if any(peer < self._node_id for peer in peers()):
-                continue  # another member dispatches
             now = time.time()
-            if now >= next_expiry:
+            if now >= next_expiry:  # every member drops its own: nobody tells it of them
                 next_expiry = now + 1.0
                 await member.run(member.jobs.expire, now)
+            others = peers()
+            if any(peer < self._node_id for peer in others):
+                next_gather = 0.0  # when its turn comes, it looks at once
+                continue  # another member dispatches
             room = _IN_FLIGHT - len(busy)
             if room <= 0:
                 continue
@@ -581,6 +600,15 @@ class NodeMemory:
             for job in jobs:
                 busy.add(job.id)
                 self._track(self._dispatch_one(job, request, busy, wake))
+            # All it holds is in hand: a job another member holds besides waits for nobody.
+            if (
+                len(jobs) < room
+                and others
+                and time.monotonic() >= next_gather
+                and (gathering is None or gathering.done())
+            ):
+                next_gather = time.monotonic() + GATHER_EVERY
+                gathering = self._track(self._gather_jobs(wake))
 
     async def _dispatch_one(
         self,
@@ -623,6 +651,43 @@ class NodeMemory:
         finally:
             busy.discard(job.id)
             wake.set()
+
+    async def _gather_jobs(self, wake: asyncio.Event) -> None:
+        """The dispatcher takes on the jobs the other memory members hold and it does not
+        (`wake` set if there were any), and tells them to forget those it finished."""
+        member = self.member
+        assert member is not None
+        try:
+            # Tombstones from now on only: those it lacks cost a repeat at most, not a loss.
+            answers, _errors, _missing = await self._survey(
+                _pack([_JOBS, time.time()]), _GATHER_TIMEOUT
+            )
+        except MeshError:
+            return  # no other member now, or none answered: the next look
+        jobs: dict[bytes, Job] = {}
+        now = time.time()
+        for answer in answers.values():
+            try:
+                rows, _finished = _unpack(answer)
+                # One past its expiry (by this machine's clock) is not taken on.
+                jobs.update((job.id, job) for job in _jobs(rows) if job.expires_at > now)
+            except (ConfigurationError, TypeError, ValueError):
+                self.stats["memory_answers_malformed"] += 1
+        if not jobs:
+            return
+        try:
+            finished = await member.run(member.jobs.finished, list(jobs))
+            for job_id in finished:
+                del jobs[job_id]
+            added = await member.run(member.jobs.add, list(jobs.values())) if jobs else 0
+        except MeshError:
+            return  # the store failed: the next look
+        if added:
+            self.stats["jobs_gathered"] += added
+            self.observe(max(jobs))
+            wake.set()
+        if finished:
+            await self._tell_done(finished, time.time())
 
     async def _finish(self, job_id: bytes) -> None:
         """Forget a handled job here, then at the other memory members: together with the

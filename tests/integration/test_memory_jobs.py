@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -11,7 +12,9 @@ from helpers import deadline, memory_members, memory_mesh, wait_until
 
 import irismesh
 from irismesh._core.frames import Kind
+from irismesh.memory.jobs import Job
 from irismesh.memory.service import MAX_ATTEMPTS
+from irismesh.memory.store import clock_id
 
 
 async def memories(keys: irismesh.Keyring, tmp_path: Path, count: int) -> list[irismesh.Node]:
@@ -139,6 +142,53 @@ async def test_another_memory_member_takes_over_when_the_dispatcher_leaves(
         assert max(handled.values()) <= 2
     finally:
         await asyncio.gather(member.close(), producer.close(), *(m.close() for m in held))
+
+
+@deadline(40)
+async def test_a_job_only_a_member_that_does_not_dispatch_holds_is_handed_out(
+    keys: irismesh.Keyring, tmp_path: Path
+) -> None:
+    """An enqueue can reach only the members that do not dispatch (the dispatcher had just
+    started again and copied their jobs a moment before the enqueuer knew of it): the
+    dispatcher takes such a job on from them, and tells them to forget one it finished; they
+    drop one past its expiry themselves."""
+    handled: Counter[bytes] = Counter()
+    async with (
+        memory_mesh(keys, tmp_path / "m0", tmp_path / "m1") as (held, producer),
+        worker(keys, held[0].endpoint, handled),
+    ):
+        for each in held:
+            await each.wait_for_members("_memory", 1, timeout=10)
+        dispatcher = min(held, key=lambda m: m.node_id)
+        other = max(held, key=lambda m: m.node_id)
+        await producer.enqueue("work", b"held by both")
+        await wait_until(lambda: handled[b"held by both"] == 1, 15, "the first job handled")
+        gathered = dispatcher.stats.get("jobs_gathered", 0)
+        memory, mine = other.memory, dispatcher.memory.member
+        member = memory.member
+        assert member is not None
+        assert mine is not None
+        now = time.time()
+        only_there, done_here, expired = (
+            Job(clock_id(memory.clock, memory.physical()), "work", payload, now, now + expiry)
+            for payload, expiry in (
+                (b"held by the other only", 3600),
+                (b"finished, its done missed", 3600),
+                (b"expired", -1),
+            )
+        )
+        await mine.run(mine.jobs.finish, [done_here.id], now)
+        await member.run(member.jobs.add, [only_there, done_here, expired])
+        await wait_until(
+            lambda: handled[b"held by the other only"] == 1, 15, "the other's job handled"
+        )
+        await wait_until(
+            lambda: other.stats.get("memory_jobs_pending", 1) == 0, 10, "the other to forget all"
+        )
+        assert dispatcher.stats["jobs_gathered"] == gathered + 1
+        assert handled[b"finished, its done missed"] == handled[b"expired"] == 0
+        assert other.stats["memory_jobs_expired"] == 1
+        assert set(handled.values()) == {1}
 
 
 @deadline(40)
