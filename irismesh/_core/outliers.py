@@ -14,7 +14,9 @@ take a member out of the caller's rotation for a cluster:
   the median of the other members' (those with as many requests). Timeouts count against it
   here: a member that stops answering while its peers answer stands out, while a caller whose
   own overload lets every member's requests time out sees the members alike and ejects nobody;
-  and they do not count against a member that turned requests away (it is overloaded).
+  and they do not count while a member of the cluster turned requests away in the interval
+  (the cluster is overloaded: one member may shed while another, as loaded, lets its queue
+  time out before it sheds).
 - latency: with as many requests in the interval, none of them turned away, its latency
   estimate (the balancer's) is `latency_factor` times the median of the other members' and
   `latency_floor` seconds above it.
@@ -263,9 +265,11 @@ class OutlierEjection:
                 continue
             judged: list[OutLink] = []
             rates: dict[bytes, float] = {}
+            # A member that sheds load says the cluster is overloaded: the timeouts in the
+            # interval, at every member, are the overload's.
+            shedding = any(m.refusals for m in members)
             for m in members:
-                # A member that sheds load is overloaded: its timeouts are the overload's.
-                asked = m.replies + (0 if m.refusals else m.timeouts)
+                asked = m.replies + (0 if shedding else m.timeouts)
                 if asked >= cfg.min_requests:
                     judged.append(m)
                     rates[m.peer_id] = (m.replies - m.errors) / asked

@@ -237,6 +237,21 @@ def test_timeouts_of_a_member_shedding_load_are_the_overloads() -> None:
     assert sweep.judge() == set()
 
 
+def test_timeouts_while_another_member_sheds_load_are_the_overloads_too() -> None:
+    """Two members as loaded: one turns requests away, the other lets its queue time out
+    before it would shed. Neither is an outlier; errors still count."""
+    sweep = Sweep(2)
+    links = sweep.interval(replies=50)
+    links[0].refusals = 10
+    links[1].timeouts = 50
+    assert sweep.judge() == set()
+    sweep = Sweep(3)
+    links = sweep.interval(replies=100)
+    links[0].refusals = 10
+    links[2].errors = 40
+    assert sweep.judge() == {2}
+
+
 def test_too_few_requests_are_not_judged() -> None:
     sweep = Sweep(3)
     links = sweep.interval(replies=FAST.min_requests - 1)
