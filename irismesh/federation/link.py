@@ -118,6 +118,7 @@ class LinkTransport:
         self._by_route: dict[bytes, LinkEnd] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._tick_due = 0.0  # when the next tick is due (a later one: the loop stalled)
         self._flush_pending = False
         self._closed = False
         self._identity = identity
@@ -204,6 +205,7 @@ class LinkTransport:
             self._dealers[id(end)] = dealer
             self._dialled[id(end)] = peer
             loop.add_reader(dealer.FD, self._drain_dealer, end, dealer)
+        self._tick_due = time.monotonic()
         self._tick()
 
     def close(self) -> None:
@@ -377,6 +379,14 @@ class LinkTransport:
         if self._closed or self._loop is None:
             return
         now = time.monotonic()
+        interval = self.config.heartbeat / 2
+        late = now - self._tick_due
+        if late > self.config.heartbeat:
+            # This gateway's own loop stalled (a busy process): the far gateways' silence
+            # meanwhile is not theirs (what they sent waits unread), as the core does for links.
+            self.stats["link_loop_stalls"] += 1
+            for end in self.ends:
+                end.last_in += late
         self._grant_changed()
         for end in self.ends:
             closed = end.stats["closed_grant"]
@@ -394,7 +404,8 @@ class LinkTransport:
             if end.silent_for(now) >= forget:
                 self._forget(end)
         self.flush()
-        self._timer = self._loop.call_later(self.config.heartbeat / 2, self._tick)
+        self._tick_due = now + interval
+        self._timer = self._loop.call_later(interval, self._tick)
 
     def _grant_changed(self) -> None:
         """Where far grants are checked, a far gateway sees this gateway's grant at each

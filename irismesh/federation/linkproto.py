@@ -209,7 +209,7 @@ class LinkEnd:
     _session: Session | None = None
     _session_secret: bytes = b""  # the link key the session's handshake proved
     _pending: _Pending | None = None
-    _last_in: float = 0.0
+    last_in: float = 0.0  # when it last heard its peer (its driver adds its own loop stalls)
     _last_out: float = 0.0
     _seen_hellos: dict[bytes, None] = field(default_factory=dict)
     up: bool = False
@@ -280,7 +280,7 @@ class LinkEnd:
         self._cursor = self._base_seq  # replay everything not acknowledged, in order
         self._peer_received = self._base_seq - 1
         self._progress_at = now
-        self._last_in = self._last_out = now
+        self.last_in = self._last_out = now
         self._ack_due = True
         self.up = True
         self.stats["sessions"] += 1
@@ -476,7 +476,7 @@ class LinkEnd:
         header = frame[: HEADER.size]
         body = unpack(session.inbound.open(header, counter, frame[HEADER.size :]))
         session.in_counter = counter
-        self._last_in = now
+        self.last_in = now
         if not (
             isinstance(body, list)
             and len(body) == 4
@@ -553,7 +553,7 @@ class LinkEnd:
 
     def silent_for(self, now: float) -> float:
         """Seconds since this end last heard its peer (or came to be)."""
-        return now - self._last_in
+        return now - self.last_in
 
     def forget(self) -> None:
         """Drop what is buffered for a peer that is not coming back (counted)."""
@@ -571,7 +571,7 @@ class LinkEnd:
         far, grant = self.far_grants, self.peer_grant
         if far is not None and grant is not None and not far.holds(self.peer_public, grant):
             self.stats["closed_grant"] += 1
-        elif now - self._last_in < self.config.dead_after:
+        elif now - self.last_in < self.config.dead_after:
             return False
         self.down()
         return True

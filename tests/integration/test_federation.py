@@ -8,6 +8,7 @@ import logging
 import os
 import random
 import socket
+import time
 from collections.abc import Awaitable
 from contextlib import AsyncExitStack, ExitStack
 from pathlib import Path
@@ -1063,3 +1064,21 @@ def test_what_a_link_held_for_a_gateway_that_died_goes_first_to_the_one_that_rep
             assert second.stats["resends_received"] >= 100
 
     run(main())
+
+
+@deadline(30)
+async def test_a_stall_of_the_gateways_own_loop_does_not_take_its_link_down() -> None:
+    """The process stalls (its loop blocked) longer than the link's dead_after: what the far
+    gateway sent meanwhile is read before silence is judged, and the link stays up."""
+    a, b = Mesh("a"), Mesh("b")
+    link = irismesh.Keyring.generate()
+    async with AsyncExitStack() as stack:
+        ga = await gateway(stack, a, link, listen=True, topics=("feeds.#",))
+        gb = await gateway(stack, b, link, peers=(ga.endpoint,))
+        await wait_until(lambda: ga.stats["links_up"] == gb.stats["links_up"] == 1, 10, "the link")
+        for _ in range(3):
+            time.sleep(3 * FAST.dead_after)  # the whole process stalls: both ends at once
+            await asyncio.sleep(4 * FAST.heartbeat)  # ticks judge again, after reading
+        assert ga.stats.get("link_down_events", 0) == gb.stats.get("link_down_events", 0) == 0
+        assert ga.stats["link_loop_stalls"] >= 3
+        assert gb.stats["link_loop_stalls"] >= 3
