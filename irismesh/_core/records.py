@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import hashlib
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final, NamedTuple, Protocol
 
 from irismesh._core.gossip import (
@@ -55,7 +55,6 @@ class NodeIdentity(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
 class MemberRecord:
     """What a node says about itself: where to reach it, what it serves (opaque tags), and
     what to call it (a label for people: names need not be unique; the id is the identity).
@@ -64,13 +63,46 @@ class MemberRecord:
     its id derives, and its signature of the record at one incarnation. They are not part of
     what the record says (equality ignores them); b"" in cores built without identities."""
 
-    node_id: bytes
-    endpoint: str  # links: tcp://host:port
-    address: str  # datagrams: host:port
-    tags: bytes = b""
-    name: str = ""  # "": none given (cores built without a name, simulations)
-    public: bytes = field(default=b"", compare=False)
-    signature: bytes = field(default=b"", compare=False)
+    __slots__ = ("address", "endpoint", "name", "node_id", "public", "signature", "tags")
+
+    def __init__(
+        self,
+        node_id: bytes,
+        endpoint: str,  # links: tcp://host:port
+        address: str,  # datagrams: host:port
+        tags: bytes = b"",
+        name: str = "",  # "": none given (cores built without a name, simulations)
+        public: bytes = b"",
+        signature: bytes = b"",
+    ) -> None:
+        self.node_id: Final = node_id
+        self.endpoint: Final = endpoint
+        self.address: Final = address
+        self.tags: Final = tags
+        self.name: Final = name
+        self.public: Final = public
+        self.signature: Final = signature
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, MemberRecord):
+            return NotImplemented
+        return (self.node_id, self.endpoint, self.address, self.tags, self.name) == (
+            other.node_id,
+            other.endpoint,
+            other.address,
+            other.tags,
+            other.name,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.node_id, self.endpoint, self.address, self.tags, self.name))
+
+    def __repr__(self) -> str:
+        return (
+            f"MemberRecord(node_id={self.node_id!r}, endpoint={self.endpoint!r}, "
+            f"address={self.address!r}, tags={self.tags!r}, name={self.name!r}, "
+            f"public={self.public!r}, signature={self.signature!r})"
+        )
 
 
 def record_transcript(record: MemberRecord, incarnation: int) -> bytes:
@@ -108,30 +140,100 @@ class Member(NamedTuple):
     since: float  # when the state last changed
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
 class MemberUp:
     """A node joined, or came back from a false death."""
 
-    record: MemberRecord
+    __slots__ = ("record",)
+
+    def __init__(
+        self,
+        *,
+        record: MemberRecord,
+    ) -> None:
+        self.record: Final = record
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, MemberUp):
+            return NotImplemented
+        return self.record == other.record
+
+    def __hash__(self) -> int:
+        return hash((self.record,))
+
+    def __repr__(self) -> str:
+        return f"MemberUp(record={self.record!r})"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
 class MemberChanged:
     """A live node's record changed (its tags, say: it serves or reads something new)."""
 
-    record: MemberRecord
+    __slots__ = ("record",)
+
+    def __init__(
+        self,
+        *,
+        record: MemberRecord,
+    ) -> None:
+        self.record: Final = record
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, MemberChanged):
+            return NotImplemented
+        return self.record == other.record
+
+    def __hash__(self) -> int:
+        return hash((self.record,))
+
+    def __repr__(self) -> str:
+        return f"MemberChanged(record={self.record!r})"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
 class MemberSuspect:
-    node_id: bytes
-    suspect: bool  # False: the suspicion was refuted
+    __slots__ = ("node_id", "suspect")
+
+    def __init__(
+        self,
+        *,
+        node_id: bytes,
+        suspect: bool,  # False: the suspicion was refuted
+    ) -> None:
+        self.node_id: Final = node_id
+        self.suspect: Final = suspect
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, MemberSuspect):
+            return NotImplemented
+        return (self.node_id, self.suspect) == (other.node_id, other.suspect)
+
+    def __hash__(self) -> int:
+        return hash((self.node_id, self.suspect))
+
+    def __repr__(self) -> str:
+        return f"MemberSuspect(node_id={self.node_id!r}, suspect={self.suspect!r})"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
 class MemberDown:
-    record: MemberRecord
-    reason: str  # "dead" or "left"
+    __slots__ = ("reason", "record")
+
+    def __init__(
+        self,
+        *,
+        record: MemberRecord,
+        reason: str,  # "dead" or "left"
+    ) -> None:
+        self.record: Final = record
+        self.reason: Final = reason
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, MemberDown):
+            return NotImplemented
+        return (self.record, self.reason) == (other.record, other.reason)
+
+    def __hash__(self) -> int:
+        return hash((self.record, self.reason))
+
+    def __repr__(self) -> str:
+        return f"MemberDown(record={self.record!r}, reason={self.reason!r})"
 
 
 MemberEvent = MemberUp | MemberChanged | MemberSuspect | MemberDown
