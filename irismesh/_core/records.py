@@ -5,7 +5,6 @@ from __future__ import annotations
 import enum
 import hashlib
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Final, NamedTuple, Protocol
 
 from irismesh._core.gossip import (
@@ -239,30 +238,119 @@ class MemberDown:
 MemberEvent = MemberUp | MemberChanged | MemberSuspect | MemberDown
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
 class MembershipConfig:
     """Timings are seconds; the defaults detect a crash in about 2 to 4 s at 100 nodes, and cost a
     node about a ping and an ack sent and received per 0.4 s, whatever the mesh's size."""
 
-    probe_interval: float = 0.4
-    probe_timeout: float = 0.15
-    indirect_probes: int = 3
-    suspicion_multiplier: float = 2.0  # x log10(N) x probe_interval: 1.6 s at 100 nodes
-    suspicion_max_multiplier: float = 2.5
-    suspicion_confirmations: int = 3
-    retransmit_multiplier: int = 4
-    gossip_interval: float = 0.2
-    gossip_nodes: int = 3
-    gossip_to_dead: float = 3.0  # the dead still hear gossip this long (to refute it)
-    push_pull_interval: float = 10.0  # stretched for meshes of more than 32 nodes
-    reconnect_interval: float = 2.0  # one dead member is tried this often (healing)
-    dead_keep: float = 600.0
-    left_keep: float = 30.0
-    max_datagram: int = 1400
-    max_members: int = 100_000
-    awareness_limit: int = 8
+    __slots__ = (
+        "awareness_limit",
+        "dead_keep",
+        "gossip_interval",
+        "gossip_nodes",
+        "gossip_to_dead",
+        "indirect_probes",
+        "left_keep",
+        "max_datagram",
+        "max_members",
+        "probe_interval",
+        "probe_timeout",
+        "push_pull_interval",
+        "reconnect_interval",
+        "retransmit_multiplier",
+        "suspicion_confirmations",
+        "suspicion_max_multiplier",
+        "suspicion_multiplier",
+    )
 
-    def __post_init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        probe_interval: float = 0.4,
+        probe_timeout: float = 0.15,
+        indirect_probes: int = 3,
+        suspicion_multiplier: float = 2.0,  # x log10(N) x probe_interval: 1.6 s at 100 nodes
+        suspicion_max_multiplier: float = 2.5,
+        suspicion_confirmations: int = 3,
+        retransmit_multiplier: int = 4,
+        gossip_interval: float = 0.2,
+        gossip_nodes: int = 3,
+        gossip_to_dead: float = 3.0,  # the dead still hear gossip this long (to refute it)
+        push_pull_interval: float = 10.0,  # stretched for meshes of more than 32 nodes
+        reconnect_interval: float = 2.0,  # one dead member is tried this often (healing)
+        dead_keep: float = 600.0,
+        left_keep: float = 30.0,
+        max_datagram: int = 1400,
+        max_members: int = 100_000,
+        awareness_limit: int = 8,
+    ) -> None:
+        self.probe_interval: Final = probe_interval
+        self.probe_timeout: Final = probe_timeout
+        self.indirect_probes: Final = indirect_probes
+        self.suspicion_multiplier: Final = suspicion_multiplier
+        self.suspicion_max_multiplier: Final = suspicion_max_multiplier
+        self.suspicion_confirmations: Final = suspicion_confirmations
+        self.retransmit_multiplier: Final = retransmit_multiplier
+        self.gossip_interval: Final = gossip_interval
+        self.gossip_nodes: Final = gossip_nodes
+        self.gossip_to_dead: Final = gossip_to_dead
+        self.push_pull_interval: Final = push_pull_interval
+        self.reconnect_interval: Final = reconnect_interval
+        self.dead_keep: Final = dead_keep
+        self.left_keep: Final = left_keep
+        self.max_datagram: Final = max_datagram
+        self.max_members: Final = max_members
+        self.awareness_limit: Final = awareness_limit
+        self._validate()
+
+    def _fields(self) -> tuple[object, ...]:
+        return (
+            self.probe_interval,
+            self.probe_timeout,
+            self.indirect_probes,
+            self.suspicion_multiplier,
+            self.suspicion_max_multiplier,
+            self.suspicion_confirmations,
+            self.retransmit_multiplier,
+            self.gossip_interval,
+            self.gossip_nodes,
+            self.gossip_to_dead,
+            self.push_pull_interval,
+            self.reconnect_interval,
+            self.dead_keep,
+            self.left_keep,
+            self.max_datagram,
+            self.max_members,
+            self.awareness_limit,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, MembershipConfig):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        return (
+            f"MembershipConfig(probe_interval={self.probe_interval!r}, "
+            f"probe_timeout={self.probe_timeout!r}, "
+            f"indirect_probes={self.indirect_probes!r}, "
+            f"suspicion_multiplier={self.suspicion_multiplier!r}, "
+            f"suspicion_max_multiplier={self.suspicion_max_multiplier!r}, "
+            f"suspicion_confirmations={self.suspicion_confirmations!r}, "
+            f"retransmit_multiplier={self.retransmit_multiplier!r}, "
+            f"gossip_interval={self.gossip_interval!r}, "
+            f"gossip_nodes={self.gossip_nodes!r}, "
+            f"gossip_to_dead={self.gossip_to_dead!r}, "
+            f"push_pull_interval={self.push_pull_interval!r}, "
+            f"reconnect_interval={self.reconnect_interval!r}, "
+            f"dead_keep={self.dead_keep!r}, left_keep={self.left_keep!r}, "
+            f"max_datagram={self.max_datagram!r}, max_members={self.max_members!r}, "
+            f"awareness_limit={self.awareness_limit!r})"
+        )
+
+    def _validate(self) -> None:
         if not 0 < self.probe_timeout < self.probe_interval:
             raise ConfigurationError("need 0 < probe_timeout < probe_interval")
         if self.gossip_interval <= 0 or self.push_pull_interval <= 0:
