@@ -20,6 +20,9 @@ arrived and is forgotten when its peer says BYE, or membership says the peer die
 The engine keeps the link table and walks every link through this lifecycle; each other
 concern of the core (calls, publish/subscribe, tunnels, the links' own watch) hears of it
 through one small interface, `LinkObserver`, and keeps no link table of its own.
+
+A link's tables are plain classes, not dataclasses (compared by identity, as they were): their
+`__init__` is native compiled, and `import irismesh` does not compile dataclass methods for them.
 """
 
 from __future__ import annotations

@@ -1,4 +1,9 @@
-"""The members of the mesh as the membership protocol sees them, and what it tells its driver."""
+"""The members of the mesh as the membership protocol sees them, and what it tells its driver.
+
+Records and events are plain classes written to behave as frozen dataclasses (`==` and a hash
+over their fields, a dataclass's repr, attributes `Final`), as the core's events are: see
+`irismesh._core.events` for why.
+"""
 
 from __future__ import annotations
 
