@@ -1012,7 +1012,7 @@ def _jobs(rows: Any) -> list[Job]:
 
 
 def _job_rows(jobs: Iterable[Job]) -> list[list[Any]]:
-    """Jobs as an enqueue request's or a "jobs" answer's rows."""
+    """Jobs as a "jobs" answer's rows (the trace context only where there is one)."""
     return [
         [j.id, j.cluster, j.payload, j.enqueued_at, j.expires_at, *([j.trace] if j.trace else [])]
         for j in jobs
