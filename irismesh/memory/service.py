@@ -3,7 +3,7 @@
 A node started with a memory directory serves the cluster `_memory` beside its own, with a
 `MemoryStore` behind it. Callers reach every memory member at once with a survey (a retained
 publish must be held by several of them, a reread must hear from all of them), so the protocol
-is two msgpack requests, each answered by every member:
+is msgpack requests, each answered by every member:
 
     ["store", [[topic, payload, published_at, id], ...]]  ->  [stored, clock]
     ["latest", pattern, n, after]  ->  [[[topic, payload, published_at, id], ...], next]
