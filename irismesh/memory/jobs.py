@@ -30,6 +30,8 @@ from irismesh.memory.store import sqlite_reason as _reason
 
 _PENDING, _DEAD = 0, 1
 TOMBSTONE_KEEP: Final = 7 * 24 * 3600.0  # seconds a finished job's id is remembered
+_PAGE_ROWS: Final = 32  # jobs read from the database at a time while filling a page
+_JOB_ROOM: Final = 64  # a job's id, times and framing in an answer, at most
 
 # Tombstones are found by time too: a "jobs" request (every few seconds from the dispatcher)
 # reads those since a time, and `expire` drops the old ones.
@@ -143,6 +145,37 @@ class JobStore:
             if len(out) >= limit:
                 break
         return out
+
+    def page(self, after: bytes, size: int, limit: int) -> tuple[list[Job], bytes | None]:
+        """The jobs waiting to be handled with ids after `after`, oldest first, as many as fit
+        in `size` bytes (at least one) and `limit`; and the id to ask after for the next ones
+        (None: these were the last). A job's bytes are its sealed form's, about its payload,
+        cluster and trace context: one that does not fit is not opened."""
+        out: list[Job] = []
+        used = 0
+        cursor = after
+        while True:
+            try:
+                rows = self._db.execute(
+                    "SELECT id, key_id, sealed, enqueued_at, expires_at, attempts FROM jobs"
+                    " WHERE state = ? AND id > ? ORDER BY id LIMIT ?",
+                    (_PENDING, cursor, _PAGE_ROWS),
+                ).fetchall()
+            except sqlite3.Error as exc:
+                raise StorageError(self._store.path, _reason(exc)) from None
+            if not rows:
+                return out, None
+            for job_id, key_id, sealed, enqueued_at, expires_at, attempts in rows:
+                grown = used + len(sealed) + _JOB_ROOM
+                if out and (grown > size or len(out) >= limit):
+                    return out, out[-1].id
+                cursor = job_id
+                opened = self._open(job_id, key_id, sealed)
+                if opened is None:
+                    continue
+                cluster, payload, trace = opened
+                out.append(Job(job_id, cluster, payload, enqueued_at, expires_at, attempts, trace))
+                used = grown
 
     def _open(self, job_id: bytes, key_id: str, sealed: bytes) -> tuple[str, bytes, bytes] | None:
         """A held job's cluster, payload and trace context (b"" for a job held without one)."""

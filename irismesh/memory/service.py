@@ -3,7 +3,7 @@
 A node started with a memory directory serves the cluster `_memory` beside its own, with a
 `MemoryStore` behind it. Callers reach every memory member at once with a survey (a retained
 publish must be held by several of them, a reread must hear from all of them), so the protocol
-is two msgpack requests, each answered by every member:
+is msgpack requests, each answered by every member:
 
     ["store", [[topic, payload, published_at, id], ...]]  ->  [stored, clock]
     ["latest", pattern, n, after]  ->  [[[topic, payload, published_at, id], ...], next]
@@ -11,7 +11,8 @@ is two msgpack requests, each answered by every member:
     ["since", id]  ->  [[[topic, payload, published_at, id], ...], next]
     ["enqueue", [[id, cluster, payload, enqueued_at, expires_at], ...]]  ->  [held, clock]
     ["done", [id, ...], at]  ->  [forgotten]
-    ["jobs", since]  ->  [[[id, cluster, payload, enqueued_at, expires_at], ...], [done id, ...]]
+    ["jobs", since, after]  ->  [[[id, cluster, payload, enqueued_at, expires_at], ...],
+                                 [done id, ...], next]
 
 An answer to "since" holds messages with ids after `id`, oldest first, up to PAGE_BYTES, and
 `next`, the id to ask after for more (None: no more): how a member that starts catches up with
@@ -19,6 +20,16 @@ what was stored while it was away. An answer to "latest" is one page: the paths 
 topic `after` (None: from the first), as many as fit in PAGE_BYTES, and `next`, the last topic
 of the page, to ask for the next one (None: that was the last). A caller asks every member for
 each page.
+
+An answer to "jobs" holds the jobs waiting with ids after `after` (None: from the first),
+oldest first, up to PAGE_BYTES (at least one), the ids of the jobs finished since `since` (with
+the first page only), and `next`, the id to ask after for more (None: no more). A caller asks
+every member for each page after the least `next` of their answers, until none has more, for
+_JOB_PAGES pages and until a deadline at most: how a member that starts copies the others' jobs
+(`catch_up_jobs`) and how the dispatcher gathers those it lacks. The previous release knew only
+`["jobs", since]`, answered with every job it holds (up to 4096) and no `next`: a member still
+answers that form so, and a caller whose first page a member refused asks it again that way
+(an answer without `next` is all that member holds).
 
 Ids come from each node's hybrid logical clock (`store.clock_id`). A member takes the ids it
 stores into its clock and answers a store or an enqueue with its clock (`clock`, an id; earlier
@@ -38,7 +49,8 @@ answer was lost. The others never hand out a job while a member with a lower id 
 dispatcher asks them for the jobs they hold ("jobs") as it takes over and, while it has handed
 out everything it holds, every GATHER_EVERY seconds: it takes on those it lacks (counted as
 `jobs_gathered`) and tells them to forget those it finished (a "done" they missed). Asked only
-while its own jobs are all in hand, the others' answers hold about as many jobs as that.
+while its own jobs are all in hand, the others' answers hold about as many jobs as that; a look
+that stops early (its pages or its time used up) leaves the next one to go on from there.
 
 Store access is serialised on one thread of the member's own (SQLite writes wait for the disk
 and must not stall the node's loop).
@@ -106,6 +118,10 @@ _RETRY_AFTER: Final = 0.2  # seconds before a job that failed or found no member
 # handed out all it holds), and how long it waits for their answers.
 GATHER_EVERY: Final = 2.0
 _GATHER_TIMEOUT: Final = 5.0
+# Pages of jobs (PAGE_BYTES each) one catch-up or one look reads at most, and the seconds
+# a starting member's catch-up on jobs takes at most.
+_JOB_PAGES: Final = 256
+_JOBS_CATCH_UP_FOR: Final = 60.0
 CATCH_UP_MARGIN: Final = 60.0  # seconds before its newest message a starting member asks from
 _MAX_BATCH: Final = 4096
 _GROUP: Final = 256  # store requests written in one transaction at most
@@ -192,6 +208,7 @@ class MemoryMember:
         self.on_jobs: Callable[[], None] | None = None
         # Callers' rights, decided (`refused`): (rights, right, name) -> allowed.
         self._verdicts: dict[tuple[Rights, str, str], bool] = {}
+        self.stats: Counter[str] = Counter()  # requests it could not read, dropped
 
     async def serve(self, payload: bytes) -> bytes:
         """One request to `_memory`, on the node's loop: stores and enqueues are written in
@@ -317,25 +334,28 @@ class MemoryMember:
             ids = [i for i in request[1] if type(i) is bytes and len(i) == ID_SIZE]
             with self._lock:
                 return _pack([self.jobs.finish(ids, float(request[2]))])
-        if op == _JOBS and len(request) == 2 and type(request[1]) in (int, float):
+        if op == _JOBS and 2 <= len(request) <= 3 and type(request[1]) in (int, float):
+            since = float(request[1])
+            if len(request) == 2:  # the previous release's form: all at once, as it expects
+                with self._lock:
+                    held = self.jobs.pending(_MAX_BATCH)
+                    done = self.jobs.tombstones(since)
+                return _pack([_job_rows(held), done])
+            after = request[2]
+            if after is not None and not (type(after) is bytes and len(after) == ID_SIZE):
+                self.stats["requests_malformed"] += 1
+                raise ConfigurationError("jobs' `after` is a job id or nil")
             with self._lock:
-                held = self.jobs.pending(_MAX_BATCH)
-                done = self.jobs.tombstones(float(request[1]))
-            held_rows = [
-                [
-                    j.id,
-                    j.cluster,
-                    j.payload,
-                    j.enqueued_at,
-                    j.expires_at,
-                    *([j.trace] if j.trace else []),
-                ]
-                for j in held
-            ]
-            return _pack([held_rows, done])
+                # The finished ids with the first page only: a later page's jobs are those
+                # still held when it is read.
+                done = self.jobs.tombstones(since) if after is None else []
+                room = PAGE_BYTES - len(done) * (ID_SIZE + 2)
+                held, following = self.jobs.page(after or b"", room, _MAX_BATCH)
+            return _pack([_job_rows(held), done, following])
         if op == _SINCE and len(request) == 2 and type(request[1]) is bytes:
             with self._lock:
                 return _pack_page(*self.store.since(request[1], PAGE_BYTES))
+        self.stats["requests_malformed"] += 1
         raise ConfigurationError(f"unknown memory request {op!r}")
 
     async def run(self, call: Callable[..., T], *args: Any) -> T:
@@ -379,7 +399,7 @@ class MemoryMember:
 
     def figures(self) -> Mapping[str, int]:
         with self._lock:
-            return {**self.store.figures(), **self.jobs.figures()}
+            return {**self.store.figures(), **self.jobs.figures(), **self.stats}
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
@@ -425,6 +445,8 @@ class NodeMemory:
         # Handled jobs waiting to be forgotten, and the task that forgets them.
         self._finished: list[tuple[bytes, asyncio.Future[None]]] = []
         self._finisher: asyncio.Task[None] | None = None
+        # Where the dispatcher's next look at the others' jobs goes on (None: from the first).
+        self._gather_from: bytes | None = None
         # Rows asked for in this turn of the loop, by kind and timeout, sent together.
         self._batches: dict[tuple[str, float | None], _Batch] = {}
 
@@ -654,40 +676,35 @@ class NodeMemory:
 
     async def _gather_jobs(self, wake: asyncio.Event) -> None:
         """The dispatcher takes on the jobs the other memory members hold and it does not
-        (`wake` set if there were any), and tells them to forget those it finished."""
+        (`wake` set if there were any), and tells them to forget those it finished: a page at
+        a time, from where its last look stopped (one look reads _JOB_PAGES pages at most, in
+        _GATHER_TIMEOUT seconds)."""
         member = self.member
         assert member is not None
-        try:
-            # Tombstones from now on only: those it lacks cost a repeat at most, not a loss.
-            answers, _errors, _missing = await self._survey(
-                _pack([_JOBS, time.time()]), _GATHER_TIMEOUT
-            )
-        except MeshError:
-            return  # no other member now, or none answered: the next look
-        jobs: dict[bytes, Job] = {}
-        now = time.time()
-        for answer in answers.values():
-            try:
-                rows, _finished = _unpack(answer)
-                # One past its expiry (by this machine's clock) is not taken on.
-                jobs.update((job.id, job) for job in _jobs(rows) if job.expires_at > now)
-            except (ConfigurationError, TypeError, ValueError):
-                self.stats["memory_answers_malformed"] += 1
-        if not jobs:
-            return
-        try:
-            finished = await member.run(member.jobs.finished, list(jobs))
+
+        async def take(jobs: list[Job], _finished: list[bytes]) -> None:
+            now = time.time()
+            # One past its expiry (by this machine's clock) is not taken on.
+            fresh = {job.id: job for job in jobs if job.expires_at > now}
+            if not fresh:
+                return
+            finished = await member.run(member.jobs.finished, list(fresh))
             for job_id in finished:
-                del jobs[job_id]
-            added = await member.run(member.jobs.add, list(jobs.values())) if jobs else 0
-        except MeshError:
-            return  # the store failed: the next look
-        if added:
-            self.stats["jobs_gathered"] += added
-            self.observe(max(jobs))
-            wake.set()
-        if finished:
-            await self._tell_done(finished, time.time())
+                del fresh[job_id]
+            added = await member.run(member.jobs.add, list(fresh.values())) if fresh else 0
+            if added:
+                self.stats["jobs_gathered"] += added
+                self.observe(max(fresh))
+                wake.set()
+            if finished:
+                self._track(self._tell_done(finished, time.time()))
+
+        deadline = asyncio.get_running_loop().time() + _GATHER_TIMEOUT
+        with contextlib.suppress(MeshError):  # the store failed: the next look goes again
+            # Tombstones from now on only: those it lacks cost a repeat at most, not a loss.
+            self._gather_from = await self._job_pages(
+                time.time(), self._gather_from, _GATHER_TIMEOUT, deadline, take
+            )
 
     async def _finish(self, job_id: bytes) -> None:
         """Forget a handled job here, then at the other memory members: together with the
@@ -729,32 +746,91 @@ class NodeMemory:
 
     async def catch_up_jobs(self, timeout: float) -> int:
         """A member that starts holds the jobs the others hold and forgets those they finished
-        meanwhile; how many jobs it took on."""
+        meanwhile, a page at a time (`timeout` seconds for each, _JOB_PAGES pages and
+        _JOBS_CATCH_UP_FOR seconds in all at most); how many jobs it took on."""
         member = self.member
         if member is None:
             return 0
-        try:
-            answers, _errors, _missing = await self._ask(
-                _pack([_JOBS, time.time() - TOMBSTONE_KEEP]), timeout, own=False
-            )
-        except NoResponders:
-            return 0
-        jobs: list[Job] = []
+        added = 0
         done: set[bytes] = set()
-        for answer in answers.values():
-            try:
-                rows, finished = _unpack(answer)
-                jobs.extend(_jobs(rows))
-                done.update(i for i in finished if type(i) is bytes)
-            except (ConfigurationError, TypeError, ValueError):
-                self.stats["memory_answers_malformed"] += 1
-        if jobs:
-            self.observe(max(job.id for job in jobs))
-        if done:
-            await member.run(member.jobs.finish, done, time.time())
-        added = await member.run(member.jobs.add, [job for job in jobs if job.id not in done])
-        self.stats["jobs_caught_up"] += added
+
+        async def take(jobs: list[Job], finished: list[bytes]) -> None:
+            nonlocal added
+            fresh = set(finished) - done
+            if fresh:
+                done.update(fresh)
+                await member.run(member.jobs.finish, fresh, time.time())
+            if jobs:
+                self.observe(max(job.id for job in jobs))
+                kept = [job for job in jobs if job.id not in done]
+                taken = await member.run(member.jobs.add, kept)
+                self.stats["jobs_caught_up"] += taken
+                added += taken
+
+        deadline = asyncio.get_running_loop().time() + _JOBS_CATCH_UP_FOR
+        await self._job_pages(time.time() - TOMBSTONE_KEEP, None, timeout, deadline, take)
         return added
+
+    async def _job_pages(
+        self,
+        since: float,
+        after: bytes | None,
+        timeout: float,
+        deadline: float,
+        take: Callable[[list[Job], list[bytes]], Awaitable[None]],
+    ) -> bytes | None:
+        """The jobs the other memory members hold after id `after` (None: from the first) and,
+        with the first page, the ids of those they finished since `since`, handed to `take` a
+        page at a time: every member is asked for each page (after the same id, the least any
+        of them would go on from), until none has more, _JOB_PAGES pages were read, the loop's
+        time passed `deadline` or no member answered. Where to go on (None: that was all)."""
+        loop = asyncio.get_running_loop()
+        for _page in range(_JOB_PAGES):
+            left = min(timeout, deadline - loop.time())
+            if left <= 0:
+                break
+            request = _pack([_JOBS, since, after])
+            try:
+                answers, errors, _missing = await self._survey(request, left)
+                if after is None and any(isinstance(e, RemoteError) for e in errors.values()):
+                    answers.update(await self._whole_jobs(since, errors, deadline, timeout))
+            except MeshError:
+                break  # none now, or none answered: where it stopped
+            jobs: dict[bytes, Job] = {}
+            finished: set[bytes] = set()
+            cursors: list[bytes] = []
+            for answer in answers.values():
+                try:
+                    rows, done, following = _decode_jobs(answer)
+                except ProtocolError:
+                    self.stats["memory_answers_malformed"] += 1
+                    continue
+                if following is not None and after is not None and following <= after:
+                    self.stats["memory_answers_malformed"] += 1  # it would go on for ever
+                    continue
+                jobs.update((job.id, job) for job in rows)
+                finished.update(done)
+                if following is not None:
+                    cursors.append(following)
+            await take(list(jobs.values()), list(finished))
+            if not cursors:
+                return None
+            after = min(cursors)
+        return after
+
+    async def _whole_jobs(
+        self, since: float, refused: Mapping[str, MeshError], deadline: float, timeout: float
+    ) -> dict[str, bytes]:
+        """The answers of the members that refused a "jobs" request with a page's cursor (the
+        previous release's, which answer all their jobs at once, the form they know)."""
+        left = min(timeout, deadline - asyncio.get_running_loop().time())
+        if left <= 0:
+            return {}
+        try:
+            answers, _errors, _missing = await self._survey(_pack([_JOBS, since]), left)
+        except MeshError:
+            return {}
+        return {name: answer for name, answer in answers.items() if name in refused}
 
     async def reread(self, pattern: str, latest: int, timeout: float | None) -> list[Stored]:
         """Every stored path matching `pattern`, its `latest` newest messages, newest first,
@@ -933,6 +1009,35 @@ def _jobs(rows: Any) -> list[Job]:
         trace = row[5] if len(row) == 6 else b""
         jobs.append(Job(row[0], row[1], row[2], float(row[3]), float(row[4]), 0, trace))
     return jobs
+
+
+def _job_rows(jobs: Iterable[Job]) -> list[list[Any]]:
+    """Jobs as a "jobs" answer's rows (the trace context only where there is one)."""
+    return [
+        [j.id, j.cluster, j.payload, j.enqueued_at, j.expires_at, *([j.trace] if j.trace else [])]
+        for j in jobs
+    ]
+
+
+def _decode_jobs(answer: bytes) -> tuple[list[Job], list[bytes], bytes | None]:
+    """A member's answer to "jobs": its jobs, the ids of those it finished, and the id to ask
+    after for more (None: that was all, as in the previous release's answers, which have no
+    such field); ProtocolError if it is not one."""
+    try:
+        page = _unpack(answer)
+    except ConfigurationError:
+        raise ProtocolError("bad_body", "memory jobs answer") from None
+    if type(page) is not list or len(page) not in (2, 3) or type(page[1]) is not list:
+        raise ProtocolError("bad_body", "memory jobs answer")
+    following = page[2] if len(page) == 3 else None
+    if following is not None and not (type(following) is bytes and len(following) == ID_SIZE):
+        raise ProtocolError("bad_body", "memory jobs answer")
+    try:
+        jobs = _jobs(page[0])
+    except ConfigurationError:
+        raise ProtocolError("bad_body", "memory job row") from None
+    done = [i for i in page[1] if type(i) is bytes and len(i) == ID_SIZE]
+    return jobs, done, following
 
 
 def _rows(rows: Any) -> list[tuple[str, bytes, float, bytes]]:

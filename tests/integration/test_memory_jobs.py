@@ -7,18 +7,31 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import msgpack
 import pytest
 from helpers import deadline, memory_members, memory_mesh, wait_until
 
 import irismesh
 from irismesh._core.frames import Kind
+from irismesh.errors import ProtocolError
+from irismesh.memory import MemoryStore, message_id
 from irismesh.memory.jobs import Job
-from irismesh.memory.service import MAX_ATTEMPTS
+from irismesh.memory.service import MAX_ATTEMPTS, MemoryMember, NodeMemory, _decode_jobs
 from irismesh.memory.store import clock_id
+
+BIG = 100 << 10  # a job's payload: 40 of them are four times a reply's limit
 
 
 async def memories(keys: irismesh.Keyring, tmp_path: Path, count: int) -> list[irismesh.Node]:
     return await memory_members(keys, *(tmp_path / f"m{i}" for i in range(count)))
+
+
+def big_jobs(memory: NodeMemory, count: int) -> list[Job]:
+    now = time.time()
+    return [
+        Job(clock_id(memory.clock, memory.physical()), "work", bytes([i]) * BIG, now, now + 3600)
+        for i in range(count)
+    ]
 
 
 def worker(keys: irismesh.Keyring, seed: str, handled: Counter[bytes]) -> irismesh.Node:
@@ -273,3 +286,142 @@ async def test_a_job_handed_out_again_to_its_member_is_answered_without_running_
         assert member.stats["jobs_malformed"] == 1
     finally:
         await asyncio.gather(dispatcher.close(), member.close())
+
+
+@deadline(30)
+async def test_a_jobs_answer_comes_a_page_at_a_time_and_whole(
+    keys: irismesh.Keyring, tmp_path: Path
+) -> None:
+    """40 jobs of 100 KiB: page after page below the reply limit, no gap, no repeat; the
+    previous release's request still gets them all at once; bad pages are dropped, counted."""
+    member = MemoryMember(MemoryStore(tmp_path / "one", keys))
+    now = time.time()
+    jobs = [
+        Job(message_id(b"jobs", i, now), "work", bytes([i]) * BIG, now, now + 60) for i in range(40)
+    ]
+    member.jobs.add(jobs)
+    member.jobs.finish([message_id(b"done", 0, now)], now)
+    pages: list[list[Job]] = []
+    finished: list[bytes] = []
+    after = None
+    while len(pages) <= len(jobs):  # at least one job a page
+        answer = member.handle(msgpack.packb(["jobs", now - 60, after]))
+        assert len(answer) < 1 << 20
+        page, done, after = _decode_jobs(answer)
+        pages.append(page)
+        finished.extend(done)
+        if after is None:
+            break
+    assert len(pages) >= 8
+    assert [job.id for page in pages for job in page] == [job.id for job in jobs]
+    assert all(got.payload == job.payload for got, job in zip(pages[0], jobs, strict=False))
+    assert finished == [message_id(b"done", 0, now)]  # with the first page only
+    rows, _done = msgpack.unpackb(member.handle(msgpack.packb(["jobs", now - 60])))
+    assert len(rows) == 40
+    bad_requests = (
+        ["jobs", now, b"short"],
+        ["jobs", now, 5],
+        ["jobs", "x", None],
+        ["jobs", 1, 2, 3],
+    )
+    for bad in bad_requests:
+        with pytest.raises(irismesh.ConfigurationError):
+            member.handle(msgpack.packb(bad))
+    assert member.figures()["requests_malformed"] == 4
+    for answer in (
+        b"\xc1",
+        msgpack.packb([[], [], b"short"]),
+        msgpack.packb([[[b"x", "work"]], []]),
+        msgpack.packb([[], 5, None]),
+        msgpack.packb([[]]),
+    ):
+        with pytest.raises(ProtocolError):
+            _decode_jobs(answer)
+    member.close()
+
+
+@deadline(40)
+async def test_a_restarted_member_catches_up_on_jobs_past_the_reply_limit(
+    keys: irismesh.Keyring, tmp_path: Path
+) -> None:
+    """Jobs enqueued while a member was away, four times a reply's limit together: it copies
+    them all when it starts again, a page at a time."""
+    held = await memories(keys, tmp_path, 2)
+    try:
+        first, second = held
+        await first.wait_for_members("_memory", 1, timeout=10)
+        await second.close()
+        member = first.memory.member
+        assert member is not None
+        await member.run(member.jobs.add, big_jobs(first.memory, 40))
+        held[1] = back = irismesh.Node(keyring=keys, memory=tmp_path / "m1", seeds=[first.endpoint])
+        await back.start()
+        # Copied as it started, or taken on as it began dispatching (its id the lower).
+        await wait_until(
+            lambda: back.stats.get("jobs_caught_up", 0) + back.stats.get("jobs_gathered", 0) == 40,
+            20,
+            "every job copied",
+        )
+        assert back.stats["memory_jobs_pending"] == 40
+        assert back.stats.get("memory_answers_malformed", 0) == 0
+    finally:
+        await asyncio.gather(*(m.close() for m in held))
+
+
+@deadline(40)
+async def test_jobs_past_the_reply_limit_only_a_member_that_does_not_dispatch_holds_are_handed_out(
+    keys: irismesh.Keyring, tmp_path: Path
+) -> None:
+    handled: Counter[bytes] = Counter()
+    async with (
+        memory_mesh(keys, tmp_path / "m0", tmp_path / "m1") as (held, _producer),
+        worker(keys, held[0].endpoint, handled),
+    ):
+        for each in held:
+            await each.wait_for_members("_memory", 1, timeout=10)
+        dispatcher = min(held, key=lambda m: m.node_id)
+        other = max(held, key=lambda m: m.node_id)
+        # Their catch-up done: the dispatcher's must not be what copies the jobs.
+        await wait_until(
+            lambda: all(m._catching_up is None or m._catching_up.done() for m in held),
+            10,
+            "the members' catch-up",
+        )
+        gathered = dispatcher.stats.get("jobs_gathered", 0)
+        member = other.memory.member
+        assert member is not None
+        await member.run(member.jobs.add, big_jobs(other.memory, 40))
+        await wait_until(lambda: len(handled) == 40, 20, "every job handled")
+        await wait_until(
+            lambda: other.stats.get("memory_jobs_pending", 1) == 0, 10, "the other to forget all"
+        )
+        assert dispatcher.stats["jobs_gathered"] == gathered + 40
+        assert set(handled.values()) == {1}
+
+
+@deadline(40)
+async def test_a_member_of_the_previous_release_is_still_copied_from(
+    keys: irismesh.Keyring, tmp_path: Path
+) -> None:
+    """A member that knows only the "jobs" request without a page's cursor refuses the new
+    one: a starting member asks it again the way it knows."""
+    [old] = await memories(keys, tmp_path, 1)
+    member = old.memory.member
+    assert member is not None
+    handle = member.handle
+
+    def previous_release(payload: bytes) -> bytes:
+        request = msgpack.unpackb(payload)
+        if request[0] == "jobs" and len(request) != 2:
+            raise irismesh.ConfigurationError(f"unknown memory request {request[0]!r}")
+        return handle(payload)
+
+    member.handle = previous_release  # type: ignore[method-assign]
+    await member.run(member.jobs.add, big_jobs(old.memory, 5))
+    new = irismesh.Node(keyring=keys, memory=tmp_path / "new", seeds=[old.endpoint])
+    try:
+        await new.start()
+        await wait_until(lambda: new.stats.get("memory_jobs_pending", 0) == 5, 20, "the copies")
+        assert new.stats.get("memory_answers_malformed", 0) == 0
+    finally:
+        await asyncio.gather(new.close(), old.close())
