@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -67,30 +68,16 @@ LONG_WEIGHT = 0.01  # weight of one run in the long-term latency (the "best late
 SHARE_EVERY = 8  # under contention, one start in this many goes to a lower class
 
 
+@dataclass(eq=False)
 class Waiting:
     """A request admitted to the queue (its item is the runner's: untyped here so that the
     class compiles as a native one)."""
 
-    def __init__(
-        self,
-        item: Any,
-        deadline: float,
-        arrived: float,
-        criticality: int = 0,  # its priority
-        order: int = 0,  # when it came, among the requests offered (clock readings may tie)
-    ) -> None:
-        self.item = item
-        self.deadline = deadline
-        self.arrived = arrived
-        self.criticality = criticality
-        self.order = order
-
-    def __repr__(self) -> str:
-        return (
-            f"Waiting(item={self.item!r}, deadline={self.deadline!r}, "
-            f"arrived={self.arrived!r}, criticality={self.criticality!r}, "
-            f"order={self.order!r})"
-        )
+    item: Any
+    deadline: float
+    arrived: float
+    criticality: int = 0  # its priority
+    order: int = 0  # when it came, among the requests offered (clock readings may tie)
 
 
 class Admission(Generic[T]):

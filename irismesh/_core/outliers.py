@@ -110,30 +110,15 @@ class OutlierConfig:
             raise ConfigurationError("latency_factor must be above 1, latency_floor not negative")
 
 
+@dataclass(slots=True, eq=False)
 class Ejection:
     """One member's ejections from one cluster's rotation."""
 
-    __slots__ = ("cluster", "count", "node_id", "since", "until")
-
-    def __init__(
-        self,
-        cluster: str,
-        node_id: bytes,
-        count: int,  # ejections so far, less the decay for time spent in rotation since
-        until: float,  # when it comes back; 0.0 while it is in rotation
-        since: float,  # when it last came back (or was first ejected)
-    ) -> None:
-        self.cluster = cluster
-        self.node_id = node_id
-        self.count = count
-        self.until = until
-        self.since = since
-
-    def __repr__(self) -> str:
-        return (
-            f"Ejection(cluster={self.cluster!r}, node_id={self.node_id!r}, "
-            f"count={self.count!r}, until={self.until!r}, since={self.since!r})"
-        )
+    cluster: str
+    node_id: bytes
+    count: int  # ejections so far, less the decay for time spent in rotation since
+    until: float  # when it comes back; 0.0 while it is in rotation
+    since: float  # when it last came back (or was first ejected)
 
 
 def _median(values: list[float]) -> float:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from random import Random
 from typing import Any
 
@@ -36,71 +37,26 @@ Send = Callable[[str, list[list[Any]]], None]
 SuspectCallback = Callable[[Member, float], None]
 
 
+@dataclass(slots=True, eq=False)
 class _Probe:
-    __slots__ = (
-        "acked",
-        "end_at",
-        "expected_nacks",
-        "indirect",
-        "nacks",
-        "sent_at",
-        "seq",
-        "target",
-        "timeout_at",
-    )
-
-    def __init__(
-        self,
-        target: bytes,
-        seq: int,
-        sent_at: float,
-        timeout_at: float,
-        end_at: float,
-        acked: bool = False,
-        indirect: bool = False,
-        expected_nacks: int = 0,
-        nacks: int = 0,
-    ) -> None:
-        self.target = target
-        self.seq = seq
-        self.sent_at = sent_at
-        self.timeout_at = timeout_at
-        self.end_at = end_at
-        self.acked = acked
-        self.indirect = indirect
-        self.expected_nacks = expected_nacks
-        self.nacks = nacks
-
-    def __repr__(self) -> str:
-        return (
-            f"_Probe(target={self.target!r}, seq={self.seq!r}, "
-            f"sent_at={self.sent_at!r}, timeout_at={self.timeout_at!r}, "
-            f"end_at={self.end_at!r}, acked={self.acked!r}, "
-            f"indirect={self.indirect!r}, expected_nacks={self.expected_nacks!r}, "
-            f"nacks={self.nacks!r})"
-        )
+    target: bytes
+    seq: int
+    sent_at: float
+    timeout_at: float
+    end_at: float
+    acked: bool = False
+    indirect: bool = False
+    expected_nacks: int = 0
+    nacks: int = 0
 
 
+@dataclass(slots=True, eq=False)
 class _Relay:
     """A PING_REQ this node carries out for another."""
 
-    __slots__ = ("deadline", "requester", "their_seq")
-
-    def __init__(
-        self,
-        requester: str,
-        their_seq: int,
-        deadline: float,
-    ) -> None:
-        self.requester = requester
-        self.their_seq = their_seq
-        self.deadline = deadline
-
-    def __repr__(self) -> str:
-        return (
-            f"_Relay(requester={self.requester!r}, their_seq={self.their_seq!r}, "
-            f"deadline={self.deadline!r})"
-        )
+    requester: str
+    their_seq: int
+    deadline: float
 
 
 class Prober:

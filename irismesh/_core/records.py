@@ -1,15 +1,11 @@
-"""The members of the mesh as the membership protocol sees them, and what it tells its driver.
-
-Records and events are plain classes written to behave as frozen dataclasses (`==` and a hash
-over their fields, a dataclass's repr, attributes `Final`), as the core's events are: see
-`irismesh._core.events` for why.
-"""
+"""The members of the mesh as the membership protocol sees them, and what it tells its driver."""
 
 from __future__ import annotations
 
 import enum
 import hashlib
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Final, NamedTuple, Protocol
 
 from irismesh._core.gossip import (
@@ -59,6 +55,7 @@ class NodeIdentity(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
 class MemberRecord:
     """What a node says about itself: where to reach it, what it serves (opaque tags), and
     what to call it (a label for people: names need not be unique; the id is the identity).
@@ -67,46 +64,13 @@ class MemberRecord:
     its id derives, and its signature of the record at one incarnation. They are not part of
     what the record says (equality ignores them); b"" in cores built without identities."""
 
-    __slots__ = ("address", "endpoint", "name", "node_id", "public", "signature", "tags")
-
-    def __init__(
-        self,
-        node_id: bytes,
-        endpoint: str,  # links: tcp://host:port
-        address: str,  # datagrams: host:port
-        tags: bytes = b"",
-        name: str = "",  # "": none given (cores built without a name, simulations)
-        public: bytes = b"",
-        signature: bytes = b"",
-    ) -> None:
-        self.node_id: Final = node_id
-        self.endpoint: Final = endpoint
-        self.address: Final = address
-        self.tags: Final = tags
-        self.name: Final = name
-        self.public: Final = public
-        self.signature: Final = signature
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, MemberRecord):
-            return NotImplemented
-        return (self.node_id, self.endpoint, self.address, self.tags, self.name) == (
-            other.node_id,
-            other.endpoint,
-            other.address,
-            other.tags,
-            other.name,
-        )
-
-    def __hash__(self) -> int:
-        return hash((self.node_id, self.endpoint, self.address, self.tags, self.name))
-
-    def __repr__(self) -> str:
-        return (
-            f"MemberRecord(node_id={self.node_id!r}, endpoint={self.endpoint!r}, "
-            f"address={self.address!r}, tags={self.tags!r}, name={self.name!r}, "
-            f"public={self.public!r}, signature={self.signature!r})"
-        )
+    node_id: bytes
+    endpoint: str  # links: tcp://host:port
+    address: str  # datagrams: host:port
+    tags: bytes = b""
+    name: str = ""  # "": none given (cores built without a name, simulations)
+    public: bytes = field(default=b"", compare=False)
+    signature: bytes = field(default=b"", compare=False)
 
 
 def record_transcript(record: MemberRecord, incarnation: int) -> bytes:
@@ -144,218 +108,59 @@ class Member(NamedTuple):
     since: float  # when the state last changed
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MemberUp:
     """A node joined, or came back from a false death."""
 
-    __slots__ = ("record",)
-
-    def __init__(
-        self,
-        *,
-        record: MemberRecord,
-    ) -> None:
-        self.record: Final = record
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, MemberUp):
-            return NotImplemented
-        return self.record == other.record
-
-    def __hash__(self) -> int:
-        return hash((self.record,))
-
-    def __repr__(self) -> str:
-        return f"MemberUp(record={self.record!r})"
+    record: MemberRecord
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MemberChanged:
     """A live node's record changed (its tags, say: it serves or reads something new)."""
 
-    __slots__ = ("record",)
-
-    def __init__(
-        self,
-        *,
-        record: MemberRecord,
-    ) -> None:
-        self.record: Final = record
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, MemberChanged):
-            return NotImplemented
-        return self.record == other.record
-
-    def __hash__(self) -> int:
-        return hash((self.record,))
-
-    def __repr__(self) -> str:
-        return f"MemberChanged(record={self.record!r})"
+    record: MemberRecord
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MemberSuspect:
-    __slots__ = ("node_id", "suspect")
-
-    def __init__(
-        self,
-        *,
-        node_id: bytes,
-        suspect: bool,  # False: the suspicion was refuted
-    ) -> None:
-        self.node_id: Final = node_id
-        self.suspect: Final = suspect
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, MemberSuspect):
-            return NotImplemented
-        return (self.node_id, self.suspect) == (other.node_id, other.suspect)
-
-    def __hash__(self) -> int:
-        return hash((self.node_id, self.suspect))
-
-    def __repr__(self) -> str:
-        return f"MemberSuspect(node_id={self.node_id!r}, suspect={self.suspect!r})"
+    node_id: bytes
+    suspect: bool  # False: the suspicion was refuted
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MemberDown:
-    __slots__ = ("reason", "record")
-
-    def __init__(
-        self,
-        *,
-        record: MemberRecord,
-        reason: str,  # "dead" or "left"
-    ) -> None:
-        self.record: Final = record
-        self.reason: Final = reason
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, MemberDown):
-            return NotImplemented
-        return (self.record, self.reason) == (other.record, other.reason)
-
-    def __hash__(self) -> int:
-        return hash((self.record, self.reason))
-
-    def __repr__(self) -> str:
-        return f"MemberDown(record={self.record!r}, reason={self.reason!r})"
+    record: MemberRecord
+    reason: str  # "dead" or "left"
 
 
 MemberEvent = MemberUp | MemberChanged | MemberSuspect | MemberDown
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MembershipConfig:
     """Timings are seconds; the defaults detect a crash in about 2 to 4 s at 100 nodes, and cost a
     node about a ping and an ack sent and received per 0.4 s, whatever the mesh's size."""
 
-    __slots__ = (
-        "awareness_limit",
-        "dead_keep",
-        "gossip_interval",
-        "gossip_nodes",
-        "gossip_to_dead",
-        "indirect_probes",
-        "left_keep",
-        "max_datagram",
-        "max_members",
-        "probe_interval",
-        "probe_timeout",
-        "push_pull_interval",
-        "reconnect_interval",
-        "retransmit_multiplier",
-        "suspicion_confirmations",
-        "suspicion_max_multiplier",
-        "suspicion_multiplier",
-    )
+    probe_interval: float = 0.4
+    probe_timeout: float = 0.15
+    indirect_probes: int = 3
+    suspicion_multiplier: float = 2.0  # x log10(N) x probe_interval: 1.6 s at 100 nodes
+    suspicion_max_multiplier: float = 2.5
+    suspicion_confirmations: int = 3
+    retransmit_multiplier: int = 4
+    gossip_interval: float = 0.2
+    gossip_nodes: int = 3
+    gossip_to_dead: float = 3.0  # the dead still hear gossip this long (to refute it)
+    push_pull_interval: float = 10.0  # stretched for meshes of more than 32 nodes
+    reconnect_interval: float = 2.0  # one dead member is tried this often (healing)
+    dead_keep: float = 600.0
+    left_keep: float = 30.0
+    max_datagram: int = 1400
+    max_members: int = 100_000
+    awareness_limit: int = 8
 
-    def __init__(
-        self,
-        *,
-        probe_interval: float = 0.4,
-        probe_timeout: float = 0.15,
-        indirect_probes: int = 3,
-        suspicion_multiplier: float = 2.0,  # x log10(N) x probe_interval: 1.6 s at 100 nodes
-        suspicion_max_multiplier: float = 2.5,
-        suspicion_confirmations: int = 3,
-        retransmit_multiplier: int = 4,
-        gossip_interval: float = 0.2,
-        gossip_nodes: int = 3,
-        gossip_to_dead: float = 3.0,  # the dead still hear gossip this long (to refute it)
-        push_pull_interval: float = 10.0,  # stretched for meshes of more than 32 nodes
-        reconnect_interval: float = 2.0,  # one dead member is tried this often (healing)
-        dead_keep: float = 600.0,
-        left_keep: float = 30.0,
-        max_datagram: int = 1400,
-        max_members: int = 100_000,
-        awareness_limit: int = 8,
-    ) -> None:
-        self.probe_interval: Final = probe_interval
-        self.probe_timeout: Final = probe_timeout
-        self.indirect_probes: Final = indirect_probes
-        self.suspicion_multiplier: Final = suspicion_multiplier
-        self.suspicion_max_multiplier: Final = suspicion_max_multiplier
-        self.suspicion_confirmations: Final = suspicion_confirmations
-        self.retransmit_multiplier: Final = retransmit_multiplier
-        self.gossip_interval: Final = gossip_interval
-        self.gossip_nodes: Final = gossip_nodes
-        self.gossip_to_dead: Final = gossip_to_dead
-        self.push_pull_interval: Final = push_pull_interval
-        self.reconnect_interval: Final = reconnect_interval
-        self.dead_keep: Final = dead_keep
-        self.left_keep: Final = left_keep
-        self.max_datagram: Final = max_datagram
-        self.max_members: Final = max_members
-        self.awareness_limit: Final = awareness_limit
-        self._validate()
-
-    def _fields(self) -> tuple[object, ...]:
-        return (
-            self.probe_interval,
-            self.probe_timeout,
-            self.indirect_probes,
-            self.suspicion_multiplier,
-            self.suspicion_max_multiplier,
-            self.suspicion_confirmations,
-            self.retransmit_multiplier,
-            self.gossip_interval,
-            self.gossip_nodes,
-            self.gossip_to_dead,
-            self.push_pull_interval,
-            self.reconnect_interval,
-            self.dead_keep,
-            self.left_keep,
-            self.max_datagram,
-            self.max_members,
-            self.awareness_limit,
-        )
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, MembershipConfig):
-            return NotImplemented
-        return self._fields() == other._fields()
-
-    def __hash__(self) -> int:
-        return hash(self._fields())
-
-    def __repr__(self) -> str:
-        return (
-            f"MembershipConfig(probe_interval={self.probe_interval!r}, "
-            f"probe_timeout={self.probe_timeout!r}, "
-            f"indirect_probes={self.indirect_probes!r}, "
-            f"suspicion_multiplier={self.suspicion_multiplier!r}, "
-            f"suspicion_max_multiplier={self.suspicion_max_multiplier!r}, "
-            f"suspicion_confirmations={self.suspicion_confirmations!r}, "
-            f"retransmit_multiplier={self.retransmit_multiplier!r}, "
-            f"gossip_interval={self.gossip_interval!r}, "
-            f"gossip_nodes={self.gossip_nodes!r}, "
-            f"gossip_to_dead={self.gossip_to_dead!r}, "
-            f"push_pull_interval={self.push_pull_interval!r}, "
-            f"reconnect_interval={self.reconnect_interval!r}, "
-            f"dead_keep={self.dead_keep!r}, left_keep={self.left_keep!r}, "
-            f"max_datagram={self.max_datagram!r}, max_members={self.max_members!r}, "
-            f"awareness_limit={self.awareness_limit!r})"
-        )
-
-    def _validate(self) -> None:
+    def __post_init__(self) -> None:
         if not 0 < self.probe_timeout < self.probe_interval:
             raise ConfigurationError("need 0 < probe_timeout < probe_interval")
         if self.gossip_interval <= 0 or self.push_pull_interval <= 0:

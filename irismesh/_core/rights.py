@@ -222,43 +222,15 @@ NO_RIGHTS = Rights()
 ALL_RIGHTS = Rights(serve=("*",), call=("*",), publish=("#",), subscribe=("#",), memory=True)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PeerGrant:
     """A peer's verified grant as a link holds it: its rights and when they end (wall-clock
     seconds since the epoch; inf for a mesh that does not require grants)."""
 
-    __slots__ = ("authority", "expires", "issued", "rights")
-
-    def __init__(
-        self,
-        *,
-        rights: Rights,
-        expires: float,
-        issued: float = 0.0,
-        authority: bytes = b"",
-    ) -> None:
-        self.rights: Final = rights
-        self.expires: Final = expires
-        self.issued: Final = issued
-        self.authority: Final = authority
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, PeerGrant):
-            return NotImplemented
-        return (self.rights, self.expires, self.issued, self.authority) == (
-            other.rights,
-            other.expires,
-            other.issued,
-            other.authority,
-        )
-
-    def __hash__(self) -> int:
-        return hash((self.rights, self.expires, self.issued, self.authority))
-
-    def __repr__(self) -> str:
-        return (
-            f"PeerGrant(rights={self.rights!r}, expires={self.expires!r}, "
-            f"issued={self.issued!r}, authority={self.authority!r})"
-        )
+    rights: Rights
+    expires: float
+    issued: float = 0.0
+    authority: bytes = b""
 
 
 UNGRANTED = PeerGrant(rights=NO_RIGHTS, expires=float("inf"))

@@ -47,8 +47,9 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from random import Random
-from typing import Any, Final
+from typing import Any
 
 import msgpack
 
@@ -167,42 +168,15 @@ def decode_split(note: bytes) -> tuple[int, tuple[tuple[str, int], ...]] | None:
     return int(value[1]), tuple(weights)
 
 
+@dataclass(frozen=True, slots=True)
 class Split:
     """One split of one cluster: its weights (none: cleared), its stamp, and its note (as
     encoded, which orders splits of one stamp, and as sealed, which members carry on)."""
 
-    __slots__ = ("plain", "sealed", "stamp", "weights")
-
-    def __init__(
-        self,
-        stamp: int,
-        weights: tuple[tuple[str, int], ...],
-        plain: bytes,
-        sealed: bytes,
-    ) -> None:
-        self.stamp: Final = stamp
-        self.weights: Final = weights
-        self.plain: Final = plain
-        self.sealed: Final = sealed
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Split):
-            return NotImplemented
-        return (self.stamp, self.weights, self.plain, self.sealed) == (
-            other.stamp,
-            other.weights,
-            other.plain,
-            other.sealed,
-        )
-
-    def __hash__(self) -> int:
-        return hash((self.stamp, self.weights, self.plain, self.sealed))
-
-    def __repr__(self) -> str:
-        return (
-            f"Split(stamp={self.stamp!r}, weights={self.weights!r}, "
-            f"plain={self.plain!r}, sealed={self.sealed!r})"
-        )
+    stamp: int
+    weights: tuple[tuple[str, int], ...]
+    plain: bytes
+    sealed: bytes
 
     def newer_than(self, other: Split | None) -> bool:
         return other is None or (self.stamp, self.plain) > (other.stamp, other.plain)

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, TypeVar, overload
 
 from irismesh._core.frames import Kind
@@ -210,8 +211,6 @@ class MemoryApi(NodeState):
             pool = None
             if blocking:
                 if self._runner.pool is None:
-                    from concurrent.futures import ThreadPoolExecutor
-
                     self._runner.pool = ThreadPoolExecutor(
                         self._handler_threads, thread_name_prefix="irismesh-handler"
                     )
