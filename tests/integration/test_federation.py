@@ -1077,7 +1077,7 @@ async def test_a_stall_of_the_gateways_own_loop_does_not_take_its_link_down() ->
         gb = await gateway(stack, b, link, peers=(ga.endpoint,))
         await wait_until(lambda: ga.stats["links_up"] == gb.stats["links_up"] == 1, 10, "the link")
         for _ in range(3):
-            time.sleep(3 * FAST.dead_after)  # the whole process stalls: both ends at once
+            time.sleep(3 * FAST.dead_after)  # noqa: ASYNC251 -- the stall is the point
             await asyncio.sleep(4 * FAST.heartbeat)  # ticks judge again, after reading
         assert ga.stats.get("link_down_events", 0) == gb.stats.get("link_down_events", 0) == 0
         assert ga.stats["link_loop_stalls"] >= 3

@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
@@ -45,15 +48,24 @@ def worker(keys: irismesh.Keyring, seed: str, handled: Counter[bytes]) -> irisme
     return node
 
 
-@deadline(40)
-async def test_every_job_is_handled_once_and_then_forgotten(
+@asynccontextmanager
+async def worked_mesh(
     keys: irismesh.Keyring, tmp_path: Path
-) -> None:
+) -> AsyncIterator[tuple[list[Any], Any, Counter[bytes]]]:
+    """Two memory members, a producer, and a worker of "work": what it handled, counted."""
     handled: Counter[bytes] = Counter()
     async with (
         memory_mesh(keys, tmp_path / "m0", tmp_path / "m1") as (held, producer),
         worker(keys, held[0].endpoint, handled),
     ):
+        yield held, producer, handled
+
+
+@deadline(40)
+async def test_every_job_is_handled_once_and_then_forgotten(
+    keys: irismesh.Keyring, tmp_path: Path
+) -> None:
+    async with worked_mesh(keys, tmp_path) as (held, producer, handled):
         ids = [await producer.enqueue("work", b"job %d" % i) for i in range(50)]
         assert len(set(ids)) == 50
         await wait_until(lambda: len(handled) == 50, 15, "every job handled")
@@ -157,6 +169,14 @@ async def test_another_memory_member_takes_over_when_the_dispatcher_leaves(
         await asyncio.gather(member.close(), producer.close(), *(m.close() for m in held))
 
 
+async def dispatcher_and_other(held: list[irismesh.Node]) -> tuple[irismesh.Node, irismesh.Node]:
+    """Once the memory members see each other: the one that dispatches (the lowest id), and
+    the other."""
+    for each in held:
+        await each.wait_for_members("_memory", 1, timeout=10)
+    return min(held, key=lambda m: m.node_id), max(held, key=lambda m: m.node_id)
+
+
 @deadline(40)
 async def test_a_job_only_a_member_that_does_not_dispatch_holds_is_handed_out(
     keys: irismesh.Keyring, tmp_path: Path
@@ -165,15 +185,8 @@ async def test_a_job_only_a_member_that_does_not_dispatch_holds_is_handed_out(
     started again and copied their jobs a moment before the enqueuer knew of it): the
     dispatcher takes such a job on from them, and tells them to forget one it finished; they
     drop one past its expiry themselves."""
-    handled: Counter[bytes] = Counter()
-    async with (
-        memory_mesh(keys, tmp_path / "m0", tmp_path / "m1") as (held, producer),
-        worker(keys, held[0].endpoint, handled),
-    ):
-        for each in held:
-            await each.wait_for_members("_memory", 1, timeout=10)
-        dispatcher = min(held, key=lambda m: m.node_id)
-        other = max(held, key=lambda m: m.node_id)
+    async with worked_mesh(keys, tmp_path) as (held, producer, handled):
+        dispatcher, other = await dispatcher_and_other(held)
         await producer.enqueue("work", b"held by both")
         await wait_until(lambda: handled[b"held by both"] == 1, 15, "the first job handled")
         gathered = dispatcher.stats.get("jobs_gathered", 0)
@@ -372,15 +385,8 @@ async def test_a_restarted_member_catches_up_on_jobs_past_the_reply_limit(
 async def test_jobs_past_the_reply_limit_only_a_member_that_does_not_dispatch_holds_are_handed_out(
     keys: irismesh.Keyring, tmp_path: Path
 ) -> None:
-    handled: Counter[bytes] = Counter()
-    async with (
-        memory_mesh(keys, tmp_path / "m0", tmp_path / "m1") as (held, _producer),
-        worker(keys, held[0].endpoint, handled),
-    ):
-        for each in held:
-            await each.wait_for_members("_memory", 1, timeout=10)
-        dispatcher = min(held, key=lambda m: m.node_id)
-        other = max(held, key=lambda m: m.node_id)
+    async with worked_mesh(keys, tmp_path) as (held, _producer, handled):
+        dispatcher, other = await dispatcher_and_other(held)
         # Their catch-up done: the dispatcher's must not be what copies the jobs.
         await wait_until(
             lambda: all(m._catching_up is None or m._catching_up.done() for m in held),
