@@ -46,6 +46,13 @@ BUILDS = ("main", "off", "on")
 RATIOS = (("off/main", "off", "main"), ("on/off", "on", "off"))
 
 
+def cell(row: str, value: float | None) -> str:
+    """A figure as the tables show it: CPU per message (a few us) to hundredths."""
+    if value is None:
+        return f"{'-':>12}"
+    return f"{value:>12,.2f}" if "CPU" in row else f"{value:>12,.1f}"
+
+
 def ratio(row: str, top: float, bottom: float) -> float:
     """`top` over `bottom` as throughput: a CPU row (CPU per message: lower is better) inverts."""
     return bottom / top if "CPU" in row else top / bottom
@@ -121,7 +128,7 @@ def main() -> int:
     for row in rows:
         for index in range(args.rounds):
             cells = [figures[name].get(row, [None] * args.rounds)[index] for name in names]
-            text = " ".join(f"{'-':>12}" if c is None else f"{c:>12,.1f}" for c in cells)
+            text = " ".join(cell(row, c) for c in cells)
             got = dict(zip(names, cells, strict=True))
             for _label, top, bottom in ratios:
                 a, b = got[top], got[bottom]
@@ -145,7 +152,7 @@ def main() -> int:
                 medians[name] = statistics.median(rates)
         if len(medians) < len(names):
             continue
-        text = " ".join(f"{medians[name]:>12,.1f}" for name in names)
+        text = " ".join(cell(row, medians[name]) for name in names)
         summary[row] = dict(medians)
         mark = ""
         for label, top, bottom in ratios:
