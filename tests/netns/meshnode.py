@@ -170,6 +170,8 @@ class Load:
             "wrong": self.wrong_count,
             "served_by": dict(self.served),
             "pending": self.node.stats.get("requests_pending", 0),
+            # Requests in flight on each peer's link (hex node id: count).
+            "outstanding": {p.node_id: p.outstanding for p in self.node.peers() if p.outstanding},
         }
 
     async def stop(self) -> dict[str, Any]:

@@ -139,7 +139,15 @@ def test_discovery_alone_finds_every_node(lab: Lab, discovery: str, report: Repo
 @pytest.mark.timeout(45)
 def test_sigkill_under_load_loses_no_request(lab: Lab, report: Report) -> None:
     client, victim = load_served_by(lab, "n5", 100)
-    in_flight = client.call("load_progress")["pending"]
+    # Killed with requests on it: three, so that they cannot all be answered in the moment
+    # between this look and the kill.
+    on_victim = wait_progress(
+        client,
+        "three requests in flight on n5",
+        lambda p: p["outstanding"].get(victim.node_id, 0) >= 3,
+        10,
+    )
+    in_flight = on_victim["outstanding"][victim.node_id]
     killed_at = time.monotonic()
     victim.signal(signal.SIGKILL)
     gone = lab.wait_all({n: ([], ["n5"]) for n in ("c", "n1", "n2", "n3", "n4")}, timeout=5)
@@ -151,8 +159,8 @@ def test_sigkill_under_load_loses_no_request(lab: Lab, report: Report) -> None:
     stats = client.call("stats")["stats"]
     detect = {n: (t - killed_at) * 1000 for n, t in gone.items()}
     report(
-        f"SIGKILL of n5 with {in_flight} requests in flight: dropped from the client's routing "
-        f"after {detect['c']:.0f} ms (members: "
+        f"SIGKILL of n5 with {in_flight} requests in flight on it: dropped from the client's "
+        f"routing after {detect['c']:.0f} ms (members: "
         + ", ".join(f"{n} {detect[n]:.0f} ms" for n in ("n1", "n2", "n3", "n4"))
         + f"), by {peers_down(stats)}; {stats.get('requests_resent', 0)} requests resent"
     )
