@@ -213,9 +213,10 @@ async def test_a_node_multicast_cannot_reach_is_found_by_a_unicast_question() ->
     config = fresh_config()
     # Another group on the same port, from another loopback address: its multicast
     # questions never reach the first node, and its own question socket (on 127.0.0.2) is
-    # not where its unicast questions to 127.0.0.1 land.
+    # not where its unicast questions to 127.0.0.1 land. The group lies outside the range
+    # fresh_config draws from, so the two never share one by chance.
     elsewhere = SurveyConfig(
-        group="239.255.73.99",
+        group="239.255.72.99",
         port=config.port,
         interface="127.0.0.2",
         unicast_targets=(LOOPBACK,),
