@@ -27,6 +27,12 @@ was busier for moves both of its figures, not the ratio). The target is judged b
 of the rounds' ratios. `--builds main,off` leaves out the `on` build (a round in two thirds of
 the time); `--json` writes every round's figures and loads. Run it from outside the worktrees,
 with this build's interpreter.
+
+`--instructions` counts instead of timing: main and off (tracing off) each run
+`cpu_per_request.py` under valgrind in interleaved rounds (bench/instructions_ab.py), and the
+target holds when off costs each side (caller and member) at most 1/0.99 of main's
+instructions a request. A count moves a percent or so between rounds where a timed round on a
+shared machine moves tens of percent.
 """
 
 from __future__ import annotations
@@ -37,8 +43,9 @@ import os
 import statistics
 import sys
 
-from _harness import parse_args
+from _harness import find_executable, parse_args
 from builds_ab import BENCHES, run_once
+from instructions_ab import SIDES, RunFailed, measure, report
 
 TARGET = 0.99
 BUILDS = ("main", "off", "on")
@@ -58,6 +65,29 @@ def ratio(row: str, top: float, bottom: float) -> float:
     return bottom / top if "CPU" in row else top / bottom
 
 
+def by_instructions(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """main against off counted in instructions: 1 if off keeps less than TARGET on a side."""
+    valgrind = find_executable("valgrind")
+    if valgrind is None:
+        parser.error("--instructions needs valgrind (Debian: apt-get install valgrind)")
+    builds = [("main", args.main, {}), ("off", sys.executable, {"IRISMESH_TRACING": "0"})]
+    try:
+        figures = measure(valgrind, builds, args.rounds, (1000, 4000), 1)
+    except RunFailed as exc:
+        print(f"tracing_cost: {exc}", file=sys.stderr)
+        return 2
+    summary = report(builds, figures, 1)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as out:
+            json.dump({"main": args.main, "figures": figures, "summary": summary}, out, indent=1)
+    below = [side for side in SIDES if summary["off"][f"{side} ratio"] < TARGET]
+    if below:
+        print(f"off keeps less than {TARGET} of main on: {', '.join(below)}")
+    else:
+        print(f"off keeps at least {TARGET} of main on both sides")
+    return 1 if below else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--main", required=True, metavar="PYTHON", help="the build to compare")
@@ -73,9 +103,16 @@ def main() -> int:
         help="each round starts with the next build (rotate), or always main, off, on (fixed)",
     )
     parser.add_argument("--json", metavar="PATH", help="write every round's figures there")
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="count instructions a request under valgrind (main and off), instead of timing",
+    )
     args = parse_args(parser, refuse=False)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    if args.instructions:
+        return by_instructions(parser, args)
     benches = [b for b in args.bench.split(",") if b]
     for bench in benches:
         if bench not in BENCHES:

@@ -38,3 +38,11 @@ def test_each_python_block_parses(name: str, line: int, code: str) -> None:
         ast.parse(code)
     except SyntaxError as exc:
         pytest.fail(f"{name}, the block at line {line}: {exc}")
+
+
+@pytest.mark.parametrize(("name", "most"), [("README.md", 200), ("bench/README.md", 300)])
+def test_the_readmes_stay_short(name: str, most: int) -> None:
+    """The README is a short page into the site, and bench/'s says how to run each benchmark
+    and its current figures: history belongs in the CHANGELOG."""
+    lines = (ROOT / name).read_text(encoding="utf-8").count("\n")
+    assert lines <= most, f"{name} has {lines} lines, at most {most} wanted"
