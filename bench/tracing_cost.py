@@ -103,11 +103,8 @@ def main() -> int:
         help="each round starts with the next build (rotate), or always main, off, on (fixed)",
     )
     parser.add_argument("--json", metavar="PATH", help="write every round's figures there")
-    parser.add_argument(
-        "--instructions",
-        action="store_true",
-        help="count instructions a request under valgrind (main and off), instead of timing",
-    )
+    counting = "count main's and off's instructions a request under valgrind instead of timing"
+    parser.add_argument("--instructions", action="store_true", help=counting)
     args = parse_args(parser, refuse=False)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
