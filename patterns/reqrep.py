@@ -323,7 +323,10 @@ class HandlerRunner:
 
     # ----------------------------------------------------------------- running
 
-    def _start(self, event: RequestArrived, now: float) -> None:
+    def _start(self, event: RequestArrived, now: float, entered: bool = False) -> None:
+        if event.trace and not entered:  # the handler runs in its caller's trace
+            self._start_traced(event, now)
+            return
         # Telemetry times one run in `sample_every` (see Series): `started` is 0 for the others.
         serving = self._serving
         if serving is None:
@@ -348,9 +351,6 @@ class HandlerRunner:
             if event.priority:
                 self.stats["requests_admitted_" + label(event.priority)] += 1
         mark = _deadline.set(event.deadline)
-        traced = None
-        if event.trace:  # the handler runs in its caller's trace
-            traced = self._enter(event)
         began = _perf_counter()
         try:
             if self.blocking:
@@ -391,14 +391,10 @@ class HandlerRunner:
             return
         finally:
             _deadline.reset(mark)
-            if traced is not None:
-                self._leave(traced)
         if type(result) is bytes and not self._ack_only:  # _finish's common case, inlined
             self._reply(event.token, result)
             if started and serving is not None:
                 serving[event.cluster].finish(event.token[0], started, len(result), _OK)
-            if traced is not None:
-                self._end_span(event, None)
         else:
             self._finish(event, started, result)
         # _inline_done, inlined: the hot path.
@@ -409,6 +405,19 @@ class HandlerRunner:
             if spent >= SLICE and not self._pumping:
                 self._pumping = True  # a fresh slice once the loop has polled for I/O
                 asyncio.get_running_loop().call_soon(self._pump)
+
+    def _start_traced(self, event: RequestArrived, now: float) -> None:
+        """`_start` for a request that came with its caller's trace context: the handler runs
+        in that context (tracing on, in a SERVER span of its own), left once the handler has
+        run or suspended. The span of a request answered at once ends here; that of one still
+        running ends with its answer (`_finish`, `_fail`)."""
+        traced = self._enter(event)
+        try:
+            self._start(event, now, True)
+        finally:
+            self._leave(traced)
+        if self._spans and event.token[:2] not in self._active:
+            self._end_span(event, None)
 
     def _enter(self, event: RequestArrived) -> tuple[ContextToken[bytes], object]:
         """The run of `event`, which came with trace context, starts: in that context (and,
@@ -683,7 +692,9 @@ class Caller:
     def attach(self, core: MeshCore, driver: Driver) -> None:
         self._core = core
         self._driver = driver
-        core.calls.reply_sink = self.replied  # each reply as it arrives: no event for it
+        # Each reply as it arrives: no event for it. Only a tracing node has CLIENT spans to end
+        # (`_request_traced`), so only its replies pass through `_replied_traced`.
+        core.calls.reply_sink = self.replied if self.tracing is None else self._replied_traced
         if self.busy_poll:
             self.reply_spin = Spin(self.busy_poll, core.stats, "busy_poll_replies", compare=False)
 
@@ -847,8 +858,7 @@ class Caller:
             hedge = None
         if priority:
             priority = check_priority(priority)
-        tracing = self.tracing
-        if tracing is None and not trace:
+        if not trace and self.tracing is None:  # the plain path: two checks, no more
             try:
                 req_id = core.calls.request(cluster, payload, timeout, now, hedge, kind, priority)
             except MeshError as exc:
@@ -857,7 +867,7 @@ class Caller:
                 raise
         else:
             req_id = self._request_traced(
-                tracing, core, cluster, payload, timeout, now, hedge, kind, priority, trace
+                self.tracing, core, cluster, payload, timeout, now, hedge, kind, priority, trace
             )
         fut: asyncio.Future[bytes] | _Callback = (
             loop.create_future() if callback is None else callback
@@ -1016,7 +1026,8 @@ class Caller:
 
     def on_reply(self, event: ReplyArrived) -> None:
         """A reply as an event (a core without the sink `attach` sets)."""
-        self.replied(event.req_id, event.status, event.payload, event.peer, self.events_at)
+        took = self.replied if self.tracing is None else self._replied_traced
+        took(event.req_id, event.status, event.payload, event.peer, self.events_at)
 
     def replied(self, req_id: int, status: int, payload: bytes, peer: bytes, now: float) -> None:
         """The reply to request `req_id` arrived at `now`: the core calls this as it reads it
@@ -1029,8 +1040,6 @@ class Caller:
             if self.reply_spin is not None:
                 self.reply_spin.observe(self._lone_spun, time.perf_counter() - self._lone_at)
         fut, cluster, started, series = entry
-        if self._spans:
-            self._end_span(req_id, None if status == STATUS_OK else unpack_error(payload)[0])
         if status == STATUS_OK:
             if not fut.done():
                 fut.set_result(payload)
@@ -1049,6 +1058,14 @@ class Caller:
             if series is not None:
                 us = int((_perf_counter() - started) * 1e6)
                 series.observe(peer, us, len(payload), _REMOTE_ERROR)
+
+    def _replied_traced(
+        self, req_id: int, status: int, payload: bytes, peer: bytes, now: float
+    ) -> None:
+        """`replied` for a tracing node: the request's CLIENT span (if it has one) ends first."""
+        if self._spans:
+            self._end_span(req_id, None if status == STATUS_OK else unpack_error(payload)[0])
+        self.replied(req_id, status, payload, peer, now)
 
     def on_failed(self, event: RequestFailed) -> None:
         if event.req_id == self._lone:

@@ -1,0 +1,65 @@
+"""A member and a caller in one process, on one event loop: requests and nothing else.
+
+    python bench/request_loop.py [--requests 4000] [--outstanding 1] [--size 100]
+
+The member (a `Node` of cluster `echo`, a plain handler returning the payload) and a caller
+(`Node` seeded with the member's endpoint, discovery off) share a keyring and this process's
+loop and talk over a real link on 127.0.0.1, sealed, telemetry on. The caller warms up with
+--requests requests, then sends --requests more, --outstanding in flight. On one thread the
+two sides run in an order the loop fixes, not the scheduler: the work of a run is the same
+from run to run, which is what `instructions_ab.py --one-process` counts. It uses only the
+public API, so any build can run it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+
+import irismesh
+
+
+async def requests(node: irismesh.Node, payload: bytes, count: int, flight: int) -> None:
+    left = count
+
+    async def worker() -> None:
+        nonlocal left
+        while left > 0:
+            left -= 1
+            if await node.request("echo", payload) != payload:
+                raise SystemExit("a reply differed from its request")
+
+    await asyncio.gather(*(worker() for _ in range(flight)))
+
+
+async def run(count: int, flight: int, size: int) -> None:
+    keys = irismesh.Keyring.generate()
+    async with irismesh.Node("echo", keyring=keys, discovery=False) as member:
+
+        @member.on_request
+        def echo(payload: bytes) -> bytes:
+            return payload
+
+        async with irismesh.Node(keyring=keys, seeds=[member.endpoint], discovery=False) as caller:
+            await caller.wait_for_members("echo", 1, timeout=60)
+            payload = os.urandom(size)
+            await requests(caller, payload, count, flight)  # warm-up
+            await requests(caller, payload, count, flight)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--requests", type=int, default=4000)
+    parser.add_argument("--outstanding", type=int, default=1)
+    parser.add_argument("--size", type=int, default=100)
+    args = parser.parse_args()
+    if args.requests < 1 or args.outstanding < 1 or args.size < 0:
+        parser.error("--requests and --outstanding at least 1, --size at least 0")
+    irismesh.run(run(args.requests, args.outstanding, args.size))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
