@@ -1,14 +1,16 @@
 """Plain classes that behave as the dataclasses they stand for: a record's repr, `==` and hash.
 
 On Python 3.11 a dataclass costs its module's import about 0.45 ms: its `__init__`, repr, `==`
-and hash are generated as source text and compiled, class by class. The core's records, events
-and tables are made by the thousand but defined once, so they are plain classes instead: each
-declares its fields (annotations in the class body, in order) and writes its own `__init__`
-(native code once compiled), and one of these bases gives it what `@dataclass` would have:
+and hash are generated as source text and compiled, class by class, and compiled by mypyc its
+`__init__` stays interpreted. The core's thirty-odd records, events and link tables are plain
+classes instead: each declares its fields (annotations in the class body, in order) and writes
+its own `__init__` (native code once compiled), and one of these bases gives it what
+`@dataclass` would have:
 
 - `Plain`: a dataclass's repr, `Name(a=1, b='x')`; `==` and hash by identity (`eq=False`).
 - `Value`: also `==` by type and fields, and no hash (a mutable dataclass).
-- `Frozen`: also a hash over the fields (a frozen dataclass; its fields are `Final`).
+- `Frozen`: also a hash over the fields (a frozen dataclass). Its fields are `Final`: read-only
+  compiled, and mypy keeps the source from writing them (from source they could be written).
 
 A class's fields are found once, when first needed: compiled, mypyc lists a native class's
 attributes in declaration order (`__mypyc_attrs__`, what its pickling reads); from source,
