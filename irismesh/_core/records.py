@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import hashlib
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Final, NamedTuple, Protocol
 
 from irismesh._core.gossip import (
@@ -162,60 +163,30 @@ class MemberDown(Frozen):
 MemberEvent = MemberUp | MemberChanged | MemberSuspect | MemberDown
 
 
-class MembershipConfig(Frozen):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MembershipConfig:
     """Timings are seconds; the defaults detect a crash in about 2 to 4 s at 100 nodes, and cost a
-    node about a ping and an ack sent and received per 0.4 s, whatever the mesh's size.
+    node about a ping and an ack sent and received per 0.4 s, whatever the mesh's size."""
 
-    A plain class, not a dataclass, as the records are: it is the core's own setting."""
+    probe_interval: float = 0.4
+    probe_timeout: float = 0.15
+    indirect_probes: int = 3
+    suspicion_multiplier: float = 2.0  # x log10(N) x probe_interval: 1.6 s at 100 nodes
+    suspicion_max_multiplier: float = 2.5
+    suspicion_confirmations: int = 3
+    retransmit_multiplier: int = 4
+    gossip_interval: float = 0.2
+    gossip_nodes: int = 3
+    gossip_to_dead: float = 3.0  # the dead still hear gossip this long (to refute it)
+    push_pull_interval: float = 10.0  # stretched for meshes of more than 32 nodes
+    reconnect_interval: float = 2.0  # one dead member is tried this often (healing)
+    dead_keep: float = 600.0
+    left_keep: float = 30.0
+    max_datagram: int = 1400
+    max_members: int = 100_000
+    awareness_limit: int = 8
 
-    probe_interval: Final[float]
-    probe_timeout: Final[float]
-    indirect_probes: Final[int]
-    suspicion_multiplier: Final[float]
-    suspicion_max_multiplier: Final[float]
-    suspicion_confirmations: Final[int]
-    retransmit_multiplier: Final[int]
-    gossip_interval: Final[float]
-    gossip_nodes: Final[int]
-    gossip_to_dead: Final[float]
-    push_pull_interval: Final[float]
-    reconnect_interval: Final[float]
-    dead_keep: Final[float]
-    left_keep: Final[float]
-    max_datagram: Final[int]
-    max_members: Final[int]
-    awareness_limit: Final[int]
-
-    def __init__(
-        self,
-        *,
-        probe_interval: float = 0.4,
-        probe_timeout: float = 0.15,
-        indirect_probes: int = 3,
-        suspicion_multiplier: float = 2.0,  # x log10(N) x probe_interval: 1.6 s at 100 nodes
-        suspicion_max_multiplier: float = 2.5,
-        suspicion_confirmations: int = 3,
-        retransmit_multiplier: int = 4,
-        gossip_interval: float = 0.2,
-        gossip_nodes: int = 3,
-        gossip_to_dead: float = 3.0,  # the dead still hear gossip this long (to refute it)
-        push_pull_interval: float = 10.0,  # stretched for meshes of more than 32 nodes
-        reconnect_interval: float = 2.0,  # one dead member is tried this often (healing)
-        dead_keep: float = 600.0,
-        left_keep: float = 30.0,
-        max_datagram: int = 1400,
-        max_members: int = 100_000,
-        awareness_limit: int = 8,
-    ) -> None:
-        self.probe_interval, self.probe_timeout = probe_interval, probe_timeout
-        self.indirect_probes, self.suspicion_multiplier = indirect_probes, suspicion_multiplier
-        self.suspicion_max_multiplier = suspicion_max_multiplier
-        self.suspicion_confirmations = suspicion_confirmations
-        self.retransmit_multiplier, self.gossip_interval = retransmit_multiplier, gossip_interval
-        self.gossip_nodes, self.gossip_to_dead = gossip_nodes, gossip_to_dead
-        self.push_pull_interval, self.reconnect_interval = push_pull_interval, reconnect_interval
-        self.dead_keep, self.left_keep, self.max_datagram = dead_keep, left_keep, max_datagram
-        self.max_members, self.awareness_limit = max_members, awareness_limit
+    def __post_init__(self) -> None:
         if not 0 < self.probe_timeout < self.probe_interval:
             raise ConfigurationError("need 0 < probe_timeout < probe_interval")
         if self.gossip_interval <= 0 or self.push_pull_interval <= 0:

@@ -29,10 +29,10 @@ from irismesh._core.events import (
     TunnelFrame,
 )
 from irismesh._core.links import DialRecord, InLink, LinkState, OutLink, TunnelEnd
-from irismesh._core.records import MemberDown, MemberRecord, MembershipConfig, MemberUp
+from irismesh._core.records import MemberDown, MemberRecord, MemberUp
 from irismesh._core.rights import UNCHECKED, PeerGrant, Rights
 from irismesh._core.split import Split
-from irismesh.errors import ConfigurationError, MeshError
+from irismesh.errors import MeshError
 
 MODULES = (admission, events, links, outliers, probes, records, rights, split)
 
@@ -232,19 +232,3 @@ def test_a_request_and_a_link_repr_every_field_in_order() -> None:
         "state=<LinkState.HANDSHAKING: 'handshaking'>, peer_id=b'', "
     )
     assert text.endswith("pub_slot=0, topic_slots={}, handles={})")
-
-
-def test_membership_settings_take_keywords_keep_defaults_and_are_checked() -> None:
-    config = MembershipConfig(probe_interval=0.5)
-    assert (config.probe_interval, config.probe_timeout, config.awareness_limit) == (0.5, 0.15, 8)
-    assert config == MembershipConfig(probe_interval=0.5, probe_timeout=0.15)
-    assert hash(config) == hash(MembershipConfig(probe_interval=0.5))
-    assert config != MembershipConfig()
-    assert repr(config).startswith("MembershipConfig(probe_interval=0.5, probe_timeout=0.15, ")
-    assert repr(config).endswith("max_members=100000, awareness_limit=8)")
-    with pytest.raises(TypeError):
-        MembershipConfig(0.5)  # type: ignore[misc]
-    with pytest.raises(ConfigurationError):
-        MembershipConfig(probe_timeout=0.5, probe_interval=0.4)
-    with pytest.raises(ConfigurationError):
-        MembershipConfig(max_datagram=100)
