@@ -22,7 +22,6 @@ import time
 import types
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from contextvars import Token as ContextToken
 from functools import partial
@@ -54,6 +53,8 @@ from irismesh.telemetry.node_telemetry import BROADCAST_KIND, REQUEST_KIND, SURV
 from irismesh.telemetry.schema import Outcome
 
 if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
+
     from opentelemetry.trace import Span
 
     from irismesh.telemetry.node_telemetry import NodeTelemetry

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, TypeVar, overload
 
 from irismesh._core.admission import Admission
@@ -92,6 +91,9 @@ class RequestApi(NodeState):
                 runner.admission = None
             if blocking:
                 if runner.pool is None:
+                    # Loaded here: a node whose handlers are coroutines never needs it.
+                    from concurrent.futures import ThreadPoolExecutor
+
                     runner.pool = ThreadPoolExecutor(
                         self._handler_threads, thread_name_prefix="irismesh-handler"
                     )

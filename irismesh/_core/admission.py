@@ -54,8 +54,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
+
+from irismesh._core.plain import Plain
 
 T = TypeVar("T")
 
@@ -68,16 +69,21 @@ LONG_WEIGHT = 0.01  # weight of one run in the long-term latency (the "best late
 SHARE_EVERY = 8  # under contention, one start in this many goes to a lower class
 
 
-@dataclass(eq=False)
-class Waiting:
+class Waiting(Plain):
     """A request admitted to the queue (its item is the runner's: untyped here so that the
     class compiles as a native one)."""
 
     item: Any
     deadline: float
     arrived: float
-    criticality: int = 0  # its priority
-    order: int = 0  # when it came, among the requests offered (clock readings may tie)
+    criticality: int  # its priority
+    order: int  # when it came, among the requests offered (clock readings may tie)
+
+    def __init__(
+        self, item: Any, deadline: float, arrived: float, criticality: int = 0, order: int = 0
+    ) -> None:
+        self.item, self.deadline, self.arrived = item, deadline, arrived
+        self.criticality, self.order = criticality, order
 
 
 class Admission(Generic[T]):

@@ -1,18 +1,19 @@
 """What the core tells its driver: events to act on and link actions to carry out.
 
-Events of the message hot path are mutable: a frozen dataclass's `__init__` costs about 1.5 us
-more per message, measured. `RequestArrived` is a plain class (the compiled core builds it
-natively; a dataclass's generated `__init__` stays interpreted); `ReplyArrived` a slotted
-dataclass, made only where no reply sink takes replies (`Calls.reply_sink`). The rest are
-frozen and keyword-only.
+Events are plain classes (`irismesh._core.plain`), not dataclasses: compiled, their `__init__`
+is native (a dataclass's generated one stays interpreted, and costs the import its source
+compiled); they keep a dataclass's `==`, hash and repr. Events of the message hot path are
+mutable (`RequestArrived`, made once per request; `ReplyArrived`, made only where no reply sink
+takes replies, `Calls.reply_sink`; `MessagesArrived`; the tunnels'): a frozen one's `__init__`
+cost about 1.5 us more per message, measured. The rest are frozen and keyword-only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Final, Protocol, TypeVar
 
+from irismesh._core.plain import Frozen, Value
 from irismesh.errors import MeshError
 
 E = TypeVar("E")
@@ -21,13 +22,18 @@ E = TypeVar("E")
 Token = tuple[bytes, int, bytes, int]
 
 
-class RequestArrived:
-    """A request for one of this node's clusters; answer it with `MeshCore.reply(token, ...)`.
-
-    A plain class, not a dataclass, with a dataclass's `==` and repr: compiled, a dataclass's
-    generated `__init__` stays interpreted, and this one is made once per request."""
+class RequestArrived(Value):
+    """A request for one of this node's clusters; answer it with `MeshCore.reply(token, ...)`."""
 
     __slots__ = ("cluster", "deadline", "kind", "payload", "priority", "token", "trace")
+
+    token: Token
+    cluster: str
+    payload: bytes
+    kind: int
+    deadline: float
+    priority: int
+    trace: bytes
 
     def __init__(
         self,
@@ -50,50 +56,30 @@ class RequestArrived:
         self.priority = priority
         self.trace = trace
 
-    def _fields(self) -> tuple[Token, str, bytes, int, float, int, bytes]:
-        return (
-            self.token,
-            self.cluster,
-            self.payload,
-            self.kind,
-            self.deadline,
-            self.priority,
-            self.trace,
-        )
 
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, RequestArrived):
-            return NotImplemented
-        return self._fields() == other._fields()
-
-    def __repr__(self) -> str:
-        return (
-            f"RequestArrived(token={self.token!r}, cluster={self.cluster!r}, "
-            f"payload={self.payload!r}, kind={self.kind!r}, deadline={self.deadline!r}, "
-            f"priority={self.priority!r}, trace={self.trace!r})"
-        )
-
-
-@dataclass(slots=True)
-class RequestCancelled:
+class RequestCancelled(Value):
     """The caller of request `token` gave up on it (cancelled it, or a hedge's other copy won):
     if it still waits, drop it; if its handler runs, cancel it."""
 
     token: Token
 
+    def __init__(self, token: Token) -> None:
+        self.token = token
 
-@dataclass(slots=True)
-class ReplyArrived:
+
+class ReplyArrived(Value):
     """The reply to this node's request `req_id`; `status` is frames.STATUS_OK or _ERROR."""
 
     req_id: int
     status: int
     payload: bytes
-    peer: bytes = b""  # the member that answered
+    peer: bytes  # the member that answered
+
+    def __init__(self, req_id: int, status: int, payload: bytes, peer: bytes = b"") -> None:
+        self.req_id, self.status, self.payload, self.peer = req_id, status, payload, peer
 
 
-@dataclass(slots=True)
-class MessagesArrived:
+class MessagesArrived(Value):
     """Published messages from one peer, for this node's interest: (topic, payload) each.
 
     `release(routing_id, n)` them once handled. `gaps` maps an index in `messages` to how many
@@ -107,29 +93,42 @@ class MessagesArrived:
     routing_id: bytes
     publisher: bytes
     messages: list[tuple[str, bytes]]
-    gaps: dict[int, int] | None = None
-    stamps: dict[int, float] | None = None
-    ids: dict[int, bytes] | None = None
-    traces: dict[int, bytes] | None = None
+    gaps: dict[int, int] | None
+    stamps: dict[int, float] | None
+    ids: dict[int, bytes] | None
+    traces: dict[int, bytes] | None
+
+    def __init__(
+        self,
+        routing_id: bytes,
+        publisher: bytes,
+        messages: list[tuple[str, bytes]],
+        gaps: dict[int, int] | None = None,
+        stamps: dict[int, float] | None = None,
+        ids: dict[int, bytes] | None = None,
+        traces: dict[int, bytes] | None = None,
+    ) -> None:
+        self.routing_id, self.publisher, self.messages = routing_id, publisher, messages
+        self.gaps, self.stamps, self.ids, self.traces = gaps, stamps, ids, traces
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CreditArrived:
+class CreditArrived(Frozen):
     """A subscriber granted credit: publishes that were blocked may go on."""
 
 
-@dataclass(slots=True)
-class TunnelArrived:
+class TunnelArrived(Value):
     """A caller opened a tunnel to this member: accept it (`tunnel_accept`) or reset it."""
 
     handle: int
     cluster: str
     peer: bytes
-    trace: bytes = b""  # the caller's trace context (frames.TRACED; b"": none)
+    trace: bytes  # the caller's trace context (frames.TRACED; b"": none)
+
+    def __init__(self, handle: int, cluster: str, peer: bytes, trace: bytes = b"") -> None:
+        self.handle, self.cluster, self.peer, self.trace = handle, cluster, peer, trace
 
 
-@dataclass(slots=True)
-class TunnelFrame:
+class TunnelFrame(Value):
     """Something happened on tunnel `handle`: an op of frames.TunnelOp, as the peer sent it.
 
     ACCEPT and CREDIT: `arg` more bytes may be sent (the core has counted them). DATA: `data`,
@@ -142,81 +141,101 @@ class TunnelFrame:
     arg: int
     data: bytes
 
+    def __init__(self, handle: int, op: int, arg: int, data: bytes) -> None:
+        self.handle, self.op, self.arg, self.data = handle, op, arg, data
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class InterestChanged:
+
+class InterestChanged(Frozen):
     """A peer subscribed or unsubscribed: who hears a topic may have changed."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RequestFailed:
-    req_id: int
-    error: MeshError
+class RequestFailed(Frozen):
+    req_id: Final[int]
+    error: Final[MeshError]
+
+    def __init__(self, *, req_id: int, error: MeshError) -> None:
+        self.req_id, self.error = req_id, error
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PeerUp:
+class PeerUp(Frozen):
     """Membership: a node joined the mesh (or came back from a false death)."""
 
-    node_id: bytes
-    endpoint: str
-    name: str = ""  # what the node is called ("": it has no name)
+    node_id: Final[bytes]
+    endpoint: Final[str]
+    name: Final[str]  # what the node is called ("": it has no name)
+
+    def __init__(self, *, node_id: bytes, endpoint: str, name: str = "") -> None:
+        self.node_id, self.endpoint, self.name = node_id, endpoint, name
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PeerDown:
+class PeerDown(Frozen):
     """Membership: a node was declared dead, or left (`reason` "dead" or "left")."""
 
-    node_id: bytes
-    endpoint: str
-    reason: str
-    name: str = ""
+    node_id: Final[bytes]
+    endpoint: Final[str]
+    reason: Final[str]
+    name: Final[str]
+
+    def __init__(self, *, node_id: bytes, endpoint: str, reason: str, name: str = "") -> None:
+        self.node_id, self.endpoint, self.reason, self.name = node_id, endpoint, reason, name
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PeerSuspect:
+class PeerSuspect(Frozen):
     """Membership: a node is suspected (`suspect` True), or the suspicion was refuted."""
 
-    node_id: bytes
-    suspect: bool
+    node_id: Final[bytes]
+    suspect: Final[bool]
+
+    def __init__(self, *, node_id: bytes, suspect: bool) -> None:
+        self.node_id, self.suspect = node_id, suspect
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MemberEjected:
+class MemberEjected(Frozen):
     """This caller took member `node_id` out of `cluster`'s rotation for `seconds`: its
     `ejections`th time lately, for `reason` ("errors", "success_rate" or "latency")."""
 
-    cluster: str
-    node_id: bytes
-    reason: str
-    seconds: float
-    ejections: int
+    cluster: Final[str]
+    node_id: Final[bytes]
+    reason: Final[str]
+    seconds: Final[float]
+    ejections: Final[int]
+
+    def __init__(
+        self, *, cluster: str, node_id: bytes, reason: str, seconds: float, ejections: int
+    ) -> None:
+        self.cluster, self.node_id, self.reason = cluster, node_id, reason
+        self.seconds, self.ejections = seconds, ejections
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MemberReadmitted:
+class MemberReadmitted(Frozen):
     """Member `node_id`'s ejection from `cluster`'s rotation is over: it is chosen again."""
 
-    cluster: str
-    node_id: bytes
+    cluster: Final[str]
+    node_id: Final[bytes]
+
+    def __init__(self, *, cluster: str, node_id: bytes) -> None:
+        self.cluster, self.node_id = cluster, node_id
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LinksChanged:
+class LinksChanged(Frozen):
     """A link to a peer came up or closed: who can be called right now may have changed."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OpenLink:
+class OpenLink(Frozen):
     """Dial `endpoint`; frames for `link_id` follow in the outbox."""
 
-    link_id: int
-    endpoint: str
+    link_id: Final[int]
+    endpoint: Final[str]
+
+    def __init__(self, *, link_id: int, endpoint: str) -> None:
+        self.link_id, self.endpoint = link_id, endpoint
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CloseLink:
-    link_id: int
+class CloseLink(Frozen):
+    link_id: Final[int]
+
+    def __init__(self, *, link_id: int) -> None:
+        self.link_id = link_id
 
 
 Event = (

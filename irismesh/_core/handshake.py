@@ -120,7 +120,8 @@ class Handshake:
     def hello(self, link_id: int, endpoint: str, now: float) -> OutLink:
         """A new dialled link to `endpoint`, its HELLO queued."""
         nonce = self._randbytes(NONCE_SIZE)
-        link = OutLink(link_id, endpoint, nonce, opened=now, last_heard=now)
+        link = OutLink(link_id, endpoint, nonce, now)
+        link.last_heard = now
         link.keys = keys = self._security.begin()
         record = list(self._record())
         said = [self._node_id, nonce, self._endpoint, keys.public, record]

@@ -20,14 +20,18 @@ arrived and is forgotten when its peer says BYE, or membership says the peer die
 The engine keeps the link table and walks every link through this lifecycle; each other
 concern of the core (calls, publish/subscribe, tunnels, the links' own watch) hears of it
 through one small interface, `LinkObserver`, and keeps no link table of its own.
+
+The links and their records are plain classes, not dataclasses (`irismesh._core.plain`): a
+field's default is in the class body (compiled, each instance starts with it), a table's is made
+by `__init__`, one per link.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
 
 from irismesh._core.frames import HEADER_SIZE
+from irismesh._core.plain import Plain
 from irismesh._core.rights import UNCHECKED, PeerGrant
 from irismesh._core.sealing import LinkKeys, Sealer
 from irismesh.errors import ProtocolError
@@ -39,8 +43,7 @@ class LinkState(enum.Enum):
     CLOSED = "closed"
 
 
-@dataclass(slots=True, eq=False)
-class OutLink:
+class OutLink(Plain):
     link_id: int
     endpoint: str
     nonce: bytes
@@ -48,8 +51,8 @@ class OutLink:
     state: LinkState = LinkState.HANDSHAKING
     peer_id: bytes = b""
     peer_nonce: bytes = b""
-    offers: dict[bytes, int] = field(default_factory=dict)  # tag -> scope slot
-    clusters: dict[str, int] = field(default_factory=dict)  # resolved: name -> slot (0: no)
+    offers: dict[bytes, int]  # tag -> scope slot
+    clusters: dict[str, int]  # resolved: name -> slot (0: no)
     last_heard: float = 0.0
     last_ping: float = 0.0
     rtt: float = 0.0
@@ -69,20 +72,20 @@ class OutLink:
     suspect: bool = False  # membership suspects the peer, or the link fell silent while busy
     busy: bool = False  # had requests in flight (or replies to acknowledge) at the last tick
     subscribed: bool = False  # the peer has told us its subscriptions (and granted credit)
-    acks: list[int] = field(default_factory=list)  # replies received, not yet acknowledged
-    keys: LinkKeys | None = None
-    staged: list[tuple[int, int, bytes]] = field(default_factory=list)  # (slot, kind, body)
+    acks: list[int]  # replies received, not yet acknowledged
+    keys: LinkKeys | None  # None, by __init__: mypyc drops a class-body None of a Protocol type
+    staged: list[tuple[int, int, bytes]]  # (slot, kind, body)
     # Staged entries of a priority other than the default: (priority, slot, kind, body).
-    ranked: list[tuple[int, int, int, bytes]] = field(default_factory=list)
+    ranked: list[tuple[int, int, int, bytes]]
     priorities: bool = False  # the peer's WELCOME says it reads requests' priorities
     traces: bool = False  # and that it reads trace context (TRACED, PUBLISH_TRACED)
     # The peer's public key and verified grant, from its WELCOME (`rights`).
     public: bytes = b""
     grant: PeerGrant = UNCHECKED
-    send_sealers: dict[int, Sealer] = field(default_factory=dict)
-    recv_sealers: dict[int, Sealer] = field(default_factory=dict)
+    send_sealers: dict[int, Sealer]
+    recv_sealers: dict[int, Sealer]
     # Publish/subscribe, this node publishing to the peer:
-    interest: set[str] = field(default_factory=set)  # the peer's subscription patterns
+    interest: set[str]  # the peer's subscription patterns
     credit: int = 0  # messages the peer lets us send now
     pub_seq: int = 0  # our PUBLISH stream to the peer
     pub_seen: int = 0  # pub_seq when the engine last looked (was it published to since?)
@@ -90,15 +93,20 @@ class OutLink:
     # a PUBLISH_RUN (its head, then one entry each) when the peer reads runs (`pub_runs`, its
     # WELCOME's caps["run"]), else a BATCH (header, body, header, ...).
     pub_runs: bool = False
-    pub_parts: list[bytes] = field(default_factory=list)
+    pub_parts: list[bytes]
     pub_size: int = 0
     pub_slot: int = 0
-    topic_slots: dict[str, int] = field(default_factory=dict)  # topic scope -> slot (0: none)
-    handles: dict[int, object] = field(default_factory=dict)  # slot -> key handle, as matched
+    topic_slots: dict[str, int]  # topic scope -> slot (0: none)
+    handles: dict[int, object]  # slot -> key handle, as matched
+
+    def __init__(self, link_id: int, endpoint: str, nonce: bytes, opened: float) -> None:
+        self.link_id, self.endpoint, self.nonce, self.opened = link_id, endpoint, nonce, opened
+        self.offers, self.clusters, self.send_sealers, self.recv_sealers = {}, {}, {}, {}
+        self.acks, self.staged, self.ranked, self.pub_parts = [], [], [], []
+        self.interest, self.topic_slots, self.handles, self.keys = set(), {}, {}, None
 
 
-@dataclass(slots=True, eq=False)
-class InLink:
+class InLink(Plain):
     routing_id: bytes
     peer_id: bytes
     peer_endpoint: str
@@ -108,17 +116,17 @@ class InLink:
     scopes: list[str | None]  # slot -> cluster served (slot 0: the link itself)
     send_seq: int = 0
     recv_seq: int = 0
-    send_sealers: dict[int, Sealer] = field(default_factory=dict)
-    recv_sealers: dict[int, Sealer] = field(default_factory=dict)
-    staged: list[tuple[int, int, bytes]] = field(default_factory=list)  # (slot, kind, body)
+    send_sealers: dict[int, Sealer]
+    recv_sealers: dict[int, Sealer]
+    staged: list[tuple[int, int, bytes]]  # (slot, kind, body)
     # Staged entries of a priority other than the default: (priority, slot, kind, body).
-    ranked: list[tuple[int, int, int, bytes]] = field(default_factory=list)
+    ranked: list[tuple[int, int, int, bytes]]
     # Publish/subscribe, the peer publishing to this node:
     pub_seq: int = 0  # last PUBLISH stream seq seen
     credit_out: int = 0  # messages the peer may still send us (what we granted, less arrivals)
     to_grant: int = 0  # released by the application, not yet granted back
-    topic_slots: dict[int, str] = field(default_factory=dict)  # slot -> topic scope ("*": default)
-    handles: list[object] = field(default_factory=list)  # the key handle of each slot but 0
+    topic_slots: dict[int, str]  # slot -> topic scope ("*": default)
+    handles: list[object]  # the key handle of each slot but 0
     # The peer's public key and verified grant, from its HELLO (`rights`), and the slots whose
     # cluster that grant does not let it call: their requests are answered Forbidden.
     public: bytes = b""
@@ -128,9 +136,23 @@ class InLink:
     # once per topic from its grant (`PubSubCore.on_publish_batch`). None: grants not required.
     topics_heard: dict[bytes, tuple[str, str, bool]] | None = None
 
+    def __init__(
+        self,
+        routing_id: bytes,
+        peer_id: bytes,
+        peer_endpoint: str,
+        nonce: bytes,
+        peer_nonce: bytes,
+        last_heard: float,
+        scopes: list[str | None],
+    ) -> None:
+        self.routing_id, self.peer_id, self.peer_endpoint = routing_id, peer_id, peer_endpoint
+        self.nonce, self.peer_nonce, self.last_heard = nonce, peer_nonce, last_heard
+        self.scopes, self.send_sealers, self.recv_sealers, self.topic_slots = scopes, {}, {}, {}
+        self.staged, self.ranked, self.handles = [], [], []
 
-@dataclass(slots=True, eq=False)
-class TunnelEnd:
+
+class TunnelEnd(Plain):
     """This node's end of a tunnel: `out` set if it opened the tunnel, `inlink` if it serves it."""
 
     handle: int  # this node's name for it (the caller's handle is also the wire id)
@@ -144,9 +166,12 @@ class TunnelEnd:
     recv_allowed: int = 0  # bytes we granted that have not arrived yet
     accepted: bool = False
 
+    def __init__(self, handle: int, wire_id: int, cluster: str, peer_id: bytes, slot: int) -> None:
+        self.handle, self.wire_id, self.cluster, self.peer_id = handle, wire_id, cluster, peer_id
+        self.slot = slot
 
-@dataclass(slots=True, eq=False)
-class DialRecord:
+
+class DialRecord(Plain):
     """What the node knows of an endpoint it may dial."""
 
     endpoint: str
@@ -158,6 +183,9 @@ class DialRecord:
     # The node whose UP link through this endpoint dropped: the redial's answer is awaited
     # (refused: no process listens there any more). b"" if none.
     dropped: bytes = b""
+
+    def __init__(self, endpoint: str, seed: bool, next_at: float = 0.0) -> None:
+        self.endpoint, self.seed, self.next_at = endpoint, seed, next_at
 
 
 class LinkObserver:

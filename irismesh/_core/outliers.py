@@ -65,6 +65,7 @@ import msgpack
 from irismesh._core.events import MemberEjected, MemberReadmitted
 from irismesh._core.links import OutLink
 from irismesh._core.outbox import Outbox
+from irismesh._core.plain import Plain
 from irismesh._core.records import NOTE_SALT, MemberRecord, MembershipSecurity
 from irismesh._core.split import unpack_note
 from irismesh.errors import ConfigurationError, NoKey
@@ -110,8 +111,7 @@ class OutlierConfig:
             raise ConfigurationError("latency_factor must be above 1, latency_floor not negative")
 
 
-@dataclass(slots=True, eq=False)
-class Ejection:
+class Ejection(Plain):
     """One member's ejections from one cluster's rotation."""
 
     cluster: str
@@ -119,6 +119,12 @@ class Ejection:
     count: int  # ejections so far, less the decay for time spent in rotation since
     until: float  # when it comes back; 0.0 while it is in rotation
     since: float  # when it last came back (or was first ejected)
+
+    def __init__(
+        self, cluster: str, node_id: bytes, count: int, until: float, since: float
+    ) -> None:
+        self.cluster, self.node_id, self.count = cluster, node_id, count
+        self.until, self.since = until, since
 
 
 def _median(values: list[float]) -> float:

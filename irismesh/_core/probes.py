@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from random import Random
 from typing import Any
 
+from irismesh._core.plain import Plain
 from irismesh._core.records import Member, MembershipConfig, MemberState
 from irismesh._core.suspicion import Awareness
 
@@ -37,8 +37,7 @@ Send = Callable[[str, list[list[Any]]], None]
 SuspectCallback = Callable[[Member, float], None]
 
 
-@dataclass(slots=True, eq=False)
-class _Probe:
+class _Probe(Plain):
     target: bytes
     seq: int
     sent_at: float
@@ -49,14 +48,22 @@ class _Probe:
     expected_nacks: int = 0
     nacks: int = 0
 
+    def __init__(
+        self, target: bytes, seq: int, sent_at: float, timeout_at: float, end_at: float
+    ) -> None:
+        self.target, self.seq, self.sent_at = target, seq, sent_at
+        self.timeout_at, self.end_at = timeout_at, end_at
 
-@dataclass(slots=True, eq=False)
-class _Relay:
+
+class _Relay(Plain):
     """A PING_REQ this node carries out for another."""
 
     requester: str
     their_seq: int
     deadline: float
+
+    def __init__(self, requester: str, their_seq: int, deadline: float) -> None:
+        self.requester, self.their_seq, self.deadline = requester, their_seq, deadline
 
 
 class Prober:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import hashlib
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final, NamedTuple, Protocol
 
 from irismesh._core.gossip import (
@@ -17,6 +17,7 @@ from irismesh._core.gossip import (
     encode_message,
     is_name,
 )
+from irismesh._core.plain import Frozen
 from irismesh.errors import ConfigurationError
 
 NOTE_SALT: Final = 16  # bytes of fresh salt a note is sealed with (`seal_note`)
@@ -55,22 +56,39 @@ class NodeIdentity(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
-class MemberRecord:
+class MemberRecord(Frozen):
     """What a node says about itself: where to reach it, what it serves (opaque tags), and
     what to call it (a label for people: names need not be unique; the id is the identity).
 
     `public` and `signature` prove it (`record_transcript`): the node's public key, from which
     its id derives, and its signature of the record at one incarnation. They are not part of
-    what the record says (equality ignores them); b"" in cores built without identities."""
+    what the record says (equality ignores them); b"" in cores built without identities.
 
-    node_id: bytes
-    endpoint: str  # links: tcp://host:port
-    address: str  # datagrams: host:port
-    tags: bytes = b""
-    name: str = ""  # "": none given (cores built without a name, simulations)
-    public: bytes = field(default=b"", compare=False)
-    signature: bytes = field(default=b"", compare=False)
+    A plain class, not a dataclass, as the core's events are (`irismesh._core.events`)."""
+
+    node_id: Final[bytes]
+    endpoint: Final[str]  # links: tcp://host:port
+    address: Final[str]  # datagrams: host:port
+    tags: Final[bytes]
+    name: Final[str]  # "": none given (cores built without a name, simulations)
+    public: Final[bytes]
+    signature: Final[bytes]
+
+    def __init__(
+        self,
+        node_id: bytes,
+        endpoint: str,
+        address: str,
+        tags: bytes = b"",
+        name: str = "",
+        public: bytes = b"",
+        signature: bytes = b"",
+    ) -> None:
+        self.node_id, self.endpoint, self.address, self.tags = node_id, endpoint, address, tags
+        self.name, self.public, self.signature = name, public, signature
+
+    def _values(self) -> tuple[object, ...]:
+        return (self.node_id, self.endpoint, self.address, self.tags, self.name)
 
 
 def record_transcript(record: MemberRecord, incarnation: int) -> bytes:
@@ -108,30 +126,38 @@ class Member(NamedTuple):
     since: float  # when the state last changed
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MemberUp:
+class MemberUp(Frozen):
     """A node joined, or came back from a false death."""
 
-    record: MemberRecord
+    record: Final[MemberRecord]
+
+    def __init__(self, *, record: MemberRecord) -> None:
+        self.record = record
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MemberChanged:
+class MemberChanged(Frozen):
     """A live node's record changed (its tags, say: it serves or reads something new)."""
 
-    record: MemberRecord
+    record: Final[MemberRecord]
+
+    def __init__(self, *, record: MemberRecord) -> None:
+        self.record = record
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MemberSuspect:
-    node_id: bytes
-    suspect: bool  # False: the suspicion was refuted
+class MemberSuspect(Frozen):
+    node_id: Final[bytes]
+    suspect: Final[bool]  # False: the suspicion was refuted
+
+    def __init__(self, *, node_id: bytes, suspect: bool) -> None:
+        self.node_id, self.suspect = node_id, suspect
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MemberDown:
-    record: MemberRecord
-    reason: str  # "dead" or "left"
+class MemberDown(Frozen):
+    record: Final[MemberRecord]
+    reason: Final[str]  # "dead" or "left"
+
+    def __init__(self, *, record: MemberRecord, reason: str) -> None:
+        self.record, self.reason = record, reason
 
 
 MemberEvent = MemberUp | MemberChanged | MemberSuspect | MemberDown

@@ -32,6 +32,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Final, Protocol
 
+from irismesh._core.plain import Frozen
+
 # The cluster of the mesh's memory (`irismesh.memory`): serving it takes the `memory` right;
 # calling it (retaining, rereading, enqueueing) takes any right at all, and what is retained
 # or reread is a topic the publish and subscribe rights decide.
@@ -222,15 +224,19 @@ NO_RIGHTS = Rights()
 ALL_RIGHTS = Rights(serve=("*",), call=("*",), publish=("#",), subscribe=("#",), memory=True)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PeerGrant:
+class PeerGrant(Frozen):
     """A peer's verified grant as a link holds it: its rights and when they end (wall-clock
     seconds since the epoch; inf for a mesh that does not require grants)."""
 
-    rights: Rights
-    expires: float
-    issued: float = 0.0
-    authority: bytes = b""
+    rights: Final[Rights]
+    expires: Final[float]
+    issued: Final[float]
+    authority: Final[bytes]
+
+    def __init__(
+        self, *, rights: Rights, expires: float, issued: float = 0.0, authority: bytes = b""
+    ) -> None:
+        self.rights, self.expires, self.issued, self.authority = rights, expires, issued, authority
 
 
 UNGRANTED = PeerGrant(rights=NO_RIGHTS, expires=float("inf"))

@@ -47,14 +47,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from random import Random
-from typing import Any
+from typing import Any, Final
 
 import msgpack
 
 from irismesh._core.directory import Directory
 from irismesh._core.links import OutLink
+from irismesh._core.plain import Frozen
 from irismesh._core.records import (
     NOTE_SALT,
     MemberChanged,
@@ -168,15 +168,19 @@ def decode_split(note: bytes) -> tuple[int, tuple[tuple[str, int], ...]] | None:
     return int(value[1]), tuple(weights)
 
 
-@dataclass(frozen=True, slots=True)
-class Split:
+class Split(Frozen):
     """One split of one cluster: its weights (none: cleared), its stamp, and its note (as
     encoded, which orders splits of one stamp, and as sealed, which members carry on)."""
 
-    stamp: int
-    weights: tuple[tuple[str, int], ...]
-    plain: bytes
-    sealed: bytes
+    stamp: Final[int]
+    weights: Final[tuple[tuple[str, int], ...]]
+    plain: Final[bytes]
+    sealed: Final[bytes]
+
+    def __init__(
+        self, stamp: int, weights: tuple[tuple[str, int], ...], plain: bytes, sealed: bytes
+    ) -> None:
+        self.stamp, self.weights, self.plain, self.sealed = stamp, weights, plain, sealed
 
     def newer_than(self, other: Split | None) -> bool:
         return other is None or (self.stamp, self.plain) > (other.stamp, other.plain)

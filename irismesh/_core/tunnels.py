@@ -81,7 +81,8 @@ class TunnelTable(LinkObserver):
         handle = self._next_handle
         self._next_handle += 1
         slot = link.clusters[cluster]
-        end = TunnelEnd(handle, handle, cluster, link.peer_id, slot, out=link, recv_allowed=window)
+        end = TunnelEnd(handle, handle, cluster, link.peer_id, slot)
+        end.out, end.recv_allowed = link, window
         self.ends[handle] = end
         body = encode_tunnel(handle, _OPEN, window)
         if trace and link.traces:
@@ -211,8 +212,8 @@ class TunnelTable(LinkObserver):
         self._next_handle += 1
         cluster = link.scopes[slot]
         assert cluster is not None
-        end = TunnelEnd(handle, wire_id, cluster, link.peer_id, slot, inlink=link)
-        end.send_credit = min(arg, _MAX_WINDOW)
+        end = TunnelEnd(handle, wire_id, cluster, link.peer_id, slot)
+        end.inlink, end.send_credit = link, min(arg, _MAX_WINDOW)
         self.ends[handle] = end
         self._served[key] = end
         if link.refused and slot in link.refused:  # the caller's grant lacks `call` for it

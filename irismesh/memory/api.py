@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, TypeVar, overload
 
 from irismesh._core.frames import Kind
@@ -211,6 +210,9 @@ class MemoryApi(NodeState):
             pool = None
             if blocking:
                 if self._runner.pool is None:
+                    # Loaded here: a node whose handlers are coroutines never needs it.
+                    from concurrent.futures import ThreadPoolExecutor
+
                     self._runner.pool = ThreadPoolExecutor(
                         self._handler_threads, thread_name_prefix="irismesh-handler"
                     )

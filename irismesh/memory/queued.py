@@ -14,12 +14,15 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from irismesh._core.events import RequestArrived, RequestCancelled, Token
 from irismesh._core.frames import MESSAGE_ID_SIZE
 from irismesh.errors import ProtocolError
 from irismesh.patterns.reqrep import HandlerRunner, RequestHandler
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
 
 # The window: answers to the last jobs this member ran, for repeats. Bounded by count and by
 # bytes (an answer larger than a quarter of the byte bound is not kept: its repeat runs again).

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 if TYPE_CHECKING:
@@ -140,9 +139,11 @@ class Record(NamedTuple):
     peer_name: str | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Field:
-    """One column: name, logical type ("float64", "int64", "int32", "string"), nullability."""
+class Field(NamedTuple):
+    """One column: name, logical type ("float64", "int64", "int32", "string"), nullability.
+
+    A named tuple, as `Record` is: a dataclass would cost `import irismesh` its methods
+    compiled from source."""
 
     name: str
     type: str

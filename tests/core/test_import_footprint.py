@@ -112,6 +112,20 @@ irismesh.run(main())
     assert "irismesh.discovery.mdns" not in loaded
 
 
+def test_the_thread_pool_loads_with_the_first_blocking_handler() -> None:
+    pool = "concurrent.futures.thread"
+    assert pool not in _loaded("import irismesh")
+    code = """
+import irismesh
+async def main():
+    keys = irismesh.Keyring.generate()
+    async with irismesh.Node("echo", keyring=keys, discovery=False) as node:
+        node.on_request(lambda payload: payload, blocking=True)
+irismesh.run(main())
+"""
+    assert pool in _loaded(code)
+
+
 @pytest.mark.parametrize(
     ("name", "module"),
     [

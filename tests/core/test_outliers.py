@@ -181,8 +181,8 @@ class Sweep:
         self.outbox = Outbox(codec=BodyCodec(1 << 20), stats=self.stats, inbound={}, max_payload=1)
         self.links = []
         for i in range(members):
-            link = OutLink(i, f"tcp://m{i}:1", b"", 0.0, state=LinkState.UP, peer_id=b"m%d" % i)
-            link.clusters["db"] = 1
+            link = OutLink(i, f"tcp://m{i}:1", b"", 0.0)
+            link.state, link.peer_id, link.clusters["db"] = LinkState.UP, b"m%d" % i, 1
             self.links.append(link)
         self.peers = {link.peer_id: link for link in self.links}
         self.ejection = OutlierEjection(

@@ -323,7 +323,9 @@ def test_notes_open_only_with_the_clusters_key_and_only_untouched() -> None:
 
 
 def link(peer: bytes) -> OutLink:
-    return OutLink(0, "tcp://x:1", b"", 0.0, peer_id=peer)
+    out = OutLink(0, "tcp://x:1", b"", 0.0)
+    out.peer_id = peer
+    return out
 
 
 def test_a_route_groups_again_only_for_a_new_list_or_a_change() -> None:
