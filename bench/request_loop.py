@@ -19,6 +19,7 @@ import os
 import sys
 
 import irismesh
+from irismesh._core.records import MembershipConfig
 
 
 async def requests(node: irismesh.Node, payload: bytes, count: int, flight: int) -> None:
@@ -34,15 +35,29 @@ async def requests(node: irismesh.Node, payload: bytes, count: int, flight: int)
     await asyncio.gather(*(worker() for _ in range(flight)))
 
 
+# Timers are what a run's count depends on beyond its requests: under valgrind a run is 30-60
+# times slower, so the links' heartbeats (every 0.2 s while requests are in flight) and
+# membership's probes and gossip (every 0.4 and 0.2 s) come every few requests, and how many
+# depends on how busy the machine is. Every 10 s instead (with the deadlines that go with
+# them), they cost a run almost nothing per request.
+QUIET = {"heartbeat_interval": 10.0, "dead_after": 30.0, "max_silence": 60.0}
+QUIET_MEMBERSHIP = {"probe_interval": 10.0, "probe_timeout": 5.0, "gossip_interval": 10.0}
+
+
 async def run(count: int, flight: int, size: int) -> None:
     keys = irismesh.Keyring.generate()
-    async with irismesh.Node("echo", keyring=keys, discovery=False) as member:
+    membership = MembershipConfig(**QUIET_MEMBERSHIP)
+    config = irismesh.CoreConfig(**QUIET, membership=membership)
+    async with irismesh.Node("echo", keyring=keys, discovery=False, config=config) as member:
 
         @member.on_request
         def echo(payload: bytes) -> bytes:
             return payload
 
-        async with irismesh.Node(keyring=keys, seeds=[member.endpoint], discovery=False) as caller:
+        seeds = [member.endpoint]
+        async with irismesh.Node(
+            keyring=keys, seeds=seeds, discovery=False, config=config
+        ) as caller:
             await caller.wait_for_members("echo", 1, timeout=60)
             payload = os.urandom(size)
             await requests(caller, payload, count, flight)  # warm-up
