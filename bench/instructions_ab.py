@@ -50,8 +50,12 @@ HERE = Path(__file__).resolve().parent
 class Workload:
     """What a counted run runs, and how its figures read."""
 
-    sides: tuple[str, ...]
     one_process: bool
+
+    @property
+    def sides(self) -> tuple[str, ...]:
+        """What a run counts apart: the one process, or caller and member."""
+        return ("both",) if self.one_process else SIDES
 
     def script(self, python: str) -> Path:
         """request_loop.py (public API only) from here; cpu_per_request.py from the build's."""
@@ -72,8 +76,8 @@ class Workload:
         return "member" if "--member" in command_line else "caller"
 
 
-ONE_PROCESS = Workload(sides=("both",), one_process=True)
-TWO_PROCESSES = Workload(sides=SIDES, one_process=False)
+ONE_PROCESS = Workload(one_process=True)
+TWO_PROCESSES = Workload(one_process=False)
 
 
 class RunFailed(Exception):

@@ -242,6 +242,21 @@ class HandlerRunner:
             for item, reason in items:
                 self._reject(item, reason)
 
+    def handler_pool(
+        self, threads: int, admission: Admission[RequestArrived] | None
+    ) -> ThreadPoolExecutor:
+        """The node's pool of `threads` threads for blocking handlers, made on first use (and
+        its module loaded then: a node whose handlers are coroutines never needs it); an
+        `admission` that starts them lets no more run at once than there are threads."""
+        if self.pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self.pool = ThreadPoolExecutor(threads, thread_name_prefix="irismesh-handler")
+        if admission is not None:
+            admission.max_limit = threads
+            admission.limit = min(admission.limit, threads)
+        return self.pool
+
     def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start what waits: on the loop's next turn (after it has polled for I/O)."""
         if not self._pumping:
@@ -689,13 +704,16 @@ class Caller:
         # one, by request id.
         self.tracing: Tracing | None = None
         self._spans: dict[int, Span] = {}
+        # Where each reply goes (`attach` chooses): `_replied_traced` only where spans are made.
+        self._take_reply: Callable[[int, int, bytes, bytes, float], None] = self.replied
 
     def attach(self, core: MeshCore, driver: Driver) -> None:
         self._core = core
         self._driver = driver
         # Each reply as it arrives: no event for it. Only a tracing node has CLIENT spans to end
         # (`_request_traced`), so only its replies pass through `_replied_traced`.
-        core.calls.reply_sink = self.replied if self.tracing is None else self._replied_traced
+        self._take_reply = self.replied if self.tracing is None else self._replied_traced
+        core.calls.reply_sink = self._take_reply
         if self.busy_poll:
             self.reply_spin = Spin(self.busy_poll, core.stats, "busy_poll_replies", compare=False)
 
@@ -1027,8 +1045,7 @@ class Caller:
 
     def on_reply(self, event: ReplyArrived) -> None:
         """A reply as an event (a core without the sink `attach` sets)."""
-        took = self.replied if self.tracing is None else self._replied_traced
-        took(event.req_id, event.status, event.payload, event.peer, self.events_at)
+        self._take_reply(event.req_id, event.status, event.payload, event.peer, self.events_at)
 
     def replied(self, req_id: int, status: int, payload: bytes, peer: bytes, now: float) -> None:
         """The reply to request `req_id` arrived at `now`: the core calls this as it reads it

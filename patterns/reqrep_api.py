@@ -90,16 +90,7 @@ class RequestApi(NodeState):
             if not admission:
                 runner.admission = None
             if blocking:
-                if runner.pool is None:
-                    # Loaded here: a node whose handlers are coroutines never needs it.
-                    from concurrent.futures import ThreadPoolExecutor
-
-                    runner.pool = ThreadPoolExecutor(
-                        self._handler_threads, thread_name_prefix="irismesh-handler"
-                    )
-                if runner.admission is not None:
-                    runner.admission.max_limit = self._handler_threads
-                    runner.admission.limit = min(runner.admission.limit, self._handler_threads)
+                runner.handler_pool(self._handler_threads, runner.admission)
             return handler
 
         return register if handler is None else register(handler)

@@ -209,18 +209,8 @@ class MemoryApi(NodeState):
         def register(handler: H) -> H:
             pool = None
             if blocking:
-                if self._runner.pool is None:
-                    # Loaded here: a node whose handlers are coroutines never needs it.
-                    from concurrent.futures import ThreadPoolExecutor
-
-                    self._runner.pool = ThreadPoolExecutor(
-                        self._handler_threads, thread_name_prefix="irismesh-handler"
-                    )
-                pool = self._runner.pool
-                admission = self._queued.runner.admission
-                if admission is not None:
-                    admission.max_limit = self._handler_threads
-                    admission.limit = min(admission.limit, self._handler_threads)
+                threads, admission = self._handler_threads, self._queued.runner.admission
+                pool = self._runner.handler_pool(threads, admission)
             self._queued.handle(handler, blocking=blocking, pool=pool)
             return handler
 
