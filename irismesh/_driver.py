@@ -157,7 +157,8 @@ class Driver:
     def process(self) -> None:
         """Dispatch the core's events, then send its frames (and again, for the events that
         sending found: failed links). Links are opened as their events come, before anything
-        is sent on them, or their HELLOs would be lost."""
+        is sent on them, or their HELLOs would be lost; links are closed after what was
+        queued for them is sent, or their BYEs would be."""
         core = self.core
         outbox = core.outbox
         while True:
@@ -166,11 +167,19 @@ class Driver:
                 outbox.events = []
                 if outbox.link_events:  # links to open or close among them
                     outbox.link_events = False
+                    closing = False
                     for event in events:
                         if isinstance(event, OpenLink):
                             self._open(event)
                         elif isinstance(event, CloseLink):
-                            self._close_link(event.link_id)
+                            closing = True
+                    if closing:
+                        # What the core queued on a link before closing it goes out first:
+                        # its BYE, and the cancels or frames staged just before.
+                        self._send()
+                        for event in events:
+                            if isinstance(event, CloseLink):
+                                self._close_link(event.link_id)
                 if core.calls.urgent:  # requests above the default priority came: first
                     core.calls.urgent = False
                     events = urgent_first(events)

@@ -70,6 +70,7 @@ _EVENTS = int(zmq.EVENTS)
 _RCVMORE = int(zmq.RCVMORE)
 _DISCONNECTED = int(zmq.EVENT_DISCONNECTED)
 _CONNECT_RETRIED = int(zmq.EVENT_CONNECT_RETRIED)
+LINK_LINGER_MS = 100  # a closed link's last frames (its BYE) get this long to leave
 # pyzmq's own `send` (its extension's), called with the socket: the `zmq.Socket.send` every
 # socket has wraps it in Python for options frames of bytes never use, at a third of a send.
 _send_frame: Callable[..., Any] = zmq.backend.Socket.send
@@ -425,7 +426,7 @@ class ZmqDriver(Driver):
             monitor.close(0)
         if sock is not None:
             self.loop.remove_reader(sock.FD)
-            sock.close(0)
+            sock.close(LINK_LINGER_MS)
 
     # ----------------------------------------------------------------- time
 

@@ -587,6 +587,19 @@ class Calls(LinkObserver):
                 self._stats["requests_unserved"] += 1
                 events.append(RequestFailed(req_id=request.req_id, error=NoResponders(cluster)))
 
+    def fail_forbidden(self) -> None:
+        """This node's rights changed: requests in flight into a cluster it may no longer call
+        fail with Forbidden now, as a new one would, rather than at their deadline; their
+        members hear that the caller gave up."""
+        may_call = self.rights.may_call
+        refused = [request for request in self.pending if not may_call(request.cluster)]
+        events = self._outbox.events
+        for request in refused:
+            self.cancel(request.req_id)
+            self._stats["calls_forbidden"] += 1
+            error = Forbidden(request.cluster, "call", "this node's grant no longer allows it")
+            events.append(RequestFailed(req_id=request.req_id, error=error))
+
     def tick(self, now: float) -> None:
         """Hedges due, deadlines passed, replies remembered too long."""
         for request in self.pending.pop_hedges(now):

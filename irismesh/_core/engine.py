@@ -831,6 +831,7 @@ class MeshCore(CoreApi):
             self.serving = self._handshake.clusters = self._allowed_to_serve()
             self.calls.rights = own.rights
             self.calls.linked.clear()
+            self.calls.fail_forbidden()
             self.pubsub.rights_changed(own.rights)
             self.stats["grants_changed"] += 1
             self._retag()

@@ -220,7 +220,7 @@ def test_an_expired_grant_stops_and_a_renewed_file_is_taken(tmp_path: Path) -> N
                 async def works() -> bool:
                     try:
                         return await caller.request("db", b"y", timeout=1) == b"y"
-                    except Forbidden:
+                    except (Forbidden, irismesh.RequestTimeout):  # not yet taken; redialling
                         return False
 
                 # Taken within two polls of the file; a busy machine may add the redial to
@@ -231,6 +231,50 @@ def test_an_expired_grant_stops_and_a_renewed_file_is_taken(tmp_path: Path) -> N
                     renewed = await works()
                     await asyncio.sleep(0.05)
                 assert renewed
+
+    asyncio.run(main())
+
+
+def test_a_call_in_flight_fails_forbidden_when_the_grant_stops_allowing_it(
+    tmp_path: Path,
+) -> None:
+    """The grant file is rewritten without `call db` while a request waits on db's handler:
+    the request fails with Forbidden within two polls of the file, not at its deadline, and
+    the member hears that the caller gave up."""
+
+    async def main() -> None:
+        keys = keyring()
+        identity = Identity.generate()
+        path = tmp_path / "caller.grant"
+        AUTHORITY.grant(identity.public, Rights(call=("db",))).save(path)
+        arrived = asyncio.Event()
+        release = asyncio.Event()
+
+        async def slow(payload: bytes) -> bytes:
+            arrived.set()
+            await release.wait()
+            return payload
+
+        async with node(keys, Rights(serve=("db",)), "db") as member:
+            member.on_request(slow)
+            async with irismesh.Node(
+                keyring=keys,
+                identity=identity,
+                grant=path,
+                seeds=[member.endpoint],
+                discovery=False,
+            ) as caller:
+                await caller.wait_for_members("db", timeout=5)
+                call = asyncio.ensure_future(caller.request("db", b"x", timeout=60))
+                await asyncio.wait_for(arrived.wait(), 5)
+                AUTHORITY.grant(identity.public, Rights(call=("other",))).save(path)
+                with pytest.raises(Forbidden):
+                    await asyncio.wait_for(call, 5)
+                assert caller.stats["calls_forbidden"] == 1
+                await wait_until(
+                    lambda: member.stats.get("cancels_received", 0) == 1, 5, "the member heard"
+                )
+                release.set()
 
     asyncio.run(main())
 
