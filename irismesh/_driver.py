@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 
 from irismesh._core.engine import MeshCore
-from irismesh._core.events import CloseLink, Event, OpenLink, RequestArrived
+from irismesh._core.events import CloseLink, Event, OpenLink, RequestArrived, TracedRequestArrived
 from irismesh._datagrams import DatagramSocket
 from irismesh._spin import Spin
 
@@ -54,7 +54,9 @@ def urgent_first(events: list[Event]) -> list[Event]:
     urgent: list[RequestArrived] = []
     rest: list[Event] = []
     for event in events:
-        if type(event) is RequestArrived and event.priority > 0:
+        if (type(event) is RequestArrived or type(event) is TracedRequestArrived) and (
+            event.priority > 0
+        ):
             urgent.append(event)
         else:
             rest.append(event)

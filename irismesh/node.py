@@ -48,6 +48,7 @@ from irismesh._core.events import (
     RequestArrived,
     RequestCancelled,
     Token,
+    TracedRequestArrived,
 )
 from irismesh._core.frames import MAX_CLUSTERS, Kind, pack_error
 from irismesh._core.gossip import MAX_NAME
@@ -345,6 +346,7 @@ class Node(
         self._handlers: dict[type[Any], Callable[[Any], None]] = {}
         self._caller.listen(self._listen)
         self._listen(RequestArrived, self._on_request)
+        self._listen(TracedRequestArrived, self._on_traced_request)
         self._listen(RequestCancelled, self._on_cancelled)
         self._listen(PeerUp, self._on_membership)
         self._listen(PeerDown, self._on_membership)
@@ -578,20 +580,25 @@ class Node(
             if handler is not None:
                 handler(event)
 
-    def _on_request(self, event: RequestArrived) -> None:
+    def _on_request(self, event: RequestArrived, traced: bool = False) -> None:
+        """A request for a cluster this node serves, to the runner of its kind. `traced`: it
+        came with its caller's trace context (a TracedRequestArrived, `_on_traced_request`)."""
         if self._memory_runner is not None and event.cluster == MEMORY_CLUSTER:
             if self.grants.required and self._memory_refused(event):
                 return
-            self._memory_runner.run(event)
+            self._memory_runner.run(event, traced)
             return
         if event.kind == _KIND_REQUEST:
-            self._runner.run(event)
+            self._runner.run(event, traced)
         elif event.kind == _KIND_JOB:
-            self._queued.run(event)
+            self._queued.run(event, traced)
         elif event.kind == _KIND_BROADCAST:
-            self._broadcasts.run(event)
+            self._broadcasts.run(event, traced)
         else:
-            (self._surveys or self._runner).run(event)
+            (self._surveys or self._runner).run(event, traced)
+
+    def _on_traced_request(self, event: TracedRequestArrived) -> None:
+        self._on_request(event, True)
 
     def _memory_refused(self, event: RequestArrived) -> bool:
         """With grants required, a memory member checks its callers' topic rights (`refused`

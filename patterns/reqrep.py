@@ -205,12 +205,18 @@ class HandlerRunner:
 
     # ----------------------------------------------------------------- admission
 
-    def run(self, event: RequestArrived) -> None:
+    def run(self, event: RequestArrived, traced: bool = False) -> None:
+        """Run `event`'s handler, now or once admission lets it (or forward it). `traced`: it
+        came with its caller's trace context (a TracedRequestArrived, or a job made from
+        one), which its handler then runs in."""
         admission = self.admission
         if admission is None:
             forward = self.forward
             if forward is None:
-                self._start(event, 0.0)
+                if traced:
+                    self._start_traced(event, 0.0)
+                else:
+                    self._start(event, 0.0)
                 return
             serving = self._serving
             if serving is not None:  # a forwarded request is counted, not timed
@@ -225,7 +231,10 @@ class HandlerRunner:
             event, event.deadline, now, shed, priority, may_start=self._spent < SLICE
         )
         if verdict is None:
-            self._start(event, now)
+            if traced:
+                self._start_traced(event, now)
+            else:
+                self._start(event, now)
             if not shed:
                 return
         elif verdict == "queued":
@@ -280,7 +289,10 @@ class HandlerRunner:
             if event is None:
                 break
             self._waiting.pop(event.token[:2], None)
-            self._start(event, now)
+            if event.trace:
+                self._start_traced(event, now)
+            else:
+                self._start(event, now)
         for item, reason in shed:
             self._reject(item, reason)
         if admission.waiting and admission.can_start:  # the slice is over: the rest next turn
@@ -339,10 +351,8 @@ class HandlerRunner:
 
     # ----------------------------------------------------------------- running
 
-    def _start(self, event: RequestArrived, now: float, entered: bool = False) -> None:
-        if event.trace and not entered:  # the handler runs in its caller's trace
-            self._start_traced(event, now)
-            return
+    def _start(self, event: RequestArrived, now: float) -> None:
+        """Run `event`'s handler (admitted): `_start_traced` runs it in its caller's trace."""
         # Telemetry times one run in `sample_every` (see Series): `started` is 0 for the others.
         serving = self._serving
         if serving is None:
@@ -429,7 +439,7 @@ class HandlerRunner:
         running ends with its answer (`_finish`, `_fail`)."""
         traced = self._enter(event)
         try:
-            self._start(event, now, True)
+            self._start(event, now)
         finally:
             self._leave(traced)
         if self._spans and event.token[:2] not in self._active:
@@ -930,7 +940,7 @@ class Caller:
         if tracing is None:
             try:
                 return core.calls.request(
-                    cluster, payload, timeout, now, hedge, kind, priority, parent
+                    cluster, payload, timeout, now, hedge, kind, priority, parent or None
                 )
             except MeshError as exc:
                 if self._telemetry is not None:
@@ -939,7 +949,7 @@ class Caller:
         span, trace = tracing.call(cluster, METHODS.get(kind, "request"), parent)
         try:
             req_id = core.calls.request(
-                cluster, payload, timeout, now, hedge, kind, priority, trace
+                cluster, payload, timeout, now, hedge, kind, priority, trace or None
             )
         except MeshError as exc:
             tracing.end(span, exc)

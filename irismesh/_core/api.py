@@ -136,7 +136,9 @@ class CoreApi:
         priority: int = 0,
         trace: bytes = b"",
     ) -> int:
-        return self.calls.request(cluster, payload, timeout, now, hedge, kind, priority, trace)
+        return self.calls.request(
+            cluster, payload, timeout, now, hedge, kind, priority, trace if trace else None
+        )
 
     def fanout(
         self,
@@ -147,7 +149,7 @@ class CoreApi:
         now: float,
         trace: bytes = b"",
     ) -> list[tuple[int, bytes]]:
-        return self.calls.fanout(kind, cluster, payload, timeout, now, trace)
+        return self.calls.fanout(kind, cluster, payload, timeout, now, trace if trace else None)
 
     def request_link(self, req_id: int) -> int:
         return self.calls.request_link(req_id)

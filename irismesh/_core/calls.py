@@ -59,6 +59,7 @@ from irismesh._core.events import (
     RequestCancelled,
     RequestFailed,
     Token,
+    TracedRequestArrived,
 )
 from irismesh._core.frames import (
     ACKS,
@@ -225,7 +226,7 @@ class Calls(LinkObserver):
         hedge: float | None = None,
         kind: int = _REQUEST,
         priority: int = 0,
-        trace: bytes = b"",
+        trace: bytes | None = None,
     ) -> int:
         """Send a request to one member of `cluster`; returns its id for the events.
 
@@ -267,7 +268,7 @@ class Calls(LinkObserver):
         )
         if priority:
             request.priority = priority
-        if trace:
+        if trace is not None:
             request.trace = trace
         self.pending.add(request)
         if hedge is not None and hedge < timeout and len(members) > 1:
@@ -286,7 +287,7 @@ class Calls(LinkObserver):
         payload: bytes,
         timeout: float,
         now: float,
-        trace: bytes = b"",
+        trace: bytes | None = None,
     ) -> list[tuple[int, bytes]]:
         """Send a BROADCAST or SURVEY to every live member: [(req id, member id), ...]."""
         members = self.members_for(cluster, len(payload), 0, now)
@@ -344,7 +345,7 @@ class Calls(LinkObserver):
         timeout: float,
         kind: int = _REQUEST,
         priority: int = 0,
-        trace: bytes = b"",
+        trace: bytes | None = None,
     ) -> None:
         # The hot path: encode_header and encode_request inlined (measured).
         link.outstanding += 1
@@ -361,7 +362,7 @@ class Calls(LinkObserver):
             body = _pack_request(req_id, timeout_ms, rank | n) + ACKS[n].pack(*acks) + payload
         else:
             body = _pack_request(req_id, timeout_ms, rank) + payload
-        if trace and link.traces:  # frames.encode_traced, inlined
+        if trace is not None and link.traces:  # frames.encode_traced, inlined
             body = _pack_trace(kind, len(trace)) + trace + body
             kind = _TRACED
         outbox = self._outbox
@@ -407,7 +408,7 @@ class Calls(LinkObserver):
         now: float,
         kind: int,
         priority: int,
-        trace: bytes,
+        trace: bytes | None,
     ) -> int:
         """A request that waits for a member's link to come up (`link_up`) or its deadline."""
         req_id = self._next_req
@@ -636,7 +637,7 @@ class Calls(LinkObserver):
         kind: int,
         start: int = 0,
         end: int = -1,
-        trace: bytes = b"",
+        trace: bytes | None = None,
     ) -> None:
         """A REQUEST (or BROADCAST, SURVEY, JOB): all of `body`, or its entry
         `body[start:end]` in a BATCH; with the caller's `trace` context, if it sent one."""
@@ -674,11 +675,13 @@ class Calls(LinkObserver):
             if priority > 0:
                 self.urgent = True  # the driver hands these to the handlers first
             self._stats["requests_arrived_" + label(priority)] += 1
+        arrived: RequestArrived
+        if trace is not None:  # an event of its own type: plain requests' handlers never look
+            arrived = TracedRequestArrived(token, cluster, payload, kind, deadline, priority, trace)
+        elif priority:
             arrived = RequestArrived(token, cluster, payload, kind, deadline, priority)
         else:
             arrived = RequestArrived(token, cluster, payload, kind, deadline)
-        if trace:
-            arrived.trace = trace
         self._outbox.events.append(arrived)
 
     def _refuse(self, link: InLink, slot: int, req_id: int, deadline: float) -> None:
@@ -767,7 +770,7 @@ class Calls(LinkObserver):
         now: float,
         token: Token,
         priority: int,
-        trace: bytes,
+        trace: bytes | None,
     ) -> None:
         """A request for a relayed cluster: to the other core now (see `relays`)."""
         self._stats["requests_relayed"] += 1
@@ -784,7 +787,7 @@ class Calls(LinkObserver):
         now: float,
         back: Calls,
         token: Token,
-        trace: bytes = b"",
+        trace: bytes | None = None,
     ) -> None:
         """Ask this core's mesh for a request the core `back` took (request `token` there),
         with its caller's `trace` context as it came: its reply is answered there as it

@@ -57,6 +57,14 @@ class RequestArrived(Value):
         self.trace = trace
 
 
+class TracedRequestArrived(RequestArrived):
+    """A RequestArrived that came with its caller's trace context (`trace`, never empty).
+    A type of its own, dispatched by type as every event is: the handlers of the requests
+    that came without one never test for it."""
+
+    __slots__ = ()
+
+
 class RequestCancelled(Value):
     """The caller of request `token` gave up on it (cancelled it, or a hedge's other copy won):
     if it still waits, drop it; if its handler runs, cancel it."""
@@ -240,6 +248,7 @@ class CloseLink(Frozen):
 
 Event = (
     RequestArrived
+    | TracedRequestArrived
     | RequestCancelled
     | ReplyArrived
     | RequestFailed

@@ -12,11 +12,12 @@ take a member out of the caller's rotation for a cluster:
 - success rate: over the last `interval`, with at least `min_requests` of the caller's requests
   answered or timed out there, its share of good replies is more than `success_rate_gap` below
   the median of the other members' (those with as many requests). Timeouts count against it
-  here: a member that stops answering while its peers answer stands out, while a caller whose
-  own overload lets every member's requests time out sees the members alike and ejects nobody;
-  and they do not count while a member of the cluster turned requests away in the interval
-  (the cluster is overloaded: one member may shed while another, as loaded, lets its queue
-  time out before it sheds).
+  here: a member that stops answering while its peers answer stands out. They do not count
+  when every member asked let some time out (a caller whose own overload, a loop too busy to
+  take its replies, lets requests time out sees it at every member, unevenly), nor while a
+  member of the cluster turned requests away, in the interval or the one before (the cluster
+  is overloaded: one member may shed while another, as loaded, lets its queue time out
+  before it sheds).
 - latency: with as many requests in the interval, none of them turned away, its latency
   estimate (the balancer's) is `latency_factor` times the median of the other members' and
   `latency_floor` seconds above it.
@@ -159,6 +160,7 @@ class OutlierEjection:
         # cluster -> (the members list it was made from, those in rotation)
         self._rotations: dict[str, tuple[list[OutLink], list[OutLink]]] = {}
         self._next_sweep = 0.0
+        self._shed_lately: set[str] = set()  # clusters a member of which shed load last interval
         self._next_readmission = float("inf")  # the earliest ejection's end
         self.unshared = False  # the ejections changed since `shared` last said which
 
@@ -266,16 +268,26 @@ class OutlierEjection:
                 if slot:
                     clusters.setdefault(cluster, []).append(link)
         cfg = self.config
+        shed: set[str] = set()
         for cluster, members in clusters.items():
             if len(members) < 2:
                 continue
             judged: list[OutLink] = []
             rates: dict[bytes, float] = {}
             # A member that sheds load says the cluster is overloaded: the timeouts in the
-            # interval, at every member, are the overload's.
-            shedding = any(m.refusals for m in members)
+            # interval (and the next: an overload outlasts an interval), at every member, are
+            # the overload's. So are they when every member asked let some time out: a caller
+            # whose own loop is too busy to take its replies in time sees it at every member.
+            overloaded = any(m.refusals for m in members)
+            if overloaded:
+                shed.add(cluster)
+            elif cluster in self._shed_lately:
+                overloaded = True
+            else:
+                asked_any = [m for m in members if m.replies or m.timeouts]
+                overloaded = len(asked_any) > 1 and all(m.timeouts for m in asked_any)
             for m in members:
-                asked = m.replies + (0 if shedding else m.timeouts)
+                asked = m.replies + (0 if overloaded else m.timeouts)
                 if asked >= cfg.min_requests:
                     judged.append(m)
                     rates[m.peer_id] = (m.replies - m.errors) / asked
@@ -299,6 +311,7 @@ class OutlierEjection:
                     and link.latency - typical >= cfg.latency_floor
                 ):
                     self._eject(cluster, link, members, LATENCY, now)
+        self._shed_lately = shed
 
     # ----------------------------------------------------------------- ejecting
 

@@ -54,7 +54,7 @@ class PendingRequest:
         hedge_at: float = float("inf"),
         refused: list[bytes] | None = None,  # members that turned it away unrun
         priority: int = 0,  # higher is more important (`priority`)
-        trace: bytes = b"",  # the caller's trace context, sent with every copy (b"": none)
+        trace: bytes | None = None,  # the caller's trace context, sent with every copy
     ) -> None:
         self.req_id = req_id
         self.cluster = cluster

@@ -34,7 +34,9 @@ def _fields_of(cls: type) -> tuple[str, ...]:
         if native is not None:
             fields = tuple(native)
         else:
-            notes = inspect.get_annotations(cls)
+            notes: dict[str, object] = {}
+            for klass in reversed(cls.__mro__):  # a subclass's fields follow its bases'
+                notes.update(inspect.get_annotations(klass))
             fields = tuple(name for name, note in notes.items() if "ClassVar" not in str(note))
         _FIELDS[cls] = fields
     return fields

@@ -73,7 +73,7 @@ class QueuedJobs:
         runner.pool = pool
         self.own_handler = True
 
-    def run(self, event: RequestArrived) -> None:
+    def run(self, event: RequestArrived, traced: bool = False) -> None:
         payload = event.payload
         if len(payload) < MESSAGE_ID_SIZE:
             self.stats["jobs_malformed"] += 1
@@ -105,7 +105,8 @@ class QueuedJobs:
         runner.run(
             RequestArrived(
                 event.token, event.cluster, job, event.kind, event.deadline, 0, event.trace
-            )
+            ),
+            traced,
         )
 
     def _ended(self, token: Token) -> tuple[bytes | None, list[Token]]:

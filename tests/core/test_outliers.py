@@ -252,6 +252,34 @@ def test_timeouts_while_another_member_sheds_load_are_the_overloads_too() -> Non
     assert sweep.judge() == {2}
 
 
+def test_timeouts_at_every_member_are_the_callers_overload_however_uneven() -> None:
+    """A caller too busy to take its replies in time sees timeouts at every member, and
+    unevenly: nobody is ejected for them. One member that alone lets requests time out is."""
+    sweep = Sweep(3)
+    links = sweep.interval(replies=50)
+    for link, timeouts in zip(links, (40, 3, 1), strict=True):
+        link.timeouts = timeouts
+    assert sweep.judge() == set()
+    links = sweep.interval(replies=50)
+    links[0].timeouts = 40
+    assert sweep.judge(2.0) == {0}
+
+
+def test_an_overload_outlasts_the_interval_it_was_shed_in() -> None:
+    """A member shed load in one interval: the next interval's timeouts are still the
+    overload's; the interval after that judges them again."""
+    sweep = Sweep(2)
+    links = sweep.interval(replies=50)
+    links[0].refusals = 10
+    assert sweep.judge(1.0) == set()
+    links = sweep.interval(replies=50)
+    links[1].timeouts = 50
+    assert sweep.judge(2.0) == set()
+    links = sweep.interval(replies=50)
+    links[1].timeouts = 50
+    assert sweep.judge(3.0) == {1}
+
+
 def test_too_few_requests_are_not_judged() -> None:
     sweep = Sweep(3)
     links = sweep.interval(replies=FAST.min_requests - 1)

@@ -183,14 +183,28 @@ def test_link_tables_start_with_their_defaults_and_tables_of_their_own() -> None
 
 
 def _declared(cls: type) -> list[str]:
-    """The names annotated in `cls`'s body, in order, read from its source."""
+    """The names annotated in `cls`'s body, in order, read from its source: after those of
+    its bases in the same module (a subclass's fields follow its base's)."""
     name = cls.__module__.rsplit(".", 1)[1]
     source = (Path(core.__file__).parent / f"{name}.py").read_text()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ClassDef) and node.name == cls.__name__:
-            body = [item for item in node.body if isinstance(item, ast.AnnAssign)]
-            return [item.target.id for item in body if isinstance(item.target, ast.Name)]
-    raise AssertionError(f"no class {cls.__name__}")
+    classes = {
+        node.name: node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ClassDef)
+    }
+
+    def fields(node: ast.ClassDef) -> list[str]:
+        inherited = [
+            field
+            for base in node.bases
+            if isinstance(base, ast.Name) and base.id in classes
+            for field in fields(classes[base.id])
+        ]
+        body = [item for item in node.body if isinstance(item, ast.AnnAssign)]
+        own = [item.target.id for item in body if isinstance(item.target, ast.Name)]
+        return inherited + own
+
+    if cls.__name__ not in classes:
+        raise AssertionError(f"no class {cls.__name__}")
+    return fields(classes[cls.__name__])
 
 
 def test_every_plain_class_finds_its_fields_in_the_order_declared() -> None:

@@ -11,7 +11,12 @@ from hypothesis import strategies as st
 from memnet import MemNet, MemNode, echo, mesh
 
 from irismesh._core.config import CoreConfig
-from irismesh._core.events import MessagesArrived, TunnelArrived
+from irismesh._core.events import (
+    MessagesArrived,
+    RequestArrived,
+    TracedRequestArrived,
+    TunnelArrived,
+)
 from irismesh._core.frames import (
     MAX_TRACE,
     Kind,
@@ -94,6 +99,8 @@ def test_a_request_carries_its_trace_context_and_one_without_carries_nothing(
     net.collect(client)
     net.run(net.now)
     assert [(e.payload, e.trace) for e in member.arrived] == [(b"a", TRACE), (b"b", b"")]
+    # A type of its own for the one with context: a member's handlers dispatch on the type.
+    assert [type(e) for e in member.arrived] == [TracedRequestArrived, RequestArrived]
     member.core.seal_staged()
     net.collect(member)
     net.run(net.now)
