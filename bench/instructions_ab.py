@@ -51,6 +51,7 @@ class Workload:
     """What a counted run runs, and how its figures read."""
 
     one_process: bool
+    steady: bool = False  # request_loop.py --steady: no time-based turns
 
     @property
     def sides(self) -> tuple[str, ...]:
@@ -77,6 +78,7 @@ class Workload:
 
 
 ONE_PROCESS = Workload(one_process=True)
+STEADY = Workload(one_process=True, steady=True)
 TWO_PROCESSES = Workload(one_process=False)
 
 
@@ -116,6 +118,7 @@ def count(
             str(script),
             *("--requests", str(requests), "--outstanding", str(flight)),
             *(() if work.one_process else ("--rounds", "1")),
+            *(("--steady",) if work.steady else ()),
         ]
         done = subprocess.run(
             command,
@@ -216,6 +219,11 @@ def main() -> int:
         action="store_true",
         help="count cpu_per_request.py's two processes (per side) instead of request_loop.py's one",
     )
+    parser.add_argument(
+        "--steady",
+        action="store_true",
+        help="request_loop.py --steady: no time-based turns (less spread under load)",
+    )
     parser.add_argument("--json", metavar="PATH", help="write every round's figures there")
     args = parse_args(parser, refuse=False)
     try:
@@ -233,6 +241,10 @@ def main() -> int:
         parser.error("valgrind is not installed (Debian: apt-get install valgrind)")
     try:
         work = TWO_PROCESSES if args.processes else ONE_PROCESS
+        if args.steady:
+            if args.processes:
+                parser.error("--steady counts request_loop.py: not with --processes")
+            work = STEADY
         figures = measure(valgrind, work, builds, args.rounds, (n_low, n_high), args.outstanding)
     except RunFailed as exc:
         print(f"instructions_ab: {exc}", file=sys.stderr)

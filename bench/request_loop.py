@@ -1,6 +1,6 @@
 """A member and a caller in one process, on one event loop: requests and nothing else.
 
-    python bench/request_loop.py [--requests 4000] [--outstanding 1] [--size 100]
+    python bench/request_loop.py [--requests 4000] [--outstanding 1] [--size 100] [--steady]
 
 The member (a `Node` of cluster `echo`, a plain handler returning the payload) and a caller
 (`Node` seeded with the member's endpoint, discovery off) share a keyring and this process's
@@ -8,7 +8,9 @@ loop and talk over a real link on 127.0.0.1, sealed, telemetry on. The caller wa
 --requests requests, then sends --requests more, --outstanding in flight. On one thread the
 two sides run in an order the loop fixes, not the scheduler: the work of a run is the same
 from run to run, which is what `instructions_ab.py --one-process` counts. It uses only the
-public API, so any build can run it.
+public API, so any build can run it. `--steady` also takes out the slices of time after which
+the handlers and the callers give the loop a turn (a clock's reading, so how often depends on
+how fast the run goes, under valgrind on how busy the machine is).
 """
 
 from __future__ import annotations
@@ -44,6 +46,15 @@ QUIET = {"heartbeat_interval": 10.0, "dead_after": 30.0, "max_silence": 60.0}
 QUIET_MEMBERSHIP = {"probe_interval": 10.0, "probe_timeout": 5.0, "gossip_interval": 10.0}
 
 
+def steady() -> None:
+    """No time-based turns: the handlers' slice (`patterns.reqrep.SLICE`) and the callers'
+    (`irismesh._turns.SLICE`) never run out, in every build that has them."""
+    from irismesh import _turns
+    from irismesh.patterns import reqrep
+
+    reqrep.SLICE = _turns.SLICE = float("inf")
+
+
 async def run(count: int, flight: int, size: int) -> None:
     keys = irismesh.Keyring.generate()
     membership = MembershipConfig(**QUIET_MEMBERSHIP)
@@ -69,9 +80,12 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=4000)
     parser.add_argument("--outstanding", type=int, default=1)
     parser.add_argument("--size", type=int, default=100)
+    parser.add_argument("--steady", action="store_true", help="no time-based turns (see above)")
     args = parser.parse_args()
     if args.requests < 1 or args.outstanding < 1 or args.size < 0:
         parser.error("--requests and --outstanding at least 1, --size at least 0")
+    if args.steady:
+        steady()
     irismesh.run(run(args.requests, args.outstanding, args.size))
     return 0
 

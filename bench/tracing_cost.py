@@ -29,10 +29,11 @@ the time); `--json` writes every round's figures and loads. Run it from outside 
 with this build's interpreter.
 
 `--instructions` counts instead of timing: main and off (tracing off) each run
-`request_loop.py` (a member and a caller in one process, one request in flight) under valgrind
-in interleaved rounds (bench/instructions_ab.py), and the target holds when off costs at most
-1/0.99 of main's instructions a request. A count repeats within about 0.1% from run to run,
-where a timed round on a shared machine moves tens of percent.
+`request_loop.py --steady` (a member and a caller in one process, `--outstanding` requests in
+flight, no time-based turns) under valgrind in interleaved rounds (bench/instructions_ab.py),
+and the target holds when off costs at most 1/0.99 of main's instructions a request. A count
+repeats within about 0.1% (one in flight) to 0.5% (100) from run to run, where a timed round
+on a shared machine moves tens of percent.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ import sys
 
 from _harness import find_executable, parse_args
 from builds_ab import BENCHES, run_once
-from instructions_ab import ONE_PROCESS, RunFailed, measure, report
+from instructions_ab import STEADY, RunFailed, measure, report
 
 TARGET = 0.99
 BUILDS = ("main", "off", "on")
@@ -72,11 +73,11 @@ def by_instructions(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error("--instructions needs valgrind (Debian: apt-get install valgrind)")
     builds = [("main", args.main, {}), ("off", sys.executable, {"IRISMESH_TRACING": "0"})]
     try:
-        figures = measure(valgrind, ONE_PROCESS, builds, args.rounds, (1000, 4000), 1)
+        figures = measure(valgrind, STEADY, builds, args.rounds, (1000, 4000), args.outstanding)
     except RunFailed as exc:
         print(f"tracing_cost: {exc}", file=sys.stderr)
         return 2
-    summary = report(ONE_PROCESS, builds, figures, 1)
+    summary = report(STEADY, builds, figures, args.outstanding)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out:
             json.dump({"main": args.main, "figures": figures, "summary": summary}, out, indent=1)
@@ -102,6 +103,9 @@ def main() -> int:
     parser.add_argument("--json", metavar="PATH", help="write every round's figures there")
     counting = "count main's and off's instructions a request under valgrind instead of timing"
     parser.add_argument("--instructions", action="store_true", help=counting)
+    parser.add_argument(
+        "--outstanding", type=int, default=1, help="with --instructions: requests in flight"
+    )
     args = parse_args(parser, refuse=False)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
