@@ -441,7 +441,7 @@ async def test_a_member_of_the_previous_release_is_still_copied_from(
     try:
         await new.start()
         await wait_until(lambda: new.stats.get("memory_jobs_pending", 0) == 5, 20, "the copies")
-        await wait_until(lambda: new._catching_up.done(), 20, "the catch-up")
+        await asyncio.wait_for(new.caught_up(), 20)
         learnt = new.memory.member
         assert learnt is not None
         ids = [job.id for job in finished]
@@ -506,7 +506,7 @@ async def test_a_week_of_tombstones_comes_a_page_at_a_time_and_a_starting_member
 
         fresh = irismesh.Node(keyring=keys, memory=tmp_path / "fresh", seeds=[first.endpoint])
         await fresh.start()
-        await wait_until(lambda: fresh._catching_up.done(), 30, "the catch-up")
+        await asyncio.wait_for(fresh.caught_up(), 30)
         assert await tombstones_held(fresh) == stones
         assert fresh.stats["memory_jobs_pending"] == len(jobs)
         assert fresh.stats.get("jobs_catch_up_incomplete", 0) == 0
