@@ -256,8 +256,10 @@ class JobStore:
 
     def finished_at(self, tombstones: Iterable[Tombstone], now: float) -> int:
         """Jobs another member finished, at the times given: forgotten here, their ids kept
-        from those times (one already past keeping is not kept); how many were held here."""
-        kept = [(t.id, t.done_at) for t in tombstones if t.done_at >= now - TOMBSTONE_KEEP]
+        from those times (one already past keeping is not kept; one ahead of `now`, another
+        machine's clock, is kept from now); how many were held here."""
+        oldest = now - TOMBSTONE_KEEP
+        kept = [(t.id, min(t.done_at, now)) for t in tombstones if t.done_at >= oldest]
         db = self._db
         with self._transaction():
             held = sum(db.execute("DELETE FROM jobs WHERE id = ?", (i,)).rowcount for i, _ in kept)
