@@ -3,6 +3,7 @@
     python bench/memory.py [--paths 10000] [--messages 1000000] [--size 100] [--rounds 15]
                            [--publishes 2000] [--jobs 2000] [--quick]
                            [--only-versus] [--versus-publishes 20000] [--versus-paths 1000]
+                           [--only-tombstones 150000,500000]
 
 1. Fills one memory store with --messages retained messages spread over --paths paths (each
    path's messages a publisher's successive versions), then copies it, so that two memory
@@ -28,6 +29,11 @@
    of the rounds' rates and rereads.
    JetStream needs `nats-server` (Debian: `apt-get install -y nats-server`) and nats-py (the
    `bench` extra); without either its column says why it is missing.
+7. --only-tombstones 150000,500000 (this step alone): for each count, a memory member (`mesh
+   memory`, a process of its own) that finished that many jobs over the last six days, and a
+   memory member that starts empty in this process: the seconds from its start to the end of
+   its catch-up (`caught_up`), in which it learns every tombstone and copies 100 jobs held,
+   --rounds rounds (each starting empty again; 3 unless given).
 
 Medians and p90 of one run; figures in bench/README.md.
 """
@@ -53,6 +59,7 @@ from rich.table import Table
 
 import irismesh
 from irismesh.memory import MemoryStore, Retention, message_id
+from irismesh.memory.jobs import Job, JobStore, Tombstone
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness as harness
@@ -421,6 +428,58 @@ def versus(args: argparse.Namespace, root: Path) -> Table:
     return table
 
 
+def tombstones(keys: irismesh.Keyring, root: Path, counts: list[int], rounds: int) -> Table:
+    """Step 7: a starting member's catch-up on `counts` tombstones, `rounds` times each."""
+    table = Table(title=f"a starting memory member's catch-up on tombstones; median of {rounds}")
+    for column in ("tombstones", "start to caught up", "tombstones/s"):
+        table.add_column(column, justify="right")
+    keyfile = root / "mesh.keys"
+    keys.save(keyfile)
+    for count in counts:
+        source = root / f"finished-{count}"
+        store = MemoryStore(source, keys)
+        jobs = JobStore(store)
+        now = time.time()
+        step = 6 * 24 * 3600 / count
+        node = os.urandom(16)
+        jobs.finished_at(
+            (
+                Tombstone(now - 6 * 24 * 3600 + i * step, message_id(node, i, now))
+                for i in range(count)
+            ),
+            now,
+        )
+        jobs.add(
+            Job(message_id(node, count + i, now), "work", b"j" * 100, now, now + 3600)
+            for i in range(100)
+        )
+        store.close()
+        with harness.ChildProcesses() as procs:
+            seed = start_member(procs, source, keyfile, None, sync="os")
+            samples = [
+                asyncio.run(catch_up(keys, seed, root / f"fresh-{count}-{i}", count))
+                for i in range(rounds)
+            ]
+        seconds = statistics.median(samples)
+        table.add_row(f"{count:,}", f"{seconds:.2f} s", f"{count / seconds:,.0f}")
+    return table
+
+
+async def catch_up(keys: irismesh.Keyring, seed: str, data: Path, count: int) -> float:
+    """Seconds from a memory member's start to the end of its catch-up, checked whole."""
+    began = time.perf_counter()
+    async with irismesh.Node(keyring=keys, memory=data, seeds=[seed], telemetry=False) as node:
+        await node.caught_up()
+        seconds = time.perf_counter() - began
+        member = node.memory.member
+        assert member is not None
+        learnt = await member.run(member.jobs.tombstones, 0.0, count + 1)
+        assert len(learnt) == count, f"{len(learnt):,} tombstones, wanted {count:,}"
+        assert node.stats["memory_jobs_pending"] == 100
+        assert node.stats.get("jobs_catch_up_incomplete", 0) == 0
+    return seconds
+
+
 def main() -> int:
     parser = harness.rounds_parser(__doc__, rounds=15)
     parser.add_argument("--paths", type=int, default=10_000)
@@ -431,7 +490,14 @@ def main() -> int:
     parser.add_argument("--only-versus", action="store_true", help="step 6 alone")
     parser.add_argument("--versus-publishes", type=int, default=20_000)
     parser.add_argument("--versus-paths", type=int, default=1000)
+    parser.add_argument("--only-tombstones", help="step 7 alone: tombstone counts, 150000,...")
     args = harness.parse_args(parser)
+    if args.only_tombstones:
+        counts = [int(count) for count in args.only_tombstones.split(",")]
+        rounds = args.rounds if "--rounds" in sys.argv else 3
+        with tempfile.TemporaryDirectory(prefix="irismesh-memory-bench-") as tmp:
+            Console().print(tombstones(irismesh.Keyring.generate(), Path(tmp), counts, rounds))
+        return 0
     if args.only_versus:
         with tempfile.TemporaryDirectory(prefix="irismesh-memory-bench-") as tmp:
             Console().print(versus(args, Path(tmp)))

@@ -9,6 +9,12 @@ id for a while (a tombstone), so a member that was away learns that the job is d
 not hand it out again. A job whose handler failed is tried again, `max_attempts` times in all,
 then set aside (dead-lettered) and counted; a job past its expiry is dropped and counted.
 
+Tombstones are read a page at a time in the order of (done_at, id), the order of their index:
+a busy mesh finishes hundreds of thousands of jobs in the week their ids are kept, far more
+than one answer can carry. A member that learns tombstones from another keeps their times, so
+a tombstone ends a week after its job was done wherever it is held, however often members
+copy it from each other.
+
 The jobs live in the memory's database (`MemoryStore.db`), in the same transactions' safety.
 """
 
@@ -19,7 +25,7 @@ import sqlite3
 from collections import Counter
 from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 import msgpack
 from cryptography.exceptions import InvalidTag
@@ -33,8 +39,10 @@ TOMBSTONE_KEEP: Final = 7 * 24 * 3600.0  # seconds a finished job's id is rememb
 _PAGE_ROWS: Final = 32  # jobs read from the database at a time while filling a page
 _JOB_ROOM: Final = 64  # a job's id, times and framing in an answer, at most
 
-# Tombstones are found by time too: a "jobs" request (every few seconds from the dispatcher)
-# reads those since a time, and `expire` drops the old ones.
+# Tombstones are found by time too: a starting member reads them page by page in (done_at, id)
+# order, and `expire` drops the old ones. The index on done_at serves both: a WITHOUT ROWID
+# table's index holds its primary key after its own columns, so it is ordered by (done_at, id)
+# and a page starts with a seek, whatever the tombstones before it.
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS jobs (
     id BLOB PRIMARY KEY,
@@ -63,6 +71,13 @@ class Job:
     expires_at: float
     attempts: int = 0
     trace: bytes = b""  # the W3C trace context it was queued in (b"": none)
+
+
+class Tombstone(NamedTuple):
+    """A finished job's id and when it was finished: also where a page of them goes on from."""
+
+    done_at: float
+    id: bytes
 
 
 class JobStore:
@@ -239,12 +254,47 @@ class JobStore:
         self.stats["jobs_expired"] += gone
         return gone
 
-    def tombstones(self, since: float) -> list[bytes]:
-        """Ids of the jobs finished since `since`."""
-        rows = self._db.execute(
-            "SELECT id FROM job_tombstones WHERE done_at >= ?", (since,)
-        ).fetchall()
-        return [bytes(r[0]) for r in rows]
+    def finished_at(self, tombstones: Iterable[Tombstone], now: float) -> int:
+        """Jobs another member finished, at the times given: forgotten here, their ids kept
+        from those times (one already past keeping is not kept; one ahead of `now`, another
+        machine's clock, is kept from now); how many were held here."""
+        oldest = now - TOMBSTONE_KEEP
+        kept = [(t.id, min(t.done_at, now)) for t in tombstones if t.done_at >= oldest]
+        db = self._db
+        with self._transaction():
+            held = sum(db.execute("DELETE FROM jobs WHERE id = ?", (i,)).rowcount for i, _ in kept)
+            db.executemany("INSERT OR IGNORE INTO job_tombstones VALUES (?, ?)", kept)
+        return held
+
+    def tombstones(
+        self, since: float, limit: int, after: Tombstone | None = None
+    ) -> list[Tombstone]:
+        """Up to `limit` tombstones of jobs finished since `since` and ordered after `after`
+        (None: from the first), oldest first."""
+        start = (since, b"") if after is None or after.done_at < since else after
+        try:
+            rows = self._db.execute(
+                "SELECT done_at, id FROM job_tombstones WHERE (done_at, id) > (?, ?)"
+                " ORDER BY done_at, id LIMIT ?",
+                (*start, limit),
+            ).fetchall()
+        except sqlite3.Error as exc:
+            raise StorageError(self._store.path, _reason(exc)) from None
+        return [Tombstone(float(done_at), bytes(job_id)) for done_at, job_id in rows]
+
+    def newest_tombstones(self, since: float, limit: int) -> list[bytes]:
+        """The ids of the `limit` jobs finished last since `since`, oldest first."""
+        if limit <= 0:
+            return []
+        try:
+            rows = self._db.execute(
+                "SELECT id FROM job_tombstones WHERE done_at >= ?"
+                " ORDER BY done_at DESC, id DESC LIMIT ?",
+                (since, limit),
+            ).fetchall()
+        except sqlite3.Error as exc:
+            raise StorageError(self._store.path, _reason(exc)) from None
+        return [bytes(r[0]) for r in reversed(rows)]
 
     def figures(self) -> dict[str, int]:
         counts = dict(
@@ -257,4 +307,4 @@ class JobStore:
         }
 
 
-__all__ = ["TOMBSTONE_KEEP", "Job", "JobStore"]
+__all__ = ["TOMBSTONE_KEEP", "Job", "JobStore", "Tombstone"]

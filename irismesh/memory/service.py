@@ -13,6 +13,7 @@ is msgpack requests, each answered by every member:
     ["done", [id, ...], at]  ->  [forgotten]
     ["jobs", since, after]  ->  [[[id, cluster, payload, enqueued_at, expires_at], ...],
                                  [done id, ...], next]
+    ["finished", since, after]  ->  [[[done_at, id], ...], next]
 
 An answer to "since" holds messages with ids after `id`, oldest first, up to PAGE_BYTES, and
 `next`, the id to ask after for more (None: no more): how a member that starts catches up with
@@ -22,14 +23,25 @@ of the page, to ask for the next one (None: that was the last). A caller asks ev
 each page.
 
 An answer to "jobs" holds the jobs waiting with ids after `after` (None: from the first),
-oldest first, up to PAGE_BYTES (at least one), the ids of the jobs finished since `since` (with
-the first page only), and `next`, the id to ask after for more (None: no more). A caller asks
-every member for each page after the least `next` of their answers, until none has more, for
-_JOB_PAGES pages and until a deadline at most: how a member that starts copies the others' jobs
-(`catch_up_jobs`) and how the dispatcher gathers those it lacks. The previous release knew only
-`["jobs", since]`, answered with every job it holds (up to 4096) and no `next`: a member still
-answers that form so, and a caller whose first page a member refused asks it again that way
-(an answer without `next` is all that member holds).
+oldest first, up to PAGE_BYTES (at least one), with the first page the ids of the jobs finished
+since `since` (the newest of them, half a page at most; those left out are counted as
+`jobs_answers_truncated`), and `next`, the id to ask after for more (None: no more). An answer
+to "finished" holds the tombstones kept since `since` ordered after the tombstone `after`
+([done_at, id]; None: from the first), by (done_at, id), oldest first, up to PAGE_BYTES, and
+`next`, the last of them, to ask after for more (None: no more). A caller asks every member
+for each page after the least `next` of their answers, until none has more, for _JOB_PAGES
+pages and until a deadline at most. So a member that starts learns the tombstones of the
+week (`catch_up_jobs`: a busy mesh finishes far more jobs in a week than one answer carries),
+then copies the others' jobs, and the dispatcher gathers those it lacks (with the ids finished
+since it asked: a handful). The tombstones keep their times where they are copied, so each
+ends a week after its job was done wherever it is held.
+
+The previous release knew only `["jobs", since]`, answered with every job it holds (up to
+4096) and every id finished since `since`, and no `next`: a member still answers that form,
+within PAGE_BYTES too: the jobs that fit, then the newest ids that fit in the room they leave
+(a truncation counted as above; the jobs left out wait for a later look). A caller whose first
+page of either paged request a member refused asks it that way (an answer without `next` is
+all that member holds; the ids in it are dated when they were learnt).
 
 Ids come from each node's hybrid logical clock (`store.clock_id`). A member takes the ids it
 stores into its clock and answers a store or an enqueue with its clock (`clock`, an id; earlier
@@ -60,12 +72,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 import msgpack
 
@@ -84,7 +97,7 @@ from irismesh.errors import (
     RequestTimeout,
 )
 from irismesh.memory import MAX_LATEST, MEMORY_CLUSTER
-from irismesh.memory.jobs import TOMBSTONE_KEEP, Job, JobStore
+from irismesh.memory.jobs import TOMBSTONE_KEEP, Job, JobStore, Tombstone
 from irismesh.memory.store import (
     ID_SIZE,
     MemoryStore,
@@ -99,6 +112,7 @@ from irismesh.memory.store import (
 )
 
 T = TypeVar("T")
+C = TypeVar("C", bytes, Tombstone)  # a paged request's cursor: a job id or a tombstone
 
 # A survey of the `_memory` cluster: (answers, errors, missing) by member, as Node.survey.
 Survey = Callable[
@@ -107,7 +121,7 @@ Survey = Callable[
 
 _STORE, _LATEST, _SINCE = "store", "latest", "since"
 _MAX_VERDICTS = 4096  # callers' rights decided, remembered at once
-_ENQUEUE, _DONE, _JOBS = "enqueue", "done", "jobs"
+_ENQUEUE, _DONE, _JOBS, _FINISHED = "enqueue", "done", "jobs", "finished"
 MAX_ATTEMPTS: Final = 5  # handler runs a job gets before it is set aside (dead-lettered)
 DISPATCH_TIMEOUT: Final = 30.0  # seconds a dispatched job may take, at most
 _IN_FLIGHT: Final = 64  # jobs a dispatcher has handled at once
@@ -118,8 +132,8 @@ _RETRY_AFTER: Final = 0.2  # seconds before a job that failed or found no member
 # handed out all it holds), and how long it waits for their answers.
 GATHER_EVERY: Final = 2.0
 _GATHER_TIMEOUT: Final = 5.0
-# Pages of jobs (PAGE_BYTES each) one catch-up or one look reads at most, and the seconds
-# a starting member's catch-up on jobs takes at most.
+# Pages (PAGE_BYTES each) of jobs, and of tombstones, that one catch-up or one look reads at
+# most, and the seconds a starting member's catch-up on jobs (tombstones first) takes at most.
 _JOB_PAGES: Final = 256
 _JOBS_CATCH_UP_FOR: Final = 60.0
 CATCH_UP_MARGIN: Final = 60.0  # seconds before its newest message a starting member asks from
@@ -137,6 +151,10 @@ _BATCH_TURNS: Final = 2
 _JOB_COUNTS: Final = ("jobs_enqueued", "jobs_enqueue_failed")
 RETAINED_ROOM: Final = 4096  # what a retained payload leaves of a frame for its envelope
 PAGE_BYTES: Final = 512 << 10  # an answer's payloads, well below a frame's limit
+_ID_BYTES: Final = ID_SIZE + 2  # an id in msgpack (bin 8)
+_TOMBSTONE_BYTES: Final = 1 + 9 + _ID_BYTES  # [done_at, id] in msgpack
+_ANSWER_ROOM: Final = 64  # an answer's arrays' headers and cursor, at most
+_FINISHED_PAGE: Final = (PAGE_BYTES - _ANSWER_ROOM) // _TOMBSTONE_BYTES  # tombstones a page
 _PAGE_PATHS: Final = 256  # paths read from the store at a time while filling a page
 
 
@@ -334,29 +352,75 @@ class MemoryMember:
             ids = [i for i in request[1] if type(i) is bytes and len(i) == ID_SIZE]
             with self._lock:
                 return _pack([self.jobs.finish(ids, float(request[2]))])
-        if op == _JOBS and 2 <= len(request) <= 3 and type(request[1]) in (int, float):
-            since = float(request[1])
-            if len(request) == 2:  # the previous release's form: all at once, as it expects
-                with self._lock:
-                    held = self.jobs.pending(_MAX_BATCH)
-                    done = self.jobs.tombstones(since)
-                return _pack([_job_rows(held), done])
-            after = request[2]
-            if after is not None and not (type(after) is bytes and len(after) == ID_SIZE):
-                self.stats["requests_malformed"] += 1
-                raise ConfigurationError("jobs' `after` is a job id or nil")
-            with self._lock:
-                # The finished ids with the first page only: a later page's jobs are those
-                # still held when it is read.
-                done = self.jobs.tombstones(since) if after is None else []
-                room = PAGE_BYTES - len(done) * (ID_SIZE + 2)
-                held, following = self.jobs.page(after or b"", room, _MAX_BATCH)
-            return _pack([_job_rows(held), done, following])
+        if op == _FINISHED and len(request) == 3 and type(request[1]) in (int, float):
+            return self._finished_page(float(request[1]), request[2])
+        if op == _JOBS and len(request) == 2 and type(request[1]) in (int, float):
+            return self._jobs_at_once(float(request[1]))
+        if op == _JOBS and len(request) == 3 and type(request[1]) in (int, float):
+            return self._jobs_page(float(request[1]), request[2])
         if op == _SINCE and len(request) == 2 and type(request[1]) is bytes:
             with self._lock:
                 return _pack_page(*self.store.since(request[1], PAGE_BYTES))
         self.stats["requests_malformed"] += 1
         raise ConfigurationError(f"unknown memory request {op!r}")
+
+    def _finished_page(self, since: float, after: Any) -> bytes:
+        """An answer to "finished": the tombstones kept since `since` after the tombstone
+        `after` (nil: from the first), oldest first, as many as fit in PAGE_BYTES."""
+        try:
+            mark = _tombstone(after)
+        except ConfigurationError:
+            self.stats["requests_malformed"] += 1
+            raise
+        with self._lock:
+            found = self.jobs.tombstones(since, _FINISHED_PAGE + 1, mark)
+        following = list(found[_FINISHED_PAGE - 1]) if len(found) > _FINISHED_PAGE else None
+        return _pack([[list(t) for t in found[:_FINISHED_PAGE]], following])
+
+    def _jobs_page(self, since: float, after: Any) -> bytes:
+        """An answer to "jobs": the jobs held after id `after` (nil: from the first) and,
+        with the first page, the ids finished since `since` (the newest half a page of them at
+        most: a caller of this release asks "finished" for them instead)."""
+        if after is not None and not (type(after) is bytes and len(after) == ID_SIZE):
+            self.stats["requests_malformed"] += 1
+            raise ConfigurationError("jobs' `after` is a job id or nil")
+        done: list[bytes] = []
+        cut = False
+        with self._lock:
+            # A later page's jobs are those still held when it is read: no ids with it.
+            if after is None:
+                done, cut = self._newest_finished(since, PAGE_BYTES // 2)
+            room = PAGE_BYTES - _ids_size(len(done))
+            held, following = self.jobs.page(after or b"", room, _MAX_BATCH)
+        rows = _job_rows(held)
+        if done:  # a first job larger than the room left takes it from the oldest ids
+            fits = _ids_fitting(PAGE_BYTES - len(_pack(rows)))
+            if fits < len(done):
+                cut, done = True, done[len(done) - fits :]
+        if cut:
+            self.stats["jobs_answers_truncated"] += 1
+        return _pack([rows, done, following])
+
+    def _jobs_at_once(self, since: float) -> bytes:
+        """An answer to the previous release's "jobs", all at once as it expects: the jobs
+        held, then the newest ids finished since `since`, as many as fit in PAGE_BYTES."""
+        with self._lock:
+            held, left_out = self.jobs.page(b"", PAGE_BYTES, _MAX_BATCH)
+            rows = _job_rows(held)
+            done, cut = self._newest_finished(since, PAGE_BYTES - len(_pack(rows)))
+        if cut or left_out is not None:  # what was left out waits for a later look
+            self.stats["jobs_answers_truncated"] += 1
+        return _pack([rows, done])
+
+    def _newest_finished(self, since: float, room: int) -> tuple[list[bytes], bool]:
+        """The ids of the jobs finished last since `since` that fit in `room` bytes of an
+        answer, oldest first, for the forms of "jobs" that carry them at once, and whether some
+        were left out: a member that was away a short while needs the newest."""
+        fits = _ids_fitting(room)
+        done = self.jobs.newest_tombstones(since, fits + 1)
+        if len(done) > fits:
+            return done[1:], True
+        return done, False
 
     async def run(self, call: Callable[..., T], *args: Any) -> T:
         """`call(*args)` on the member's store thread, under its lock."""
@@ -682,7 +746,7 @@ class NodeMemory:
         member = self.member
         assert member is not None
 
-        async def take(jobs: list[Job], _finished: list[bytes]) -> None:
+        async def take(jobs: list[Job], _finished: list[Tombstone]) -> None:
             now = time.time()
             # One past its expiry (by this machine's clock) is not taken on.
             fresh = {job.id: job for job in jobs if job.expires_at > now}
@@ -745,30 +809,34 @@ class NodeMemory:
         return task
 
     async def catch_up_jobs(self, timeout: float) -> int:
-        """A member that starts holds the jobs the others hold and forgets those they finished
-        meanwhile, a page at a time (`timeout` seconds for each, _JOB_PAGES pages and
-        _JOBS_CATCH_UP_FOR seconds in all at most); how many jobs it took on."""
+        """A member that starts learns which jobs the others finished in the week their ids are
+        kept (their tombstones), then holds the jobs they hold, a page at a time (`timeout`
+        seconds for each, _JOB_PAGES pages of each and _JOBS_CATCH_UP_FOR seconds in all at
+        most; one that stops short is counted as `jobs_catch_up_incomplete`); how many jobs it
+        took on. Jobs finished while it catches up reach it as any member, in a "done"."""
         member = self.member
         if member is None:
             return 0
         added = 0
-        done: set[bytes] = set()
 
-        async def take(jobs: list[Job], finished: list[bytes]) -> None:
+        async def take(jobs: list[Job], finished: list[Tombstone]) -> None:
             nonlocal added
-            fresh = set(finished) - done
-            if fresh:
-                done.update(fresh)
-                await member.run(member.jobs.finish, fresh, time.time())
+            if finished:  # first: a job finished elsewhere is not taken on (`add`)
+                await member.run(member.jobs.finished_at, finished, time.time())
             if jobs:
                 self.observe(max(job.id for job in jobs))
-                kept = [job for job in jobs if job.id not in done]
-                taken = await member.run(member.jobs.add, kept)
+                taken = await member.run(member.jobs.add, jobs)
                 self.stats["jobs_caught_up"] += taken
                 added += taken
 
         deadline = asyncio.get_running_loop().time() + _JOBS_CATCH_UP_FOR
-        await self._job_pages(time.time() - TOMBSTONE_KEEP, None, timeout, deadline, take)
+        week = time.time() - TOMBSTONE_KEEP
+        _mark, learnt = await self._paged(_finished_request(week), None, timeout, deadline, take)
+        # The tombstones are known: the jobs' pages need only those finished from now on.
+        now = time.time()
+        _after, copied = await self._paged(_jobs_request(now), None, timeout, deadline, take)
+        if not (learnt and copied):
+            self.stats["jobs_catch_up_incomplete"] += 1
         return added
 
     async def _job_pages(
@@ -777,46 +845,76 @@ class NodeMemory:
         after: bytes | None,
         timeout: float,
         deadline: float,
-        take: Callable[[list[Job], list[bytes]], Awaitable[None]],
+        take: Callable[[list[Job], list[Tombstone]], Awaitable[None]],
     ) -> bytes | None:
-        """The jobs the other memory members hold after id `after` (None: from the first) and,
-        with the first page, the ids of those they finished since `since`, handed to `take` a
-        page at a time: every member is asked for each page (after the same id, the least any
-        of them would go on from), until none has more, _JOB_PAGES pages were read, the loop's
-        time passed `deadline` or no member answered. Where to go on (None: that was all)."""
+        """The jobs the other memory members hold after id `after` (None: from the first),
+        with the first page the ids of those they finished since `since`, handed to `take` a
+        page at a time (`_paged`); where to go on (None: that was all)."""
+        following, _complete = await self._paged(
+            _jobs_request(since), after, timeout, deadline, take
+        )
+        return following
+
+    async def _paged(
+        self,
+        pages: _PagedRequest[C],
+        after: C | None,
+        timeout: float,
+        deadline: float,
+        take: Callable[[list[Job], list[Tombstone]], Awaitable[None]],
+    ) -> tuple[C | None, bool]:
+        """What the other memory members answer to a paged request ("jobs" or "finished")
+        from `after` on (None: from the first), handed to `take` a page at a time: every
+        member is asked for each page (from the same cursor, the least any of them would go
+        on from), until none has more, _JOB_PAGES pages were read, the loop's time passed
+        `deadline` or no member answered. A member that refuses the first page (of a previous
+        release) is asked instead for all it holds at once, the form it knows. Where to go on
+        (None: that was all), and whether every member's every page was read."""
         loop = asyncio.get_running_loop()
+        complete = True
+        answered_whole: set[str] = set()  # refused the first page, answered the old way
         for _page in range(_JOB_PAGES):
             left = min(timeout, deadline - loop.time())
             if left <= 0:
-                break
-            request = _pack([_JOBS, since, after])
+                return after, False
             try:
-                answers, errors, _missing = await self._survey(request, left)
+                answers, errors, missing = await self._survey(pages.ask(after), left)
+                whole: dict[str, bytes] = {}
                 if after is None and any(isinstance(e, RemoteError) for e in errors.values()):
-                    answers.update(await self._whole_jobs(since, errors, deadline, timeout))
+                    whole = await self._whole_jobs(pages.since, errors, deadline, timeout)
+                    answered_whole.update(whole)
+            except NoResponders:
+                return after, after is None and complete  # no other member: nothing to read
             except MeshError:
-                break  # none now, or none answered: where it stopped
+                return after, False  # none answered: where it stopped
+            complete = complete and not missing and answered_whole.issuperset(errors)
             jobs: dict[bytes, Job] = {}
-            finished: set[bytes] = set()
-            cursors: list[bytes] = []
-            for answer in answers.values():
+            finished: dict[bytes, float] = {}
+            cursors: list[C] = []
+            now = time.time()
+            for answer, read in [(a, pages.read) for a in answers.values()] + [
+                (a, pages.whole) for a in whole.values()
+            ]:
                 try:
-                    rows, done, following = _decode_jobs(answer)
+                    rows, done, following = read(answer, now)
                 except ProtocolError:
                     self.stats["memory_answers_malformed"] += 1
+                    complete = False
                     continue
                 if following is not None and after is not None and following <= after:
                     self.stats["memory_answers_malformed"] += 1  # it would go on for ever
+                    complete = False
                     continue
                 jobs.update((job.id, job) for job in rows)
-                finished.update(done)
+                finished.update((t.id, t.done_at) for t in done)
                 if following is not None:
                     cursors.append(following)
-            await take(list(jobs.values()), list(finished))
+            tombstones = [Tombstone(done_at, job_id) for job_id, done_at in finished.items()]
+            await take(list(jobs.values()), tombstones)
             if not cursors:
-                return None
+                return None, complete
             after = min(cursors)
-        return after
+        return after, False
 
     async def _whole_jobs(
         self, since: float, refused: Mapping[str, MeshError], deadline: float, timeout: float
@@ -1011,6 +1109,33 @@ def _jobs(rows: Any) -> list[Job]:
     return jobs
 
 
+def _ids_size(count: int) -> int:
+    """The bytes `count` ids take in an answer, their array's header included."""
+    return count * _ID_BYTES + 5
+
+
+def _ids_fitting(room: int) -> int:
+    """How many ids fit in `room` bytes of an answer, besides its other fields."""
+    return max(0, (room - _ANSWER_ROOM) // _ID_BYTES)
+
+
+def _tombstone(value: Any) -> Tombstone | None:
+    """A tombstone cursor, [done_at, id], read (None for nil); ConfigurationError if it is
+    not one."""
+    if value is None:
+        return None
+    if not (
+        type(value) is list
+        and len(value) == 2
+        and type(value[0]) in (int, float)
+        and math.isfinite(value[0])
+        and type(value[1]) is bytes
+        and len(value[1]) == ID_SIZE
+    ):
+        raise ConfigurationError("a tombstone is [done_at, job id]")
+    return Tombstone(float(value[0]), value[1])
+
+
 def _job_rows(jobs: Iterable[Job]) -> list[list[Any]]:
     """Jobs as a "jobs" answer's rows (the trace context only where there is one)."""
     return [
@@ -1038,6 +1163,82 @@ def _decode_jobs(answer: bytes) -> tuple[list[Job], list[bytes], bytes | None]:
         raise ProtocolError("bad_body", "memory job row") from None
     done = [i for i in page[1] if type(i) is bytes and len(i) == ID_SIZE]
     return jobs, done, following
+
+
+# How a paged request's answer is read: (jobs, tombstones, the cursor to go on from), its ids
+# finished as of the time given when the answer has no times.
+_Reader = Callable[[bytes, float], tuple[list[Job], list[Tombstone], C | None]]
+
+
+class _PagedRequest(Generic[C]):
+    """A paged request to the other memory members: the request for the page after a cursor,
+    how to read its answer, and how to read a previous release's answer to `["jobs", since]`,
+    all it holds at once (asked instead where the paged request is refused)."""
+
+    __slots__ = ("ask", "read", "since", "whole")
+
+    def __init__(
+        self,
+        since: float,
+        ask: Callable[[C | None], bytes],
+        read: _Reader[C],
+        whole: _Reader[C],
+    ) -> None:
+        self.since = since
+        self.ask: Callable[[C | None], bytes] = ask
+        self.read: _Reader[C] = read
+        self.whole: _Reader[C] = whole
+
+
+def _jobs_request(since: float) -> _PagedRequest[bytes]:
+    """The jobs held, after a job id; with the first page, the ids finished since `since`."""
+    return _PagedRequest(
+        since, lambda after: _pack([_JOBS, since, after]), _read_jobs, _read_whole_jobs
+    )
+
+
+def _finished_request(since: float) -> _PagedRequest[Tombstone]:
+    """The tombstones kept since `since`, after a tombstone."""
+
+    def ask(after: Tombstone | None) -> bytes:
+        return _pack([_FINISHED, since, None if after is None else list(after)])
+
+    return _PagedRequest(since, ask, _read_finished, _read_whole_finished)
+
+
+def _read_jobs(answer: bytes, now: float) -> tuple[list[Job], list[Tombstone], bytes | None]:
+    """An answer to "jobs"."""
+    jobs, done, following = _decode_jobs(answer)
+    return jobs, [Tombstone(now, job_id) for job_id in done], following
+
+
+def _read_whole_jobs(answer: bytes, now: float) -> tuple[list[Job], list[Tombstone], None]:
+    jobs, done, _following = _read_jobs(answer, now)
+    return jobs, done, None
+
+
+def _read_whole_finished(answer: bytes, now: float) -> tuple[list[Job], list[Tombstone], None]:
+    """Its finished ids only: the jobs come after every tombstone is known."""
+    _jobs, done, _following = _read_jobs(answer, now)
+    return [], done, None
+
+
+def _read_finished(
+    answer: bytes, _now: float
+) -> tuple[list[Job], list[Tombstone], Tombstone | None]:
+    """An answer to "finished": its tombstones and the one to ask after for more (None: no
+    more); ProtocolError if it is not one."""
+    try:
+        page = _unpack(answer)
+        if type(page) is not list or len(page) != 2 or type(page[0]) is not list:
+            raise ConfigurationError("not a page")
+        found = [_tombstone(row) for row in page[0] if row is not None]
+        if len(found) != len(page[0]):
+            raise ConfigurationError("a nil tombstone")
+        following = _tombstone(page[1])
+    except ConfigurationError:
+        raise ProtocolError("bad_body", "memory finished answer") from None
+    return [], [t for t in found if t is not None], following
 
 
 def _rows(rows: Any) -> list[tuple[str, bytes, float, bytes]]:

@@ -18,8 +18,15 @@ import irismesh
 from irismesh._core.frames import Kind
 from irismesh.errors import ProtocolError
 from irismesh.memory import MemoryStore, message_id
-from irismesh.memory.jobs import Job
-from irismesh.memory.service import MAX_ATTEMPTS, MemoryMember, NodeMemory, _decode_jobs
+from irismesh.memory.jobs import TOMBSTONE_KEEP, Job, Tombstone
+from irismesh.memory.service import (
+    MAX_ATTEMPTS,
+    PAGE_BYTES,
+    MemoryMember,
+    NodeMemory,
+    _decode_jobs,
+    _read_finished,
+)
 from irismesh.memory.store import clock_id
 
 BIG = 100 << 10  # a job's payload: 40 of them are four times a reply's limit
@@ -329,8 +336,12 @@ async def test_a_jobs_answer_comes_a_page_at_a_time_and_whole(
     assert [job.id for page in pages for job in page] == [job.id for job in jobs]
     assert all(got.payload == job.payload for got, job in zip(pages[0], jobs, strict=False))
     assert finished == [message_id(b"done", 0, now)]  # with the first page only
-    rows, _done = msgpack.unpackb(member.handle(msgpack.packb(["jobs", now - 60])))
-    assert len(rows) == 40
+    # The previous release's request: what fits in a page, the rest for a later look.
+    whole = member.handle(msgpack.packb(["jobs", now - 60]))
+    rows, _done = msgpack.unpackb(whole)
+    assert len(whole) <= PAGE_BYTES
+    assert [row[0] for row in rows] == [job.id for job in jobs[: len(rows)]]
+    assert member.figures()["jobs_answers_truncated"] == 1
     bad_requests = (
         ["jobs", now, b"short"],
         ["jobs", now, 5],
@@ -418,16 +429,220 @@ async def test_a_member_of_the_previous_release_is_still_copied_from(
 
     def previous_release(payload: bytes) -> bytes:
         request = msgpack.unpackb(payload)
-        if request[0] == "jobs" and len(request) != 2:
+        if request[0] == "finished" or (request[0] == "jobs" and len(request) != 2):
             raise irismesh.ConfigurationError(f"unknown memory request {request[0]!r}")
         return handle(payload)
 
     member.handle = previous_release  # type: ignore[method-assign]
     await member.run(member.jobs.add, big_jobs(old.memory, 5))
+    finished = [Job(message_id(b"done", i, time.time()), "work", b"", 0, 0) for i in range(3)]
+    await member.run(member.jobs.finish, [job.id for job in finished], time.time())
     new = irismesh.Node(keyring=keys, memory=tmp_path / "new", seeds=[old.endpoint])
     try:
         await new.start()
         await wait_until(lambda: new.stats.get("memory_jobs_pending", 0) == 5, 20, "the copies")
+        await asyncio.wait_for(new.caught_up(), 20)
+        learnt = new.memory.member
+        assert learnt is not None
+        ids = [job.id for job in finished]
+        assert await learnt.run(learnt.jobs.finished, ids) == ids
         assert new.stats.get("memory_answers_malformed", 0) == 0
+        assert new.stats.get("jobs_catch_up_incomplete", 0) == 0
     finally:
         await asyncio.gather(new.close(), old.close())
+
+
+TOMBSTONES = 150_000  # about two and a half times what one answer of ids could carry
+
+
+def week_of_tombstones(count: int, now: float) -> list[Tombstone]:
+    """`count` finished jobs, oldest first, spread over the last six days."""
+    step = 6 * 24 * 3600 / count
+    start = now - 6 * 24 * 3600
+    return [Tombstone(start + i * step, message_id(b"done", i, now)) for i in range(count)]
+
+
+async def tombstones_held(node: irismesh.Node) -> list[Tombstone]:
+    member = node.memory.member
+    assert member is not None
+    return await member.run(member.jobs.tombstones, 0.0, TOMBSTONES + 1)
+
+
+@deadline(40)
+async def test_a_week_of_tombstones_comes_a_page_at_a_time_and_a_starting_member_learns_all(
+    keys: irismesh.Keyring, tmp_path: Path
+) -> None:
+    """150,000 jobs finished in a week: every answer within a page, and a member that
+    starts learns every one of them (with the time it was finished) and copies the jobs."""
+    [first] = await memories(keys, tmp_path, 1)
+    fresh = None
+    try:
+        member = first.memory.member
+        assert member is not None
+        now = time.time()
+        stones = week_of_tombstones(TOMBSTONES, now)
+        await member.run(member.jobs.finished_at, stones, now)
+        jobs = big_jobs(first.memory, 8)  # 800 KiB: two pages of jobs
+        await member.run(member.jobs.add, jobs)
+        learnt: list[Tombstone] = []
+        mark = None
+        for _page in range(TOMBSTONES // 1000):  # at least 1,000 a page
+            answer = await member.serve(msgpack.packb(["finished", now - TOMBSTONE_KEEP, mark]))
+            assert len(answer) <= PAGE_BYTES
+            _none, page, following = _read_finished(answer, now)
+            learnt.extend(page)
+            if following is None:
+                break
+            mark = list(following)
+        assert learnt == stones
+        after = None
+        for _page in range(len(jobs)):
+            answer = await member.serve(msgpack.packb(["jobs", now - TOMBSTONE_KEEP, after]))
+            assert len(answer) <= PAGE_BYTES
+            _rows, _done, after = _decode_jobs(answer)
+            if after is None:
+                break
+        assert after is None
+
+        fresh = irismesh.Node(keyring=keys, memory=tmp_path / "fresh", seeds=[first.endpoint])
+        await fresh.start()
+        await asyncio.wait_for(fresh.caught_up(), 30)
+        assert await tombstones_held(fresh) == stones
+        assert fresh.stats["memory_jobs_pending"] == len(jobs)
+        assert fresh.stats.get("jobs_catch_up_incomplete", 0) == 0
+        assert fresh.stats.get("memory_answers_malformed", 0) == 0
+        assert member.figures().get("jobs_answers_truncated", 0) == 1  # the first "jobs" page
+    finally:
+        await asyncio.gather(first.close(), *([fresh.close()] if fresh else []))
+
+
+@deadline(30)
+async def test_the_older_forms_of_jobs_answer_within_a_page_with_the_newest_finished_ids(
+    keys: irismesh.Keyring, tmp_path: Path
+) -> None:
+    """A request of a previous release for jobs and finished ids at once, to a member that
+    finished more than a page of them: the jobs and the newest ids that fit, counted."""
+    member = MemoryMember(MemoryStore(tmp_path / "one", keys))
+    try:
+        now = time.time()
+        stones = week_of_tombstones(40_000, now)
+        ids = [t.id for t in stones]
+        member.jobs.finished_at(stones, now)
+        small = [
+            Job(message_id(b"jobs", i, now), "work", bytes([i]) * 1000, now, now + 60)
+            for i in range(3)
+        ]
+        member.jobs.add(small)
+        since = now - TOMBSTONE_KEEP
+
+        def ask(request: list[Any]) -> list[Any]:
+            answer = member.handle(msgpack.packb(request))
+            assert len(answer) <= PAGE_BYTES
+            unpacked: list[Any] = msgpack.unpackb(answer)
+            return unpacked
+
+        rows, done = ask(["jobs", since])  # the previous release's: all at once
+        assert [row[0] for row in rows] == [job.id for job in small]
+        assert 20_000 < len(done) < len(ids)
+        assert done == ids[-len(done) :]
+        rows, done, following = ask(["jobs", since, None])  # paged, ids with the first page
+        assert [row[0] for row in rows] == [job.id for job in small]
+        assert following is None
+        assert 10_000 < len(done) <= PAGE_BYTES // 2 // 18
+        assert done == ids[-len(done) :]
+        assert ask(["jobs", now + 1, None])[1] == []  # none since then: nothing left out
+        assert member.figures()["jobs_answers_truncated"] == 2
+        # A first job larger than the room the ids leave takes it from the oldest of them.
+        large = Job(message_id(b"jobs", 9, now), "work", b"x" * (400 << 10), now, now + 60)
+        member.jobs.add([large])
+        rows, done, following = ask(["jobs", since, small[-1].id])
+        assert [row[0] for row in rows] == [large.id]
+        assert done == []
+        rows, done, following = ask(["jobs", since, None])
+        assert [row[0] for row in rows] == [job.id for job in small]
+        rows, done = ask(["jobs", since])
+        assert len(rows) == 4
+        assert 0 < len(done) < 10_000
+        assert done == ids[-len(done) :]
+        assert member.figures()["jobs_answers_truncated"] == 4
+    finally:
+        member.close()
+
+
+@deadline(30)
+async def test_a_malformed_tombstone_cursor_or_answer_is_refused_and_counted(
+    keys: irismesh.Keyring, tmp_path: Path
+) -> None:
+    """A "finished" request with a bad cursor is refused (the caller's error), counted; a
+    starting member drops a bad answer, counts it, learns from the others and says it
+    stopped short; a member of a previous release is asked the way it knows."""
+    source = MemoryMember(MemoryStore(tmp_path / "source", keys))
+    old = MemoryMember(MemoryStore(tmp_path / "old", keys))
+    own = MemoryMember(MemoryStore(tmp_path / "own", keys))
+    try:
+        now = time.time()
+        job_id = message_id(b"done", 0, now)
+        for bad in (
+            [1.0, b"short"],
+            [float("nan"), job_id],
+            [1.0, job_id, 2],
+            5,
+            [None, job_id],
+        ):
+            with pytest.raises(irismesh.ConfigurationError):
+                source.handle(msgpack.packb(["finished", now - 60, bad]))
+        assert source.figures()["requests_malformed"] == 5
+
+        stones = week_of_tombstones(40_000, now)
+        source.jobs.finished_at(stones, now)
+        old_stones = week_of_tombstones(3, now - 1)
+        old.jobs.finished_at(old_stones[:2], now)
+        old.jobs.add(
+            [
+                Job(message_id(b"old", 0, now), "work", b"j", now, now + 60),
+                Job(old_stones[2].id, "work", b"finished here", now, now + 60),
+            ]
+        )
+        source.jobs.finished_at(old_stones[2:], now)  # finished: the copy does not keep it
+
+        async def survey(
+            payload: bytes, _timeout: float | None
+        ) -> tuple[dict[str, bytes], dict[str, irismesh.MeshError], list[str]]:
+            request = msgpack.unpackb(payload)
+            answers = {"source": await source.serve(payload)}
+            if hostile:
+                answers["garbage"] = b"\xc1"
+            errors: dict[str, irismesh.MeshError] = {}
+            if request[0] == "jobs" and len(request) == 2:
+                answers["old"] = await old.serve(payload)
+            else:
+                errors["old"] = irismesh.RemoteError("_memory", "ConfigurationError", "unknown")
+            if hostile and request[0] == "finished" and request[2] is not None:  # back to the start
+                answers["backwards"] = msgpack.packb([[], [0.0, job_id]])
+            return answers, errors, []
+
+        hostile = True
+        for answer in (
+            b"\xc1",
+            msgpack.packb([[None], None]),
+            msgpack.packb([[[1.0, b"short"]], None]),
+            msgpack.packb([[], [1.0, job_id], 3]),
+            msgpack.packb([[], "next"]),
+        ):
+            with pytest.raises(ProtocolError):
+                _read_finished(answer, now)
+        memory = NodeMemory(b"\x01" * 16, survey, member=own)
+        assert await memory.catch_up_jobs(timeout=5) == 1
+        # The source's with their times; the old member's as of when they were learnt.
+        learnt = own.jobs.tombstones(0.0, 50_000)
+        assert [t for t in learnt if t.done_at < now] == sorted([*stones, old_stones[2]])
+        assert own.jobs.finished([t.id for t in old_stones]) == [t.id for t in old_stones]
+        assert own.figures()["jobs_pending"] == 1
+        assert memory.stats["memory_answers_malformed"] >= 3
+        assert memory.stats["jobs_catch_up_incomplete"] == 1
+        hostile = False  # the old member still refuses every paged request: that is no loss
+        assert await memory.catch_up_jobs(timeout=5) == 0
+        assert memory.stats["jobs_catch_up_incomplete"] == 1
+    finally:
+        for each in (source, old, own):
+            each.close()
