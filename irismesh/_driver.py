@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 
 from irismesh._core.engine import MeshCore
-from irismesh._core.events import CloseLink, Event, OpenLink, RequestArrived, TracedRequestArrived
+from irismesh._core.events import CloseLink, Event, OpenLink, RequestArrived
 from irismesh._datagrams import DatagramSocket
 from irismesh._spin import Spin
 
@@ -54,9 +54,7 @@ def urgent_first(events: list[Event]) -> list[Event]:
     urgent: list[RequestArrived] = []
     rest: list[Event] = []
     for event in events:
-        if (type(event) is RequestArrived or type(event) is TracedRequestArrived) and (
-            event.priority > 0
-        ):
+        if isinstance(event, RequestArrived) and event.priority > 0:  # traced ones too
             urgent.append(event)
         else:
             rest.append(event)
@@ -169,19 +167,18 @@ class Driver:
                 outbox.events = []
                 if outbox.link_events:  # links to open or close among them
                     outbox.link_events = False
-                    closing = False
+                    closing: list[int] = []
                     for event in events:
                         if isinstance(event, OpenLink):
                             self._open(event)
                         elif isinstance(event, CloseLink):
-                            closing = True
+                            closing.append(event.link_id)
                     if closing:
                         # What the core queued on a link before closing it goes out first:
                         # its BYE, and the cancels or frames staged just before.
                         self._send()
-                        for event in events:
-                            if isinstance(event, CloseLink):
-                                self._close_link(event.link_id)
+                        for link_id in closing:
+                            self._close_link(link_id)
                 if core.calls.urgent:  # requests above the default priority came: first
                     core.calls.urgent = False
                     events = urgent_first(events)

@@ -137,7 +137,7 @@ class CoreApi:
         trace: bytes = b"",
     ) -> int:
         return self.calls.request(
-            cluster, payload, timeout, now, hedge, kind, priority, trace if trace else None
+            cluster, payload, timeout, now, hedge, kind, priority, trace or None
         )
 
     def fanout(
@@ -149,7 +149,7 @@ class CoreApi:
         now: float,
         trace: bytes = b"",
     ) -> list[tuple[int, bytes]]:
-        return self.calls.fanout(kind, cluster, payload, timeout, now, trace if trace else None)
+        return self.calls.fanout(kind, cluster, payload, timeout, now, trace or None)
 
     def request_link(self, req_id: int) -> int:
         return self.calls.request_link(req_id)

@@ -35,6 +35,13 @@ def node(keys: Keyring, rights: Rights | None, cluster: str | None = None, **kw:
     )
 
 
+def caller_with_file(keys: Keyring, identity: Identity, path: Path, member: irismesh.Node):  # type: ignore[no-untyped-def]
+    """A caller whose grant is the file at `path` (reread while it runs), seeded with `member`."""
+    return irismesh.Node(
+        keyring=keys, identity=identity, grant=path, seeds=[member.endpoint], discovery=False
+    )
+
+
 def test_a_member_without_serve_is_never_called_and_counts_its_refusal() -> None:
     """The node holds db's key and starts as a member of db, but its grant says `call db`
     only: it never offers db, and none of 10,000 requests from callers reaches it."""
@@ -191,13 +198,7 @@ def test_an_expired_grant_stops_and_a_renewed_file_is_taken(tmp_path: Path) -> N
         AUTHORITY.grant(identity.public, Rights(call=("db",)), expires_in=3).save(path)
         async with node(keys, Rights(serve=("db",)), "db") as member:
             member.on_request(lambda payload: payload)
-            async with irismesh.Node(
-                keyring=keys,
-                identity=identity,
-                grant=path,
-                seeds=[member.endpoint],
-                discovery=False,
-            ) as caller:
+            async with caller_with_file(keys, identity, path, member) as caller:
                 await caller.wait_for_members("db", timeout=5)
                 assert await caller.request("db", b"x", timeout=5) == b"x"
                 expires = caller.grants.grant.expires  # type: ignore[union-attr]
@@ -257,13 +258,7 @@ def test_a_call_in_flight_fails_forbidden_when_the_grant_stops_allowing_it(
 
         async with node(keys, Rights(serve=("db",)), "db") as member:
             member.on_request(slow)
-            async with irismesh.Node(
-                keyring=keys,
-                identity=identity,
-                grant=path,
-                seeds=[member.endpoint],
-                discovery=False,
-            ) as caller:
+            async with caller_with_file(keys, identity, path, member) as caller:
                 await caller.wait_for_members("db", timeout=5)
                 call = asyncio.ensure_future(caller.request("db", b"x", timeout=60))
                 await asyncio.wait_for(arrived.wait(), 5)
